@@ -1,0 +1,164 @@
+#include "loom/ckpt/hf_config.hpp"
+
+#include <string>
+
+#include "loom/core/error.hpp"
+
+namespace loom {
+
+namespace {
+
+using json = nlohmann::json;
+
+// loom's GPT-2 MLP uses the tanh approximation of GELU; HF names it either way.
+bool is_tanh_gelu(const std::string& name) { return name == "gelu_new" || name == "gelu_pytorch_tanh"; }
+
+// Reads keys of one HF config, naming the key and model type in every error.
+class HfConfigReader {
+ public:
+  HfConfigReader(const json& hf, std::string model_type) : hf_(hf), model_type_(std::move(model_type)) {}
+
+  bool has(const char* key) const { return hf_.contains(key) && !hf_.at(key).is_null(); }
+  const json& raw(const char* key) const { return require(key); }
+
+  int64_t integer(const char* key) const {
+    const json& value = require(key);
+    if (!value.is_number_integer()) fail(key, value, "an integer");
+    return value.get<int64_t>();
+  }
+  int64_t integer_or(const char* key, int64_t fallback) const { return has(key) ? integer(key) : fallback; }
+
+  double number(const char* key) const {
+    const json& value = require(key);
+    if (!value.is_number()) fail(key, value, "a number");
+    return value.get<double>();
+  }
+  double number_or(const char* key, double fallback) const { return has(key) ? number(key) : fallback; }
+
+  bool boolean_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const json& value = hf_.at(key);
+    if (!value.is_boolean()) fail(key, value, "true or false");
+    return value.get<bool>();
+  }
+
+  std::string string_or(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    const json& value = hf_.at(key);
+    if (!value.is_string()) fail(key, value, "a string");
+    return value.get<std::string>();
+  }
+
+  [[noreturn]] void fail(const char* key, const json& value, const std::string& expected) const {
+    throw_error("HF config (", model_type_, ") key '", key, "': got ", value.dump(), ", expected ", expected);
+  }
+
+ private:
+  const json& require(const char* key) const {
+    if (!has(key)) throw_error("HF config (", model_type_, "): missing required key '", key, "'");
+    return hf_.at(key);
+  }
+
+  const json& hf_;
+  std::string model_type_;
+};
+
+ModelConfig gpt2_from_hf(const HfConfigReader& hf) {
+  ModelConfig config;
+  config.arch = Architecture::GPT2;
+  config.vocab_size = hf.integer("vocab_size");
+  config.max_seq_len = hf.integer("n_positions");
+  config.n_embd = hf.integer("n_embd");
+  config.n_layer = hf.integer("n_layer");
+  config.n_head = config.n_kv_head = hf.integer("n_head");
+  config.ffn_hidden = hf.integer_or("n_inner", 4 * config.n_embd);  // HF: null means 4 * n_embd
+  config.norm_eps = hf.number("layer_norm_epsilon");
+  config.tied_embeddings = hf.boolean_or("tie_word_embeddings", true);
+  const std::string activation = hf.string_or("activation_function", "gelu_new");
+  if (!is_tanh_gelu(activation))
+    hf.fail("activation_function", activation, "\"gelu_new\" or \"gelu_pytorch_tanh\" (loom's GPT-2 GELU)");
+  return config;
+}
+
+ModelConfig llama_from_hf(const HfConfigReader& hf) {
+  ModelConfig config;
+  config.arch = Architecture::Llama;
+  config.vocab_size = hf.integer("vocab_size");
+  config.n_embd = hf.integer("hidden_size");
+  config.ffn_hidden = hf.integer("intermediate_size");
+  config.n_layer = hf.integer("num_hidden_layers");
+  config.n_head = hf.integer("num_attention_heads");
+  config.n_kv_head = hf.integer_or("num_key_value_heads", config.n_head);  // HF: absent means no GQA
+  config.max_seq_len = hf.integer("max_position_embeddings");
+  config.norm_eps = hf.number("rms_norm_eps");
+  config.rope_theta = hf.number_or("rope_theta", 10000.0);                  // LlamaConfig default
+  config.tied_embeddings = hf.boolean_or("tie_word_embeddings", false);     // LlamaConfig default
+  const std::string activation = hf.string_or("hidden_act", "silu");
+  if (activation != "silu") hf.fail("hidden_act", activation, "\"silu\" (loom's SwiGLU)");
+  // Features that change the math; loading them silently would give a different model.
+  if (hf.has("rope_scaling")) hf.fail("rope_scaling", hf.raw("rope_scaling"), "null (loom implements plain RoPE)");
+  if (hf.boolean_or("attention_bias", false)) hf.fail("attention_bias", true, "false (loom's Llama has no biases)");
+  if (hf.boolean_or("mlp_bias", false)) hf.fail("mlp_bias", true, "false (loom's Llama has no biases)");
+  if (hf.has("head_dim") && config.n_head > 0 && hf.integer("head_dim") != config.n_embd / config.n_head)
+    hf.fail("head_dim", hf.raw("head_dim"),
+            "hidden_size / num_attention_heads = " + std::to_string(config.n_embd / config.n_head));
+  return config;
+}
+
+}  // namespace
+
+json hf_config_json(const ModelConfig& config) {
+  config.validate();
+  if (config.arch == Architecture::GPT2) {
+    return {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"vocab_size", config.vocab_size},
+            {"n_positions", config.max_seq_len},
+            {"n_embd", config.n_embd},
+            {"n_layer", config.n_layer},
+            {"n_head", config.n_head},
+            {"n_inner", config.ffn_hidden},
+            {"layer_norm_epsilon", config.norm_eps},
+            {"activation_function", "gelu_new"},
+            {"tie_word_embeddings", config.tied_embeddings},
+            {"torch_dtype", "float32"}};
+  }
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", config.vocab_size},
+          {"hidden_size", config.n_embd},
+          {"intermediate_size", config.ffn_hidden},
+          {"num_hidden_layers", config.n_layer},
+          {"num_attention_heads", config.n_head},
+          {"num_key_value_heads", config.n_kv_head},
+          {"max_position_embeddings", config.max_seq_len},
+          {"rms_norm_eps", config.norm_eps},
+          {"rope_theta", config.rope_theta},
+          {"tie_word_embeddings", config.tied_embeddings},
+          {"hidden_act", "silu"},
+          {"torch_dtype", "float32"}};
+}
+
+ModelConfig model_config_from_hf_json(const json& hf) {
+  if (!hf.is_object()) throw_error("HF config: got ", hf.type_name(), ", expected a JSON object");
+  const auto model_type = hf.find("model_type");
+  if (model_type == hf.end() || !model_type->is_string())
+    throw_error("HF config: missing string key 'model_type' (expected \"gpt2\" or \"llama\")");
+  const std::string type = model_type->get<std::string>();
+  const HfConfigReader reader(hf, type);
+  ModelConfig config;
+  if (type == "gpt2")
+    config = gpt2_from_hf(reader);
+  else if (type == "llama")
+    config = llama_from_hf(reader);
+  else
+    throw_error("HF config key 'model_type': got \"", type, "\", expected \"gpt2\" or \"llama\"");
+  try {
+    config.validate();
+  } catch (const Error& e) {
+    throw_error("HF config (", type, ") describes an invalid model: ", e.what());
+  }
+  return config;
+}
+
+}  // namespace loom

@@ -1,0 +1,52 @@
+#pragma once
+// Host allocator with per-category accounting. Every tensor's bytes belong to one category,
+// so a rank can report where its memory goes and tests can compare that with the planner.
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace loom {
+
+enum class MemCategory : uint8_t {
+  Parameters,
+  Gradients,
+  OptimizerState,
+  Activations,
+  Workspace,
+  CommBuffers,
+  kCount
+};
+constexpr size_t kMemCategoryCount = static_cast<size_t>(MemCategory::kCount);
+const char* mem_category_name(MemCategory category);
+
+struct MemStats {
+  std::array<int64_t, kMemCategoryCount> live_bytes{};
+  std::array<int64_t, kMemCategoryCount> peak_bytes{};
+  int64_t total_live_bytes = 0;
+  int64_t total_peak_bytes = 0;
+};
+
+class HostAllocator {
+ public:
+  static constexpr size_t kAlignmentBytes = 64;  // one cache line; also AVX-512 friendly
+
+  static HostAllocator& instance();
+  void* allocate(size_t bytes, MemCategory category);
+  void release(void* ptr, size_t bytes, MemCategory category);
+
+  MemStats stats() const;
+  int64_t live_bytes(MemCategory category) const;
+  int64_t peak_bytes(MemCategory category) const;
+  // Starts a new peak window (e.g. per training step) from the current live figures.
+  void reset_peaks();
+
+ private:
+  std::array<std::atomic<int64_t>, kMemCategoryCount> live_{};
+  std::array<std::atomic<int64_t>, kMemCategoryCount> peak_{};
+  std::atomic<int64_t> total_live_{0};
+  std::atomic<int64_t> total_peak_{0};
+};
+
+}  // namespace loom

@@ -1,0 +1,28 @@
+#pragma once
+// llm.c's token shard format (dev/data/data_common.py, write_datafile), so shards made by
+// llm.c's scripts and by loom are interchangeable:
+//   header: 256 little-endian int32; [0] = 20240520 (magic), [1] = 1 (version: uint16 tokens),
+//           [2] = number of tokens; the rest are zero.
+//   body:   that many little-endian uint16 token ids.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+inline constexpr int32_t kTokenShardMagic = 20240520;
+inline constexpr int32_t kTokenShardVersion = 1;
+inline constexpr int64_t kTokenShardHeaderInts = 256;
+inline constexpr int64_t kTokenShardHeaderBytes = kTokenShardHeaderInts * 4;
+
+// Writes `path` atomically (via `path.tmp`, fsync, rename). Every token must fit a uint16.
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens);
+
+// Reads and validates a whole shard: header, file size, and every token < vocab_size.
+std::vector<uint16_t> read_token_shard(const std::string& path, int64_t vocab_size);
+
+// Token count from the header alone (also checks magic, version and file size); cheap enough
+// to call on every shard of a large dataset.
+int64_t token_shard_size(const std::string& path);
+
+}  // namespace loom

@@ -1,0 +1,26 @@
+#pragma once
+// Causal self-attention computed tile by tile with an online softmax (FlashAttention,
+// Dao et al. 2022): the T x T score matrix is never stored. Forward saves the row-wise
+// log-sum-exp; backward recomputes probabilities from it. Grouped-query attention: query
+// head h reads key/value head h / (heads / kv_heads).
+//
+// Layout: qkv is [batch * seq, (heads + 2 * kv_heads) * head_dim] with q | k | v side by
+// side in each row (the fused projection's output); out is [batch * seq, heads * head_dim];
+// lse is [batch, heads, seq].
+#include <cstdint>
+
+namespace loom::cpu {
+
+struct AttentionShape {
+  int64_t batch, seq_len, heads, kv_heads, head_dim;
+  int64_t qkv_ld() const { return (heads + 2 * kv_heads) * head_dim; }
+  int64_t out_ld() const { return heads * head_dim; }
+};
+
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape);
+
+// Writes (overwrites) d_qkv in the same fused layout as qkv.
+void attention_backward(float* d_qkv, const float* d_out, const float* qkv, const float* out,
+                        const float* lse, const AttentionShape& shape);
+
+}  // namespace loom::cpu

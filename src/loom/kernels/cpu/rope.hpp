@@ -1,0 +1,22 @@
+#pragma once
+// Rotary position embedding (Su et al. 2021) in the "rotate half" layout Hugging Face's
+// Llama uses: within a head of size d, element i pairs with i + d/2 and both rotate by
+// pos * theta^(-2i/d). Applied in place to the q and k heads of a fused qkv buffer.
+#include <cstdint>
+#include <vector>
+
+namespace loom::cpu {
+
+struct RopeTable {
+  int64_t head_dim = 0;
+  int64_t max_positions = 0;
+  std::vector<float> cos, sin;  // [max_positions, head_dim / 2]
+};
+RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta);
+
+// x: rows of `tokens` (b*t, position = index % seq_len), each with `heads` heads of head_dim,
+// at stride `row_ld`. inverse=true rotates by -angle (the backward of the forward rotation).
+void rope_apply(float* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
+                const RopeTable& table, bool inverse);
+
+}  // namespace loom::cpu

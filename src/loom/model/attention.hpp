@@ -1,0 +1,37 @@
+#pragma once
+// Causal self-attention: projections to q|k|v (GPT-2: one fused c_attn with bias; Llama:
+// separate q/k/v projections without bias writing side by side), RoPE for Llama, the
+// flash-style attention kernel, and the output projection.
+#include <memory>
+
+#include "loom/kernels/cpu/attention.hpp"
+#include "loom/kernels/cpu/rope.hpp"
+#include "loom/model/config.hpp"
+#include "loom/model/linear.hpp"
+#include "loom/model/stash.hpp"
+
+namespace loom {
+
+class CausalSelfAttention {
+ public:
+  CausalSelfAttention(const ModelConfig& config, const std::string& prefix,
+                      std::shared_ptr<const cpu::RopeTable> rope);
+  // Reads stash.norm1_out, writes stash.qkv, attn_out, attn_lse, and out = attn_out @ Wo^T.
+  void forward(float* out, BlockStash& stash, int64_t batch, int64_t seq_len) const;
+  // Recomputes attn_out / attn_lse from the saved qkv (selective recomputation).
+  void recompute_core(BlockStash& stash, int64_t batch, int64_t seq_len) const;
+  // From d_out (gradient of the block's attention output) to scratch.d_norm_out (written).
+  void backward(const float* d_out, const BlockStash& stash, BlockGradScratch& scratch,
+                int64_t batch, int64_t seq_len);
+  void collect(ParameterList& out);
+
+  std::vector<Linear> input_projections;  // GPT-2: {c_attn}; Llama: {q, k, v}
+  Linear output_projection;
+
+ private:
+  cpu::AttentionShape shape(int64_t batch, int64_t seq_len) const;
+  ModelConfig config_;
+  std::shared_ptr<const cpu::RopeTable> rope_;
+};
+
+}  // namespace loom

@@ -1,0 +1,64 @@
+#include "loom/model/block.hpp"
+
+#include <cstring>
+
+#include "loom/kernels/cpu/elementwise.hpp"
+
+namespace loom {
+
+namespace {
+NormKind norm_kind(const ModelConfig& c) {
+  return c.arch == Architecture::GPT2 ? NormKind::LayerNorm : NormKind::RMSNorm;
+}
+std::string norm_name(const ModelConfig& c, const std::string& prefix, int which) {
+  if (c.arch == Architecture::GPT2) return prefix + (which == 1 ? ".ln_1" : ".ln_2");
+  return prefix + (which == 1 ? ".input_layernorm" : ".post_attention_layernorm");
+}
+}  // namespace
+
+TransformerBlock::TransformerBlock(const ModelConfig& c, const std::string& prefix,
+                                   std::shared_ptr<const cpu::RopeTable> rope)
+    : norm1(norm_kind(c), norm_name(c, prefix, 1), c.n_embd, static_cast<float>(c.norm_eps)),
+      attention(c, prefix, std::move(rope)),
+      norm2(norm_kind(c), norm_name(c, prefix, 2), c.n_embd, static_cast<float>(c.norm_eps)),
+      mlp(c, prefix) {}
+
+void TransformerBlock::forward(float* x_out, const float* x_in, BlockStash& stash, int64_t batch,
+                               int64_t seq_len) const {
+  const int64_t rows = batch * seq_len, n = stash.residual_mid.numel();
+  norm1.forward(stash.norm1_out.f32(), stash.norm1, x_in, rows);
+  attention.forward(stash.residual_mid.f32(), stash, batch, seq_len);
+  cpu::add_into(stash.residual_mid.f32(), x_in, n);
+  norm2.forward(stash.norm2_out.f32(), stash.norm2, stash.residual_mid.f32(), rows);
+  mlp.forward(x_out, stash, rows);
+  cpu::add_into(x_out, stash.residual_mid.f32(), n);
+}
+
+void TransformerBlock::backward(float* d_x_in, const float* d_x_out, const float* x_in,
+                                BlockStash& stash, BlockGradScratch& scratch, Recompute recompute,
+                                int64_t batch, int64_t seq_len) {
+  const int64_t rows = batch * seq_len, n = stash.residual_mid.numel();
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  if (recompute == Recompute::Full) {
+    forward(scratch.d_norm_out.f32(), x_in, stash, batch, seq_len);  // output itself unused
+  } else if (recompute == Recompute::Selective) {
+    attention.recompute_core(stash, batch, seq_len);
+    mlp.recompute_activation(stash, rows);
+  }
+  float* d_mid = scratch.d_residual_mid.f32();
+  std::memcpy(d_mid, d_x_out, bytes);  // the residual passes the gradient through
+  mlp.backward(d_x_out, stash, scratch, rows);
+  norm2.backward(d_mid, scratch.d_norm_out.f32(), stash.residual_mid.f32(), stash.norm2, rows);
+  attention.backward(d_mid, stash, scratch, batch, seq_len);
+  std::memcpy(d_x_in, d_mid, bytes);
+  norm1.backward(d_x_in, scratch.d_norm_out.f32(), x_in, stash.norm1, rows);
+}
+
+void TransformerBlock::collect(ParameterList& out) {
+  norm1.collect(out);
+  attention.collect(out);
+  norm2.collect(out);
+  mlp.collect(out);
+}
+
+}  // namespace loom

@@ -1,0 +1,27 @@
+#pragma once
+// A pre-norm transformer block: x + attn(norm1(x)), then + mlp(norm2(.)).
+#include "loom/model/attention.hpp"
+#include "loom/model/mlp.hpp"
+#include "loom/model/norm.hpp"
+
+namespace loom {
+
+class TransformerBlock {
+ public:
+  TransformerBlock(const ModelConfig& config, const std::string& prefix,
+                   std::shared_ptr<const cpu::RopeTable> rope);
+  void forward(float* x_out, const float* x_in, BlockStash& stash, int64_t batch,
+               int64_t seq_len) const;
+  // d_x_in (written) from d_x_out. `recompute` says what the stash is missing: Selective
+  // reruns the attention core and the MLP activation, Full reruns the whole forward.
+  void backward(float* d_x_in, const float* d_x_out, const float* x_in, BlockStash& stash,
+                BlockGradScratch& scratch, Recompute recompute, int64_t batch, int64_t seq_len);
+  void collect(ParameterList& out);
+
+  Norm norm1;
+  CausalSelfAttention attention;
+  Norm norm2;
+  Mlp mlp;
+};
+
+}  // namespace loom

@@ -1,0 +1,132 @@
+#include "loom/model/config.hpp"
+
+#include "loom/core/error.hpp"
+
+namespace loom {
+
+const char* architecture_name(Architecture arch) { return arch == Architecture::GPT2 ? "gpt2" : "llama"; }
+
+const char* recompute_name(Recompute mode) {
+  switch (mode) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+Recompute parse_recompute(const std::string& text) {
+  if (text == "none") return Recompute::None;
+  if (text == "selective") return Recompute::Selective;
+  if (text == "full") return Recompute::Full;
+  throw_error("recompute: got '", text, "', expected one of none, selective, full");
+}
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t c = n_embd;
+  int64_t per_layer = 0;
+  if (arch == Architecture::GPT2) {
+    per_layer = 2 * c                                 // ln_1
+                + c * 3 * c + 3 * c                   // c_attn
+                + c * c + c                           // attn c_proj
+                + 2 * c                               // ln_2
+                + c * ffn_hidden + ffn_hidden         // c_fc
+                + ffn_hidden * c + c;                 // mlp c_proj
+  } else {
+    per_layer = c                                     // input_layernorm
+                + c * c + 2 * c * kv_dim() + c * c    // q, k, v, o
+                + c                                   // post_attention_layernorm
+                + 3 * c * ffn_hidden;                 // gate, up, down
+  }
+  int64_t total = vocab_size * c + n_layer * per_layer;
+  total += arch == Architecture::GPT2 ? 2 * c : c;              // final norm
+  if (arch == Architecture::GPT2) total += max_seq_len * c;     // wpe
+  if (!tied_embeddings) total += vocab_size * c;                // lm_head
+  return total;
+}
+
+void ModelConfig::validate() const {
+  auto positive = [](const char* key, int64_t v) {
+    if (v <= 0) throw_error("model.", key, ": got ", v, ", expected a positive integer");
+  };
+  positive("vocab_size", vocab_size);
+  positive("max_seq_len", max_seq_len);
+  positive("n_layer", n_layer);
+  positive("n_embd", n_embd);
+  positive("n_head", n_head);
+  positive("n_kv_head", n_kv_head);
+  positive("ffn_hidden", ffn_hidden);
+  if (n_embd % n_head != 0)
+    throw_error("model.n_head: ", n_head, " does not divide model.n_embd=", n_embd);
+  if (n_head % n_kv_head != 0)
+    throw_error("model.n_kv_head: ", n_kv_head, " does not divide model.n_head=", n_head);
+  if (arch == Architecture::Llama && head_dim() % 2 != 0)
+    throw_error("model: head dimension ", head_dim(), " must be even for RoPE");
+  if (arch == Architecture::GPT2 && n_kv_head != n_head)
+    throw_error("model.n_kv_head: GPT-2 has no grouped-query attention; got ", n_kv_head,
+                ", expected n_head=", n_head);
+  if (!(norm_eps > 0)) throw_error("model.norm_eps: got ", norm_eps, ", expected > 0");
+  if (!(rope_theta > 0)) throw_error("model.rope_theta: got ", rope_theta, ", expected > 0");
+}
+
+namespace {
+ModelConfig gpt2(int64_t layers, int64_t embd, int64_t heads) {
+  ModelConfig c;
+  c.arch = Architecture::GPT2;
+  c.n_layer = layers;
+  c.n_embd = embd;
+  c.n_head = c.n_kv_head = heads;
+  c.ffn_hidden = 4 * embd;
+  return c;
+}
+// Llama 3 family dimensions (Meta's model cards / HF configs), vocab 128256, RoPE theta 500000.
+ModelConfig llama(int64_t layers, int64_t embd, int64_t heads, int64_t kv_heads, int64_t ffn, bool tied) {
+  ModelConfig c;
+  c.arch = Architecture::Llama;
+  c.vocab_size = 128256;
+  c.max_seq_len = 8192;
+  c.n_layer = layers;
+  c.n_embd = embd;
+  c.n_head = heads;
+  c.n_kv_head = kv_heads;
+  c.ffn_hidden = ffn;
+  c.tied_embeddings = tied;
+  c.norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  return c;
+}
+struct Preset {
+  const char* name;
+  ModelConfig config;
+};
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> all = {
+      {"gpt2-124m", gpt2(12, 768, 12)},
+      {"gpt2-350m", gpt2(24, 1024, 16)},
+      {"gpt2-774m", gpt2(36, 1280, 20)},
+      {"gpt2-1.5b", gpt2(48, 1600, 25)},
+      {"llama-1b", llama(16, 2048, 32, 8, 8192, true)},
+      {"llama-3b", llama(28, 3072, 24, 8, 8192, true)},
+      {"llama-8b", llama(32, 4096, 32, 8, 14336, false)},
+      {"llama-70b", llama(80, 8192, 64, 8, 28672, false)},
+      {"llama-405b", llama(126, 16384, 128, 8, 53248, false)},
+  };
+  return all;
+}
+}  // namespace
+
+ModelConfig model_preset(const std::string& name) {
+  for (const auto& p : presets())
+    if (name == p.name) return p.config;
+  std::string known;
+  for (const auto& p : presets()) known += (known.empty() ? "" : ", ") + std::string(p.name);
+  throw_error("model.preset: unknown preset '", name, "', expected one of ", known);
+}
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> out;
+  for (const auto& p : presets()) out.emplace_back(p.name);
+  return out;
+}
+
+}  // namespace loom

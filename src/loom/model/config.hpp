@@ -1,0 +1,43 @@
+#pragma once
+// Model description shared by the engine, checkpoints and (later) the planner: one struct
+// says everything about a transformer's shape, so nothing else re-derives it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+enum class Architecture { GPT2, Llama };
+enum class Recompute { None, Selective, Full };
+
+const char* architecture_name(Architecture arch);
+const char* recompute_name(Recompute mode);
+Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
+
+struct ModelConfig {
+  Architecture arch = Architecture::GPT2;
+  int64_t vocab_size = 50257;
+  int64_t max_seq_len = 1024;  // learned positions (GPT-2) / RoPE table length (Llama)
+  int64_t n_layer = 12;
+  int64_t n_embd = 768;        // hidden size
+  int64_t n_head = 12;
+  int64_t n_kv_head = 12;      // < n_head means grouped-query attention
+  int64_t ffn_hidden = 3072;   // MLP inner size (SwiGLU: size of gate and up each)
+  bool tied_embeddings = true;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+
+  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t kv_dim() const { return n_kv_head * head_dim(); }
+  // Exact parameter count of the model as loom builds it.
+  int64_t parameter_count() const;
+  // Throws loom::Error naming the first inconsistent field.
+  void validate() const;
+};
+
+// Named presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-1b, llama-3b, llama-8b,
+// llama-70b, llama-405b. Throws loom::Error listing the known names for an unknown one.
+ModelConfig model_preset(const std::string& name);
+std::vector<std::string> model_preset_names();
+
+}  // namespace loom

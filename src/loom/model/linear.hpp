@@ -1,0 +1,34 @@
+#pragma once
+// A linear layer y = x W^T (+ b) with W stored [out, in]. Its output may be written into a
+// column block of a wider buffer (out_ld), so q/k/v or gate/up projections fill one fused
+// activation without a copy.
+#include <string>
+
+#include "loom/model/parameter.hpp"
+
+namespace loom {
+
+class Linear {
+ public:
+  Linear(std::string name, int64_t in_features, int64_t out_features, bool bias,
+         bool hf_transposed);
+  void forward(float* out, int64_t out_ld, const float* input, int64_t rows) const;
+  // d_input written (or accumulated); weight/bias gradients accumulated.
+  void backward(float* d_input, bool accumulate_input, const float* d_out, int64_t d_out_ld,
+                const float* input, int64_t rows);
+  void collect(ParameterList& out);
+
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  Parameter weight;
+  Parameter bias;  // undefined value when the layer has no bias
+
+ private:
+  int64_t in_features_, out_features_;
+};
+
+// Allocates value and gradient tensors of a parameter.
+void allocate_parameter(Parameter& p, std::string name, const Shape& shape, bool weight_decay,
+                        bool hf_transposed = false);
+
+}  // namespace loom

@@ -1,0 +1,189 @@
+#include "loom/model/transformer.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "loom/core/error.hpp"
+#include "loom/core/rng.hpp"
+#include "loom/kernels/cpu/cross_entropy.hpp"
+#include "loom/kernels/cpu/embedding.hpp"
+#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/model/linear.hpp"
+
+namespace loom {
+
+Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t vocab_chunk)
+    : config_(config), recompute_(recompute), vocab_chunk_(vocab_chunk) {
+  config_.validate();
+  const bool gpt2 = config_.arch == Architecture::GPT2;
+  allocate_parameter(token_embedding, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
+                     {config_.vocab_size, config_.n_embd}, true);
+  parameters_.push_back(&token_embedding);
+  if (gpt2) {
+    allocate_parameter(position_embedding, "transformer.wpe.weight",
+                       {config_.max_seq_len, config_.n_embd}, true);
+    parameters_.push_back(&position_embedding);
+  } else {
+    rope_ = std::make_shared<cpu::RopeTable>(
+        cpu::make_rope_table(config_.head_dim(), config_.max_seq_len, config_.rope_theta));
+  }
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    const std::string prefix = (gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l);
+    blocks.push_back(std::make_unique<TransformerBlock>(config_, prefix, rope_));
+    blocks.back()->collect(parameters_);
+  }
+  final_norm = std::make_unique<Norm>(gpt2 ? NormKind::LayerNorm : NormKind::RMSNorm,
+                                      gpt2 ? "transformer.ln_f" : "model.norm", config_.n_embd,
+                                      static_cast<float>(config_.norm_eps));
+  final_norm->collect(parameters_);
+  if (!config_.tied_embeddings) {
+    allocate_parameter(lm_head, "lm_head.weight", {config_.vocab_size, config_.n_embd}, true);
+    parameters_.push_back(&lm_head);
+  }
+}
+
+void Transformer::init_weights(uint64_t seed) {
+  constexpr double kStd = 0.02;
+  const double residual_std = kStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  auto is_residual_output = [](const std::string& name) {
+    return name.find("c_proj.weight") != std::string::npos ||
+           name.find("o_proj.weight") != std::string::npos ||
+           name.find("down_proj.weight") != std::string::npos;
+  };
+  for (size_t index = 0; index < parameters_.size(); ++index) {
+    Parameter& p = *parameters_[index];
+    float* v = p.value.f32();
+    const bool is_norm_weight = p.value.dim() == 1 && p.name.find("bias") == std::string::npos;
+    if (p.value.dim() == 1) {
+      for (int64_t i = 0; i < p.value.numel(); ++i) v[i] = is_norm_weight ? 1.0f : 0.0f;
+      continue;
+    }
+    const double std = is_residual_output(p.name) ? residual_std : kStd;
+    const CounterRng rng(seed, index);  // one stream per parameter: order-independent
+    for (int64_t i = 0; i < p.value.numel(); ++i)
+      v[i] = static_cast<float>(std * rng.normal(static_cast<uint64_t>(i)));
+  }
+}
+
+void Transformer::zero_grad() {
+  for (Parameter* p : parameters_) p->grad.zero_();
+}
+
+void Transformer::ensure_activations(int64_t batch, int64_t seq_len) {
+  if (batch == batch_ && seq_len == seq_len_) return;
+  stashes_.clear();
+  batch_ = batch;
+  seq_len_ = seq_len;
+  const int64_t rows = batch * seq_len, c = config_.n_embd;
+  auto activation = [](const Shape& shape) {
+    return Tensor::empty(shape, DType::F32, MemCategory::Activations);
+  };
+  residuals_ = activation({config_.n_layer + 1, rows, c});
+  final_norm_out_ = activation({rows, c});
+  final_norm_stash_.rstd = activation({rows});
+  if (config_.arch == Architecture::GPT2) final_norm_stash_.mean = activation({rows});
+  if (recompute_ == Recompute::Full) {
+    // One stash shared by all blocks: only block inputs (residuals_) survive the forward.
+    stashes_.assign(1, make_block_stash(config_, batch, seq_len, nullptr));
+  } else {
+    const BlockStash first = make_block_stash(config_, batch, seq_len, nullptr);
+    stashes_.push_back(first);
+    for (int64_t l = 1; l < config_.n_layer; ++l)
+      stashes_.push_back(make_block_stash(config_, batch, seq_len,
+                                          recompute_ == Recompute::Selective ? &first : nullptr));
+  }
+  scratch_ = make_block_grad_scratch(config_, rows);
+  d_hidden_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
+  d_residual_a_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
+  d_residual_b_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
+}
+
+void Transformer::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t batch,
+                               int64_t seq_len) const {
+  if (batch <= 0 || seq_len <= 0) throw_error("batch ", batch, " x sequence ", seq_len, " is empty");
+  if (seq_len > config_.max_seq_len)
+    throw_error("sequence length ", seq_len, " exceeds the model's max_seq_len ", config_.max_seq_len);
+  for (int64_t i = 0; i < batch * seq_len; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+      throw_error("token id ", tokens[i], " at position ", i, " is outside the vocabulary [0, ",
+                  config_.vocab_size, ")");
+    if (targets && targets[i] >= config_.vocab_size)
+      throw_error("target id ", targets[i], " at position ", i, " is outside the vocabulary [0, ",
+                  config_.vocab_size, ")");
+  }
+}
+
+void Transformer::forward_hidden(const int32_t* tokens, int64_t batch, int64_t seq_len) {
+  ensure_activations(batch, seq_len);
+  const int64_t rows = batch * seq_len, c = config_.n_embd;
+  tokens_.assign(tokens, tokens + rows);
+  float* residual = residuals_.f32();
+  cpu::embedding_forward(residual, tokens, token_embedding.value.f32(),
+                         position_embedding.value.defined() ? position_embedding.value.f32() : nullptr,
+                         batch, seq_len, c);
+  const bool shared = recompute_ == Recompute::Full;
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
+    blocks[static_cast<size_t>(l)]->forward(residual + (l + 1) * rows * c, residual + l * rows * c,
+                                            stash, batch, seq_len);
+  }
+  final_norm->forward(final_norm_out_.f32(), final_norm_stash_,
+                      residual + config_.n_layer * rows * c, rows);
+}
+
+double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t batch,
+                            int64_t seq_len, const ForwardOptions& options) {
+  check_inputs(tokens, targets, batch, seq_len);
+  forward_hidden(tokens, batch, seq_len);
+  const Parameter& head = output_weight();
+  cpu::CrossEntropyArgs args{};
+  args.hidden = final_norm_out_.f32();
+  args.weight = head.value.f32();
+  args.targets = targets;
+  args.rows = batch * seq_len;
+  args.dim = config_.n_embd;
+  args.vocab = config_.vocab_size;
+  args.vocab_chunk = vocab_chunk_;
+  args.grad_scale = options.grad_scale;
+  args.d_hidden = options.compute_grad ? d_hidden_.f32() : nullptr;
+  args.d_weight = options.compute_grad ? head.grad.f32() : nullptr;
+  grad_ready_ = options.compute_grad;
+  return cpu::lm_head_cross_entropy(args);
+}
+
+void Transformer::backward() {
+  if (!grad_ready_) throw_error("backward() needs a forward() with compute_grad first");
+  grad_ready_ = false;
+  const int64_t rows = batch_ * seq_len_, c = config_.n_embd;
+  float* residual = residuals_.f32();
+  float* d_out = d_residual_a_.f32();
+  float* d_in = d_residual_b_.f32();
+  std::memset(d_out, 0, static_cast<size_t>(rows * c) * sizeof(float));
+  final_norm->backward(d_out, d_hidden_.f32(), residual + config_.n_layer * rows * c,
+                       final_norm_stash_, rows);
+  const bool shared = recompute_ == Recompute::Full;
+  for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
+    BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
+    blocks[static_cast<size_t>(l)]->backward(d_in, d_out, residual + l * rows * c, stash, scratch_,
+                                             recompute_, batch_, seq_len_);
+    std::swap(d_in, d_out);
+  }
+  cpu::embedding_backward(token_embedding.grad.f32(),
+                          position_embedding.grad.defined() ? position_embedding.grad.f32() : nullptr,
+                          d_out, tokens_.data(), batch_, seq_len_, c);
+}
+
+std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len) {
+  check_inputs(tokens, nullptr, batch, seq_len);
+  forward_hidden(tokens, batch, seq_len);
+  const int64_t c = config_.n_embd, v = config_.vocab_size;
+  std::vector<float> logits(static_cast<size_t>(batch * v));
+  for (int64_t b = 0; b < batch; ++b) {
+    const float* h = final_norm_out_.f32() + (b * seq_len + seq_len - 1) * c;
+    cpu::sgemm(false, true, 1, v, c, 1.0f, h, c, output_weight().value.f32(), c, 0.0f,
+               logits.data() + b * v, v);
+  }
+  return logits;
+}
+
+}  // namespace loom

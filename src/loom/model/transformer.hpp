@@ -1,0 +1,77 @@
+#pragma once
+// The whole language model: embeddings, blocks, final norm and the fused output projection
+// with cross-entropy. Forward and backward are explicit; the model owns its activation stash
+// and decides, per recomputation mode, what the stash keeps.
+#include <memory>
+#include <vector>
+
+#include "loom/model/block.hpp"
+#include "loom/model/config.hpp"
+
+namespace loom {
+
+struct ForwardOptions {
+  bool compute_grad = true;  // run the fused loss gradient so backward() can follow
+  float grad_scale = 1.0f;   // multiplies the gradient of the summed token losses
+};
+
+class Transformer {
+ public:
+  Transformer(const ModelConfig& config, Recompute recompute = Recompute::None,
+              int64_t vocab_chunk = kDefaultVocabChunk);
+  // Default size of the vocabulary chunk the fused cross-entropy works through at a time.
+  static constexpr int64_t kDefaultVocabChunk = 8192;
+
+  // GPT-2 / nanoGPT initialisation: N(0, 0.02) weights, residual output projections scaled by
+  // 1/sqrt(2 n_layer) (Radford et al. 2019, section 2.3), zero biases, unit norm weights.
+  void init_weights(uint64_t seed);
+
+  // Returns the sum of per-token losses over the batch (tokens and targets are [batch, seq]).
+  // With compute_grad, also accumulates the output projection's gradient and prepares the
+  // gradient of the final hidden states for backward().
+  double forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
+                 const ForwardOptions& options = {});
+  // Accumulates every parameter's gradient (call after forward with compute_grad).
+  void backward();
+
+  // Logits of the last position of each sequence: [batch, vocab] (no targets needed).
+  std::vector<float> last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len);
+
+  void zero_grad();
+  const ParameterList& parameters() const { return parameters_; }
+  const ModelConfig& config() const { return config_; }
+  Recompute recompute() const { return recompute_; }
+  // Output projection: the token embedding when tied, else lm_head.
+  const Parameter& output_weight() const { return config_.tied_embeddings ? token_embedding : lm_head; }
+
+  Parameter token_embedding;
+  Parameter position_embedding;  // GPT-2 only
+  std::vector<std::unique_ptr<TransformerBlock>> blocks;
+  std::unique_ptr<Norm> final_norm;
+  Parameter lm_head;  // untied models only
+
+ private:
+  void ensure_activations(int64_t batch, int64_t seq_len);
+  void check_inputs(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len) const;
+  void forward_hidden(const int32_t* tokens, int64_t batch, int64_t seq_len);
+
+  ModelConfig config_;
+  Recompute recompute_;
+  int64_t vocab_chunk_;
+  std::shared_ptr<const cpu::RopeTable> rope_;
+  ParameterList parameters_;
+
+  // Activations for the current (batch, seq_len).
+  int64_t batch_ = 0, seq_len_ = 0;
+  std::vector<int32_t> tokens_;
+  Tensor residuals_;        // [n_layer + 1, rows, C]: input of each block, then the last output
+  Tensor final_norm_out_;   // [rows, C]
+  NormStash final_norm_stash_;
+  std::vector<BlockStash> stashes_;
+  BlockGradScratch scratch_;
+  Tensor d_hidden_;         // [rows, C] gradient of the final norm's output
+  Tensor d_residual_a_, d_residual_b_;
+  bool grad_ready_ = false;
+};
+
+}  // namespace loom

@@ -1,0 +1,66 @@
+#include "loom/train/adamw.hpp"
+
+#include <map>
+
+#include "loom/core/error.hpp"
+#include "loom/kernels/cpu/adamw.hpp"
+#include "loom/kernels/cpu/elementwise.hpp"
+
+namespace loom {
+
+AdamW::AdamW(ParameterList params, AdamWConfig config, bool master_weights)
+    : params_(std::move(params)), config_(config) {
+  for (Parameter* p : params_) {
+    exp_avg_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::OptimizerState));
+    exp_avg_sq_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::OptimizerState));
+    if (master_weights) {
+      master_.push_back(p->value.clone(MemCategory::OptimizerState));
+      cpu::round_to_bf16_inplace(p->value.f32(), p->value.numel());
+    }
+  }
+}
+
+void AdamW::step(double lr) {
+  ++step_;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    const cpu::AdamWStep s{static_cast<float>(lr), static_cast<float>(config_.beta1),
+                           static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
+                           p.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f, step_};
+    float* target = master_.empty() ? p.value.f32() : master_[i].f32();
+    cpu::adamw_update(target, p.grad.f32(), exp_avg_[i].f32(), exp_avg_sq_[i].f32(),
+                      p.value.numel(), s);
+    if (!master_.empty()) {
+      p.value.copy_from(master_[i]);
+      cpu::round_to_bf16_inplace(p.value.f32(), p.value.numel());
+    }
+  }
+}
+
+std::vector<std::pair<std::string, Tensor>> AdamW::state_tensors() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.emplace_back(params_[i]->name + ".exp_avg", exp_avg_[i]);
+    out.emplace_back(params_[i]->name + ".exp_avg_sq", exp_avg_sq_[i]);
+    if (!master_.empty()) out.emplace_back(params_[i]->name + ".master", master_[i]);
+  }
+  return out;
+}
+
+void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       int64_t steps_taken) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : tensors) by_name[name] = &t;
+  for (const auto& [name, mine] : state_tensors()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw_error("optimizer state: tensor '", name, "' is missing");
+    if (it->second->shape() != mine.shape())
+      throw_error("optimizer state: tensor '", name, "' has shape ",
+                  shape_to_string(it->second->shape()), ", expected ", shape_to_string(mine.shape()));
+    Tensor target = mine;  // shares storage with our state
+    target.copy_from(*it->second);
+  }
+  step_ = steps_taken;
+}
+
+}  // namespace loom

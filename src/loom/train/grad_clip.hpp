@@ -1,0 +1,13 @@
+#pragma once
+// Global-norm gradient clipping (Pascanu et al. 2013), as torch.nn.utils.clip_grad_norm_:
+// scale every gradient by max_norm / (norm + 1e-6) when the norm exceeds max_norm.
+#include "loom/model/parameter.hpp"
+
+namespace loom {
+
+// L2 norm of all gradients together, accumulated in double in a fixed order.
+double global_grad_norm(const ParameterList& params);
+// Returns the norm before clipping; max_norm <= 0 disables clipping.
+double clip_grad_norm(const ParameterList& params, double max_norm);
+
+}  // namespace loom

@@ -1,0 +1,247 @@
+// Gradient checks of every CPU kernel against central finite differences, plus forward checks
+// against naive reference formulas (attention, cross-entropy).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gradcheck.hpp"
+#include "loom/kernels/cpu/activations.hpp"
+#include "loom/kernels/cpu/adamw.hpp"
+#include "loom/kernels/cpu/attention.hpp"
+#include "loom/kernels/cpu/cross_entropy.hpp"
+#include "loom/kernels/cpu/embedding.hpp"
+#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/kernels/cpu/norms.hpp"
+#include "loom/kernels/cpu/rope.hpp"
+
+namespace loom::test {
+namespace {
+
+constexpr double kGradTolerance = 2e-2;
+
+TEST(KernelGrad, Linear) {
+  const int64_t n = 5, in = 7, out = 6;
+  auto x = random_vector(n * in, 1), w = random_vector(out * in, 2), b = random_vector(out, 3);
+  auto probe = random_vector(n * out, 4);
+  auto loss = [&] {
+    std::vector<float> y(n * out);
+    cpu::linear_forward(y.data(), out, x.data(), w.data(), b.data(), n, in, out);
+    return dot(y, probe);
+  };
+  std::vector<float> dx(n * in), dw(out * in, 0.0f), db(out, 0.0f);
+  cpu::linear_backward(dx.data(), false, dw.data(), db.data(), probe.data(), out, x.data(), w.data(),
+                       n, in, out);
+  EXPECT_LT(max_gradient_error(x, dx, loss), kGradTolerance);
+  EXPECT_LT(max_gradient_error(w, dw, loss), kGradTolerance);
+  EXPECT_LT(max_gradient_error(b, db, loss), kGradTolerance);
+}
+
+TEST(KernelGrad, LayerNorm) {
+  const int64_t rows = 4, dim = 16;
+  auto x = random_vector(rows * dim, 5), w = random_vector(dim, 6), b = random_vector(dim, 7);
+  auto probe = random_vector(rows * dim, 8);
+  std::vector<float> mean(rows), rstd(rows);
+  auto loss = [&] {
+    std::vector<float> y(rows * dim);
+    cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), rows, dim, 1e-5f);
+    return dot(y, probe);
+  };
+  loss();
+  std::vector<float> dx(rows * dim, 0.0f), dw(dim, 0.0f), db(dim, 0.0f);
+  cpu::layernorm_backward(dx.data(), dw.data(), db.data(), probe.data(), x.data(), w.data(),
+                          mean.data(), rstd.data(), rows, dim);
+  EXPECT_LT(max_gradient_error(x, dx, loss), kGradTolerance);
+  EXPECT_LT(max_gradient_error(w, dw, loss), kGradTolerance);
+  EXPECT_LT(max_gradient_error(b, db, loss), kGradTolerance);
+}
+
+TEST(KernelGrad, RMSNorm) {
+  const int64_t rows = 4, dim = 16;
+  auto x = random_vector(rows * dim, 9), w = random_vector(dim, 10);
+  auto probe = random_vector(rows * dim, 11);
+  std::vector<float> rstd(rows);
+  auto loss = [&] {
+    std::vector<float> y(rows * dim);
+    cpu::rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), rows, dim, 1e-5f);
+    return dot(y, probe);
+  };
+  loss();
+  std::vector<float> dx(rows * dim, 0.0f), dw(dim, 0.0f);
+  cpu::rmsnorm_backward(dx.data(), dw.data(), probe.data(), x.data(), w.data(), rstd.data(), rows, dim);
+  EXPECT_LT(max_gradient_error(x, dx, loss), kGradTolerance);
+  EXPECT_LT(max_gradient_error(w, dw, loss), kGradTolerance);
+}
+
+TEST(KernelGrad, Gelu) {
+  const int64_t n = 64;
+  auto x = random_vector(n, 12, 2.0f), probe = random_vector(n, 13);
+  auto loss = [&] {
+    std::vector<float> y(n);
+    cpu::gelu_forward(y.data(), x.data(), n);
+    return dot(y, probe);
+  };
+  std::vector<float> dx(n);
+  cpu::gelu_backward(dx.data(), probe.data(), x.data(), n);
+  EXPECT_LT(max_gradient_error(x, dx, loss), kGradTolerance);
+  // Spot value of the tanh approximation: gelu(1) = 0.841192.
+  float one = 1.0f, y1 = 0.0f;
+  cpu::gelu_forward(&y1, &one, 1);
+  EXPECT_NEAR(y1, 0.841192f, 1e-5f);
+}
+
+TEST(KernelGrad, SwiGLU) {
+  const int64_t rows = 3, dim = 8, ld = 2 * dim;
+  auto x = random_vector(rows * ld, 14, 2.0f), probe = random_vector(rows * dim, 15);
+  auto loss = [&] {
+    std::vector<float> y(rows * dim);
+    cpu::swiglu_forward(y.data(), x.data(), x.data() + dim, rows, dim, ld);
+    return dot(y, probe);
+  };
+  std::vector<float> dx(rows * ld);
+  cpu::swiglu_backward(dx.data(), dx.data() + dim, probe.data(), x.data(), x.data() + dim, rows, dim, ld);
+  EXPECT_LT(max_gradient_error(x, dx, loss), kGradTolerance);
+}
+
+TEST(KernelGrad, RopeIsOrthogonalAndInvertible) {
+  const int64_t batch = 2, seq = 5, heads = 3, d = 8, ld = heads * d;
+  const auto table = cpu::make_rope_table(d, 16, 10000.0);
+  auto x = random_vector(batch * seq * ld, 16), probe = random_vector(batch * seq * ld, 17);
+  auto loss = [&] {
+    auto y = x;
+    cpu::rope_apply(y.data(), batch, seq, heads, ld, table, false);
+    return dot(y, probe);
+  };
+  auto dx = probe;  // backward of a rotation is the inverse rotation of the upstream gradient
+  cpu::rope_apply(dx.data(), batch, seq, heads, ld, table, true);
+  EXPECT_LT(max_gradient_error(x, dx, loss), kGradTolerance);
+  auto y = x;
+  cpu::rope_apply(y.data(), batch, seq, heads, ld, table, false);
+  cpu::rope_apply(y.data(), batch, seq, heads, ld, table, true);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(y[i], x[i], 1e-5f);
+  // Position 0 is not rotated; position 1 rotates pair (0, d/2) by exactly 1 radian.
+  auto z = x;
+  cpu::rope_apply(z.data(), 1, seq, heads, ld, table, false);
+  EXPECT_FLOAT_EQ(z[0], x[0]);
+  const float a = x[ld], b = x[ld + d / 2];
+  EXPECT_NEAR(z[ld], a * std::cos(1.0f) - b * std::sin(1.0f), 1e-5f);
+}
+
+// Naive causal attention with explicit softmax, for reference.
+std::vector<float> naive_attention(const std::vector<float>& qkv, const cpu::AttentionShape& s) {
+  std::vector<float> out(s.batch * s.seq_len * s.out_ld(), 0.0f);
+  const int64_t d = s.head_dim, ld = s.qkv_ld();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t kvh = h / (s.heads / s.kv_heads);
+      for (int64_t i = 0; i < s.seq_len; ++i) {
+        std::vector<double> p(i + 1);
+        double mx = -1e30, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double sc = 0;
+          for (int64_t c = 0; c < d; ++c)
+            sc += qkv[(b * s.seq_len + i) * ld + h * d + c] * qkv[(b * s.seq_len + j) * ld + (s.heads + kvh) * d + c];
+          p[j] = sc / std::sqrt(static_cast<double>(d));
+          mx = std::max(mx, p[j]);
+        }
+        for (auto& v : p) sum += (v = std::exp(v - mx));
+        for (int64_t j = 0; j <= i; ++j)
+          for (int64_t c = 0; c < d; ++c)
+            out[(b * s.seq_len + i) * s.out_ld() + h * d + c] += static_cast<float>(
+                p[j] / sum * qkv[(b * s.seq_len + j) * ld + (s.heads + s.kv_heads + kvh) * d + c]);
+      }
+    }
+  return out;
+}
+
+class AttentionKernel : public ::testing::TestWithParam<std::tuple<int64_t, int64_t, int64_t>> {};
+
+TEST_P(AttentionKernel, MatchesNaiveAndGradChecks) {
+  const auto [seq, heads, kv_heads] = GetParam();
+  const cpu::AttentionShape s{2, seq, heads, kv_heads, 8};
+  auto qkv = random_vector(s.batch * seq * s.qkv_ld(), 18);
+  std::vector<float> out(s.batch * seq * s.out_ld()), lse(s.batch * heads * seq);
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), s);
+  const auto expected = naive_attention(qkv, s);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], expected[i], 1e-5f) << i;
+
+  auto probe = random_vector(out.size(), 19);
+  auto loss = [&] {
+    std::vector<float> o(out.size()), l(lse.size());
+    cpu::attention_forward(o.data(), l.data(), qkv.data(), s);
+    return dot(o, probe);
+  };
+  std::vector<float> dqkv(qkv.size());
+  cpu::attention_backward(dqkv.data(), probe.data(), qkv.data(), out.data(), lse.data(), s);
+  EXPECT_LT(max_gradient_error(qkv, dqkv, loss, 300), kGradTolerance);
+}
+
+// seq 70 crosses the 64-key tile boundary; (4, 2) and (4, 1) are grouped-query attention.
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
+                         ::testing::Values(std::make_tuple(5, 2, 2), std::make_tuple(9, 4, 2),
+                                           std::make_tuple(7, 4, 1), std::make_tuple(70, 2, 1)));
+
+TEST(KernelGrad, CrossEntropyChunkedMatchesNaiveAndGradChecks) {
+  const int64_t rows = 6, dim = 8, vocab = 37;
+  auto h = random_vector(rows * dim, 20), w = random_vector(vocab * dim, 21);
+  std::vector<int32_t> targets = {0, 36, 5, -1, 17, 17};  // -1 is ignored
+  double naive = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) continue;
+    std::vector<double> z(vocab);
+    double mx = -1e30, sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) {
+      for (int64_t c = 0; c < dim; ++c) z[v] += h[r * dim + c] * w[v * dim + c];
+      mx = std::max(mx, z[v]);
+    }
+    for (double zv : z) sum += std::exp(zv - mx);
+    naive += mx + std::log(sum) - z[targets[r]];
+  }
+  for (int64_t chunk : {5, 16, 37, 1000}) {
+    auto run = [&](float* dh, float* dw) {
+      cpu::CrossEntropyArgs a{h.data(), w.data(), targets.data(), rows, dim, vocab, chunk, 0.5f, dh, dw, nullptr};
+      return cpu::lm_head_cross_entropy(a);
+    };
+    EXPECT_NEAR(run(nullptr, nullptr), naive, 1e-4) << "chunk " << chunk;
+    std::vector<float> dh(rows * dim), dw(vocab * dim, 0.0f);
+    run(dh.data(), dw.data());
+    auto loss = [&] { return 0.5 * run(nullptr, nullptr); };
+    EXPECT_LT(max_gradient_error(h, dh, loss), kGradTolerance) << "chunk " << chunk;
+    EXPECT_LT(max_gradient_error(w, dw, loss), kGradTolerance) << "chunk " << chunk;
+    for (int64_t c = 0; c < dim; ++c) EXPECT_EQ(dh[3 * dim + c], 0.0f);  // ignored row
+  }
+}
+
+TEST(KernelGrad, Embedding) {
+  const int64_t batch = 2, seq = 3, dim = 4, vocab = 5;
+  auto wte = random_vector(vocab * dim, 22), wpe = random_vector(seq * dim, 23);
+  std::vector<int32_t> tokens = {1, 4, 1, 0, 1, 3};  // repeated ids accumulate
+  auto probe = random_vector(batch * seq * dim, 24);
+  auto loss = [&] {
+    std::vector<float> y(batch * seq * dim);
+    cpu::embedding_forward(y.data(), tokens.data(), wte.data(), wpe.data(), batch, seq, dim);
+    return dot(y, probe);
+  };
+  std::vector<float> dwte(vocab * dim, 0.0f), dwpe(seq * dim, 0.0f);
+  cpu::embedding_backward(dwte.data(), dwpe.data(), probe.data(), tokens.data(), batch, seq, dim);
+  EXPECT_LT(max_gradient_error(wte, dwte, loss), kGradTolerance);
+  EXPECT_LT(max_gradient_error(wpe, dwpe, loss), kGradTolerance);
+}
+
+TEST(Kernel, AdamWMatchesScalarFormula) {
+  const int64_t n = 10;
+  auto p = random_vector(n, 25), g = random_vector(n, 26);
+  std::vector<float> m(n, 0.1f), v(n, 0.2f);
+  auto p0 = p;
+  const cpu::AdamWStep s{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3};
+  cpu::adamw_update(p.data(), g.data(), m.data(), v.data(), n, s);
+  for (int64_t i = 0; i < n; ++i) {
+    const double mi = 0.9 * 0.1 + 0.1 * g[i], vi = 0.95 * 0.2 + 0.05 * g[i] * g[i];
+    const double mhat = mi / (1 - std::pow(0.9, 3)), vhat = vi / (1 - std::pow(0.95, 3));
+    const double expected = p0[i] * (1 - 1e-2 * 0.1) - 1e-2 * mhat / (std::sqrt(vhat) + 1e-8);
+    EXPECT_NEAR(p[i], expected, 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace loom::test

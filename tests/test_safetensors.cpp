@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -193,7 +194,7 @@ TEST_F(SafetensorsTest, FlippedDataByteFailsTheChecksumNamingTheTensor) {
 TEST_F(SafetensorsTest, TruncatedFileIsReportedAsTruncated) {
   write_safetensors(path("a.safetensors"), sample_entries());
   std::vector<uint8_t> bytes = read_file_bytes(path("a.safetensors"));
-  bytes.resize(bytes.size() - 5);
+  bytes.erase(bytes.end() - 5, bytes.end());  // erase, not resize: GCC 12 misreads a shrinking resize as a huge memset
   write_bytes(path("a.safetensors"), bytes);
   expect_contains(error_message([&] { read_safetensors(path("a.safetensors")); }),
                   {path("a.safetensors"), "truncated", "'weight'"});

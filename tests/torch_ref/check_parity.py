@@ -28,9 +28,29 @@ Tolerances (a = C++ value, b = PyTorch reference value, both promoted to float64
   rel_err(a, b) = max|a - b| / max(max|b|, 1e-8)          (max over all elements of a tensor)
   loss:            rel_err <= 1e-5
   each gradient:   rel_err <= 1e-4
-  each trained weight tensor (after `steps` AdamW steps): rel_err <= 1e-4
+  each trained weight tensor (after `steps` AdamW steps): rel_err <= 1e-4 over its
+                   well-conditioned elements (below)
   Any NaN/Inf in a C++ tensor fails that tensor. The reference runs on CPU, deterministic
   algorithms, 1 thread, float32 by default.
+
+  Ill-conditioned weight elements. Adam divides each gradient element by its own RMS, so an
+  element whose gradient float32 cannot resolve moves by O(lr) per step in a direction decided by
+  rounding; e.g. GPT-2's key bias, whose exact gradient is 0 (softmax ignores the per-row constant
+  q.b_k) but comes out ~1e-9 (~eps) in float32. No float32 implementation can reproduce such an
+  element to 1e-4 (even the exact float64 answer fails: see selftest), so the checker also trains
+  the reference in float64, recomputes the gradient in float32 at the same weights at every step,
+  and calls element i ill-conditioned when
+    (a) at some step |g32_i - g64_i| > 1e-4 * (|g64_i| + eps)  (float32 cannot give its Adam
+        step to 1e-4; elements whose gradient is exactly 0 in both, e.g. unused embedding rows,
+        are exact and stay fully checked), or
+    (b) |ref32_i - ref64_i| > 0.05 * 1e-4 * max|ref32|  (the float32 reference cannot reproduce
+        the float64 one to a twentieth of the tolerance).
+  Typically 1-3% of elements are ill-conditioned. They are held only to
+  |a_i - ref32_i| <= 1e-4 * max|ref32| + 2*lr*steps (Adam moves an element by ~lr per step at
+  most); their count per tensor is printed (column "ill"). Optimizer bugs are systematic and show
+  up on the well-conditioned elements (selftest proves it for weight decay on all tensors, missing
+  bias correction, eps inside the sqrt, and ignored clipping). --strict-weights drops the
+  exemption and applies rel_err to every element (the raw metric; expect spurious failures).
 
 Exit status: 0 every check passed; 1 some check failed (or the checker itself crashed);
 2 malformed dump (missing file/tensor, wrong shape/dtype, bad JSON/config, token out of range).
@@ -45,7 +65,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -57,6 +77,11 @@ LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
 WEIGHT_RTOL = 1e-4
 DENOM_FLOOR = 1e-8
+# Trained-weight element i is ill-conditioned (see docstring) when |ref32 - ref64| >
+# ILL_FRACTION * WEIGHT_RTOL * scale, or when its float32 gradient is ever off by
+# > NOISE_LEVEL * (|g64| + eps).
+ILL_FRACTION = 0.05
+NOISE_LEVEL = 1e-4
 
 EXIT_PASS, EXIT_FAIL, EXIT_MALFORMED = 0, 1, 2
 
@@ -81,6 +106,32 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> Tuple[float, float]:
     return diff, diff / scale
 
 
+def weight_err(a: torch.Tensor, b: torch.Tensor, probe: Optional[torch.Tensor],
+               noisy: Optional[torch.Tensor], allowance: float, rtol: float = WEIGHT_RTOL
+               ) -> Tuple[float, float, int, bool]:
+    """Trained-weight comparison. b: reference, probe: the reference at the other precision,
+    noisy: mask of noise-level-gradient elements (both None = strict). Returns (max|a-b| and
+    rel_err over well-conditioned elements, number of ill-conditioned elements, whether all
+    ill-conditioned ones are within rtol*scale + allowance)."""
+    a64, b64 = a.detach().double().reshape(-1), b.detach().double().reshape(-1)
+    if a64.numel() == 0:
+        return 0.0, 0.0, 0, True
+    if not torch.isfinite(a64).all():
+        return math.inf, math.inf, 0, False
+    scale = max(b64.abs().max().item(), DENOM_FLOOR)
+    diff = (a64 - b64).abs()
+    if probe is None:
+        ill = torch.zeros_like(diff, dtype=torch.bool)
+    else:
+        ill = (b64 - probe.detach().double().reshape(-1)).abs() > ILL_FRACTION * rtol * scale
+    if noisy is not None:
+        ill = ill | noisy.reshape(-1)
+    well = diff[~ill]
+    d = well.max().item() if well.numel() else 0.0
+    ill_ok = bool((diff[ill] <= rtol * scale + allowance).all())
+    return d, d / scale, int(ill.sum()), ill_ok
+
+
 @dataclass
 class Row:
     group: str
@@ -88,10 +139,12 @@ class Row:
     max_abs: float
     rel: float
     tol: float
+    n_ill: int = 0      # ill-conditioned elements (weights only)
+    ill_ok: bool = True
 
     @property
     def ok(self) -> bool:
-        return self.rel <= self.tol  # False for NaN
+        return self.rel <= self.tol and self.ill_ok  # False for NaN
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,7 +242,10 @@ def reference_grads(model, inputs, targets):
     return loss.detach(), grads
 
 
-def reference_train(model, inputs, targets, tc) -> Tuple[Dict[str, torch.Tensor], List[float]]:
+def reference_train(model, inputs, targets, tc, on_grads: Optional[Callable] = None
+                    ) -> Tuple[Dict[str, torch.Tensor], List[float]]:
+    """AdamW training as the contract says; returns (final weights, global grad norm per step).
+    on_grads(named_params, clip_coef) is called after each backward, before clipping."""
     named = list(model.named_parameters())
     decay = [p for n, p in named if n in tc["decay_params"]]
     no_decay = [p for n, p in named if n not in tc["decay_params"]]
@@ -197,17 +253,47 @@ def reference_train(model, inputs, targets, tc) -> Tuple[Dict[str, torch.Tensor]
                           {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
     opt = torch.optim.AdamW(groups, lr=tc["lr"], betas=(tc["beta1"], tc["beta2"]), eps=tc["eps"],
                             amsgrad=False, foreach=False, maximize=False)
+    params = [p for _, p in named]
     norms = []
     for _ in range(tc["steps"]):
         opt.zero_grad(set_to_none=True)
         models.lm_loss(model(inputs), targets).backward()
-        params = [p for _, p in named]
+        norm = float(torch.norm(torch.stack([p.grad.detach().norm() for p in params])))
+        norms.append(norm)
+        if on_grads is not None:
+            on_grads(named, min(1.0, tc["grad_clip"] / (norm + 1e-6)) if tc["grad_clip"] > 0 else 1.0)
         if tc["grad_clip"] > 0:
-            norms.append(float(torch.nn.utils.clip_grad_norm_(params, tc["grad_clip"])))
-        else:
-            norms.append(float(torch.norm(torch.stack([p.grad.norm() for p in params]))))
+            torch.nn.utils.clip_grad_norm_(params, tc["grad_clip"])
         opt.step()
     return {n: p.detach().clone() for n, p in named}, norms
+
+
+def noisy_gradient_mask(cfg, init, inputs, targets, tc) -> Tuple[Dict[str, torch.Tensor],
+                                                                  Dict[str, torch.Tensor]]:
+    """Trains in float64 and, at every step, recomputes the gradient in float32 at the same
+    (rounded) weights. Returns (float64 trained weights, {name: mask}) where mask marks elements
+    whose float32 gradient is off by more than NOISE_LEVEL * (|g64| + eps) at some step, i.e.
+    whose Adam step float32 rounding can visibly change (g64 and g32 both exactly 0 is exact)."""
+    m64 = models.build_model(cfg, torch.float64)
+    m32 = models.build_model(cfg, torch.float32)
+    models.load_state(m64, init)
+    mask: Dict[str, torch.Tensor] = {}
+
+    def probe(named64, coef):
+        models.load_state(m32, {n: p.detach() for n, p in named64})
+        m32.zero_grad(set_to_none=True)
+        models.lm_loss(m32(inputs), targets).backward()
+        g32 = dict(m32.named_parameters())
+        for n, p in named64:
+            g = p.grad.detach()
+            err = (g32[n].grad.detach().double() - g).abs() * coef
+            bad = err > NOISE_LEVEL * (g.abs() * coef + tc["eps"])
+            mask[n] = bad if n not in mask else mask[n] | bad
+
+    trained64, _ = reference_train(m64, inputs, targets, tc, probe)
+    for n, _ in m64.named_parameters():
+        mask.setdefault(n, torch.zeros(init[n].shape, dtype=torch.bool))
+    return trained64, mask
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,14 +303,16 @@ def _fmt(x: float) -> str:
 
 def _print_table(rows: List[Row]) -> None:
     w = max([len(r.name) for r in rows] + [4])
-    print(f"  {'group':<7} {'name':<{w}}  {'max abs diff':>12}  {'rel err':>10}  {'tol':>8}")
+    print(f"  {'group':<7} {'name':<{w}}  {'max abs diff':>12}  {'rel err':>10}  {'tol':>8}  {'ill':>5}")
     for r in rows:
+        verdict = "ok" if r.ok else ("FAIL" if not r.rel <= r.tol
+                                     else "FAIL (ill-conditioned element beyond tol + 2*lr*steps)")
         print(f"  {r.group:<7} {r.name:<{w}}  {_fmt(r.max_abs):>12}  {_fmt(r.rel):>10}  "
-              f"{r.tol:>8.0e}  {'ok' if r.ok else 'FAIL'}")
+              f"{r.tol:>8.0e}  {r.n_ill if r.group == 'weight' else '':>5}  {verdict}")
 
 
 def run(dump: str, verbose: bool = False, grads_only: bool = False,
-        dtype: torch.dtype = torch.float32) -> int:
+        dtype: torch.dtype = torch.float32, strict_weights: bool = False) -> int:
     warnings: List[str] = []
     if not os.path.isdir(dump):
         raise DumpError(f"{dump}: not a directory")
@@ -270,7 +358,8 @@ def run(dump: str, verbose: bool = False, grads_only: bool = False,
         trained = _read_st(path("trained.safetensors"))
         _check_params(trained, shapes, "trained.safetensors", warnings, tied_extra)
 
-    arch = ("gpt2 L={0.n_layer} C={0.n_embd} H={0.n_head} F={0.n_inner} V={0.vocab_size}"
+    arch = ("gpt2 L={0.n_layer} C={0.n_embd} H={0.n_head} F={0.n_inner} V={0.vocab_size} "
+             "tied={0.tie_word_embeddings}"
             if isinstance(cfg, models.GPT2Config) else
             "llama L={0.num_hidden_layers} C={0.hidden_size} H={0.num_attention_heads} "
             "KV={0.num_key_value_heads} F={0.intermediate_size} V={0.vocab_size} "
@@ -284,6 +373,7 @@ def run(dump: str, verbose: bool = False, grads_only: bool = False,
         print(f"  warning: {w}")
 
     rows: List[Row] = []
+    ill_note = None
     # 1) loss and gradients of one forward/backward from the initial weights
     models.load_state(model, init)
     ref_loss, ref_grads = reference_grads(model, inputs, targets)
@@ -299,14 +389,31 @@ def run(dump: str, verbose: bool = False, grads_only: bool = False,
     if not grads_only:
         models.load_state(model, init)
         ref_trained, norms = reference_train(model, inputs, targets, tc)
+        probe = noisy = None
+        if not strict_weights:  # float64 training, to find ill-conditioned elements
+            trained64, noisy = noisy_gradient_mask(cfg, init, inputs, targets, tc)
+            probe = trained64
+            if dtype != torch.float32:  # the reference is float64: probe with float32
+                m32 = models.build_model(cfg, torch.float32)
+                models.load_state(m32, init)
+                probe, _ = reference_train(m32, inputs, targets, tc)
+        allowance = 2.0 * tc["lr"] * tc["steps"]
         if norms:
             print(f"  train: {tc['steps']} AdamW steps lr={tc['lr']:g} betas=({tc['beta1']:g}, "
                   f"{tc['beta2']:g}) eps={tc['eps']:g} wd={tc['weight_decay']:g} on "
                   f"{len(tc['decay_params'])} tensors, grad_clip={tc['grad_clip']:g}; ref grad norm "
                   f"{norms[0]:.4g} -> {norms[-1]:.4g}")
         for n in names:
-            d, r = rel_err(trained[n], ref_trained[n])
-            rows.append(Row("weight", n, d, r, WEIGHT_RTOL))
+            d, r, n_ill, ill_ok = weight_err(trained[n], ref_trained[n],
+                                             None if probe is None else probe[n],
+                                             None if noisy is None else noisy[n], allowance)
+            rows.append(Row("weight", n, d, r, WEIGHT_RTOL, n_ill, ill_ok))
+        ill_total = sum(r.n_ill for r in rows if r.group == "weight")
+        if probe is not None:
+            ill_note = (f"  ill-conditioned: {ill_total} of {nparam} weight elements (float32 gradient "
+                        f"off by > {NOISE_LEVEL:g}*(|g64|+eps) at some step, or reference float32 vs "
+                        f"float64 differ by > {ILL_FRACTION:g}*tol); held to |diff| <= tol*max|ref| + "
+                        f"2*lr*steps = tol*max|ref| + {allowance:g}")
 
     failed = [r for r in rows if not r.ok]
     for group in ("grad", "weight"):
@@ -314,7 +421,10 @@ def run(dump: str, verbose: bool = False, grads_only: bool = False,
         if g:
             worst = max(g, key=lambda r: (not r.ok, r.rel if r.rel == r.rel else math.inf))
             print(f"  {group}s: {sum(r.ok for r in g)}/{len(g)} within rel {g[0].tol:g}; "
-                  f"worst {worst.name} rel {_fmt(worst.rel)}")
+                  f"worst {worst.name} rel {_fmt(worst.rel)}"
+                  + (" (well-conditioned elements)" if group == "weight" and not strict_weights else ""))
+    if ill_note:
+        print(ill_note)
     if verbose:
         print("  all checks:")
         _print_table(rows)
@@ -338,11 +448,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--dtype", choices=("float32", "float64"), default="float32",
                     help="reference precision (default float32)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--strict-weights", action="store_true",
+                    help="apply rel_err to every trained-weight element (no ill-conditioning allowance)")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     torch.use_deterministic_algorithms(True)
     try:
-        return run(args.dir, args.verbose, args.grads_only, getattr(torch, args.dtype))
+        return run(args.dir, args.verbose, args.grads_only, getattr(torch, args.dtype),
+                   args.strict_weights)
     except DumpError as e:
         print(f"check_parity: MALFORMED DUMP: {e}")
         print("SUMMARY: MALFORMED")

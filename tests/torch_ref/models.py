@@ -4,7 +4,7 @@ Written from the papers and the documented semantics of Hugging Face's GPT2LMHea
 LlamaForCausalLM (not copied from either code base). Parameter names and layouts are exactly
 HF's, so a state dict round-trips with HF checkpoints:
 
-GPT-2 (tied lm_head = transformer.wte):
+GPT-2 (lm_head tied to transformer.wte unless tie_word_embeddings is false, then lm_head.weight [V, C]):
     transformer.wte.weight [V, C]              transformer.wpe.weight [P, C]
     transformer.h.{i}.ln_1.{weight,bias} [C]
     transformer.h.{i}.attn.c_attn.weight [C, 3C]  .bias [3C]     (Conv1D: y = x @ W + b)
@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -54,6 +54,7 @@ class GPT2Config:
     n_head: int
     n_inner: int
     layer_norm_epsilon: float
+    tie_word_embeddings: bool = True  # HF default for GPT-2; False adds lm_head.weight [V, C]
     model_type: str = "gpt2"
 
     @property
@@ -110,11 +111,14 @@ def config_from_dict(d: dict) -> Config:
             raise ConfigError("gpt2: only plain 1/sqrt(head_dim) attention scaling is supported")
         c = _int(d, "n_embd")
         inner = d.get("n_inner")
+        tie = d.get("tie_word_embeddings", True)
+        if not isinstance(tie, bool):
+            raise ConfigError(f"tie_word_embeddings must be a bool, got {tie!r}")
         cfg = GPT2Config(
             vocab_size=_int(d, "vocab_size"), n_positions=_int(d, "n_positions"), n_embd=c,
             n_layer=_int(d, "n_layer"), n_head=_int(d, "n_head"),
             n_inner=4 * c if inner is None else _int(d, "n_inner"),
-            layer_norm_epsilon=_float(d, "layer_norm_epsilon", 1e-5))
+            layer_norm_epsilon=_float(d, "layer_norm_epsilon", 1e-5), tie_word_embeddings=tie)
         if c % cfg.n_head:
             raise ConfigError(f"gpt2: n_embd {c} is not divisible by n_head {cfg.n_head}")
         return cfg
@@ -183,6 +187,8 @@ def expected_parameter_shapes(cfg: Config) -> Dict[str, Tuple[int, ...]]:
             out[p + "mlp.c_proj.bias"] = (C,)
         out["transformer.ln_f.weight"] = (C,)
         out["transformer.ln_f.bias"] = (C,)
+        if not cfg.tie_word_embeddings:
+            out["lm_head.weight"] = (cfg.vocab_size, C)
     else:
         C, Fi, D = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
         H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -308,12 +314,15 @@ class GPT2LMHeadModel(nn.Module):
         super().__init__()
         self.config = cfg
         self.transformer = GPT2Transformer(cfg)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.shape[1] > self.config.n_positions:
             raise ValueError(f"sequence length {idx.shape[1]} > n_positions {self.config.n_positions}")
         h = self.transformer(idx.long())
-        return torch.matmul(h, self.transformer.wte.weight.t())  # lm_head tied to wte
+        tied = self.config.tie_word_embeddings
+        return torch.matmul(h, (self.transformer.wte.weight if tied else self.lm_head.weight).t())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,9 +13,14 @@
    - Llama GQA attention block vs explicit loops (KV head = q head // (H/KV), complex RoPE);
    - gelu_new vs torch's tanh GELU; RMSNorm vs a scalar formula.
 3. Dumps for tiny GPT-2 / Llama / tied Llama written by a second path (float64 models, hand-written
-   clipping + AdamW, cast to F32) must PASS check_parity (exit 0); perturbations must FAIL (exit 1);
-   missing/mis-shaped tensors and files must be MALFORMED (exit 2); dumps made with plausible
-   convention bugs (GQA head mapping, interleaved RoPE) must FAIL.
+   clipping + AdamW, cast to F32) must PASS check_parity (exit 0), as must dumps from a float32
+   path with per-sequence gradient accumulation; one gradient element or one trained weight
+   element +1%, or the loss * (1 + 1e-4), or a NaN must FAIL (exit 1); a missing tensor/file,
+   a transposed (nn.Linear-layout) Conv1D gradient, out-of-vocab targets or an unknown
+   model_type must be MALFORMED (exit 2); dumps made with plausible bugs (GQA head mapping,
+   interleaved RoPE, weight decay on every tensor, no bias correction, eps inside the sqrt,
+   clipping ignored) must FAIL; and the exact answer must fail --strict-weights (why the
+   checker exempts ill-conditioned weight elements, see check_parity.py).
 """
 from __future__ import annotations
 
@@ -111,12 +116,13 @@ def test_safetensors(tmp: str) -> None:
 # 2. models.py cross-checks
 # ----------------------------------------------------------------------------------------------
 def test_param_names() -> None:
-    for d in (GPT2_CFG, LLAMA_CFG, dict(LLAMA_CFG, tie_word_embeddings=True)):
+    for d in (GPT2_CFG, dict(GPT2_CFG, tie_word_embeddings=False), LLAMA_CFG,
+              dict(LLAMA_CFG, tie_word_embeddings=True)):
         cfg = models.config_from_dict(d)
         m = models.build_model(cfg)
         got = {n: tuple(p.shape) for n, p in m.named_parameters()}
         want = models.expected_parameter_shapes(cfg)
-        check(f"{d['model_type']}{' tied' if d.get('tie_word_embeddings') else ''}: module parameter "
+        check(f"{d['model_type']} tie_word_embeddings={models.config_from_dict(d).tie_word_embeddings}: module parameter "
               f"names/shapes == HF list ({len(want)} tensors)", got == want and list(got) == list(want))
     # GPT-2 closed form: V*C + P*C + L*(12 C^2 + 13 C) + 2C (tied head, n_inner = 4C).
     c = models.config_from_dict(GPT2_CFG)
@@ -268,10 +274,14 @@ def test_elementwise() -> None:
 # ----------------------------------------------------------------------------------------------
 # 3. Dumps from a second path (float64 + hand-written AdamW) and the checker's exit codes
 # ----------------------------------------------------------------------------------------------
-def make_dump(out: str, cfg_dict: dict, seed: int, B: int, T: int, clip_frac: float) -> None:
+def make_dump(out: str, cfg_dict: dict, seed: int, B: int, T: int, clip_frac: float,
+              microbatch_f32: bool = False, variant: str = "", eps: float = 1e-8) -> None:
     """Writes a dump as the C++ side would, computed in float64 with hand-written clipping and
     AdamW. clip_frac > 0 sets grad_clip to that fraction of the initial grad norm (so clipping
-    is active on every step); 0 disables clipping."""
+    is active on every step); 0 disables clipping. microbatch_f32 instead computes everything in
+    float32 with gradients accumulated one sequence at a time (a different rounding path, like
+    another float32 implementation would have).
+    variant injects an optimizer bug: "wd_all", "no_bias_correction", "eps_in_sqrt", "no_clip"."""
     os.makedirs(out, exist_ok=True)
     cfg = models.config_from_dict(cfg_dict)
     m32 = models.build_model(cfg, torch.float32)
@@ -281,40 +291,52 @@ def make_dump(out: str, cfg_dict: dict, seed: int, B: int, T: int, clip_frac: fl
     inputs = torch.randint(0, cfg.vocab_size, (B, T), generator=g, dtype=torch.int32)
     targets = torch.randint(0, cfg.vocab_size, (B, T), generator=g, dtype=torch.int32)
 
-    m = models.build_model(cfg, torch.float64)
+    m = models.build_model(cfg, torch.float32 if microbatch_f32 else torch.float64)
     models.load_state(m, init)
     named = list(m.named_parameters())
 
     def fwd_bwd():
         m.zero_grad(set_to_none=True)
-        loss = models.lm_loss(m(inputs.long()), targets.long())
-        loss.backward()
+        if microbatch_f32:  # sum over sequences of (per-sequence mean loss) / B
+            loss = 0.0
+            for b in range(B):
+                lb = models.lm_loss(m(inputs[b:b + 1].long()), targets[b:b + 1].long()) / B
+                lb.backward()
+                loss = loss + lb.detach()
+        else:
+            loss = models.lm_loss(m(inputs.long()), targets.long())
+            loss.backward()
         return loss.detach(), [p.grad.detach().clone() for _, p in named]
 
     loss, grads = fwd_bwd()
     gnorm0 = math.sqrt(sum((x * x).sum().item() for x in grads))
     decay = [n for n, p in named if p.dim() >= 2]  # matrices and embeddings
-    tc = {"steps": 10, "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1,
+    tc = {"steps": 10, "lr": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": eps, "weight_decay": 0.1,
           "grad_clip": round(clip_frac * gnorm0, 6), "decay_params": decay}
-    # Hand-written AdamW, float64.
+    # Hand-written AdamW (float64, or float32 with microbatch_f32).
     mom = [torch.zeros_like(p) for _, p in named]
     vel = [torch.zeros_like(p) for _, p in named]
     for step in range(1, tc["steps"] + 1):
         _, gs = fwd_bwd()
-        if tc["grad_clip"] > 0:
+        if tc["grad_clip"] > 0 and variant != "no_clip":
             total = math.sqrt(sum((x * x).sum().item() for x in gs))
             coef = tc["grad_clip"] / (total + 1e-6)
             if coef < 1.0:
                 gs = [x * coef for x in gs]
         with torch.no_grad():
             for i, (n, p) in enumerate(named):
-                if n in decay:
+                if n in decay or variant == "wd_all":
                     p.mul_(1.0 - tc["lr"] * tc["weight_decay"])
                 mom[i] = tc["beta1"] * mom[i] + (1 - tc["beta1"]) * gs[i]
                 vel[i] = tc["beta2"] * vel[i] + (1 - tc["beta2"]) * gs[i] * gs[i]
                 m_hat = mom[i] / (1 - tc["beta1"] ** step)
                 v_hat = vel[i] / (1 - tc["beta2"] ** step)
-                p.sub_(tc["lr"] * m_hat / (v_hat.sqrt() + tc["eps"]))
+                if variant == "no_bias_correction":
+                    m_hat, v_hat = mom[i], vel[i]
+                if variant == "eps_in_sqrt":
+                    p.sub_(tc["lr"] * m_hat / (v_hat + tc["eps"]).sqrt())
+                else:
+                    p.sub_(tc["lr"] * m_hat / (v_hat.sqrt() + tc["eps"]))
 
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg_dict, f, indent=1)
@@ -369,6 +391,9 @@ def test_checker(tmp: str) -> None:
     expect("gpt2 float64-path dump passes", gpt2, 0, ["SUMMARY: PASS"], show=True)
     expect("llama (GQA, untied) float64-path dump passes", llama, 0, ["SUMMARY: PASS"], show=True)
     expect("llama (tied) float64-path dump passes", tied, 0, ["SUMMARY: PASS"])
+    untied = os.path.join(tmp, "gpt2_untied")
+    make_dump(untied, dict(GPT2_CFG, tie_word_embeddings=False), seed=400, B=2, T=16, clip_frac=0.0)
+    expect("gpt2 (untied lm_head) float64-path dump passes", untied, 0, ["SUMMARY: PASS"])
     expect("gpt2 dump passes with a float64 reference too", gpt2, 0, ["SUMMARY: PASS"], extra=("--dtype", "float64"))
 
     w = os.path.join(tmp, "work")
@@ -413,7 +438,28 @@ def test_checker(tmp: str) -> None:
     expect("missing trained.safetensors is fine with --grads-only", w, 0, ["SUMMARY: PASS"], extra=("--grads-only",))
     with open(os.path.join(w, "config.json"), "w") as f:
         json.dump(dict(GPT2_CFG, model_type="mamba"), f)
-    expect("unknown model_type", w, 2, ["model_type"])
+    expect("unknown model_type", w, 2, ["model_type"], extra=("--grads-only",))
+
+    # The raw max metric on every trained-weight element cannot cope with Adam's amplification of
+    # rounding noise, even for the exact (float64) answer: GPT-2's key bias has an exactly-zero
+    # gradient, float32 gives ~1e-9 noise, and with eps=1e-12 Adam turns that into ~lr per step.
+    eps_dump = os.path.join(tmp, "gpt2_eps")
+    make_dump(eps_dump, GPT2_CFG, seed=100, B=2, T=12, clip_frac=0.5, eps=1e-12)
+    expect("gpt2 float64-path dump, eps=1e-12, passes", eps_dump, 0, ["SUMMARY: PASS"])
+    expect("same dump FAILS with --strict-weights (key-bias elements)", eps_dump, 1,
+           ["SUMMARY: FAIL", "attn.c_attn.bias"], show=True, extra=("--strict-weights",))
+    # Another float32 rounding path (per-sequence gradient accumulation, hand-written AdamW in
+    # float32) must pass too.
+    f32 = os.path.join(tmp, "f32_microbatch")
+    make_dump(f32, GPT2_CFG, seed=100, B=2, T=12, clip_frac=0.5, microbatch_f32=True)
+    expect("gpt2 float32 micro-batched dump passes", f32, 0, ["SUMMARY: PASS"], show=True)
+    make_dump(f32, LLAMA_CFG, seed=200, B=4, T=16, clip_frac=0.3, microbatch_f32=True)
+    expect("llama float32 micro-batched dump passes", f32, 0, ["SUMMARY: PASS"], show=True)
+
+    # Optimizer bugs must be caught despite the ill-conditioning allowance.
+    for variant in ("wd_all", "no_bias_correction", "eps_in_sqrt", "no_clip"):
+        make_dump(w, GPT2_CFG, seed=100, B=2, T=12, clip_frac=0.5, variant=variant)
+        expect(f"gpt2 dump with optimizer bug [{variant}]", w, 1, ["SUMMARY: FAIL"])
 
     # Plausible C++ convention bugs must be caught (dumps generated with a wrong reference).
     bugs = {

@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string_view>
 #include <system_error>
 #include <utility>
@@ -101,11 +102,19 @@ struct FileToWrite {
 std::vector<FileToWrite> serialize_payload(const CheckpointPayload& payload) {
   if (!payload.trainer_state.is_object())
     throw_error("trainer_state is ", payload.trainer_state.type_name(), ", expected a JSON object");
-  const auto as_text = [](const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); };
+  const auto tensors = [](const char* file, const std::vector<SafetensorsEntry>& entries,
+                          const std::map<std::string, std::string>& metadata) {
+    try {
+      const std::vector<uint8_t> bytes = serialize_safetensors(entries, metadata);
+      return std::string(bytes.begin(), bytes.end());
+    } catch (const Error& e) {
+      throw_error(file, ": ", e.what());
+    }
+  };
   // transformers refuses safetensors files whose metadata lacks a known "format".
-  return {{kModelFile, as_text(serialize_safetensors(payload.model_weights, {{"format", "pt"}}))},
+  return {{kModelFile, tensors(kModelFile, payload.model_weights, {{"format", "pt"}})},
           {kConfigFile, dump_json(hf_config_json(payload.config), "config.json")},
-          {kOptimizerFile, as_text(serialize_safetensors(payload.optimizer_state))},
+          {kOptimizerFile, tensors(kOptimizerFile, payload.optimizer_state, {})},
           {kTrainerStateFile, dump_json(payload.trainer_state, "trainer_state")}};
 }
 
@@ -138,8 +147,12 @@ std::optional<fs::path> install_directory(const fs::path& temp_dir, const fs::pa
   fs::rename(temp_dir, final_dir, ec);
   if (ec) {
     const std::string reason = ec.message();
-    if (replaced) fs::rename(*replaced, final_dir, ec);
-    throw_error("cannot rename '", temp_dir.string(), "' to '", final_dir.string(), "': ", reason);
+    std::string restore_note;
+    if (replaced) {
+      fs::rename(*replaced, final_dir, ec);
+      if (ec) restore_note = "; the previous checkpoint is still in '" + replaced->string() + "'";
+    }
+    throw_error("cannot rename '", temp_dir.string(), "' to '", final_dir.string(), "': ", reason, restore_note);
   }
   fsync_directory(final_dir.parent_path().string());
   return replaced;

@@ -1,1 +1,63 @@
-int main() { return 0; }
+// `loom`: train, tokenize, generate, eval. Errors in user input end with exit code 2 and one
+// line naming the problem; nothing is written before the input has been validated.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "loom/cli/commands.hpp"
+#include "loom/core/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"loom: train GPT-2 and Llama-style language models"};
+  app.require_subcommand(1);
+
+  loom::cli::TrainArgs train;
+  auto* train_cmd = app.add_subcommand("train", "train a model from a TOML config; extra --section.key=value override it");
+  train_cmd->add_option("config", train.config_path, "TOML config file")->required()->check(CLI::ExistingFile);
+  train_cmd->add_flag("--check", train.check_only, "validate the config and exit");
+  train_cmd->allow_extras();
+
+  loom::cli::TokenizeArgs tokenize;
+  auto* tokenize_cmd = app.add_subcommand("tokenize", "encode text files with GPT-2's BPE into llm.c .bin token shards");
+  tokenize_cmd->add_option("inputs", tokenize.inputs, "text files or directories of *.txt")->required();
+  tokenize_cmd->add_option("--tokenizer-dir", tokenize.tokenizer_dir, "directory with encoder.json and vocab.bpe")->required();
+  tokenize_cmd->add_option("--output", tokenize.output_prefix, "output prefix, e.g. data/sotu/sotu")->required();
+  tokenize_cmd->add_option("--val-fraction", tokenize.val_fraction, "fraction of documents held out")->check(CLI::Range(0.0, 0.9));
+  tokenize_cmd->add_option("--shard-tokens", tokenize.shard_tokens, "tokens per shard")->check(CLI::PositiveNumber);
+
+  loom::cli::GenerateArgs generate;
+  auto* generate_cmd = app.add_subcommand("generate", "sample text from a checkpoint");
+  generate_cmd->add_option("--checkpoint", generate.checkpoint, "checkpoint directory or root")->required();
+  generate_cmd->add_option("--tokenizer-dir", generate.tokenizer_dir, "directory with encoder.json and vocab.bpe")->required();
+  generate_cmd->add_option("--prompt", generate.prompt, "text to continue")->required();
+  generate_cmd->add_option("--tokens", generate.tokens, "new tokens per sample")->check(CLI::PositiveNumber);
+  generate_cmd->add_option("--count", generate.count, "number of samples")->check(CLI::PositiveNumber);
+  generate_cmd->add_option("--temperature", generate.temperature, "softmax temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
+  generate_cmd->add_option("--top-k", generate.top_k, "sample among the k most likely tokens (0 = all)");
+  generate_cmd->add_option("--seed", generate.seed, "random seed");
+
+  loom::cli::EvalArgs eval;
+  auto* eval_cmd = app.add_subcommand("eval", "mean loss of a checkpoint on token shards");
+  eval_cmd->add_option("--checkpoint", eval.checkpoint, "checkpoint directory or root")->required();
+  eval_cmd->add_option("--data", eval.data, "glob of token shards")->required();
+  eval_cmd->add_option("--batch-size", eval.batch_size)->check(CLI::PositiveNumber);
+  eval_cmd->add_option("--seq-len", eval.seq_len)->check(CLI::PositiveNumber);
+  eval_cmd->add_option("--batches", eval.batches)->check(CLI::PositiveNumber);
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (train_cmd->parsed()) {
+      train.overrides = train_cmd->remaining();
+      return loom::cli::run_train(train);
+    }
+    if (tokenize_cmd->parsed()) return loom::cli::run_tokenize(tokenize);
+    if (generate_cmd->parsed()) return loom::cli::run_generate(generate);
+    if (eval_cmd->parsed()) return loom::cli::run_eval(eval);
+  } catch (const loom::Error& e) {
+    std::fprintf(stderr, "loom: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "loom: unexpected error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

@@ -3,7 +3,6 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -83,7 +82,9 @@ std::u32string decode_utf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {
     const size_t length = utf8_sequence_length(text, i);
     if (length == 0) return {};
-    const auto byte = [&](size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(text[i + k])); };
+    const auto byte = [&](size_t k) {
+      return static_cast<char32_t>(static_cast<unsigned char>(text[i + k]));
+    };
     static constexpr char32_t kLeadMask[] = {0, 0x7F, 0x1F, 0x0F, 0x07};
     char32_t code_point = byte(0) & kLeadMask[length];
     for (size_t k = 1; k < length; ++k) code_point = (code_point << 6) | (byte(k) & 0x3F);
@@ -119,7 +120,7 @@ uint64_t pair_key(int32_t left_id, int32_t right_id) {
 }
 
 struct EncoderTable {
-  std::vector<std::string> token_bytes;                 // id -> raw bytes
+  std::vector<std::string> token_bytes;                  // id -> raw bytes
   std::unordered_map<std::string, int32_t> id_of_token;  // GPT-2 alphabet string -> id
 };
 
@@ -159,13 +160,14 @@ EncoderTable parse_encoder_json(const std::string& path) {
     for (const char32_t code_point : code_points) {
       const auto byte = unicode_to_byte.find(code_point);
       if (byte == unicode_to_byte.end()) {
-        throw_error("GPT-2 encoder file '", path, "': token '", token, "' (id ", id,
-                    ") contains U+", std::hex, static_cast<uint32_t>(code_point),
+        throw_error("GPT-2 encoder file '", path, "': token '", token, "' (id ", id, ") contains U+",
+                    std::hex, static_cast<uint32_t>(code_point),
                     ", which is outside GPT-2's byte-to-unicode alphabet");
       }
       table.token_bytes[id] += byte->second;
     }
-    if (code_points.empty()) throw_error("GPT-2 encoder file '", path, "': id ", id, " has an empty or malformed token");
+    if (code_points.empty())
+      throw_error("GPT-2 encoder file '", path, "': id ", id, " has an empty or malformed token");
     table.id_of_token.emplace(token, static_cast<int32_t>(id));
   }
   return table;
@@ -262,8 +264,8 @@ Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& encoder_json_path, const st
     append_utf8(byte_to_unicode[b], token);
     const auto it = encoder.id_of_token.find(token);
     if (it == encoder.id_of_token.end()) {
-      throw_error("GPT-2 encoder file '", encoder_json_path, "' has no token for byte ", b,
-                  " (the string '", token, "'); byte-level BPE needs all 256 bytes");
+      throw_error("GPT-2 encoder file '", encoder_json_path, "' has no token for byte ", b, " (the string '",
+                  token, "'); byte-level BPE needs all 256 bytes");
     }
     tokenizer.byte_token_[b] = it->second;
   }
@@ -353,7 +355,8 @@ std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) const {
   PCRE2_SIZE offset = 0;
   while (offset < text.size()) {
     // Validity was checked once above; letting PCRE2 re-check would rescan the text per word.
-    const int rc = pcre2_match(pattern_->code, subject, text.size(), offset, PCRE2_NO_UTF_CHECK, match.get(), nullptr);
+    const int rc =
+        pcre2_match(pattern_->code, subject, text.size(), offset, PCRE2_NO_UTF_CHECK, match.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR message[256];

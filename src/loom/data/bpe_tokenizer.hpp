@@ -43,8 +43,8 @@ class Gpt2Tokenizer {
   void append_word_tokens(std::string_view word, std::vector<int32_t>& out) const;
   const BpeMerge* find_merge(int32_t left_id, int32_t right_id) const;
 
-  std::vector<std::string> token_bytes_;  // id -> the raw bytes it stands for
-  int32_t byte_token_[256] = {};          // byte value -> id of its one-byte token
+  std::vector<std::string> token_bytes_;           // id -> the raw bytes it stands for
+  int32_t byte_token_[256] = {};                   // byte value -> id of its one-byte token
   std::unordered_map<uint64_t, BpeMerge> merges_;  // (left_id << 32 | right_id) -> merge
   int32_t eot_token_ = -1;
   std::shared_ptr<const CompiledPattern> pattern_;

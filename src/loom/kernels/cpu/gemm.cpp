@@ -64,3 +64,23 @@ void set_num_threads(int threads) {
 int num_threads() { return omp_get_max_threads(); }
 
 }  // namespace loom::cpu
+
+#include <chrono>
+#include <vector>
+
+namespace loom::cpu {
+
+double measure_sgemm_gflops(int64_t n, int repeats) {
+  std::vector<float> a(static_cast<size_t>(n * n), 0.5f), b(a), c(a);
+  sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm up
+  double best_seconds = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    best_seconds = std::min(best_seconds, took.count());
+  }
+  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best_seconds / 1e9;
+}
+
+}  // namespace loom::cpu

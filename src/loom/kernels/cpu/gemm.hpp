@@ -27,3 +27,9 @@ void set_num_threads(int threads);
 int num_threads();
 
 }  // namespace loom::cpu
+
+namespace loom::cpu {
+// Measured SGEMM rate (GFLOP/s) of square n x n products on the current thread count:
+// the peak that MFU is reported against on a CPU.
+double measure_sgemm_gflops(int64_t n = 1536, int repeats = 3);
+}  // namespace loom::cpu

@@ -1,0 +1,125 @@
+#include "loom/cli/commands.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "loom/core/error.hpp"
+#include "loom/data/bpe_tokenizer.hpp"
+#include "loom/data/tokenize_corpus.hpp"
+#include "loom/data/unigram.hpp"
+#include "loom/train/checkpointing.hpp"
+#include "loom/train/sampler.hpp"
+#include "loom/train/trainer.hpp"
+
+namespace loom::cli {
+
+namespace {
+Gpt2Tokenizer load_tokenizer(const std::string& dir) {
+  return Gpt2Tokenizer::load(dir + "/encoder.json", dir + "/vocab.bpe");
+}
+
+std::unique_ptr<Transformer> load_model(const std::string& checkpoint) {
+  auto model = std::make_unique<Transformer>(checkpoint_model_config(checkpoint));
+  restore_checkpoint(checkpoint, *model, nullptr);
+  return model;
+}
+
+void print_samples(Transformer& model, const Gpt2Tokenizer& tokenizer, const std::string& prompt,
+                   int64_t count, const SampleOptions& base) {
+  const std::vector<int32_t> prompt_tokens = tokenizer.encode(prompt);
+  for (int64_t i = 0; i < count; ++i) {
+    SampleOptions options = base;
+    options.seed = base.seed + static_cast<uint64_t>(i);
+    options.stop_token = tokenizer.eot_token();
+    const auto tokens = sample_tokens(model, prompt_tokens, options);
+    std::printf("--- sample %lld ---\n%s%s\n", static_cast<long long>(i + 1), prompt.c_str(),
+                tokenizer.decode(tokens).c_str());
+  }
+}
+}  // namespace
+
+int run_train(const TrainArgs& args) {
+  ConfigReader reader = ConfigReader::from_file(args.config_path);
+  reader.apply_overrides(args.overrides);
+  const TrainConfig config = parse_train_config(reader);
+  if (args.check_only) {
+    std::printf("config %s is valid\n", args.config_path.c_str());
+    return 0;
+  }
+  Trainer trainer(config);
+  const TrainSummary summary = trainer.run();
+  if (!config.val_data.empty() && summary.last_val_loss) {
+    const double unigram = unigram_cross_entropy(config.train_data, config.val_data, config.model.vocab_size);
+    std::printf("validation loss %.4f vs unigram baseline %.4f nats/token (%.1f%% below)\n",
+                *summary.last_val_loss, unigram, 100.0 * (1.0 - *summary.last_val_loss / unigram));
+  }
+  if (config.sample_tokens > 0 && !config.sample_prompt.empty()) {
+    const Gpt2Tokenizer tokenizer = load_tokenizer(config.tokenizer_dir);
+    SampleOptions options;
+    options.new_tokens = config.sample_tokens;
+    options.temperature = config.sample_temperature;
+    options.top_k = config.sample_top_k;
+    options.seed = config.seed;
+    print_samples(trainer.model(), tokenizer, config.sample_prompt, config.sample_count, options);
+  }
+  return 0;
+}
+
+int run_tokenize(const TokenizeArgs& args) {
+  std::vector<std::string> files;
+  for (const std::string& input : args.inputs) {
+    if (std::filesystem::is_directory(input)) {
+      for (const auto& entry : std::filesystem::directory_iterator(input))
+        if (entry.path().extension() == ".txt") files.push_back(entry.path().string());
+    } else if (std::filesystem::is_regular_file(input)) {
+      files.push_back(input);
+    } else {
+      throw_error("tokenize: input '", input, "' is neither a file nor a directory");
+    }
+  }
+  std::sort(files.begin(), files.end());  // a stable document order, whatever the filesystem
+  if (files.empty()) throw_error("tokenize: no input files found");
+  const Gpt2Tokenizer tokenizer = load_tokenizer(args.tokenizer_dir);
+  const auto parent = std::filesystem::path(args.output_prefix).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  const TokenizeResult result =
+      tokenize_corpus(files, tokenizer, args.output_prefix, args.val_fraction, args.shard_tokens);
+  std::printf("tokenized %lld documents: %lld train tokens, %lld val tokens\n",
+              static_cast<long long>(result.documents), static_cast<long long>(result.train_tokens),
+              static_cast<long long>(result.val_tokens));
+  for (const auto& f : result.files_written) std::printf("  wrote %s\n", f.c_str());
+  return 0;
+}
+
+int run_generate(const GenerateArgs& args) {
+  const Gpt2Tokenizer tokenizer = load_tokenizer(args.tokenizer_dir);
+  auto model = load_model(args.checkpoint);
+  if (model->config().vocab_size != tokenizer.vocab_size())
+    throw_error("generate: the checkpoint's vocabulary has ", model->config().vocab_size,
+                " tokens but the tokenizer has ", tokenizer.vocab_size());
+  SampleOptions options;
+  options.new_tokens = args.tokens;
+  options.temperature = args.temperature;
+  options.top_k = args.top_k;
+  options.seed = args.seed;
+  print_samples(*model, tokenizer, args.prompt, args.count, options);
+  return 0;
+}
+
+int run_eval(const EvalArgs& args) {
+  auto model = load_model(args.checkpoint);
+  DataLoader loader = DataLoader::from_pattern(args.data, args.batch_size, args.seq_len, model->config().vocab_size);
+  std::vector<int32_t> inputs(static_cast<size_t>(args.batch_size * args.seq_len)), targets(inputs.size());
+  double total = 0.0;
+  for (int64_t b = 0; b < args.batches; ++b) {
+    loader.next_batch(inputs.data(), targets.data());
+    total += model->forward(inputs.data(), targets.data(), args.batch_size, args.seq_len, {false, 1.0f});
+  }
+  const double loss = total / static_cast<double>(args.batches * args.batch_size * args.seq_len);
+  std::printf("eval loss %.4f nats/token (perplexity %.2f) over %lld tokens\n", loss, std::exp(loss),
+              static_cast<long long>(args.batches * args.batch_size * args.seq_len));
+  return 0;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,45 @@
+#pragma once
+// One function per `loom` subcommand; main.cpp only parses arguments and dispatches.
+#include <string>
+#include <vector>
+
+namespace loom::cli {
+
+struct TrainArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;  // "section.key=value"
+  bool check_only = false;             // validate the config and exit
+};
+int run_train(const TrainArgs& args);
+
+struct TokenizeArgs {
+  std::vector<std::string> inputs;  // files, or directories whose *.txt files are read
+  std::string tokenizer_dir;
+  std::string output_prefix;
+  double val_fraction = 0.05;
+  int64_t shard_tokens = 100'000'000;
+};
+int run_tokenize(const TokenizeArgs& args);
+
+struct GenerateArgs {
+  std::string checkpoint;
+  std::string tokenizer_dir;
+  std::string prompt;
+  int64_t tokens = 64;
+  int64_t count = 1;
+  double temperature = 0.8;
+  int64_t top_k = 40;
+  uint64_t seed = 1;
+};
+int run_generate(const GenerateArgs& args);
+
+struct EvalArgs {
+  std::string checkpoint;
+  std::string data;
+  int64_t batch_size = 4;
+  int64_t seq_len = 64;
+  int64_t batches = 10;
+};
+int run_eval(const EvalArgs& args);
+
+}  // namespace loom::cli

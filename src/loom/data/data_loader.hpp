@@ -1,0 +1,57 @@
+#pragma once
+// Streams (input, target) batches from llm.c token shards, as llm.c's dataloader.h does:
+// each batch is a contiguous window of B*T+1 tokens, targets are inputs shifted by one, and
+// the next window starts B*T tokens later. Tokens left at the end of a shard that cannot fill
+// a window are skipped; after the last shard a new epoch starts at the first. No shuffling,
+// so a run is reproducible from (epoch, shard, position) alone. One shard is in memory.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom {
+
+// Where the next batch will be read from; saved in checkpoints for an exact resume.
+struct LoaderState {
+  int64_t epoch = 0;        // passes over all shards completed
+  int64_t shard_index = 0;  // index into DataLoader::shard_paths()
+  int64_t position = 0;     // token offset of the next window in that shard
+
+  bool operator==(const LoaderState&) const = default;
+};
+
+// The files matching a glob pattern, sorted by name (byte order, whatever the locale).
+std::vector<std::string> expand_shard_pattern(const std::string& glob_pattern);
+
+class DataLoader {
+ public:
+  DataLoader(std::vector<std::string> shard_paths, int64_t batch_size, int64_t seq_len, int64_t vocab_size);
+  static DataLoader from_pattern(const std::string& glob_pattern, int64_t batch_size, int64_t seq_len,
+                                 int64_t vocab_size);
+
+  // Fills batch_size*seq_len entries of each array, row-major [batch_size, seq_len].
+  void next_batch(int32_t* inputs, int32_t* targets);
+
+  LoaderState state() const { return state_; }
+  // Continues from a state() taken earlier with the same shards and batch shape.
+  void restore(const LoaderState& state);
+
+  const std::vector<std::string>& shard_paths() const { return shard_paths_; }
+  int64_t batch_size() const { return batch_size_; }
+  int64_t seq_len() const { return seq_len_; }
+  int64_t tokens_per_batch() const { return batch_size_ * seq_len_; }
+
+ private:
+  int64_t window_tokens() const { return tokens_per_batch() + 1; }
+  void load_shard(int64_t shard_index);
+
+  std::vector<std::string> shard_paths_;
+  std::vector<int64_t> shard_token_counts_;  // from the headers, to validate restore()
+  int64_t batch_size_;
+  int64_t seq_len_;
+  int64_t vocab_size_;
+  LoaderState state_;
+  int64_t loaded_shard_index_ = -1;
+  std::vector<uint16_t> loaded_tokens_;
+};
+
+}  // namespace loom

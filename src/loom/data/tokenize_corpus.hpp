@@ -1,0 +1,28 @@
+#pragma once
+// Turns a set of text files into llm.c token shards, as llm.c's dev/data scripts do: every
+// document is preceded by <|endoftext|>, documents are concatenated in the given order and cut
+// into shards of a fixed size (a document may straddle two shards), and the last documents
+// form the validation split.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/data/bpe_tokenizer.hpp"
+
+namespace loom {
+
+struct TokenizeResult {
+  int64_t train_tokens = 0;
+  int64_t val_tokens = 0;
+  int64_t documents = 0;
+  std::vector<std::string> files_written;  // in write order: train shards, then val shards
+};
+
+// Each input file is one UTF-8 document. The last ceil(val_fraction * documents) documents (at
+// least one when val_fraction > 0) go to <prefix>_val_000000.bin, ...; the others to
+// <prefix>_train_000000.bin, ...; each shard holds at most shard_tokens tokens. Documents are
+// encoded in parallel with OpenMP; the output does not depend on the thread count.
+TokenizeResult tokenize_corpus(const std::vector<std::string>& input_files, const Gpt2Tokenizer& tokenizer,
+                               const std::string& output_prefix, double val_fraction, int64_t shard_tokens);
+
+}  // namespace loom

@@ -1,0 +1,20 @@
+#pragma once
+// Model FLOPs per trained token, the numerator of MFU. Every matrix-multiply parameter costs
+// 6 FLOPs per token (2 forward, 4 backward; Kaplan et al. 2020, Narayanan et al. 2021 eq. 3):
+// that includes the output projection, also when it is tied to the token embedding, but not
+// the position-embedding lookup. Causal attention adds QK^T and PV over on average seq/2 keys:
+// 2 matmuls x 2 FLOPs x seq/2 x C forward, x3 with backward = 6 * seq * C per layer.
+// Recomputation is not counted (MFU, not HFU: Chowdhery et al. 2022, appendix B).
+#include "loom/model/config.hpp"
+
+namespace loom {
+
+inline double flops_per_token(const ModelConfig& c, int64_t seq_len) {
+  double matmul_params = static_cast<double>(c.parameter_count());
+  if (c.arch == Architecture::GPT2) matmul_params -= static_cast<double>(c.max_seq_len * c.n_embd);
+  if (!c.tied_embeddings) matmul_params -= static_cast<double>(c.vocab_size * c.n_embd);  // lookup only
+  const double attention = 6.0 * static_cast<double>(c.n_layer * seq_len * c.n_embd);
+  return 6.0 * matmul_params + attention;
+}
+
+}  // namespace loom

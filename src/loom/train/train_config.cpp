@@ -1,0 +1,125 @@
+#include "loom/train/train_config.hpp"
+
+#include "loom/core/error.hpp"
+
+namespace loom {
+
+namespace {
+void require_positive(const std::string& key, double value) {
+  if (!(value > 0)) throw_error("config key '", key, "' has value ", value, ", expected > 0");
+}
+void require_range(const std::string& key, double value, double lo, double hi) {
+  if (!(value >= lo && value <= hi))
+    throw_error("config key '", key, "' has value ", value, ", expected a value in [", lo, ", ", hi, "]");
+}
+}  // namespace
+
+ModelConfig parse_model_config(ConfigReader& r) {
+  ModelConfig m;
+  const std::string preset = r.get_string("model.preset", "");
+  if (!preset.empty()) m = model_preset(preset);
+  const std::string arch = r.get_string("model.arch", architecture_name(m.arch));
+  if (arch == "gpt2") {
+    m.arch = Architecture::GPT2;
+  } else if (arch == "llama") {
+    m.arch = Architecture::Llama;
+  } else {
+    throw_error("config key 'model.arch' has value '", arch, "', expected gpt2 or llama");
+  }
+  m.vocab_size = r.get_int("model.vocab_size", m.vocab_size);
+  m.max_seq_len = r.get_int("model.max_seq_len", m.max_seq_len);
+  m.n_layer = r.get_int("model.n_layer", m.n_layer);
+  m.n_embd = r.get_int("model.n_embd", m.n_embd);
+  m.n_head = r.get_int("model.n_head", m.n_head);
+  m.n_kv_head = r.get_int("model.n_kv_head", r.has("model.n_head") && !r.has("model.n_kv_head") ? m.n_head : m.n_kv_head);
+  m.ffn_hidden = r.get_int("model.ffn_hidden", r.has("model.n_embd") && !r.has("model.ffn_hidden") && m.arch == Architecture::GPT2 ? 4 * m.n_embd : m.ffn_hidden);
+  m.tied_embeddings = r.get_bool("model.tied_embeddings", m.tied_embeddings);
+  m.norm_eps = r.get_double("model.norm_eps", m.norm_eps);
+  m.rope_theta = r.get_double("model.rope_theta", m.rope_theta);
+  m.validate();
+  return m;
+}
+
+TrainConfig parse_train_config(ConfigReader& r) {
+  TrainConfig c;
+  c.model = parse_model_config(r);
+  c.recompute = parse_recompute(r.get_string("model.recompute", "none"));
+
+  c.train_data = r.get_string("data.train", "");
+  c.val_data = r.get_string("data.val", "");
+  c.tokenizer_dir = r.get_string("data.tokenizer_dir", "");
+
+  c.batch_size = r.get_int("train.batch_size", c.batch_size);
+  c.seq_len = r.get_int("train.seq_len", c.seq_len);
+  c.grad_accum = r.get_int("train.grad_accum", c.grad_accum);
+  c.steps = r.get_int("train.steps", c.steps);
+  c.seed = static_cast<uint64_t>(r.get_int("train.seed", static_cast<int64_t>(c.seed)));
+  const std::string precision = r.get_string("train.precision", "f32");
+  if (precision == "f32") c.precision = Precision::F32;
+  else if (precision == "bf16") c.precision = Precision::BF16;
+  else throw_error("config key 'train.precision' has value '", precision, "', expected f32 or bf16");
+  c.threads = static_cast<int>(r.get_int("train.threads", c.threads));
+  c.vocab_chunk = r.get_int("train.vocab_chunk", c.vocab_chunk);
+
+  c.schedule.kind = parse_lr_schedule(r.get_string("optim.schedule", "cosine"));
+  c.schedule.peak_lr = r.get_double("optim.lr", c.schedule.peak_lr);
+  c.schedule.min_lr = r.get_double("optim.min_lr", c.schedule.peak_lr * 0.1);
+  c.schedule.warmup_steps = r.get_int("optim.warmup_steps", c.schedule.warmup_steps);
+  c.schedule.decay_fraction = r.get_double("optim.decay_fraction", c.schedule.decay_fraction);
+  c.adamw.beta1 = r.get_double("optim.beta1", c.adamw.beta1);
+  c.adamw.beta2 = r.get_double("optim.beta2", c.adamw.beta2);
+  c.adamw.eps = r.get_double("optim.eps", c.adamw.eps);
+  c.adamw.weight_decay = r.get_double("optim.weight_decay", c.adamw.weight_decay);
+  c.grad_clip = r.get_double("optim.grad_clip", c.grad_clip);
+
+  c.eval_every = r.get_int("eval.every", c.eval_every);
+  c.eval_batches = r.get_int("eval.batches", c.eval_batches);
+
+  c.checkpoint_dir = r.get_string("checkpoint.dir", "");
+  c.checkpoint_every = r.get_int("checkpoint.every", c.checkpoint_every);
+  c.keep_last = r.get_int("checkpoint.keep_last", c.keep_last);
+  c.resume = r.get_bool("checkpoint.resume", c.resume);
+
+  c.run_dir = r.get_string("log.dir", c.run_dir);
+  c.log_every = r.get_int("log.every", c.log_every);
+
+  c.sample_prompt = r.get_string("sample.prompt", "");
+  c.sample_tokens = r.get_int("sample.tokens", c.sample_tokens);
+  c.sample_count = r.get_int("sample.count", c.sample_count);
+  c.sample_temperature = r.get_double("sample.temperature", c.sample_temperature);
+  c.sample_top_k = r.get_int("sample.top_k", c.sample_top_k);
+  r.reject_unknown_keys();
+
+  // Ranges and consistency.
+  if (c.train_data.empty()) throw_error("config key 'data.train' is missing: expected a glob of token shards");
+  require_positive("train.batch_size", static_cast<double>(c.batch_size));
+  require_positive("train.seq_len", static_cast<double>(c.seq_len));
+  if (c.seq_len > c.model.max_seq_len)
+    throw_error("config key 'train.seq_len' has value ", c.seq_len, ", expected at most model.max_seq_len = ", c.model.max_seq_len);
+  require_positive("train.grad_accum", static_cast<double>(c.grad_accum));
+  require_positive("train.steps", static_cast<double>(c.steps));
+  require_positive("train.vocab_chunk", static_cast<double>(c.vocab_chunk));
+  if (c.threads < 0) throw_error("config key 'train.threads' has value ", c.threads, ", expected >= 0 (0 = all cores)");
+  require_positive("optim.lr", c.schedule.peak_lr);
+  require_range("optim.min_lr", c.schedule.min_lr, 0.0, c.schedule.peak_lr);
+  require_range("optim.warmup_steps", static_cast<double>(c.schedule.warmup_steps), 0, static_cast<double>(c.steps));
+  require_range("optim.decay_fraction", c.schedule.decay_fraction, 0.0, 1.0);
+  require_range("optim.beta1", c.adamw.beta1, 0.0, 0.999999);
+  require_range("optim.beta2", c.adamw.beta2, 0.0, 0.999999);
+  require_positive("optim.eps", c.adamw.eps);
+  require_range("optim.weight_decay", c.adamw.weight_decay, 0.0, 1.0);
+  require_range("optim.grad_clip", c.grad_clip, 0.0, 1e9);
+  require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
+  require_positive("eval.batches", static_cast<double>(c.eval_batches));
+  require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);
+  require_range("checkpoint.keep_last", static_cast<double>(c.keep_last), 0, 1e9);
+  require_positive("log.every", static_cast<double>(c.log_every));
+  require_range("sample.tokens", static_cast<double>(c.sample_tokens), 0, 1e6);
+  require_positive("sample.temperature", c.sample_temperature);
+  if (c.sample_tokens > 0 && c.tokenizer_dir.empty())
+    throw_error("config key 'data.tokenizer_dir' is missing: sample.tokens > 0 needs the tokenizer");
+  c.schedule.total_steps = c.steps;
+  return c;
+}
+
+}  // namespace loom

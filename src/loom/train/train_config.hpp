@@ -1,0 +1,62 @@
+#pragma once
+// Everything a training run needs, read from TOML (+ overrides) and validated as a whole
+// before any work starts. configs/*.toml document each key.
+#include <string>
+#include <vector>
+
+#include "loom/model/config.hpp"
+#include "loom/train/adamw.hpp"
+#include "loom/train/config_reader.hpp"
+#include "loom/train/lr_schedule.hpp"
+
+namespace loom {
+
+enum class Precision { F32, BF16 };
+
+struct TrainConfig {
+  ModelConfig model;
+  Recompute recompute = Recompute::None;
+
+  std::string train_data;      // glob of token shards
+  std::string val_data;        // glob of token shards (optional)
+  std::string tokenizer_dir;   // holds encoder.json and vocab.bpe (for samples)
+
+  int64_t batch_size = 4;      // sequences per micro-batch
+  int64_t seq_len = 64;
+  int64_t grad_accum = 1;      // micro-batches per optimizer step
+  int64_t steps = 100;
+  uint64_t seed = 1337;
+  Precision precision = Precision::F32;
+  int threads = 0;             // 0: all cores
+  int64_t vocab_chunk = 8192;
+
+  LrSchedule schedule;
+  AdamWConfig adamw;
+  double grad_clip = 1.0;
+
+  int64_t eval_every = 0;      // 0: only at the end
+  int64_t eval_batches = 10;
+
+  std::string checkpoint_dir;  // empty: no checkpoints
+  int64_t checkpoint_every = 0;
+  int64_t keep_last = 2;
+  bool resume = true;          // continue from checkpoint_dir's latest checkpoint if any
+
+  std::string run_dir = "runs/default";  // metrics.jsonl and loss.svg
+  int64_t log_every = 1;
+
+  std::string sample_prompt;   // generated from at the end (needs tokenizer_dir)
+  int64_t sample_tokens = 0;
+  int64_t sample_count = 3;
+  double sample_temperature = 0.8;
+  int64_t sample_top_k = 40;
+
+  int64_t tokens_per_step() const { return batch_size * seq_len * grad_accum; }
+};
+
+// Reads every key (unknown keys are an error) and validates ranges and consistency.
+TrainConfig parse_train_config(ConfigReader& reader);
+// Model section alone (also used by generate/eval): preset, then explicit dims override it.
+ModelConfig parse_model_config(ConfigReader& reader);
+
+}  // namespace loom

@@ -1,0 +1,172 @@
+#include "loom/train/trainer.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "loom/ckpt/checkpoint.hpp"
+#include "loom/core/error.hpp"
+#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/model/flops.hpp"
+#include "loom/obs/loss_plot.hpp"
+#include "loom/obs/metrics_log.hpp"
+#include "loom/obs/progress.hpp"
+#include "loom/obs/step_line.hpp"
+#include "loom/train/checkpointing.hpp"
+#include "loom/train/grad_clip.hpp"
+
+namespace loom {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+}  // namespace
+
+Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
+  if (config_.threads > 0) cpu::set_num_threads(config_.threads);
+  model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk);
+  model_->init_weights(config_.seed);
+  optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw,
+                                       config_.precision == Precision::BF16);
+  train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
+      config_.train_data, config_.batch_size, config_.seq_len, config_.model.vocab_size));
+  if (!config_.val_data.empty())  // fail now, not at the first evaluation
+    (void)DataLoader::from_pattern(config_.val_data, config_.batch_size, config_.seq_len,
+                                   config_.model.vocab_size);
+  inputs_.resize(static_cast<size_t>(config_.batch_size * config_.seq_len));
+  targets_.resize(inputs_.size());
+}
+
+nlohmann::json Trainer::trainer_state(int64_t step) const {
+  const LoaderState loader = train_loader_->state();
+  return {{"step", step},
+          {"optimizer_steps", optimizer_->steps_taken()},
+          {"seed", config_.seed},
+          {"tokens_seen", step * config_.tokens_per_step()},
+          {"loader", {{"epoch", loader.epoch}, {"shard_index", loader.shard_index}, {"position", loader.position}}},
+          {"tokens_per_step", config_.tokens_per_step()}};
+}
+
+std::string Trainer::save(int64_t step) {
+  return save_checkpoint(config_.checkpoint_dir, step,
+                         make_checkpoint_payload(*model_, optimizer_.get(), trainer_state(step)),
+                         static_cast<int>(config_.keep_last));
+}
+
+double Trainer::train_step(int64_t step) {
+  model_->zero_grad();
+  const int64_t tokens = config_.batch_size * config_.seq_len;
+  // Mean over every token of every micro-batch: each micro-batch's summed loss is scaled so
+  // the accumulated gradient equals the gradient of the mean.
+  const float grad_scale = 1.0f / static_cast<float>(tokens * config_.grad_accum);
+  double loss_sum = 0.0;
+  for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
+    train_loader_->next_batch(inputs_.data(), targets_.data());
+    loss_sum += model_->forward(inputs_.data(), targets_.data(), config_.batch_size,
+                                config_.seq_len, {true, grad_scale});
+    model_->backward();
+  }
+  last_grad_norm_ = clip_grad_norm(model_->parameters(), config_.grad_clip);
+  optimizer_->step(config_.schedule.at(step));
+  return loss_sum / static_cast<double>(tokens * config_.grad_accum);
+}
+
+double Trainer::evaluate(const std::string& pattern, int64_t batches) {
+  DataLoader loader = DataLoader::from_pattern(pattern, config_.batch_size, config_.seq_len,
+                                               config_.model.vocab_size);
+  double total = 0.0;
+  for (int64_t b = 0; b < batches; ++b) {
+    loader.next_batch(inputs_.data(), targets_.data());
+    total += model_->forward(inputs_.data(), targets_.data(), config_.batch_size, config_.seq_len,
+                             {false, 1.0f});
+  }
+  return total / static_cast<double>(batches * config_.batch_size * config_.seq_len);
+}
+
+TrainSummary Trainer::run() {
+  TrainSummary summary;
+  std::filesystem::create_directories(config_.run_dir);
+  int64_t start_step = 0;
+  if (!config_.checkpoint_dir.empty() && config_.resume) {
+    if (auto latest = latest_checkpoint(config_.checkpoint_dir)) {
+      const nlohmann::json state = restore_checkpoint(*latest, *model_, optimizer_.get());
+      if (state.value("tokens_per_step", int64_t{0}) != config_.tokens_per_step())
+        throw_error("checkpoint ", *latest, " was written with ", state.value("tokens_per_step", int64_t{0}),
+                    " tokens per step, this run uses ", config_.tokens_per_step(),
+                    ": change train.batch_size/seq_len/grad_accum back or start a fresh checkpoint.dir");
+      start_step = state.at("step").get<int64_t>();
+      const auto& loader = state.at("loader");
+      train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
+                              loader.at("position").get<int64_t>()});
+      std::printf("resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(start_step));
+    }
+  }
+  summary.first_step = start_step;
+  const std::string metrics_path = config_.run_dir + "/metrics.jsonl";
+  MetricsLog metrics(metrics_path, start_step > 0 ? MetricsLog::Mode::Append : MetricsLog::Mode::Truncate);
+
+  const double peak_gflops = cpu::measure_sgemm_gflops(1024, 2);
+  const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
+                                static_cast<double>(config_.tokens_per_step());
+  std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
+              "%d threads, SGEMM peak %.0f GFLOP/s\n",
+              architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
+              static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
+              static_cast<long long>(config_.tokens_per_step()),
+              config_.precision == Precision::BF16 ? "bf16 (fp32 master)" : "f32",
+              recompute_name(config_.recompute), cpu::num_threads(), peak_gflops);
+  std::fflush(stdout);
+
+  ProgressBar progress(config_.steps);
+  const auto run_start = Clock::now();
+  double compute_seconds = 0.0;
+  for (int64_t step = start_step; step < config_.steps; ++step) {
+    HostAllocator::instance().reset_peaks();
+    const auto step_start = Clock::now();
+    const double loss = train_step(step);
+    const double step_seconds = seconds_since(step_start);
+    compute_seconds += step_seconds;
+    if (!std::isfinite(loss)) throw_error("training diverged: loss is ", loss, " at step ", step + 1);
+    const StepReport report{step + 1, config_.steps, loss, config_.schedule.at(step), last_grad_norm_,
+                            step_seconds * 1e3, static_cast<double>(config_.tokens_per_step()) / step_seconds,
+                            flops_per_step / step_seconds / (peak_gflops * 1e9),
+                            HostAllocator::instance().stats().total_peak_bytes};
+    metrics.write(step_report_json(report));
+    summary.last_train_loss = loss;
+    summary.steps_done = step + 1;
+    const bool last = step + 1 == config_.steps;
+    if ((step + 1) % config_.log_every == 0 || last || step == start_step) {
+      progress.clear();
+      std::printf("%s\n", format_step_line(report).c_str());
+      std::fflush(stdout);
+    }
+    progress.update(step + 1, "loss " + std::to_string(loss).substr(0, 6));
+    const bool eval_now = !config_.val_data.empty() &&
+                          ((config_.eval_every > 0 && (step + 1) % config_.eval_every == 0) || last);
+    if (eval_now) {
+      const double val_loss = evaluate(config_.val_data, config_.eval_batches);
+      summary.last_val_loss = val_loss;
+      metrics.write({{"kind", "val"}, {"step", step + 1}, {"val_loss", val_loss}});
+      progress.clear();
+      std::printf("step %6lld | val loss %.4f\n", static_cast<long long>(step + 1), val_loss);
+      std::fflush(stdout);
+    }
+    const bool save_now = !config_.checkpoint_dir.empty() &&
+                          ((config_.checkpoint_every > 0 && (step + 1) % config_.checkpoint_every == 0) || last);
+    if (save_now) summary.last_checkpoint = save(step + 1);
+  }
+  progress.finish();
+  const int64_t steps_run = summary.steps_done - start_step;
+  if (steps_run > 0) {
+    summary.tokens_per_s = static_cast<double>(steps_run * config_.tokens_per_step()) / compute_seconds;
+    summary.mfu = flops_per_step * static_cast<double>(steps_run) / compute_seconds / (peak_gflops * 1e9);
+  }
+  write_loss_plot_svg(config_.run_dir + "/loss.svg", MetricsLog::read_all(metrics_path), std::nullopt);
+  std::printf("done: %lld steps in %s (%.0f tokens/s, MFU %.1f%%)\n", static_cast<long long>(steps_run),
+              format_duration(seconds_since(run_start)).c_str(), summary.tokens_per_s, 100 * summary.mfu);
+  return summary;
+}
+
+}  // namespace loom

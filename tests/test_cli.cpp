@@ -1,0 +1,131 @@
+// The `loom` binary as a user meets it: bad input gives exit code 2 and a message naming the
+// problem, before any work starts, and never damages an existing checkpoint.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+
+#include "loom/ckpt/checkpoint.hpp"
+#include "trainer_fixture.hpp"
+
+namespace loom::test {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+
+CommandResult run_loom(const std::string& args) {
+  const std::string command = std::string(LOOM_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  std::string output;
+  std::array<char, 4096> buffer{};
+  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+TEST(Cli, BadConfigsAreRejectedWithTheKeyNamed) {
+  TinyRun run("cli_config");
+  const std::string good = run.config();
+  struct Case {
+    std::string text, expected;
+  };
+  const std::vector<Case> cases = {
+      {good + "[train]\n", "train"},  // duplicate table: a TOML syntax error
+      {std::string(good).replace(good.find("steps = 20"), 10, "steps = \"many\""), "train.steps"},
+      {std::string(good).replace(good.find("steps = 20"), 10, "steps = -3"), "train.steps"},
+      {std::string(good).replace(good.find("n_head = 4"), 10, "n_head = 5"), "n_head"},
+      {std::string(good).replace(good.find("[eval]"), 6, "[eval]\nevry = 3"), "eval.evry"},
+      {std::string(good).replace(good.find("train = "), 8, "trian = "), "data.train"},
+      {std::string(good).replace(good.find("lr = 3e-3"), 9, "lr = 0.0"), "optim.lr"},
+      {std::string(good).replace(good.find("arch = \"gpt2\""), 13, "arch = \"bert\""), "model.arch"},
+  };
+  for (const Case& c : cases) {
+    const CommandResult r = run_loom("train " + run.write_config(c.text));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_THAT(r.output, HasSubstr(c.expected));
+    EXPECT_FALSE(std::filesystem::exists(run.dir + "/run")) << "work started despite a bad config";
+  }
+  const CommandResult ok = run_loom("train --check " + run.write_config(good));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  const CommandResult bad_override = run_loom("train " + run.write_config(good) + " --train.batch_size=zero");
+  EXPECT_EQ(bad_override.exit_code, 2);
+  EXPECT_THAT(bad_override.output, HasSubstr("train.batch_size"));
+}
+
+TEST(Cli, ShardWithWrongHeaderOrVocabularyIsAClearError) {
+  TinyRun run("cli_shard");
+  {
+    std::fstream f(run.dir + "/data/tiny_train_000001.bin", std::ios::in | std::ios::out | std::ios::binary);
+    const int32_t bad_magic = 12345;
+    f.write(reinterpret_cast<const char*>(&bad_magic), sizeof bad_magic);
+  }
+  CommandResult r = run_loom("train " + run.write_config(run.config()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("tiny_train_000001.bin"));
+  EXPECT_THAT(r.output, HasSubstr("magic"));
+
+  TinyRun big_vocab("cli_vocab", 200);  // tokens up to 199, model vocab 64
+  r = run_loom("train " + big_vocab.write_config(big_vocab.config()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("vocab"));
+}
+
+TEST(Cli, CorruptCheckpointIsAnErrorAndTheOlderOneSurvives) {
+  TinyRun run("cli_ckpt");
+  const std::string config = run.write_config(run.config("gpt2", 10));
+  CommandResult r = run_loom("train " + config);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto newest = latest_checkpoint(run.dir + "/ckpt");
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_THAT(*newest, HasSubstr("step_00000010"));
+  const std::string older = run.dir + "/ckpt/step_00000005";
+  const std::string older_bytes = read_bytes(older + "/model.safetensors");
+
+  // Flip one byte in the newest checkpoint's weights: loading must say which file is bad.
+  {
+    std::fstream f(*newest + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('\x7f');
+  }
+  r = run_loom("eval --checkpoint " + run.dir + "/ckpt --data '" + run.dir + "/data/tiny_val_*.bin' --seq-len 16");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("model.safetensors"));
+  // Resuming from it fails the same way, and touches nothing.
+  r = run_loom("train " + config + " --train.steps=15");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(read_bytes(older + "/model.safetensors"), older_bytes);
+
+  // Truncated file.
+  std::filesystem::resize_file(*newest + "/model.safetensors", 100);
+  r = run_loom("eval --checkpoint " + *newest + " --data '" + run.dir + "/data/tiny_val_*.bin' --seq-len 16");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("model.safetensors"));
+
+  // The older checkpoint still evaluates.
+  r = run_loom("eval --checkpoint " + older + " --data '" + run.dir + "/data/tiny_val_*.bin' --seq-len 16");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("eval loss"));
+
+  // A checkpoint of another vocabulary cannot be resumed by this config.
+  const std::string other_vocab = run.write_config(
+      std::string(run.config("gpt2", 10)).replace(run.config().find("vocab_size = 64"), 15, "vocab_size = 80"), "v80.toml");
+  std::filesystem::remove_all(*newest);
+  r = run_loom("train " + other_vocab + " --train.steps=12");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("vocab_size"));
+}
+
+}  // namespace
+}  // namespace loom::test

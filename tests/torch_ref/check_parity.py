@@ -4,6 +4,7 @@ reference (tests/torch_ref/models.py).
 
 Usage:  /usr/bin/python3 tests/torch_ref/check_parity.py DIR [--verbose] [--grads-only]
                                                              [--dtype float32|float64] [--threads N]
+                                                             [--strict-weights]
 
 The dump contract (DIR):
   config.json          HF-style config; "model_type" is "gpt2" or "llama" (keys: see models.py)

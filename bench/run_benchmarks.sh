@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs loom and the PyTorch baseline side by side on the same machine, in the same run, for
+# GPT-2 124M fp32 at two batch shapes, and prints a table (bench/README.md explains it).
+# Usage: bash bench/run_benchmarks.sh [--steps N]   (from the repository root)
+set -euo pipefail
+BUILD=${LOOM_BUILD_DIR:-build}
+STEPS=${STEPS:-5}
+OUT=${BENCH_OUT:-bench/results}
+mkdir -p "$OUT"
+export OMP_WAIT_POLICY=PASSIVE
+for shape in "4 64" "8 256"; do
+  set -- $shape
+  tag="gpt2-124m_${1}x${2}"
+  echo "== $tag" >&2
+  OMP_NUM_THREADS=2 "$BUILD/bench/bench_train_step" --preset gpt2-124m --batch "$1" --seq "$2" \
+    --steps "$STEPS" --threads 2 | tee "$OUT/loom_$tag.json"
+  OMP_NUM_THREADS=2 /usr/bin/python3 bench/torch_train_step.py --preset gpt2-124m --batch "$1" \
+    --seq "$2" --steps "$STEPS" --threads 2 | tee "$OUT/torch_$tag.json"
+done
+/usr/bin/python3 - "$OUT" <<'PY'
+import json, sys, glob, os
+out = sys.argv[1]
+print("\n| shape | loom ms/step | loom tokens/s | PyTorch ms/step | PyTorch tokens/s | speed-up | loom MFU | PyTorch MFU | SGEMM peak |")
+print("|---|---|---|---|---|---|---|---|---|")
+for shape in ["4x64", "8x256"]:
+    l = json.load(open(os.path.join(out, f"loom_gpt2-124m_{shape}.json")))
+    t = json.load(open(os.path.join(out, f"torch_gpt2-124m_{shape}.json")))
+    flops = l["model_gflop_per_step"] * 1e9
+    torch_mfu = flops / (t["ms_per_step"] / 1e3) / (l["sgemm_peak_gflops"] * 1e9)
+    print(f"| {shape} | {l['ms_per_step']:.0f} | {l['tokens_per_s']:.0f} | {t['ms_per_step']:.0f} | "
+          f"{t['tokens_per_s']:.0f} | {l['tokens_per_s']/t['tokens_per_s']:.2f}x | {100*l['mfu']:.1f}% | "
+          f"{100*torch_mfu:.1f}% | {l['sgemm_peak_gflops']:.0f} GFLOP/s |")
+PY

@@ -199,7 +199,7 @@ TEST(KernelGrad, CrossEntropyChunkedMatchesNaiveAndGradChecks) {
   }
   for (int64_t chunk : {5, 16, 37, 1000}) {
     auto run = [&](float* dh, float* dw) {
-      cpu::CrossEntropyArgs a{h.data(), w.data(), targets.data(), rows, dim, vocab, chunk, 0.5f, dh, dw, nullptr};
+      cpu::CrossEntropyArgs a{h.data(), w.data(), targets.data(), rows, dim, vocab, chunk, 0.5f, dh, dw, nullptr, nullptr};
       return cpu::lm_head_cross_entropy(a);
     };
     EXPECT_NEAR(run(nullptr, nullptr), naive, 1e-4) << "chunk " << chunk;

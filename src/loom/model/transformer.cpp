@@ -1,5 +1,6 @@
 #include "loom/model/transformer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -94,6 +95,8 @@ void Transformer::ensure_activations(int64_t batch, int64_t seq_len) {
   }
   scratch_ = make_block_grad_scratch(config_, rows);
   d_hidden_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
+  logits_chunk_ = Tensor::empty({rows, std::min(vocab_chunk_, config_.vocab_size)}, DType::F32,
+                                MemCategory::Workspace);
   d_residual_a_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
   d_residual_b_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
 }
@@ -147,6 +150,7 @@ double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64
   args.grad_scale = options.grad_scale;
   args.d_hidden = options.compute_grad ? d_hidden_.f32() : nullptr;
   args.d_weight = options.compute_grad ? head.grad.f32() : nullptr;
+  args.workspace = logits_chunk_.f32();
   grad_ready_ = options.compute_grad;
   return cpu::lm_head_cross_entropy(args);
 }

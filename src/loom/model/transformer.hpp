@@ -70,6 +70,7 @@ class Transformer {
   std::vector<BlockStash> stashes_;
   BlockGradScratch scratch_;
   Tensor d_hidden_;         // [rows, C] gradient of the final norm's output
+  Tensor logits_chunk_;     // [rows, vocab_chunk] cross-entropy scratch
   Tensor d_residual_a_, d_residual_b_;
   bool grad_ready_ = false;
 };

@@ -14,8 +14,9 @@ double lm_head_cross_entropy(const CrossEntropyArgs& a) {
   const int64_t chunk = std::min(std::max<int64_t>(a.vocab_chunk, 1), a.vocab);
   const int64_t chunks = (a.vocab + chunk - 1) / chunk;
   const bool single_chunk = chunks == 1;
-  Tensor logits = Tensor::empty({a.rows, chunk}, DType::F32, MemCategory::Workspace);
-  float* z = logits.f32();
+  Tensor owned;
+  if (!a.workspace) owned = Tensor::empty({a.rows, chunk}, DType::F32, MemCategory::Workspace);
+  float* z = a.workspace ? a.workspace : owned.f32();
   std::vector<float> row_max(static_cast<size_t>(a.rows), -std::numeric_limits<float>::infinity());
   std::vector<float> row_sum(static_cast<size_t>(a.rows), 0.0f);
   std::vector<float> target_logit(static_cast<size_t>(a.rows), 0.0f);

@@ -19,6 +19,7 @@ struct CrossEntropyArgs {
   float* d_hidden;          // [rows, dim] overwritten, or null for loss only
   float* d_weight;          // [vocab, dim] accumulated, or null
   float* row_losses;        // [rows] optional per-row loss output
+  float* workspace;         // [rows, vocab_chunk] scratch, or null to allocate one
 };
 
 // Returns the sum of the losses of all rows with a target (a double, so large batches add up

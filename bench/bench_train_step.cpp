@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
     model.zero_grad();
     model.forward(tokens.data(), tokens.data() + 1, batch, seq, {true, 1.0f / static_cast<float>(batch * seq)});
     model.backward();
-    loom::clip_grad_norm(model.parameters(), 1.0);
-    optimizer.step(1e-4);
+    const double norm = loom::global_grad_norm(model.parameters());
+    optimizer.step(1e-4, loom::clip_factor(norm, 1.0));
   };
   for (int64_t i = 0; i < warmup; ++i) step();
   std::vector<double> seconds;

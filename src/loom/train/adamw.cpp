@@ -20,13 +20,14 @@ AdamW::AdamW(ParameterList params, AdamWConfig config, bool master_weights)
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_multiplier) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     const cpu::AdamWStep s{static_cast<float>(lr), static_cast<float>(config_.beta1),
                            static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
-                           p.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f, step_};
+                           p.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f, step_,
+                           static_cast<float>(grad_multiplier)};
     float* target = master_.empty() ? p.value.f32() : master_[i].f32();
     cpu::adamw_update(target, p.grad.f32(), exp_avg_[i].f32(), exp_avg_sq_[i].f32(),
                       p.value.numel(), s);

@@ -22,7 +22,8 @@ class AdamW {
   // With `master_weights`, the optimizer keeps an fp32 copy of every parameter, updates that,
   // and writes the bf16-rounded result back to the model (mixed precision).
   AdamW(ParameterList params, AdamWConfig config, bool master_weights = false);
-  void step(double lr);
+  // grad_multiplier scales every gradient as it is read (global-norm clipping).
+  void step(double lr, double grad_multiplier = 1.0);
   int64_t steps_taken() const { return step_; }
 
   // Named state for checkpoints: "<param>.exp_avg", "<param>.exp_avg_sq" (+ ".master").

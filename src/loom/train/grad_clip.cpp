@@ -12,12 +12,15 @@ double global_grad_norm(const ParameterList& params) {
   return std::sqrt(sum);
 }
 
+double clip_factor(double norm, double max_norm) {
+  return max_norm > 0.0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
 double clip_grad_norm(const ParameterList& params, double max_norm) {
   const double norm = global_grad_norm(params);
-  if (max_norm > 0.0 && norm > max_norm) {
-    const auto factor = static_cast<float>(max_norm / (norm + 1e-6));
-    for (Parameter* p : params) cpu::scale_inplace(p->grad.f32(), factor, p->grad.numel());
-  }
+  const double factor = clip_factor(norm, max_norm);
+  if (factor != 1.0)
+    for (Parameter* p : params) cpu::scale_inplace(p->grad.f32(), static_cast<float>(factor), p->grad.numel());
   return norm;
 }
 

@@ -68,8 +68,8 @@ double Trainer::train_step(int64_t step) {
                                 config_.seq_len, {true, grad_scale});
     model_->backward();
   }
-  last_grad_norm_ = clip_grad_norm(model_->parameters(), config_.grad_clip);
-  optimizer_->step(config_.schedule.at(step));
+  last_grad_norm_ = global_grad_norm(model_->parameters());
+  optimizer_->step(config_.schedule.at(step), clip_factor(last_grad_norm_, config_.grad_clip));
   return loss_sum / static_cast<double>(tokens * config_.grad_accum);
 }
 

@@ -1,4 +1,5 @@
 #include "loom/kernels/cpu/activations.hpp"
+#include "loom/kernels/cpu/fast_math.hpp"
 
 #include <cmath>
 
@@ -13,7 +14,7 @@ void gelu_forward(float* out, const float* input, int64_t n) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float x = input[i];
-    out[i] = 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
+    out[i] = 0.5f * x * (1.0f + fast_tanh(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
   }
 }
 
@@ -22,7 +23,7 @@ void gelu_backward(float* d_input, const float* d_out, const float* input, int64
   for (int64_t i = 0; i < n; ++i) {
     const float x = input[i];
     const float inner = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-    const float t = std::tanh(inner);
+    const float t = fast_tanh(inner);
     const float d_inner = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
     const float grad = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * d_inner;
     d_input[i] = d_out[i] * grad;
@@ -37,7 +38,7 @@ void swiglu_forward(float* out, const float* gate, const float* up, int64_t rows
     const float* u = up + r * in_ld;
     float* y = out + r * dim;
 #pragma omp simd
-    for (int64_t i = 0; i < dim; ++i) y[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    for (int64_t i = 0; i < dim; ++i) y[i] = g[i] / (1.0f + fast_exp(-g[i])) * u[i];
   }
 }
 
@@ -52,7 +53,7 @@ void swiglu_backward(float* d_gate, float* d_up, const float* d_out, const float
     float* du = d_up + r * in_ld;
 #pragma omp simd
     for (int64_t i = 0; i < dim; ++i) {
-      const float sig = 1.0f / (1.0f + std::exp(-g[i]));
+      const float sig = 1.0f / (1.0f + fast_exp(-g[i]));
       const float silu = g[i] * sig;
       du[i] = dy[i] * silu;
       dg[i] = dy[i] * u[i] * sig * (1.0f + g[i] * (1.0f - sig));

@@ -14,7 +14,7 @@ void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_av
   const float decay = 1.0f - s.lr * s.weight_decay;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
+    const float g = grad[i] * s.grad_multiplier;
     const float m = s.beta1 * exp_avg[i] + (1.0f - s.beta1) * g;
     const float v = s.beta2 * exp_avg_sq[i] + (1.0f - s.beta2) * g * g;
     exp_avg[i] = m;

@@ -9,6 +9,7 @@ namespace loom::cpu {
 struct AdamWStep {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based, for bias correction
+  float grad_multiplier = 1.0f;  // gradient clipping folded in: one pass over the gradients fewer
 };
 
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,

@@ -1,4 +1,5 @@
 #include "loom/kernels/cpu/attention.hpp"
+#include "loom/kernels/cpu/fast_math.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -54,7 +55,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
       running_sum *= correction;
       for (int64_t c = 0; c < d; ++c) o[c] *= correction;
       for (int64_t j = j0; j < j1; ++j) {
-        const float p = std::exp(scores[j - j0] - new_max);
+        const float p = fast_exp(scores[j - j0] - new_max);
         running_sum += p;
         axpy(o, p, v_base + j * ld, d);
       }
@@ -94,7 +95,7 @@ void attention_backward(float* d_qkv, const float* d_out, const float* qkv, cons
         for (int64_t j = 0; j <= i; ++j) {
           const float* k = row0 + j * ld + k_col;
           const float* v = row0 + j * ld + v_col;
-          const float p = std::exp(scale * dot(q, k, d) - row_lse);
+          const float p = fast_exp(scale * dot(q, k, d) - row_lse);
           const float dp = dot(dout, v, d);
           const float ds = p * (dp - delta) * scale;
           axpy(d_row0 + j * ld + v_col, p, dout, d);

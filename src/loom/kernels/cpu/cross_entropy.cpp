@@ -1,4 +1,5 @@
 #include "loom/kernels/cpu/cross_entropy.hpp"
+#include "loom/kernels/cpu/fast_math.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -33,7 +34,7 @@ double lm_head_cross_entropy(const CrossEntropyArgs& a) {
       for (int64_t j = 0; j < width; ++j) m = std::max(m, zr[j]);
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < width; ++j) sum += std::exp(zr[j] - m);
+      for (int64_t j = 0; j < width; ++j) sum += fast_exp(zr[j] - m);
       row_sum[r] = row_sum[r] * std::exp(row_max[r] - m) + sum;
       row_max[r] = m;
       const int32_t t = a.targets[r];
@@ -66,7 +67,7 @@ double lm_head_cross_entropy(const CrossEntropyArgs& a) {
       }
       const float row_lse = lse[r];
 #pragma omp simd
-      for (int64_t j = 0; j < width; ++j) zr[j] = a.grad_scale * std::exp(zr[j] - row_lse);
+      for (int64_t j = 0; j < width; ++j) zr[j] = a.grad_scale * fast_exp(zr[j] - row_lse);
       if (t >= v0 && t < v0 + width) zr[t - v0] -= a.grad_scale;
     }
     if (a.d_hidden)

@@ -176,10 +176,11 @@ TEST_P(AttentionKernel, MatchesNaiveAndGradChecks) {
   EXPECT_LT(max_gradient_error(qkv, dqkv, loss, 300), kGradTolerance);
 }
 
-// seq 70 crosses the 64-key tile boundary; (4, 2) and (4, 1) are grouped-query attention.
+// seq 70 and 150 cross the 64-row/64-key tile boundaries (150: a partly masked key tile); (4, 2) and (4, 1) are grouped-query attention.
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
                          ::testing::Values(std::make_tuple(5, 2, 2), std::make_tuple(9, 4, 2),
-                                           std::make_tuple(7, 4, 1), std::make_tuple(70, 2, 1)));
+                                           std::make_tuple(7, 4, 1), std::make_tuple(70, 2, 1),
+                                           std::make_tuple(150, 2, 2)));
 
 TEST(KernelGrad, CrossEntropyChunkedMatchesNaiveAndGradChecks) {
   const int64_t rows = 6, dim = 8, vocab = 37;

@@ -68,6 +68,30 @@ TEST_P(ModelGrad, RecomputationGivesIdenticalGradientsWithLessMemory) {
   EXPECT_GT(activation_bytes[1], activation_bytes[2]);
 }
 
+TEST_P(ModelGrad, Bf16ActivationsAreRoundedAndRecomputationStaysExact) {
+  const auto tokens = random_tokens(kBatch * kSeq, 64, 8), targets = random_tokens(kBatch * kSeq, 64, 9);
+  std::vector<std::vector<float>> grads[3];
+  double losses[3];
+  const Recompute modes[3] = {Recompute::None, Recompute::Selective, Recompute::Full};
+  for (int m = 0; m < 3; ++m) {
+    Transformer model(tiny(GetParam()), modes[m]);
+    model.init_weights(10);
+    model.set_bf16_activations(true);
+    model.zero_grad();
+    losses[m] = model.forward(tokens.data(), targets.data(), kBatch, kSeq);
+    model.backward();
+    for (Parameter* p : model.parameters()) grads[m].push_back(p->grad.to_f32_vector());
+  }
+  // Recomputation reruns the same rounded forward, so gradients stay bitwise identical.
+  EXPECT_EQ(grads[0], grads[1]);
+  EXPECT_EQ(grads[0], grads[2]);
+  Transformer f32_model(tiny(GetParam()));
+  f32_model.init_weights(10);
+  const double f32_loss = f32_model.forward(tokens.data(), targets.data(), kBatch, kSeq, {false, 1.0f});
+  EXPECT_NE(losses[0], f32_loss);                       // rounding happened
+  EXPECT_NEAR(losses[0], f32_loss, 1e-2 * f32_loss);    // and stayed within bf16 precision
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, ModelGrad, ::testing::Values(Architecture::GPT2, Architecture::Llama),
                          [](const auto& info) { return std::string(architecture_name(info.param)); });
 

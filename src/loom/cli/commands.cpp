@@ -7,7 +7,6 @@
 #include "loom/core/error.hpp"
 #include "loom/data/bpe_tokenizer.hpp"
 #include "loom/data/tokenize_corpus.hpp"
-#include "loom/data/unigram.hpp"
 #include "loom/train/checkpointing.hpp"
 #include "loom/train/sampler.hpp"
 #include "loom/train/trainer.hpp"
@@ -49,8 +48,8 @@ int run_train(const TrainArgs& args) {
   }
   Trainer trainer(config);
   const TrainSummary summary = trainer.run();
-  if (!config.val_data.empty() && summary.last_val_loss) {
-    const double unigram = unigram_cross_entropy(config.train_data, config.val_data, config.model.vocab_size);
+  if (summary.last_val_loss && summary.unigram_baseline) {
+    const double unigram = *summary.unigram_baseline;
     std::printf("validation loss %.4f vs unigram baseline %.4f nats/token (%.1f%% below)\n",
                 *summary.last_val_loss, unigram, 100.0 * (1.0 - *summary.last_val_loss / unigram));
   }

@@ -43,7 +43,13 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--seq-len", eval.seq_len)->check(CLI::PositiveNumber);
   eval_cmd->add_option("--batches", eval.batches)->check(CLI::PositiveNumber);
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version are "errors" that exit 0; every real argument error exits 2.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
   try {
     if (train_cmd->parsed()) {
       train.overrides = train_cmd->remaining();

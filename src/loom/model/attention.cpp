@@ -1,5 +1,7 @@
 #include "loom/model/attention.hpp"
 
+#include "loom/kernels/cpu/elementwise.hpp"
+
 namespace loom {
 
 CausalSelfAttention::CausalSelfAttention(const ModelConfig& c, const std::string& prefix,
@@ -34,6 +36,7 @@ void CausalSelfAttention::forward(float* out, BlockStash& stash, int64_t batch,
     cpu::rope_apply(stash.qkv.f32(), batch, seq_len, config_.n_head + config_.n_kv_head, ld,
                     *rope_, false);
   }
+  if (bf16_activations_) cpu::round_to_bf16_inplace(stash.qkv.f32(), stash.qkv.numel());
   recompute_core(stash, batch, seq_len);
   output_projection.forward(out, config_.n_embd, stash.attn_out.f32(), rows);
 }
@@ -41,6 +44,7 @@ void CausalSelfAttention::forward(float* out, BlockStash& stash, int64_t batch,
 void CausalSelfAttention::recompute_core(BlockStash& stash, int64_t batch, int64_t seq_len) const {
   cpu::attention_forward(stash.attn_out.f32(), stash.attn_lse.f32(), stash.qkv.f32(),
                          shape(batch, seq_len));
+  if (bf16_activations_) cpu::round_to_bf16_inplace(stash.attn_out.f32(), stash.attn_out.numel());
 }
 
 void CausalSelfAttention::backward(const float* d_out, const BlockStash& stash,

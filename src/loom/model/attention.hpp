@@ -24,6 +24,7 @@ class CausalSelfAttention {
   void backward(const float* d_out, const BlockStash& stash, BlockGradScratch& scratch,
                 int64_t batch, int64_t seq_len);
   void collect(ParameterList& out);
+  void set_bf16_activations(bool on) { bf16_activations_ = on; }
 
   std::vector<Linear> input_projections;  // GPT-2: {c_attn}; Llama: {q, k, v}
   Linear output_projection;
@@ -31,6 +32,7 @@ class CausalSelfAttention {
  private:
   cpu::AttentionShape shape(int64_t batch, int64_t seq_len) const;
   ModelConfig config_;
+  bool bf16_activations_ = false;  // round stored activations to bf16 values
   std::shared_ptr<const cpu::RopeTable> rope_;
 };
 

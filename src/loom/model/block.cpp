@@ -27,11 +27,25 @@ void TransformerBlock::forward(float* x_out, const float* x_in, BlockStash& stas
                                int64_t seq_len) const {
   const int64_t rows = batch * seq_len, n = stash.residual_mid.numel();
   norm1.forward(stash.norm1_out.f32(), stash.norm1, x_in, rows);
+  round_if_bf16(stash.norm1_out.f32(), n);
   attention.forward(stash.residual_mid.f32(), stash, batch, seq_len);
   cpu::add_into(stash.residual_mid.f32(), x_in, n);
+  round_if_bf16(stash.residual_mid.f32(), n);
   norm2.forward(stash.norm2_out.f32(), stash.norm2, stash.residual_mid.f32(), rows);
+  round_if_bf16(stash.norm2_out.f32(), n);
   mlp.forward(x_out, stash, rows);
   cpu::add_into(x_out, stash.residual_mid.f32(), n);
+  round_if_bf16(x_out, n);
+}
+
+void TransformerBlock::round_if_bf16(float* x, int64_t n) const {
+  if (bf16_activations_) cpu::round_to_bf16_inplace(x, n);
+}
+
+void TransformerBlock::set_bf16_activations(bool on) {
+  bf16_activations_ = on;
+  attention.set_bf16_activations(on);
+  mlp.set_bf16_activations(on);
 }
 
 void TransformerBlock::backward(float* d_x_in, const float* d_x_out, const float* x_in,

@@ -17,11 +17,18 @@ class TransformerBlock {
   void backward(float* d_x_in, const float* d_x_out, const float* x_in, BlockStash& stash,
                 BlockGradScratch& scratch, Recompute recompute, int64_t batch, int64_t seq_len);
   void collect(ParameterList& out);
+  // Mixed precision on the CPU: round every activation the block stores or passes on to a
+  // bf16 value (the numerics of bf16 activations; the arithmetic itself stays f32).
+  void set_bf16_activations(bool on);
 
   Norm norm1;
   CausalSelfAttention attention;
   Norm norm2;
   Mlp mlp;
+
+ private:
+  void round_if_bf16(float* x, int64_t n) const;
+  bool bf16_activations_ = false;
 };
 
 }  // namespace loom

@@ -1,6 +1,7 @@
 #include "loom/model/mlp.hpp"
 
 #include "loom/kernels/cpu/activations.hpp"
+#include "loom/kernels/cpu/elementwise.hpp"
 
 namespace loom {
 
@@ -24,6 +25,7 @@ void Mlp::forward(float* out, BlockStash& stash, int64_t rows) const {
     projection.forward(stash.mlp_pre.f32() + column, ld, stash.norm2_out.f32(), rows);
     column += projection.out_features();
   }
+  if (bf16_activations_) cpu::round_to_bf16_inplace(stash.mlp_pre.f32(), stash.mlp_pre.numel());
   recompute_activation(stash, rows);
   output_projection.forward(out, config_.n_embd, stash.mlp_act.f32(), rows);
 }
@@ -35,6 +37,7 @@ void Mlp::recompute_activation(BlockStash& stash, int64_t rows) const {
   else
     cpu::swiglu_forward(stash.mlp_act.f32(), stash.mlp_pre.f32(), stash.mlp_pre.f32() + f, rows,
                         f, 2 * f);
+  if (bf16_activations_) cpu::round_to_bf16_inplace(stash.mlp_act.f32(), rows * f);
 }
 
 void Mlp::backward(const float* d_out, const BlockStash& stash, BlockGradScratch& scratch,

@@ -17,12 +17,14 @@ class Mlp {
   void backward(const float* d_out, const BlockStash& stash, BlockGradScratch& scratch,
                 int64_t rows);
   void collect(ParameterList& out);
+  void set_bf16_activations(bool on) { bf16_activations_ = on; }
 
   std::vector<Linear> input_projections;  // GPT-2: {c_fc}; Llama: {gate, up}
   Linear output_projection;
 
  private:
   ModelConfig config_;
+  bool bf16_activations_ = false;  // round stored activations to bf16 values
 };
 
 }  // namespace loom

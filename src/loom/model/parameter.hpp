@@ -18,7 +18,8 @@ struct Placement {
 
 struct Parameter {
   std::string name;
-  Tensor value;  // f32 master weights
+  Tensor value;  // f32; under bf16 mixed precision it holds bf16-rounded values and the
+                 // fp32 masters live in the optimizer
   Tensor grad;   // f32 gradient accumulator, same shape
   bool weight_decay = true;
   bool hf_transposed = false;

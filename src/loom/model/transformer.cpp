@@ -7,6 +7,7 @@
 #include "loom/core/error.hpp"
 #include "loom/core/rng.hpp"
 #include "loom/kernels/cpu/cross_entropy.hpp"
+#include "loom/kernels/cpu/elementwise.hpp"
 #include "loom/kernels/cpu/embedding.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/model/linear.hpp"
@@ -16,6 +17,7 @@ namespace loom {
 Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t vocab_chunk)
     : config_(config), recompute_(recompute), vocab_chunk_(vocab_chunk) {
   config_.validate();
+  if (vocab_chunk_ <= 0) throw_error("vocab_chunk: got ", vocab_chunk_, ", expected a positive count");
   const bool gpt2 = config_.arch == Architecture::GPT2;
   allocate_parameter(token_embedding, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
                      {config_.vocab_size, config_.n_embd}, true);
@@ -60,10 +62,16 @@ void Transformer::init_weights(uint64_t seed) {
       continue;
     }
     const double std = is_residual_output(p.name) ? residual_std : kStd;
-    const CounterRng rng(seed, index);  // one stream per parameter: order-independent
+    // One stream per parameter (keyed by its index): the same values for any thread count.
+    const CounterRng rng(seed, index);
     for (int64_t i = 0; i < p.value.numel(); ++i)
       v[i] = static_cast<float>(std * rng.normal(static_cast<uint64_t>(i)));
   }
+}
+
+void Transformer::set_bf16_activations(bool on) {
+  bf16_activations_ = on;
+  for (auto& block : blocks) block->set_bf16_activations(on);
 }
 
 void Transformer::zero_grad() {
@@ -124,6 +132,7 @@ void Transformer::forward_hidden(const int32_t* tokens, int64_t batch, int64_t s
   cpu::embedding_forward(residual, tokens, token_embedding.value.f32(),
                          position_embedding.value.defined() ? position_embedding.value.f32() : nullptr,
                          batch, seq_len, c);
+  if (bf16_activations_) cpu::round_to_bf16_inplace(residual, rows * c);
   const bool shared = recompute_ == Recompute::Full;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
@@ -132,6 +141,7 @@ void Transformer::forward_hidden(const int32_t* tokens, int64_t batch, int64_t s
   }
   final_norm->forward(final_norm_out_.f32(), final_norm_stash_,
                       residual + config_.n_layer * rows * c, rows);
+  if (bf16_activations_) cpu::round_to_bf16_inplace(final_norm_out_.f32(), rows * c);
 }
 
 double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t batch,

@@ -19,8 +19,6 @@ class Transformer {
  public:
   Transformer(const ModelConfig& config, Recompute recompute = Recompute::None,
               int64_t vocab_chunk = kDefaultVocabChunk);
-  // Default size of the vocabulary chunk the fused cross-entropy works through at a time.
-  static constexpr int64_t kDefaultVocabChunk = 8192;
 
   // GPT-2 / nanoGPT initialisation: N(0, 0.02) weights, residual output projections scaled by
   // 1/sqrt(2 n_layer) (Radford et al. 2019, section 2.3), zero biases, unit norm weights.
@@ -40,6 +38,7 @@ class Transformer {
   void zero_grad();
   const ParameterList& parameters() const { return parameters_; }
   const ModelConfig& config() const { return config_; }
+  void set_bf16_activations(bool on);
   Recompute recompute() const { return recompute_; }
   // Output projection: the token embedding when tied, else lm_head.
   const Parameter& output_weight() const { return config_.tied_embeddings ? token_embedding : lm_head; }
@@ -73,6 +72,7 @@ class Transformer {
   Tensor logits_chunk_;     // [rows, vocab_chunk] cross-entropy scratch
   Tensor d_residual_a_, d_residual_b_;
   bool grad_ready_ = false;
+  bool bf16_activations_ = false;
 };
 
 }  // namespace loom

@@ -16,7 +16,7 @@ struct StepReport {
   double step_ms = 0;
   double tokens_per_s = 0;
   double mfu = 0;  // model FLOPs utilisation as a fraction (0.412); NaN when no peak is known
-  int64_t memory_bytes = 0;  // peak device memory; negative when unknown
+  int64_t memory_bytes = 0;  // peak allocator bytes (all categories) this step; negative when unknown
 };
 
 // `step   12/1000 | loss 5.4321 | lr 3.00e-04 | norm 1.23 | 812 ms | 1.26k tok/s | MFU 41.2% |

@@ -35,6 +35,8 @@ void require_same_model(const ModelConfig& expected, const ModelConfig& found, c
   check("ffn_hidden", expected.ffn_hidden, found.ffn_hidden);
   check("max_seq_len", expected.max_seq_len, found.max_seq_len);
   check("tied_embeddings", expected.tied_embeddings, found.tied_embeddings);
+  check("norm_eps", expected.norm_eps, found.norm_eps);
+  if (expected.arch == Architecture::Llama) check("rope_theta", expected.rope_theta, found.rope_theta);
 }
 
 nlohmann::json restore_checkpoint(const std::string& dir_or_root, Transformer& model,

@@ -1,5 +1,6 @@
 #include "loom/train/config_reader.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "loom/core/error.hpp"
@@ -113,6 +114,11 @@ void ConfigReader::reject_unknown_keys() const {
         const std::string full = section_name + "." + std::string(key.str());
         if (!used_.count(full)) unknown.push_back(full);
       }
+      // An empty table is a typo too unless some key of that section was asked for.
+      const bool known_section = std::any_of(used_.begin(), used_.end(), [&](const std::string& k) {
+        return k.rfind(section_name + ".", 0) == 0;
+      });
+      if (inner->empty() && !known_section) unknown.push_back("[" + section_name + "]");
     } else if (!used_.count(section_name)) {
       unknown.push_back(section_name);
     }

@@ -1,6 +1,6 @@
 #pragma once
 // Autoregressive sampling with temperature and top-k. Randomness comes from a counter-based
-// generator keyed by (seed, sample index), so a given seed always gives the same text.
+// generator keyed by the seed and indexed by token position, so a seed always gives the same text.
 #include <cstdint>
 #include <vector>
 

@@ -53,7 +53,9 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.seq_len = r.get_int("train.seq_len", c.seq_len);
   c.grad_accum = r.get_int("train.grad_accum", c.grad_accum);
   c.steps = r.get_int("train.steps", c.steps);
-  c.seed = static_cast<uint64_t>(r.get_int("train.seed", static_cast<int64_t>(c.seed)));
+  const int64_t seed = r.get_int("train.seed", static_cast<int64_t>(c.seed));
+  if (seed < 0) throw_error("config key 'train.seed' has value ", seed, ", expected >= 0");
+  c.seed = static_cast<uint64_t>(seed);
   const std::string precision = r.get_string("train.precision", "f32");
   if (precision == "f32") c.precision = Precision::F32;
   else if (precision == "bf16") c.precision = Precision::BF16;
@@ -116,6 +118,10 @@ TrainConfig parse_train_config(ConfigReader& r) {
   require_positive("log.every", static_cast<double>(c.log_every));
   require_range("sample.tokens", static_cast<double>(c.sample_tokens), 0, 1e6);
   require_positive("sample.temperature", c.sample_temperature);
+  require_positive("sample.count", static_cast<double>(c.sample_count));
+  require_range("sample.top_k", static_cast<double>(c.sample_top_k), 0, 1e9);
+  if (c.sample_tokens > 0 && c.sample_prompt.empty())
+    throw_error("config key 'sample.prompt' is missing: sample.tokens > 0 needs a prompt to continue");
   if (c.sample_tokens > 0 && c.tokenizer_dir.empty())
     throw_error("config key 'data.tokenizer_dir' is missing: sample.tokens > 0 needs the tokenizer");
   c.schedule.total_steps = c.steps;

@@ -28,7 +28,7 @@ struct TrainConfig {
   uint64_t seed = 1337;
   Precision precision = Precision::F32;
   int threads = 0;             // 0: all cores
-  int64_t vocab_chunk = 8192;
+  int64_t vocab_chunk = kDefaultVocabChunk;
 
   LrSchedule schedule;
   AdamWConfig adamw;
@@ -56,7 +56,7 @@ struct TrainConfig {
 
 // Reads every key (unknown keys are an error) and validates ranges and consistency.
 TrainConfig parse_train_config(ConfigReader& reader);
-// Model section alone (also used by generate/eval): preset, then explicit dims override it.
+// The [model] section: a preset, then explicit dimensions override it.
 ModelConfig parse_model_config(ConfigReader& reader);
 
 }  // namespace loom

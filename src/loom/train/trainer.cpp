@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/checkpoint.hpp"
+#include "loom/data/unigram.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/model/flops.hpp"
@@ -19,6 +21,17 @@ namespace loom {
 
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// A resumed run repeats the steps after its checkpoint: their old metric lines go, so the
+// file holds each step once.
+void drop_metrics_after(const std::string& path, int64_t step) {
+  if (!std::filesystem::exists(path)) return;
+  std::string kept;
+  for (const nlohmann::json& record : MetricsLog::read_all(path))
+    if (record.value("step", int64_t{0}) <= step) kept += record.dump() + "\n";
+  atomic_write_file(path, kept);
+}
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -28,6 +41,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   if (config_.threads > 0) cpu::set_num_threads(config_.threads);
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk);
   model_->init_weights(config_.seed);
+  model_->set_bf16_activations(config_.precision == Precision::BF16);
   optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw,
                                        config_.precision == Precision::BF16);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
@@ -46,7 +60,8 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"seed", config_.seed},
           {"tokens_seen", step * config_.tokens_per_step()},
           {"loader", {{"epoch", loader.epoch}, {"shard_index", loader.shard_index}, {"position", loader.position}}},
-          {"tokens_per_step", config_.tokens_per_step()}};
+          {"tokens_per_step", config_.tokens_per_step()},
+          {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"}};
 }
 
 std::string Trainer::save(int64_t step) {
@@ -96,6 +111,10 @@ TrainSummary Trainer::run() {
         throw_error("checkpoint ", *latest, " was written with ", state.value("tokens_per_step", int64_t{0}),
                     " tokens per step, this run uses ", config_.tokens_per_step(),
                     ": change train.batch_size/seq_len/grad_accum back or start a fresh checkpoint.dir");
+      const std::string precision = config_.precision == Precision::BF16 ? "bf16" : "f32";
+      if (state.value("precision", std::string("f32")) != precision)
+        throw_error("checkpoint ", *latest, " was trained with precision ", state.value("precision", std::string("f32")),
+                    ", this run asks for ", precision, ": set train.precision back or start a fresh checkpoint.dir");
       start_step = state.at("step").get<int64_t>();
       const auto& loader = state.at("loader");
       train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
@@ -105,6 +124,7 @@ TrainSummary Trainer::run() {
   }
   summary.first_step = start_step;
   const std::string metrics_path = config_.run_dir + "/metrics.jsonl";
+  if (start_step > 0) drop_metrics_after(metrics_path, start_step);
   MetricsLog metrics(metrics_path, start_step > 0 ? MetricsLog::Mode::Append : MetricsLog::Mode::Truncate);
 
   const double peak_gflops = cpu::measure_sgemm_gflops(1024, 2);
@@ -163,7 +183,9 @@ TrainSummary Trainer::run() {
     summary.tokens_per_s = static_cast<double>(steps_run * config_.tokens_per_step()) / compute_seconds;
     summary.mfu = flops_per_step * static_cast<double>(steps_run) / compute_seconds / (peak_gflops * 1e9);
   }
-  write_loss_plot_svg(config_.run_dir + "/loss.svg", MetricsLog::read_all(metrics_path), std::nullopt);
+  if (!config_.val_data.empty())
+    summary.unigram_baseline = unigram_cross_entropy(config_.train_data, config_.val_data, config_.model.vocab_size);
+  write_loss_plot_svg(config_.run_dir + "/loss.svg", MetricsLog::read_all(metrics_path), summary.unigram_baseline);
   std::printf("done: %lld steps in %s (%.0f tokens/s, MFU %.1f%%)\n", static_cast<long long>(steps_run),
               format_duration(seconds_since(run_start)).c_str(), summary.tokens_per_s, 100 * summary.mfu);
   return summary;

@@ -17,6 +17,7 @@ struct TrainSummary {
   int64_t steps_done = 0;
   double last_train_loss = 0;
   std::optional<double> last_val_loss;
+  std::optional<double> unigram_baseline;  // val cross-entropy under train token frequencies
   double tokens_per_s = 0;
   double mfu = 0;
   std::string last_checkpoint;

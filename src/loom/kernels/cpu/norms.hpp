@@ -1,8 +1,8 @@
 #pragma once
 // LayerNorm (GPT-2) and RMSNorm (Llama), forward and backward, over rows of width `dim`.
 // Forward saves per-row statistics (mean and reciprocal std) so backward needs no second
-// reduction over the input. Weight gradients are reduced per thread, then summed, so the
-// result does not depend on how rows were split (deterministic for a fixed thread count).
+// reduction over the input. Weight gradients are reduced per thread over a static split of
+// the rows, then summed in thread order: deterministic for a fixed thread count.
 #include <cstdint>
 
 namespace loom::cpu {

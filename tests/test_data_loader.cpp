@@ -1,5 +1,6 @@
 // DataLoader on tiny shards whose tokens encode their own position (shard s holds
 // 100*s, 100*s+1, ...), so every batch shows exactly which window it came from.
+#include <algorithm>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -143,6 +144,47 @@ TEST_F(DataLoaderTest, RestoreGivesIdenticalSubsequentBatches) {
     }
     EXPECT_EQ(resumed.state(), original.state());
   }
+}
+
+TEST_F(DataLoaderTest, ShuffleVisitsSequenceSlotsInASeededOrderAndResumesExactly) {
+  // A 401-token shard has 100 slots of T=4 (+1 target) and gives 50 batches of B=2 per epoch.
+  const std::string path = dir_.file("big_000000.bin");
+  write_token_shard(path, iota_tokens(0, 401));
+  auto shuffled = [&](uint64_t seed) {
+    DataLoader loader({path}, kB, kT, 1000);
+    loader.set_shuffle(seed);
+    return loader;
+  };
+  DataLoader loader = shuffled(7);
+  std::vector<int32_t> slot_starts;
+  for (int i = 0; i < 50; ++i) {
+    const Batch batch = next(loader);
+    for (int64_t b = 0; b < kB; ++b) {
+      const int32_t start = batch.inputs[b * kT];
+      EXPECT_EQ(start % kT, 0);  // a whole slot
+      for (int64_t t = 0; t < kT; ++t) {
+        EXPECT_EQ(batch.inputs[b * kT + t], start + t);
+        EXPECT_EQ(batch.targets[b * kT + t], start + t + 1);
+      }
+      slot_starts.push_back(start);
+    }
+  }
+  EXPECT_EQ(loader.state().epoch, 1);
+  std::vector<int32_t> sorted = slot_starts;
+  std::sort(sorted.begin(), sorted.end());
+  for (int k = 0; k < 100; ++k) EXPECT_EQ(sorted[k], 4 * k);  // every slot exactly once
+  EXPECT_NE(sorted, slot_starts);                             // and not in file order
+
+  DataLoader other_seed = shuffled(8);
+  DataLoader same_seed = shuffled(7);
+  EXPECT_NE(next(other_seed), next(same_seed));
+  // The next epoch uses a different permutation; a restored loader continues identically.
+  const LoaderState saved = loader.state();
+  std::vector<Batch> expected;
+  for (int i = 0; i < 5; ++i) expected.push_back(next(loader));
+  DataLoader resumed = shuffled(7);
+  resumed.restore(saved);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(next(resumed), expected[i]);
 }
 
 TEST_F(DataLoaderTest, RestoreRejectsStatesThatDoNotFit) {

@@ -1,6 +1,7 @@
 #include "loom/cli/commands.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -79,6 +80,15 @@ int run_tokenize(const TokenizeArgs& args) {
   }
   std::sort(files.begin(), files.end());  // a stable document order, whatever the filesystem
   if (files.empty()) throw_error("tokenize: no input files found");
+  // tokenize_corpus holds out the last documents. Move an evenly spaced subset to the end so
+  // the held-out text spans the corpus (for dated documents: every era, not only the latest).
+  if (args.val_fraction > 0) {
+    const auto stride = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / args.val_fraction)));
+    std::vector<std::string> train_part, val_part;
+    for (size_t i = 0; i < files.size(); ++i) ((i + 1) % stride == 0 ? val_part : train_part).push_back(files[i]);
+    train_part.insert(train_part.end(), val_part.begin(), val_part.end());
+    files = std::move(train_part);
+  }
   const Gpt2Tokenizer tokenizer = load_tokenizer(args.tokenizer_dir);
   const auto parent = std::filesystem::path(args.output_prefix).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);

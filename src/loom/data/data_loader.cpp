@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "loom/core/error.hpp"
+#include "loom/core/rng.hpp"
 #include "loom/data/token_shard.hpp"
 
 namespace loom {
@@ -70,12 +71,45 @@ void DataLoader::load_shard(int64_t shard_index) {
   loaded_shard_index_ = shard_index;
 }
 
+void DataLoader::set_shuffle(uint64_t seed) {
+  shuffle_ = true;
+  shuffle_seed_ = seed;
+  slot_order_epoch_ = slot_order_shard_ = -1;
+}
+
+void DataLoader::ensure_slot_order() {
+  if (slot_order_epoch_ == state_.epoch && slot_order_shard_ == state_.shard_index) return;
+  // Slot k covers tokens [k T, k T + T]; the last token of a slot is the first of the next,
+  // used only as a target.
+  const int64_t slots = (static_cast<int64_t>(loaded_tokens_.size()) - 1) / seq_len_;
+  slot_order_.resize(static_cast<size_t>(slots));
+  for (int64_t k = 0; k < slots; ++k) slot_order_[static_cast<size_t>(k)] = k;
+  const CounterRng rng(shuffle_seed_ + static_cast<uint64_t>(state_.epoch), static_cast<uint64_t>(state_.shard_index));
+  for (int64_t k = slots - 1; k > 0; --k)  // Fisher-Yates
+    std::swap(slot_order_[static_cast<size_t>(k)],
+              slot_order_[rng.bits(static_cast<uint64_t>(k)) % static_cast<uint64_t>(k + 1)]);
+  slot_order_epoch_ = state_.epoch;
+  slot_order_shard_ = state_.shard_index;
+}
+
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
   load_shard(state_.shard_index);
-  const uint16_t* window = loaded_tokens_.data() + state_.position;
-  for (int64_t i = 0; i < tokens_per_batch(); ++i) {
-    inputs[i] = window[i];
-    targets[i] = window[i + 1];
+  if (shuffle_) {
+    ensure_slot_order();
+    const int64_t first_slot = state_.position / seq_len_;  // position is a multiple of B*T
+    for (int64_t b = 0; b < batch_size_; ++b) {
+      const uint16_t* seq = loaded_tokens_.data() + slot_order_[static_cast<size_t>(first_slot + b)] * seq_len_;
+      for (int64_t t = 0; t < seq_len_; ++t) {
+        inputs[b * seq_len_ + t] = seq[t];
+        targets[b * seq_len_ + t] = seq[t + 1];
+      }
+    }
+  } else {
+    const uint16_t* window = loaded_tokens_.data() + state_.position;
+    for (int64_t i = 0; i < tokens_per_batch(); ++i) {
+      inputs[i] = window[i];
+      targets[i] = window[i + 1];
+    }
   }
   // Advance now so that state() always names a window that fits.
   state_.position += tokens_per_batch();

@@ -31,6 +31,12 @@ class DataLoader {
   // Fills batch_size*seq_len entries of each array, row-major [batch_size, seq_len].
   void next_batch(int32_t* inputs, int32_t* targets);
 
+  // Shuffle: each batch takes B sequences of T (+1) tokens from slots of the current shard in
+  // a random order, a fresh permutation per (seed, epoch, shard), instead of one contiguous
+  // window. The state keeps its meaning (tokens consumed in this shard), so resume is exact.
+  // Without it, a corpus stored in document order (e.g. by year) trains era by era.
+  void set_shuffle(uint64_t seed);
+
   LoaderState state() const { return state_; }
   // Continues from a state() taken earlier with the same shards and batch shape.
   void restore(const LoaderState& state);
@@ -52,6 +58,11 @@ class DataLoader {
   LoaderState state_;
   int64_t loaded_shard_index_ = -1;
   std::vector<uint16_t> loaded_tokens_;
+  void ensure_slot_order();
+  bool shuffle_ = false;
+  uint64_t shuffle_seed_ = 0;
+  std::vector<int64_t> slot_order_;  // permutation of the loaded shard's sequence slots
+  int64_t slot_order_epoch_ = -1, slot_order_shard_ = -1;
 };
 
 }  // namespace loom

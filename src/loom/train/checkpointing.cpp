@@ -41,10 +41,11 @@ void require_same_model(const ModelConfig& expected, const ModelConfig& found, c
 
 nlohmann::json restore_checkpoint(const std::string& dir_or_root, Transformer& model,
                                   AdamW* optimizer) {
-  const CheckpointPayload payload = load_checkpoint(dir_or_root);
-  require_same_model(model.config(), payload.config, dir_or_root);
+  const std::string dir = latest_checkpoint(dir_or_root).value_or(dir_or_root);
+  const CheckpointPayload payload = load_checkpoint(dir);
+  require_same_model(model.config(), payload.config, dir);
   SafetensorsFile weights;
-  weights.path = dir_or_root + "/model.safetensors";
+  weights.path = dir + "/model.safetensors";
   weights.entries = payload.model_weights;
   import_hf_weights(model.parameters(), weights);
   if (optimizer) {

@@ -48,6 +48,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.train_data = r.get_string("data.train", "");
   c.val_data = r.get_string("data.val", "");
   c.tokenizer_dir = r.get_string("data.tokenizer_dir", "");
+  c.shuffle = r.get_bool("data.shuffle", c.shuffle);
 
   c.batch_size = r.get_int("train.batch_size", c.batch_size);
   c.seq_len = r.get_int("train.seq_len", c.seq_len);

@@ -20,6 +20,7 @@ struct TrainConfig {
   std::string train_data;      // glob of token shards
   std::string val_data;        // glob of token shards (optional)
   std::string tokenizer_dir;   // holds encoder.json and vocab.bpe (for samples)
+  bool shuffle = true;         // train batches from shuffled sequence slots (seeded)
 
   int64_t batch_size = 4;      // sequences per micro-batch
   int64_t seq_len = 64;

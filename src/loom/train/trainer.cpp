@@ -46,6 +46,7 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
                                        config_.precision == Precision::BF16);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
       config_.train_data, config_.batch_size, config_.seq_len, config_.model.vocab_size));
+  if (config_.shuffle) train_loader_->set_shuffle(config_.seed);
   if (!config_.val_data.empty())  // fail now, not at the first evaluation
     (void)DataLoader::from_pattern(config_.val_data, config_.batch_size, config_.seq_len,
                                    config_.model.vocab_size);
@@ -127,7 +128,7 @@ TrainSummary Trainer::run() {
   if (start_step > 0) drop_metrics_after(metrics_path, start_step);
   MetricsLog metrics(metrics_path, start_step > 0 ? MetricsLog::Mode::Append : MetricsLog::Mode::Truncate);
 
-  const double peak_gflops = cpu::measure_sgemm_gflops(1024, 2);
+  const double peak_gflops = cpu::measure_sgemm_gflops();  // same measurement as bench/
   const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
                                 static_cast<double>(config_.tokens_per_step());
   std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "

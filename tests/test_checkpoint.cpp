@@ -1,10 +1,8 @@
 // Checkpoints and the HF bridges beneath them: weights export/import (with GPT-2's Conv1D
 // transpose), config.json round trips, and saves that are atomic, verified and prunable.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,41 +16,13 @@
 #include "loom/ckpt/hf_config.hpp"
 #include "loom/ckpt/hf_weights.hpp"
 #include "loom/core/error.hpp"
+#include "test_support.hpp"
 
-namespace loom {
+namespace loom::test {
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-template <typename Action>
-std::string error_message(Action&& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a loom::Error";
-  return "";
-}
-
-void expect_contains(const std::string& message, const std::vector<std::string>& fragments) {
-  for (const std::string& fragment : fragments)
-    EXPECT_NE(message.find(fragment), std::string::npos) << "message lacks '" << fragment << "': " << message;
-}
-
-class TempDirTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    static std::atomic<int> counter{0};
-    dir_ = fs::temp_directory_path() /
-           ("loom_checkpoint_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
 
 // ---------------------------------------------------------------- HF weights
 
@@ -332,11 +302,6 @@ void expect_same_payload(const CheckpointPayload& want, const CheckpointPayload&
   EXPECT_EQ(want.trainer_state, got.trainer_state);
 }
 
-std::string read_text(const fs::path& path) {
-  const std::vector<uint8_t> bytes = read_file_bytes(path.string());
-  return std::string(bytes.begin(), bytes.end());
-}
-
 void flip_byte(const fs::path& path, size_t from_end) {
   std::vector<uint8_t> bytes = read_file_bytes(path.string());
   bytes[bytes.size() - from_end] ^= 0x40;
@@ -350,22 +315,26 @@ std::vector<std::string> entries_of(const fs::path& dir) {
   return names;
 }
 
-using CheckpointTest = TempDirTest;
+// A fresh directory per test, removed afterwards.
+class CheckpointTest : public ::testing::Test {
+ protected:
+  TempDir dir_{"loom_checkpoint_test"};
+};
 
 TEST_F(CheckpointTest, SaveThenLoadRoundTripsEverything) {
-  const fs::path root = dir_ / "ckpt";
+  const fs::path root = dir_.path() / "ckpt";
   const CheckpointPayload payload = make_payload(10);
   const std::string dir = save_checkpoint(root.string(), 10, payload);
   EXPECT_EQ(dir, (root / "step_00000010").string());
   EXPECT_EQ(entries_of(dir),
             (std::vector<std::string>{"config.json", "manifest.json", "model.safetensors", "optimizer.safetensors",
                                       "trainer_state.json"}));
-  EXPECT_EQ(read_text(root / "latest"), "step_00000010\n");
+  EXPECT_EQ(read_text_file(root / "latest"), "step_00000010\n");
   expect_same_payload(payload, load_checkpoint(dir));
   expect_same_payload(payload, load_checkpoint(root.string()));
 
   // The manifest records the real size and CRC of every file.
-  const json manifest = json::parse(read_text(fs::path(dir) / "manifest.json"));
+  const json manifest = json::parse(read_text_file(fs::path(dir) / "manifest.json"));
   EXPECT_EQ(manifest["step"], 10);
   ASSERT_EQ(manifest["files"].size(), 4u);
   for (const auto& [name, record] : manifest["files"].items()) {
@@ -375,11 +344,11 @@ TEST_F(CheckpointTest, SaveThenLoadRoundTripsEverything) {
   }
   // transformers' from_pretrained needs both of these.
   EXPECT_EQ(read_safetensors((fs::path(dir) / "model.safetensors").string()).metadata.at("format"), "pt");
-  EXPECT_EQ(json::parse(read_text(fs::path(dir) / "config.json"))["model_type"], "gpt2");
+  EXPECT_EQ(json::parse(read_text_file(fs::path(dir) / "config.json"))["model_type"], "gpt2");
 }
 
 TEST_F(CheckpointTest, CorruptNewestCheckpointIsAnErrorNamingTheFile) {
-  const fs::path root = dir_ / "ckpt";
+  const fs::path root = dir_.path() / "ckpt";
   save_checkpoint(root.string(), 1, make_payload(1));
   const std::string newest = save_checkpoint(root.string(), 2, make_payload(2));
   const fs::path model = fs::path(newest) / "model.safetensors";
@@ -400,7 +369,7 @@ TEST_F(CheckpointTest, CorruptNewestCheckpointIsAnErrorNamingTheFile) {
 }
 
 TEST_F(CheckpointTest, CorruptManifestOrConfigIsAnErrorNamingTheFile) {
-  const fs::path root = dir_ / "ckpt";
+  const fs::path root = dir_.path() / "ckpt";
   const fs::path dir = save_checkpoint(root.string(), 3, make_payload(3));
   atomic_write_file((dir / "manifest.json").string(), std::string("{\"format\": \"loom.checkpoint.v1\""));
   expect_contains(error_message([&] { load_checkpoint(dir.string()); }),
@@ -412,7 +381,7 @@ TEST_F(CheckpointTest, CorruptManifestOrConfigIsAnErrorNamingTheFile) {
 }
 
 TEST_F(CheckpointTest, FailedSaveLeavesTheEarlierCheckpointAndLatestIntact) {
-  const fs::path root = dir_ / "ckpt";
+  const fs::path root = dir_.path() / "ckpt";
   const CheckpointPayload first = make_payload(1);
   save_checkpoint(root.string(), 1, first);
 
@@ -429,7 +398,7 @@ TEST_F(CheckpointTest, FailedSaveLeavesTheEarlierCheckpointAndLatestIntact) {
   expect_contains(error_message([&] { save_checkpoint(root.string(), 2, make_payload(2)); }),
                   {(root / "step_00000002").string(), "not a checkpoint directory"});
 
-  EXPECT_EQ(read_text(root / "latest"), "step_00000001\n");
+  EXPECT_EQ(read_text_file(root / "latest"), "step_00000001\n");
   EXPECT_EQ(latest_checkpoint(root.string()), (root / "step_00000001").string());
   expect_same_payload(first, load_checkpoint(root.string()));
   EXPECT_EQ(entries_of(root), (std::vector<std::string>{"latest", "step_00000001", "step_00000002"}))
@@ -437,7 +406,7 @@ TEST_F(CheckpointTest, FailedSaveLeavesTheEarlierCheckpointAndLatestIntact) {
 }
 
 TEST_F(CheckpointTest, RootThatIsAFileIsAClearError) {
-  const fs::path root = dir_ / "a_file";
+  const fs::path root = dir_.path() / "a_file";
   std::ofstream(root) << "x";
   expect_contains(error_message([&] { save_checkpoint(root.string(), 1, make_payload(1)); }),
                   {root.string(), "not a directory"});
@@ -445,7 +414,7 @@ TEST_F(CheckpointTest, RootThatIsAFileIsAClearError) {
 }
 
 TEST_F(CheckpointTest, ResavingAStepReplacesIt) {
-  const fs::path root = dir_ / "ckpt";
+  const fs::path root = dir_.path() / "ckpt";
   save_checkpoint(root.string(), 5, make_payload(5));
   CheckpointPayload updated = make_payload(6);
   updated.trainer_state["note"] = "second save";
@@ -455,7 +424,7 @@ TEST_F(CheckpointTest, ResavingAStepReplacesIt) {
 }
 
 TEST_F(CheckpointTest, KeepLastPrunesOldestButNeverTheOneJustWritten) {
-  const fs::path root = dir_ / "ckpt";
+  const fs::path root = dir_.path() / "ckpt";
   for (int64_t step = 100; step <= 500; step += 100) save_checkpoint(root.string(), step, make_payload(step), 2);
   EXPECT_EQ(entries_of(root), (std::vector<std::string>{"latest", "step_00000400", "step_00000500"}));
 
@@ -471,7 +440,7 @@ TEST_F(CheckpointTest, KeepLastPrunesOldestButNeverTheOneJustWritten) {
 }
 
 TEST_F(CheckpointTest, LatestCheckpointIgnoresUnfinishedDirectories) {
-  const fs::path root = dir_ / "ckpt";
+  const fs::path root = dir_.path() / "ckpt";
   EXPECT_EQ(latest_checkpoint(root.string()), std::nullopt) << "missing root";
   fs::create_directories(root);
   EXPECT_EQ(latest_checkpoint(root.string()), std::nullopt) << "empty root";
@@ -502,4 +471,4 @@ TEST(CheckpointNames, StepDirectoriesArePaddedToEightDigits) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::test

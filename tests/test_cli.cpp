@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "loom/ckpt/checkpoint.hpp"
+#include "test_support.hpp"
 #include "trainer_fixture.hpp"
 
 namespace loom::test {
@@ -28,11 +29,6 @@ CommandResult run_loom(const std::string& args) {
   while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), {}};
 }
 
 TEST(Cli, BadConfigsAreRejectedWithTheKeyNamed) {
@@ -91,7 +87,7 @@ TEST(Cli, CorruptCheckpointIsAnErrorAndTheOlderOneSurvives) {
   ASSERT_TRUE(newest.has_value());
   EXPECT_THAT(*newest, HasSubstr("step_00000010"));
   const std::string older = run.dir + "/ckpt/step_00000005";
-  const std::string older_bytes = read_bytes(older + "/model.safetensors");
+  const std::string older_bytes = read_text_file(older + "/model.safetensors");
 
   // Flip one byte in the newest checkpoint's weights: loading must say which file is bad.
   {
@@ -105,7 +101,7 @@ TEST(Cli, CorruptCheckpointIsAnErrorAndTheOlderOneSurvives) {
   // Resuming from it fails the same way, and touches nothing.
   r = run_loom("train " + config + " --train.steps=15");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(read_bytes(older + "/model.safetensors"), older_bytes);
+  EXPECT_EQ(read_text_file(older + "/model.safetensors"), older_bytes);
 
   // Truncated file.
   std::filesystem::resize_file(*newest + "/model.safetensors", 100);

@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <filesystem>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -13,40 +11,13 @@
 #include "loom/core/error.hpp"
 #include "loom/data/data_loader.hpp"
 #include "loom/data/token_shard.hpp"
+#include "test_support.hpp"
 
-namespace loom {
+namespace loom::test {
 namespace {
 
-namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "loom_test_data_loader_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-template <typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no loom::Error thrown>";
-}
 
 constexpr int64_t kB = 2;
 constexpr int64_t kT = 4;
@@ -83,7 +54,7 @@ class DataLoaderTest : public ::testing::Test {
   }
   DataLoader make_loader() const { return DataLoader(paths_, kB, kT, kVocab); }
 
-  TempDir dir_;
+  TempDir dir_{"loom_test_data_loader"};
   std::vector<std::string> paths_;
 };
 
@@ -234,4 +205,4 @@ TEST_F(DataLoaderTest, BadArgumentsAndVocabularyMismatchAreErrors) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::test

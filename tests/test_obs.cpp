@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "loom/core/error.hpp"
@@ -15,8 +14,9 @@
 #include "loom/obs/metrics_log.hpp"
 #include "loom/obs/progress.hpp"
 #include "loom/obs/step_line.hpp"
+#include "test_support.hpp"
 
-namespace loom {
+namespace loom::test {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -26,13 +26,6 @@ std::string temp_path(const std::string& name) {
   return (std::filesystem::temp_directory_path() /
           ("loom_test_obs_" + std::to_string(getpid()) + "_" + name))
       .string();
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 size_t count_of(const std::string& text, const std::string& needle) {
@@ -78,7 +71,7 @@ TEST(MetricsLog, WritesOneCompactLinePerRecordAndReadsThemBack) {
     log.write({{"kind", "train"}, {"step", 1}, {"loss", 10.5}});
     log.write({{"kind", "val"}, {"step", 1}, {"val_loss", 10.75}, {"note", "line\nbreak"}});
   }
-  const std::string text = read_text(path);
+  const std::string text = read_text_file(path);
   EXPECT_EQ(count_of(text, "\n"), 2u);  // the embedded newline is escaped, not written raw
   EXPECT_EQ(text.find(": "), std::string::npos) << "compact: no spaces after ':'";
   const auto records = MetricsLog::read_all(path);
@@ -248,7 +241,7 @@ TEST(LossPlot, PlotsTrainAndValFromRecordsAndReplacesTheFileAtomically) {
   records.push_back("not an object");
   std::ofstream(path) << "old";
   write_loss_plot_svg(path, records, 7.5);
-  const std::string svg = read_text(path);
+  const std::string svg = read_text_file(path);
   expect_well_formed_svg(svg);
   EXPECT_EQ(count_of(svg, "<path"), 2u);
   EXPECT_NE(svg.find("unigram baseline (7.500)"), std::string::npos);
@@ -385,4 +378,4 @@ TEST(StepLine, JsonHasKindTrainAndSnakeCaseKeys) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::test

@@ -1,10 +1,8 @@
 // safetensors reader/writer: bit-exact round trips, the reference layout, and a clear error
 // for each kind of damaged file.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -16,8 +14,9 @@
 #include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/safetensors.hpp"
 #include "loom/core/error.hpp"
+#include "test_support.hpp"
 
-namespace loom {
+namespace loom::test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -26,34 +25,9 @@ using json = nlohmann::json;
 // A fresh directory per test, removed afterwards.
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    static std::atomic<int> counter{0};
-    dir_ = fs::temp_directory_path() /
-           ("loom_safetensors_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  std::string path(const std::string& name) const { return dir_.file(name); }
+  TempDir dir_{"loom_safetensors_test"};
 };
-
-// The message of the loom::Error `action` throws; a test failure if it throws none.
-template <typename Action>
-std::string error_message(Action&& action) {
-  try {
-    action();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a loom::Error";
-  return "";
-}
-
-void expect_contains(const std::string& message, const std::vector<std::string>& fragments) {
-  for (const std::string& fragment : fragments)
-    EXPECT_NE(message.find(fragment), std::string::npos) << "message lacks '" << fragment << "': " << message;
-}
 
 template <typename T>
 SafetensorsEntry make_entry(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
@@ -279,7 +253,7 @@ TEST_F(SafetensorsTest, WriterRejectsInconsistentEntriesAndKeepsTheOldFile) {
                   {"reserves"});
 
   expect_same_entries(good, read_safetensors(path("a.safetensors")));
-  for (const fs::directory_entry& entry : fs::directory_iterator(dir_))
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir_.path()))
     EXPECT_EQ(entry.path().filename(), "a.safetensors") << "stray file left behind";
 }
 
@@ -333,7 +307,7 @@ TEST_F(SafetensorsTest, AtomicWriteReplacesWholeFilesAndNamesBadPaths) {
   const std::vector<uint8_t> bytes = read_file_bytes(path("f.txt"));
   EXPECT_EQ(std::string(bytes.begin(), bytes.end()), "second");
   size_t files = 0;
-  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_)) ++files;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_.path())) ++files;
   EXPECT_EQ(files, 1u) << "the temp file must be renamed away";
 
   const std::string bad = path("no_such_dir/f.txt");
@@ -347,4 +321,4 @@ TEST(Crc32, MatchesTheStandardCheckValue) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::test

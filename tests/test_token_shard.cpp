@@ -2,7 +2,6 @@
 // can be wrong (missing, foreign, other version, truncated, other vocabulary).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -12,47 +11,16 @@
 
 #include "loom/core/error.hpp"
 #include "loom/data/token_shard.hpp"
+#include "test_support.hpp"
 
-namespace loom {
+namespace loom::test {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "loom_test_token_shard_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-template <typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no loom::Error thrown>";
-}
-
-std::vector<char> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-int32_t header_int(const std::vector<char>& bytes, int index) {
+int32_t header_int(const std::vector<uint8_t>& bytes, int index) {
   int32_t value = 0;
   std::memcpy(&value, bytes.data() + 4 * index, sizeof(value));
   return value;
@@ -68,12 +36,12 @@ void overwrite_header_int(const std::string& path, int index, int32_t value) {
 constexpr int64_t kGpt2VocabSize = 50257;
 
 TEST(TokenShard, WritesLlmcLayoutAndRoundTrips) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   const std::vector<int32_t> tokens = {50256, 0, 1, 15496, 995, 65535, 12345};
   write_token_shard(path, tokens);
 
-  const std::vector<char> bytes = read_bytes(path);
+  const std::vector<uint8_t> bytes = read_file_bytes(path);
   ASSERT_EQ(bytes.size(), 1024u + 2 * tokens.size());
   EXPECT_EQ(header_int(bytes, 0), 20240520);
   EXPECT_EQ(header_int(bytes, 1), 1);
@@ -90,7 +58,7 @@ TEST(TokenShard, WritesLlmcLayoutAndRoundTrips) {
 }
 
 TEST(TokenShard, EmptyShardRoundTripsAndRewriteReplaces) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   write_token_shard(path, {1, 2, 3});
   write_token_shard(path, {});
@@ -99,7 +67,7 @@ TEST(TokenShard, EmptyShardRoundTripsAndRewriteReplaces) {
 }
 
 TEST(TokenShard, WriteRejectsTokensThatDoNotFitUint16) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   EXPECT_THAT(
       error_message([&] {
@@ -112,7 +80,7 @@ TEST(TokenShard, WriteRejectsTokensThatDoNotFitUint16) {
 }
 
 TEST(TokenShard, MissingFileIsAnErrorNamingIt) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("absent.bin");
   EXPECT_THAT(error_message([&] { read_token_shard(path, kGpt2VocabSize); }),
               AllOf(HasSubstr(path), HasSubstr("cannot open")));
@@ -120,7 +88,7 @@ TEST(TokenShard, MissingFileIsAnErrorNamingIt) {
 }
 
 TEST(TokenShard, WrongMagicIsAnError) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   write_token_shard(path, {1, 2, 3});
   overwrite_header_int(path, 0, 12345);
@@ -130,7 +98,7 @@ TEST(TokenShard, WrongMagicIsAnError) {
 }
 
 TEST(TokenShard, WrongVersionIsAnError) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   write_token_shard(path, {1, 2, 3});
   overwrite_header_int(path, 1, 2);
@@ -139,7 +107,7 @@ TEST(TokenShard, WrongVersionIsAnError) {
 }
 
 TEST(TokenShard, TruncatedFileIsAnError) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   write_token_shard(path, std::vector<int32_t>(100, 7));
   fs::resize_file(path, 1024 + 2 * 99);
@@ -154,7 +122,7 @@ TEST(TokenShard, TruncatedFileIsAnError) {
 }
 
 TEST(TokenShard, TrailingBytesAreAnError) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   write_token_shard(path, {1, 2, 3});
   fs::resize_file(path, 1024 + 2 * 3 + 2);
@@ -163,7 +131,7 @@ TEST(TokenShard, TrailingBytesAreAnError) {
 }
 
 TEST(TokenShard, TokenOutsideVocabularyIsAnError) {
-  TempDir dir;
+  TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   write_token_shard(path, {1, 2, 50257, 3});
   const std::string message = error_message([&] { read_token_shard(path, kGpt2VocabSize); });
@@ -173,4 +141,4 @@ TEST(TokenShard, TokenOutsideVocabularyIsAnError) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::test

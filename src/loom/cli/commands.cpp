@@ -82,10 +82,15 @@ int run_tokenize(const TokenizeArgs& args) {
   if (files.empty()) throw_error("tokenize: no input files found");
   // tokenize_corpus holds out the last documents. Move an evenly spaced subset to the end so
   // the held-out text spans the corpus (for dated documents: every era, not only the latest).
-  if (args.val_fraction > 0) {
-    const auto stride = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / args.val_fraction)));
+  // The count matches tokenize_corpus's own: ceil(fraction x documents), at least one.
+  if (args.val_fraction > 0 && files.size() > 1) {
+    const size_t n = files.size();
+    const size_t held_out = std::clamp<size_t>(
+        static_cast<size_t>(std::ceil(args.val_fraction * static_cast<double>(n) - 1e-9)), 1, n - 1);
+    std::vector<bool> is_val(n, false);
+    for (size_t k = 0; k < held_out; ++k) is_val[(2 * k + 1) * n / (2 * held_out)] = true;
     std::vector<std::string> train_part, val_part;
-    for (size_t i = 0; i < files.size(); ++i) ((i + 1) % stride == 0 ? val_part : train_part).push_back(files[i]);
+    for (size_t i = 0; i < n; ++i) (is_val[i] ? val_part : train_part).push_back(files[i]);
     train_part.insert(train_part.end(), val_part.begin(), val_part.end());
     files = std::move(train_part);
   }
@@ -119,6 +124,7 @@ int run_generate(const GenerateArgs& args) {
 int run_eval(const EvalArgs& args) {
   auto model = load_model(args.checkpoint);
   DataLoader loader = DataLoader::from_pattern(args.data, args.batch_size, args.seq_len, model->config().vocab_size);
+  loader.set_shuffle(kEvalShuffleSeed);
   std::vector<int32_t> inputs(static_cast<size_t>(args.batch_size * args.seq_len)), targets(inputs.size());
   double total = 0.0;
   for (int64_t b = 0; b < args.batches; ++b) {

@@ -22,6 +22,10 @@ struct LoaderState {
 // The files matching a glob pattern, sorted by name (byte order, whatever the locale).
 std::vector<std::string> expand_shard_pattern(const std::string& glob_pattern);
 
+// Evaluation reads held-out sequences in this fixed shuffled order, so a sample of batches
+// covers the whole held-out set and every evaluation (trainer or `loom eval`) sees the same.
+inline constexpr uint64_t kEvalShuffleSeed = 0xe7a1;
+
 class DataLoader {
  public:
   DataLoader(std::vector<std::string> shard_paths, int64_t batch_size, int64_t seq_len, int64_t vocab_size);

@@ -92,6 +92,7 @@ double Trainer::train_step(int64_t step) {
 double Trainer::evaluate(const std::string& pattern, int64_t batches) {
   DataLoader loader = DataLoader::from_pattern(pattern, config_.batch_size, config_.seq_len,
                                                config_.model.vocab_size);
+  loader.set_shuffle(kEvalShuffleSeed);
   double total = 0.0;
   for (int64_t b = 0; b < batches; ++b) {
     loader.next_batch(inputs_.data(), targets_.data());

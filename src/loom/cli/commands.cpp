@@ -8,6 +8,7 @@
 #include "loom/core/error.hpp"
 #include "loom/data/bpe_tokenizer.hpp"
 #include "loom/data/tokenize_corpus.hpp"
+#include "loom/dist/runtime.hpp"
 #include "loom/train/checkpointing.hpp"
 #include "loom/train/sampler.hpp"
 #include "loom/train/trainer.hpp"
@@ -47,8 +48,13 @@ int run_train(const TrainArgs& args) {
     std::printf("config %s is valid\n", args.config_path.c_str());
     return 0;
   }
-  Trainer trainer(config);
+  // Under mpirun or srun every rank is a data-parallel replica; alone, no MPI at all.
+  std::unique_ptr<DistRuntime> runtime;
+  if (DistRuntime::launched_by_mpi_or_slurm()) runtime = std::make_unique<DistRuntime>();
+  const bool rank0 = !runtime || runtime->world_rank() == 0;
+  Trainer trainer(config, runtime && runtime->world_size() > 1 ? runtime->world() : nullptr);
   const TrainSummary summary = trainer.run();
+  if (!rank0) return 0;
   if (summary.last_val_loss && summary.unigram_baseline) {
     const double unigram = *summary.unigram_baseline;
     std::printf("validation loss %.4f vs unigram baseline %.4f nats/token (%.1f%% below)\n",

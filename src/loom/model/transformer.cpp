@@ -34,6 +34,7 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
     const std::string prefix = (gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l);
     blocks.push_back(std::make_unique<TransformerBlock>(config_, prefix, rope_));
     blocks.back()->collect(parameters_);
+    blocks.back()->collect(block_parameters_.emplace_back());
   }
   final_norm = std::make_unique<Norm>(gpt2 ? NormKind::LayerNorm : NormKind::RMSNorm,
                                       gpt2 ? "transformer.ln_f" : "model.norm", config_.n_embd,
@@ -72,6 +73,24 @@ void Transformer::init_weights(uint64_t seed) {
 void Transformer::set_bf16_activations(bool on) {
   bf16_activations_ = on;
   for (auto& block : blocks) block->set_bf16_activations(on);
+}
+
+ParameterList Transformer::parameters_in_grad_ready_order() {
+  ParameterList order;
+  auto add = [&](Parameter* p) { order.push_back(p); };
+  if (!config_.tied_embeddings) add(&lm_head);
+  add(&final_norm->weight);
+  if (final_norm->bias.value.defined()) add(&final_norm->bias);
+  for (auto it = block_parameters_.rbegin(); it != block_parameters_.rend(); ++it)
+    for (Parameter* p : *it) order.push_back(p);
+  add(&token_embedding);
+  if (position_embedding.value.defined()) add(&position_embedding);
+  return order;
+}
+
+void Transformer::grads_ready(const ParameterList& params) {
+  if (grad_ready_hook_)
+    for (Parameter* p : params) grad_ready_hook_(*p);
 }
 
 void Transformer::zero_grad() {
@@ -175,16 +194,26 @@ void Transformer::backward() {
   std::memset(d_out, 0, static_cast<size_t>(rows * c) * sizeof(float));
   final_norm->backward(d_out, d_hidden_.f32(), residual + config_.n_layer * rows * c,
                        final_norm_stash_, rows);
+  {
+    ParameterList head;
+    if (!config_.tied_embeddings) head.push_back(&lm_head);
+    final_norm->collect(head);
+    grads_ready(head);
+  }
   const bool shared = recompute_ == Recompute::Full;
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
     blocks[static_cast<size_t>(l)]->backward(d_in, d_out, residual + l * rows * c, stash, scratch_,
                                              recompute_, batch_, seq_len_);
+    grads_ready(block_parameters_[static_cast<size_t>(l)]);
     std::swap(d_in, d_out);
   }
   cpu::embedding_backward(token_embedding.grad.f32(),
                           position_embedding.grad.defined() ? position_embedding.grad.f32() : nullptr,
                           d_out, tokens_.data(), batch_, seq_len_, c);
+  ParameterList embeddings{&token_embedding};
+  if (position_embedding.value.defined()) embeddings.push_back(&position_embedding);
+  grads_ready(embeddings);
 }
 
 std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len) {

@@ -2,6 +2,7 @@
 // The whole language model: embeddings, blocks, final norm and the fused output projection
 // with cross-entropy. Forward and backward are explicit; the model owns its activation stash
 // and decides, per recomputation mode, what the stash keeps.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,13 @@ class Transformer {
   std::vector<float> last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len);
 
   void zero_grad();
+  // Called during backward() for each parameter as soon as its gradient for this backward is
+  // final (output head and final norm first, then blocks from last to first, embeddings last):
+  // data parallelism starts reducing a gradient bucket while the rest of backward runs.
+  using GradReadyHook = std::function<void(Parameter&)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
+  // Parameters in the order their gradients become ready in backward().
+  ParameterList parameters_in_grad_ready_order();
   const ParameterList& parameters() const { return parameters_; }
   const ModelConfig& config() const { return config_; }
   void set_bf16_activations(bool on);
@@ -59,6 +67,9 @@ class Transformer {
   int64_t vocab_chunk_;
   std::shared_ptr<const cpu::RopeTable> rope_;
   ParameterList parameters_;
+  std::vector<ParameterList> block_parameters_;
+  GradReadyHook grad_ready_hook_;
+  void grads_ready(const ParameterList& params);
 
   // Activations for the current (batch, seq_len).
   int64_t batch_ = 0, seq_len_ = 0;

@@ -74,6 +74,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.adamw.eps = r.get_double("optim.eps", c.adamw.eps);
   c.adamw.weight_decay = r.get_double("optim.weight_decay", c.adamw.weight_decay);
   c.grad_clip = r.get_double("optim.grad_clip", c.grad_clip);
+  c.bucket_mb = r.get_double("parallel.bucket_mb", c.bucket_mb);
 
   c.eval_every = r.get_int("eval.every", c.eval_every);
   c.eval_batches = r.get_int("eval.batches", c.eval_batches);
@@ -112,6 +113,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   require_positive("optim.eps", c.adamw.eps);
   require_range("optim.weight_decay", c.adamw.weight_decay, 0.0, 1.0);
   require_range("optim.grad_clip", c.grad_clip, 0.0, 1e9);
+  require_range("parallel.bucket_mb", c.bucket_mb, 1e-6, 1e6);
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);

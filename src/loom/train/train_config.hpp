@@ -35,6 +35,8 @@ struct TrainConfig {
   AdamWConfig adamw;
   double grad_clip = 1.0;
 
+  double bucket_mb = 25.0;     // data-parallel gradient bucket size (PyTorch DDP's default)
+
   int64_t eval_every = 0;      // 0: only at the end
   int64_t eval_batches = 10;
 

@@ -1,6 +1,7 @@
 #include "loom/train/trainer.hpp"
 
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 
@@ -37,7 +38,12 @@ double seconds_since(Clock::time_point start) {
 }
 }  // namespace
 
-Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
+Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
+    : config_(std::move(config)), dp_(std::move(dp_group)) {
+  if (dp_) {
+    dp_rank_ = dp_->rank();
+    dp_size_ = dp_->size();
+  }
   if (config_.threads > 0) cpu::set_num_threads(config_.threads);
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk);
   model_->init_weights(config_.seed);
@@ -45,13 +51,21 @@ Trainer::Trainer(TrainConfig config) : config_(std::move(config)) {
   optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw,
                                        config_.precision == Precision::BF16);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
-      config_.train_data, config_.batch_size, config_.seq_len, config_.model.vocab_size));
+      config_.train_data, config_.batch_size * dp_size_, config_.seq_len, config_.model.vocab_size));
   if (config_.shuffle) train_loader_->set_shuffle(config_.seed);
   if (!config_.val_data.empty())  // fail now, not at the first evaluation
     (void)DataLoader::from_pattern(config_.val_data, config_.batch_size, config_.seq_len,
                                    config_.model.vocab_size);
   inputs_.resize(static_cast<size_t>(config_.batch_size * config_.seq_len));
   targets_.resize(inputs_.size());
+  global_inputs_.resize(inputs_.size() * static_cast<size_t>(dp_size_));
+  global_targets_.resize(global_inputs_.size());
+  if (dp_size_ > 1) {
+    reducer_ = std::make_unique<GradientBucketReducer>(
+        model_->parameters_in_grad_ready_order(), dp_,
+        static_cast<int64_t>(config_.bucket_mb * 1e6));
+    reducer_->attach(*model_);
+  }
 }
 
 nlohmann::json Trainer::trainer_state(int64_t step) const {
@@ -61,7 +75,7 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"seed", config_.seed},
           {"tokens_seen", step * config_.tokens_per_step()},
           {"loader", {{"epoch", loader.epoch}, {"shard_index", loader.shard_index}, {"position", loader.position}}},
-          {"tokens_per_step", config_.tokens_per_step()},
+          {"tokens_per_step", global_tokens_per_step()},
           {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"}};
 }
 
@@ -78,15 +92,25 @@ double Trainer::train_step(int64_t step) {
   // the accumulated gradient equals the gradient of the mean.
   const float grad_scale = 1.0f / static_cast<float>(tokens * config_.grad_accum);
   double loss_sum = 0.0;
+  const size_t slice = static_cast<size_t>(dp_rank_ * tokens);  // this rank's rows
   for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
-    train_loader_->next_batch(inputs_.data(), targets_.data());
-    loss_sum += model_->forward(inputs_.data(), targets_.data(), config_.batch_size,
-                                config_.seq_len, {true, grad_scale});
+    train_loader_->next_batch(global_inputs_.data(), global_targets_.data());
+    if (reducer_) reducer_->set_sync(micro + 1 == config_.grad_accum);
+    loss_sum += model_->forward(global_inputs_.data() + slice, global_targets_.data() + slice,
+                                config_.batch_size, config_.seq_len, {true, grad_scale});
     model_->backward();
   }
+  if (reducer_) reducer_->finish();  // gradients are now the mean over the global batch
   last_grad_norm_ = global_grad_norm(model_->parameters());
   optimizer_->step(config_.schedule.at(step), clip_factor(last_grad_norm_, config_.grad_clip));
-  return loss_sum / static_cast<double>(tokens * config_.grad_accum);
+  return average_over_ranks(loss_sum / static_cast<double>(tokens * config_.grad_accum));
+}
+
+double Trainer::average_over_ranks(double value) const {
+  if (dp_size_ == 1) return value;
+  float v = static_cast<float>(value);
+  dp_->all_reduce(&v, 1, ReduceOp::Avg)->wait();
+  return v;
 }
 
 double Trainer::evaluate(const std::string& pattern, int64_t batches) {
@@ -109,9 +133,9 @@ TrainSummary Trainer::run() {
   if (!config_.checkpoint_dir.empty() && config_.resume) {
     if (auto latest = latest_checkpoint(config_.checkpoint_dir)) {
       const nlohmann::json state = restore_checkpoint(*latest, *model_, optimizer_.get());
-      if (state.value("tokens_per_step", int64_t{0}) != config_.tokens_per_step())
+      if (state.value("tokens_per_step", int64_t{0}) != global_tokens_per_step())
         throw_error("checkpoint ", *latest, " was written with ", state.value("tokens_per_step", int64_t{0}),
-                    " tokens per step, this run uses ", config_.tokens_per_step(),
+                    " tokens per step, this run uses ", global_tokens_per_step(),
                     ": change train.batch_size/seq_len/grad_accum back or start a fresh checkpoint.dir");
       const std::string precision = config_.precision == Precision::BF16 ? "bf16" : "f32";
       if (state.value("precision", std::string("f32")) != precision)
@@ -121,27 +145,32 @@ TrainSummary Trainer::run() {
       const auto& loader = state.at("loader");
       train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
                               loader.at("position").get<int64_t>()});
-      std::printf("resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(start_step));
+      if (is_rank0()) std::printf("resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(start_step));
     }
   }
   summary.first_step = start_step;
   const std::string metrics_path = config_.run_dir + "/metrics.jsonl";
-  if (start_step > 0) drop_metrics_after(metrics_path, start_step);
-  MetricsLog metrics(metrics_path, start_step > 0 ? MetricsLog::Mode::Append : MetricsLog::Mode::Truncate);
+  std::optional<MetricsLog> metrics;  // rank 0 only
+  if (is_rank0()) {
+    if (start_step > 0) drop_metrics_after(metrics_path, start_step);
+    metrics.emplace(metrics_path, start_step > 0 ? MetricsLog::Mode::Append : MetricsLog::Mode::Truncate);
+  }
 
   const double peak_gflops = cpu::measure_sgemm_gflops();  // same measurement as bench/
+  // Per-rank FLOPs over the per-rank peak: MFU of one rank, the same for every rank.
   const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
                                 static_cast<double>(config_.tokens_per_step());
-  std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
-              "%d threads, SGEMM peak %.0f GFLOP/s\n",
+  if (is_rank0())
+    std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
+              "%d threads, SGEMM peak %.0f GFLOP/s | %d data-parallel rank(s)\n",
               architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
               static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
-              static_cast<long long>(config_.tokens_per_step()),
+              static_cast<long long>(global_tokens_per_step()),
               config_.precision == Precision::BF16 ? "bf16 (fp32 master)" : "f32",
-              recompute_name(config_.recompute), cpu::num_threads(), peak_gflops);
+              recompute_name(config_.recompute), cpu::num_threads(), peak_gflops, dp_size_);
   std::fflush(stdout);
 
-  ProgressBar progress(config_.steps);
+  ProgressBar progress = is_rank0() ? ProgressBar(config_.steps) : ProgressBar(config_.steps, stderr, false);
   const auto run_start = Clock::now();
   double compute_seconds = 0.0;
   for (int64_t step = start_step; step < config_.steps; ++step) {
@@ -152,14 +181,14 @@ TrainSummary Trainer::run() {
     compute_seconds += step_seconds;
     if (!std::isfinite(loss)) throw_error("training diverged: loss is ", loss, " at step ", step + 1);
     const StepReport report{step + 1, config_.steps, loss, config_.schedule.at(step), last_grad_norm_,
-                            step_seconds * 1e3, static_cast<double>(config_.tokens_per_step()) / step_seconds,
+                            step_seconds * 1e3, static_cast<double>(global_tokens_per_step()) / step_seconds,
                             flops_per_step / step_seconds / (peak_gflops * 1e9),
                             HostAllocator::instance().stats().total_peak_bytes};
-    metrics.write(step_report_json(report));
+    if (metrics) metrics->write(step_report_json(report));
     summary.last_train_loss = loss;
     summary.steps_done = step + 1;
     const bool last = step + 1 == config_.steps;
-    if ((step + 1) % config_.log_every == 0 || last || step == start_step) {
+    if (is_rank0() && ((step + 1) % config_.log_every == 0 || last || step == start_step)) {
       progress.clear();
       std::printf("%s\n", format_step_line(report).c_str());
       std::fflush(stdout);
@@ -170,21 +199,25 @@ TrainSummary Trainer::run() {
     if (eval_now) {
       const double val_loss = evaluate(config_.val_data, config_.eval_batches);
       summary.last_val_loss = val_loss;
-      metrics.write({{"kind", "val"}, {"step", step + 1}, {"val_loss", val_loss}});
-      progress.clear();
-      std::printf("step %6lld | val loss %.4f\n", static_cast<long long>(step + 1), val_loss);
-      std::fflush(stdout);
+      if (metrics) {
+        metrics->write({{"kind", "val"}, {"step", step + 1}, {"val_loss", val_loss}});
+        progress.clear();
+        std::printf("step %6lld | val loss %.4f\n", static_cast<long long>(step + 1), val_loss);
+        std::fflush(stdout);
+      }
     }
     const bool save_now = !config_.checkpoint_dir.empty() &&
                           ((config_.checkpoint_every > 0 && (step + 1) % config_.checkpoint_every == 0) || last);
-    if (save_now) summary.last_checkpoint = save(step + 1);
+    if (save_now && is_rank0()) summary.last_checkpoint = save(step + 1);  // state is replicated
   }
   progress.finish();
   const int64_t steps_run = summary.steps_done - start_step;
   if (steps_run > 0) {
-    summary.tokens_per_s = static_cast<double>(steps_run * config_.tokens_per_step()) / compute_seconds;
+    summary.tokens_per_s = static_cast<double>(steps_run * global_tokens_per_step()) / compute_seconds;
     summary.mfu = flops_per_step * static_cast<double>(steps_run) / compute_seconds / (peak_gflops * 1e9);
   }
+  if (dp_) dp_->barrier();  // every rank has finished, and rank 0's last checkpoint is written
+  if (!is_rank0()) return summary;
   if (!config_.val_data.empty())
     summary.unigram_baseline = unigram_cross_entropy(config_.train_data, config_.val_data, config_.model.vocab_size);
   write_loss_plot_svg(config_.run_dir + "/loss.svg", MetricsLog::read_all(metrics_path), summary.unigram_baseline);

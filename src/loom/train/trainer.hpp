@@ -6,6 +6,8 @@
 #include <optional>
 
 #include "loom/data/data_loader.hpp"
+#include "loom/dist/process_group.hpp"
+#include "loom/parallel/data_parallel.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/train/adamw.hpp"
 #include "loom/train/train_config.hpp"
@@ -25,11 +27,16 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  explicit Trainer(TrainConfig config);
+  // With a data-parallel group of N ranks, each rank trains on its 1/N slice of every global
+  // batch of N x batch_size sequences and gradients are averaged in buckets during backward;
+  // rank 0 alone prints, logs metrics and writes checkpoints.
+  explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group = nullptr);
   TrainSummary run();
   // Mean per-token loss over `batches` batches from a fresh pass of `pattern` (deterministic).
   double evaluate(const std::string& pattern, int64_t batches);
   Transformer& model() { return *model_; }
+  const GradientBucketReducer* reducer() const { return reducer_.get(); }
+  int64_t global_tokens_per_step() const { return config_.tokens_per_step() * dp_size_; }
 
  private:
   double train_step(int64_t step);
@@ -40,7 +47,14 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DataLoader> train_loader_;
-  std::vector<int32_t> inputs_, targets_;
+  bool is_rank0() const { return dp_rank_ == 0; }
+  double average_over_ranks(double value) const;
+
+  std::shared_ptr<ProcessGroup> dp_;
+  std::unique_ptr<GradientBucketReducer> reducer_;
+  int dp_rank_ = 0, dp_size_ = 1;
+  std::vector<int32_t> inputs_, targets_;              // one rank-sized batch (evaluation)
+  std::vector<int32_t> global_inputs_, global_targets_;  // the global batch (training)
   double last_grad_norm_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
 #include "../trainer_fixture.hpp"
 #include "loom/dist/mpi_process_group.hpp"
@@ -110,6 +111,7 @@ TEST(DataParallel, BucketsAreReducedDuringBackwardAndBytesMatchTheRingFormula) {
   Trainer trainer(parse(run.config("gpt2", 1),
                         {"checkpoint.dir=\"\"", "data.val=\"\"", "parallel.bucket_mb=0.002",
                          "optim.warmup_steps=0", "train.batch_size=2",
+                         "log.trace=\"" + run.dir + "/trace.json\"",
                          "log.dir=\"" + run.dir + "/dp\""}),
                   dp);
   dp->reset_stats();
@@ -128,6 +130,28 @@ TEST(DataParallel, BucketsAreReducedDuringBackwardAndBytesMatchTheRingFormula) {
   expected += reducer.expected_all_reduce_wire_bytes();
   EXPECT_EQ(dp->stats().sent(CommOp::AllReduce), expected);
   EXPECT_EQ(dp->stats().count(CommOp::AllReduce), reducer.bucket_count() + 1);
+  // The trace shows it too: a bucket's all-reduce starts before the backward span ends.
+  std::ifstream trace_file(run.dir + "/trace.json.rank" + std::to_string(dp->rank()));
+  const nlohmann::json trace = nlohmann::json::parse(trace_file);
+  double backward_end = -1, first_reduce_start = 1e300;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const double ts = e["ts"].get<double>(), end = ts + e["dur"].get<double>();
+    if (e["name"] == "backward") backward_end = std::max(backward_end, end);
+    if (e["name"].get<std::string>().rfind("all_reduce", 0) == 0) first_reduce_start = std::min(first_reduce_start, ts);
+  }
+  EXPECT_GT(backward_end, 0);
+  EXPECT_LT(first_reduce_start, backward_end);
+  // The step's metrics line carries the same figures, and the memory by category.
+  if (dp->rank() == 0) {
+    const auto records = MetricsLog::read_all(run.dir + "/dp/metrics.jsonl");
+    ASSERT_EQ(records.size(), 1u);
+    EXPECT_EQ(records[0]["comm"]["all_reduce"]["bytes_sent"].get<int64_t>(), expected);
+    EXPECT_EQ(records[0]["memory_peak_bytes"]["comm_buffers"].get<int64_t>(),
+              trainer.reducer()->parameter_count() > 0 ? HostAllocator::instance().live_bytes(MemCategory::CommBuffers)
+                                                        : 0);
+    EXPECT_GT(records[0]["memory_peak_bytes"]["parameters"].get<int64_t>(), 0);
+  }
 }
 
 }  // namespace

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "train a model from a TOML config; extra --section.key=value override it");
   train_cmd->add_option("config", train.config_path, "TOML config file")->required()->check(CLI::ExistingFile);
   train_cmd->add_flag("--check", train.check_only, "validate the config and exit");
+  std::string trace_path;
+  train_cmd->add_option("--trace", trace_path, "write a Chrome/Perfetto trace (one file per rank)");
   train_cmd->allow_extras();
 
   loom::cli::TokenizeArgs tokenize;
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) {
       train.overrides = train_cmd->remaining();
+      if (!trace_path.empty()) train.overrides.push_back("log.trace=\"" + trace_path + "\"");
       return loom::cli::run_train(train);
     }
     if (tokenize_cmd->parsed()) return loom::cli::run_tokenize(tokenize);

@@ -4,6 +4,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/obs/trace.hpp"
 
 namespace loom {
 
@@ -41,10 +42,6 @@ void GradientBucketReducer::attach(Transformer& model) {
   model.set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
 }
 
-double GradientBucketReducer::now_s() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-}
-
 void GradientBucketReducer::on_grad_ready(Parameter& param) {
   if (!sync_) return;
   auto it = bucket_of_.find(&param);
@@ -61,7 +58,7 @@ void GradientBucketReducer::issue(size_t index) {
     std::memcpy(flat + bucket.offsets[i], bucket.params[i]->grad.f32(),
                 bucket.params[i]->grad.nbytes());
   timings_[index].params_ready_before_issue = ready_count_;
-  timings_[index].issued_s = now_s();
+  timings_[index].issued_s = TraceRecorder::now_s();
   bucket.work = group_->all_reduce(flat, bucket.flat.numel(), ReduceOp::Avg);
 }
 
@@ -81,7 +78,7 @@ void GradientBucketReducer::finish() {
                   bucket.params.front()->name, "')");
     }
     bucket.work->wait();
-    timings_[b].finished_s = now_s();
+    timings_[b].finished_s = TraceRecorder::now_s();
     const float* flat = bucket.flat.f32();
     for (size_t i = 0; i < bucket.params.size(); ++i)
       std::memcpy(bucket.params[i]->grad.f32(), flat + bucket.offsets[i],

@@ -4,7 +4,6 @@
 // backward produces them; a bucket's all-reduce starts the moment its last gradient is ready,
 // so communication overlaps the rest of backward (PyTorch DDP: Li et al., VLDB 2020, sec. 3.2).
 // With gradient accumulation only the last micro-batch communicates (set_sync).
-#include <chrono>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -22,7 +21,7 @@ constexpr int64_t kDefaultBucketBytes = 25 * 1000 * 1000;
 
 struct BucketTiming {
   int64_t params_ready_before_issue = 0;  // how many gradients backward had produced by then
-  double issued_s = 0, finished_s = 0;    // seconds since the reducer's creation
+  double issued_s = 0, finished_s = 0;    // steady-clock seconds (TraceRecorder::now_s)
 };
 
 class GradientBucketReducer {
@@ -53,7 +52,6 @@ class GradientBucketReducer {
     int64_t ready = 0;
     WorkHandle work;
   };
-  double now_s() const;
   void issue(size_t bucket_index);
 
   ParameterList params_;
@@ -63,7 +61,6 @@ class GradientBucketReducer {
   std::vector<BucketTiming> timings_;
   int64_t ready_count_ = 0;
   bool sync_ = true;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace loom

@@ -86,6 +86,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
 
   c.run_dir = r.get_string("log.dir", c.run_dir);
   c.log_every = r.get_int("log.every", c.log_every);
+  c.trace_path = r.get_string("log.trace", "");
 
   c.sample_prompt = r.get_string("sample.prompt", "");
   c.sample_tokens = r.get_int("sample.tokens", c.sample_tokens);

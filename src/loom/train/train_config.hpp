@@ -47,6 +47,7 @@ struct TrainConfig {
 
   std::string run_dir = "runs/default";  // metrics.jsonl and loss.svg
   int64_t log_every = 1;
+  std::string trace_path;      // Chrome/Perfetto trace per rank ("" = off); ".rankN" added under dp
 
   std::string sample_prompt;   // generated from at the end (needs tokenizer_dir)
   int64_t sample_tokens = 0;

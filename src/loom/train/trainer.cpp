@@ -60,6 +60,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
   targets_.resize(inputs_.size());
   global_inputs_.resize(inputs_.size() * static_cast<size_t>(dp_size_));
   global_targets_.resize(global_inputs_.size());
+  if (!config_.trace_path.empty())
+    trace_ = std::make_unique<TraceRecorder>(
+        dp_size_ > 1 ? config_.trace_path + ".rank" + std::to_string(dp_rank_) : config_.trace_path, dp_rank_);
   if (dp_size_ > 1) {
     reducer_ = std::make_unique<GradientBucketReducer>(
         model_->parameters_in_grad_ready_order(), dp_,
@@ -96,14 +99,46 @@ double Trainer::train_step(int64_t step) {
   for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
     train_loader_->next_batch(global_inputs_.data(), global_targets_.data());
     if (reducer_) reducer_->set_sync(micro + 1 == config_.grad_accum);
+    const double forward_start = TraceRecorder::now_s();
     loss_sum += model_->forward(global_inputs_.data() + slice, global_targets_.data() + slice,
                                 config_.batch_size, config_.seq_len, {true, grad_scale});
+    const double backward_start = TraceRecorder::now_s();
     model_->backward();
+    if (trace_) {
+      trace_->span("forward", "compute", forward_start, backward_start);
+      trace_->span("backward", "compute", backward_start, TraceRecorder::now_s());
+    }
   }
-  if (reducer_) reducer_->finish();  // gradients are now the mean over the global batch
+  if (reducer_) {
+    reducer_->finish();  // gradients are now the mean over the global batch
+    if (trace_)
+      for (size_t b = 0; b < reducer_->last_timings().size(); ++b)
+        trace_->span("all_reduce bucket " + std::to_string(b), "dp communication",
+                     reducer_->last_timings()[b].issued_s, reducer_->last_timings()[b].finished_s);
+  }
+  const double optimizer_start = TraceRecorder::now_s();
   last_grad_norm_ = global_grad_norm(model_->parameters());
   optimizer_->step(config_.schedule.at(step), clip_factor(last_grad_norm_, config_.grad_clip));
+  if (trace_) trace_->span("clip + AdamW", "compute", optimizer_start, TraceRecorder::now_s());
   return average_over_ranks(loss_sum / static_cast<double>(tokens * config_.grad_accum));
+}
+
+nlohmann::json Trainer::step_record(const StepReport& report) const {
+  nlohmann::json record = step_report_json(report);
+  // This rank's memory by category (peak within the step) and its wire bytes per collective:
+  // what the planner's per-rank predictions are checked against.
+  const MemStats mem = HostAllocator::instance().stats();
+  for (size_t i = 0; i < kMemCategoryCount; ++i)
+    record["memory_peak_bytes"][mem_category_name(static_cast<MemCategory>(i))] = mem.peak_bytes[i];
+  if (dp_) {
+    const CommStats& comm = dp_->stats();
+    for (size_t i = 0; i < kCommOpCount; ++i) {
+      if (comm.calls[i] == 0) continue;
+      record["comm"][comm_op_name(static_cast<CommOp>(i))] = {
+          {"calls", comm.calls[i]}, {"bytes_sent", comm.bytes_sent[i]}, {"bytes_received", comm.bytes_received[i]}};
+    }
+  }
+  return record;
 }
 
 double Trainer::average_over_ranks(double value) const {
@@ -175,6 +210,7 @@ TrainSummary Trainer::run() {
   double compute_seconds = 0.0;
   for (int64_t step = start_step; step < config_.steps; ++step) {
     HostAllocator::instance().reset_peaks();
+    if (dp_) dp_->reset_stats();
     const auto step_start = Clock::now();
     const double loss = train_step(step);
     const double step_seconds = seconds_since(step_start);
@@ -184,7 +220,7 @@ TrainSummary Trainer::run() {
                             step_seconds * 1e3, static_cast<double>(global_tokens_per_step()) / step_seconds,
                             flops_per_step / step_seconds / (peak_gflops * 1e9),
                             HostAllocator::instance().stats().total_peak_bytes};
-    if (metrics) metrics->write(step_report_json(report));
+    if (metrics) metrics->write(step_record(report));
     summary.last_train_loss = loss;
     summary.steps_done = step + 1;
     const bool last = step + 1 == config_.steps;
@@ -216,6 +252,7 @@ TrainSummary Trainer::run() {
     summary.tokens_per_s = static_cast<double>(steps_run * global_tokens_per_step()) / compute_seconds;
     summary.mfu = flops_per_step * static_cast<double>(steps_run) / compute_seconds / (peak_gflops * 1e9);
   }
+  if (trace_) trace_->write();
   if (dp_) dp_->barrier();  // every rank has finished, and rank 0's last checkpoint is written
   if (!is_rank0()) return summary;
   if (!config_.val_data.empty())

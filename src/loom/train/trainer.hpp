@@ -9,6 +9,8 @@
 #include "loom/dist/process_group.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/obs/step_line.hpp"
+#include "loom/obs/trace.hpp"
 #include "loom/train/adamw.hpp"
 #include "loom/train/train_config.hpp"
 
@@ -49,12 +51,14 @@ class Trainer {
   std::unique_ptr<DataLoader> train_loader_;
   bool is_rank0() const { return dp_rank_ == 0; }
   double average_over_ranks(double value) const;
+  nlohmann::json step_record(const StepReport& report) const;
 
   std::shared_ptr<ProcessGroup> dp_;
   std::unique_ptr<GradientBucketReducer> reducer_;
   int dp_rank_ = 0, dp_size_ = 1;
   std::vector<int32_t> inputs_, targets_;              // one rank-sized batch (evaluation)
   std::vector<int32_t> global_inputs_, global_targets_;  // the global batch (training)
+  std::unique_ptr<TraceRecorder> trace_;
   double last_grad_norm_ = 0;
 };
 

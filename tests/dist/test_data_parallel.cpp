@@ -38,6 +38,7 @@ std::shared_ptr<ProcessGroup> world() {
 struct Case {
   std::string arch;
   int64_t grad_accum;
+  int zero_stage;
 };
 
 class DataParallelParity : public ::testing::TestWithParam<Case> {};
@@ -51,6 +52,7 @@ TEST_P(DataParallelParity, LossesAndWeightsMatchOneProcess) {
   const std::string base = run.config(c.arch, kSteps);
   const std::vector<std::string> common = {"checkpoint.dir=\"\"", "data.val=\"\"",
                                            "train.grad_accum=" + std::to_string(c.grad_accum),
+                                           "parallel.zero_stage=" + std::to_string(c.zero_stage),
                                            "parallel.bucket_mb=0.002",  // several buckets
                                            // Adam divides each gradient by its own size: with
                                            // eps below f32 summation noise (~1e-9 here), an
@@ -99,10 +101,12 @@ TEST_P(DataParallelParity, LossesAndWeightsMatchOneProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelParity,
-                         ::testing::Values(Case{"gpt2", 1}, Case{"llama", 1}, Case{"gpt2", 2}),
+                         ::testing::Values(Case{"gpt2", 1, 0}, Case{"llama", 1, 0}, Case{"gpt2", 2, 0},
+                                           Case{"gpt2", 1, 1}, Case{"llama", 2, 1}),
                          [](const auto& info) {
                            return info.param.arch + "_accum" +
-                                  std::to_string(info.param.grad_accum);
+                                  std::to_string(info.param.grad_accum) + "_zero" +
+                                  std::to_string(info.param.zero_stage);
                          });
 
 TEST(DataParallel, BucketsAreReducedDuringBackwardAndBytesMatchTheRingFormula) {
@@ -152,6 +156,35 @@ TEST(DataParallel, BucketsAreReducedDuringBackwardAndBytesMatchTheRingFormula) {
                                                         : 0);
     EXPECT_GT(records[0]["memory_peak_bytes"]["parameters"].get<int64_t>(), 0);
   }
+}
+
+TEST(ZeroStage1, ShardsOptimizerStateOverRanks) {
+  const auto dp = world();
+  TinyRun run("zero1_memory");
+  const int64_t before = HostAllocator::instance().live_bytes(MemCategory::OptimizerState);
+  Trainer trainer(parse(run.config("llama", 2), {"checkpoint.dir=\"\"", "data.val=\"\"",
+                                                  "parallel.zero_stage=1", "parallel.bucket_mb=0.002",
+                                                  "optim.warmup_steps=0",
+                                                  "log.dir=\"" + run.dir + "/z\""}),
+                  dp);
+  const int64_t optimizer_bytes = HostAllocator::instance().live_bytes(MemCategory::OptimizerState) - before;
+  int64_t params = 0;
+  for (const Parameter* p : trainer.model().parameters()) params += p->value.numel();
+  if (dp->size() == 1) {  // one rank: plain AdamW, two full moments
+    EXPECT_EQ(optimizer_bytes, 2 * 4 * params);
+    return;
+  }
+  const ZeroStage1Optimizer& zero = *trainer.zero_optimizer();
+  // Two moments of this rank's slice of every bucket: 1/N of the model, up to bucket padding
+  // (each bucket is rounded up to a multiple of N elements).
+  EXPECT_EQ(optimizer_bytes, 2 * 4 * zero.shard_elements());
+  EXPECT_GE(zero.shard_elements() * dp->size(), params);
+  EXPECT_LT(zero.shard_elements() * dp->size() - params, dp->size() * 64);
+  dp->reset_stats();
+  trainer.run();
+  // Per step: reduce-scatter and all-gather move (N-1)/N of the (padded) model each.
+  EXPECT_EQ(dp->stats().sent(CommOp::ReduceScatter), dp->stats().sent(CommOp::AllGather));
+  EXPECT_EQ(dp->stats().count(CommOp::ReduceScatter), dp->stats().count(CommOp::AllGather));
 }
 
 }  // namespace

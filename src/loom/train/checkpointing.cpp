@@ -8,14 +8,13 @@
 
 namespace loom {
 
-CheckpointPayload make_checkpoint_payload(const Transformer& model, const AdamW* optimizer,
+CheckpointPayload make_checkpoint_payload(const Transformer& model, const NamedTensors& optimizer_state,
                                           const nlohmann::json& trainer_state) {
   CheckpointPayload payload;
   payload.config = model.config();
   payload.model_weights = export_hf_weights(model.parameters(), DType::F32);
-  if (optimizer)
-    for (const auto& [name, tensor] : optimizer->state_tensors())
-      payload.optimizer_state.push_back(entry_from_tensor(name, tensor));
+  for (const auto& [name, tensor] : optimizer_state)
+    payload.optimizer_state.push_back(entry_from_tensor(name, tensor));
   payload.trainer_state = trainer_state;
   return payload;
 }
@@ -40,7 +39,7 @@ void require_same_model(const ModelConfig& expected, const ModelConfig& found, c
 }
 
 nlohmann::json restore_checkpoint(const std::string& dir_or_root, Transformer& model,
-                                  AdamW* optimizer) {
+                                  const OptimizerStateSink& load_optimizer) {
   const std::string dir = latest_checkpoint(dir_or_root).value_or(dir_or_root);
   const CheckpointPayload payload = load_checkpoint(dir);
   require_same_model(model.config(), payload.config, dir);
@@ -48,11 +47,11 @@ nlohmann::json restore_checkpoint(const std::string& dir_or_root, Transformer& m
   weights.path = dir + "/model.safetensors";
   weights.entries = payload.model_weights;
   import_hf_weights(model.parameters(), weights);
-  if (optimizer) {
-    std::vector<std::pair<std::string, Tensor>> state;
+  if (load_optimizer) {
+    NamedTensors state;
     for (const SafetensorsEntry& e : payload.optimizer_state)
       state.emplace_back(e.name, tensor_from_entry(e, MemCategory::Workspace));
-    optimizer->load_state(state, payload.trainer_state.value("optimizer_steps", int64_t{0}));
+    load_optimizer(state, payload.trainer_state.value("optimizer_steps", int64_t{0}));
   }
   return payload.trainer_state;
 }

@@ -75,6 +75,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.adamw.weight_decay = r.get_double("optim.weight_decay", c.adamw.weight_decay);
   c.grad_clip = r.get_double("optim.grad_clip", c.grad_clip);
   c.bucket_mb = r.get_double("parallel.bucket_mb", c.bucket_mb);
+  c.zero_stage = static_cast<int>(r.get_int("parallel.zero_stage", c.zero_stage));
 
   c.eval_every = r.get_int("eval.every", c.eval_every);
   c.eval_batches = r.get_int("eval.batches", c.eval_batches);
@@ -115,6 +116,11 @@ TrainConfig parse_train_config(ConfigReader& r) {
   require_range("optim.weight_decay", c.adamw.weight_decay, 0.0, 1.0);
   require_range("optim.grad_clip", c.grad_clip, 0.0, 1e9);
   require_range("parallel.bucket_mb", c.bucket_mb, 1e-6, 1e6);
+  if (c.zero_stage < 0 || c.zero_stage > 1)
+    throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage,
+                ", expected 0 or 1 (ZeRO-2 and ZeRO-3 are not implemented yet)");
+  if (c.zero_stage == 1 && c.precision == Precision::BF16)
+    throw_error("config key 'parallel.zero_stage' = 1 does not support train.precision = bf16 yet; use f32 or zero_stage 0");
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);

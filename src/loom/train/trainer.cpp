@@ -48,8 +48,10 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(config_.precision == Precision::BF16);
-  optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw,
-                                       config_.precision == Precision::BF16);
+  const bool zero1 = dp_size_ > 1 && config_.zero_stage == 1;
+  if (!zero1)  // under ZeRO-1 the moments live, sharded, in zero_ (made below)
+    optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw,
+                                         config_.precision == Precision::BF16);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
       config_.train_data, config_.batch_size * dp_size_, config_.seq_len, config_.model.vocab_size));
   if (config_.shuffle) train_loader_->set_shuffle(config_.seed);
@@ -63,7 +65,12 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
   if (!config_.trace_path.empty())
     trace_ = std::make_unique<TraceRecorder>(
         dp_size_ > 1 ? config_.trace_path + ".rank" + std::to_string(dp_rank_) : config_.trace_path, dp_rank_);
-  if (dp_size_ > 1) {
+  if (zero1) {
+    zero_ = std::make_unique<ZeroStage1Optimizer>(model_->parameters_in_grad_ready_order(), dp_,
+                                                  static_cast<int64_t>(config_.bucket_mb * 1e6),
+                                                  config_.adamw);
+    zero_->attach(*model_);
+  } else if (dp_size_ > 1) {
     reducer_ = std::make_unique<GradientBucketReducer>(
         model_->parameters_in_grad_ready_order(), dp_,
         static_cast<int64_t>(config_.bucket_mb * 1e6));
@@ -74,7 +81,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
 nlohmann::json Trainer::trainer_state(int64_t step) const {
   const LoaderState loader = train_loader_->state();
   return {{"step", step},
-          {"optimizer_steps", optimizer_->steps_taken()},
+          {"optimizer_steps", optimizer_steps()},
           {"seed", config_.seed},
           {"tokens_seen", step * config_.tokens_per_step()},
           {"loader", {{"epoch", loader.epoch}, {"shard_index", loader.shard_index}, {"position", loader.position}}},
@@ -82,9 +89,16 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"}};
 }
 
+int64_t Trainer::optimizer_steps() const {
+  return zero_ ? zero_->steps_taken() : optimizer_->steps_taken();
+}
+
 std::string Trainer::save(int64_t step) {
+  // Collective under ZeRO-1 (every rank sends its shard of the moments); rank 0 writes.
+  const auto optimizer_state = zero_ ? zero_->gather_full_state() : optimizer_->state_tensors();
+  if (!is_rank0()) return "";
   return save_checkpoint(config_.checkpoint_dir, step,
-                         make_checkpoint_payload(*model_, optimizer_.get(), trainer_state(step)),
+                         make_checkpoint_payload(*model_, optimizer_state, trainer_state(step)),
                          static_cast<int>(config_.keep_last));
 }
 
@@ -99,6 +113,7 @@ double Trainer::train_step(int64_t step) {
   for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
     train_loader_->next_batch(global_inputs_.data(), global_targets_.data());
     if (reducer_) reducer_->set_sync(micro + 1 == config_.grad_accum);
+    if (zero_) zero_->set_sync(micro + 1 == config_.grad_accum);
     const double forward_start = TraceRecorder::now_s();
     loss_sum += model_->forward(global_inputs_.data() + slice, global_targets_.data() + slice,
                                 config_.batch_size, config_.seq_len, {true, grad_scale});
@@ -117,8 +132,12 @@ double Trainer::train_step(int64_t step) {
                      reducer_->last_timings()[b].issued_s, reducer_->last_timings()[b].finished_s);
   }
   const double optimizer_start = TraceRecorder::now_s();
-  last_grad_norm_ = global_grad_norm(model_->parameters());
-  optimizer_->step(config_.schedule.at(step), clip_factor(last_grad_norm_, config_.grad_clip));
+  if (zero_) {
+    last_grad_norm_ = zero_->finish_and_step(config_.schedule.at(step), config_.grad_clip);
+  } else {
+    last_grad_norm_ = global_grad_norm(model_->parameters());
+    optimizer_->step(config_.schedule.at(step), clip_factor(last_grad_norm_, config_.grad_clip));
+  }
   if (trace_) trace_->span("clip + AdamW", "compute", optimizer_start, TraceRecorder::now_s());
   return average_over_ranks(loss_sum / static_cast<double>(tokens * config_.grad_accum));
 }
@@ -167,7 +186,11 @@ TrainSummary Trainer::run() {
   int64_t start_step = 0;
   if (!config_.checkpoint_dir.empty() && config_.resume) {
     if (auto latest = latest_checkpoint(config_.checkpoint_dir)) {
-      const nlohmann::json state = restore_checkpoint(*latest, *model_, optimizer_.get());
+      const nlohmann::json state = restore_checkpoint(
+          *latest, *model_, [this](const NamedTensors& tensors, int64_t steps_taken) {
+            if (zero_) zero_->load_full_state(tensors, steps_taken);
+            else optimizer_->load_state(tensors, steps_taken);
+          });
       if (state.value("tokens_per_step", int64_t{0}) != global_tokens_per_step())
         throw_error("checkpoint ", *latest, " was written with ", state.value("tokens_per_step", int64_t{0}),
                     " tokens per step, this run uses ", global_tokens_per_step(),
@@ -244,7 +267,7 @@ TrainSummary Trainer::run() {
     }
     const bool save_now = !config_.checkpoint_dir.empty() &&
                           ((config_.checkpoint_every > 0 && (step + 1) % config_.checkpoint_every == 0) || last);
-    if (save_now && is_rank0()) summary.last_checkpoint = save(step + 1);  // state is replicated
+    if (save_now) summary.last_checkpoint = save(step + 1);
   }
   progress.finish();
   const int64_t steps_run = summary.steps_done - start_step;

@@ -8,6 +8,7 @@
 #include "loom/data/data_loader.hpp"
 #include "loom/dist/process_group.hpp"
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/zero_optimizer.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/obs/step_line.hpp"
 #include "loom/obs/trace.hpp"
@@ -38,6 +39,7 @@ class Trainer {
   double evaluate(const std::string& pattern, int64_t batches);
   Transformer& model() { return *model_; }
   const GradientBucketReducer* reducer() const { return reducer_.get(); }
+  const ZeroStage1Optimizer* zero_optimizer() const { return zero_.get(); }
   int64_t global_tokens_per_step() const { return config_.tokens_per_step() * dp_size_; }
 
  private:
@@ -55,6 +57,8 @@ class Trainer {
 
   std::shared_ptr<ProcessGroup> dp_;
   std::unique_ptr<GradientBucketReducer> reducer_;
+  std::unique_ptr<ZeroStage1Optimizer> zero_;  // replaces optimizer_ + reducer_ under ZeRO-1
+  int64_t optimizer_steps() const;
   int dp_rank_ = 0, dp_size_ = 1;
   std::vector<int32_t> inputs_, targets_;              // one rank-sized batch (evaluation)
   std::vector<int32_t> global_inputs_, global_targets_;  // the global batch (training)

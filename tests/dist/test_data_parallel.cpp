@@ -187,5 +187,50 @@ TEST(ZeroStage1, ShardsOptimizerStateOverRanks) {
   EXPECT_EQ(dp->stats().count(CommOp::ReduceScatter), dp->stats().count(CommOp::AllGather));
 }
 
+TEST(ZeroStage1, CheckpointLoadsInOneProcessAndContinuesTheSameRun) {
+  const auto dp = world();
+  if (kGlobalBatch % dp->size() != 0) GTEST_SKIP();
+  // One checkpoint directory for the whole job: rank 0's, announced to the others.
+  int root_pid = ::getpid();
+  MPI_Bcast(&root_pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  const std::string shared_ckpt = "/tmp/loom_zero1_ckpt_" + std::to_string(root_pid);
+  TinyRun run("zero1_ckpt");
+  const std::string base = run.config("gpt2", kSteps);
+  const std::vector<std::string> common = {"data.val=\"\"", "optim.eps=1e-6", "optim.lr=1e-3",
+                                           "parallel.bucket_mb=0.002", "checkpoint.every=5"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), common.begin(), common.end());
+    return extra;
+  };
+  // dp ranks with ZeRO-1 train 5 of 10 steps and checkpoint (moments gathered to rank 0).
+  TrainConfig first = parse(base, with({"parallel.zero_stage=1", "checkpoint.dir=\"" + shared_ckpt + "\"",
+                                        "train.batch_size=" + std::to_string(kGlobalBatch / dp->size()),
+                                        "log.dir=\"" + run.dir + "/z\""}));
+  first.steps = 5;  // the schedule still spans 10 steps
+  Trainer(first, dp).run();
+  if (dp->rank() == 0) {
+    // One process resumes from that checkpoint and finishes; another runs all 10 steps.
+    Trainer resumed(parse(base, with({"checkpoint.dir=\"" + shared_ckpt + "\"",
+                                      "train.batch_size=" + std::to_string(kGlobalBatch),
+                                      "log.dir=\"" + run.dir + "/r\""})));
+    EXPECT_EQ(resumed.run().first_step, 5);
+    Trainer straight(parse(base, with({"checkpoint.dir=\"\"", "train.batch_size=" + std::to_string(kGlobalBatch),
+                                       "log.dir=\"" + run.dir + "/s\""})));
+    straight.run();
+    for (size_t i = 0; i < straight.model().parameters().size(); ++i) {
+      const auto a = straight.model().parameters()[i]->value.to_f32_vector();
+      const auto b = resumed.model().parameters()[i]->value.to_f32_vector();
+      double max_diff = 0, max_ref = 0.02;  // same floor as the parity test above
+      for (size_t k = 0; k < a.size(); ++k) {
+        max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[k] - b[k])));
+        max_ref = std::max(max_ref, static_cast<double>(std::fabs(a[k])));
+      }
+      EXPECT_LE(max_diff / max_ref, 1e-5) << straight.model().parameters()[i]->name;
+    }
+    std::filesystem::remove_all(shared_ckpt);
+  }
+  dp->barrier();
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# A rank killed mid-training ends the whole job, and relaunching the same command resumes
+# from the last complete checkpoint. Runs the real `loom train` under mpirun on 2 ranks.
+# Usage: kill_rank_then_resume.sh <mpiexec> <path to loom>
+set -u
+mpiexec=${1:?usage: kill_rank_then_resume.sh <mpiexec> <loom>}
+loom=${2:?usage: kill_rank_then_resume.sh <mpiexec> <loom>}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() {
+  echo "kill_rank_then_resume: FAIL: $*"
+  for f in "$dir"/*.log; do echo "--- $f ---"; cat "$f"; done
+  exit 1
+}
+
+# A tiny llm.c shard of random tokens (vocab 64) and a tiny GPT-2 that checkpoints every 5 steps.
+/usr/bin/python3 - "$dir/train_000000.bin" <<'PY'
+import random, struct, sys
+tokens = [random.Random(i).randrange(64) for i in range(20000)]
+header = [20240520, 1, len(tokens)] + [0] * 253
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *header))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+cat > "$dir/tiny.toml" <<TOML
+[model]
+arch = "gpt2"
+vocab_size = 64
+max_seq_len = 16
+n_layer = 2
+n_embd = 32
+n_head = 4
+[data]
+train = "$dir/train_*.bin"
+[train]
+batch_size = 2
+seq_len = 16
+steps = 1000000
+threads = 1
+[checkpoint]
+dir = "$dir/ckpt"
+every = 5
+keep_last = 2
+[log]
+dir = "$dir/run"
+every = 1000
+TOML
+
+export OMP_NUM_THREADS=1 LOOM_COMM_TIMEOUT_S=20
+"$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$loom" train "$dir/tiny.toml" >"$dir/first.log" 2>&1 &
+job=$!
+for _ in $(seq 600); do  # wait (up to 60 s) for a checkpoint past step 10
+  latest=$(cat "$dir/ckpt/latest" 2>/dev/null || true)
+  [ -n "$latest" ] && [ "${latest#step_}" -ge 10 ] 2>/dev/null && break
+  sleep 0.1
+done
+[ -n "${latest:-}" ] || fail "no checkpoint appeared"
+victim=$(pgrep -f "^$loom train $dir/tiny.toml" | tail -n 1)  # a rank, not mpirun
+[ -n "$victim" ] || fail "no rank process found"
+kill -9 "$victim"
+start=$(date +%s)
+wait "$job"
+rc=$?
+elapsed_s=$(($(date +%s) - start))
+[ "$rc" -ne 0 ] || fail "the job exited 0 after a rank was killed"
+[ "$elapsed_s" -le 40 ] || fail "the job took ${elapsed_s} s to end after the kill"
+
+# Relaunch the same command (with a reachable end): it resumes from the newest checkpoint.
+resume_from=$(cat "$dir/ckpt/latest")
+step=${resume_from#step_}
+step=$((10#$step))
+timeout 120 "$mpiexec" --oversubscribe --allow-run-as-root -np 2 "$loom" train "$dir/tiny.toml" \
+  --train.steps=$((step + 3)) >"$dir/second.log" 2>&1 || fail "the relaunched job failed"
+grep -q "resumed from .*$resume_from at step $step" "$dir/second.log" || fail "the relaunch did not resume from $resume_from"
+[ "$(cat "$dir/ckpt/latest")" = "$(printf 'step_%08d' $((step + 3)))" ] || fail "the relaunch did not reach step $((step + 3))"
+echo "kill_rank_then_resume: killed rank pid $victim after $resume_from; job ended in ${elapsed_s} s (exit $rc); relaunch resumed at step $step and finished"

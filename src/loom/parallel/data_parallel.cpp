@@ -4,6 +4,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/parallel/gradient_buckets.hpp"
 #include "loom/obs/trace.hpp"
 
 namespace loom {
@@ -12,29 +13,14 @@ GradientBucketReducer::GradientBucketReducer(ParameterList params,
                                              std::shared_ptr<ProcessGroup> group,
                                              int64_t bucket_bytes)
     : params_(std::move(params)), group_(std::move(group)) {
-  if (bucket_bytes <= 0) throw_error("dp bucket size: got ", bucket_bytes, " bytes, expected > 0");
-  std::vector<Bucket> buckets(1);
-  int64_t bytes = 0;
-  for (Parameter* p : params_) {
-    const int64_t p_bytes = p->grad.numel() * static_cast<int64_t>(sizeof(float));
-    if (!buckets.back().params.empty() && bytes + p_bytes > bucket_bytes) {
-      buckets.emplace_back();
-      bytes = 0;
-    }
-    buckets.back().params.push_back(p);
-    bytes += p_bytes;
+  BucketPlan plan = plan_gradient_buckets(params_, bucket_bytes);
+  for (BucketPlan::Bucket& planned : plan.buckets) {
+    Bucket& bucket = buckets_.emplace_back();
+    bucket.params = std::move(planned.params);
+    bucket.offsets = std::move(planned.offsets);
+    bucket.flat = Tensor::empty({planned.elements}, DType::F32, MemCategory::CommBuffers);
   }
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    Bucket& bucket = buckets[b];
-    int64_t elements = 0;
-    for (Parameter* p : bucket.params) {
-      bucket.offsets.push_back(elements);
-      elements += p->grad.numel();
-      bucket_of_[p] = b;
-    }
-    bucket.flat = Tensor::empty({elements}, DType::F32, MemCategory::CommBuffers);
-  }
-  buckets_ = std::move(buckets);
+  bucket_of_ = std::move(plan.bucket_of);
   timings_.resize(buckets_.size());
 }
 

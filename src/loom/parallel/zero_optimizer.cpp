@@ -9,6 +9,7 @@
 #include "loom/kernels/cpu/adamw.hpp"
 #include "loom/kernels/cpu/elementwise.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/parallel/gradient_buckets.hpp"
 #include "loom/train/grad_clip.hpp"
 
 namespace loom {
@@ -16,29 +17,13 @@ namespace loom {
 ZeroStage1Optimizer::ZeroStage1Optimizer(ParameterList params, std::shared_ptr<ProcessGroup> dp,
                                          int64_t bucket_bytes, AdamWConfig config)
     : dp_(std::move(dp)), config_(config) {
-  if (bucket_bytes <= 0) throw_error("zero bucket size: got ", bucket_bytes, " bytes, expected > 0");
   const int64_t ranks = dp_->size(), rank = dp_->rank();
-  std::vector<std::vector<Parameter*>> groups(1);
-  int64_t bytes = 0;
-  for (Parameter* p : params) {
-    const int64_t p_bytes = p->value.numel() * static_cast<int64_t>(sizeof(float));
-    if (!groups.back().empty() && bytes + p_bytes > bucket_bytes) {
-      groups.emplace_back();
-      bytes = 0;
-    }
-    groups.back().push_back(p);
-    bytes += p_bytes;
-  }
-  buckets_.resize(groups.size());
-  for (size_t b = 0; b < groups.size(); ++b) {
-    Bucket& bucket = buckets_[b];
-    bucket.params = groups[b];
-    int64_t elements = 0;
-    for (Parameter* p : bucket.params) {
-      bucket.offsets.push_back(elements);
-      elements += p->value.numel();
-      bucket_of_[p] = b;
-    }
+  BucketPlan plan = plan_gradient_buckets(params, bucket_bytes);
+  for (BucketPlan::Bucket& planned : plan.buckets) {
+    Bucket& bucket = buckets_.emplace_back();
+    bucket.params = std::move(planned.params);
+    bucket.offsets = std::move(planned.offsets);
+    const int64_t elements = planned.elements;
     bucket.padded = (elements + ranks - 1) / ranks * ranks;
     bucket.shard = bucket.padded / ranks;
     bucket.flat = Tensor::zeros({bucket.padded}, DType::F32, MemCategory::CommBuffers);
@@ -52,6 +37,7 @@ ZeroStage1Optimizer::ZeroStage1Optimizer(ParameterList params, std::shared_ptr<P
       if (lo < hi) bucket.segments.push_back({bucket.params[i], lo - p_begin, lo - begin, hi - lo});
     }
   }
+  bucket_of_ = std::move(plan.bucket_of);
 }
 
 void ZeroStage1Optimizer::attach(Transformer& model) {

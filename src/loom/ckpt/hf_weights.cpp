@@ -148,4 +148,15 @@ void import_hf_weights(const ParameterList& params, const SafetensorsFile& file)
   }
 }
 
+std::vector<float> hf_entry_to_loom_values(const SafetensorsEntry& entry, bool hf_transposed) {
+  if (entry.dtype != "F32" && entry.dtype != "BF16")
+    throw_error("tensor '", entry.name, "' has dtype ", entry.dtype, ", expected F32 or BF16");
+  std::vector<float> values = decode(entry);
+  if (hf_transposed) {
+    if (entry.shape.size() != 2) throw_error("tensor '", entry.name, "' is stored transposed but is not 2-D");
+    values = transpose_2d(values, entry.shape[0], entry.shape[1]);
+  }
+  return values;
+}
+
 }  // namespace loom

@@ -21,4 +21,8 @@ std::vector<SafetensorsEntry> export_hf_weights(const ParameterList& params, DTy
 // when the model ties embeddings (has no "lm_head.weight" parameter).
 void import_hf_weights(const ParameterList& params, const SafetensorsFile& file);
 
+// One HF entry (F32 or BF16) as f32 values in loom layout: `hf_transposed` entries are
+// [in, out] in the file and come back [out, in].
+std::vector<float> hf_entry_to_loom_values(const SafetensorsEntry& entry, bool hf_transposed);
+
 }  // namespace loom

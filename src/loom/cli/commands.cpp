@@ -22,7 +22,7 @@ Gpt2Tokenizer load_tokenizer(const std::string& dir) {
 
 std::unique_ptr<Transformer> load_model(const std::string& checkpoint) {
   auto model = std::make_unique<Transformer>(checkpoint_model_config(checkpoint));
-  restore_checkpoint(checkpoint, *model, {});
+  restore_weights(checkpoint, *model);
   return model;
 }
 

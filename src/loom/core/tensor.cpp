@@ -90,6 +90,16 @@ Tensor Tensor::narrow_rows(int64_t begin, int64_t end) const {
   return t;
 }
 
+Tensor Tensor::slice_as(int64_t offset, const Shape& shape) const {
+  const int64_t count = shape_numel(shape);
+  LOOM_CHECK(offset >= 0 && count >= 0 && offset + count <= numel_);
+  Tensor t = *this;
+  t.shape_ = shape;
+  t.numel_ = count;
+  t.offset_bytes_ += static_cast<size_t>(offset) * dtype_size_bytes(dtype_);
+  return t;
+}
+
 void Tensor::zero_() { std::memset(raw(), 0, nbytes()); }
 
 void Tensor::copy_from(const Tensor& other) {

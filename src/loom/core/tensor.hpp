@@ -63,6 +63,9 @@ class Tensor {
   Tensor view(const Shape& shape) const;
   // Rows [begin, end) along the first axis: still contiguous, shares storage.
   Tensor narrow_rows(int64_t begin, int64_t end) const;
+  // `shape`'s elements starting at element `offset` of this (flattened) tensor, sharing
+  // storage: how ZeRO lays many parameters over one communication buffer.
+  Tensor slice_as(int64_t offset, const Shape& shape) const;
 
   void zero_();
   void copy_from(const Tensor& other);  // same numel; converts between f32 and bf16

@@ -22,20 +22,20 @@ Linear::Linear(std::string name, int64_t in_features, int64_t out_features, bool
 
 void Linear::forward(float* out, int64_t out_ld, const float* input, int64_t rows) const {
   cpu::linear_forward(out, out_ld, input, weight.value.f32(),
-                      bias.value.defined() ? bias.value.f32() : nullptr, rows, in_features_,
+                      has_bias() ? bias.value.f32() : nullptr, rows, in_features_,
                       out_features_);
 }
 
 void Linear::backward(float* d_input, bool accumulate_input, const float* d_out, int64_t d_out_ld,
                       const float* input, int64_t rows) {
   cpu::linear_backward(d_input, accumulate_input, weight.grad.f32(),
-                       bias.grad.defined() ? bias.grad.f32() : nullptr, d_out, d_out_ld, input,
+                       has_bias() ? bias.grad.f32() : nullptr, d_out, d_out_ld, input,
                        weight.value.f32(), rows, in_features_, out_features_);
 }
 
 void Linear::collect(ParameterList& out) {
   out.push_back(&weight);
-  if (bias.value.defined()) out.push_back(&bias);
+  if (has_bias()) out.push_back(&bias);
 }
 
 }  // namespace loom

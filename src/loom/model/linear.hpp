@@ -21,7 +21,9 @@ class Linear {
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
   Parameter weight;
-  Parameter bias;  // undefined value when the layer has no bias
+  Parameter bias;  // unnamed when the layer has no bias
+  // By name, not by value: under ZeRO-3 a present bias has no value between uses.
+  bool has_bias() const { return !bias.name.empty(); }
 
  private:
   int64_t in_features_, out_features_;

@@ -31,7 +31,7 @@ void Norm::backward(float* d_input, const float* d_out, const float* input, cons
 
 void Norm::collect(ParameterList& out) {
   out.push_back(&weight);
-  if (bias.value.defined()) out.push_back(&bias);
+  if (!bias.name.empty()) out.push_back(&bias);  // LayerNorm only
 }
 
 }  // namespace loom

@@ -80,11 +80,11 @@ ParameterList Transformer::parameters_in_grad_ready_order() {
   auto add = [&](Parameter* p) { order.push_back(p); };
   if (!config_.tied_embeddings) add(&lm_head);
   add(&final_norm->weight);
-  if (final_norm->bias.value.defined()) add(&final_norm->bias);
+  if (!final_norm->bias.name.empty()) add(&final_norm->bias);
   for (auto it = block_parameters_.rbegin(); it != block_parameters_.rend(); ++it)
     for (Parameter* p : *it) order.push_back(p);
   add(&token_embedding);
-  if (position_embedding.value.defined()) add(&position_embedding);
+  if (has_position_embedding()) add(&position_embedding);
   return order;
 }
 
@@ -94,7 +94,18 @@ void Transformer::grads_ready(const ParameterList& params) {
 }
 
 void Transformer::zero_grad() {
-  for (Parameter* p : parameters_) p->grad.zero_();
+  for (Parameter* p : parameters_)
+    if (p->grad.defined()) p->grad.zero_();
+}
+
+ParameterList Transformer::unit_parameters(int64_t unit) {
+  if (unit < 0 || unit > config_.n_layer) throw_error("unit ", unit, " is outside [0, ", config_.n_layer, "]");
+  if (unit > 0) return block_parameters_[static_cast<size_t>(unit - 1)];
+  ParameterList root{&token_embedding};
+  if (has_position_embedding()) root.push_back(&position_embedding);
+  final_norm->collect(root);
+  if (!config_.tied_embeddings) root.push_back(&lm_head);
+  return root;
 }
 
 void Transformer::ensure_activations(int64_t batch, int64_t seq_len) {
@@ -147,16 +158,19 @@ void Transformer::forward_hidden(const int32_t* tokens, int64_t batch, int64_t s
   ensure_activations(batch, seq_len);
   const int64_t rows = batch * seq_len, c = config_.n_embd;
   tokens_.assign(tokens, tokens + rows);
+  fire(unit_hooks_.before_forward, 0);
   float* residual = residuals_.f32();
   cpu::embedding_forward(residual, tokens, token_embedding.value.f32(),
-                         position_embedding.value.defined() ? position_embedding.value.f32() : nullptr,
+                         has_position_embedding() ? position_embedding.value.f32() : nullptr,
                          batch, seq_len, c);
   if (bf16_activations_) cpu::round_to_bf16_inplace(residual, rows * c);
   const bool shared = recompute_ == Recompute::Full;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
+    fire(unit_hooks_.before_forward, l + 1);
     blocks[static_cast<size_t>(l)]->forward(residual + (l + 1) * rows * c, residual + l * rows * c,
                                             stash, batch, seq_len);
+    fire(unit_hooks_.after_forward, l + 1);
   }
   final_norm->forward(final_norm_out_.f32(), final_norm_stash_,
                       residual + config_.n_layer * rows * c, rows);
@@ -167,6 +181,9 @@ double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64
                             int64_t seq_len, const ForwardOptions& options) {
   check_inputs(tokens, targets, batch, seq_len);
   forward_hidden(tokens, batch, seq_len);
+  // The fused loss writes the head's gradient, so with compute_grad the root's backward
+  // begins here.
+  if (options.compute_grad) fire(unit_hooks_.before_backward, 0);
   const Parameter& head = output_weight();
   cpu::CrossEntropyArgs args{};
   args.hidden = final_norm_out_.f32();
@@ -181,7 +198,9 @@ double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64
   args.d_weight = options.compute_grad ? head.grad.f32() : nullptr;
   args.workspace = logits_chunk_.f32();
   grad_ready_ = options.compute_grad;
-  return cpu::lm_head_cross_entropy(args);
+  const double loss = cpu::lm_head_cross_entropy(args);
+  if (!options.compute_grad) fire(unit_hooks_.after_forward, 0);
+  return loss;
 }
 
 void Transformer::backward() {
@@ -203,17 +222,20 @@ void Transformer::backward() {
   const bool shared = recompute_ == Recompute::Full;
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
+    fire(unit_hooks_.before_backward, l + 1);
     blocks[static_cast<size_t>(l)]->backward(d_in, d_out, residual + l * rows * c, stash, scratch_,
                                              recompute_, batch_, seq_len_);
     grads_ready(block_parameters_[static_cast<size_t>(l)]);
+    fire(unit_hooks_.after_backward, l + 1);
     std::swap(d_in, d_out);
   }
   cpu::embedding_backward(token_embedding.grad.f32(),
-                          position_embedding.grad.defined() ? position_embedding.grad.f32() : nullptr,
+                          has_position_embedding() ? position_embedding.grad.f32() : nullptr,
                           d_out, tokens_.data(), batch_, seq_len_, c);
   ParameterList embeddings{&token_embedding};
-  if (position_embedding.value.defined()) embeddings.push_back(&position_embedding);
+  if (has_position_embedding()) embeddings.push_back(&position_embedding);
   grads_ready(embeddings);
+  fire(unit_hooks_.after_backward, 0);
 }
 
 std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len) {
@@ -226,6 +248,7 @@ std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch
     cpu::sgemm(false, true, 1, v, c, 1.0f, h, c, output_weight().value.f32(), c, 0.0f,
                logits.data() + b * v, v);
   }
+  fire(unit_hooks_.after_forward, 0);
   return logits;
 }
 

@@ -36,7 +36,7 @@ class Transformer {
   // Logits of the last position of each sequence: [batch, vocab] (no targets needed).
   std::vector<float> last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len);
 
-  void zero_grad();
+  void zero_grad();  // parameters whose gradient is not allocated (ZeRO-2/3) are skipped
   // Called during backward() for each parameter as soon as its gradient for this backward is
   // final (output head and final norm first, then blocks from last to first, embeddings last):
   // data parallelism starts reducing a gradient bucket while the rest of backward runs.
@@ -44,6 +44,22 @@ class Transformer {
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_hook_ = std::move(hook); }
   // Parameters in the order their gradients become ready in backward().
   ParameterList parameters_in_grad_ready_order();
+
+  // Parameter units, the granularity at which ZeRO-3 gathers and frees parameters (FSDP's
+  // wrapping): unit 0 is the root (embeddings, final norm, output head: used at both ends of
+  // the model), unit l + 1 is block l. Hooks fire around each unit's use:
+  //   forward:  before_forward(0); per block before_forward(l+1) ... after_forward(l+1);
+  //             then, with compute_grad, before_backward(0) ahead of the fused head gradient,
+  //             else after_forward(0);
+  //   backward: per block, last to first, before_backward(l+1) ... after_backward(l+1); then
+  //             after_backward(0) once the embeddings' gradients are done.
+  // before_backward(u) also precedes the first write to any gradient of unit u.
+  struct UnitHooks {
+    std::function<void(int64_t unit)> before_forward, after_forward, before_backward, after_backward;
+  };
+  void set_unit_hooks(UnitHooks hooks) { unit_hooks_ = std::move(hooks); }
+  int64_t unit_count() const { return config_.n_layer + 1; }
+  ParameterList unit_parameters(int64_t unit);
   const ParameterList& parameters() const { return parameters_; }
   const ModelConfig& config() const { return config_; }
   void set_bf16_activations(bool on);
@@ -53,6 +69,7 @@ class Transformer {
 
   Parameter token_embedding;
   Parameter position_embedding;  // GPT-2 only
+  bool has_position_embedding() const { return config_.arch == Architecture::GPT2; }
   std::vector<std::unique_ptr<TransformerBlock>> blocks;
   std::unique_ptr<Norm> final_norm;
   Parameter lm_head;  // untied models only
@@ -69,7 +86,11 @@ class Transformer {
   ParameterList parameters_;
   std::vector<ParameterList> block_parameters_;
   GradReadyHook grad_ready_hook_;
+  UnitHooks unit_hooks_;
   void grads_ready(const ParameterList& params);
+  static void fire(const std::function<void(int64_t)>& hook, int64_t unit) {
+    if (hook) hook(unit);
+  }
 
   // Activations for the current (batch, seq_len).
   int64_t batch_ = 0, seq_len_ = 0;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/adamw.hpp"
@@ -14,62 +13,225 @@
 
 namespace loom {
 
-ZeroStage1Optimizer::ZeroStage1Optimizer(ParameterList params, std::shared_ptr<ProcessGroup> dp,
-                                         int64_t bucket_bytes, AdamWConfig config)
-    : dp_(std::move(dp)), config_(config) {
+ZeroOptimizer::ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> dp, ZeroConfig zero,
+                             AdamWConfig adamw)
+    : model_(model), dp_(std::move(dp)), zero_(zero), adamw_(adamw) {
+  if (zero_.stage < 1 || zero_.stage > 3) throw_error("ZeRO stage ", zero_.stage, " is not one of 1, 2, 3");
+  build_flats();
+  install_hooks();
+}
+
+ZeroOptimizer::~ZeroOptimizer() {
+  model_.set_grad_ready_hook(nullptr);
+  model_.set_unit_hooks({});
+}
+
+void ZeroOptimizer::build_flats() {
   const int64_t ranks = dp_->size(), rank = dp_->rank();
-  BucketPlan plan = plan_gradient_buckets(params, bucket_bytes);
-  for (BucketPlan::Bucket& planned : plan.buckets) {
-    Bucket& bucket = buckets_.emplace_back();
-    bucket.params = std::move(planned.params);
-    bucket.offsets = std::move(planned.offsets);
-    const int64_t elements = planned.elements;
-    bucket.padded = (elements + ranks - 1) / ranks * ranks;
-    bucket.shard = bucket.padded / ranks;
-    bucket.flat = Tensor::zeros({bucket.padded}, DType::F32, MemCategory::CommBuffers);
-    bucket.grad_shard = Tensor::zeros({bucket.shard}, DType::F32, MemCategory::Gradients);
-    bucket.exp_avg = Tensor::zeros({bucket.shard}, DType::F32, MemCategory::OptimizerState);
-    bucket.exp_avg_sq = Tensor::zeros({bucket.shard}, DType::F32, MemCategory::OptimizerState);
-    const int64_t begin = rank * bucket.shard, end = begin + bucket.shard;
-    for (size_t i = 0; i < bucket.params.size(); ++i) {
-      const int64_t p_begin = bucket.offsets[i], p_end = p_begin + bucket.params[i]->value.numel();
+  std::vector<ParameterList> groups;
+  if (zero_.stage == 3) {
+    for (int64_t u = 0; u < model_.unit_count(); ++u) groups.push_back(model_.unit_parameters(u));
+  } else {
+    for (BucketPlan::Bucket& b : plan_gradient_buckets(model_.parameters_in_grad_ready_order(), zero_.bucket_bytes).buckets)
+      groups.push_back(std::move(b.params));
+  }
+  flats_of_unit_.resize(static_cast<size_t>(model_.unit_count()));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    Flat& flat = flats_.emplace_back();
+    flat.params = groups[g];
+    if (zero_.stage == 3) flat.unit = static_cast<int64_t>(g);
+    for (Parameter* p : flat.params) {
+      flat.offsets.push_back(flat.elements);
+      flat.shapes.push_back(p->value.shape());
+      flat.elements += p->value.numel();
+      flat_of_[p] = g;
+    }
+    flat.padded = (flat.elements + ranks - 1) / ranks * ranks;
+    flat.shard = flat.padded / ranks;
+    const int64_t begin = rank * flat.shard, end = begin + flat.shard;
+    for (size_t i = 0; i < flat.params.size(); ++i) {
+      const int64_t p_begin = flat.offsets[i], p_end = p_begin + flat.params[i]->value.numel();
       const int64_t lo = std::max(begin, p_begin), hi = std::min(end, p_end);
-      if (lo < hi) bucket.segments.push_back({bucket.params[i], lo - p_begin, lo - begin, hi - lo});
+      if (lo < hi) flat.segments.push_back({i, lo - p_begin, lo - begin, hi - lo});
+    }
+
+    // Every rank built the same initial values, so each can take its slice locally.
+    Tensor full = Tensor::zeros({flat.padded}, DType::F32, MemCategory::Parameters);
+    for (size_t i = 0; i < flat.params.size(); ++i)
+      std::memcpy(full.f32() + flat.offsets[i], flat.params[i]->value.f32(), flat.params[i]->value.nbytes());
+    if (zero_.master_weights) {
+      flat.master = Tensor::empty({flat.shard}, DType::F32, MemCategory::OptimizerState);
+      std::memcpy(flat.master.f32(), full.f32() + begin, flat.master.nbytes());
+      cpu::round_to_bf16_inplace(full.f32(), flat.padded);
+    }
+    flat.exp_avg = Tensor::zeros({flat.shard}, DType::F32, MemCategory::OptimizerState);
+    flat.exp_avg_sq = Tensor::zeros({flat.shard}, DType::F32, MemCategory::OptimizerState);
+    flat.reduced = Tensor::zeros({flat.shard}, DType::F32, MemCategory::CommBuffers);
+    for (size_t i = 0; i < flat.params.size(); ++i) flat.params[i]->grad = Tensor();
+    if (zero_.stage == 3) {
+      flat.param_shard = Tensor::empty({flat.shard}, DType::F32, MemCategory::Parameters);
+      std::memcpy(flat.param_shard.f32(), full.f32() + begin, flat.param_shard.nbytes());
+      for (Parameter* p : flat.params) p->value = Tensor();
+    } else {
+      flat.param_full = full;
+      flat.send = Tensor::empty({flat.shard}, DType::F32, MemCategory::CommBuffers);
+      for (size_t i = 0; i < flat.params.size(); ++i)
+        flat.params[i]->value = full.slice_as(flat.offsets[i], flat.shapes[i]);
+    }
+    if (zero_.stage == 1) {
+      flat.grad_full = Tensor::zeros({flat.padded}, DType::F32, MemCategory::Gradients);
+      for (size_t i = 0; i < flat.params.size(); ++i)
+        flat.params[i]->grad = flat.grad_full.slice_as(flat.offsets[i], flat.shapes[i]);
+    } else {
+      flat.grad_shard = Tensor::zeros({flat.shard}, DType::F32, MemCategory::Gradients);
     }
   }
-  bucket_of_ = std::move(plan.bucket_of);
+  for (int64_t u = 0; u < model_.unit_count(); ++u) {
+    std::vector<size_t>& mine = flats_of_unit_[static_cast<size_t>(u)];
+    for (Parameter* p : model_.unit_parameters(u)) {
+      const auto it = flat_of_.find(p);
+      if (it == flat_of_.end()) throw_error("zero: parameter '", p->name, "' is in no flat");
+      const size_t f = it->second;
+      if (std::find(mine.begin(), mine.end(), f) == mine.end()) mine.push_back(f);
+    }
+  }
 }
 
-void ZeroStage1Optimizer::attach(Transformer& model) {
-  model.set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
+void ZeroOptimizer::install_hooks() {
+  model_.set_grad_ready_hook([this](Parameter& p) { on_grad_ready(p); });
+  if (zero_.stage == 1) return;
+  Transformer::UnitHooks hooks;
+  hooks.before_backward = [this](int64_t unit) {
+    if (zero_.stage == 3) {
+      ensure_gathered(flats_[static_cast<size_t>(unit)]);
+      // The next unit backward needs: the last block after the root, then downwards.
+      if (unit == 0) prefetch_unit(model_.unit_count() - 1);
+      else if (unit > 1) prefetch_unit(unit - 1);
+    }
+    for (size_t f : flats_of_unit_[static_cast<size_t>(unit)]) allocate_grads(flats_[f]);
+  };
+  if (zero_.stage == 3) {
+    hooks.before_forward = [this](int64_t unit) {
+      ensure_gathered(flats_[static_cast<size_t>(unit)]);
+      prefetch_unit(unit + 1);
+    };
+    hooks.after_forward = [this](int64_t unit) { release(flats_[static_cast<size_t>(unit)]); };
+    hooks.after_backward = [this](int64_t unit) { release(flats_[static_cast<size_t>(unit)]); };
+  }
+  model_.set_unit_hooks(std::move(hooks));
 }
 
-void ZeroStage1Optimizer::on_grad_ready(Parameter& param) {
-  if (!sync_) return;
-  auto it = bucket_of_.find(&param);
-  if (it == bucket_of_.end()) throw_error("zero: parameter '", param.name, "' is not in any bucket");
-  Bucket& bucket = buckets_[it->second];
-  if (++bucket.ready == static_cast<int64_t>(bucket.params.size())) issue_reduce_scatter(bucket);
+float* ZeroOptimizer::shard_value(Flat& flat) {
+  return zero_.stage == 3 ? flat.param_shard.f32() : flat.param_full.f32() + dp_->rank() * flat.shard;
 }
 
-void ZeroStage1Optimizer::issue_reduce_scatter(Bucket& bucket) {
-  float* flat = bucket.flat.f32();
-  for (size_t i = 0; i < bucket.params.size(); ++i)
-    std::memcpy(flat + bucket.offsets[i], bucket.params[i]->grad.f32(), bucket.params[i]->grad.nbytes());
-  bucket.work = dp_->reduce_scatter(flat, bucket.grad_shard.f32(), bucket.shard, ReduceOp::Avg);
+const float* ZeroOptimizer::shard_grad(Flat& flat) {
+  return zero_.stage == 1 ? flat.reduced.f32() : flat.grad_shard.f32();
 }
 
-double ZeroStage1Optimizer::finish_and_step(double lr, double max_norm) {
+// ---- gradients --------------------------------------------------------------------------
+
+void ZeroOptimizer::allocate_grads(Flat& flat) {
+  if (flat.grad_full.defined() && !flat.reduce_work) return;  // already live this micro-batch
+  if (flat.reduce_work) complete_reduce(flat);  // the previous micro-batch's, still in flight
+  flat.grad_full = Tensor::zeros({flat.padded}, DType::F32, MemCategory::Gradients);
+  for (size_t i = 0; i < flat.params.size(); ++i)
+    flat.params[i]->grad = flat.grad_full.slice_as(flat.offsets[i], flat.shapes[i]);
+}
+
+void ZeroOptimizer::on_grad_ready(Parameter& param) {
+  if (zero_.stage == 1 && !sync_) return;
+  const auto it = flat_of_.find(&param);
+  if (it == flat_of_.end()) throw_error("zero: parameter '", param.name, "' is in no flat");
+  Flat& flat = flats_[it->second];
+  if (++flat.ready == static_cast<int64_t>(flat.params.size())) issue_reduce(flat);
+  poll_reduces();
+}
+
+void ZeroOptimizer::issue_reduce(Flat& flat) {
+  flat.ready = 0;
+  flat.reduce_work = dp_->reduce_scatter(flat.grad_full.f32(), flat.reduced.f32(), flat.shard, ReduceOp::Avg);
+  // Stages 2-3: nothing may write these gradients again this micro-batch; the buffer itself
+  // stays alive (held by grad_full) until the reduce-scatter has read it.
+  if (zero_.stage >= 2)
+    for (Parameter* p : flat.params) p->grad = Tensor();
+}
+
+void ZeroOptimizer::complete_reduce(Flat& flat) {
+  flat.reduce_work->wait();
+  flat.reduce_work.reset();
+  const bool first = !flat.reduced_this_step;
+  flat.reduced_this_step = true;
+  if (zero_.stage == 1) return;
+  if (first) std::memcpy(flat.grad_shard.f32(), flat.reduced.f32(), flat.grad_shard.nbytes());
+  else cpu::add_into(flat.grad_shard.f32(), flat.reduced.f32(), flat.shard);
+  flat.grad_full = Tensor();  // "free after use": the full-size gradients are gone
+}
+
+// MPI progresses only inside MPI calls: testing finished reductions from the backward pass
+// both drives them and frees their full-size gradient buffers early.
+void ZeroOptimizer::poll_reduces() {
+  if (zero_.stage == 1) return;
+  for (Flat& flat : flats_)
+    if (flat.reduce_work && flat.reduce_work->test()) complete_reduce(flat);
+}
+
+void ZeroOptimizer::zero_grad() {
+  for (Flat& flat : flats_) {
+    if (zero_.stage == 1) flat.grad_full.zero_();
+    flat.reduced_this_step = false;
+    flat.ready = 0;
+  }
+}
+
+// ---- parameters (stage 3) ---------------------------------------------------------------
+
+void ZeroOptimizer::issue_gather(Flat& flat) {
+  flat.param_full = Tensor::empty({flat.padded}, DType::F32, MemCategory::Parameters);
+  flat.gather_work = dp_->all_gather(flat.param_shard.f32(), flat.param_full.f32(), flat.shard);
+  flat.gather = GatherState::InFlight;
+}
+
+void ZeroOptimizer::ensure_gathered(Flat& flat) {
+  if (flat.gather == GatherState::Ready) return;
+  if (flat.gather == GatherState::Released) issue_gather(flat);
+  flat.gather_work->wait();
+  flat.gather_work.reset();
+  for (size_t i = 0; i < flat.params.size(); ++i)
+    flat.params[i]->value = flat.param_full.slice_as(flat.offsets[i], flat.shapes[i]);
+  flat.gather = GatherState::Ready;
+}
+
+void ZeroOptimizer::release(Flat& flat) {
+  if (flat.gather == GatherState::InFlight) flat.gather_work->wait();
+  flat.gather_work.reset();
+  for (Parameter* p : flat.params) p->value = Tensor();
+  flat.param_full = Tensor();
+  flat.gather = GatherState::Released;
+}
+
+void ZeroOptimizer::prefetch_unit(int64_t unit) {
+  if (unit < 1 || unit >= model_.unit_count()) return;  // the root is never prefetched
+  Flat& flat = flats_[static_cast<size_t>(unit)];
+  if (flat.gather == GatherState::Released) issue_gather(flat);
+}
+
+void ZeroOptimizer::materialize_parameters() {
+  if (zero_.stage != 3) return;
+  for (Flat& flat : flats_) ensure_gathered(flat);
+}
+
+// ---- the step ---------------------------------------------------------------------------
+
+double ZeroOptimizer::finish_and_step(double lr, double max_norm) {
   double local_sum_sq = 0.0;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    Bucket& bucket = buckets_[b];
-    if (!bucket.work)
-      throw_error("zero: bucket ", b, " was never reduced: ", bucket.ready, " of ",
-                  bucket.params.size(), " gradients reported ready");
-    bucket.work->wait();
-    bucket.work.reset();
-    bucket.ready = 0;
-    local_sum_sq += cpu::sum_of_squares(bucket.grad_shard.f32(), bucket.shard);
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    Flat& flat = flats_[f];
+    if (flat.reduce_work) complete_reduce(flat);
+    if (!flat.reduced_this_step || flat.ready != 0)
+      throw_error("zero: flat ", f, " was never reduced: ", flat.ready, " of ", flat.params.size(),
+                  " gradients reported ready (first: '", flat.params.front()->name, "')");
+    local_sum_sq += cpu::sum_of_squares(shard_grad(flat), flat.shard);
   }
   // The global norm from every rank's shard: one small all-reduce (f32 is enough for a norm).
   float sum_sq = static_cast<float>(local_sum_sq);
@@ -77,80 +239,72 @@ double ZeroStage1Optimizer::finish_and_step(double lr, double max_norm) {
   const double norm = std::sqrt(static_cast<double>(sum_sq));
   const double factor = clip_factor(norm, max_norm);
   ++step_;
-  const int64_t rank = dp_->rank();
-  for (Bucket& bucket : buckets_) {
-    float* shard_params = bucket.flat.f32() + rank * bucket.shard;  // updated in place, then gathered
-    for (const Segment& s : bucket.segments) {
-      std::memcpy(shard_params + s.shard_offset, s.param->value.f32() + s.param_offset,
-                  static_cast<size_t>(s.count) * sizeof(float));
-      const cpu::AdamWStep step{static_cast<float>(lr), static_cast<float>(config_.beta1),
-                                static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
-                                s.param->weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f,
-                                step_, static_cast<float>(factor)};
-      cpu::adamw_update(shard_params + s.shard_offset, bucket.grad_shard.f32() + s.shard_offset,
-                        bucket.exp_avg.f32() + s.shard_offset, bucket.exp_avg_sq.f32() + s.shard_offset,
-                        s.count, step);
+  for (Flat& flat : flats_) {
+    float* values = shard_value(flat);
+    const float* grads = shard_grad(flat);
+    for (const Segment& s : flat.segments) {
+      const Parameter& p = *flat.params[s.param_index];
+      const cpu::AdamWStep step{static_cast<float>(lr), static_cast<float>(adamw_.beta1),
+                                static_cast<float>(adamw_.beta2), static_cast<float>(adamw_.eps),
+                                p.weight_decay ? static_cast<float>(adamw_.weight_decay) : 0.0f, step_,
+                                static_cast<float>(factor)};
+      float* target = zero_.master_weights ? flat.master.f32() + s.shard_offset : values + s.shard_offset;
+      cpu::adamw_update(target, grads + s.shard_offset, flat.exp_avg.f32() + s.shard_offset,
+                        flat.exp_avg_sq.f32() + s.shard_offset, s.count, step);
+      if (zero_.master_weights) {
+        std::memcpy(values + s.shard_offset, target, static_cast<size_t>(s.count) * sizeof(float));
+        cpu::round_to_bf16_inplace(values + s.shard_offset, s.count);
+      }
     }
-    // all_gather may not read and write the same buffer: send a copy of the updated slice
-    // (the gradient shard is spent by now).
-    std::memcpy(bucket.grad_shard.f32(), shard_params, bucket.grad_shard.nbytes());
-    bucket.work = dp_->all_gather(bucket.grad_shard.f32(), bucket.flat.f32(), bucket.shard);
   }
-  for (Bucket& bucket : buckets_) {
-    bucket.work->wait();
-    bucket.work.reset();
-    for (size_t i = 0; i < bucket.params.size(); ++i)
-      std::memcpy(bucket.params[i]->value.f32(), bucket.flat.f32() + bucket.offsets[i],
-                  bucket.params[i]->value.nbytes());
-  }
+  publish_parameters();
   return norm;
 }
 
-std::vector<std::pair<std::string, Tensor>> ZeroStage1Optimizer::gather_full_state() {
-  std::vector<std::pair<std::string, Tensor>> out;
-  for (Bucket& bucket : buckets_) {
-    for (const auto& [suffix, shard] : {std::pair<const char*, Tensor*>{".exp_avg", &bucket.exp_avg},
-                                        std::pair<const char*, Tensor*>{".exp_avg_sq", &bucket.exp_avg_sq}}) {
-      Tensor full = Tensor::empty({bucket.padded}, DType::F32, MemCategory::Workspace);
-      dp_->all_gather(shard->f32(), full.f32(), bucket.shard)->wait();
-      for (size_t i = 0; i < bucket.params.size(); ++i) {
-        Tensor t = Tensor::empty(bucket.params[i]->value.shape(), DType::F32, MemCategory::Workspace);
-        std::memcpy(t.f32(), full.f32() + bucket.offsets[i], t.nbytes());
-        out.emplace_back(bucket.params[i]->name + suffix, t);
-      }
+void ZeroOptimizer::publish_parameters() {
+  if (zero_.stage == 3) {
+    // Shards are the parameters; a unit still gathered (materialize_parameters) is stale now.
+    for (Flat& flat : flats_)
+      if (flat.gather != GatherState::Released) release(flat);
+    return;
+  }
+  for (Flat& flat : flats_) {
+    // all_gather may not read and write the same buffer: send a copy of the updated slice.
+    std::memcpy(flat.send.f32(), shard_value(flat), flat.send.nbytes());
+    flat.gather_work = dp_->all_gather(flat.send.f32(), flat.param_full.f32(), flat.shard);
+  }
+  for (Flat& flat : flats_) {
+    flat.gather_work->wait();
+    flat.gather_work.reset();
+  }
+}
+
+// ---- checkpoints ------------------------------------------------------------------------
+
+std::vector<OwnedSlice> ZeroOptimizer::owned_slices() {
+  std::vector<OwnedSlice> out;
+  for (Flat& flat : flats_) {
+    float* values = shard_value(flat);
+    for (const Segment& s : flat.segments) {
+      OwnedSlice slice;
+      slice.param = flat.params[s.param_index];
+      slice.shape = flat.shapes[s.param_index];
+      slice.start = s.param_offset;
+      slice.count = s.count;
+      slice.value = values + s.shard_offset;
+      slice.exp_avg = flat.exp_avg.f32() + s.shard_offset;
+      slice.exp_avg_sq = flat.exp_avg_sq.f32() + s.shard_offset;
+      if (zero_.master_weights) slice.master = flat.master.f32() + s.shard_offset;
+      out.push_back(slice);
     }
   }
   return out;
 }
 
-void ZeroStage1Optimizer::load_full_state(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                                          int64_t steps_taken) {
-  std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, t] : tensors) by_name[name] = &t;
-  for (Bucket& bucket : buckets_) {
-    for (const auto& [suffix, shard] : {std::pair<const char*, Tensor*>{".exp_avg", &bucket.exp_avg},
-                                        std::pair<const char*, Tensor*>{".exp_avg_sq", &bucket.exp_avg_sq}}) {
-      shard->zero_();
-      for (const Segment& s : bucket.segments) {
-        const std::string name = s.param->name + suffix;
-        auto it = by_name.find(name);
-        if (it == by_name.end()) throw_error("optimizer state: tensor '", name, "' is missing");
-        if (it->second->numel() != s.param->value.numel())
-          throw_error("optimizer state: tensor '", name, "' has ", it->second->numel(),
-                      " elements, expected ", s.param->value.numel());
-        const std::vector<float> values = it->second->to_f32_vector();
-        std::memcpy(shard->f32() + s.shard_offset, values.data() + s.param_offset,
-                    static_cast<size_t>(s.count) * sizeof(float));
-      }
-    }
-  }
-  step_ = steps_taken;
-}
-
-int64_t ZeroStage1Optimizer::shard_elements() const {
-  int64_t n = 0;
-  for (const Bucket& b : buckets_) n += b.shard;
-  return n;
+std::vector<ZeroOptimizer::FlatSize> ZeroOptimizer::flat_sizes() const {
+  std::vector<FlatSize> out;
+  for (const Flat& flat : flats_) out.push_back({flat.elements, flat.padded, flat.shard, flat.unit == 0});
+  return out;
 }
 
 }  // namespace loom

@@ -1,10 +1,22 @@
 #pragma once
-// ZeRO stage 1 (Rajbhandari et al., SC'20, sec. 5.1): AdamW's moments are sharded over the dp
-// group. Gradients are packed into buckets in backward order; when a bucket is complete its
-// reduce-scatter starts, leaving each rank the averaged gradient of its 1/N slice of the
-// bucket. Each rank updates only its slice, and an all-gather per bucket returns the updated
-// parameters to every rank. Wire bytes equal one all-reduce ((N-1)/N reduce-scatter plus
-// (N-1)/N all-gather); optimizer-state memory drops to 1/N (buckets padded to a multiple of N).
+// ZeRO (Rajbhandari et al., SC'20, sec. 5) over the dp group, stages 1 to 3, with AdamW.
+//
+// Parameters are laid over flat buffers ("flats"), padded to a multiple of the dp size N so
+// that rank r owns elements [r*shard, (r+1)*shard) of each. Stages 1-2 use size-capped
+// buckets in gradient-ready order (as plain data parallelism does); stage 3 uses one flat per
+// model unit (Transformer::unit_parameters), the granularity at which it gathers parameters.
+//   stage 1: moments (and fp32 masters) sharded. Gradients accumulate locally in full; the
+//            last micro-batch reduce-scatters each bucket as soon as it is complete.
+//   stage 2: gradients sharded too: every micro-batch reduce-scatters each bucket as it
+//            completes and adds the result to the rank's gradient shard; the full-size
+//            gradient buffer lives only from the unit's backward until its reduce-scatter ends.
+//   stage 3: parameters sharded too: a unit's parameters are all-gathered just before its
+//            forward and again before its backward (the next unit's gather is issued ahead,
+//            so it overlaps compute) and freed after each use.
+// Stages 1-2 all-gather updated parameter shards after the step; stage 3 does not (its
+// parameters are the shards). Per step wire bytes: stages 1-2 equal one all-reduce of the
+// gradients (a reduce-scatter plus an all-gather); stage 3 adds one more parameter all-gather
+// (forward and backward each gather; the root unit is gathered once and kept across both).
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -17,47 +29,95 @@ namespace loom {
 
 class Transformer;
 
-class ZeroStage1Optimizer {
- public:
-  ZeroStage1Optimizer(ParameterList params_in_ready_order, std::shared_ptr<ProcessGroup> dp,
-                      int64_t bucket_bytes, AdamWConfig config);
-  void attach(Transformer& model);
-  void set_sync(bool sync) { sync_ = sync; }
-  void on_grad_ready(Parameter& param);
-  // Waits for the gradient shards, clips by the global norm (max_norm <= 0: off), updates the
-  // local shard and all-gathers the parameters. Returns the gradient norm before clipping.
-  double finish_and_step(double lr, double max_norm);
+struct ZeroConfig {
+  int stage = 1;
+  int64_t bucket_bytes = 25 * 1000 * 1000;  // stages 1-2
+  bool master_weights = false;              // bf16: fp32 master shards, bf16-rounded parameters
+};
 
+class ZeroOptimizer {
+ public:
+  // Takes over the model's parameter and gradient storage and installs its hooks on `model`,
+  // which must outlive this object.
+  ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> dp, ZeroConfig zero, AdamWConfig adamw);
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  int stage() const { return zero_.stage; }
+  // Stage 1 only: false for all but the last micro-batch (gradients accumulate locally).
+  // Stages 2-3 reduce every micro-batch, which is what keeps their gradients sharded.
+  void set_sync(bool sync) { sync_ = sync; }
+  void zero_grad();
+  // Waits for the gradient shards, clips by the global norm (max_norm <= 0: off), updates the
+  // local shard and (stages 1-2) all-gathers the parameters. Returns the norm before clipping.
+  double finish_and_step(double lr, double max_norm);
   int64_t steps_taken() const { return step_; }
-  // Full (unsharded) moments named as AdamW names them, gathered from all ranks, so a ZeRO-1
-  // checkpoint is the same file as a single-process one and loads on any layout.
-  std::vector<std::pair<std::string, Tensor>> gather_full_state();
-  // Takes this rank's slices of full moments (as AdamW::state_tensors names them).
-  void load_full_state(const std::vector<std::pair<std::string, Tensor>>& tensors, int64_t steps_taken);
-  int64_t shard_elements() const;  // moments held by this rank, each
+
+  // Checkpoints: read or write state through these pointers, then call publish_parameters()
+  // so that every rank's parameters agree with the written shards.
+  std::vector<OwnedSlice> owned_slices();
+  void set_steps_taken(int64_t steps) { step_ = steps; }
+  void publish_parameters();
+  // Stage 3: gathers every unit so that each parameter holds its full value (collective; the
+  // next forward frees them again). Stages 1-2: nothing to do.
+  void materialize_parameters();
+
+  // Sizes, for memory and communication checks: elements of each flat, padded, and per rank.
+  struct FlatSize {
+    int64_t elements, padded, shard;
+    bool root_unit;  // stage 3: the unit gathered once per step instead of twice
+  };
+  std::vector<FlatSize> flat_sizes() const;
 
  private:
-  struct Segment {  // the part of one parameter inside this rank's slice of a bucket
-    Parameter* param;
+  struct Segment {  // the part of one parameter inside this rank's slice of a flat
+    size_t param_index;
     int64_t param_offset, shard_offset, count;
   };
-  struct Bucket {
+  enum class GatherState { Released, InFlight, Ready };
+  struct Flat {
     std::vector<Parameter*> params;
+    std::vector<Shape> shapes;
     std::vector<int64_t> offsets;
-    int64_t padded = 0, shard = 0;  // elements: whole bucket (multiple of N), per rank
-    Tensor flat;                    // packed gradients, then packed parameters (CommBuffers)
-    Tensor grad_shard;              // this rank's averaged gradient slice (Gradients)
-    Tensor exp_avg, exp_avg_sq;     // this rank's moments (OptimizerState)
+    int64_t elements = 0, padded = 0, shard = 0;
+    int64_t unit = -1;  // stage 3
     std::vector<Segment> segments;
+    Tensor param_full;   // stages 1-2 always; stage 3 only while gathered (Parameters)
+    Tensor param_shard;  // stage 3 (Parameters)
+    Tensor master;       // fp32 masters of this rank's slice (OptimizerState), bf16 only
+    Tensor exp_avg, exp_avg_sq;  // OptimizerState, one shard each
+    Tensor grad_full;    // stage 1 always; stages 2-3 from first write to reduce-scatter end
+    Tensor reduced;      // reduce-scatter output (CommBuffers)
+    Tensor grad_shard;   // stages 2-3: accumulated over micro-batches (Gradients)
+    Tensor send;         // all-gather input for stages 1-2 (CommBuffers)
+    bool reduced_this_step = false;  // a reduce-scatter of this step's gradients completed
     int64_t ready = 0;
-    WorkHandle work;
+    WorkHandle reduce_work, gather_work;
+    GatherState gather = GatherState::Released;
   };
-  void issue_reduce_scatter(Bucket& bucket);
 
+  void build_flats();
+  float* shard_value(Flat& flat);  // this rank's slice of the parameter values
+  const float* shard_grad(Flat& flat);
+  void on_grad_ready(Parameter& param);
+  void allocate_grads(Flat& flat);
+  void issue_reduce(Flat& flat);
+  void complete_reduce(Flat& flat);
+  void poll_reduces();
+  void issue_gather(Flat& flat);
+  void ensure_gathered(Flat& flat);
+  void release(Flat& flat);
+  void prefetch_unit(int64_t unit);
+  void install_hooks();
+
+  Transformer& model_;
   std::shared_ptr<ProcessGroup> dp_;
-  AdamWConfig config_;
-  std::vector<Bucket> buckets_;
-  std::unordered_map<const Parameter*, size_t> bucket_of_;
+  ZeroConfig zero_;
+  AdamWConfig adamw_;
+  std::vector<Flat> flats_;
+  std::unordered_map<const Parameter*, size_t> flat_of_;
+  std::vector<std::vector<size_t>> flats_of_unit_;  // which flats hold each unit's parameters
   bool sync_ = true;
   int64_t step_ = 0;
 };

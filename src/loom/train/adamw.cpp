@@ -64,4 +64,14 @@ void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& tensor
   step_ = steps_taken;
 }
 
+std::vector<OwnedSlice> AdamW::owned_slices() {
+  std::vector<OwnedSlice> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = *params_[i];
+    out.push_back({&p, p.value.shape(), 0, p.value.numel(), p.value.f32(), exp_avg_[i].f32(), exp_avg_sq_[i].f32(),
+                   master_.empty() ? nullptr : master_[i].f32()});
+  }
+  return out;
+}
+
 }  // namespace loom

@@ -17,6 +17,19 @@ struct AdamWConfig {
   double weight_decay = 0.1;
 };
 
+// What one rank owns of one parameter: elements [start, start + count) of its flattened value
+// (loom layout), with pointers to those elements of each piece of state. Over all ranks,
+// every element of every parameter is owned exactly once.
+struct OwnedSlice {
+  const Parameter* param;
+  Shape shape;
+  int64_t start = 0, count = 0;
+  float* value = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  float* master = nullptr;  // null without master weights
+};
+
 class AdamW {
  public:
   // With `master_weights`, the optimizer keeps an fp32 copy of every parameter, updates that,
@@ -29,6 +42,9 @@ class AdamW {
   // Named state for checkpoints: "<param>.exp_avg", "<param>.exp_avg_sq" (+ ".master").
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& tensors, int64_t steps_taken);
+  // The whole of every parameter (one process owns everything), for checkpoints.
+  std::vector<OwnedSlice> owned_slices();
+  void set_steps_taken(int64_t steps) { step_ = steps; }
   const AdamWConfig& config() const { return config_; }
 
  private:

@@ -1,7 +1,11 @@
 #include "loom/train/checkpointing.hpp"
 
+#include <unistd.h>
+
+#include <cstring>
 #include <fstream>
 
+#include "loom/ckpt/checkpoint_files.hpp"
 #include "loom/ckpt/hf_config.hpp"
 #include "loom/ckpt/hf_weights.hpp"
 #include "loom/core/error.hpp"
@@ -38,22 +42,102 @@ void require_same_model(const ModelConfig& expected, const ModelConfig& found, c
   if (expected.arch == Architecture::Llama) check("rope_theta", expected.rope_theta, found.rope_theta);
 }
 
-nlohmann::json restore_checkpoint(const std::string& dir_or_root, Transformer& model,
-                                  const OptimizerStateSink& load_optimizer) {
-  const std::string dir = latest_checkpoint(dir_or_root).value_or(dir_or_root);
-  const CheckpointPayload payload = load_checkpoint(dir);
-  require_same_model(model.config(), payload.config, dir);
-  SafetensorsFile weights;
-  weights.path = dir + "/model.safetensors";
-  weights.entries = payload.model_weights;
-  import_hf_weights(model.parameters(), weights);
-  if (load_optimizer) {
-    NamedTensors state;
-    for (const SafetensorsEntry& e : payload.optimizer_state)
-      state.emplace_back(e.name, tensor_from_entry(e, MemCategory::Workspace));
-    load_optimizer(state, payload.trainer_state.value("optimizer_steps", int64_t{0}));
+namespace {
+
+TensorLayout layout_of(const OwnedSlice& slice, const char* suffix) {
+  return {slice.param->name + suffix, slice.shape, *suffix == '\0' && slice.param->hf_transposed};
+}
+
+// The small facts ranks must agree on travel as the bits of a float: all_gather and broadcast
+// only copy bytes.
+float bits_as_float(int32_t value) {
+  float f;
+  std::memcpy(&f, &value, sizeof f);
+  return f;
+}
+int32_t float_as_bits(float f) {
+  int32_t value;
+  std::memcpy(&value, &f, sizeof value);
+  return value;
+}
+
+// Rank 0 decides whether a phase succeeded; every rank learns it, so none waits forever on a
+// rank that has given up. Returns rank 0's verdict.
+bool agree_on_rank0(ProcessGroup& group, bool ok) {
+  float flag = ok ? 1.0f : 0.0f;
+  group.broadcast(&flag, 1, 0)->wait();
+  return flag != 0.0f;
+}
+
+}  // namespace
+
+std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root, int64_t step,
+                                    const ModelConfig& config, const nlohmann::json& trainer_state,
+                                    const std::vector<OwnedSlice>& owned, int keep_last) {
+  const std::string context = "cannot save sharded checkpoint step " + std::to_string(step) + " under '" + root + "'";
+  const int rank = group.rank(), world = group.size();
+  // Rank 0 makes the shared temp directory; its pid names it for everyone.
+  std::string error;
+  float token = bits_as_float(static_cast<int32_t>(::getpid()));
+  if (rank == 0) {
+    try {
+      (void)ckpt_files::create_temp_dir(root, step, std::to_string(float_as_bits(token)), context);
+    } catch (const Error& e) {
+      error = e.what();
+    }
   }
-  return payload.trainer_state;
+  group.broadcast(&token, 1, 0)->wait();
+  if (!agree_on_rank0(group, error.empty()))
+    throw_error(rank == 0 ? error : context + ": rank 0 could not create the checkpoint directory");
+  const ckpt_files::fs::path temp_dir =
+      ckpt_files::fs::path(root) / (checkpoint_dir_name(step) + ckpt_files::kTempMarker + std::to_string(float_as_bits(token)));
+
+  std::vector<ShardSlice> slices;
+  for (const OwnedSlice& s : owned) {
+    const std::string& name = s.param->name;
+    slices.push_back({name, s.shape, s.start, s.count, s.value});
+    slices.push_back({name + ".exp_avg", s.shape, s.start, s.count, s.exp_avg});
+    slices.push_back({name + ".exp_avg_sq", s.shape, s.start, s.count, s.exp_avg_sq});
+    if (s.master) slices.push_back({name + ".master", s.shape, s.start, s.count, s.master});
+  }
+  try {
+    write_checkpoint_shard(temp_dir, rank, world, slices);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  float failed = error.empty() ? 0.0f : 1.0f;
+  group.all_reduce(&failed, 1, ReduceOp::Max)->wait();
+  std::string dir;
+  if (failed == 0.0f && rank == 0) {
+    try {
+      dir = finish_sharded_checkpoint(temp_dir, root, step, world, config, trainer_state, keep_last);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  } else if (rank == 0) {
+    std::error_code ignored;
+    ckpt_files::fs::remove_all(temp_dir, ignored);
+  }
+  if (!agree_on_rank0(group, failed == 0.0f && error.empty()))
+    throw_error(context, ": ", error.empty() ? "another rank failed (its own error says why)" : error);
+  return (ckpt_files::fs::path(root) / checkpoint_dir_name(step)).string();
+}
+
+void load_owned_state(const CheckpointReader& reader, const std::vector<OwnedSlice>& owned) {
+  for (const OwnedSlice& s : owned) {
+    reader.read(layout_of(s, ""), s.start, s.count, s.value);
+    reader.read(layout_of(s, ".exp_avg"), s.start, s.count, s.exp_avg);
+    reader.read(layout_of(s, ".exp_avg_sq"), s.start, s.count, s.exp_avg_sq);
+    if (s.master) reader.read(layout_of(s, ".master"), s.start, s.count, s.master);
+  }
+}
+
+nlohmann::json restore_weights(const std::string& dir_or_root, Transformer& model) {
+  const CheckpointReader reader(dir_or_root);
+  require_same_model(model.config(), reader.config(), reader.dir());
+  for (Parameter* p : model.parameters())
+    reader.read({p->name, p->value.shape(), p->hf_transposed}, 0, p->value.numel(), p->value.f32());
+  return reader.trainer_state();
 }
 
 ModelConfig checkpoint_model_config(const std::string& dir_or_root) {

@@ -1,13 +1,18 @@
 #pragma once
-// Glue between a training run and ckpt/: what goes into a checkpoint (HF weights, optimizer
-// moments, trainer state) and how a run is restored from one.
+// Glue between a training run and ckpt/: what goes into a checkpoint (weights, AdamW moments,
+// fp32 masters, trainer state), how every rank saves its own shard of it, and how a run on
+// any layout restores from a checkpoint of any layout.
+//
+// State names: a parameter's value is stored under its HF name, its moments and master under
+// "<name>.exp_avg", "<name>.exp_avg_sq" and "<name>.master" (what AdamW::state_tensors uses).
 #include <nlohmann/json.hpp>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "loom/ckpt/checkpoint.hpp"
+#include "loom/ckpt/sharded_checkpoint.hpp"
+#include "loom/dist/process_group.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/train/adamw.hpp"
 
@@ -15,17 +20,24 @@ namespace loom {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-// `optimizer_state`: full (unsharded) tensors named as AdamW::state_tensors names them.
+// Single-file format: `optimizer_state` holds full tensors named as AdamW::state_tensors names them.
 CheckpointPayload make_checkpoint_payload(const Transformer& model, const NamedTensors& optimizer_state,
                                           const nlohmann::json& trainer_state);
 
-// Loads weights (and optimizer state when `optimizer` is given) into an already built model
-// whose config must match the checkpoint's; returns the trainer state. A mismatch (e.g. a
-// different vocabulary) is an error naming the field and both values.
-// `load_optimizer` (may be empty) receives the optimizer tensors and AdamW's step count.
-using OptimizerStateSink = std::function<void(const NamedTensors&, int64_t steps_taken)>;
-nlohmann::json restore_checkpoint(const std::string& dir_or_root, Transformer& model,
-                                  const OptimizerStateSink& load_optimizer);
+// Sharded format, collective over `group`: every rank writes the state it owns, rank 0 the
+// index, config and trainer state; returns the checkpoint directory on every rank. A failure
+// on any rank leaves no checkpoint behind and throws on every rank.
+std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root, int64_t step,
+                                    const ModelConfig& config, const nlohmann::json& trainer_state,
+                                    const std::vector<OwnedSlice>& owned, int keep_last);
+
+// Fills every owned slice from `reader`: values and moments always, masters where the slice
+// has one (a checkpoint without masters then is an error naming the tensor).
+void load_owned_state(const CheckpointReader& reader, const std::vector<OwnedSlice>& owned);
+
+// Loads only the weights into a model with full parameters (sampling, export), from either
+// format and any layout; returns the trainer state.
+nlohmann::json restore_weights(const std::string& dir_or_root, Transformer& model);
 
 // Builds nothing: reads only the model config of a checkpoint.
 ModelConfig checkpoint_model_config(const std::string& dir_or_root);

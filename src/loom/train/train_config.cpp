@@ -116,11 +116,8 @@ TrainConfig parse_train_config(ConfigReader& r) {
   require_range("optim.weight_decay", c.adamw.weight_decay, 0.0, 1.0);
   require_range("optim.grad_clip", c.grad_clip, 0.0, 1e9);
   require_range("parallel.bucket_mb", c.bucket_mb, 1e-6, 1e6);
-  if (c.zero_stage < 0 || c.zero_stage > 1)
-    throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage,
-                ", expected 0 or 1 (ZeRO-2 and ZeRO-3 are not implemented yet)");
-  if (c.zero_stage == 1 && c.precision == Precision::BF16)
-    throw_error("config key 'parallel.zero_stage' = 1 does not support train.precision = bf16 yet; use f32 or zero_stage 0");
+  if (c.zero_stage < 0 || c.zero_stage > 3)
+    throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, ", expected 0, 1, 2 or 3");
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);

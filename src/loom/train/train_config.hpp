@@ -36,7 +36,7 @@ struct TrainConfig {
   double grad_clip = 1.0;
 
   double bucket_mb = 25.0;     // data-parallel gradient bucket size (PyTorch DDP's default)
-  int zero_stage = 0;          // 0: replicated optimizer state; 1: moments sharded over dp
+  int zero_stage = 0;          // 0: replicated; 1: + moments sharded over dp; 2: + gradients; 3: + parameters
 
   int64_t eval_every = 0;      // 0: only at the end
   int64_t eval_batches = 10;

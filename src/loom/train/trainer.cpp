@@ -48,8 +48,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(config_.precision == Precision::BF16);
-  const bool zero1 = dp_size_ > 1 && config_.zero_stage == 1;
-  if (!zero1)  // under ZeRO-1 the moments live, sharded, in zero_ (made below)
+  const bool sharded = dp_size_ > 1 && config_.zero_stage > 0;
+  if (!sharded)  // under ZeRO the moments live, sharded, in zero_ (made below)
     optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw,
                                          config_.precision == Precision::BF16);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
@@ -65,11 +65,11 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
   if (!config_.trace_path.empty())
     trace_ = std::make_unique<TraceRecorder>(
         dp_size_ > 1 ? config_.trace_path + ".rank" + std::to_string(dp_rank_) : config_.trace_path, dp_rank_);
-  if (zero1) {
-    zero_ = std::make_unique<ZeroStage1Optimizer>(model_->parameters_in_grad_ready_order(), dp_,
-                                                  static_cast<int64_t>(config_.bucket_mb * 1e6),
-                                                  config_.adamw);
-    zero_->attach(*model_);
+  if (sharded) {
+    zero_ = std::make_unique<ZeroOptimizer>(
+        *model_, dp_,
+        ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), config_.precision == Precision::BF16},
+        config_.adamw);
   } else if (dp_size_ > 1) {
     reducer_ = std::make_unique<GradientBucketReducer>(
         model_->parameters_in_grad_ready_order(), dp_,
@@ -94,16 +94,47 @@ int64_t Trainer::optimizer_steps() const {
 }
 
 std::string Trainer::save(int64_t step) {
-  // Collective under ZeRO-1 (every rank sends its shard of the moments); rank 0 writes.
-  const auto optimizer_state = zero_ ? zero_->gather_full_state() : optimizer_->state_tensors();
+  // Under ZeRO every rank writes the shard it owns (collective); otherwise rank 0 writes the
+  // single-file format, whose model.safetensors Hugging Face loads as is.
+  if (zero_)
+    return save_sharded_checkpoint(*dp_, config_.checkpoint_dir, step, config_.model, trainer_state(step),
+                                   zero_->owned_slices(), static_cast<int>(config_.keep_last));
   if (!is_rank0()) return "";
   return save_checkpoint(config_.checkpoint_dir, step,
-                         make_checkpoint_payload(*model_, optimizer_state, trainer_state(step)),
+                         make_checkpoint_payload(*model_, optimizer_->state_tensors(), trainer_state(step)),
                          static_cast<int>(config_.keep_last));
 }
 
+int64_t Trainer::restore(const std::string& dir_or_root) {
+  const CheckpointReader reader(dir_or_root);
+  require_same_model(config_.model, reader.config(), reader.dir());
+  const nlohmann::json& state = reader.trainer_state();
+  if (state.value("tokens_per_step", int64_t{0}) != global_tokens_per_step())
+    throw_error("checkpoint ", reader.dir(), " was written with ", state.value("tokens_per_step", int64_t{0}),
+                " tokens per step, this run uses ", global_tokens_per_step(),
+                ": change train.batch_size/seq_len/grad_accum back or start a fresh checkpoint.dir");
+  const std::string precision = config_.precision == Precision::BF16 ? "bf16" : "f32";
+  if (state.value("precision", std::string("f32")) != precision)
+    throw_error("checkpoint ", reader.dir(), " was trained with precision ", state.value("precision", std::string("f32")),
+                ", this run asks for ", precision, ": set train.precision back or start a fresh checkpoint.dir");
+  const int64_t optimizer_steps = state.value("optimizer_steps", int64_t{0});
+  if (zero_) {
+    load_owned_state(reader, zero_->owned_slices());
+    zero_->set_steps_taken(optimizer_steps);
+    zero_->publish_parameters();
+  } else {
+    load_owned_state(reader, optimizer_->owned_slices());
+    optimizer_->set_steps_taken(optimizer_steps);
+  }
+  const auto& loader = state.at("loader");
+  train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
+                          loader.at("position").get<int64_t>()});
+  return state.at("step").get<int64_t>();
+}
+
 double Trainer::train_step(int64_t step) {
-  model_->zero_grad();
+  if (zero_) zero_->zero_grad();
+  else model_->zero_grad();
   const int64_t tokens = config_.batch_size * config_.seq_len;
   // Mean over every token of every micro-batch: each micro-batch's summed loss is scaled so
   // the accumulated gradient equals the gradient of the mean.
@@ -186,23 +217,7 @@ TrainSummary Trainer::run() {
   int64_t start_step = 0;
   if (!config_.checkpoint_dir.empty() && config_.resume) {
     if (auto latest = latest_checkpoint(config_.checkpoint_dir)) {
-      const nlohmann::json state = restore_checkpoint(
-          *latest, *model_, [this](const NamedTensors& tensors, int64_t steps_taken) {
-            if (zero_) zero_->load_full_state(tensors, steps_taken);
-            else optimizer_->load_state(tensors, steps_taken);
-          });
-      if (state.value("tokens_per_step", int64_t{0}) != global_tokens_per_step())
-        throw_error("checkpoint ", *latest, " was written with ", state.value("tokens_per_step", int64_t{0}),
-                    " tokens per step, this run uses ", global_tokens_per_step(),
-                    ": change train.batch_size/seq_len/grad_accum back or start a fresh checkpoint.dir");
-      const std::string precision = config_.precision == Precision::BF16 ? "bf16" : "f32";
-      if (state.value("precision", std::string("f32")) != precision)
-        throw_error("checkpoint ", *latest, " was trained with precision ", state.value("precision", std::string("f32")),
-                    ", this run asks for ", precision, ": set train.precision back or start a fresh checkpoint.dir");
-      start_step = state.at("step").get<int64_t>();
-      const auto& loader = state.at("loader");
-      train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
-                              loader.at("position").get<int64_t>()});
+      start_step = restore(*latest);
       if (is_rank0()) std::printf("resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(start_step));
     }
   }

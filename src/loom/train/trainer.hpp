@@ -38,13 +38,18 @@ class Trainer {
   // Mean per-token loss over `batches` batches from a fresh pass of `pattern` (deterministic).
   double evaluate(const std::string& pattern, int64_t batches);
   Transformer& model() { return *model_; }
+  // Loads weights, optimizer state and data position from a checkpoint of any layout (a
+  // directory or a root's latest); returns its step. Collective under data parallelism.
+  int64_t restore(const std::string& dir_or_root);
+  // Writes a checkpoint of the current state as step `step`; returns its directory (empty on
+  // ranks other than 0 for the single-file format). Collective under data parallelism.
+  std::string save(int64_t step);
   const GradientBucketReducer* reducer() const { return reducer_.get(); }
-  const ZeroStage1Optimizer* zero_optimizer() const { return zero_.get(); }
+  ZeroOptimizer* zero_optimizer() { return zero_.get(); }
   int64_t global_tokens_per_step() const { return config_.tokens_per_step() * dp_size_; }
 
  private:
   double train_step(int64_t step);
-  std::string save(int64_t step);
   nlohmann::json trainer_state(int64_t step) const;
 
   TrainConfig config_;
@@ -57,7 +62,7 @@ class Trainer {
 
   std::shared_ptr<ProcessGroup> dp_;
   std::unique_ptr<GradientBucketReducer> reducer_;
-  std::unique_ptr<ZeroStage1Optimizer> zero_;  // replaces optimizer_ + reducer_ under ZeRO-1
+  std::unique_ptr<ZeroOptimizer> zero_;  // replaces optimizer_ + reducer_ under ZeRO 1-3
   int64_t optimizer_steps() const;
   int dp_rank_ = 0, dp_size_ = 1;
   std::vector<int32_t> inputs_, targets_;              // one rank-sized batch (evaluation)

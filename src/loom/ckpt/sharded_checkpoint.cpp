@@ -1,0 +1,203 @@
+#include "loom/ckpt/sharded_checkpoint.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "loom/ckpt/atomic_file.hpp"
+#include "loom/ckpt/checkpoint_files.hpp"
+#include "loom/ckpt/hf_config.hpp"
+#include "loom/ckpt/hf_weights.hpp"
+#include "loom/core/error.hpp"
+
+namespace loom {
+
+using json = nlohmann::json;
+using namespace ckpt_files;
+
+namespace {
+
+constexpr const char* kIndexFile = "index.json";
+constexpr const char* kIndexFormat = "loom.sharded.v1";
+
+std::string description_file_name(int rank, int world) {
+  const std::string shard = shard_file_name(rank, world);
+  return shard.substr(0, shard.size() - std::string(".safetensors").size()) + ".json";
+}
+
+json read_json(const fs::path& path) { return parse_json_file(read_file_bytes(path.string()), path); }
+
+}  // namespace
+
+std::string shard_file_name(int rank, int world) {
+  char name[64];
+  std::snprintf(name, sizeof name, "shard-%05d-of-%05d.safetensors", rank, world);
+  return name;
+}
+
+void write_checkpoint_shard(const fs::path& temp_dir, int rank, int world, const std::vector<ShardSlice>& slices) {
+  std::vector<SafetensorsEntry> entries;
+  json pieces = json::array();
+  for (const ShardSlice& s : slices) {
+    SafetensorsEntry entry;
+    entry.name = s.tensor;
+    entry.dtype = "F32";
+    entry.shape = {s.count};
+    entry.bytes.resize(static_cast<size_t>(s.count) * sizeof(float));
+    if (s.count > 0) std::memcpy(entry.bytes.data(), s.data, entry.bytes.size());
+    entries.push_back(std::move(entry));
+    pieces.push_back({{"tensor", s.tensor}, {"shape", s.shape}, {"start", s.start}, {"count", s.count}});
+  }
+  const std::vector<uint8_t> bytes = serialize_safetensors(entries);
+  const FileRecord record =
+      write_recorded(temp_dir, shard_file_name(rank, world), std::string(bytes.begin(), bytes.end()));
+  const json description = {{"file", record.name}, {"bytes", record.bytes}, {"crc32", record.crc32}, {"pieces", pieces}};
+  atomic_write_file((temp_dir / description_file_name(rank, world)).string(), dump_json(description, "shard description"));
+}
+
+std::string finish_sharded_checkpoint(const fs::path& temp_dir, const fs::path& root, int64_t step, int world,
+                                      const ModelConfig& config, const json& trainer_state, int keep_last) {
+  RemoveOnFailure cleanup(temp_dir);
+  std::vector<FileRecord> records;
+  std::map<std::string, json> tensors;  // name -> {"shape", "pieces"}
+  for (int rank = 0; rank < world; ++rank) {
+    const fs::path path = temp_dir / description_file_name(rank, world);
+    if (!fs::exists(path)) throw_error("sharded checkpoint: rank ", rank, " wrote no shard ('", path.string(), "' is missing)");
+    const json d = read_json(path);
+    records.push_back({d.at("file").get<std::string>(), d.at("bytes").get<uint64_t>(), d.at("crc32").get<std::string>()});
+    for (const json& p : d.at("pieces")) {
+      json& t = tensors[p.at("tensor").get<std::string>()];
+      if (t.is_null()) t = {{"shape", p.at("shape")}, {"pieces", json::array()}};
+      if (t["shape"] != p.at("shape"))
+        throw_error("sharded checkpoint: tensor '", p.at("tensor").get<std::string>(), "' has shape ",
+                    t["shape"].dump(), " on one rank and ", p.at("shape").dump(), " on rank ", rank);
+      t["pieces"].push_back({{"file", records.back().name}, {"start", p.at("start")}, {"count", p.at("count")}});
+    }
+  }
+  // Every element of every tensor must be in exactly one piece, or the layout is broken.
+  for (auto& [name, t] : tensors) {
+    std::vector<json> pieces(t["pieces"].begin(), t["pieces"].end());
+    std::sort(pieces.begin(), pieces.end(), [](const json& a, const json& b) { return a["start"] < b["start"]; });
+    int64_t covered = 0;
+    for (const json& p : pieces) {
+      if (p["start"].get<int64_t>() != covered)
+        throw_error("sharded checkpoint: tensor '", name, "' has a ", p["start"].get<int64_t>() < covered ? "overlap" : "gap",
+                    " at element ", covered);
+      covered += p["count"].get<int64_t>();
+    }
+    if (covered != shape_numel(t["shape"].get<Shape>()))
+      throw_error("sharded checkpoint: tensor '", name, "' covers ", covered, " of ", shape_numel(t["shape"].get<Shape>()),
+                  " elements");
+    t["pieces"] = pieces;
+  }
+  for (int rank = 0; rank < world; ++rank) fs::remove(temp_dir / description_file_name(rank, world));
+  const json index = {{"format", kIndexFormat}, {"world_size", world}, {"tensors", tensors}};
+  records.push_back(write_recorded(temp_dir, kIndexFile, dump_json(index, "index")));
+  records.push_back(write_recorded(temp_dir, kConfigFile, dump_json(hf_config_json(config), "config.json")));
+  records.push_back(write_recorded(temp_dir, kTrainerStateFile, dump_json(trainer_state, "trainer_state")));
+  write_manifest(temp_dir, step, records);
+  const std::string final_dir = install_checkpoint(temp_dir, root, step, keep_last);
+  cleanup.disarm();
+  return final_dir;
+}
+
+// ---- reading ----------------------------------------------------------------------------
+
+CheckpointReader::CheckpointReader(const std::string& dir_or_root) {
+  const fs::path dir = resolve_checkpoint_dir(dir_or_root);
+  dir_ = dir.string();
+  const json manifest = read_manifest(dir);
+  sharded_ = manifest.at("files").contains(kIndexFile);
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> verified;  // all checked before parsing
+  for (const auto& [name, record] : manifest.at("files").items())
+    verified.emplace_back(name, read_verified(dir, manifest, name.c_str()));
+  auto bytes_of = [&](const std::string& name) -> const std::vector<uint8_t>& {
+    for (const auto& [n, b] : verified)
+      if (n == name) return b;
+    throw_error("checkpoint '", dir_, "': the manifest lists no '", name, "'");
+  };
+  try {
+    config_ = model_config_from_hf_json(parse_json_file(bytes_of(kConfigFile), dir / kConfigFile));
+  } catch (const Error& e) {
+    throw_error("'", (dir / kConfigFile).string(), "': ", e.what());
+  }
+  trainer_state_ = parse_json_file(bytes_of(kTrainerStateFile), dir / kTrainerStateFile);
+  auto parse = [&](const std::string& name) -> const SafetensorsFile& {
+    const std::vector<uint8_t>& bytes = bytes_of(name);
+    files_.push_back(std::make_unique<SafetensorsFile>(parse_safetensors(bytes.data(), bytes.size(), (dir / name).string())));
+    return *files_.back();
+  };
+
+  if (!sharded_) {
+    for (const SafetensorsEntry& e : parse(kModelFile).entries)
+      tensors_[e.name] = {e.shape, {{&e, 0, shape_numel(e.shape)}}, true};
+    for (const SafetensorsEntry& e : parse(kOptimizerFile).entries)
+      tensors_[e.name] = {e.shape, {{&e, 0, shape_numel(e.shape)}}, false};
+    return;
+  }
+  const json index = parse_json_file(bytes_of(kIndexFile), dir / kIndexFile);
+  if (index.value("format", std::string()) != kIndexFormat)
+    throw_error("'", (dir / kIndexFile).string(), "' is not a loom sharded index (expected \"format\": \"", kIndexFormat, "\")");
+  world_ = index.at("world_size").get<int>();
+  std::map<std::string, const SafetensorsFile*> by_file;
+  for (const auto& [name, record] : manifest.at("files").items())
+    if (name.rfind("shard-", 0) == 0) by_file[name] = &parse(name);
+  for (const auto& [name, t] : index.at("tensors").items()) {
+    Stored stored{t.at("shape").get<Shape>(), {}, false};
+    for (const json& p : t.at("pieces")) {
+      const std::string file = p.at("file").get<std::string>();
+      if (!by_file.count(file)) throw_error("'", (dir / kIndexFile).string(), "' names '", file, "', which the manifest lacks");
+      const SafetensorsEntry& entry = by_file[file]->at(name);
+      const int64_t count = p.at("count").get<int64_t>();
+      if (entry.dtype != "F32" || entry.bytes.size() != static_cast<size_t>(count) * sizeof(float))
+        throw_error("'", (dir / file).string(), "': tensor '", name, "' is not ", count, " F32 elements as the index says");
+      stored.pieces.push_back({&entry, p.at("start").get<int64_t>(), count});
+    }
+    tensors_[name] = std::move(stored);
+  }
+}
+
+bool CheckpointReader::has(const std::string& tensor) const { return tensors_.count(tensor) > 0; }
+
+std::vector<std::string> CheckpointReader::tensor_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, stored] : tensors_) names.push_back(name);
+  return names;
+}
+
+const std::vector<float>& CheckpointReader::converted(const std::string& name, const Stored& stored,
+                                                      bool transposed) const {
+  auto it = converted_.find(name);
+  if (it == converted_.end())
+    it = converted_.emplace(name, hf_entry_to_loom_values(*stored.pieces.front().entry, transposed)).first;
+  return it->second;
+}
+
+void CheckpointReader::read(const TensorLayout& layout, int64_t start, int64_t count, float* out) const {
+  const auto it = tensors_.find(layout.name);
+  if (it == tensors_.end()) throw_error("checkpoint '", dir_, "' has no tensor '", layout.name, "'");
+  const Stored& stored = it->second;
+  Shape expected = layout.shape;
+  if (stored.model_weight && layout.hf_transposed) std::reverse(expected.begin(), expected.end());
+  if (stored.shape != expected)
+    throw_error("checkpoint '", dir_, "': tensor '", layout.name, "' has shape ", shape_to_string(stored.shape),
+                ", expected ", shape_to_string(expected));
+  if (start < 0 || count < 0 || start + count > shape_numel(layout.shape))
+    throw_error("checkpoint '", dir_, "': elements [", start, ", ", start + count, ") are outside tensor '",
+                layout.name, "' of ", shape_numel(layout.shape));
+  if (stored.model_weight) {
+    const std::vector<float>& values = converted(layout.name, stored, layout.hf_transposed);
+    std::copy(values.begin() + start, values.begin() + start + count, out);
+    return;
+  }
+  for (const Piece& piece : stored.pieces) {
+    const int64_t lo = std::max(start, piece.start), hi = std::min(start + count, piece.start + piece.count);
+    if (lo >= hi) continue;
+    if (piece.entry->dtype != "F32")
+      throw_error("checkpoint '", dir_, "': tensor '", layout.name, "' is ", piece.entry->dtype, ", expected F32");
+    std::memcpy(out + (lo - start), piece.entry->bytes.data() + (lo - piece.start) * sizeof(float),
+                static_cast<size_t>(hi - lo) * sizeof(float));
+  }
+}
+
+}  // namespace loom

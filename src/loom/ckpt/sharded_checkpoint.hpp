@@ -1,0 +1,96 @@
+#pragma once
+// Sharded checkpoints, written by every rank at once, and one reader for every checkpoint.
+//
+// A sharded checkpoint directory holds, besides config.json and trainer_state.json:
+//   shard-<rank>-of-<world>.safetensors  one per rank: 1-D F32 slices, each named after its
+//                                        tensor ("<param>", "<param>.exp_avg", ...)
+//   index.json                           for every tensor, its global shape (loom layout,
+//                                        row-major) and the pieces that hold it: file, first
+//                                        element, element count
+//   manifest.json                        byte size and CRC32 of every file above
+// The slices of a tensor cover it exactly once, so a checkpoint written on one layout can be
+// read back on any other: a reader asks for any element range and gets it from whichever
+// files hold it. The single-file format (checkpoint.hpp) reads through the same interface.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loom/ckpt/safetensors.hpp"
+#include "loom/model/config.hpp"
+
+namespace loom {
+
+// One rank's piece of one tensor: elements [start, start + count) of `tensor` flattened.
+struct ShardSlice {
+  std::string tensor;
+  Shape shape;  // the whole tensor's
+  int64_t start = 0, count = 0;
+  const float* data = nullptr;
+};
+
+// "shard-00003-of-00004.safetensors"
+std::string shard_file_name(int rank, int world);
+
+// Each rank, into the shared temp directory: its shard file and a small description of it
+// (pieces, bytes, CRC32) that finish_sharded_checkpoint folds into index.json and the manifest.
+void write_checkpoint_shard(const std::filesystem::path& temp_dir, int rank, int world,
+                            const std::vector<ShardSlice>& slices);
+
+// Rank 0, after every rank's write_checkpoint_shard returned: checks that the pieces cover
+// every tensor exactly once, writes index.json, config.json, trainer_state.json and the
+// manifest, then installs the directory under `root` like save_checkpoint does.
+std::string finish_sharded_checkpoint(const std::filesystem::path& temp_dir, const std::filesystem::path& root,
+                                      int64_t step, int world, const ModelConfig& config,
+                                      const nlohmann::json& trainer_state, int keep_last);
+
+// How the reader should see one tensor: its loom shape, and whether a single-file
+// checkpoint's model.safetensors stores it transposed (HF Conv1D).
+struct TensorLayout {
+  std::string name;
+  Shape shape;
+  bool hf_transposed = false;
+};
+
+// Opens a checkpoint directory (or a root's latest) of either format. Every file is verified
+// against the manifest before anything is parsed.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& dir_or_root);
+  const std::string& dir() const { return dir_; }
+  const ModelConfig& config() const { return config_; }
+  const nlohmann::json& trainer_state() const { return trainer_state_; }
+  bool sharded() const { return sharded_; }
+  int world_size() const { return world_; }  // ranks that wrote it; 1 for the single-file format
+  bool has(const std::string& tensor) const;
+  // Elements [start, start + count) of the tensor flattened in loom layout, as f32. Errors name
+  // the checkpoint and the tensor: missing, a shape other than layout.shape, a range outside it.
+  void read(const TensorLayout& layout, int64_t start, int64_t count, float* out) const;
+  // Names of every tensor the checkpoint holds.
+  std::vector<std::string> tensor_names() const;
+
+ private:
+  struct Piece {
+    const SafetensorsEntry* entry;
+    int64_t start, count;
+  };
+  struct Stored {
+    Shape shape;  // loom layout (single-file model weights: HF layout until converted)
+    std::vector<Piece> pieces;
+    bool model_weight = false;  // single-file model.safetensors: may need transposing
+  };
+  const std::vector<float>& converted(const std::string& name, const Stored& stored, bool transposed) const;
+
+  std::string dir_;
+  ModelConfig config_;
+  nlohmann::json trainer_state_;
+  bool sharded_ = false;
+  int world_ = 1;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Stored> tensors_;
+  mutable std::map<std::string, std::vector<float>> converted_;  // single-file model weights
+};
+
+}  // namespace loom

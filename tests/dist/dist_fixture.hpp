@@ -1,0 +1,59 @@
+#pragma once
+// What the multi-rank tests share: the world as a dp group, config parsing, metrics reading,
+// a directory every rank of the job agrees on, and a weight comparison.
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "../trainer_fixture.hpp"
+#include "loom/dist/mpi_process_group.hpp"
+#include "loom/obs/metrics_log.hpp"
+#include "loom/train/trainer.hpp"
+
+namespace loom::test {
+
+constexpr int64_t kGlobalBatch = 8, kSteps = 10;
+
+inline TrainConfig parse(const std::string& text, const std::vector<std::string>& overrides) {
+  ConfigReader reader = ConfigReader::from_string(text, "dp-test.toml");
+  // Several ranks share the machine's cores: one thread each keeps them from thrashing.
+  reader.apply_overrides({"train.threads=1"});
+  reader.apply_overrides(overrides);
+  return parse_train_config(reader);
+}
+
+inline std::vector<double> losses_of(const std::string& metrics_path) {
+  std::vector<double> out;
+  for (const auto& r : MetricsLog::read_all(metrics_path))
+    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+inline std::shared_ptr<ProcessGroup> world() {
+  return std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD, "dp",
+                                           MpiProcessGroup::CommOwnership::Borrowed);
+}
+
+// One path for the whole job (rank 0's pid in it), so every rank reads and writes the same files.
+inline std::string shared_path(const std::string& name) {
+  int root_pid = ::getpid();
+  MPI_Bcast(&root_pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  return (std::filesystem::temp_directory_path() / ("loom_" + name + "_" + std::to_string(root_pid))).string();
+}
+
+// Largest difference relative to the tensor's largest weight, floored at the init scale (std
+// 0.02): biases start at zero, and their own maximum after 10 small steps is no scale.
+inline double relative_weight_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  constexpr double kInitScale = 0.02;
+  double max_diff = 0, max_ref = kInitScale;
+  for (size_t k = 0; k < a.size(); ++k) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[k] - b[k])));
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a[k])));
+  }
+  return max_diff / max_ref;
+}
+
+}  // namespace loom::test

@@ -78,6 +78,25 @@ TEST(Cli, ShardWithWrongHeaderOrVocabularyIsAClearError) {
   EXPECT_THAT(r.output, HasSubstr("vocab"));
 }
 
+TEST(Cli, ExportWritesTheCheckpointWeightsInHuggingFaceLayout) {
+  TinyRun run("cli_export");
+  const std::string config = run.write_config(run.config("gpt2", 5));
+  CommandResult r = run_loom("train " + config);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_loom("export --checkpoint " + run.dir + "/ckpt --out " + run.dir + "/hf");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // A single-process checkpoint already holds HF-layout F32 weights: the export is those bytes.
+  EXPECT_EQ(read_text_file(run.dir + "/hf/model.safetensors"),
+            read_text_file(run.dir + "/ckpt/step_00000005/model.safetensors"));
+  EXPECT_EQ(read_text_file(run.dir + "/hf/config.json"), read_text_file(run.dir + "/ckpt/step_00000005/config.json"));
+  r = run_loom("export --checkpoint " + run.dir + "/ckpt --out " + run.dir + "/hf16 --dtype bf16");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_safetensors(run.dir + "/hf16/model.safetensors").entries.front().dtype, "BF16");
+  r = run_loom("export --checkpoint " + run.dir + "/nowhere --out " + run.dir + "/x");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("nowhere"));
+}
+
 TEST(Cli, CorruptCheckpointIsAnErrorAndTheOlderOneSurvives) {
   TinyRun run("cli_ckpt");
   const std::string config = run.write_config(run.config("gpt2", 10));

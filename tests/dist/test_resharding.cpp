@@ -7,7 +7,9 @@
 #include <cstring>
 
 #include "dist_fixture.hpp"
+#include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/sharded_checkpoint.hpp"
+#include "loom/train/checkpointing.hpp"
 
 namespace loom::test {
 namespace {
@@ -85,6 +87,10 @@ TEST_P(Resharding, RoundTripIsBitwiseAndTrainingContinuesUnchanged) {
     EXPECT_TRUE(CheckpointReader(root + "/a").sharded());
     EXPECT_EQ(CheckpointReader(root + "/a").world_size(), n);
     EXPECT_FALSE(CheckpointReader(root + "/c").sharded());
+    // The sharded checkpoint exports to exactly the file one process writes.
+    export_hf_checkpoint(root + "/a", root + "/hf", DType::F32);
+    EXPECT_EQ(read_file_bytes(root + "/hf/model.safetensors"),
+              read_file_bytes(root + "/c/" + checkpoint_dir_name(kFirstSteps) + "/model.safetensors"));
   }
 
   // Training resumed from D (steps 5-8) against one run of all 8 steps on the same layout.

@@ -20,7 +20,7 @@ TEST_P(ZeroStages, MemoryAndWireBytesPerStepMatchTheTextbook) {
   Trainer trainer(parse(run.config("llama", 2), {"checkpoint.dir=\"\"", "data.val=\"\"", "train.grad_accum=1",
                                                   "parallel.zero_stage=" + std::to_string(stage),
                                                   "parallel.bucket_mb=0.002", "optim.warmup_steps=0",
-                                                  "log.dir=\"" + run.dir + "/z\""}),
+                                                  "log.all_ranks=true", "log.dir=\"" + run.dir + "/z\""}),
                   dp);
   trainer.run();
   int64_t params = 0;  // P, counted on a plain copy of the model (after `after` is read below)
@@ -60,6 +60,14 @@ TEST_P(ZeroStages, MemoryAndWireBytesPerStepMatchTheTextbook) {
 
   // Wire bytes of the last step (stats restart every step), per rank, ring algorithms.
   const CommStats& comm = dp->stats();
+  // Every rank logged its own figures (log.all_ranks): the last record holds this step's.
+  const std::string own_log = run.dir + "/z/" + (dp->rank() == 0 ? std::string("metrics.jsonl")
+                                                                 : "metrics.rank" + std::to_string(dp->rank()) + ".jsonl");
+  const auto records = MetricsLog::read_all(own_log);
+  ASSERT_EQ(records.size(), 2u) << own_log;
+  if (n > 1) {
+    EXPECT_EQ(records.back()["comm"]["all_reduce"]["bytes_sent"].get<int64_t>(), comm.sent(CommOp::AllReduce));
+  }
   const double ring = static_cast<double>(n - 1) / static_cast<double>(n);
   if (effective == 0) {
     // One all-reduce of all gradients, 2 (N-1)/N x 4P, plus the 4-byte loss average.

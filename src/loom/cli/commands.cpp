@@ -143,4 +143,11 @@ int run_eval(const EvalArgs& args) {
   return 0;
 }
 
+int run_export(const ExportArgs& args) {
+  export_hf_checkpoint(args.checkpoint, args.out_dir, args.dtype == "bf16" ? DType::BF16 : DType::F32);
+  std::printf("wrote %s/model.safetensors and config.json (Hugging Face layout, %s)\n", args.out_dir.c_str(),
+              args.dtype.c_str());
+  return 0;
+}
+
 }  // namespace loom::cli

@@ -42,4 +42,11 @@ struct EvalArgs {
 };
 int run_eval(const EvalArgs& args);
 
+struct ExportArgs {
+  std::string checkpoint;
+  std::string out_dir;
+  std::string dtype = "f32";  // "f32" or "bf16"
+};
+int run_export(const ExportArgs& args);
+
 }  // namespace loom::cli

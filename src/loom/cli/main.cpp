@@ -1,4 +1,4 @@
-// `loom`: train, tokenize, generate, eval. Errors in user input end with exit code 2 and one
+// `loom`: train, tokenize, generate, eval, export. Errors in user input end with exit code 2 and one
 // line naming the problem; nothing is written before the input has been validated.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -45,6 +45,12 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--seq-len", eval.seq_len)->check(CLI::PositiveNumber);
   eval_cmd->add_option("--batches", eval.batches)->check(CLI::PositiveNumber);
 
+  loom::cli::ExportArgs export_args;
+  auto* export_cmd = app.add_subcommand("export", "write any checkpoint (sharded or not) as one Hugging Face safetensors file");
+  export_cmd->add_option("--checkpoint", export_args.checkpoint, "checkpoint directory or root")->required();
+  export_cmd->add_option("--out", export_args.out_dir, "output directory (model.safetensors, config.json)")->required();
+  export_cmd->add_option("--dtype", export_args.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -61,6 +67,7 @@ int main(int argc, char** argv) {
     if (tokenize_cmd->parsed()) return loom::cli::run_tokenize(tokenize);
     if (generate_cmd->parsed()) return loom::cli::run_generate(generate);
     if (eval_cmd->parsed()) return loom::cli::run_eval(eval);
+    if (export_cmd->parsed()) return loom::cli::run_export(export_args);
   } catch (const loom::Error& e) {
     std::fprintf(stderr, "loom: error: %s\n", e.what());
     return 2;

@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
+#include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/checkpoint_files.hpp"
 #include "loom/ckpt/hf_config.hpp"
 #include "loom/ckpt/hf_weights.hpp"
@@ -138,6 +140,15 @@ nlohmann::json restore_weights(const std::string& dir_or_root, Transformer& mode
   for (Parameter* p : model.parameters())
     reader.read({p->name, p->value.shape(), p->hf_transposed}, 0, p->value.numel(), p->value.f32());
   return reader.trainer_state();
+}
+
+void export_hf_checkpoint(const std::string& dir_or_root, const std::string& out_dir, DType dtype) {
+  Transformer model(checkpoint_model_config(dir_or_root));
+  restore_weights(dir_or_root, model);
+  std::filesystem::create_directories(out_dir);
+  // transformers refuses safetensors files whose metadata lacks a known "format".
+  write_safetensors(out_dir + "/model.safetensors", export_hf_weights(model.parameters(), dtype), {{"format", "pt"}});
+  atomic_write_file(out_dir + "/config.json", hf_config_json(model.config()).dump(2) + "\n");
 }
 
 ModelConfig checkpoint_model_config(const std::string& dir_or_root) {

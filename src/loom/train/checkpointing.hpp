@@ -39,6 +39,10 @@ void load_owned_state(const CheckpointReader& reader, const std::vector<OwnedSli
 // format and any layout; returns the trainer state.
 nlohmann::json restore_weights(const std::string& dir_or_root, Transformer& model);
 
+// Writes `out_dir`/model.safetensors (HF names and layout, F32 or BF16) and config.json from a
+// checkpoint of either format and any layout: what `transformers` loads directly.
+void export_hf_checkpoint(const std::string& dir_or_root, const std::string& out_dir, DType dtype);
+
 // Builds nothing: reads only the model config of a checkpoint.
 ModelConfig checkpoint_model_config(const std::string& dir_or_root);
 

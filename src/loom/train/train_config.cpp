@@ -88,6 +88,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.run_dir = r.get_string("log.dir", c.run_dir);
   c.log_every = r.get_int("log.every", c.log_every);
   c.trace_path = r.get_string("log.trace", "");
+  c.log_all_ranks = r.get_bool("log.all_ranks", c.log_all_ranks);
 
   c.sample_prompt = r.get_string("sample.prompt", "");
   c.sample_tokens = r.get_int("sample.tokens", c.sample_tokens);

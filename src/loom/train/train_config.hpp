@@ -48,6 +48,7 @@ struct TrainConfig {
 
   std::string run_dir = "runs/default";  // metrics.jsonl and loss.svg
   int64_t log_every = 1;
+  bool log_all_ranks = false;  // ranks > 0 also write run_dir/metrics.rank<r>.jsonl (their own memory, comm)
   std::string trace_path;      // Chrome/Perfetto trace per rank ("" = off); ".rankN" added under dp
 
   std::string sample_prompt;   // generated from at the end (needs tokenizer_dir)

@@ -222,9 +222,12 @@ TrainSummary Trainer::run() {
     }
   }
   summary.first_step = start_step;
-  const std::string metrics_path = config_.run_dir + "/metrics.jsonl";
-  std::optional<MetricsLog> metrics;  // rank 0 only
-  if (is_rank0()) {
+  // Rank 0 logs the run; with log.all_ranks every other rank logs its own view (its memory and
+  // wire bytes differ under ZeRO) next to it.
+  const std::string metrics_path =
+      config_.run_dir + (is_rank0() ? "/metrics.jsonl" : "/metrics.rank" + std::to_string(dp_rank_) + ".jsonl");
+  std::optional<MetricsLog> metrics;
+  if (is_rank0() || config_.log_all_ranks) {
     if (start_step > 0) drop_metrics_after(metrics_path, start_step);
     metrics.emplace(metrics_path, start_step > 0 ? MetricsLog::Mode::Append : MetricsLog::Mode::Truncate);
   }
@@ -273,8 +276,8 @@ TrainSummary Trainer::run() {
     if (eval_now) {
       const double val_loss = evaluate(config_.val_data, config_.eval_batches);
       summary.last_val_loss = val_loss;
-      if (metrics) {
-        metrics->write({{"kind", "val"}, {"step", step + 1}, {"val_loss", val_loss}});
+      if (metrics) metrics->write({{"kind", "val"}, {"step", step + 1}, {"val_loss", val_loss}});
+      if (is_rank0()) {
         progress.clear();
         std::printf("step %6lld | val loss %.4f\n", static_cast<long long>(step + 1), val_loss);
         std::fflush(stdout);

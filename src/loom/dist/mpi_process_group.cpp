@@ -11,30 +11,16 @@
 #include <thread>
 
 #include "loom/core/error.hpp"
+#include "loom/dist/backend_support.hpp"
 
 namespace loom {
 namespace {
 
-// MPI progresses non-blocking operations only inside MPI calls, so wait() polls MPI_Test: it
-// spins for a short while (small operations finish within microseconds), then sleeps between
-// polls so that oversubscribed ranks (more ranks than cores, as in CI) leave the core to the
-// peer they are waiting for.
-constexpr auto kSpinBeforeSleeping = std::chrono::microseconds(200);
-constexpr auto kSleepBetweenPolls = std::chrono::microseconds(50);
-
-void check_mpi(int rc, const char* call, const std::string& context) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(rc, text, &length);
-  throw_error(context, ": ", call, " failed: ", std::string(text, static_cast<size_t>(length)));
-}
+using namespace backend;
 
 MPI_Op to_mpi_op(ReduceOp op) {
   return op == ReduceOp::Max ? MPI_MAX : MPI_SUM;  // Avg is a sum divided on completion
 }
-
-constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
 
 // An operation that finished when it was issued (collectives on a one-rank group).
 class CompletedWork final : public Work {
@@ -132,23 +118,6 @@ class MpiWork final : public Work {
   int64_t expected_recv_floats_ = -1;
   std::vector<int> alltoallv_arrays_;
 };
-
-void check_disjoint(const float* in, int64_t in_count, const float* out, int64_t out_count,
-                    const std::string& context) {
-  if (in_count == 0 || out_count == 0) return;
-  const bool overlap = in < out + out_count && out < in + in_count;
-  if (overlap)
-    throw_error(context, ": the input and output buffers overlap; they must be distinct");
-}
-
-void check_buffer(const void* data, int64_t count, const std::string& context, const char* what) {
-  if (count > 0 && data == nullptr)
-    throw_error(context, ": ", what, " is null but the count is ", count);
-}
-
-int64_t sum(const std::vector<int64_t>& values) {
-  return std::accumulate(values.begin(), values.end(), int64_t{0});
-}
 
 }  // namespace
 

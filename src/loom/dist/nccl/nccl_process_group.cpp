@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "loom/core/error.hpp"
+#include "loom/dist/backend_support.hpp"
 #include "loom/dist/mpi_process_group.hpp"  // the timeout default, its env var and the exit code
 
 namespace loom {
@@ -37,13 +38,7 @@ struct NcclCommunicator {
 
 namespace {
 
-// cudaEventSynchronize cannot time out, so wait() polls cudaEventQuery with the MPI backend's
-// policy: spin briefly (small operations finish within microseconds), then sleep between
-// polls so that oversubscribed hosts leave the core to other ranks.
-constexpr auto kSpinBeforeSleeping = std::chrono::microseconds(200);
-constexpr auto kSleepBetweenPolls = std::chrono::microseconds(50);
-
-constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
+using namespace backend;
 
 void check_cuda(cudaError_t rc, const char* call, const std::string& context) {
   if (rc != cudaSuccess) throw_error(context, ": ", call, " failed: ", cudaGetErrorString(rc));
@@ -51,14 +46,6 @@ void check_cuda(cudaError_t rc, const char* call, const std::string& context) {
 
 void check_nccl(ncclResult_t rc, const char* call, const std::string& context) {
   if (rc != ncclSuccess) throw_error(context, ": ", call, " failed: ", ncclGetErrorString(rc));
-}
-
-void check_mpi(int rc, const char* call, const std::string& context) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(rc, text, &length);
-  throw_error(context, ": ", call, " failed: ", std::string(text, static_cast<size_t>(length)));
 }
 
 ncclRedOp_t to_nccl_op(ReduceOp op) {
@@ -149,23 +136,6 @@ class NcclWork final : public Work {
   cudaEvent_t event_ = nullptr;
   bool done_ = false;
 };
-
-void check_disjoint(const float* in, int64_t in_count, const float* out, int64_t out_count,
-                    const std::string& context) {
-  if (in_count == 0 || out_count == 0) return;
-  const bool overlap = in < out + out_count && out < in + in_count;
-  if (overlap)
-    throw_error(context, ": the input and output buffers overlap; they must be distinct");
-}
-
-void check_buffer(const void* data, int64_t count, const std::string& context, const char* what) {
-  if (count > 0 && data == nullptr)
-    throw_error(context, ": ", what, " is null but the count is ", count);
-}
-
-int64_t sum(const std::vector<int64_t>& values) {
-  return std::accumulate(values.begin(), values.end(), int64_t{0});
-}
 
 // NCCL has no all-to-all collective; one grouped send and receive per peer is its documented
 // recipe (NCCL user guide, "Point-to-point communication", all-to-all). Blocks are packed in

@@ -1,0 +1,31 @@
+#include "loom/dist/backend_support.hpp"
+
+#include <numeric>
+
+#include "loom/core/error.hpp"
+#include "loom/dist/mpi_process_group.hpp"  // mpi.h, included the way loom needs it
+
+namespace loom::backend {
+
+void check_mpi(int rc, const char* call, const std::string& context) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  throw_error(context, ": ", call, " failed: ", std::string(text, static_cast<size_t>(length)));
+}
+
+void check_disjoint(const float* in, int64_t in_count, const float* out, int64_t out_count,
+                    const std::string& context) {
+  if (in_count == 0 || out_count == 0) return;
+  const bool overlap = in < out + out_count && out < in + in_count;
+  if (overlap) throw_error(context, ": the input and output buffers overlap; they must be distinct");
+}
+
+void check_buffer(const void* data, int64_t count, const std::string& context, const char* what) {
+  if (count > 0 && data == nullptr) throw_error(context, ": ", what, " is null but the count is ", count);
+}
+
+int64_t sum(const std::vector<int64_t>& values) { return std::accumulate(values.begin(), values.end(), int64_t{0}); }
+
+}  // namespace loom::backend

@@ -3,10 +3,13 @@
 // one JSON object: tokens/s over all ranks, time per step, communication time (first bucket
 // issued to last bucket done), the part of it that backward did not hide (waiting in
 // finish()), and the overlap fraction = 1 - exposed / communication.
-//   mpirun -np N bench_data_parallel [--steps S] [--bucket-mb M]
+// With --zero-stage 1-3 the step runs through ZeroOptimizer instead, and the JSON adds each
+// rank's live bytes of parameters, gradients and optimizer state and its wire bytes per step.
+//   mpirun -np N bench_data_parallel [--steps S] [--bucket-mb M] [--zero-stage Z]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
 #include <nlohmann/json.hpp>
 
 #include "loom/core/rng.hpp"
@@ -15,16 +18,19 @@
 #include "loom/model/transformer.hpp"
 #include "loom/obs/trace.hpp"
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/zero_optimizer.hpp"
 #include "loom/train/adamw.hpp"
 
 int main(int argc, char** argv) {
   int64_t batch = 4, seq = 128, steps = 5, warmup = 1;
   double bucket_mb = 25.0;
+  int zero_stage = 0;
   CLI::App app{"loom data-parallel benchmark (run under mpirun)"};
   app.add_option("--batch", batch, "sequences per rank");
   app.add_option("--seq", seq);
   app.add_option("--steps", steps);
   app.add_option("--bucket-mb", bucket_mb);
+  app.add_option("--zero-stage", zero_stage)->check(CLI::Range(0, 3));
   CLI11_PARSE(app, argc, argv);
 
   loom::DistRuntime runtime;
@@ -39,9 +45,17 @@ int main(int argc, char** argv) {
   config.ffn_hidden = 4 * 384;
   loom::Transformer model(config);
   model.init_weights(1);
-  loom::AdamW optimizer(model.parameters(), {});
+  const bool sharded = zero_stage > 0 && world->size() > 1;
+  std::unique_ptr<loom::AdamW> optimizer;
+  std::unique_ptr<loom::ZeroOptimizer> zero;
   std::unique_ptr<loom::GradientBucketReducer> reducer;
-  if (world->size() > 1) {
+  if (sharded) {
+    zero = std::make_unique<loom::ZeroOptimizer>(
+        model, world, loom::ZeroConfig{zero_stage, static_cast<int64_t>(bucket_mb * 1e6), false}, loom::AdamWConfig{});
+  } else {
+    optimizer = std::make_unique<loom::AdamW>(model.parameters(), loom::AdamWConfig{});
+  }
+  if (!sharded && world->size() > 1) {
     reducer = std::make_unique<loom::GradientBucketReducer>(
         model.parameters_in_grad_ready_order(), world, static_cast<int64_t>(bucket_mb * 1e6));
     reducer->attach(model);
@@ -53,8 +67,10 @@ int main(int argc, char** argv) {
   double total_s = 0, comm_s = 0, exposed_s = 0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     world->barrier();
+    world->reset_stats();
     const double start = loom::TraceRecorder::now_s();
-    model.zero_grad();
+    if (zero) zero->zero_grad();
+    else model.zero_grad();
     model.forward(tokens.data(), tokens.data() + 1, batch, seq, {true, 1.0f / static_cast<float>(batch * seq)});
     model.backward();
     double step_comm = 0, step_exposed = 0;
@@ -64,7 +80,8 @@ int main(int argc, char** argv) {
       step_exposed = loom::TraceRecorder::now_s() - wait_start;
       step_comm = reducer->last_timings().back().finished_s - reducer->last_timings().front().issued_s;
     }
-    optimizer.step(1e-4);
+    if (zero) zero->finish_and_step(1e-4, 1.0);
+    else optimizer->step(1e-4);
     if (s >= warmup) {
       total_s += loom::TraceRecorder::now_s() - start;
       comm_s += step_comm;
@@ -80,7 +97,13 @@ int main(int argc, char** argv) {
         {"tokens_per_s", static_cast<double>(batch * seq * world->size()) / step_s},
         {"comm_ms_per_step", comm_s / static_cast<double>(steps) * 1e3},
         {"exposed_comm_ms_per_step", exposed_s / static_cast<double>(steps) * 1e3},
-        {"overlap_fraction", comm_s > 0 ? 1.0 - exposed_s / comm_s : 0.0}};
+        {"overlap_fraction", comm_s > 0 ? 1.0 - exposed_s / comm_s : 0.0},
+        {"zero_stage", sharded ? zero_stage : 0},
+        {"wire_bytes_sent_per_step", std::accumulate(world->stats().bytes_sent.begin(), world->stats().bytes_sent.end(), int64_t{0})},
+        {"live_bytes",
+         {{"parameters", loom::HostAllocator::instance().live_bytes(loom::MemCategory::Parameters)},
+          {"gradients", loom::HostAllocator::instance().live_bytes(loom::MemCategory::Gradients)},
+          {"optimizer_state", loom::HostAllocator::instance().live_bytes(loom::MemCategory::OptimizerState)}}}};
     std::printf("%s\n", out.dump().c_str());
   }
   return 0;

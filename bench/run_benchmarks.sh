@@ -50,3 +50,15 @@ for ranks in 1 2 4; do
 import json; d = json.load(open('$OUT/dp_np$ranks.json'))
 print(f\"| {d['ranks']} | {d['ms_per_step']:.0f} | {d['tokens_per_s']:.0f} | {d['comm_ms_per_step']:.0f} | {d['exposed_comm_ms_per_step']:.0f} | {100*d['overlap_fraction']:.0f}% |\")"
 done
+
+# ZeRO stages on 2 ranks, same model and batch: per-rank memory against bytes on the wire.
+echo
+echo "| ZeRO stage | ms/step | tokens/s | parameters MB | gradients MB | optimizer MB | wire MB sent/step |"
+echo "|---|---|---|---|---|---|---|"
+for stage in 0 1 2 3; do
+  OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 \
+    "$BUILD/bench/bench_data_parallel" --steps "$STEPS" --bucket-mb 5 --zero-stage "$stage" > "$OUT/zero$stage.json"
+  /usr/bin/python3 -c "
+import json; d = json.load(open('$OUT/zero$stage.json')); m = d['live_bytes']
+print(f\"| {d['zero_stage']} | {d['ms_per_step']:.0f} | {d['tokens_per_s']:.0f} | {m['parameters']/1e6:.1f} | {m['gradients']/1e6:.1f} | {m['optimizer_state']/1e6:.1f} | {d['wire_bytes_sent_per_step']/1e6:.1f} |\")"
+done

@@ -7,6 +7,7 @@
 
 #include "gradcheck.hpp"
 #include "loom/core/error.hpp"
+#include "loom/model/parameter_specs.hpp"
 #include "loom/model/transformer.hpp"
 #include "model_fixtures.hpp"
 
@@ -94,6 +95,21 @@ TEST_P(ModelGrad, Bf16ActivationsAreRoundedAndRecomputationStaysExact) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, ModelGrad, ::testing::Values(Architecture::GPT2, Architecture::Llama),
                          [](const auto& info) { return std::string(architecture_name(info.param)); });
+
+TEST(Model, ParameterSpecsDescribeTheBuiltModelInGradientReadyOrder) {
+  for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
+    Transformer model(config);
+    const ParameterList built = model.parameters_in_grad_ready_order();
+    const std::vector<ParameterSpec> specs = parameter_specs(config);
+    ASSERT_EQ(specs.size(), built.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ(specs[i].name, built[i]->name);
+      EXPECT_EQ(specs[i].shape, built[i]->value.shape()) << specs[i].name;
+      const ParameterList unit = model.unit_parameters(specs[i].unit);
+      EXPECT_NE(std::find(unit.begin(), unit.end(), built[i]), unit.end()) << specs[i].name << " unit " << specs[i].unit;
+    }
+  }
+}
 
 TEST(Model, ParameterCountMatchesConfigAndAllocator) {
   for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {

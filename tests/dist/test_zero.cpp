@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "dist_fixture.hpp"
+#include "loom/plan/memory_model.hpp"
 
 namespace loom::test {
 namespace {
@@ -52,6 +53,12 @@ TEST_P(ZeroStages, MemoryAndWireBytesPerStepMatchTheTextbook) {
   EXPECT_NEAR(live(MemCategory::Gradients), p4 * fraction(2), pad) << "gradients";
   EXPECT_NEAR(live(MemCategory::OptimizerState), 2 * p4 * fraction(1), 2 * pad) << "optimizer state";
   EXPECT_GE(live(MemCategory::Parameters), p4 * fraction(3));
+  // The planner's model of the engine predicts the same bytes without building anything.
+  const plan::MemoryBreakdown predicted =
+      plan::predict_engine_memory(trainer.model().config(), n, stage, 2000, false, 4, 16, Recompute::None);
+  EXPECT_EQ(predicted.parameters, live(MemCategory::Parameters));
+  EXPECT_EQ(predicted.gradients, live(MemCategory::Gradients));
+  EXPECT_EQ(predicted.optimizer_state, live(MemCategory::OptimizerState));
   if (zero) {  // and to the byte against the padded layout
     EXPECT_EQ(live(MemCategory::OptimizerState), 2 * 4 * shard);
     EXPECT_EQ(live(MemCategory::Gradients), 4 * (effective >= 2 ? shard : shard * n));

@@ -24,4 +24,8 @@ struct BucketPlan {
 // Throws loom::Error for a non-positive bucket size.
 BucketPlan plan_gradient_buckets(const ParameterList& params_in_ready_order, int64_t bucket_bytes);
 
+// The same grouping on element counts alone (f32 gradients): indices into `numels` per
+// bucket. The planner sizes buckets of models it never allocates with this.
+std::vector<std::vector<size_t>> group_into_buckets(const std::vector<int64_t>& numels, int64_t bucket_bytes);
+
 }  // namespace loom

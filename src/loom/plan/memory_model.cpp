@@ -1,0 +1,138 @@
+#include "loom/plan/memory_model.hpp"
+
+#include <algorithm>
+
+#include "loom/core/error.hpp"
+#include "loom/model/parameter_specs.hpp"
+#include "loom/parallel/gradient_buckets.hpp"
+
+namespace loom::plan {
+
+MemoryBreakdown zero_model_states(double params, const StateBytes& bytes, int64_t dp, int stage) {
+  if (dp < 1 || stage < 0 || stage > 3) throw_error("ZeRO: dp ", dp, " stage ", stage, " is not a valid layout");
+  const double n = static_cast<double>(dp);
+  MemoryBreakdown m;
+  m.parameters = params * bytes.parameter / (stage >= 3 ? n : 1.0);
+  m.gradients = params * bytes.gradient / (stage >= 2 ? n : 1.0);
+  m.optimizer_state = params * (bytes.master + bytes.moments) / (stage >= 1 ? n : 1.0);
+  return m;
+}
+
+namespace {
+
+// Elements per token of one layer's stash, split by how each part shards.
+struct LayerElements {
+  double replicated_by_tp;  // layer input, norm outputs and statistics, mid residual (divide by t under SP)
+  double split_by_tp;       // q|k|v, MLP pre-activation: always divided by t
+  double recomputable;      // attention output, log-sum-exp, MLP activation (dropped by selective)
+};
+
+LayerElements layer_elements(const ModelConfig& m) {
+  const double h = static_cast<double>(m.n_embd), f = static_cast<double>(m.ffn_hidden);
+  const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;  // LayerNorm: mean and rstd
+  const double mlp_pre = m.arch == Architecture::GPT2 ? f : 2 * f;  // SwiGLU keeps gate | up
+  LayerElements e;
+  e.replicated_by_tp = h /*input*/ + 2 * (h + norm_stats) /*two norms*/ + h /*mid residual*/;
+  e.split_by_tp = (h + 2.0 * static_cast<double>(m.kv_dim())) + mlp_pre;
+  e.recomputable = h + static_cast<double>(m.n_head) + f;
+  return e;
+}
+
+}  // namespace
+
+double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const PlanLayout& l,
+                              double bytes_per_element) {
+  const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp);
+  const double t = static_cast<double>(l.tp);
+  const LayerElements e = layer_elements(m);
+  if (l.recompute == Recompute::Full) return tokens * static_cast<double>(m.n_embd) / (l.sequence_parallel ? t : 1.0) * bytes_per_element;
+  double per_token = e.replicated_by_tp / (l.sequence_parallel ? t : 1.0) + e.split_by_tp / t;
+  if (l.recompute == Recompute::None) per_token += e.recomputable / t;
+  return tokens * per_token * bytes_per_element;
+}
+
+double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro_batches) {
+  const double layers = static_cast<double>(m.n_layer), p = static_cast<double>(l.pp);
+  const double mb = static_cast<double>(micro_batches), v = static_cast<double>(l.vp);
+  switch (l.schedule) {
+    case PipelineSchedule::AllForwardAllBackward: return layers / p * mb;
+    case PipelineSchedule::OneFOneB: return layers / p * std::min(mb, p);
+    case PipelineSchedule::Interleaved:
+      return mb >= p ? layers * (1.0 + (p - 1.0) / (p * v)) : layers / p * mb;
+  }
+  return layers;
+}
+
+MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
+  // Parameters on the first pipeline stage: its share of the blocks, split by tp, plus the
+  // input embedding (vocabulary-parallel over tp); the head sits on the last stage.
+  double block_params = 0, embedding_params = 0;
+  for (const ParameterSpec& spec : parameter_specs(m)) (spec.unit == 0 ? embedding_params : block_params) += static_cast<double>(spec.numel());
+  const double per_rank = block_params / static_cast<double>(l.pp * l.tp) +
+                          (l.pp == 1 ? embedding_params : static_cast<double>(m.vocab_size * m.n_embd)) / static_cast<double>(l.tp);
+  MemoryBreakdown mem = zero_model_states(per_rank, job.state, l.dp * l.cp, l.zero_stage);
+  const double bytes = job.activation_bytes;
+  mem.activations = layer_activation_bytes(m, l.micro_batch, job.seq_len, l, bytes) * layers_in_flight(m, l, job.micro_batches);
+  if (l.recompute == Recompute::Full) {  // one layer's full stash is rebuilt during its backward
+    PlanLayout none = l;
+    none.recompute = Recompute::None;
+    mem.activations += layer_activation_bytes(m, l.micro_batch, job.seq_len, none, bytes);
+  }
+  // Two buckets in flight for data parallelism; ZeRO-3 also holds a gathered layer and the
+  // prefetched next one.
+  mem.comm_buffers = l.dp * l.cp > 1 ? 2 * job.bucket_bytes : 0;
+  if (l.zero_stage == 3) mem.comm_buffers += 2 * block_params / static_cast<double>(m.n_layer * l.tp) * job.state.parameter;
+  mem.workspace = job.workspace_bytes;
+  return mem;
+}
+
+MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
+                                      int64_t batch, int64_t seq_len, Recompute recompute) {
+  const std::vector<ParameterSpec> specs = parameter_specs(m);
+  const StateBytes state{4, 4, bf16 ? 4.0 : 0.0, 8};  // f32 storage even for bf16 values on the CPU
+  MemoryBreakdown mem;
+  if (dp == 1 || stage == 0) {
+    double params = 0;
+    for (const ParameterSpec& s : specs) params += static_cast<double>(s.numel());
+    mem = zero_model_states(params, state, 1, 0);
+  } else {
+    // ZeroOptimizer's flats: size-capped buckets in gradient-ready order (stages 1-2) or one
+    // per unit (stage 3), each padded to a multiple of dp.
+    std::vector<int64_t> flats;
+    if (stage == 3) {
+      flats.assign(static_cast<size_t>(m.n_layer + 1), 0);
+      for (const ParameterSpec& s : specs) flats[static_cast<size_t>(s.unit)] += s.numel();
+    } else {
+      std::vector<int64_t> numels;
+      for (const ParameterSpec& s : specs) numels.push_back(s.numel());
+      for (const std::vector<size_t>& bucket : group_into_buckets(numels, bucket_bytes)) {
+        int64_t n = 0;
+        for (size_t i : bucket) n += numels[i];
+        flats.push_back(n);
+      }
+    }
+    double shard = 0;
+    for (int64_t n : flats) shard += static_cast<double>((n + dp - 1) / dp);
+    const double padded = shard * static_cast<double>(dp);
+    mem.parameters = state.parameter * (stage >= 3 ? shard : padded);
+    mem.gradients = state.gradient * (stage >= 2 ? shard : padded);
+    mem.optimizer_state = (state.master + state.moments) * shard;
+  }
+  // Transformer::ensure_activations: the residual stream (L + 1 rows of C), the final norm's
+  // output and statistics, and the block stashes per recomputation mode (stash.cpp).
+  const double tokens = static_cast<double>(batch * seq_len), h = static_cast<double>(m.n_embd);
+  const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;
+  const LayerElements e = layer_elements(m);
+  const double stash_without_input = e.replicated_by_tp - h + e.split_by_tp;  // the input lives in the residual stream
+  const double layers = static_cast<double>(m.n_layer);
+  double per_token = (layers + 1) * h + h + norm_stats;
+  switch (recompute) {
+    case Recompute::None: per_token += layers * (stash_without_input + e.recomputable); break;
+    case Recompute::Selective: per_token += layers * stash_without_input + e.recomputable; break;
+    case Recompute::Full: per_token += stash_without_input + e.recomputable; break;
+  }
+  mem.activations = 4 * tokens * per_token;
+  return mem;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,66 @@
+#pragma once
+// Memory per rank, by the allocator's categories, predicted from the model description and a
+// layout. Two uses: GPU jobs (bf16 mixed precision, what `loom plan` searches over) and the
+// CPU engine as built (f32 storage), where the prediction must equal the allocator's figures.
+#include <cstdint>
+#include <vector>
+
+#include "loom/model/config.hpp"
+#include "loom/plan/layout.hpp"
+
+namespace loom::plan {
+
+struct MemoryBreakdown {
+  double parameters = 0, gradients = 0, optimizer_state = 0, activations = 0, comm_buffers = 0, workspace = 0;
+  double total() const { return parameters + gradients + optimizer_state + activations + comm_buffers + workspace; }
+};
+
+// Bytes per parameter of each piece of model state.
+struct StateBytes {
+  double parameter, gradient, master, moments;
+};
+// Mixed precision with Adam as the ZeRO paper counts it (Rajbhandari et al., SC'20, sec. 3.1):
+// bf16 parameters and gradients (2 + 2), fp32 master, momentum and variance (K = 12).
+constexpr StateBytes kMixedPrecisionAdam{2, 2, 4, 8};
+// Everything f32 (the CPU engine in f32 mode): no separate master.
+constexpr StateBytes kF32Adam{4, 4, 0, 8};
+
+// Model states of one rank holding `params` parameters, sharded over `dp` by ZeRO `stage`
+// (ZeRO paper, Fig. 1): stage 1 shards master + moments, 2 also gradients, 3 also parameters.
+MemoryBreakdown zero_model_states(double params, const StateBytes& bytes, int64_t dp, int stage);
+
+// Activation bytes one micro-batch leaves for backward in one transformer layer, for the
+// engine's design (flash attention: the log-sum-exp, never the s x s scores; no dropout).
+// Structure after Korthikanti et al. 2022 (sec. 4.1, Table 2): with tensor parallelism the
+// attention and MLP interiors divide by t; with sequence parallelism the layer-norm and
+// residual parts divide by t too; selective recomputation drops the attention core and the
+// MLP activation; full recomputation keeps only the layer input. Context parallelism divides
+// the sequence by cp.
+double layer_activation_bytes(const ModelConfig& model, int64_t micro_batch, int64_t seq_len, const PlanLayout& layout,
+                              double bytes_per_element);
+
+// Layers' worth of micro-batch activations the most loaded pipeline rank holds at its peak
+// (Korthikanti et al. sec. 4.2.3; Narayanan et al. 2021 sec. 2.2): AFAB holds all m
+// micro-batches of its L/p layers; 1F1B holds min(m, p) of them, i.e. L layers when m >= p;
+// interleaved holds L (1 + (p - 1) / (p v)).
+double layers_in_flight(const ModelConfig& model, const PlanLayout& layout, int64_t micro_batches);
+
+struct GpuJob {
+  int64_t seq_len = 2048;
+  int64_t micro_batches = 1;        // per step per pipeline (gradient accumulation steps)
+  StateBytes state = kMixedPrecisionAdam;
+  double activation_bytes = 2;      // bf16
+  double bucket_bytes = 25e6;       // data-parallel gradient buckets, two in flight
+  double workspace_bytes = 2.0 * (1 << 30);  // CUDA context, cuBLAS/NCCL workspaces (Playbook: 1-2 GB)
+};
+// Memory of the most loaded rank (the first pipeline stage, which also holds the embedding).
+MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
+
+// The CPU engine as built, exactly: bytes of parameters, gradients and optimizer state on one
+// rank after a step, for `dp` ranks under ZeRO `stage` (stage ignored with one rank) with the
+// engine's bucket size and flat padding; `bf16` adds the fp32 masters. Activations: what
+// Transformer::forward allocates for (batch, seq_len) under `recompute`.
+MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
+                                      int64_t batch, int64_t seq_len, Recompute recompute);
+
+}  // namespace loom::plan

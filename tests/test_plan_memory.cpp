@@ -1,0 +1,147 @@
+// The planner's memory model against hand-computed values and against the engine's allocator.
+#include <gtest/gtest.h>
+
+#include "loom/core/allocator.hpp"
+#include "loom/core/error.hpp"
+#include "loom/model/transformer.hpp"
+#include "loom/plan/memory_model.hpp"
+#include "loom/train/adamw.hpp"
+#include "model_fixtures.hpp"
+#include "test_support.hpp"
+
+namespace loom::test {
+namespace {
+
+using plan::MemoryBreakdown;
+using plan::PlanLayout;
+
+double model_states(const MemoryBreakdown& m) { return m.parameters + m.gradients + m.optimizer_state; }
+
+// Rajbhandari et al. (SC'20), Figure 1: 7.5B parameters, 64-way data parallelism, mixed
+// precision Adam (K = 12): 120 GB, 31.4 GB, 16.6 GB and 1.9 GB per GPU for stages 0-3.
+TEST(PlanMemory, ZeroPaperWorkedExample) {
+  const double psi = 7.5e9;
+  const double expected_gb[] = {120.0, 31.4, 16.6, 1.9};
+  for (int stage = 0; stage <= 3; ++stage)
+    EXPECT_NEAR(model_states(plan::zero_model_states(psi, plan::kMixedPrecisionAdam, 64, stage)) / 1e9,
+                expected_gb[stage], 0.05)
+        << "stage " << stage;
+  // The exact terms: stage 1 is 4 psi + 12 psi / 64.
+  EXPECT_DOUBLE_EQ(model_states(plan::zero_model_states(psi, plan::kMixedPrecisionAdam, 64, 1)), 4 * psi + 12 * psi / 64);
+}
+
+// A GPT-2-style layer, h = 1024, f = 4096, 16 heads, one sequence of 2048 tokens in bf16.
+// Per token: layer input h, two norm outputs (h each) with mean + rstd, the mid residual h
+// (4100); q|k|v 3h and the MLP input f (7168); attention output h, 16 log-sum-exps, MLP
+// activation f (5136).
+TEST(PlanMemory, LayerActivationsByHand) {
+  ModelConfig m = tiny_gpt2();
+  m.n_embd = 1024;
+  m.ffn_hidden = 4096;
+  m.n_head = m.n_kv_head = 16;
+  m.max_seq_len = 2048;
+  PlanLayout l;
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2), 2048.0 * (4100 + 7168 + 5136) * 2);
+  l.tp = 4;  // tensor parallel: only the interiors split
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2), 2048.0 * (4100 + (7168 + 5136) / 4.0) * 2);
+  l.sequence_parallel = true;  // and the rest too
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2), 2048.0 * (4100 + 7168 + 5136) / 4.0 * 2);
+  l.sequence_parallel = false;
+  l.recompute = Recompute::Selective;
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2), 2048.0 * (4100 + 7168 / 4.0) * 2);
+  l.recompute = Recompute::Full;
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2), 2048.0 * 1024 * 2);
+  l = PlanLayout{};
+  l.cp = 2;  // context parallel: half the sequence per rank
+  l.micro_batch = 2;
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 2, 2048, l, 2), 2048.0 * (4100 + 7168 + 5136) * 2);
+}
+
+// Korthikanti et al. sec. 4.2.3 / Narayanan et al. 2021: L = 32 layers, p = 4, m = 8.
+TEST(PlanMemory, PipelineLayersInFlight) {
+  ModelConfig m = tiny_llama();
+  m.n_layer = 32;
+  PlanLayout l;
+  l.pp = 4;
+  l.schedule = plan::PipelineSchedule::AllForwardAllBackward;
+  EXPECT_DOUBLE_EQ(plan::layers_in_flight(m, l, 8), 64);  // all 8 micro-batches of 8 layers
+  l.schedule = plan::PipelineSchedule::OneFOneB;
+  EXPECT_DOUBLE_EQ(plan::layers_in_flight(m, l, 8), 32);  // p micro-batches: L layers
+  EXPECT_DOUBLE_EQ(plan::layers_in_flight(m, l, 2), 16);  // fewer micro-batches than stages
+  l.schedule = plan::PipelineSchedule::Interleaved;
+  l.vp = 2;
+  EXPECT_DOUBLE_EQ(plan::layers_in_flight(m, l, 8), 32 * (1 + 3.0 / 8));
+}
+
+TEST(PlanMemory, LayoutsParseAndImpossibleOnesSayWhy) {
+  const PlanLayout l = plan::parse_layout("tp=2, pp=4,dp=8,zero=1,mbs=2,recompute=selective,sp=1,v=2");
+  EXPECT_EQ(l.tp, 2);
+  EXPECT_EQ(l.pp, 4);
+  EXPECT_EQ(l.vp, 2);
+  EXPECT_EQ(l.dp, 8);
+  EXPECT_EQ(l.zero_stage, 1);
+  EXPECT_EQ(l.micro_batch, 2);
+  EXPECT_EQ(l.recompute, Recompute::Selective);
+  EXPECT_TRUE(l.sequence_parallel);
+  EXPECT_EQ(l.schedule, plan::PipelineSchedule::Interleaved);
+  EXPECT_EQ(l.gpus(), 64);
+  expect_contains(error_message([] { plan::parse_layout("tp=0"); }), {"tp=0"});
+  expect_contains(error_message([] { plan::parse_layout("zero=x"); }), {"zero=x"});
+  expect_contains(error_message([] { plan::parse_layout("dp=2,tensor=4"); }), {"tensor"});
+  const ModelConfig llama = tiny_llama();  // 4 heads, 2 KV heads, 2 layers, FFN 48
+  expect_contains(error_message([&] { plan::check_layout(plan::parse_layout("tp=3"), llama, 16); }), {"4 attention heads", "tp=3"});
+  expect_contains(error_message([&] { plan::check_layout(plan::parse_layout("pp=4"), llama, 16); }), {"2 layers", "pp x v = 4"});
+  expect_contains(error_message([&] { plan::check_layout(plan::parse_layout("sp=1"), llama, 16); }), {"sequence parallelism needs tp"});
+  expect_contains(error_message([&] { plan::check_layout(plan::parse_layout("ep=2"), llama, 16); }), {"mixture-of-experts"});
+  EXPECT_NO_THROW(plan::check_layout(plan::parse_layout("tp=2,pp=2,sp=1,zero=3"), llama, 16));
+}
+
+// One process: the planner's engine figures equal the allocator's bytes, to the byte.
+TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
+  for (const bool bf16 : {false, true}) {
+    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
+      for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        const MemStats before = HostAllocator::instance().stats();
+        Transformer model(config, recompute);
+        AdamW optimizer(model.parameters(), {}, bf16);
+        const auto tokens = random_tokens(3 * 16, config.vocab_size, 5);
+        model.forward(tokens.data(), tokens.data(), 3, 16, {true, 1.0f});
+        const MemStats after = HostAllocator::instance().stats();
+        auto live = [&](MemCategory c) {
+          return static_cast<double>(after.live_bytes[static_cast<size_t>(c)] - before.live_bytes[static_cast<size_t>(c)]);
+        };
+        const MemoryBreakdown predicted = plan::predict_engine_memory(config, 1, 0, 25'000'000, bf16, 3, 16, recompute);
+        const std::string what = std::string(architecture_name(config.arch)) + " " + recompute_name(recompute) + (bf16 ? " bf16" : "");
+        EXPECT_EQ(predicted.parameters, live(MemCategory::Parameters)) << what;
+        EXPECT_EQ(predicted.gradients, live(MemCategory::Gradients)) << what;
+        EXPECT_EQ(predicted.optimizer_state, live(MemCategory::OptimizerState)) << what;
+        EXPECT_EQ(predicted.activations, live(MemCategory::Activations)) << what;  // the issue asks 10%
+      }
+    }
+  }
+}
+
+TEST(PlanMemory, GpuPredictionShrinksWithEachShardingDimension) {
+  const ModelConfig llama8b = model_preset("llama-8b");
+  plan::GpuJob job;
+  job.seq_len = 4096;
+  job.micro_batches = 8;
+  auto total = [&](const std::string& layout) {
+    const PlanLayout l = plan::parse_layout(layout);
+    plan::check_layout(l, llama8b, job.seq_len);
+    return plan::predict_gpu_memory(llama8b, l, job).total();
+  };
+  EXPECT_GT(total("dp=8"), total("dp=8,zero=1"));
+  EXPECT_GT(total("dp=8,zero=1"), total("dp=8,zero=3"));
+  EXPECT_GT(total("tp=1,dp=8"), total("tp=8"));
+  EXPECT_GT(total("tp=8"), total("tp=8,sp=1"));
+  EXPECT_GT(total("pp=4,dp=2,schedule=afab"), total("pp=4,dp=2"));
+  EXPECT_GT(total("dp=8"), total("dp=8,recompute=selective"));
+  EXPECT_GT(total("dp=8,recompute=selective"), total("dp=8,recompute=full"));
+  // 8B parameters in mixed precision need 16 bytes each without sharding: about 128 GB.
+  const MemoryBreakdown plain = plan::predict_gpu_memory(llama8b, plan::parse_layout("dp=8"), job);
+  EXPECT_NEAR(model_states(plain) / 1e9, 16.0 * static_cast<double>(llama8b.parameter_count()) / 1e9, 1.0);
+}
+
+}  // namespace
+}  // namespace loom::test

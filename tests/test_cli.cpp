@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "loom/ckpt/checkpoint.hpp"
 #include "test_support.hpp"
@@ -95,6 +96,32 @@ TEST(Cli, ExportWritesTheCheckpointWeightsInHuggingFaceLayout) {
   r = run_loom("export --checkpoint " + run.dir + "/nowhere --out " + run.dir + "/x");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("nowhere"));
+}
+
+TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
+  CommandResult r = run_loom("plan --model llama-8b --gpu h100-sxm --layout tp=8,dp=8,zero=1,recompute=selective,sp=1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json plan = nlohmann::json::parse(r.output);
+  const nlohmann::json& mem = plan["memory_bytes"];
+  EXPECT_TRUE(plan["fits"].get<bool>());
+  EXPECT_EQ(plan["micro_batches"].get<int64_t>(), 512 / 8);
+  EXPECT_NEAR(mem["total"].get<double>(),
+              mem["parameters"].get<double>() + mem["gradients"].get<double>() + mem["optimizer_state"].get<double>() +
+                  mem["activations"].get<double>() + mem["comm_buffers"].get<double>() + mem["workspace"].get<double>(),
+              1.0);
+  // 70B parameters replicated on every GPU need about 16 bytes each: no 80 GB GPU holds that.
+  r = run_loom("plan --model llama-70b --layout dp=64");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("does NOT fit"));
+  r = run_loom("plan --model llama-8b --layout tp=3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("32 attention heads do not split over tp=3"));
+  r = run_loom("plan --model llama-8b --layout dp=8 --global-batch 12");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("not a multiple of dp x mbs = 8"));
+  r = run_loom("plan --model llama-8b --layout dp=8 --gpu v100");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("h100-sxm"));  // the error lists the presets
 }
 
 TEST(Cli, CorruptCheckpointIsAnErrorAndTheOlderOneSurvives) {

@@ -49,4 +49,17 @@ struct ExportArgs {
 };
 int run_export(const ExportArgs& args);
 
+struct PlanArgs {
+  std::string model;               // preset name or a TOML file with a [model] table
+  std::string gpu = "h100-sxm";
+  std::string layout;              // "tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective"
+  int64_t gpus = 0;                // 0: whatever the layout uses
+  int64_t seq_len = 4096;
+  int64_t global_batch = 512;      // sequences per optimizer step
+  std::string precision = "bf16";  // "bf16" (mixed, fp32 masters) or "f32"
+  bool json = false;
+};
+// Exit code 0 when the layout fits in the GPU's memory, 1 when it does not.
+int run_plan(const PlanArgs& args);
+
 }  // namespace loom::cli

@@ -1,4 +1,4 @@
-// `loom`: train, tokenize, generate, eval, export. Errors in user input end with exit code 2 and one
+// `loom`: train, tokenize, generate, eval, export, plan. Errors in user input end with exit code 2 and one
 // line naming the problem; nothing is written before the input has been validated.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -51,6 +51,17 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--out", export_args.out_dir, "output directory (model.safetensors, config.json)")->required();
   export_cmd->add_option("--dtype", export_args.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
 
+  loom::cli::PlanArgs plan_args;
+  auto* plan_cmd = app.add_subcommand("plan", "predict per-GPU memory of a training layout (exit 1 if it does not fit)");
+  plan_cmd->add_option("--model", plan_args.model, "model preset or TOML config with a [model] table")->required();
+  plan_cmd->add_option("--gpu", plan_args.gpu, "GPU preset: a100-40gb, a100-80gb, h100-sxm, h200, b200");
+  plan_cmd->add_option("--layout", plan_args.layout, "e.g. tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective,sp=1")->required();
+  plan_cmd->add_option("--gpus", plan_args.gpus, "GPU count the layout must use")->check(CLI::NonNegativeNumber);
+  plan_cmd->add_option("--seq", plan_args.seq_len, "sequence length")->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--global-batch", plan_args.global_batch, "sequences per optimizer step")->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--precision", plan_args.precision, "bf16 or f32")->check(CLI::IsMember({"bf16", "f32"}));
+  plan_cmd->add_flag("--json", plan_args.json, "print JSON instead of a table");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -68,6 +79,7 @@ int main(int argc, char** argv) {
     if (generate_cmd->parsed()) return loom::cli::run_generate(generate);
     if (eval_cmd->parsed()) return loom::cli::run_eval(eval);
     if (export_cmd->parsed()) return loom::cli::run_export(export_args);
+    if (plan_cmd->parsed()) return loom::cli::run_plan(plan_args);
   } catch (const loom::Error& e) {
     std::fprintf(stderr, "loom: error: %s\n", e.what());
     return 2;

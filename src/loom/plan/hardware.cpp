@@ -1,0 +1,101 @@
+#include "loom/plan/hardware.hpp"
+
+#include <cctype>
+#include <cmath>
+
+#include "loom/core/error.hpp"
+
+namespace loom::plan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// Tensor-core peaks are written as the datasheet's "with sparsity" figure halved, so each
+// number can be checked against its source as printed.
+const std::vector<GpuSpec>& presets() {
+  static const std::vector<GpuSpec> table = {
+      // NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf),
+      // SXM column: BF16 624 TF sparse, HBM2 1,555 GB/s, NVLink 600 GB/s, max TDP 400 W.
+      // Ampere has no FP8 tensor cores.
+      {"a100-40gb", 624.0 / 2, 0, 40 * kGiB, 1555e9, 600e9 / 2, 400},
+      // Same datasheet, A100 80GB SXM: HBM2e 2,039 GB/s; everything else as the 40 GB part.
+      {"a100-80gb", 624.0 / 2, 0, 80 * kGiB, 2039e9, 600e9 / 2, 400},
+      // NVIDIA H100 Tensor Core GPU datasheet (h100-datasheet), SXM column: BF16 1,979 TF and
+      // FP8 3,958 TF sparse, HBM3 3.35 TB/s, NVLink 900 GB/s, max TDP 700 W.
+      {"h100-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 900e9 / 2, 700},
+      // NVIDIA H200 Tensor Core GPU datasheet, SXM column: same compute as H100 SXM (BF16
+      // 1,979 TF, FP8 3,958 TF sparse), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, up to 700 W.
+      {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700},
+      // NVIDIA DGX B200 datasheet / HGX B200 platform specs, per GPU (8 per system): FP8
+      // 72 PF and FP16/BF16 36 PF sparse per system -> 9 and 4.5 PF per GPU sparse; 1,440 GB
+      // and 64 TB/s HBM3e per system -> 180 GB and 8 TB/s; NVLink 5 1.8 TB/s; 1,000 W.
+      {"b200", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 180 * kGiB, 8e12, 1800e9 / 2, 1000},
+  };
+  return table;
+}
+
+std::string lowercase(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+std::string joined_names() {
+  std::string out;
+  for (const std::string& name : gpu_preset_names()) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// `!(value >= low)` rather than `value < low` so NaN is rejected too.
+void require_range(const char* field, double value, double low, double high, const char* why) {
+  if (!(value >= low && value <= high && std::isfinite(value)))
+    throw_error("cluster: ", field, " = ", value, " is out of range; expected ", why);
+}
+
+void require_positive(const char* field, double value) {
+  if (!(value > 0 && std::isfinite(value)))
+    throw_error("cluster: ", field, " = ", value, " must be a positive, finite number");
+}
+
+}  // namespace
+
+const GpuSpec& gpu_preset(const std::string& name) {
+  const std::string wanted = lowercase(name);
+  for (const GpuSpec& spec : presets())
+    if (spec.name == wanted) return spec;
+  throw_error("unknown GPU preset '", name, "'; valid presets: ", joined_names());
+}
+
+std::vector<std::string> gpu_preset_names() {
+  std::vector<std::string> names;
+  for (const GpuSpec& spec : presets()) names.push_back(spec.name);
+  return names;
+}
+
+// The upper bounds only catch typos (an extra zero, watts given as kW); they sit far above
+// anything built: NVL72 racks put 72 GPUs in one NVLink domain, the largest announced
+// clusters are a few hundred thousand GPUs, and a PUE of 3 is a very poor facility.
+void ClusterSpec::validate() const {
+  if (gpu.name.empty()) throw_error("cluster: gpu.name is empty; name the GPU or use a preset");
+  require_positive("gpu.bf16_tflops", gpu.bf16_tflops);
+  require_range("gpu.fp8_tflops", gpu.fp8_tflops, 0, 1e6, ">= 0 (0 = no FP8)");
+  require_positive("gpu.hbm_bytes", gpu.hbm_bytes);
+  require_positive("gpu.hbm_bandwidth_bytes_per_s", gpu.hbm_bandwidth_bytes_per_s);
+  require_range("gpu.nvlink_bytes_per_s", gpu.nvlink_bytes_per_s, 0, 1e15, ">= 0 (0 = none)");
+  require_range("gpu.tdp_watts", gpu.tdp_watts, 1, 1e4, "1 to 10,000 W per GPU");
+  if (gpus_per_node < 1 || gpus_per_node > 1024)
+    throw_error("cluster: gpus_per_node = ", gpus_per_node, " is out of range; expected 1 to 1024");
+  if (nodes < 1 || nodes > 10'000'000)
+    throw_error("cluster: nodes = ", nodes, " is out of range; expected 1 to 10,000,000");
+  if (gpus() > 100'000'000)
+    throw_error("cluster: gpus_per_node x nodes = ", gpus(), " exceeds 100,000,000 GPUs");
+  require_positive("inter_node_bytes_per_s_per_gpu", inter_node_bytes_per_s_per_gpu);
+  require_range("node_overhead_watts", node_overhead_watts, 0, 1e6, "0 to 1,000,000 W per node");
+  require_range("pue", pue, 1, 3, "1.0 (no facility overhead) to 3.0");
+  require_positive("gpu_mtbf_hours", gpu_mtbf_hours);
+  require_positive("node_mtbf_hours", node_mtbf_hours);
+  require_positive("storage_write_bytes_per_s", storage_write_bytes_per_s);
+  require_range("restart_seconds", restart_seconds, 0, 1e7, "0 to 10,000,000 s");
+  require_range("price_per_gpu_hour", price_per_gpu_hour, 0, 1e4, "0 (unpriced) to 10,000");
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,71 @@
+#pragma once
+// What the planner knows about the machines a job runs on: one GPU's datasheet peaks
+// (GpuSpec, with named presets) and the infrastructure around the job (ClusterSpec: node
+// size, network, power, reliability, storage, price). Every default carries its source, so
+// an estimate can be traced back to a document rather than to a guess.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::plan {
+
+// Dense (non-sparse) datasheet peaks of one GPU. NVIDIA datasheets print tensor-core FLOPS
+// "with sparsity"; dense is half of that. Bandwidths are bytes/s in decimal units (1 TB/s =
+// 1e12 B/s); hbm_bytes follows NVIDIA's "GB" for HBM, which is GiB (an "80 GB" H100 reports
+// 81,559 MiB in nvidia-smi), so it is the datasheet figure times 2^30.
+struct GpuSpec {
+  std::string name;
+  double bf16_tflops = 0;  // dense BF16 tensor-core peak, in TFLOPS
+  double fp8_tflops = 0;   // dense FP8 peak, in TFLOPS; 0 where FP8 is not supported
+  double hbm_bytes = 0;
+  double hbm_bandwidth_bytes_per_s = 0;
+  double nvlink_bytes_per_s = 0;  // per GPU, one direction (datasheets quote both summed)
+  double tdp_watts = 0;
+};
+
+// Presets: "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200". The name is matched
+// case-insensitively; an unknown name throws a loom::Error that lists the valid ones.
+const GpuSpec& gpu_preset(const std::string& name);
+std::vector<std::string> gpu_preset_names();
+
+// Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", §3.3.4): 419 unexpected
+// interruptions in a 54-day snapshot of pre-training on 16,384 H100s in 8-GPU servers, of
+// which "GPU issues ... 58.7%" (faulty GPU, HBM3, SRAM, GPU system processor, silent data
+// corruption, thermal interface); the rest are host, network and software. We charge the GPU
+// share to GPUs and the rest to nodes, so a 16,384-GPU job reproduces 419 / 54 = 7.76/day.
+inline constexpr double kLlama3GpuHours = 16384.0 * 54 * 24;
+inline constexpr double kLlama3NodeHours = kLlama3GpuHours / 8;
+inline constexpr double kLlama3Interruptions = 419;
+inline constexpr double kLlama3GpuShare = 0.587;
+
+struct ClusterSpec {
+  GpuSpec gpu = gpu_preset("h100-sxm");  // the defaults below describe an H100 cluster
+  int64_t gpus_per_node = 8;             // HGX/DGX baseboards hold 8 NVLink-connected GPUs
+  int64_t nodes = 1;
+  // Llama 3 §3.3.1: "400 Gbps interconnects between GPUs" (one NIC per GPU) = 50 GB/s.
+  double inter_node_bytes_per_s_per_gpu = 50e9;
+  // Non-GPU draw of an 8-GPU server (CPUs, DRAM, NVSwitches, NICs, fans, PSU loss): the NVIDIA
+  // DGX H100 datasheet gives ~10.2 kW max system power, minus 8 x 700 W of GPUs = 4.6 kW. A
+  // nameplate bound, so it also stands in for the switches and storage we do not model.
+  double node_overhead_watts = 10200.0 - 8 * 700.0;
+  // Facility power / IT power. Between Google's published fleet PUE (~1.10) and the Uptime
+  // Institute 2023 survey average (1.58); 1.2 is a typical modern hyperscale figure.
+  double pue = 1.2;
+  double gpu_mtbf_hours = kLlama3GpuHours / (kLlama3GpuShare * kLlama3Interruptions);  // ~86k h
+  double node_mtbf_hours =
+      kLlama3NodeHours / ((1 - kLlama3GpuShare) * kLlama3Interruptions);  // ~15k h
+  // Aggregate checkpoint write bandwidth the job gets from its file system. Llama 3 §3.3.1:
+  // Tectonic "sustains 2 TB/s" (7 TB/s peak) for the 16K-GPU job's checkpoints.
+  double storage_write_bytes_per_s = 2e12;
+  // Time from a failure to training again (detect, reschedule, init NCCL, load checkpoint).
+  // A placeholder to replace with a measured value: Daly 2006's worked example uses R = 10 min.
+  double restart_seconds = 600;
+  // 0 means unpriced: cost then reads 0. Prices vary too much by contract to default one.
+  double price_per_gpu_hour = 0;
+
+  int64_t gpus() const { return gpus_per_node * nodes; }
+  // Throws a loom::Error naming the field, its value and the accepted range.
+  void validate() const;
+};
+
+}  // namespace loom::plan

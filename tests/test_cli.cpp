@@ -119,6 +119,16 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   r = run_loom("plan --model llama-8b --layout dp=8 --global-batch 12");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("not a multiple of dp x mbs = 8"));
+  // Without --layout: the search, fastest first, with its three steps' counts.
+  r = run_loom("plan --model llama-8b --gpus 64 --top 3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json search = nlohmann::json::parse(r.output);
+  ASSERT_EQ(search["top"].size(), 3u);
+  EXPECT_GE(search["valid"].get<int64_t>(), search["fitting"].get<int64_t>());
+  EXPECT_GE(search["top"][0]["time"]["tokens_per_s"].get<double>(), search["top"][2]["time"]["tokens_per_s"].get<double>());
+  r = run_loom("plan --model llama-405b --gpus 8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("the smallest count of h100-sxm that fits is"));
   r = run_loom("plan --model llama-8b --layout dp=8 --gpu v100");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("h100-sxm"));  // the error lists the presets

@@ -52,14 +52,17 @@ int run_export(const ExportArgs& args);
 struct PlanArgs {
   std::string model;               // preset name or a TOML file with a [model] table
   std::string gpu = "h100-sxm";
-  std::string layout;              // "tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective"
-  int64_t gpus = 0;                // 0: whatever the layout uses
+  std::string layout;              // "tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective"; empty: search
+  int64_t gpus = 0;                // with --layout, 0: whatever the layout uses; the search needs it
+  int64_t gpus_per_node = 8;
+  double train_tokens = 0;         // > 0: also print the cluster estimate for training this many tokens
+  int top = 10;                    // rows of the search table
   int64_t seq_len = 4096;
   int64_t global_batch = 512;      // sequences per optimizer step
   std::string precision = "bf16";  // "bf16" (mixed, fp32 masters) or "f32"
   bool json = false;
 };
-// Exit code 0 when the layout fits in the GPU's memory, 1 when it does not.
+// Exit code 0 when the layout fits (or the search found one), 1 when it does not.
 int run_plan(const PlanArgs& args);
 
 }  // namespace loom::cli

@@ -52,11 +52,14 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--dtype", export_args.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
 
   loom::cli::PlanArgs plan_args;
-  auto* plan_cmd = app.add_subcommand("plan", "predict per-GPU memory of a training layout (exit 1 if it does not fit)");
+  auto* plan_cmd = app.add_subcommand("plan", "find the best layout for a model on a cluster, or evaluate one (--layout)");
   plan_cmd->add_option("--model", plan_args.model, "model preset or TOML config with a [model] table")->required();
   plan_cmd->add_option("--gpu", plan_args.gpu, "GPU preset: a100-40gb, a100-80gb, h100-sxm, h200, b200");
-  plan_cmd->add_option("--layout", plan_args.layout, "e.g. tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective,sp=1")->required();
-  plan_cmd->add_option("--gpus", plan_args.gpus, "GPU count the layout must use")->check(CLI::NonNegativeNumber);
+  plan_cmd->add_option("--layout", plan_args.layout, "evaluate one layout, e.g. tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective,sp=1");
+  plan_cmd->add_option("--gpus", plan_args.gpus, "GPU count (required to search)")->check(CLI::NonNegativeNumber);
+  plan_cmd->add_option("--gpus-per-node", plan_args.gpus_per_node, "GPUs per NVLink node")->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--train-tokens", plan_args.train_tokens, "tokens to train: adds power, failures, checkpoints, time")->check(CLI::NonNegativeNumber);
+  plan_cmd->add_option("--top", plan_args.top, "rows of the search table")->check(CLI::PositiveNumber);
   plan_cmd->add_option("--seq", plan_args.seq_len, "sequence length")->check(CLI::PositiveNumber);
   plan_cmd->add_option("--global-batch", plan_args.global_batch, "sequences per optimizer step")->check(CLI::PositiveNumber);
   plan_cmd->add_option("--precision", plan_args.precision, "bf16 or f32")->check(CLI::IsMember({"bf16", "f32"}));

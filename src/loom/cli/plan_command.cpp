@@ -1,13 +1,14 @@
-// `loom plan`: what one layout of a training job needs per GPU, before any GPU hour is spent.
-// This first part evaluates a given layout's memory; the time model and the search over all
-// layouts come next (issue 4).
+// `loom plan`: the layout of a training job before any GPU hour is spent. With --layout it
+// evaluates that layout; without it searches all layouts in the playbook's three steps.
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "loom/cli/commands.hpp"
 #include "loom/core/error.hpp"
+#include "loom/plan/cluster_model.hpp"
 #include "loom/plan/hardware.hpp"
+#include "loom/plan/search.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/train_config.hpp"
@@ -26,13 +27,108 @@ ModelConfig plan_model(const std::string& name_or_path) {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
+
+nlohmann::json memory_json(const plan::MemoryBreakdown& mem) {
+  return {{"parameters", mem.parameters}, {"gradients", mem.gradients}, {"optimizer_state", mem.optimizer_state},
+          {"activations", mem.activations}, {"comm_buffers", mem.comm_buffers}, {"workspace", mem.workspace},
+          {"total", mem.total()}};
+}
+
+nlohmann::json time_json(const plan::StepTime& t) {
+  return {{"step_s", t.total_s}, {"compute_s", t.compute_s}, {"exposed_comm_s", t.exposed_comm_s},
+          {"bubble_s", t.bubble_s}, {"optimizer_s", t.optimizer_s}, {"tokens_per_s", t.tokens_per_s},
+          {"mfu", t.mfu}, {"micro_batches", t.micro_batches}};
+}
+
+plan::ClusterSpec cluster_of(const PlanArgs& args, int64_t gpus) {
+  plan::ClusterSpec cluster;
+  cluster.gpu = plan::gpu_preset(args.gpu);
+  cluster.gpus_per_node = std::min(args.gpus_per_node, gpus);
+  if (gpus % cluster.gpus_per_node != 0)
+    throw_error("plan: ", gpus, " GPUs do not fill whole nodes of ", cluster.gpus_per_node);
+  cluster.nodes = gpus / cluster.gpus_per_node;
+  cluster.validate();
+  return cluster;
+}
+
+plan::TrainingJob job_of(const PlanArgs& args) {
+  plan::TrainingJob job;
+  job.seq_len = args.seq_len;
+  job.global_batch = args.global_batch;
+  job.memory.seq_len = args.seq_len;
+  job.memory.activation_bytes = args.precision == "f32" ? 4 : 2;
+  job.memory.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
+  return job;
+}
+
+void print_cluster(const ModelConfig& model, const plan::ClusterSpec& cluster, const plan::StepTime& t, const PlanArgs& args) {
+  if (args.train_tokens <= 0) return;
+  // A checkpoint holds bf16 weights plus fp32 master and moments: 14 bytes per parameter.
+  const double checkpoint_bytes = 14.0 * static_cast<double>(model.parameter_count());
+  const plan::ClusterEstimate c = plan::estimate_cluster(cluster, t.total_s, static_cast<double>(args.global_batch * args.seq_len),
+                                                         args.train_tokens, checkpoint_bytes);
+  std::printf("\ncluster: %lld GPUs in %lld nodes | %.2f MW (%.2f MW IT, PUE %.2f) | %.1f failures/day (job MTBF %.1f h)\n",
+              static_cast<long long>(cluster.gpus()), static_cast<long long>(cluster.nodes), c.power_mw, c.it_power_mw,
+              cluster.pue, c.failures_per_day, c.mtbf_hours);
+  std::printf("checkpoint %.0f GB written in %.0f s, every %.1f min (Daly) | goodput %.1f%% | %.3g tokens in %.1f days, "
+              "%.0f MWh, %.3g GPU-hours\n",
+              checkpoint_bytes / 1e9, c.checkpoint_write_s, c.checkpoint_interval_s / 60, 100 * c.goodput, args.train_tokens,
+              c.wall_time_hours / 24, c.energy_mwh, c.gpu_hours);
+}
+
+int run_search(const PlanArgs& args, const ModelConfig& model) {
+  if (args.gpus <= 0) throw_error("plan: give --gpus to search (or --layout to evaluate one layout)");
+  const plan::ClusterSpec cluster = cluster_of(args, args.gpus);
+  const plan::TrainingJob job = job_of(args);
+  const plan::SearchResult r = plan::search_layouts(model, cluster, job);
+  if (args.json) {
+    nlohmann::json top = nlohmann::json::array();
+    for (size_t i = 0; i < r.ranked.size() && i < static_cast<size_t>(args.top); ++i)
+      top.push_back({{"layout", r.ranked[i].layout.describe()}, {"memory_bytes", memory_json(r.ranked[i].memory)},
+                     {"time", time_json(r.ranked[i].time)}});
+    std::printf("%s\n", nlohmann::json{{"valid", r.valid}, {"fitting", r.fitting}, {"batch_ok", r.batch_ok},
+                                       {"gpus_needed", r.gpus_needed}, {"top", top},
+                                       {"why", plan::explain_winner(r)}}.dump(2).c_str());
+    return r.ranked.empty() ? 1 : 0;
+  }
+  std::printf("model %s: %.2fB parameters | %lld x %s (%lld per node) | seq %lld, global batch %lld sequences\n",
+              args.model.c_str(), static_cast<double>(model.parameter_count()) / 1e9, static_cast<long long>(args.gpus),
+              cluster.gpu.name.c_str(), static_cast<long long>(cluster.gpus_per_node), static_cast<long long>(args.seq_len),
+              static_cast<long long>(args.global_batch));
+  std::printf("\nstep 1, fit the model: %lld valid layouts; %lld fit in %.1f GiB (90%% of HBM); the leanest needs %.1f GiB (%s)\n",
+              static_cast<long long>(r.valid), static_cast<long long>(r.fitting), r.usable_bytes / kGiB,
+              r.least_memory.memory.total() / kGiB, r.least_memory.layout.describe().c_str());
+  if (r.fitting == 0) {
+    if (r.gpus_needed > 0)
+      throw_error("plan: no layout fits ", args.model, " on ", args.gpus, " x ", cluster.gpu.name, "; the smallest count of ",
+                  cluster.gpu.name, " that fits is ", r.gpus_needed, " GPUs (or use GPUs with at least ",
+                  static_cast<long long>(r.least_memory.memory.total() / kGiB / plan::kUsableMemoryFraction + 1), " GiB)");
+    throw_error("plan: no layout fits ", args.model, " on any count of ", cluster.gpu.name, " up to 4M GPUs");
+  }
+  std::printf("step 2, reach the batch: %lld of them split %lld sequences into dp x mbs x micro-batches\n",
+              static_cast<long long>(r.batch_ok), static_cast<long long>(args.global_batch));
+  if (r.ranked.empty()) throw_error("plan: no fitting layout splits the global batch of ", args.global_batch, " sequences");
+  std::printf("step 3, maximise throughput: the fastest %d\n\n", args.top);
+  std::printf("%-58s %7s %7s %7s %7s | %8s %8s %8s %8s | %10s %6s\n", "layout", "param", "grad", "optim", "activ",
+              "step s", "compute", "comm", "bubble", "tokens/s", "MFU");
+  for (size_t i = 0; i < r.ranked.size() && i < static_cast<size_t>(args.top); ++i) {
+    const plan::Candidate& c = r.ranked[i];
+    std::printf("%-58s %7.1f %7.1f %7.1f %7.1f | %8.2f %8.2f %8.2f %8.2f | %10.0f %5.1f%%\n", c.layout.describe().c_str(),
+                c.memory.parameters / kGiB, c.memory.gradients / kGiB, c.memory.optimizer_state / kGiB,
+                c.memory.activations / kGiB, c.time.total_s, c.time.compute_s, c.time.exposed_comm_s, c.time.bubble_s,
+                c.time.tokens_per_s, 100 * c.time.mfu);
+  }
+  std::printf("(memory in GiB per GPU; comm = exposed communication)\n\nwhy: %s\n", plan::explain_winner(r).c_str());
+  print_cluster(model, cluster, r.ranked.front().time, args);
+  return 0;
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& args) {
   const ModelConfig model = plan_model(args.model);
+  if (args.layout.empty()) return run_search(args, model);
   const plan::GpuSpec& gpu = plan::gpu_preset(args.gpu);
-  if (args.layout.empty())
-    throw_error("plan: give --layout (the search over all layouts is not built yet)");
   const plan::PlanLayout layout = plan::parse_layout(args.layout);
   plan::check_layout(layout, model, args.seq_len);
   if (args.gpus != 0 && layout.gpus() != args.gpus)
@@ -40,37 +136,36 @@ int run_plan(const PlanArgs& args) {
   const int64_t per_step = layout.dp * layout.micro_batch;
   if (args.global_batch % per_step != 0)
     throw_error("plan: global batch ", args.global_batch, " sequences is not a multiple of dp x mbs = ", per_step);
-  plan::GpuJob job;
-  job.seq_len = args.seq_len;
-  job.micro_batches = args.global_batch / per_step;
-  job.activation_bytes = args.precision == "f32" ? 4 : 2;
-  job.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
-  const plan::MemoryBreakdown mem = plan::predict_gpu_memory(model, layout, job);
-  const bool fits = mem.total() <= gpu.hbm_bytes;
+  plan::TrainingJob job = job_of(args);
+  job.memory.micro_batches = args.global_batch / per_step;
+  const plan::MemoryBreakdown mem = plan::predict_gpu_memory(model, layout, job.memory);
+  const plan::ClusterSpec cluster = cluster_of(args, layout.gpus());
+  const plan::StepTime time = plan::predict_step_time(model, layout, cluster, job);
+  const bool fits = mem.total() <= gpu.hbm_bytes * plan::kUsableMemoryFraction;
 
   if (args.json) {
     const nlohmann::json out = {
         {"model", args.model}, {"parameters", model.parameter_count()}, {"gpu", gpu.name}, {"layout", layout.describe()},
-        {"seq_len", args.seq_len}, {"global_batch", args.global_batch}, {"micro_batches", job.micro_batches},
-        {"memory_bytes",
-         {{"parameters", mem.parameters}, {"gradients", mem.gradients}, {"optimizer_state", mem.optimizer_state},
-          {"activations", mem.activations}, {"comm_buffers", mem.comm_buffers}, {"workspace", mem.workspace},
-          {"total", mem.total()}}},
-        {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits}};
+        {"seq_len", args.seq_len}, {"global_batch", args.global_batch}, {"micro_batches", job.memory.micro_batches},
+        {"memory_bytes", memory_json(mem)}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits}};
     std::printf("%s\n", out.dump(2).c_str());
-    return 0;
+    return fits ? 0 : 1;
   }
   std::printf("model %s: %.2fB parameters | %s | %lld GPUs (%s) | seq %lld, global batch %lld, %lld micro-batches\n",
               args.model.c_str(), static_cast<double>(model.parameter_count()) / 1e9, layout.describe().c_str(),
               static_cast<long long>(layout.gpus()), gpu.name.c_str(), static_cast<long long>(args.seq_len),
-              static_cast<long long>(args.global_batch), static_cast<long long>(job.micro_batches));
+              static_cast<long long>(args.global_batch), static_cast<long long>(job.memory.micro_batches));
   std::printf("\nmemory of the most loaded GPU (first pipeline stage)\n");
   const std::pair<const char*, double> rows[] = {
       {"parameters", mem.parameters},         {"gradients", mem.gradients},       {"optimizer state", mem.optimizer_state},
       {"activations", mem.activations},       {"comm buffers", mem.comm_buffers}, {"workspace", mem.workspace}};
   for (const auto& [name, bytes] : rows) std::printf("  %-16s %9.2f GiB\n", name, bytes / kGiB);
-  std::printf("  %-16s %9.2f GiB of %.0f GiB HBM: %s\n", "total", mem.total() / kGiB, gpu.hbm_bytes / kGiB,
-              fits ? "fits" : "does NOT fit");
+  std::printf("  %-16s %9.2f GiB of %.0f GiB HBM (%.0f usable): %s\n", "total", mem.total() / kGiB, gpu.hbm_bytes / kGiB,
+              gpu.hbm_bytes * plan::kUsableMemoryFraction / kGiB, fits ? "fits" : "does NOT fit");
+  std::printf("\nstep %.3f s = compute %.3f + exposed communication %.3f + bubble %.3f + optimizer %.3f | %.0f tokens/s | MFU %.1f%%\n",
+              time.total_s, time.compute_s, time.exposed_comm_s, time.bubble_s, time.optimizer_s, time.tokens_per_s,
+              100 * time.mfu);
+  print_cluster(model, cluster, time, args);
   return fits ? 0 : 1;
 }
 

@@ -6,15 +6,6 @@
 
 namespace loom::plan {
 
-const char* schedule_name(PipelineSchedule schedule) {
-  switch (schedule) {
-    case PipelineSchedule::AllForwardAllBackward: return "afab";
-    case PipelineSchedule::OneFOneB: return "1f1b";
-    case PipelineSchedule::Interleaved: return "interleaved";
-  }
-  return "?";
-}
-
 std::string PlanLayout::describe() const {
   std::ostringstream out;
   out << "tp=" << tp << " pp=" << pp;

@@ -6,11 +6,11 @@
 #include <string>
 
 #include "loom/model/config.hpp"
+#include "loom/parallel/pipeline_schedule.hpp"
 
 namespace loom::plan {
 
-enum class PipelineSchedule { AllForwardAllBackward, OneFOneB, Interleaved };
-const char* schedule_name(PipelineSchedule schedule);
+using loom::PipelineSchedule;
 
 struct PlanLayout {
   int64_t tp = 1, pp = 1, vp = 1, dp = 1, cp = 1, ep = 1;  // vp: virtual stages per pp rank

@@ -1,0 +1,42 @@
+#pragma once
+// The playbook's three steps over every layout of a job: (1) fit the model in GPU memory,
+// (2) reach the global batch, (3) maximise throughput. Every valid (tp, pp, v, dp, cp, ZeRO
+// stage, micro-batch, recomputation) for the cluster's GPU count is enumerated, pruned by
+// memory, and ranked by predicted tokens/s.
+#include <string>
+#include <vector>
+
+#include "loom/plan/time_model.hpp"
+
+namespace loom::plan {
+
+struct Candidate {
+  PlanLayout layout;
+  MemoryBreakdown memory;
+  StepTime time;
+};
+
+struct SearchResult {
+  int64_t valid = 0;        // layouts the model and the GPU count allow
+  int64_t fitting = 0;      // step 1: of those, within usable memory
+  int64_t batch_ok = 0;     // step 2: of those, splitting the global batch
+  Candidate least_memory;   // the valid layout needing the least memory (step 1's witness)
+  std::vector<Candidate> ranked;  // step 3: fitting, batch-splitting, fastest first
+  double usable_bytes = 0;        // HBM minus the fragmentation allowance
+  // When nothing fits: the smallest GPU count of this kind with a fitting layout (0 if none up
+  // to 2^22 GPUs), so the error can say what would.
+  int64_t gpus_needed = 0;
+};
+
+// Fraction of HBM the planner lets a layout use: the rest is left to the allocator's
+// fragmentation (the ZeRO paper, sec. 3.2, reports OOMs with over 30% free; PyTorch's caching
+// allocator typically loses 5-10%).
+constexpr double kUsableMemoryFraction = 0.9;
+
+SearchResult search_layouts(const ModelConfig& model, const ClusterSpec& cluster, const TrainingJob& job,
+                            int64_t simulate_top = 32);
+
+// One line on why the winner beats the runner-up: the step-time component that differs most.
+std::string explain_winner(const SearchResult& result);
+
+}  // namespace loom::plan

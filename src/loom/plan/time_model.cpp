@@ -1,0 +1,176 @@
+#include "loom/plan/time_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/core/error.hpp"
+#include "loom/model/flops.hpp"
+#include "loom/model/parameter_specs.hpp"
+#include "loom/plan/collectives.hpp"
+#include "loom/plan/pipeline_sim.hpp"
+
+namespace loom::plan {
+
+double GemmEfficiency::efficiency(double m, double n, double k) const {
+  auto saturate = [&](double d) { return d / (d + half_dim); };
+  return peak_fraction * saturate(m) * saturate(n) * saturate(k);
+}
+
+// Large bf16 GEMMs reach about 80% of the dense peak on A100 (Narayanan et al. 2021 report
+// 163-171 TFLOP/s of 312 end to end, kernels above 250) and about 70-75% on H100/H200/B200,
+// whose peaks outgrow what cuBLAS sustains at training shapes (MosaicML/Databricks H100
+// benchmarks, ~700 TFLOP/s GEMMs). half_dim: a dimension of 128 already halves the rate.
+GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
+  const bool ampere = gpu.name.rfind("a100", 0) == 0;
+  return {ampere ? 0.80 : 0.72, 128};
+}
+
+namespace {
+
+struct LayerCost {
+  double forward_s = 0, backward_s = 0;   // one layer, one micro-batch, compute only
+  double attention_core_s = 0;            // forward QK^T and PV (recomputed by selective)
+  double tp_comm_s = 0;                   // forward + backward, not overlapped (Megatron TP)
+  double cp_exposed_s = 0, cp_comm_s = 0;  // ring attention, overlapped with the attention core
+};
+
+LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
+                     const GemmEfficiency& gemm) {
+  const GpuSpec& gpu = cluster.gpu;
+  const double peak = gpu.bf16_tflops * 1e12;
+  const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp), t = static_cast<double>(l.tp);
+  const double h = static_cast<double>(m.n_embd), f = static_cast<double>(m.ffn_hidden);
+  const double kv = static_cast<double>(m.kv_dim()), seq = static_cast<double>(job.seq_len);
+  auto gemm_s = [&](double rows, double out, double in) {
+    return 2 * rows * out * in / (peak * gemm.efficiency(rows, out, in));
+  };
+  LayerCost c;
+  double forward = gemm_s(tokens, (h + 2 * kv) / t, h) + gemm_s(tokens, h, h / t);
+  forward += m.arch == Architecture::GPT2 ? gemm_s(tokens, f / t, h) + gemm_s(tokens, h, f / t)
+                                          : gemm_s(tokens, 2 * f / t, h) + gemm_s(tokens, h, f / t);
+  // Causal attention: each query meets seq/2 keys on average, two matmuls (QK^T, PV).
+  c.attention_core_s = 2 * 2 * tokens * (seq / 2) * (h / t) / (peak * gemm.efficiency(tokens, seq / 2, static_cast<double>(m.head_dim())));
+  forward += c.attention_core_s;
+  // Memory-bound work (norms, residual adds, activation functions, RoPE): every stored
+  // activation written once forward and read once backward, plus as much again for its gradient.
+  PlanLayout stored = l;
+  stored.recompute = Recompute::None;
+  const double memory_s = 4 * layer_activation_bytes(m, l.micro_batch, job.seq_len, stored, job.memory.activation_bytes) /
+                          gpu.hbm_bandwidth_bytes_per_s;
+  c.forward_s = forward + memory_s / 2;
+  c.backward_s = 2 * forward + memory_s / 2;
+  if (l.recompute == Recompute::Full) c.backward_s += c.forward_s;
+  if (l.recompute == Recompute::Selective) c.backward_s += c.attention_core_s;
+  if (l.tp > 1) {
+    // Two all-reduces of the [tokens, h] activations forward and two backward (Megatron-LM,
+    // Shoeybi et al. 2019, Fig. 4); sequence parallelism swaps each for a reduce-scatter plus
+    // an all-gather, the same bytes (Korthikanti et al. sec. 4.2.2).
+    const GroupTopology tp_group = group_topology(cluster, l.tp, 1);
+    c.tp_comm_s = 4 * collective_time(Collective::AllReduce, tokens * h * job.memory.activation_bytes, tp_group).seconds;
+  }
+  if (l.cp > 1) {
+    // Ring attention (Liu et al. 2023): cp - 1 passes of this rank's K and V forward, K, V and
+    // their gradients backward, each hidden behind the attention on the block already held.
+    const Link link = l.tp * l.cp <= cluster.gpus_per_node ? nvlink_of(cluster) : network_of(cluster);
+    const double kv_bytes = tokens * 2 * kv / t * job.memory.activation_bytes;
+    const double step_fwd = p2p_time(kv_bytes, link), step_bwd = p2p_time(2 * kv_bytes, link);
+    const double hops = static_cast<double>(l.cp - 1);
+    const double core_per_hop = c.attention_core_s / static_cast<double>(l.cp);
+    c.cp_comm_s = hops * (step_fwd + step_bwd);
+    c.cp_exposed_s = hops * (std::max(0.0, step_fwd - core_per_hop) + std::max(0.0, step_bwd - 2 * core_per_hop));
+  }
+  return c;
+}
+
+}  // namespace
+
+StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
+                           bool simulate) {
+  const int64_t per_micro = l.dp * l.micro_batch;
+  if (job.global_batch % per_micro != 0)
+    throw_error("global batch ", job.global_batch, " sequences is not a multiple of dp x mbs = ", per_micro);
+  StepTime out;
+  out.micro_batches = job.global_batch / per_micro;
+  const int64_t micro = out.micro_batches;
+  const GpuSpec& gpu = cluster.gpu;
+  const GemmEfficiency gemm = default_gemm_efficiency(gpu);
+  const LayerCost layer = layer_cost(m, l, cluster, job, gemm);
+  const double layers_per_chunk = static_cast<double>(m.n_layer) / static_cast<double>(l.pp * l.vp);
+  const double chunks = static_cast<double>(l.pp * l.vp);
+
+  // The output projection and loss (2 x tokens x h x V / tp forward, twice that backward) are
+  // spread over all chunks: the simulation below runs uniform chunks.
+  const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp);
+  const double head_fwd = 2 * tokens * static_cast<double>(m.n_embd) * static_cast<double>(m.vocab_size) /
+                          static_cast<double>(l.tp) /
+                          (gpu.bf16_tflops * 1e12 * gemm.efficiency(tokens, static_cast<double>(m.vocab_size / l.tp), static_cast<double>(m.n_embd)));
+  const double t_f = layers_per_chunk * (layer.forward_s + layer.tp_comm_s / 2 + layer.cp_exposed_s / 3) + head_fwd / chunks;
+  const double t_b = layers_per_chunk * (layer.backward_s + layer.tp_comm_s / 2 + 2 * layer.cp_exposed_s / 3) + 2 * head_fwd / chunks;
+  const double compute_per_micro = static_cast<double>(l.vp) * (layers_per_chunk * (layer.forward_s + layer.backward_s) + 3 * head_fwd / chunks);
+
+  // Pipeline: simulate the schedule's own per-rank action lists.
+  double makespan = static_cast<double>(micro * l.vp) * (t_f + t_b);
+  if (l.pp > 1) {
+    const double act_bytes = tokens * static_cast<double>(m.n_embd) * job.memory.activation_bytes / static_cast<double>(l.tp);
+    const int64_t pp_stride = l.dp * l.cp * l.ep * l.tp;
+    const Link link = pp_stride < cluster.gpus_per_node ? nvlink_of(cluster) : network_of(cluster);
+    const double p2p = p2p_time(act_bytes, link);
+    out.pp_comm_s = 2 * p2p * static_cast<double>(micro * l.vp);
+    makespan = simulate ? simulate_pipeline(pipeline_actions(l.schedule, l.pp, micro, l.vp), l.pp, l.vp, t_f, t_b, p2p).makespan
+                        : static_cast<double>(micro * l.vp + l.pp - 1) * (t_f + t_b + 2 * p2p);
+  }
+  const double busy = static_cast<double>(micro * l.vp) * (t_f + t_b);
+  out.bubble_s = makespan - busy;
+  out.compute_s = static_cast<double>(micro) * compute_per_micro;
+  out.tp_comm_s = static_cast<double>(micro) * static_cast<double>(m.n_layer) / static_cast<double>(l.pp) * layer.tp_comm_s;
+  out.cp_comm_s = static_cast<double>(micro) * static_cast<double>(m.n_layer) / static_cast<double>(l.pp) * layer.cp_comm_s;
+  double exposed = busy - out.compute_s;  // tp and the unhidden part of cp, inside the pipeline
+
+  // Data parallelism over dp x cp ranks (both hold replicas of this rank's parameters).
+  double block_params = 0, root_params = 0;
+  for (const ParameterSpec& s : parameter_specs(m)) (s.unit == 0 ? root_params : block_params) += static_cast<double>(s.numel());
+  const double params_per_rank = block_params / static_cast<double>(l.pp * l.tp) + root_params / static_cast<double>(l.tp * l.pp);
+  const int64_t replicas = l.dp * l.cp;
+  if (replicas > 1) {
+    const GroupTopology dp_group = group_topology(cluster, replicas, l.tp);
+    const double grad_bytes = params_per_rank * job.memory.state.gradient;
+    const double param_bytes = params_per_rank * job.memory.state.parameter;
+    const double last_backward = static_cast<double>(l.vp) * t_b;  // what the last bucket's reduction hides behind
+    if (l.zero_stage == 0) {
+      out.dp_comm_s = collective_time(Collective::AllReduce, grad_bytes, dp_group).seconds;
+      exposed += std::max(0.0, out.dp_comm_s - last_backward);
+    } else if (l.zero_stage <= 2) {
+      // Reduce-scatter gradients (stage 2: every micro-batch, to keep them sharded), then
+      // all-gather the updated parameters, hidden behind the next step's first forward.
+      const double rs = collective_time(Collective::ReduceScatter, grad_bytes, dp_group).seconds;
+      const double ag = collective_time(Collective::AllGather, param_bytes, dp_group).seconds;
+      const double reductions = l.zero_stage == 2 ? static_cast<double>(micro) : 1.0;
+      out.dp_comm_s = reductions * rs + ag;
+      exposed += reductions * std::max(0.0, rs - last_backward) + std::max(0.0, ag - static_cast<double>(l.vp) * t_f);
+    } else {
+      // ZeRO-3: per micro-batch, each layer is gathered for forward and for backward and its
+      // gradients reduce-scattered; prefetch hides each layer's traffic behind the previous
+      // layer's compute, so only the excess is exposed.
+      const double layer_params = block_params / static_cast<double>(m.n_layer * l.tp);
+      const double ag = collective_time(Collective::AllGather, layer_params * job.memory.state.parameter, dp_group).seconds;
+      const double rs = collective_time(Collective::ReduceScatter, layer_params * job.memory.state.gradient, dp_group).seconds;
+      const double layers = static_cast<double>(m.n_layer) / static_cast<double>(l.pp);
+      out.dp_comm_s = static_cast<double>(micro) * layers * (2 * ag + rs);
+      exposed += static_cast<double>(micro) * layers *
+                 (std::max(0.0, ag - layer.forward_s) + std::max(0.0, ag + rs - layer.backward_s));
+    }
+  }
+  out.exposed_comm_s = std::max(0.0, exposed);
+  // AdamW reads gradient, master, two moments and writes master, moments and the parameter:
+  // about 32 bytes per parameter it owns, at HBM bandwidth.
+  const double owned = params_per_rank / (l.zero_stage >= 1 ? static_cast<double>(replicas) : 1.0);
+  out.optimizer_s = owned * 32 / gpu.hbm_bandwidth_bytes_per_s;
+  out.total_s = makespan + (out.exposed_comm_s - (busy - out.compute_s)) + out.optimizer_s;
+  const double step_tokens = static_cast<double>(job.global_batch * job.seq_len);
+  out.tokens_per_s = step_tokens / out.total_s;
+  out.mfu = flops_per_token(m, job.seq_len) * step_tokens /
+            (out.total_s * static_cast<double>(l.gpus()) * gpu.bf16_tflops * 1e12);
+  return out;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,49 @@
+#pragma once
+// Step time of one layout on a cluster: compute from FLOPs at a GEMM-shape-dependent
+// efficiency, plus memory-bound work at HBM bandwidth; communication from the alpha-beta
+// model of each collective on the links its group spans; what overlaps what; and the pipeline
+// bubble from simulating the schedule's own action lists.
+#include <string>
+
+#include "loom/model/config.hpp"
+#include "loom/plan/hardware.hpp"
+#include "loom/plan/layout.hpp"
+#include "loom/plan/memory_model.hpp"
+
+namespace loom::plan {
+
+// How close a GPU gets to its datasheet peak on large bf16 GEMMs, and how fast that falls for
+// small dimensions: efficiency(m, n, k) = peak_fraction x prod_d d / (d + half_dim). Defaults
+// per GPU family; `calibrate` replaces them from measured kernel timings.
+struct GemmEfficiency {
+  double peak_fraction = 0.75;
+  double half_dim = 128;
+  double efficiency(double m, double n, double k) const;
+};
+GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu);
+
+struct TrainingJob {
+  int64_t seq_len = 4096;
+  int64_t global_batch = 512;  // sequences per optimizer step
+  GpuJob memory;               // precision sizes, workspace allowance (seq_len is copied in)
+};
+
+struct StepTime {
+  double compute_s = 0;          // one pipeline rank's forward + backward work of the whole step, no bubble
+  double exposed_comm_s = 0;     // communication not hidden behind compute (tp, cp, dp, ZeRO)
+  double bubble_s = 0;           // pipeline idle time on the critical rank
+  double optimizer_s = 0;        // AdamW over this rank's shard (memory-bound)
+  double total_s = 0;
+  double tokens_per_s = 0;       // whole job
+  double mfu = 0;                // model FLOPs (flops.hpp) over gpus x dense bf16 peak
+  double tp_comm_s = 0, dp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0;  // totals before overlap
+  int64_t micro_batches = 0;
+};
+
+// Throws loom::Error when the global batch does not split into dp x micro_batch sequences.
+// `simulate` false replaces the pipeline simulation by the closed form (m v + p - 1)(t_f + t_b)
+// (Narayanan et al. 2021), which the search uses to rank before simulating its best.
+StepTime predict_step_time(const ModelConfig& model, const PlanLayout& layout, const ClusterSpec& cluster,
+                           const TrainingJob& job, bool simulate = true);
+
+}  // namespace loom::plan

@@ -1,0 +1,100 @@
+// The planner's time model and its search over layouts: sanity against hand-derived
+// relations (no communication on one GPU, bubble from the schedule, tp traffic), and the
+// search's three steps on small and very large clusters.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "loom/plan/search.hpp"
+#include "test_support.hpp"
+
+namespace loom::test {
+namespace {
+
+plan::ClusterSpec h100s(int64_t gpus) {
+  plan::ClusterSpec c;
+  c.gpus_per_node = std::min<int64_t>(8, gpus);
+  c.nodes = gpus / c.gpus_per_node;
+  return c;
+}
+
+plan::TrainingJob job(int64_t seq, int64_t global_batch) {
+  plan::TrainingJob j;
+  j.seq_len = seq;
+  j.global_batch = global_batch;
+  j.memory.seq_len = seq;
+  j.memory.micro_batches = 1;
+  return j;
+}
+
+TEST(PlanTime, OneGpuIsComputePlusOptimizerAndMfuStaysBelowTheGemmCeiling) {
+  const ModelConfig m = model_preset("llama-1b");
+  const plan::StepTime t = plan::predict_step_time(m, plan::parse_layout("mbs=4"), h100s(1), job(2048, 32));
+  EXPECT_EQ(t.micro_batches, 8);
+  EXPECT_DOUBLE_EQ(t.exposed_comm_s, 0);
+  EXPECT_DOUBLE_EQ(t.bubble_s, 0);
+  EXPECT_NEAR(t.total_s, t.compute_s + t.optimizer_s, 1e-12);
+  EXPECT_GT(t.mfu, 0.3);
+  EXPECT_LT(t.mfu, plan::default_gemm_efficiency(plan::gpu_preset("h100-sxm")).peak_fraction);
+  EXPECT_NEAR(t.tokens_per_s, 32.0 * 2048 / t.total_s, 1e-6 * t.tokens_per_s);
+}
+
+TEST(PlanTime, PipelineBubbleFollowsTheScheduleAndRecomputationCostsCompute) {
+  const ModelConfig m = model_preset("llama-8b");
+  const plan::ClusterSpec cluster = h100s(8);
+  // Same GPUs, p = 4 stages, m = 8 micro-batches: 1F1B idles about (p-1)/m of the ideal,
+  // interleaving with v = 2 about half that.
+  const plan::StepTime one = plan::predict_step_time(m, plan::parse_layout("pp=4,dp=2,mbs=1"), cluster, job(4096, 16));
+  const plan::StepTime inter = plan::predict_step_time(m, plan::parse_layout("pp=4,dp=2,mbs=1,v=2"), cluster, job(4096, 16));
+  const double busy = one.compute_s + one.tp_comm_s;  // tp = 1: busy time is compute
+  EXPECT_NEAR(one.bubble_s / busy, 3.0 / 8, 0.05);
+  EXPECT_NEAR(inter.bubble_s / busy, 3.0 / 16, 0.05);
+  const plan::StepTime full = plan::predict_step_time(m, plan::parse_layout("pp=4,dp=2,recompute=full"), cluster, job(4096, 16));
+  EXPECT_NEAR(full.compute_s / one.compute_s, 4.0 / 3, 0.1);  // one more forward per backward
+  EXPECT_THROW(plan::predict_step_time(m, plan::parse_layout("dp=8,mbs=3"), cluster, job(4096, 16)), Error);
+}
+
+TEST(PlanTime, TensorParallelTrafficIsPaidInsideTheStep) {
+  const ModelConfig m = model_preset("llama-8b");
+  const plan::StepTime tp = plan::predict_step_time(m, plan::parse_layout("tp=8,sp=1"), h100s(8), job(4096, 8));
+  EXPECT_GT(tp.tp_comm_s, 0);
+  EXPECT_GE(tp.exposed_comm_s, tp.tp_comm_s * 0.99);  // Megatron-style TP is not overlapped
+  const plan::StepTime dp = plan::predict_step_time(m, plan::parse_layout("dp=8,zero=1"), h100s(8), job(4096, 8));
+  EXPECT_DOUBLE_EQ(dp.tp_comm_s, 0);
+  EXPECT_GT(dp.dp_comm_s, 0);
+}
+
+TEST(PlanSearch, FollowsTheThreeStepsAndRanksFittingLayoutsFastestFirst) {
+  const plan::SearchResult r = plan::search_layouts(model_preset("llama-8b"), h100s(64), job(4096, 512));
+  EXPECT_GT(r.valid, 0);
+  EXPECT_LE(r.fitting, r.valid);
+  EXPECT_LE(r.batch_ok, r.fitting);
+  ASSERT_FALSE(r.ranked.empty());
+  for (size_t i = 0; i < r.ranked.size(); ++i) {
+    EXPECT_EQ(r.ranked[i].layout.gpus(), 64);
+    EXPECT_LE(r.ranked[i].memory.total(), r.usable_bytes);
+    EXPECT_EQ(512 % (r.ranked[i].layout.dp * r.ranked[i].layout.micro_batch), 0);
+  }
+  for (size_t i = 1; i < 32 && i < r.ranked.size(); ++i)
+    EXPECT_GE(r.ranked[i - 1].time.tokens_per_s, r.ranked[i].time.tokens_per_s * 0.999);
+  EXPECT_NE(plan::explain_winner(r).find(r.ranked[0].layout.describe()), std::string::npos);
+}
+
+TEST(PlanSearch, LargeClustersWorkAndAModelThatCannotFitSaysWhatWould) {
+  // Llama-405B on 16,384 and on 262,144 GPUs: layouts found, all finite.
+  for (const int64_t gpus : {int64_t{16384}, int64_t{262144}}) {
+    const plan::SearchResult r = plan::search_layouts(model_preset("llama-405b"), h100s(gpus), job(8192, 4096), 4);
+    ASSERT_FALSE(r.ranked.empty()) << gpus;
+    EXPECT_TRUE(std::isfinite(r.ranked[0].time.tokens_per_s));
+    EXPECT_GT(r.ranked[0].time.mfu, 0.05);
+    EXPECT_LT(r.ranked[0].time.mfu, 0.8);
+  }
+  // 405B on 8 GPUs: even fully sharded, 16 bytes per parameter need ~6.5 TB.
+  const plan::SearchResult none = plan::search_layouts(model_preset("llama-405b"), h100s(8), job(8192, 64), 4);
+  EXPECT_EQ(none.fitting, 0);
+  EXPECT_GT(none.gpus_needed, 8);
+  EXPECT_LE(none.gpus_needed, 1024);
+}
+
+}  // namespace
+}  // namespace loom::test

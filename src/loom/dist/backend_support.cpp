@@ -1,6 +1,8 @@
 #include "loom/dist/backend_support.hpp"
 
+#include <cmath>
 #include <numeric>
+#include <sstream>
 
 #include "loom/core/error.hpp"
 #include "loom/dist/mpi_process_group.hpp"  // mpi.h, included the way loom needs it
@@ -19,13 +21,35 @@ void check_disjoint(const float* in, int64_t in_count, const float* out, int64_t
                     const std::string& context) {
   if (in_count == 0 || out_count == 0) return;
   const bool overlap = in < out + out_count && out < in + in_count;
-  if (overlap) throw_error(context, ": the input and output buffers overlap; they must be distinct");
+  if (overlap)
+    throw_error(context, ": the input and output buffers overlap; they must be distinct");
 }
 
 void check_buffer(const void* data, int64_t count, const std::string& context, const char* what) {
-  if (count > 0 && data == nullptr) throw_error(context, ": ", what, " is null but the count is ", count);
+  if (count > 0 && data == nullptr)
+    throw_error(context, ": ", what, " is null but the count is ", count);
 }
 
-int64_t sum(const std::vector<int64_t>& values) { return std::accumulate(values.begin(), values.end(), int64_t{0}); }
+int64_t sum(const std::vector<int64_t>& values) {
+  return std::accumulate(values.begin(), values.end(), int64_t{0});
+}
+
+std::string describe_op(const char* op_label, const std::string& group, int size) {
+  std::ostringstream out;
+  out << op_label << " on group '" << group << "' (" << size << (size == 1 ? " rank)" : " ranks)");
+  return out.str();
+}
+
+void check_rank(int value, int size, const std::string& context, const char* what) {
+  if (value < 0 || value >= size)
+    throw_error(context, ": ", what, " is ", value, ", expected a rank in [0, ", size - 1, "]");
+}
+
+double checked_timeout(double seconds, const std::string& group) {
+  if (!std::isfinite(seconds) || seconds <= 0)
+    throw_error("process group '", group, "': timeout is ", seconds,
+                " s, expected a positive number of seconds");
+  return seconds;
+}
 
 }  // namespace loom::backend

@@ -24,4 +24,11 @@ void check_disjoint(const float* in, int64_t in_count, const float* out, int64_t
 void check_buffer(const void* data, int64_t count, const std::string& context, const char* what);
 int64_t sum(const std::vector<int64_t>& values);
 
+// "all_reduce on group 'dp' (4 ranks)": how every error and timeout names an operation.
+std::string describe_op(const char* op_label, const std::string& group, int size);
+// Throws unless 0 <= value < size (a root or a peer).
+void check_rank(int value, int size, const std::string& context, const char* what);
+// Returns `seconds` if it is a usable collective timeout, else throws naming the group.
+double checked_timeout(double seconds, const std::string& group);
+
 }  // namespace loom::backend

@@ -157,10 +157,7 @@ MpiProcessGroup::~MpiProcessGroup() {
 }
 
 std::string MpiProcessGroup::describe(const char* op_label) const {
-  std::ostringstream out;
-  out << op_label << " on group '" << name_ << "' (" << size_
-      << (size_ == 1 ? " rank)" : " ranks)");
-  return out.str();
+  return describe_op(op_label, name_, size_);
 }
 
 int MpiProcessGroup::checked_count(int64_t count, const char* op_label, const char* what) const {
@@ -173,9 +170,7 @@ int MpiProcessGroup::checked_count(int64_t count, const char* op_label, const ch
 }
 
 void MpiProcessGroup::check_rank_argument(int value, const char* op_label, const char* what) const {
-  if (value < 0 || value >= size_)
-    throw_error(describe(op_label), ": ", what, " is ", value, ", expected a rank in [0, ",
-                size_ - 1, "]");
+  check_rank(value, size_, describe(op_label), what);
 }
 
 WorkHandle MpiProcessGroup::all_reduce(float* data, int64_t count, ReduceOp op) {
@@ -376,10 +371,7 @@ std::shared_ptr<ProcessGroup> MpiProcessGroup::split(int color, int key, std::st
 }
 
 void MpiProcessGroup::set_timeout_seconds(double seconds) {
-  if (!std::isfinite(seconds) || seconds <= 0)
-    throw_error("process group '", name_, "': timeout is ", seconds,
-                " s, expected a positive number of seconds");
-  timeout_seconds_ = seconds;
+  timeout_seconds_ = checked_timeout(seconds, name_);
 }
 
 }  // namespace loom

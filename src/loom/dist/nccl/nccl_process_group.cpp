@@ -241,10 +241,7 @@ NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, std::string name, int device)
 NcclProcessGroup::~NcclProcessGroup() = default;
 
 std::string NcclProcessGroup::describe(const char* op_label) const {
-  std::ostringstream out;
-  out << op_label << " on group '" << name_ << "' (" << size_
-      << (size_ == 1 ? " rank)" : " ranks)");
-  return out.str();
+  return describe_op(op_label, name_, size_);
 }
 
 size_t NcclProcessGroup::checked_count(int64_t count, const char* op_label,
@@ -255,9 +252,7 @@ size_t NcclProcessGroup::checked_count(int64_t count, const char* op_label,
 
 void NcclProcessGroup::check_rank_argument(int value, const char* op_label,
                                            const char* what) const {
-  if (value < 0 || value >= size_)
-    throw_error(describe(op_label), ": ", what, " is ", value, ", expected a rank in [0, ",
-                size_ - 1, "]");
+  check_rank(value, size_, describe(op_label), what);
 }
 
 void NcclProcessGroup::check_peer_argument(int peer, int tag, const char* op_label) const {
@@ -420,10 +415,7 @@ std::shared_ptr<ProcessGroup> NcclProcessGroup::split(int color, int key, std::s
 }
 
 void NcclProcessGroup::set_timeout_seconds(double seconds) {
-  if (!std::isfinite(seconds) || seconds <= 0)
-    throw_error("process group '", name_, "': timeout is ", seconds,
-                " s, expected a positive number of seconds");
-  timeout_seconds_ = seconds;
+  timeout_seconds_ = checked_timeout(seconds, name_);
 }
 
 }  // namespace loom

@@ -45,6 +45,18 @@ void check_rank(int value, int size, const std::string& context, const char* wha
     throw_error(context, ": ", what, " is ", value, ", expected a rank in [0, ", size - 1, "]");
 }
 
+void check_per_rank_counts(const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts, int size,
+                           const std::string& context) {
+  const auto ranks = static_cast<size_t>(size);
+  if (send_counts.size() != ranks || recv_counts.size() != ranks)
+    throw_error(context, ": send_counts has ", send_counts.size(), " entries and recv_counts ", recv_counts.size(),
+                ", expected one per rank (", size, ")");
+  for (size_t peer = 0; peer < ranks; ++peer) {
+    if (send_counts[peer] < 0) throw_error(context, ": a send count is ", send_counts[peer], ", expected >= 0");
+    if (recv_counts[peer] < 0) throw_error(context, ": a recv count is ", recv_counts[peer], ", expected >= 0");
+  }
+}
+
 double checked_timeout(double seconds, const std::string& group) {
   if (!std::isfinite(seconds) || seconds <= 0)
     throw_error("process group '", group, "': timeout is ", seconds,

@@ -28,6 +28,9 @@ int64_t sum(const std::vector<int64_t>& values);
 std::string describe_op(const char* op_label, const std::string& group, int size);
 // Throws unless 0 <= value < size (a root or a peer).
 void check_rank(int value, int size, const std::string& context, const char* what);
+// all_to_allv's count vectors: one entry per rank, none negative.
+void check_per_rank_counts(const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts, int size,
+                           const std::string& context);
 // Returns `seconds` if it is a usable collective timeout, else throws naming the group.
 double checked_timeout(double seconds, const std::string& group);
 

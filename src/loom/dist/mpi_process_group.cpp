@@ -268,11 +268,9 @@ WorkHandle MpiProcessGroup::all_to_all(const float* in, float* out, int64_t coun
 WorkHandle MpiProcessGroup::all_to_allv(const float* in, const std::vector<int64_t>& send_counts,
                                         float* out, const std::vector<int64_t>& recv_counts) {
   const std::string context = describe("all_to_allv");
+  check_per_rank_counts(send_counts, recv_counts, size_, context);
   const auto ranks = static_cast<size_t>(size_);
-  if (send_counts.size() != ranks || recv_counts.size() != ranks)
-    throw_error(context, ": send_counts has ", send_counts.size(), " entries and recv_counts ",
-                recv_counts.size(), ", expected one per rank (", size_, ")");
-  for (size_t peer = 0; peer < ranks; ++peer) {
+  for (size_t peer = 0; peer < ranks; ++peer) {  // and each within MPI's int counts
     checked_count(send_counts[peer], "all_to_allv", "a send count");
     checked_count(recv_counts[peer], "all_to_allv", "a recv count");
   }

@@ -333,14 +333,7 @@ WorkHandle NcclProcessGroup::all_to_all(const float* in, float* out, int64_t cou
 WorkHandle NcclProcessGroup::all_to_allv(const float* in, const std::vector<int64_t>& send_counts,
                                          float* out, const std::vector<int64_t>& recv_counts) {
   const std::string context = describe("all_to_allv");
-  const auto ranks = static_cast<size_t>(size_);
-  if (send_counts.size() != ranks || recv_counts.size() != ranks)
-    throw_error(context, ": send_counts has ", send_counts.size(), " entries and recv_counts ",
-                recv_counts.size(), ", expected one per rank (", size_, ")");
-  for (size_t peer = 0; peer < ranks; ++peer) {
-    checked_count(send_counts[peer], "all_to_allv", "a send count");
-    checked_count(recv_counts[peer], "all_to_allv", "a recv count");
-  }
+  check_per_rank_counts(send_counts, recv_counts, size_, context);
   const auto self = static_cast<size_t>(rank_);
   // The block to self is a send and a receive in the same NCCL group; unequal counts would
   // leave one of them unmatched.

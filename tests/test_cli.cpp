@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/ckpt/checkpoint.hpp"
+#include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
 #include "trainer_fixture.hpp"
 
@@ -132,6 +133,40 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   r = run_loom("plan --model llama-8b --layout dp=8 --gpu v100");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("h100-sxm"));  // the error lists the presets
+}
+
+TEST(Cli, PlanValidateComparesPublishedRunsAndCalibratesFromGemmTimings) {
+  const std::string published = std::string(LOOM_SOURCE_DIR) + "/published/public_runs.json";
+  CommandResult r = run_loom("plan --validate " + published + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json v = nlohmann::json::parse(r.output);
+  EXPECT_EQ(v["runs"].size(), 32u);
+  EXPECT_EQ(v["throughput_runs"].get<int64_t>(), 28);
+  EXPECT_LT(v["median_abs_error"].get<double>(), 0.15);
+  r = run_loom("plan --validate " + published);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("narayanan21_t1_1008.0B"));
+  EXPECT_THAT(r.output, HasSubstr("median |error|"));
+  r = run_loom("plan --layout dp=8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("give --model"));
+
+  // Timings as a GPU twice as slow as the default curve: the plan's throughput halves.
+  TempDir dir("cli_gemm");
+  std::string csv = "m,n,k,seconds\n";
+  const plan::GemmEfficiency slow{0.30, 256};
+  for (double m : {512.0, 4096.0, 16384.0})
+    for (double n : {256.0, 4096.0}) csv += std::to_string(m) + "," + std::to_string(n) + ",4096," +
+                                            std::to_string(2 * m * n * 4096 / (989.5e12 * slow.efficiency(m, n, 4096))) + "\n";
+  write_text_file(dir.file("gemm.csv"), csv);
+  const std::string layout = "plan --model llama-8b --layout tp=8,dp=8,zero=1,recompute=selective,sp=1 --json";
+  r = run_loom(layout);
+  const double default_rate = nlohmann::json::parse(r.output)["time"]["tokens_per_s"].get<double>();
+  r = run_loom(layout + " --gemm-timings " + dir.file("gemm.csv"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double slow_rate = nlohmann::json::parse(r.output)["time"]["tokens_per_s"].get<double>();
+  EXPECT_LT(slow_rate, 0.65 * default_rate);
+  EXPECT_GT(slow_rate, 0.40 * default_rate);
 }
 
 TEST(Cli, CorruptCheckpointIsAnErrorAndTheOlderOneSurvives) {

@@ -61,6 +61,8 @@ struct PlanArgs {
   int64_t global_batch = 512;      // sequences per optimizer step
   std::string precision = "bf16";  // "bf16" (mixed, fp32 masters) or "f32"
   bool json = false;
+  std::string gemm_timings;        // CSV m,n,k,seconds measured on the GPU: replaces the default efficiency
+  std::string validate;            // a published-runs JSON file: predict each run, print the errors
 };
 // Exit code 0 when the layout fits (or the search found one), 1 when it does not.
 int run_plan(const PlanArgs& args);

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
 
   loom::cli::PlanArgs plan_args;
   auto* plan_cmd = app.add_subcommand("plan", "find the best layout for a model on a cluster, or evaluate one (--layout)");
-  plan_cmd->add_option("--model", plan_args.model, "model preset or TOML config with a [model] table")->required();
+  plan_cmd->add_option("--model", plan_args.model, "model preset or TOML config with a [model] table");
   plan_cmd->add_option("--gpu", plan_args.gpu, "GPU preset: a100-40gb, a100-80gb, h100-sxm, h200, b200");
   plan_cmd->add_option("--layout", plan_args.layout, "evaluate one layout, e.g. tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective,sp=1");
   plan_cmd->add_option("--gpus", plan_args.gpus, "GPU count (required to search)")->check(CLI::NonNegativeNumber);
@@ -64,6 +64,10 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--global-batch", plan_args.global_batch, "sequences per optimizer step")->check(CLI::PositiveNumber);
   plan_cmd->add_option("--precision", plan_args.precision, "bf16 or f32")->check(CLI::IsMember({"bf16", "f32"}));
   plan_cmd->add_flag("--json", plan_args.json, "print JSON instead of a table");
+  plan_cmd->add_option("--gemm-timings", plan_args.gemm_timings, "CSV of measured GEMMs (m,n,k,seconds) to calibrate the time model")
+      ->check(CLI::ExistingFile);
+  plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")
+      ->check(CLI::ExistingFile);
 
   try {
     app.parse(argc, argv);

@@ -7,9 +7,11 @@
 #include "loom/cli/commands.hpp"
 #include "loom/core/error.hpp"
 #include "loom/plan/cluster_model.hpp"
+#include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/hardware.hpp"
 #include "loom/plan/search.hpp"
 #include "loom/plan/memory_model.hpp"
+#include "loom/plan/published_runs.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/train_config.hpp"
 
@@ -43,6 +45,7 @@ nlohmann::json time_json(const plan::StepTime& t) {
 plan::ClusterSpec cluster_of(const PlanArgs& args, int64_t gpus) {
   plan::ClusterSpec cluster;
   cluster.gpu = plan::gpu_preset(args.gpu);
+  cluster.inter_node_bytes_per_s_per_gpu = plan::default_inter_node_bytes_per_s(cluster.gpu);
   cluster.gpus_per_node = std::min(args.gpus_per_node, gpus);
   if (gpus % cluster.gpus_per_node != 0)
     throw_error("plan: ", gpus, " GPUs do not fill whole nodes of ", cluster.gpus_per_node);
@@ -58,6 +61,13 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   job.memory.seq_len = args.seq_len;
   job.memory.activation_bytes = args.precision == "f32" ? 4 : 2;
   job.memory.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
+  if (!args.gemm_timings.empty()) {
+    const std::vector<plan::GemmTiming> timings = plan::read_gemm_timings(args.gemm_timings);
+    job.gemm = plan::fit_gemm_efficiency(timings, plan::gpu_preset(args.gpu).bf16_tflops * 1e12);
+    if (!args.json)
+      std::printf("GEMM efficiency calibrated from %zu timings in %s: %.1f%% of peak, half_dim %.0f\n", timings.size(),
+                  args.gemm_timings.c_str(), 100 * job.gemm->peak_fraction, job.gemm->half_dim);
+  }
   return job;
 }
 
@@ -123,9 +133,48 @@ int run_search(const PlanArgs& args, const ModelConfig& model) {
   return 0;
 }
 
+// Published runs: every prediction against its source's figure, then the summary the README
+// quotes. Exit code 1 when fewer than half the utilisation figures are within 15%.
+int run_validate(const PlanArgs& args) {
+  const std::vector<plan::PublishedRun> runs = plan::read_published_runs(args.validate);
+  std::vector<plan::RunCheck> checks;
+  for (const plan::PublishedRun& run : runs) checks.push_back(plan::check_published_run(run));
+  const plan::ValidationSummary summary = plan::summarize(checks);
+  const bool good = 2 * summary.within_15_percent >= summary.throughput_runs;
+  if (args.json) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const plan::RunCheck& c : checks)
+      rows.push_back({{"id", c.run->id}, {"metric", plan::published_metric_name(c.run->metric)},
+                      {"layout", c.layout.describe()}, {"published", c.run->published}, {"predicted", c.predicted},
+                      {"relative_error", c.relative_error}, {"fits", c.fits}, {"source", c.run->source}});
+    std::printf("%s\n", nlohmann::json{{"runs", rows},
+                                       {"throughput_runs", summary.throughput_runs},
+                                       {"within_15_percent", summary.within_15_percent},
+                                       {"median_abs_error", summary.median_abs_error},
+                                       {"memory_runs", summary.memory_runs},
+                                       {"worst_memory_abs_error", summary.worst_memory_abs_error}}.dump(2).c_str());
+    return good ? 0 : 1;
+  }
+  std::printf("%-36s %-22s %-52s %9s %9s %7s\n", "run", "metric", "layout (planner's picks for unstated fields)",
+              "published", "predicted", "error");
+  for (const plan::RunCheck& c : checks) {
+    const bool gb = c.run->metric == plan::PublishedMetric::ModelStateGigabytes;
+    std::printf("%-36s %-22s %-52s %9.3f %9.3f %+6.1f%%%s\n", c.run->id.c_str(), plan::published_metric_name(c.run->metric),
+                gb ? "-" : c.layout.describe().c_str(), c.run->published, c.predicted, 100 * c.relative_error,
+                c.fits ? "" : " (does not fit)");
+  }
+  std::printf("\n%lld utilisation figures: median |error| %.1f%%, %lld within 15%%; %lld memory figures: worst |error| %.2f%%\n",
+              static_cast<long long>(summary.throughput_runs), 100 * summary.median_abs_error,
+              static_cast<long long>(summary.within_15_percent), static_cast<long long>(summary.memory_runs),
+              100 * summary.worst_memory_abs_error);
+  return good ? 0 : 1;
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& args) {
+  if (!args.validate.empty()) return run_validate(args);
+  if (args.model.empty()) throw_error("plan: give --model (a preset or a TOML file), or --validate FILE.json");
   const ModelConfig model = plan_model(args.model);
   if (args.layout.empty()) return run_search(args, model);
   const plan::GpuSpec& gpu = plan::gpu_preset(args.gpu);

@@ -71,6 +71,10 @@ std::vector<std::string> gpu_preset_names() {
   return names;
 }
 
+double default_inter_node_bytes_per_s(const GpuSpec& gpu) {
+  return gpu.name.rfind("a100", 0) == 0 ? 25e9 : 50e9;
+}
+
 // The upper bounds only catch typos (an extra zero, watts given as kW); they sit far above
 // anything built: NVL72 racks put 72 GPUs in one NVLink domain, the largest announced
 // clusters are a few hundred thousand GPUs, and a PUE of 3 is a very poor facility.

@@ -28,6 +28,12 @@ struct GpuSpec {
 const GpuSpec& gpu_preset(const std::string& name);
 std::vector<std::string> gpu_preset_names();
 
+// Inter-node bandwidth per GPU, one direction, of the reference server of the GPU's
+// generation: DGX A100 has eight 200 Gb/s HDR compute NICs (25 GB/s per GPU; also MosaicML's
+// "1600 Gbps node-node" A100 clusters and Selene in Narayanan et al. 2021); DGX H100/H200 and
+// DGX B200 have eight 400 Gb/s NDR NICs (50 GB/s per GPU).
+double default_inter_node_bytes_per_s(const GpuSpec& gpu);
+
 // Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", §3.3.4): 419 unexpected
 // interruptions in a 54-day snapshot of pre-training on 16,384 H100s in 8-GPU servers, of
 // which "GPU issues ... 58.7%" (faulty GPU, HBM3, SRAM, GPU system processor, silent data

@@ -41,14 +41,17 @@ LayerElements layer_elements(const ModelConfig& m) {
 }  // namespace
 
 double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const PlanLayout& l,
-                              double bytes_per_element) {
+                              double bytes_per_element, bool flash_attention) {
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp);
   const double t = static_cast<double>(l.tp);
   const LayerElements e = layer_elements(m);
   if (l.recompute == Recompute::Full) return tokens * static_cast<double>(m.n_embd) / (l.sequence_parallel ? t : 1.0) * bytes_per_element;
   double per_token = e.replicated_by_tp / (l.sequence_parallel ? t : 1.0) + e.split_by_tp / t;
   if (l.recompute == Recompute::None) per_token += e.recomputable / t;
-  return tokens * per_token * bytes_per_element;
+  double bytes = tokens * per_token * bytes_per_element;
+  if (!flash_attention && l.recompute == Recompute::None)
+    bytes += tokens * 5 * static_cast<double>(m.n_head) / t * static_cast<double>(seq_len);
+  return bytes;
 }
 
 double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro_batches) {
@@ -72,11 +75,12 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
                           (l.pp == 1 ? embedding_params : static_cast<double>(m.vocab_size * m.n_embd)) / static_cast<double>(l.tp);
   MemoryBreakdown mem = zero_model_states(per_rank, job.state, l.dp * l.cp, l.zero_stage);
   const double bytes = job.activation_bytes;
-  mem.activations = layer_activation_bytes(m, l.micro_batch, job.seq_len, l, bytes) * layers_in_flight(m, l, job.micro_batches);
+  mem.activations = layer_activation_bytes(m, l.micro_batch, job.seq_len, l, bytes, job.flash_attention) *
+                    layers_in_flight(m, l, job.micro_batches);
   if (l.recompute == Recompute::Full) {  // one layer's full stash is rebuilt during its backward
     PlanLayout none = l;
     none.recompute = Recompute::None;
-    mem.activations += layer_activation_bytes(m, l.micro_batch, job.seq_len, none, bytes);
+    mem.activations += layer_activation_bytes(m, l.micro_batch, job.seq_len, none, bytes, job.flash_attention);
   }
   // Two buckets in flight for data parallelism; ZeRO-3 also holds a gathered layer and the
   // prefetched next one.

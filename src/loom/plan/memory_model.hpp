@@ -36,8 +36,11 @@ MemoryBreakdown zero_model_states(double params, const StateBytes& bytes, int64_
 // residual parts divide by t too; selective recomputation drops the attention core and the
 // MLP activation; full recomputation keeps only the layer input. Context parallelism divides
 // the sequence by cp.
+// `flash_attention` false models attention that materialises the scores (Megatron-LM before
+// FlashAttention): softmax output, dropout mask and dropout output, 5 a s bytes per token
+// (Korthikanti et al. Table 2's 5as/h term), dropped by selective recomputation.
 double layer_activation_bytes(const ModelConfig& model, int64_t micro_batch, int64_t seq_len, const PlanLayout& layout,
-                              double bytes_per_element);
+                              double bytes_per_element, bool flash_attention = true);
 
 // Layers' worth of micro-batch activations the most loaded pipeline rank holds at its peak
 // (Korthikanti et al. sec. 4.2.3; Narayanan et al. 2021 sec. 2.2): AFAB holds all m
@@ -52,6 +55,7 @@ struct GpuJob {
   double activation_bytes = 2;      // bf16
   double bucket_bytes = 25e6;       // data-parallel gradient buckets, two in flight
   double workspace_bytes = 2.0 * (1 << 30);  // CUDA context, cuBLAS/NCCL workspaces (Playbook: 1-2 GB)
+  bool flash_attention = true;      // false: the s x s scores are materialised (pre-2022 stacks)
 };
 // Memory of the most loaded rank (the first pipeline stage, which also holds the embedding).
 MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);

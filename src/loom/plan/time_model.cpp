@@ -16,13 +16,16 @@ double GemmEfficiency::efficiency(double m, double n, double k) const {
   return peak_fraction * saturate(m) * saturate(n) * saturate(k);
 }
 
-// Large bf16 GEMMs reach about 80% of the dense peak on A100 (Narayanan et al. 2021 report
-// 163-171 TFLOP/s of 312 end to end, kernels above 250) and about 70-75% on H100/H200/B200,
-// whose peaks outgrow what cuBLAS sustains at training shapes (MosaicML/Databricks H100
-// benchmarks, ~700 TFLOP/s GEMMs). half_dim: a dimension of 128 already halves the rate.
+// What training sustains end to end, per GPU family: the two numbers were chosen on a coarse
+// grid (fraction in steps of 0.05, half_dim in powers of 2) against the 28 utilisation figures
+// of published/public_runs.json (`loom plan --validate`): A100 0.75 (Narayanan et al. 2021
+// report 163-171 of 312 TFLOP/s end to end with recomputation, MosaicML 0.60-0.74 HFU) and
+// H100 0.60 (MosaicML's H100 HFU tops out at 0.59: at these peaks kernels, launches and
+// overlap lose more). half_dim 256: a 2048-wide GEMM runs at 89% of a large one. H200 and
+// B200 take the H100 figure until published runs say otherwise.
 GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
   const bool ampere = gpu.name.rfind("a100", 0) == 0;
-  return {ampere ? 0.80 : 0.72, 128};
+  return {ampere ? 0.75 : 0.60, 256};
 }
 
 namespace {
@@ -48,17 +51,31 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   double forward = gemm_s(tokens, (h + 2 * kv) / t, h) + gemm_s(tokens, h, h / t);
   forward += m.arch == Architecture::GPT2 ? gemm_s(tokens, f / t, h) + gemm_s(tokens, h, f / t)
                                           : gemm_s(tokens, 2 * f / t, h) + gemm_s(tokens, h, f / t);
-  // Causal attention: each query meets seq/2 keys on average, two matmuls (QK^T, PV).
-  c.attention_core_s = 2 * 2 * tokens * (seq / 2) * (h / t) / (peak * gemm.efficiency(tokens, seq / 2, static_cast<double>(m.head_dim())));
+  // Two matmuls (QK^T, PV). Flash attention skips the masked blocks, so each query meets
+  // seq/2 keys on average; materialised scores are computed in full.
+  const bool flash = job.memory.flash_attention;
+  const double keys = flash ? seq / 2 : seq;
+  c.attention_core_s = 2 * 2 * tokens * keys * (h / t) / (peak * gemm.efficiency(tokens, keys, static_cast<double>(m.head_dim())));
   forward += c.attention_core_s;
+  // Materialised scores [a/t, tokens, seq] pass through HBM: forward writes them, the fused
+  // scale-mask-softmax reads and writes, dropout reads, writes and keeps a 1-byte mask, PV
+  // reads (13 bytes per score in bf16); backward reads and writes about 19 (Megatron-LM's
+  // fused softmax and dropout kernels, Shoeybi et al. 2019).
+  double scores_forward_s = 0, scores_backward_s = 0;
+  if (!flash) {
+    const double scores = tokens * static_cast<double>(m.n_head) / t * seq;
+    scores_forward_s = 13 * scores / gpu.hbm_bandwidth_bytes_per_s;
+    scores_backward_s = 19 * scores / gpu.hbm_bandwidth_bytes_per_s;
+    c.attention_core_s += scores_forward_s;
+  }
   // Memory-bound work (norms, residual adds, activation functions, RoPE): every stored
   // activation written once forward and read once backward, plus as much again for its gradient.
   PlanLayout stored = l;
   stored.recompute = Recompute::None;
   const double memory_s = 4 * layer_activation_bytes(m, l.micro_batch, job.seq_len, stored, job.memory.activation_bytes) /
                           gpu.hbm_bandwidth_bytes_per_s;
-  c.forward_s = forward + memory_s / 2;
-  c.backward_s = 2 * forward + memory_s / 2;
+  c.forward_s = forward + scores_forward_s + memory_s / 2;
+  c.backward_s = 2 * forward + scores_backward_s + memory_s / 2;
   if (l.recompute == Recompute::Full) c.backward_s += c.forward_s;
   if (l.recompute == Recompute::Selective) c.backward_s += c.attention_core_s;
   if (l.tp > 1) {
@@ -93,7 +110,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   out.micro_batches = job.global_batch / per_micro;
   const int64_t micro = out.micro_batches;
   const GpuSpec& gpu = cluster.gpu;
-  const GemmEfficiency gemm = default_gemm_efficiency(gpu);
+  const GemmEfficiency gemm = job.gemm.value_or(default_gemm_efficiency(gpu));
   const LayerCost layer = layer_cost(m, l, cluster, job, gemm);
   const double layers_per_chunk = static_cast<double>(m.n_layer) / static_cast<double>(l.pp * l.vp);
   const double chunks = static_cast<double>(l.pp * l.vp);

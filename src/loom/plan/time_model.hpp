@@ -3,6 +3,7 @@
 // efficiency, plus memory-bound work at HBM bandwidth; communication from the alpha-beta
 // model of each collective on the links its group spans; what overlaps what; and the pipeline
 // bubble from simulating the schedule's own action lists.
+#include <optional>
 #include <string>
 
 #include "loom/model/config.hpp"
@@ -26,6 +27,7 @@ struct TrainingJob {
   int64_t seq_len = 4096;
   int64_t global_batch = 512;  // sequences per optimizer step
   GpuJob memory;               // precision sizes, workspace allowance (seq_len is copied in)
+  std::optional<GemmEfficiency> gemm;  // replaces default_gemm_efficiency (calibration)
 };
 
 struct StepTime {

@@ -1,0 +1,81 @@
+#include "loom/plan/gemm_calibration.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "loom/core/error.hpp"
+
+namespace loom::plan {
+
+std::vector<GemmTiming> read_gemm_timings(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_error("GEMM timings: cannot open '", path, "'");
+  std::vector<GemmTiming> out;
+  std::string line;
+  bool header_seen = false;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (const size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (!header_seen) {
+      std::string compact;
+      for (char c : line)
+        if (c != ' ' && c != '\t' && c != '\r') compact += c;
+      if (compact != "m,n,k,seconds")
+        throw_error("GEMM timings '", path, "' line ", number, ": expected the header m,n,k,seconds, got '", line, "'");
+      header_seen = true;
+      continue;
+    }
+    std::istringstream fields(line);
+    double values[4];
+    for (int i = 0; i < 4; ++i) {
+      std::string field;
+      std::getline(fields, field, ',');
+      char* end = nullptr;
+      values[i] = std::strtod(field.c_str(), &end);
+      const bool blank_tail = end != nullptr && std::string(end).find_first_not_of(" \t\r") == std::string::npos;
+      if (field.empty() || !blank_tail || !(values[i] > 0) || !std::isfinite(values[i]))
+        throw_error("GEMM timings '", path, "' line ", number, ": field ", i + 1, " ('", field,
+                    "') is not a positive number");
+    }
+    out.push_back({values[0], values[1], values[2], values[3]});
+  }
+  if (!header_seen) throw_error("GEMM timings '", path, "' is empty; expected the header m,n,k,seconds");
+  return out;
+}
+
+GemmEfficiency fit_gemm_efficiency(const std::vector<GemmTiming>& timings, double peak_flops) {
+  if (timings.size() < 2) throw_error("GEMM calibration needs at least two timings, got ", timings.size());
+  if (!(peak_flops > 0)) throw_error("GEMM calibration: peak FLOP/s must be positive, got ", peak_flops);
+  std::vector<double> log_observed;
+  for (const GemmTiming& t : timings) {
+    if (!(t.m > 0 && t.n > 0 && t.k > 0 && t.seconds > 0))
+      throw_error("GEMM calibration: a timing has a non-positive dimension or time");
+    log_observed.push_back(std::log(2 * t.m * t.n * t.k / (t.seconds * peak_flops)));
+  }
+  GemmEfficiency best;
+  double best_residual = std::numeric_limits<double>::infinity();
+  for (int step = 0; step <= 260; ++step) {
+    const double half_dim = std::pow(2.0, step / 20.0);  // 1 .. 8192, 20 steps per octave
+    std::vector<double> log_shape;
+    double mean = 0;
+    for (size_t i = 0; i < timings.size(); ++i) {
+      const GemmTiming& t = timings[i];
+      log_shape.push_back(std::log(t.m / (t.m + half_dim)) + std::log(t.n / (t.n + half_dim)) +
+                          std::log(t.k / (t.k + half_dim)));
+      mean += log_observed[i] - log_shape.back();
+    }
+    mean /= static_cast<double>(timings.size());  // log of the best peak fraction for this half_dim
+    double residual = 0;
+    for (size_t i = 0; i < timings.size(); ++i) residual += std::pow(log_observed[i] - log_shape[i] - mean, 2);
+    if (residual < best_residual) {
+      best_residual = residual;
+      best = {std::exp(mean), half_dim};
+    }
+  }
+  return best;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,27 @@
+#pragma once
+// Replacing the default GEMM efficiency table by measurements: a file of timed matrix products
+// on the target GPU is fitted to the time model's efficiency curve, so `loom plan` predicts
+// with what this machine and library actually sustain.
+#include <string>
+#include <vector>
+
+#include "loom/plan/time_model.hpp"
+
+namespace loom::plan {
+
+// One timed product C[m, n] = A[m, k] B[k, n]: 2 m n k FLOPs in `seconds`.
+struct GemmTiming {
+  double m = 0, n = 0, k = 0, seconds = 0;
+};
+
+// CSV with the header "m,n,k,seconds" and one timing per line ('#' starts a comment). Throws
+// loom::Error naming the line for a malformed or non-positive value.
+std::vector<GemmTiming> read_gemm_timings(const std::string& path);
+
+// The GemmEfficiency whose curve fits the timings best in log space (relative errors weigh
+// the same for small and large products): half_dim by a log-spaced scan from 1 to 8192, the
+// peak fraction in closed form for each. Needs two timings of different shapes at least;
+// `peak_flops` is the GPU's dense datasheet peak the fractions are relative to.
+GemmEfficiency fit_gemm_efficiency(const std::vector<GemmTiming>& timings, double peak_flops);
+
+}  // namespace loom::plan

@@ -166,6 +166,11 @@ TEST(Cli, PlanValidateComparesPublishedRunsAndCalibratesFromGemmTimings) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const double slow_rate = nlohmann::json::parse(r.output)["time"]["tokens_per_s"].get<double>();
   EXPECT_LT(slow_rate, 0.65 * default_rate);
+  // --svg writes both charts of the evaluated layout.
+  r = run_loom(layout + " --svg " + dir.file("charts"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(read_text_file(dir.file("charts/memory.svg")).find("usable HBM"), std::string::npos);
+  EXPECT_NE(read_text_file(dir.file("charts/timeline.svg")).find("simulated bubble"), std::string::npos);
   EXPECT_GT(slow_rate, 0.40 * default_rate);
 }
 

@@ -62,6 +62,7 @@ struct PlanArgs {
   std::string precision = "bf16";  // "bf16" (mixed, fp32 masters) or "f32"
   bool json = false;
   std::string gemm_timings;        // CSV m,n,k,seconds measured on the GPU: replaces the default efficiency
+  std::string svg_dir;             // write memory.svg (candidates) and timeline.svg (the chosen layout) here
   std::string validate;            // a published-runs JSON file: predict each run, print the errors
 };
 // Exit code 0 when the layout fits (or the search found one), 1 when it does not.

@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("--json", plan_args.json, "print JSON instead of a table");
   plan_cmd->add_option("--gemm-timings", plan_args.gemm_timings, "CSV of measured GEMMs (m,n,k,seconds) to calibrate the time model")
       ->check(CLI::ExistingFile);
+  plan_cmd->add_option("--svg", plan_args.svg_dir, "directory for memory.svg (per candidate) and timeline.svg (the pipeline of the chosen layout)");
   plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")
       ->check(CLI::ExistingFile);
 

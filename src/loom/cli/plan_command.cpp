@@ -9,6 +9,8 @@
 #include "loom/plan/cluster_model.hpp"
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/hardware.hpp"
+#include "loom/plan/plan_charts.hpp"
+#include "loom/obs/svg_support.hpp"
 #include "loom/plan/search.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/published_runs.hpp"
@@ -86,6 +88,27 @@ void print_cluster(const ModelConfig& model, const plan::ClusterSpec& cluster, c
               c.wall_time_hours / 24, c.energy_mwh, c.gpu_hours);
 }
 
+// --svg: the memory of the candidates and the predicted timeline of the first. A timeline too
+// large to draw is reported, not an error: the plan itself is still good.
+void write_charts(const PlanArgs& args, const std::vector<plan::Candidate>& candidates, double usable_bytes) {
+  if (args.svg_dir.empty() || candidates.empty()) return;
+  std::filesystem::create_directories(args.svg_dir);
+  const std::string memory = args.svg_dir + "/memory.svg", timeline = args.svg_dir + "/timeline.svg";
+  write_svg_file(memory, plan::memory_chart_svg(candidates, usable_bytes, "memory per GPU: " + args.model));
+  std::string wrote = memory;
+  try {
+    write_svg_file(timeline, plan::pipeline_timeline_svg(candidates.front(), "predicted step timeline: " + args.model));
+    wrote += ", " + timeline;
+  } catch (const Error& e) {
+    std::fprintf(args.json ? stderr : stdout, "no timeline: %s\n", e.what());
+  }
+  std::fprintf(args.json ? stderr : stdout, "wrote %s\n", wrote.c_str());
+}
+
+std::vector<plan::Candidate> top_candidates(const plan::SearchResult& r, int top) {
+  return {r.ranked.begin(), r.ranked.begin() + std::min<std::ptrdiff_t>(top, static_cast<std::ptrdiff_t>(r.ranked.size()))};
+}
+
 int run_search(const PlanArgs& args, const ModelConfig& model) {
   if (args.gpus <= 0) throw_error("plan: give --gpus to search (or --layout to evaluate one layout)");
   const plan::ClusterSpec cluster = cluster_of(args, args.gpus);
@@ -99,6 +122,7 @@ int run_search(const PlanArgs& args, const ModelConfig& model) {
     std::printf("%s\n", nlohmann::json{{"valid", r.valid}, {"fitting", r.fitting}, {"batch_ok", r.batch_ok},
                                        {"gpus_needed", r.gpus_needed}, {"top", top},
                                        {"why", plan::explain_winner(r)}}.dump(2).c_str());
+    write_charts(args, top_candidates(r, args.top), r.usable_bytes);
     return r.ranked.empty() ? 1 : 0;
   }
   std::printf("model %s: %.2fB parameters | %lld x %s (%lld per node) | seq %lld, global batch %lld sequences\n",
@@ -130,6 +154,7 @@ int run_search(const PlanArgs& args, const ModelConfig& model) {
   }
   std::printf("(memory in GiB per GPU; comm = exposed communication)\n\nwhy: %s\n", plan::explain_winner(r).c_str());
   print_cluster(model, cluster, r.ranked.front().time, args);
+  write_charts(args, top_candidates(r, args.top), r.usable_bytes);
   return 0;
 }
 
@@ -198,6 +223,7 @@ int run_plan(const PlanArgs& args) {
         {"seq_len", args.seq_len}, {"global_batch", args.global_batch}, {"micro_batches", job.memory.micro_batches},
         {"memory_bytes", memory_json(mem)}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits}};
     std::printf("%s\n", out.dump(2).c_str());
+    write_charts(args, {{layout, mem, time}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
     return fits ? 0 : 1;
   }
   std::printf("model %s: %.2fB parameters | %s | %lld GPUs (%s) | seq %lld, global batch %lld, %lld micro-batches\n",
@@ -215,6 +241,7 @@ int run_plan(const PlanArgs& args) {
               time.total_s, time.compute_s, time.exposed_comm_s, time.bubble_s, time.optimizer_s, time.tokens_per_s,
               100 * time.mfu);
   print_cluster(model, cluster, time, args);
+  write_charts(args, {{layout, mem, time}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
   return fits ? 0 : 1;
 }
 

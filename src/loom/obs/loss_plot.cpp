@@ -1,15 +1,12 @@
 #include "loom/obs/loss_plot.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "loom/core/error.hpp"
+#include "loom/obs/svg_support.hpp"
 
 namespace loom {
 namespace {
@@ -29,87 +26,13 @@ constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c",
                                     "#ff7f0e", "#9467bd", "#8c564b"};
 constexpr const char* kReferenceColor = "#666666";
 
-// Text and attribute values alike; characters XML 1.0 forbids (most controls) become '?'.
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
-      default:
-        const bool forbidden =
-            static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n' && c != '\r';
-        out += forbidden ? '?' : c;
-    }
-  }
-  return out;
-}
-
-std::string fixed(double value, int decimals) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
-  return buffer;
-}
-
-// One axis: [lo, hi] are whole multiples of `step`, which is 1, 2 or 5 times a power of ten
-// (Heckbert, "Nice Numbers for Graph Labels", Graphics Gems, 1990).
-struct Axis {
-  double lo = 0, hi = 1, step = 0.2;
-};
-
-Axis make_axis(double data_min, double data_max, int target_ticks) {
-  if (!(data_min <= data_max)) data_min = 0, data_max = 1;  // no finite data at all
-  const double scale = std::max(std::abs(data_min), std::abs(data_max));
-  if (data_max - data_min <= 1e-9 * scale) {  // one value (or nearly): give it room
-    const double pad = scale > 0 ? 0.1 * scale : 1.0;
-    data_min -= pad, data_max += pad;
-  }
-  const double raw_step = (data_max - data_min) / target_ticks;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw_step)));
-  const double fraction = raw_step / magnitude;
-  const double nice = fraction < 1.5 ? 1 : fraction < 3 ? 2 : fraction < 7 ? 5 : 10;
-  Axis axis;
-  axis.step = nice * magnitude;
-  axis.lo = std::floor(data_min / axis.step) * axis.step;
-  axis.hi = std::ceil(data_max / axis.step) * axis.step;
-  return axis;
-}
-
-std::vector<double> tick_values(const Axis& axis) {
-  std::vector<double> ticks;
-  const auto count = static_cast<int64_t>(std::llround((axis.hi - axis.lo) / axis.step));
-  for (int64_t i = 0; i <= count; ++i)
-    ticks.push_back(axis.lo + static_cast<double>(i) * axis.step);
-  return ticks;
-}
-
-// "0.5", "12", "20k", "1.5M": as many decimals as the step needs, thousands folded into a suffix.
-std::string tick_label(double value, const Axis& axis) {
-  const double largest = std::max(std::abs(axis.lo), std::abs(axis.hi));
-  double unit = 1;
-  const char* suffix = "";
-  if (largest >= 1e6 && axis.step >= 1e5)
-    unit = 1e6, suffix = "M";
-  else if (largest >= 1e4 && axis.step >= 100)
-    unit = 1e3, suffix = "k";
-  const int decimals =
-      std::max(0, static_cast<int>(std::ceil(-std::log10(axis.step / unit) - 1e-9)));
-  // Zero reads as "0", not "0k", nor "-0" from rounding.
-  if (std::abs(value) < axis.step * 1e-6) return fixed(0, unit == 1 ? decimals : 0);
-  return fixed(value / unit, decimals) + suffix;
-}
-
 struct Point {
   double x, y;
 };
 
 // Data-to-pixel mapping of the plot area.
 struct Frame {
-  Axis x, y;
+  NiceAxis x, y;
   Point to_pixel(double data_x, double data_y) const {
     return {kPlotLeft + (data_x - x.lo) / (x.hi - x.lo) * (kPlotRight - kPlotLeft),
             kPlotBottom - (data_y - y.lo) / (y.hi - y.lo) * (kPlotBottom - kPlotTop)};
@@ -147,26 +70,26 @@ std::vector<Point> series_pixels(const Series& series, const Frame& frame) {
 void draw_axes(std::ostringstream& svg, const Frame& frame, const std::string& x_label,
                const std::string& y_label) {
   svg << "<g stroke=\"#e6e6e6\" stroke-width=\"1\" shape-rendering=\"crispEdges\">\n";
-  for (const double v : tick_values(frame.x)) {
+  for (const double v : nice_tick_values(frame.x)) {
     const double px = frame.to_pixel(v, frame.y.lo).x;
-    svg << "<line x1=\"" << fixed(px, 1) << "\" y1=\"" << kPlotTop << "\" x2=\"" << fixed(px, 1)
-        << "\" y2=\"" << kPlotBottom << "\"/>\n";
+    svg << "<line x1=\"" << format_fixed(px, 1) << "\" y1=\"" << kPlotTop << "\" x2=\""
+        << format_fixed(px, 1) << "\" y2=\"" << kPlotBottom << "\"/>\n";
   }
-  for (const double v : tick_values(frame.y)) {
+  for (const double v : nice_tick_values(frame.y)) {
     const double py = frame.to_pixel(frame.x.lo, v).y;
-    svg << "<line x1=\"" << kPlotLeft << "\" y1=\"" << fixed(py, 1) << "\" x2=\"" << kPlotRight
-        << "\" y2=\"" << fixed(py, 1) << "\"/>\n";
+    svg << "<line x1=\"" << kPlotLeft << "\" y1=\"" << format_fixed(py, 1) << "\" x2=\""
+        << kPlotRight << "\" y2=\"" << format_fixed(py, 1) << "\"/>\n";
   }
   svg << "</g>\n<rect x=\"" << kPlotLeft << "\" y=\"" << kPlotTop << "\" width=\""
       << kPlotRight - kPlotLeft << "\" height=\"" << kPlotBottom - kPlotTop
       << "\" fill=\"none\" stroke=\"#999999\" shape-rendering=\"crispEdges\"/>\n";
   svg << "<g fill=\"#444444\">\n";
-  for (const double v : tick_values(frame.x))
-    svg << "<text x=\"" << fixed(frame.to_pixel(v, 0).x, 1) << "\" y=\"" << kPlotBottom + 17
-        << "\" text-anchor=\"middle\">" << tick_label(v, frame.x) << "</text>\n";
-  for (const double v : tick_values(frame.y))
-    svg << "<text x=\"" << kPlotLeft - 7 << "\" y=\"" << fixed(frame.to_pixel(0, v).y + 4, 1)
-        << "\" text-anchor=\"end\">" << tick_label(v, frame.y) << "</text>\n";
+  for (const double v : nice_tick_values(frame.x))
+    svg << "<text x=\"" << format_fixed(frame.to_pixel(v, 0).x, 1) << "\" y=\"" << kPlotBottom + 17
+        << "\" text-anchor=\"middle\">" << nice_tick_label(v, frame.x) << "</text>\n";
+  for (const double v : nice_tick_values(frame.y))
+    svg << "<text x=\"" << kPlotLeft - 7 << "\" y=\"" << format_fixed(frame.to_pixel(0, v).y + 4, 1)
+        << "\" text-anchor=\"end\">" << nice_tick_label(v, frame.y) << "</text>\n";
   svg << "<text x=\"" << (kPlotLeft + kPlotRight) / 2 << "\" y=\"" << kHeight - 14
       << "\" text-anchor=\"middle\" font-size=\"13\">" << xml_escape(x_label) << "</text>\n";
   const double mid_y = (kPlotTop + kPlotBottom) / 2;
@@ -180,11 +103,12 @@ void draw_series(std::ostringstream& svg, const std::vector<Point>& pixels,
   svg << "<g>\n<path fill=\"none\" stroke=\"" << xml_escape(color)
       << "\" stroke-width=\"1.3\" stroke-linejoin=\"round\" stroke-linecap=\"round\" d=\"";
   for (size_t i = 0; i < pixels.size(); ++i)
-    svg << (i == 0 ? "M" : " L") << fixed(pixels[i].x, 1) << ' ' << fixed(pixels[i].y, 1);
+    svg << (i == 0 ? "M" : " L") << format_fixed(pixels[i].x, 1) << ' '
+        << format_fixed(pixels[i].y, 1);
   svg << "\"/>\n";
   if (markers)
     for (const Point& p : pixels)
-      svg << "<circle cx=\"" << fixed(p.x, 1) << "\" cy=\"" << fixed(p.y, 1)
+      svg << "<circle cx=\"" << format_fixed(p.x, 1) << "\" cy=\"" << format_fixed(p.y, 1)
           << "\" r=\"3.2\" fill=\"" << xml_escape(color)
           << "\" stroke=\"white\" stroke-width=\"1\"/>\n";
   svg << "</g>\n";
@@ -203,20 +127,21 @@ void draw_legend(std::ostringstream& svg, const std::vector<LegendEntry>& entrie
   const double width = 44 + kLegendCharWidth * static_cast<double>(longest);
   const double height = 8 + kLegendRowHeight * static_cast<double>(entries.size());
   const double left = kPlotRight - width - 10, top = kPlotTop + 10;
-  svg << "<g>\n<rect x=\"" << fixed(left, 1) << "\" y=\"" << top << "\" width=\"" << fixed(width, 1)
-      << "\" height=\"" << height
+  svg << "<g>\n<rect x=\"" << format_fixed(left, 1) << "\" y=\"" << top << "\" width=\""
+      << format_fixed(width, 1) << "\" height=\"" << height
       << "\" rx=\"4\" fill=\"white\" fill-opacity=\"0.9\" stroke=\"#cccccc\"/>\n";
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     const double y = top + 4 + kLegendRowHeight * (static_cast<double>(i) + 0.5);
-    svg << "<line x1=\"" << fixed(left + 8, 1) << "\" y1=\"" << y << "\" x2=\""
-        << fixed(left + 32, 1) << "\" y2=\"" << y << "\" stroke=\"" << xml_escape(e.color)
+    svg << "<line x1=\"" << format_fixed(left + 8, 1) << "\" y1=\"" << y << "\" x2=\""
+        << format_fixed(left + 32, 1) << "\" y2=\"" << y << "\" stroke=\"" << xml_escape(e.color)
         << "\" stroke-width=\"1.6\"" << (e.dashed ? " stroke-dasharray=\"6 4\"" : "") << "/>\n";
     if (e.markers)
-      svg << "<circle cx=\"" << fixed(left + 20, 1) << "\" cy=\"" << y << "\" r=\"3.2\" fill=\""
-          << xml_escape(e.color) << "\" stroke=\"white\" stroke-width=\"1\"/>\n";
-    svg << "<text x=\"" << fixed(left + 38, 1) << "\" y=\"" << y + 4 << "\" fill=\"#333333\">"
-        << xml_escape(e.label) << "</text>\n";
+      svg << "<circle cx=\"" << format_fixed(left + 20, 1) << "\" cy=\"" << y
+          << "\" r=\"3.2\" fill=\"" << xml_escape(e.color)
+          << "\" stroke=\"white\" stroke-width=\"1\"/>\n";
+    svg << "<text x=\"" << format_fixed(left + 38, 1) << "\" y=\"" << y + 4
+        << "\" fill=\"#333333\">" << xml_escape(e.label) << "</text>\n";
   }
   svg << "</g>\n";
 }
@@ -242,14 +167,11 @@ std::string render_line_chart_svg(const std::vector<Series>& series, const std::
   const bool has_reference = reference_line_y && std::isfinite(*reference_line_y);
   if (has_reference)
     y_min = std::min(y_min, *reference_line_y), y_max = std::max(y_max, *reference_line_y);
-  const Frame frame{make_axis(x_min, x_max, kTargetTicksX), make_axis(y_min, y_max, kTargetTicksY)};
+  const Frame frame{make_nice_axis(x_min, x_max, kTargetTicksX),
+                    make_nice_axis(y_min, y_max, kTargetTicksY)};
 
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
-      << "\" viewBox=\"0 0 " << kWidth << ' ' << kHeight
-      << "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n"
-      << "<rect width=\"" << kWidth << "\" height=\"" << kHeight << "\" fill=\"white\"/>\n"
-      << "<text x=\"" << (kPlotLeft + kPlotRight) / 2
+  svg << svg_document_start(kWidth, kHeight) << "<text x=\"" << (kPlotLeft + kPlotRight) / 2
       << "\" y=\"30\" text-anchor=\"middle\" font-size=\"16\""
       << " font-weight=\"bold\" fill=\"#222222\">" << xml_escape(title) << "</text>\n";
   draw_axes(svg, frame, x_label, y_label);
@@ -257,8 +179,8 @@ std::string render_line_chart_svg(const std::vector<Series>& series, const std::
   std::vector<LegendEntry> legend;
   if (has_reference) {
     const double py = frame.to_pixel(frame.x.lo, *reference_line_y).y;
-    svg << "<line x1=\"" << kPlotLeft << "\" y1=\"" << fixed(py, 1) << "\" x2=\"" << kPlotRight
-        << "\" y2=\"" << fixed(py, 1) << "\" stroke=\"" << kReferenceColor
+    svg << "<line x1=\"" << kPlotLeft << "\" y1=\"" << format_fixed(py, 1) << "\" x2=\""
+        << kPlotRight << "\" y2=\"" << format_fixed(py, 1) << "\" stroke=\"" << kReferenceColor
         << "\" stroke-width=\"1.4\" stroke-dasharray=\"6 4\"/>\n";
   }
   size_t palette_index = 0;
@@ -294,7 +216,7 @@ bool has_kind(const nlohmann::json& record, const char* kind) {
 std::string legend_label(const std::string& name, const Series& series) {
   for (size_t i = series.y.size(); i-- > 0;)
     if (std::isfinite(series.x[i]) && std::isfinite(series.y[i]))
-      return name + " (last " + fixed(series.y[i], 3) + ")";
+      return name + " (last " + format_fixed(series.y[i], 3) + ")";
   return "";
 }
 
@@ -318,24 +240,11 @@ void write_loss_plot_svg(const std::string& path,
   train.label = legend_label("train loss", train);
   val.label = legend_label("val loss", val);
   std::string reference_label;
-  if (unigram_baseline) reference_label = "unigram baseline (" + fixed(*unigram_baseline, 3) + ")";
-  const std::string svg =
-      render_line_chart_svg({train, val}, "Training loss", "step", "cross-entropy (nats/token)",
-                            unigram_baseline, reference_label);
-
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << svg;
-    out.close();
-    if (!out) throw_error("loss plot '", temporary, "': cannot write: ", std::strerror(errno));
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int rename_errno = errno;
-    std::remove(temporary.c_str());
-    throw_error("loss plot: cannot rename '", temporary, "' to '", path,
-                "': ", std::strerror(rename_errno));
-  }
+  if (unigram_baseline)
+    reference_label = "unigram baseline (" + format_fixed(*unigram_baseline, 3) + ")";
+  write_svg_file(
+      path, render_line_chart_svg({train, val}, "Training loss", "step",
+                                  "cross-entropy (nats/token)", unigram_baseline, reference_label));
 }
 
 }  // namespace loom

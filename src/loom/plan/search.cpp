@@ -131,6 +131,19 @@ std::string explain_winner(const SearchResult& r) {
   const Candidate& w = r.ranked[0];
   if (r.ranked.size() == 1) return "the only layout that fits and splits the batch";
   const Candidate& s = r.ranked[1];
+  char line[512];
+  if (std::fabs(w.time.tokens_per_s / s.time.tokens_per_s - 1) < 1e-3) {
+    const auto traffic = [](const Candidate& c) {
+      return c.time.tp_comm_s + c.time.dp_comm_s + c.time.cp_comm_s + c.time.pp_comm_s;
+    };
+    std::snprintf(line, sizeof line,
+                  "%s ties with the runner-up (%s) within the model's 0.1%% resolution and goes first because it "
+                  "%s (%.3f vs %.3f s of communication per step; %.1f vs %.1f GiB)",
+                  w.layout.describe().c_str(), s.layout.describe().c_str(),
+                  traffic(w) < traffic(s) ? "moves less data" : "needs no more memory", traffic(w), traffic(s),
+                  w.memory.total() / (1 << 30), s.memory.total() / (1 << 30));
+    return line;
+  }
   const std::pair<const char*, double> parts[] = {
       {"compute (incl. recomputation)", s.time.compute_s - w.time.compute_s},
       {"exposed communication", s.time.exposed_comm_s - w.time.exposed_comm_s},
@@ -138,7 +151,6 @@ std::string explain_winner(const SearchResult& r) {
       {"optimizer step", s.time.optimizer_s - w.time.optimizer_s}};
   const auto best = std::max_element(std::begin(parts), std::end(parts),
                                      [](const auto& a, const auto& b) { return a.second < b.second; });
-  char line[512];
   std::snprintf(line, sizeof line, "%s beats the runner-up (%s) by %.1f%% tokens/s, mostly through %s: %.3f s less per step",
                 w.layout.describe().c_str(), s.layout.describe().c_str(),
                 100 * (w.time.tokens_per_s / s.time.tokens_per_s - 1), best->first, best->second);

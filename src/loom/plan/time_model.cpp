@@ -125,6 +125,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const double t_b = layers_per_chunk * (layer.backward_s + layer.tp_comm_s / 2 + 2 * layer.cp_exposed_s / 3) + 2 * head_fwd / chunks;
   const double compute_per_micro = static_cast<double>(l.vp) * (layers_per_chunk * (layer.forward_s + layer.backward_s) + 3 * head_fwd / chunks);
 
+  out.chunk_forward_s = t_f;
+  out.chunk_backward_s = t_b;
   // Pipeline: simulate the schedule's own per-rank action lists.
   double makespan = static_cast<double>(micro * l.vp) * (t_f + t_b);
   if (l.pp > 1) {
@@ -132,6 +134,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     const int64_t pp_stride = l.dp * l.cp * l.ep * l.tp;
     const Link link = pp_stride < cluster.gpus_per_node ? nvlink_of(cluster) : network_of(cluster);
     const double p2p = p2p_time(act_bytes, link);
+    out.p2p_s = p2p;
     out.pp_comm_s = 2 * p2p * static_cast<double>(micro * l.vp);
     makespan = simulate ? simulate_pipeline(pipeline_actions(l.schedule, l.pp, micro, l.vp), l.pp, l.vp, t_f, t_b, p2p).makespan
                         : static_cast<double>(micro * l.vp + l.pp - 1) * (t_f + t_b + 2 * p2p);

@@ -40,6 +40,9 @@ struct StepTime {
   double mfu = 0;                // model FLOPs (flops.hpp) over gpus x dense bf16 peak
   double tp_comm_s = 0, dp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0;  // totals before overlap
   int64_t micro_batches = 0;
+  // What the pipeline simulation ran with, so a caller can redraw the timeline: one chunk's
+  // forward and backward time per micro-batch, and one activation transfer between stages.
+  double chunk_forward_s = 0, chunk_backward_s = 0, p2p_s = 0;
 };
 
 // Throws loom::Error when the global batch does not split into dp x micro_batch sequences.

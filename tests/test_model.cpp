@@ -7,9 +7,11 @@
 
 #include "gradcheck.hpp"
 #include "loom/core/error.hpp"
+#include "loom/model/flops.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/model/transformer.hpp"
 #include "model_fixtures.hpp"
+#include "test_support.hpp"
 
 namespace loom::test {
 namespace {
@@ -122,6 +124,29 @@ TEST(Model, ParameterCountMatchesConfigAndAllocator) {
   }
   EXPECT_NEAR(static_cast<double>(model_preset("gpt2-124m").parameter_count()), 124.44e6, 0.01e6);
   EXPECT_NEAR(static_cast<double>(model_preset("llama-8b").parameter_count()), 8.03e9, 0.01e9);
+}
+
+// Mixture of experts is described (for the planner) before the engine trains it: the counts
+// follow the published totals, the specs add up to them, and the engine says it cannot build one.
+TEST(Model, MixtureOfExpertsCountsSpecsAndActiveFlops) {
+  const ModelConfig mixtral = model_preset("mixtral-8x7b");
+  EXPECT_NEAR(static_cast<double>(mixtral.parameter_count()), 46.70e9, 0.01e9);  // Jiang et al. 2024: 46.7B
+  // 12.9B active: 2 of the 8 experts per layer; the input embedding is a lookup, not a matmul.
+  EXPECT_NEAR(flops_per_token(mixtral, 0) / 6 + 32000.0 * 4096, 12.9e9, 0.05e9);
+  for (ModelConfig config : {tiny_gpt2(), tiny_llama()}) {
+    config.n_experts = 4;
+    config.experts_per_token = 2;
+    int64_t total = 0, expert = 0;
+    for (const ParameterSpec& spec : parameter_specs(config)) {
+      total += spec.numel();
+      if (spec.expert) expert += spec.numel();
+    }
+    EXPECT_EQ(total, config.parameter_count());
+    EXPECT_EQ(expert, config.n_layer * 4 * config.expert_parameter_count());
+    expect_contains(error_message([&] { Transformer model(config); }), {"n_experts = 4", "dense models only"});
+    config.experts_per_token = 5;
+    expect_contains(error_message([&] { config.validate(); }), {"experts_per_token: got 5, expected 1 to n_experts = 4"});
+  }
 }
 
 TEST(Model, RejectsBadInputs) {

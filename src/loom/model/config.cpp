@@ -22,6 +22,12 @@ Recompute parse_recompute(const std::string& text) {
   throw_error("recompute: got '", text, "', expected one of none, selective, full");
 }
 
+int64_t ModelConfig::expert_parameter_count() const {
+  const int64_t c = n_embd;
+  return arch == Architecture::GPT2 ? c * ffn_hidden + ffn_hidden + ffn_hidden * c + c  // c_fc, c_proj
+                                    : 3 * c * ffn_hidden;                               // gate, up, down
+}
+
 int64_t ModelConfig::parameter_count() const {
   const int64_t c = n_embd;
   int64_t per_layer = 0;
@@ -29,15 +35,14 @@ int64_t ModelConfig::parameter_count() const {
     per_layer = 2 * c                                 // ln_1
                 + c * 3 * c + 3 * c                   // c_attn
                 + c * c + c                           // attn c_proj
-                + 2 * c                               // ln_2
-                + c * ffn_hidden + ffn_hidden         // c_fc
-                + ffn_hidden * c + c;                 // mlp c_proj
+                + 2 * c;                              // ln_2
   } else {
     per_layer = c                                     // input_layernorm
                 + c * c + 2 * c * kv_dim() + c * c    // q, k, v, o
-                + c                                   // post_attention_layernorm
-                + 3 * c * ffn_hidden;                 // gate, up, down
+                + c;                                  // post_attention_layernorm
   }
+  // The MLP, or the experts and their router.
+  per_layer += is_moe() ? n_experts * expert_parameter_count() + n_experts * c : expert_parameter_count();
   int64_t total = vocab_size * c + n_layer * per_layer;
   total += arch == Architecture::GPT2 ? 2 * c : c;              // final norm
   if (arch == Architecture::GPT2) total += max_seq_len * c;     // wpe
@@ -67,6 +72,11 @@ void ModelConfig::validate() const {
                 ", expected n_head=", n_head);
   if (!(norm_eps > 0)) throw_error("model.norm_eps: got ", norm_eps, ", expected > 0");
   if (!(rope_theta > 0)) throw_error("model.rope_theta: got ", rope_theta, ", expected > 0");
+  if (n_experts < 0) throw_error("model.n_experts: got ", n_experts, ", expected 0 (dense) or a positive count");
+  if (n_experts == 0 && experts_per_token != 0)
+    throw_error("model.experts_per_token: got ", experts_per_token, " for a dense model (n_experts = 0)");
+  if (n_experts > 0 && (experts_per_token < 1 || experts_per_token > n_experts))
+    throw_error("model.experts_per_token: got ", experts_per_token, ", expected 1 to n_experts = ", n_experts);
 }
 
 namespace {
@@ -95,6 +105,17 @@ ModelConfig llama(int64_t layers, int64_t embd, int64_t heads, int64_t kv_heads,
   c.rope_theta = 500000.0;
   return c;
 }
+// Mixtral 8x7B (Jiang et al. 2024, "Mixtral of Experts", Table 1; HF config.json): Mistral 7B's
+// attention with 8 SwiGLU experts per block, 2 per token; 46.7B parameters, 12.9B active.
+ModelConfig mixtral_8x7b() {
+  ModelConfig c = llama(32, 4096, 32, 8, 14336, false);
+  c.vocab_size = 32000;
+  c.max_seq_len = 32768;
+  c.rope_theta = 1e6;
+  c.n_experts = 8;
+  c.experts_per_token = 2;
+  return c;
+}
 struct Preset {
   const char* name;
   ModelConfig config;
@@ -110,6 +131,7 @@ const std::vector<Preset>& presets() {
       {"llama-8b", llama(32, 4096, 32, 8, 14336, false)},
       {"llama-70b", llama(80, 8192, 64, 8, 28672, false)},
       {"llama-405b", llama(126, 16384, 128, 8, 53248, false)},
+      {"mixtral-8x7b", mixtral_8x7b()},
   };
   return all;
 }

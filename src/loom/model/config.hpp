@@ -31,9 +31,18 @@ struct ModelConfig {
   bool tied_embeddings = true;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  // Mixture of experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024): each block's MLP
+  // becomes n_experts MLPs of ffn_hidden each plus a router, and every token runs through
+  // experts_per_token of them. 0 experts is a dense model. Planned by `loom plan`; the engine
+  // trains dense models only so far.
+  int64_t n_experts = 0;
+  int64_t experts_per_token = 0;
 
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t kv_dim() const { return n_kv_head * head_dim(); }
+  bool is_moe() const { return n_experts > 0; }
+  // Parameters of one expert MLP (SwiGLU: gate, up, down; GPT-2: c_fc, c_proj with biases).
+  int64_t expert_parameter_count() const;
   // Exact parameter count of the model as loom builds it.
   int64_t parameter_count() const;
   // Throws loom::Error naming the first inconsistent field.
@@ -41,7 +50,7 @@ struct ModelConfig {
 };
 
 // Named presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-1b, llama-3b, llama-8b,
-// llama-70b, llama-405b. Throws loom::Error listing the known names for an unknown one.
+// llama-70b, llama-405b, mixtral-8x7b. Throws loom::Error listing the known names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 

@@ -4,6 +4,7 @@
 // that includes the output projection, also when it is tied to the token embedding, but not
 // the position-embedding lookup. Causal attention adds QK^T and PV over on average seq/2 keys:
 // 2 matmuls x 2 FLOPs x seq/2 x C forward, x3 with backward = 6 * seq * C per layer.
+// For a mixture of experts only the experts a token is routed to count (its router is counted).
 // Recomputation is not counted (MFU, not HFU: Chowdhery et al. 2022, appendix B).
 #include "loom/model/config.hpp"
 
@@ -13,6 +14,9 @@ inline double flops_per_token(const ModelConfig& c, int64_t seq_len) {
   double matmul_params = static_cast<double>(c.parameter_count());
   if (c.arch == Architecture::GPT2) matmul_params -= static_cast<double>(c.max_seq_len * c.n_embd);
   if (!c.tied_embeddings) matmul_params -= static_cast<double>(c.vocab_size * c.n_embd);  // lookup only
+  // Mixture of experts: a token meets only experts_per_token of the experts (active parameters).
+  if (c.is_moe())
+    matmul_params -= static_cast<double>(c.n_layer * (c.n_experts - c.experts_per_token) * c.expert_parameter_count());
   const double attention = 6.0 * static_cast<double>(c.n_layer * seq_len * c.n_embd);
   return 6.0 * matmul_params + attention;
 }

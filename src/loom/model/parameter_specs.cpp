@@ -17,6 +17,16 @@ void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t la
     add(p + ".attn.c_proj.bias", {h});
     add(p + ".ln_2.weight", {h});
     add(p + ".ln_2.bias", {h});
+    if (c.is_moe()) {
+      add(p + ".mlp.router.weight", {c.n_experts, h});
+      for (int64_t e = 0; e < c.n_experts; ++e) {
+        const std::string x = p + ".mlp.experts." + std::to_string(e);
+        for (auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{
+                 {".c_fc.weight", {f, h}}, {".c_fc.bias", {f}}, {".c_proj.weight", {h, f}}, {".c_proj.bias", {h}}})
+          out.push_back({x + name, shape, unit, true});
+      }
+      return;
+    }
     add(p + ".mlp.c_fc.weight", {f, h});
     add(p + ".mlp.c_fc.bias", {f});
     add(p + ".mlp.c_proj.weight", {h, f});
@@ -30,6 +40,16 @@ void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t la
   add(p + ".self_attn.v_proj.weight", {c.kv_dim(), h});
   add(p + ".self_attn.o_proj.weight", {h, h});
   add(p + ".post_attention_layernorm.weight", {h});
+  if (c.is_moe()) {  // Mixtral's names: w1 gate, w3 up, w2 down
+    add(p + ".block_sparse_moe.gate.weight", {c.n_experts, h});
+    for (int64_t e = 0; e < c.n_experts; ++e) {
+      const std::string x = p + ".block_sparse_moe.experts." + std::to_string(e);
+      out.push_back({x + ".w1.weight", {f, h}, unit, true});
+      out.push_back({x + ".w3.weight", {f, h}, unit, true});
+      out.push_back({x + ".w2.weight", {h, f}, unit, true});
+    }
+    return;
+  }
   add(p + ".mlp.gate_proj.weight", {f, h});
   add(p + ".mlp.up_proj.weight", {f, h});
   add(p + ".mlp.down_proj.weight", {h, f});

@@ -15,6 +15,7 @@ struct ParameterSpec {
   std::string name;
   Shape shape;
   int64_t unit;  // 0: embeddings, final norm, head; l + 1: block l
+  bool expert = false;  // one expert's weight in a mixture of experts: sharded over ep
   int64_t numel() const { return shape_numel(shape); }
 };
 

@@ -17,6 +17,9 @@ namespace loom {
 Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t vocab_chunk)
     : config_(config), recompute_(recompute), vocab_chunk_(vocab_chunk) {
   config_.validate();
+  if (config_.is_moe())
+    throw_error("model.n_experts = ", config_.n_experts, ": the engine trains dense models only so far; "
+                "`loom plan` plans Mixture-of-Experts models");
   if (vocab_chunk_ <= 0) throw_error("vocab_chunk: got ", vocab_chunk_, ", expected a positive count");
   const bool gpt2 = config_.arch == Architecture::GPT2;
   allocate_parameter(token_embedding, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",

@@ -88,7 +88,13 @@ void check_layout(const PlanLayout& l, const ModelConfig& m, int64_t seq_len) {
     throw_error(where, "sequence ", seq_len, " does not split into 2 x cp = ", 2 * l.cp, " chunks (load-balanced ring)");
   if (l.vp > 1 && l.pp == 1) throw_error(where, "interleaving (v=", l.vp, ") needs pipeline parallelism (pp > 1)");
   if (l.sequence_parallel && l.tp == 1) throw_error(where, "sequence parallelism needs tp > 1");
-  if (l.ep > 1) throw_error(where, "expert parallelism needs a mixture-of-experts model; this one is dense");
+  if (l.ep > 1 && !m.is_moe()) throw_error(where, "expert parallelism needs a mixture-of-experts model; this one is dense");
+  if (l.ep > 1 && m.n_experts % l.ep != 0)
+    throw_error(where, m.n_experts, " experts do not split over ep=", l.ep);
+  // Experts are sharded over ranks that would otherwise be data-parallel replicas (Megatron-LM
+  // and DeepSpeed-MoE carve ep out of dp x cp), so ep must divide dp x cp.
+  if ((l.dp * l.cp) % l.ep != 0)
+    throw_error(where, "ep=", l.ep, " does not divide dp x cp = ", l.dp * l.cp, " (experts shard over data-parallel ranks)");
 }
 
 }  // namespace loom::plan

@@ -31,10 +31,14 @@ LayerElements layer_elements(const ModelConfig& m) {
   const double h = static_cast<double>(m.n_embd), f = static_cast<double>(m.ffn_hidden);
   const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;  // LayerNorm: mean and rstd
   const double mlp_pre = m.arch == Architecture::GPT2 ? f : 2 * f;  // SwiGLU keeps gate | up
+  // A mixture of experts runs each token through k experts: k copies of the MLP interior, the
+  // k dispatched copies of its input, and the router's scores over the experts.
+  const double k = m.is_moe() ? static_cast<double>(m.experts_per_token) : 1;
+  const double moe_extra = m.is_moe() ? k * h + static_cast<double>(m.n_experts) : 0;
   LayerElements e;
   e.replicated_by_tp = h /*input*/ + 2 * (h + norm_stats) /*two norms*/ + h /*mid residual*/;
-  e.split_by_tp = (h + 2.0 * static_cast<double>(m.kv_dim())) + mlp_pre;
-  e.recomputable = h + static_cast<double>(m.n_head) + f;
+  e.split_by_tp = (h + 2.0 * static_cast<double>(m.kv_dim())) + k * mlp_pre + moe_extra;
+  e.recomputable = h + static_cast<double>(m.n_head) + k * f;
   return e;
 }
 
@@ -69,11 +73,21 @@ double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro
 MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
   // Parameters on the first pipeline stage: its share of the blocks, split by tp, plus the
   // input embedding (vocabulary-parallel over tp); the head sits on the last stage.
-  double block_params = 0, embedding_params = 0;
-  for (const ParameterSpec& spec : parameter_specs(m)) (spec.unit == 0 ? embedding_params : block_params) += static_cast<double>(spec.numel());
+  // Expert weights are further split over ep and their ZeRO shards span the dp x cp / ep ranks
+  // holding the same experts (DeepSpeed-MoE, Rajbhandari et al. 2022, sec. 5).
+  double block_params = 0, expert_params = 0, embedding_params = 0;
+  for (const ParameterSpec& spec : parameter_specs(m))
+    (spec.unit == 0 ? embedding_params : spec.expert ? expert_params : block_params) += static_cast<double>(spec.numel());
   const double per_rank = block_params / static_cast<double>(l.pp * l.tp) +
                           (l.pp == 1 ? embedding_params : static_cast<double>(m.vocab_size * m.n_embd)) / static_cast<double>(l.tp);
+  const double experts_per_rank = expert_params / static_cast<double>(l.pp * l.tp * l.ep);
   MemoryBreakdown mem = zero_model_states(per_rank, job.state, l.dp * l.cp, l.zero_stage);
+  if (experts_per_rank > 0) {
+    const MemoryBreakdown experts = zero_model_states(experts_per_rank, job.state, l.dp * l.cp / l.ep, l.zero_stage);
+    mem.parameters += experts.parameters;
+    mem.gradients += experts.gradients;
+    mem.optimizer_state += experts.optimizer_state;
+  }
   const double bytes = job.activation_bytes;
   mem.activations = layer_activation_bytes(m, l.micro_batch, job.seq_len, l, bytes, job.flash_attention) *
                     layers_in_flight(m, l, job.micro_batches);
@@ -85,7 +99,9 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   // Two buckets in flight for data parallelism; ZeRO-3 also holds a gathered layer and the
   // prefetched next one.
   mem.comm_buffers = l.dp * l.cp > 1 ? 2 * job.bucket_bytes : 0;
-  if (l.zero_stage == 3) mem.comm_buffers += 2 * block_params / static_cast<double>(m.n_layer * l.tp) * job.state.parameter;
+  if (l.zero_stage == 3)
+    mem.comm_buffers += 2 * (block_params / static_cast<double>(l.tp) + expert_params / static_cast<double>(l.tp * l.ep)) /
+                        static_cast<double>(m.n_layer) * job.state.parameter;
   mem.workspace = job.workspace_bytes;
   return mem;
 }

@@ -28,20 +28,24 @@ void for_each_layout(const ModelConfig& m, int64_t gpus, int64_t gpus_per_node, 
         const int64_t dp = gpus / (tp * cp * pp);
         for (int64_t vp : {1, 2, 4}) {
           if (vp > 1 && (pp == 1 || m.n_layer % (pp * vp) != 0)) continue;
-          for (int zero = 0; zero <= 3; ++zero) {
-            if (zero > 0 && dp * cp == 1) continue;  // nothing to shard over
-            for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-              PlanLayout l;
-              l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.zero_stage = zero;
-              l.recompute = recompute;
-              l.sequence_parallel = tp > 1;  // same traffic as plain TP, less activation memory
-              l.schedule = vp > 1 ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
-              try {
-                check_layout(l, m, seq_len);
-              } catch (const Error&) {
-                continue;
+          // Expert parallelism: any divisor of the expert count that divides dp x cp.
+          for (int64_t ep : divisors_up_to(m.is_moe() ? m.n_experts : 1, dp * cp)) {
+            if ((dp * cp) % ep != 0) continue;
+            for (int zero = 0; zero <= 3; ++zero) {
+              if (zero > 0 && dp * cp == 1) continue;  // nothing to shard over
+              for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                PlanLayout l;
+                l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.ep = ep, l.zero_stage = zero;
+                l.recompute = recompute;
+                l.sequence_parallel = tp > 1;  // same traffic as plain TP, less activation memory
+                l.schedule = vp > 1 ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
+                try {
+                  check_layout(l, m, seq_len);
+                } catch (const Error&) {
+                  continue;
+                }
+                visit(l);
               }
-              visit(l);
             }
           }
         }
@@ -99,7 +103,7 @@ SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, co
     const auto bucket = [](const Candidate& c) { return std::llround(std::log(c.time.tokens_per_s) / std::log(1.001)); };
     if (bucket(a) != bucket(b)) return bucket(a) > bucket(b);
     const auto traffic = [](const Candidate& c) {
-      return c.time.tp_comm_s + c.time.dp_comm_s + c.time.cp_comm_s + c.time.pp_comm_s;
+      return c.time.tp_comm_s + c.time.dp_comm_s + c.time.cp_comm_s + c.time.pp_comm_s + c.time.ep_comm_s;
     };
     if (traffic(a) != traffic(b)) return traffic(a) < traffic(b);
     return a.memory.total() < b.memory.total();
@@ -134,7 +138,7 @@ std::string explain_winner(const SearchResult& r) {
   char line[512];
   if (std::fabs(w.time.tokens_per_s / s.time.tokens_per_s - 1) < 1e-3) {
     const auto traffic = [](const Candidate& c) {
-      return c.time.tp_comm_s + c.time.dp_comm_s + c.time.cp_comm_s + c.time.pp_comm_s;
+      return c.time.tp_comm_s + c.time.dp_comm_s + c.time.cp_comm_s + c.time.pp_comm_s + c.time.ep_comm_s;
     };
     std::snprintf(line, sizeof line,
                   "%s ties with the runner-up (%s) within the model's 0.1%% resolution and goes first because it "

@@ -34,6 +34,7 @@ struct LayerCost {
   double forward_s = 0, backward_s = 0;   // one layer, one micro-batch, compute only
   double attention_core_s = 0;            // forward QK^T and PV (recomputed by selective)
   double tp_comm_s = 0;                   // forward + backward, not overlapped (Megatron TP)
+  double ep_comm_s = 0;                   // expert dispatch and combine all-to-alls, forward + backward
   double cp_exposed_s = 0, cp_comm_s = 0;  // ring attention, overlapped with the attention core
 };
 
@@ -49,8 +50,27 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   };
   LayerCost c;
   double forward = gemm_s(tokens, (h + 2 * kv) / t, h) + gemm_s(tokens, h, h / t);
-  forward += m.arch == Architecture::GPT2 ? gemm_s(tokens, f / t, h) + gemm_s(tokens, h, f / t)
-                                          : gemm_s(tokens, 2 * f / t, h) + gemm_s(tokens, h, f / t);
+  auto mlp_s = [&](double rows) {
+    return m.arch == Architecture::GPT2 ? gemm_s(rows, f / t, h) + gemm_s(rows, h, f / t)
+                                        : gemm_s(rows, 2 * f / t, h) + gemm_s(rows, h, f / t);
+  };
+  if (!m.is_moe()) {
+    forward += mlp_s(tokens);
+  } else {
+    // Mixture of experts with balanced routing: this rank's E/ep experts each see k x tokens x
+    // ep / E rows (its own tokens and its ep peers'), so the FLOPs are k dense MLPs' but the
+    // GEMMs are shorter. The router scores every token against every expert.
+    const double k = static_cast<double>(m.experts_per_token), experts = static_cast<double>(m.n_experts);
+    const double ep = static_cast<double>(l.ep);
+    forward += experts / ep * mlp_s(tokens * k * ep / experts) + gemm_s(tokens, experts, h);
+    if (l.ep > 1) {
+      // Dispatch and combine: each all-to-all moves this rank's k routed copies of its tokens
+      // (split over tp, as with sequence-parallel dispatch); backward runs both again. Not
+      // overlapped: the experts wait for their tokens.
+      const double bytes = tokens * k * h / t * job.memory.activation_bytes;
+      c.ep_comm_s = 4 * collective_time(Collective::AllToAll, bytes, group_topology(cluster, l.ep, l.tp)).seconds;
+    }
+  }
   // Two matmuls (QK^T, PV). Flash attention skips the masked blocks, so each query meets
   // seq/2 keys on average; materialised scores are computed in full.
   const bool flash = job.memory.flash_attention;
@@ -121,8 +141,9 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const double head_fwd = 2 * tokens * static_cast<double>(m.n_embd) * static_cast<double>(m.vocab_size) /
                           static_cast<double>(l.tp) /
                           (gpu.bf16_tflops * 1e12 * gemm.efficiency(tokens, static_cast<double>(m.vocab_size / l.tp), static_cast<double>(m.n_embd)));
-  const double t_f = layers_per_chunk * (layer.forward_s + layer.tp_comm_s / 2 + layer.cp_exposed_s / 3) + head_fwd / chunks;
-  const double t_b = layers_per_chunk * (layer.backward_s + layer.tp_comm_s / 2 + 2 * layer.cp_exposed_s / 3) + 2 * head_fwd / chunks;
+  const double blocking = (layer.tp_comm_s + layer.ep_comm_s) / 2;  // per direction
+  const double t_f = layers_per_chunk * (layer.forward_s + blocking + layer.cp_exposed_s / 3) + head_fwd / chunks;
+  const double t_b = layers_per_chunk * (layer.backward_s + blocking + 2 * layer.cp_exposed_s / 3) + 2 * head_fwd / chunks;
   const double compute_per_micro = static_cast<double>(l.vp) * (layers_per_chunk * (layer.forward_s + layer.backward_s) + 3 * head_fwd / chunks);
 
   out.chunk_forward_s = t_f;
@@ -144,26 +165,35 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   out.compute_s = static_cast<double>(micro) * compute_per_micro;
   out.tp_comm_s = static_cast<double>(micro) * static_cast<double>(m.n_layer) / static_cast<double>(l.pp) * layer.tp_comm_s;
   out.cp_comm_s = static_cast<double>(micro) * static_cast<double>(m.n_layer) / static_cast<double>(l.pp) * layer.cp_comm_s;
+  out.ep_comm_s = static_cast<double>(micro) * static_cast<double>(m.n_layer) / static_cast<double>(l.pp) * layer.ep_comm_s;
   double exposed = busy - out.compute_s;  // tp and the unhidden part of cp, inside the pipeline
 
-  // Data parallelism over dp x cp ranks (both hold replicas of this rank's parameters).
-  double block_params = 0, root_params = 0;
-  for (const ParameterSpec& s : parameter_specs(m)) (s.unit == 0 ? root_params : block_params) += static_cast<double>(s.numel());
-  const double params_per_rank = block_params / static_cast<double>(l.pp * l.tp) + root_params / static_cast<double>(l.tp * l.pp);
-  const int64_t replicas = l.dp * l.cp;
+  // Data parallelism over dp x cp ranks (both hold replicas of this rank's parameters); expert
+  // weights are replicated only over the dp x cp / ep ranks holding the same experts.
+  double block_params = 0, expert_params = 0, root_params = 0;
+  for (const ParameterSpec& s : parameter_specs(m))
+    (s.unit == 0 ? root_params : s.expert ? expert_params : block_params) += static_cast<double>(s.numel());
+  const double params_per_rank = (block_params + root_params) / static_cast<double>(l.pp * l.tp);
+  const double experts_per_rank = expert_params / static_cast<double>(l.pp * l.tp * l.ep);
+  const int64_t replicas = l.dp * l.cp, expert_replicas = replicas / l.ep;
+  const GroupTopology dp_group = group_topology(cluster, replicas, l.tp);
+  const GroupTopology expert_group = group_topology(cluster, expert_replicas, l.tp * l.ep);
+  // One collective over each set of replicas: the dense weights and the experts.
+  auto both = [&](Collective op, double dense_elements, double expert_elements, double bytes_per_element) {
+    return collective_time(op, dense_elements * bytes_per_element, dp_group).seconds +
+           collective_time(op, expert_elements * bytes_per_element, expert_group).seconds;
+  };
   if (replicas > 1) {
-    const GroupTopology dp_group = group_topology(cluster, replicas, l.tp);
-    const double grad_bytes = params_per_rank * job.memory.state.gradient;
-    const double param_bytes = params_per_rank * job.memory.state.parameter;
+    const double grad = job.memory.state.gradient, param = job.memory.state.parameter;
     const double last_backward = static_cast<double>(l.vp) * t_b;  // what the last bucket's reduction hides behind
     if (l.zero_stage == 0) {
-      out.dp_comm_s = collective_time(Collective::AllReduce, grad_bytes, dp_group).seconds;
+      out.dp_comm_s = both(Collective::AllReduce, params_per_rank, experts_per_rank, grad);
       exposed += std::max(0.0, out.dp_comm_s - last_backward);
     } else if (l.zero_stage <= 2) {
       // Reduce-scatter gradients (stage 2: every micro-batch, to keep them sharded), then
       // all-gather the updated parameters, hidden behind the next step's first forward.
-      const double rs = collective_time(Collective::ReduceScatter, grad_bytes, dp_group).seconds;
-      const double ag = collective_time(Collective::AllGather, param_bytes, dp_group).seconds;
+      const double rs = both(Collective::ReduceScatter, params_per_rank, experts_per_rank, grad);
+      const double ag = both(Collective::AllGather, params_per_rank, experts_per_rank, param);
       const double reductions = l.zero_stage == 2 ? static_cast<double>(micro) : 1.0;
       out.dp_comm_s = reductions * rs + ag;
       exposed += reductions * std::max(0.0, rs - last_backward) + std::max(0.0, ag - static_cast<double>(l.vp) * t_f);
@@ -171,10 +201,12 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
       // ZeRO-3: per micro-batch, each layer is gathered for forward and for backward and its
       // gradients reduce-scattered; prefetch hides each layer's traffic behind the previous
       // layer's compute, so only the excess is exposed.
-      const double layer_params = block_params / static_cast<double>(m.n_layer * l.tp);
-      const double ag = collective_time(Collective::AllGather, layer_params * job.memory.state.parameter, dp_group).seconds;
-      const double rs = collective_time(Collective::ReduceScatter, layer_params * job.memory.state.gradient, dp_group).seconds;
-      const double layers = static_cast<double>(m.n_layer) / static_cast<double>(l.pp);
+      const double layers_total = static_cast<double>(m.n_layer);
+      const double dense_layer = block_params / (layers_total * static_cast<double>(l.tp));
+      const double expert_layer = expert_params / (layers_total * static_cast<double>(l.tp * l.ep));
+      const double ag = both(Collective::AllGather, dense_layer, expert_layer, param);
+      const double rs = both(Collective::ReduceScatter, dense_layer, expert_layer, grad);
+      const double layers = layers_total / static_cast<double>(l.pp);
       out.dp_comm_s = static_cast<double>(micro) * layers * (2 * ag + rs);
       exposed += static_cast<double>(micro) * layers *
                  (std::max(0.0, ag - layer.forward_s) + std::max(0.0, ag + rs - layer.backward_s));
@@ -183,7 +215,9 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   out.exposed_comm_s = std::max(0.0, exposed);
   // AdamW reads gradient, master, two moments and writes master, moments and the parameter:
   // about 32 bytes per parameter it owns, at HBM bandwidth.
-  const double owned = params_per_rank / (l.zero_stage >= 1 ? static_cast<double>(replicas) : 1.0);
+  const double owned = l.zero_stage >= 1 ? params_per_rank / static_cast<double>(replicas) +
+                                               experts_per_rank / static_cast<double>(expert_replicas)
+                                         : params_per_rank + experts_per_rank;
   out.optimizer_s = owned * 32 / gpu.hbm_bandwidth_bytes_per_s;
   out.total_s = makespan + (out.exposed_comm_s - (busy - out.compute_s)) + out.optimizer_s;
   const double step_tokens = static_cast<double>(job.global_batch * job.seq_len);

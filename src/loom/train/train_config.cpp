@@ -36,6 +36,8 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.tied_embeddings = r.get_bool("model.tied_embeddings", m.tied_embeddings);
   m.norm_eps = r.get_double("model.norm_eps", m.norm_eps);
   m.rope_theta = r.get_double("model.rope_theta", m.rope_theta);
+  m.n_experts = r.get_int("model.n_experts", m.n_experts);
+  m.experts_per_token = r.get_int("model.experts_per_token", m.experts_per_token);
   m.validate();
   return m;
 }

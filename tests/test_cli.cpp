@@ -174,6 +174,47 @@ TEST(Cli, PlanValidateComparesPublishedRunsAndCalibratesFromGemmTimings) {
   EXPECT_GT(slow_rate, 0.40 * default_rate);
 }
 
+// A plan file says what the flags say; flags given on the command line win; typos are errors.
+TEST(Cli, PlanReadsModelClusterAndTrainingFromATomlFile) {
+  TempDir dir("cli_plan_file");
+  write_text_file(dir.file("plan.toml"), R"([model]
+preset = "llama-8b"
+n_layer = 16
+[cluster]
+gpu = "a100-80gb"
+gpus = 16
+inter_node_gbit_per_gpu = 100
+price_per_gpu_hour = 2.0
+[training]
+seq_len = 2048
+global_batch_tokens = 262144
+train_tokens = 1e11
+[plan]
+layout = "tp=8,dp=2,zero=1,recompute=selective,sp=1"
+)");
+  CommandResult r = run_loom("plan --config " + dir.file("plan.toml") + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  nlohmann::json plan = nlohmann::json::parse(r.output);
+  EXPECT_EQ(plan["gpu"], "a100-80gb");
+  EXPECT_EQ(plan["seq_len"].get<int64_t>(), 2048);
+  EXPECT_EQ(plan["global_batch"].get<int64_t>(), 128);  // 262144 tokens / 2048
+  EXPECT_EQ(plan["micro_batches"].get<int64_t>(), 64);
+  EXPECT_LT(plan["parameters"].get<int64_t>(), 5'000'000'000);  // 16 of llama-8b's 32 layers
+  // The command line beats the file.
+  r = run_loom("plan --config " + dir.file("plan.toml") + " --json --global-batch 32 --gpu h100-sxm");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  plan = nlohmann::json::parse(r.output);
+  EXPECT_EQ(plan["gpu"], "h100-sxm");
+  EXPECT_EQ(plan["micro_batches"].get<int64_t>(), 16);
+  r = run_loom("plan --config " + dir.file("plan.toml"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("cost at 2.00 per GPU-hour"));
+  write_text_file(dir.file("typo.toml"), "[cluster]\ngpus = 8\nnvlink_gbs = 900\n");
+  r = run_loom("plan --model llama-8b --config " + dir.file("typo.toml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("cluster.nvlink_gbs"));
+}
+
 TEST(Cli, CorruptCheckpointIsAnErrorAndTheOlderOneSurvives) {
   TinyRun run("cli_ckpt");
   const std::string config = run.write_config(run.config("gpt2", 10));

@@ -1,5 +1,7 @@
 #pragma once
 // One function per `loom` subcommand; main.cpp only parses arguments and dispatches.
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -49,7 +51,20 @@ struct ExportArgs {
 };
 int run_export(const ExportArgs& args);
 
+// Cluster properties a plan file may set beyond the GPU preset and the GPU count; unset ones
+// keep the preset's or ClusterSpec's documented defaults.
+struct PlanClusterSettings {
+  std::optional<double> bf16_tflops, hbm_gib, hbm_tb_per_s, nvlink_gb_per_s, tdp_watts;
+  std::optional<double> inter_node_gbit_per_gpu, pue, node_overhead_watts, storage_write_gb_per_s;
+  std::optional<double> restart_seconds, price_per_gpu_hour, gpu_mtbf_hours, node_mtbf_hours;
+};
+
 struct PlanArgs {
+  std::string config;              // TOML with [model], [cluster], [training], [plan]; flags override it
+  std::set<std::string> given;     // options given on the command line ("gpus", "seq", ...)
+  PlanClusterSettings cluster;
+  std::string attention = "flash";  // or "materialized": attention that stores the s x s scores
+  int64_t global_batch_tokens = 0;  // > 0: the global batch in tokens (a multiple of the sequence)
   std::string model;               // preset name or a TOML file with a [model] table
   std::string gpu = "h100-sxm";
   std::string layout;              // "tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective"; empty: search

@@ -67,6 +67,12 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--gemm-timings", plan_args.gemm_timings, "CSV of measured GEMMs (m,n,k,seconds) to calibrate the time model")
       ->check(CLI::ExistingFile);
   plan_cmd->add_option("--svg", plan_args.svg_dir, "directory for memory.svg (per candidate) and timeline.svg (the pipeline of the chosen layout)");
+  plan_cmd->add_option("--config", plan_args.config, "TOML with [model], [cluster], [training], [plan]; flags override it")
+      ->check(CLI::ExistingFile);
+  plan_cmd->add_option("--global-batch-tokens", plan_args.global_batch_tokens, "global batch in tokens (instead of --global-batch)")
+      ->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--attention", plan_args.attention, "flash, or materialized (the s x s scores are stored)")
+      ->check(CLI::IsMember({"flash", "materialized"}));
   plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")
       ->check(CLI::ExistingFile);
 
@@ -87,7 +93,11 @@ int main(int argc, char** argv) {
     if (generate_cmd->parsed()) return loom::cli::run_generate(generate);
     if (eval_cmd->parsed()) return loom::cli::run_eval(eval);
     if (export_cmd->parsed()) return loom::cli::run_export(export_args);
-    if (plan_cmd->parsed()) return loom::cli::run_plan(plan_args);
+    if (plan_cmd->parsed()) {
+      for (const CLI::Option* option : plan_cmd->get_options())
+        if (option->count() > 0 && !option->get_lnames().empty()) plan_args.given.insert(option->get_lnames().front());
+      return loom::cli::run_plan(plan_args);
+    }
   } catch (const loom::Error& e) {
     std::fprintf(stderr, "loom: error: %s\n", e.what());
     return 2;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/cli/commands.hpp"
+#include "loom/cli/plan_file.hpp"
 #include "loom/core/error.hpp"
 #include "loom/plan/cluster_model.hpp"
 #include "loom/plan/gemm_calibration.hpp"
@@ -44,28 +45,17 @@ nlohmann::json time_json(const plan::StepTime& t) {
           {"mfu", t.mfu}, {"micro_batches", t.micro_batches}};
 }
 
-plan::ClusterSpec cluster_of(const PlanArgs& args, int64_t gpus) {
-  plan::ClusterSpec cluster;
-  cluster.gpu = plan::gpu_preset(args.gpu);
-  cluster.inter_node_bytes_per_s_per_gpu = plan::default_inter_node_bytes_per_s(cluster.gpu);
-  cluster.gpus_per_node = std::min(args.gpus_per_node, gpus);
-  if (gpus % cluster.gpus_per_node != 0)
-    throw_error("plan: ", gpus, " GPUs do not fill whole nodes of ", cluster.gpus_per_node);
-  cluster.nodes = gpus / cluster.gpus_per_node;
-  cluster.validate();
-  return cluster;
-}
-
 plan::TrainingJob job_of(const PlanArgs& args) {
   plan::TrainingJob job;
   job.seq_len = args.seq_len;
   job.global_batch = args.global_batch;
+  job.memory.flash_attention = args.attention == "flash";
   job.memory.seq_len = args.seq_len;
   job.memory.activation_bytes = args.precision == "f32" ? 4 : 2;
   job.memory.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
   if (!args.gemm_timings.empty()) {
     const std::vector<plan::GemmTiming> timings = plan::read_gemm_timings(args.gemm_timings);
-    job.gemm = plan::fit_gemm_efficiency(timings, plan::gpu_preset(args.gpu).bf16_tflops * 1e12);
+    job.gemm = plan::fit_gemm_efficiency(timings, plan_cluster(args, args.gpus_per_node).gpu.bf16_tflops * 1e12);
     if (!args.json)
       std::printf("GEMM efficiency calibrated from %zu timings in %s: %.1f%% of peak, half_dim %.0f\n", timings.size(),
                   args.gemm_timings.c_str(), 100 * job.gemm->peak_fraction, job.gemm->half_dim);
@@ -86,6 +76,7 @@ void print_cluster(const ModelConfig& model, const plan::ClusterSpec& cluster, c
               "%.0f MWh, %.3g GPU-hours\n",
               checkpoint_bytes / 1e9, c.checkpoint_write_s, c.checkpoint_interval_s / 60, 100 * c.goodput, args.train_tokens,
               c.wall_time_hours / 24, c.energy_mwh, c.gpu_hours);
+  if (c.cost > 0) std::printf("cost at %.2f per GPU-hour: %.4g\n", cluster.price_per_gpu_hour, c.cost);
 }
 
 // --svg: the memory of the candidates and the predicted timeline of the first. A timeline too
@@ -111,7 +102,7 @@ std::vector<plan::Candidate> top_candidates(const plan::SearchResult& r, int top
 
 int run_search(const PlanArgs& args, const ModelConfig& model) {
   if (args.gpus <= 0) throw_error("plan: give --gpus to search (or --layout to evaluate one layout)");
-  const plan::ClusterSpec cluster = cluster_of(args, args.gpus);
+  const plan::ClusterSpec cluster = plan_cluster(args, args.gpus);
   const plan::TrainingJob job = job_of(args);
   const plan::SearchResult r = plan::search_layouts(model, cluster, job);
   if (args.json) {
@@ -197,23 +188,31 @@ int run_validate(const PlanArgs& args) {
 
 }  // namespace
 
-int run_plan(const PlanArgs& args) {
+int run_plan(const PlanArgs& command_line) {
+  PlanArgs args = command_line;
+  apply_plan_file(args);
+  if (args.global_batch_tokens > 0) {
+    if (args.global_batch_tokens % args.seq_len != 0)
+      throw_error("plan: global batch of ", args.global_batch_tokens, " tokens is not a whole number of ", args.seq_len,
+                  "-token sequences");
+    args.global_batch = args.global_batch_tokens / args.seq_len;
+  }
   if (!args.validate.empty()) return run_validate(args);
   if (args.model.empty()) throw_error("plan: give --model (a preset or a TOML file), or --validate FILE.json");
   const ModelConfig model = plan_model(args.model);
   if (args.layout.empty()) return run_search(args, model);
-  const plan::GpuSpec& gpu = plan::gpu_preset(args.gpu);
   const plan::PlanLayout layout = plan::parse_layout(args.layout);
   plan::check_layout(layout, model, args.seq_len);
   if (args.gpus != 0 && layout.gpus() != args.gpus)
-    throw_error("plan: layout ", layout.describe(), " uses ", layout.gpus(), " GPUs, but --gpus is ", args.gpus);
+    throw_error("plan: layout ", layout.describe(), " uses ", layout.gpus(), " GPUs, but --gpus (or cluster.gpus) is ", args.gpus);
   const int64_t per_step = layout.dp * layout.micro_batch;
   if (args.global_batch % per_step != 0)
     throw_error("plan: global batch ", args.global_batch, " sequences is not a multiple of dp x mbs = ", per_step);
   plan::TrainingJob job = job_of(args);
   job.memory.micro_batches = args.global_batch / per_step;
   const plan::MemoryBreakdown mem = plan::predict_gpu_memory(model, layout, job.memory);
-  const plan::ClusterSpec cluster = cluster_of(args, layout.gpus());
+  const plan::ClusterSpec cluster = plan_cluster(args, layout.gpus());
+  const plan::GpuSpec& gpu = cluster.gpu;
   const plan::StepTime time = plan::predict_step_time(model, layout, cluster, job);
   const bool fits = mem.total() <= gpu.hbm_bytes * plan::kUsableMemoryFraction;
 

@@ -1,0 +1,98 @@
+#include "loom/cli/plan_file.hpp"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "loom/core/error.hpp"
+#include "loom/train/config_reader.hpp"
+#include "loom/train/train_config.hpp"
+
+namespace loom::cli {
+
+namespace {
+
+std::optional<double> optional_double(ConfigReader& r, const std::string& key) {
+  if (!r.has(key)) return std::nullopt;
+  return r.get_double(key, 0);
+}
+
+}  // namespace
+
+void apply_plan_file(PlanArgs& args) {
+  if (args.config.empty()) return;
+  ConfigReader r = ConfigReader::from_file(args.config);
+  auto unless_given = [&](const char* flag) { return args.given.count(flag) == 0; };
+  // Every key is read (so none looks unknown); the command line wins where it set the value.
+  auto set_unless_given = [&](const char* flag, auto& field, auto value) {
+    if (unless_given(flag)) field = static_cast<std::remove_reference_t<decltype(field)>>(value);
+  };
+  // [model]: the same keys as a training config, read by the same code.
+  bool has_model = false;
+  for (const char* key : {"model.preset", "model.arch", "model.n_layer", "model.n_embd"}) has_model = has_model || r.has(key);
+  if (has_model) {
+    parse_model_config(r);  // validates now, before any planning
+    if (unless_given("model")) args.model = args.config;
+  }
+  set_unless_given("gpu", args.gpu, r.get_string("cluster.gpu", args.gpu));
+  set_unless_given("gpus", args.gpus, r.get_int("cluster.gpus", args.gpus));
+  set_unless_given("gpus-per-node", args.gpus_per_node, r.get_int("cluster.gpus_per_node", args.gpus_per_node));
+  PlanClusterSettings& c = args.cluster;
+  c.bf16_tflops = optional_double(r, "cluster.bf16_tflops");
+  c.hbm_gib = optional_double(r, "cluster.hbm_gib");
+  c.hbm_tb_per_s = optional_double(r, "cluster.hbm_tb_per_s");
+  c.nvlink_gb_per_s = optional_double(r, "cluster.nvlink_gb_per_s");
+  c.tdp_watts = optional_double(r, "cluster.tdp_watts");
+  c.inter_node_gbit_per_gpu = optional_double(r, "cluster.inter_node_gbit_per_gpu");
+  c.pue = optional_double(r, "cluster.pue");
+  c.node_overhead_watts = optional_double(r, "cluster.node_overhead_watts");
+  c.storage_write_gb_per_s = optional_double(r, "cluster.storage_write_gb_per_s");
+  c.restart_seconds = optional_double(r, "cluster.restart_seconds");
+  c.price_per_gpu_hour = optional_double(r, "cluster.price_per_gpu_hour");
+  c.gpu_mtbf_hours = optional_double(r, "cluster.gpu_mtbf_hours");
+  c.node_mtbf_hours = optional_double(r, "cluster.node_mtbf_hours");
+  set_unless_given("seq", args.seq_len, r.get_int("training.seq_len", args.seq_len));
+  set_unless_given("global-batch", args.global_batch, r.get_int("training.global_batch", args.global_batch));
+  // A batch given on the command line in either unit beats the file's in either unit.
+  const int64_t file_tokens = r.get_int("training.global_batch_tokens", 0);
+  if (unless_given("global-batch") && unless_given("global-batch-tokens") && file_tokens > 0) args.global_batch_tokens = file_tokens;
+  set_unless_given("precision", args.precision, r.get_string("training.precision", args.precision));
+  set_unless_given("attention", args.attention, r.get_string("training.attention", args.attention));
+  set_unless_given("train-tokens", args.train_tokens, r.get_double("training.train_tokens", args.train_tokens));
+  set_unless_given("layout", args.layout, r.get_string("plan.layout", args.layout));
+  set_unless_given("top", args.top, r.get_int("plan.top", args.top));
+  r.reject_unknown_keys();
+  if (args.precision != "bf16" && args.precision != "f32")
+    throw_error(args.config, ": training.precision = '", args.precision, "'; expected bf16 or f32");
+  if (args.attention != "flash" && args.attention != "materialized")
+    throw_error(args.config, ": training.attention = '", args.attention, "'; expected flash or materialized");
+  if (args.gpus < 0 || args.gpus_per_node < 1 || args.seq_len < 1 || args.global_batch < 1 || args.top < 1)
+    throw_error(args.config, ": cluster.gpus must be >= 0, and gpus_per_node, seq_len, global_batch and top >= 1");
+}
+
+plan::ClusterSpec plan_cluster(const PlanArgs& args, int64_t gpus) {
+  const PlanClusterSettings& s = args.cluster;
+  plan::ClusterSpec cluster;
+  cluster.gpu = plan::gpu_preset(args.gpu);
+  cluster.inter_node_bytes_per_s_per_gpu = plan::default_inter_node_bytes_per_s(cluster.gpu);
+  cluster.gpu.bf16_tflops = s.bf16_tflops.value_or(cluster.gpu.bf16_tflops);
+  if (s.hbm_gib) cluster.gpu.hbm_bytes = *s.hbm_gib * 1024.0 * 1024.0 * 1024.0;
+  if (s.hbm_tb_per_s) cluster.gpu.hbm_bandwidth_bytes_per_s = *s.hbm_tb_per_s * 1e12;
+  if (s.nvlink_gb_per_s) cluster.gpu.nvlink_bytes_per_s = *s.nvlink_gb_per_s * 1e9;
+  cluster.gpu.tdp_watts = s.tdp_watts.value_or(cluster.gpu.tdp_watts);
+  if (s.inter_node_gbit_per_gpu) cluster.inter_node_bytes_per_s_per_gpu = *s.inter_node_gbit_per_gpu * 1e9 / 8;
+  cluster.pue = s.pue.value_or(cluster.pue);
+  cluster.node_overhead_watts = s.node_overhead_watts.value_or(cluster.node_overhead_watts);
+  if (s.storage_write_gb_per_s) cluster.storage_write_bytes_per_s = *s.storage_write_gb_per_s * 1e9;
+  cluster.restart_seconds = s.restart_seconds.value_or(cluster.restart_seconds);
+  cluster.price_per_gpu_hour = s.price_per_gpu_hour.value_or(cluster.price_per_gpu_hour);
+  cluster.gpu_mtbf_hours = s.gpu_mtbf_hours.value_or(cluster.gpu_mtbf_hours);
+  cluster.node_mtbf_hours = s.node_mtbf_hours.value_or(cluster.node_mtbf_hours);
+  cluster.gpus_per_node = std::min(args.gpus_per_node, gpus);
+  if (gpus % cluster.gpus_per_node != 0)
+    throw_error("plan: ", gpus, " GPUs do not fill whole nodes of ", cluster.gpus_per_node);
+  cluster.nodes = gpus / cluster.gpus_per_node;
+  cluster.validate();
+  return cluster;
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,78 @@
+#pragma once
+// The vocabulary split over tp: rank r holds entries [r*V/tp, (r+1)*V/tp) of the token table
+// and of the output head (the same rows, so a tied embedding stays tied shard by shard).
+// Megatron-LM's VocabParallelEmbedding and vocab_parallel_cross_entropy (Shoeybi et al. 2019,
+// section 3: "parallelize the output embedding GEMM ... fuse [it] with the cross entropy loss",
+// which reduces the communication from b*s*V logits to b*s scalars).
+// V must divide by tp; a vocabulary that does not (GPT-2's 50257) is padded first, as Megatron
+// pads to a multiple of 128*tp.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "loom/dist/process_group.hpp"
+#include "loom/model/config.hpp"
+#include "loom/model/parameter.hpp"
+
+namespace loom {
+
+class VocabParallelEmbedding {
+ public:
+  VocabParallelEmbedding(std::string name, int64_t vocab, int64_t dim,
+                         std::shared_ptr<ProcessGroup> group, bool sequence_parallel);
+
+  // tokens: [rows] ids in [0, vocab), the same on every tp rank. Each rank looks up the tokens
+  // it owns (zeros for the others), then the rows are summed over tp: out is [rows, dim] on
+  // every rank, or under sequence parallelism this rank's rows [rows/tp, dim].
+  void forward(float* out, const int32_t* tokens, int64_t rows);
+  // d_out shaped like forward's out (under sequence parallelism gathered first); adds into the
+  // gradient rows of the tokens this rank owns.
+  void backward(const float* d_out, const int32_t* tokens, int64_t rows);
+
+  // Copies this rank's rows out of the full table [vocab, dim].
+  void load_full(const Tensor& full_table);
+  void collect(ParameterList& out) { out.push_back(&weight); }
+
+  int64_t vocab() const { return vocab_; }
+  int64_t dim() const { return dim_; }
+  int64_t vocab_begin() const { return vocab_begin_; }  // first id this rank owns
+  int64_t vocab_end() const { return vocab_begin_ + weight.value.size(0); }
+  bool sequence_parallel() const { return sequence_parallel_; }
+
+  Parameter weight;  // [vocab/tp, dim], the full table's HF name
+
+ private:
+  std::string layer_;  // "VocabParallelEmbedding '<name>'" for messages
+  int64_t vocab_, dim_, vocab_begin_;
+  std::shared_ptr<ProcessGroup> group_;
+  bool sequence_parallel_;
+  Tensor full_rows_;  // [rows, dim]: lookups before reduce-scatter / gathered d_out
+};
+
+struct VocabParallelCrossEntropyArgs {
+  const float* hidden = nullptr;    // [rows, dim], the same on every tp rank; under sequence
+                                    // parallelism this rank's rows [rows/tp, dim]
+  const float* weight = nullptr;    // [vocab/tp, dim]: this rank's head rows
+  const int32_t* targets = nullptr; // [rows] ids of the full vocabulary, the same on every
+                                    // rank; a negative target is ignored (no loss, no gradient)
+  int64_t rows = 0, dim = 0;
+  int64_t vocab = 0;                // the full vocabulary
+  int64_t vocab_chunk = kDefaultVocabChunk;  // logits per chunk of this rank's shard
+  float grad_scale = 1.0f;          // gradient of (grad_scale * sum of row losses)
+  float* d_hidden = nullptr;        // shaped like hidden, overwritten with the gradient summed
+                                    // over tp, or null for loss only
+  float* d_weight = nullptr;        // [vocab/tp, dim] accumulated, or null
+  float* row_losses = nullptr;      // [rows] optional, every rank
+  bool sequence_parallel = false;
+};
+
+// The cross-entropy of the full-vocabulary softmax with logits that exist only in chunks of
+// one rank's shard: per row, the shard's max -> all-reduce Max; its sum of exp rescaled to
+// that max and the target's logit from the rank that owns it (zero elsewhere) -> one
+// all-reduce Sum of both; then each rank forms softmax - onehot for its own entries, one chunk
+// at a time, and d_hidden's partial sums are all-reduced (reduce-scattered under sequence
+// parallelism). Returns the sum of the row losses, the same on every rank, as
+// cpu::lm_head_cross_entropy does for one process.
+double vocab_parallel_cross_entropy(const VocabParallelCrossEntropyArgs& args, ProcessGroup& tp);
+
+}  // namespace loom

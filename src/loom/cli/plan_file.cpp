@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "loom/core/error.hpp"
 #include "loom/train/config_reader.hpp"
@@ -36,20 +37,23 @@ void apply_plan_file(PlanArgs& args) {
   set_unless_given("gpu", args.gpu, r.get_string("cluster.gpu", args.gpu));
   set_unless_given("gpus", args.gpus, r.get_int("cluster.gpus", args.gpus));
   set_unless_given("gpus-per-node", args.gpus_per_node, r.get_int("cluster.gpus_per_node", args.gpus_per_node));
-  PlanClusterSettings& c = args.cluster;
-  c.bf16_tflops = optional_double(r, "cluster.bf16_tflops");
-  c.hbm_gib = optional_double(r, "cluster.hbm_gib");
-  c.hbm_tb_per_s = optional_double(r, "cluster.hbm_tb_per_s");
-  c.nvlink_gb_per_s = optional_double(r, "cluster.nvlink_gb_per_s");
-  c.tdp_watts = optional_double(r, "cluster.tdp_watts");
-  c.inter_node_gbit_per_gpu = optional_double(r, "cluster.inter_node_gbit_per_gpu");
-  c.pue = optional_double(r, "cluster.pue");
-  c.node_overhead_watts = optional_double(r, "cluster.node_overhead_watts");
-  c.storage_write_gb_per_s = optional_double(r, "cluster.storage_write_gb_per_s");
-  c.restart_seconds = optional_double(r, "cluster.restart_seconds");
-  c.price_per_gpu_hour = optional_double(r, "cluster.price_per_gpu_hour");
-  c.gpu_mtbf_hours = optional_double(r, "cluster.gpu_mtbf_hours");
-  c.node_mtbf_hours = optional_double(r, "cluster.node_mtbf_hours");
+  // Settings with no flag: read when present, else the preset's or ClusterSpec's default.
+  const std::pair<const char*, std::optional<double> PlanClusterSettings::*> settings[] = {
+      {"bf16_tflops", &PlanClusterSettings::bf16_tflops},
+      {"hbm_gib", &PlanClusterSettings::hbm_gib},
+      {"hbm_tb_per_s", &PlanClusterSettings::hbm_tb_per_s},
+      {"nvlink_gb_per_s", &PlanClusterSettings::nvlink_gb_per_s},
+      {"tdp_watts", &PlanClusterSettings::tdp_watts},
+      {"inter_node_gbit_per_gpu", &PlanClusterSettings::inter_node_gbit_per_gpu},
+      {"pue", &PlanClusterSettings::pue},
+      {"node_overhead_watts", &PlanClusterSettings::node_overhead_watts},
+      {"storage_write_gb_per_s", &PlanClusterSettings::storage_write_gb_per_s},
+      {"restart_seconds", &PlanClusterSettings::restart_seconds},
+      {"price_per_gpu_hour", &PlanClusterSettings::price_per_gpu_hour},
+      {"gpu_mtbf_hours", &PlanClusterSettings::gpu_mtbf_hours},
+      {"node_mtbf_hours", &PlanClusterSettings::node_mtbf_hours},
+  };
+  for (const auto& [key, member] : settings) args.cluster.*member = optional_double(r, std::string("cluster.") + key);
   set_unless_given("seq", args.seq_len, r.get_int("training.seq_len", args.seq_len));
   set_unless_given("global-batch", args.global_batch, r.get_int("training.global_batch", args.global_batch));
   // A batch given on the command line in either unit beats the file's in either unit.

@@ -56,8 +56,8 @@ Tensor column_shard(const Tensor& full, int rank, int ranks, MemCategory categor
 }
 
 int64_t sequence_shard_rows(std::string_view layer, int64_t rows, int tp) {
-  return tp_shard_size(std::string(layer) + " (sequence parallel)", "rows (batch x sequence)",
-                       rows, tp);
+  return tp_shard_size(std::string(layer) + " (sequence parallel)", "rows (batch x sequence)", rows,
+                       tp);
 }
 
 WorkHandle gather_sequence_rows(ProcessGroup& tp, const float* local, float* full,
@@ -73,7 +73,8 @@ WorkHandle reduce_scatter_sequence_rows(ProcessGroup& tp, const float* full, flo
 void all_reduce_sequence_parallel_grads(const ParameterList& params, ProcessGroup& tp) {
   std::vector<WorkHandle> works;
   works.reserve(params.size());
-  for (Parameter* p : params) works.push_back(tp.all_reduce(p->grad.f32(), p->grad.numel(), ReduceOp::Sum));
+  for (Parameter* p : params)
+    works.push_back(tp.all_reduce(p->grad.f32(), p->grad.numel(), ReduceOp::Sum));
   for (WorkHandle& work : works) work->wait();
 }
 

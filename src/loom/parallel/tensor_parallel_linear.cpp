@@ -41,17 +41,16 @@ void check_bias_presence(const std::string& layer, const Linear& local, const Te
 // d_input = d_out @ W (written): the part of Linear's backward that needs no input.
 void input_gradient(float* d_input, const float* d_out, int64_t d_out_ld, const Linear& linear,
                     int64_t rows) {
-  cpu::sgemm(false, false, rows, linear.in_features(), linear.out_features(), 1.0f, d_out,
-             d_out_ld, linear.weight.value.f32(), linear.in_features(), 0.0f, d_input,
-             linear.in_features());
+  cpu::sgemm(false, false, rows, linear.in_features(), linear.out_features(), 1.0f, d_out, d_out_ld,
+             linear.weight.value.f32(), linear.in_features(), 0.0f, d_input, linear.in_features());
 }
 
 // Weight (and bias) gradients accumulated: the part of Linear's backward that needs the input.
-void parameter_gradients(Linear& linear, bool with_bias, const float* d_out, int64_t d_out_ld,
-                         const float* input, int64_t rows) {
+void parameter_gradients(Linear& linear, const float* d_out, int64_t d_out_ld, const float* input,
+                         int64_t rows) {
   cpu::linear_backward(nullptr, false, linear.weight.grad.f32(),
-                       with_bias && linear.has_bias() ? linear.bias.grad.f32() : nullptr, d_out,
-                       d_out_ld, input, linear.weight.value.f32(), rows, linear.in_features(),
+                       linear.has_bias() ? linear.bias.grad.f32() : nullptr, d_out, d_out_ld, input,
+                       linear.weight.value.f32(), rows, linear.in_features(),
                        linear.out_features());
 }
 
@@ -124,11 +123,12 @@ void ColumnParallelLinear::backward(float* d_input, bool accumulate_input, const
   if (!sequence_parallel_ || tp == 1) {
     // Every rank's d_input is its share of the sum; it can be reduced in place unless there
     // is an earlier value to add to, which must not be summed tp times.
-    float* partial =
-        accumulate_input ? reserve_f32(d_input_partial_, rows * in, MemCategory::Workspace) : d_input;
+    float* partial = accumulate_input
+                         ? reserve_f32(d_input_partial_, rows * in, MemCategory::Workspace)
+                         : d_input;
     input_gradient(partial, d_out, d_out_ld, local, rows);
     WorkHandle reduce = group_->all_reduce(partial, rows * in, ReduceOp::Sum);
-    parameter_gradients(local, true, d_out, d_out_ld, input, rows);
+    parameter_gradients(local, d_out, d_out_ld, input, rows);
     reduce->wait();
     if (accumulate_input) add_inplace(d_input, partial, rows * in);
     return;
@@ -140,10 +140,11 @@ void ColumnParallelLinear::backward(float* d_input, bool accumulate_input, const
   input_gradient(partial, d_out, d_out_ld, local, rows);
   // To accumulate, this rank adds its earlier d_input into its own block of the sum, so the
   // reduce-scatter can write straight into d_input (it appears in exactly one rank's terms).
-  if (accumulate_input) add_inplace(partial + group_->rank() * local_rows * in, d_input, local_rows * in);
+  if (accumulate_input)
+    add_inplace(partial + group_->rank() * local_rows * in, d_input, local_rows * in);
   WorkHandle reduce = reduce_scatter_sequence_rows(*group_, partial, d_input, local_rows, in);
   gather->wait();
-  parameter_gradients(local, true, d_out, d_out_ld, gathered, rows);
+  parameter_gradients(local, d_out, d_out_ld, gathered, rows);
   reduce->wait();
 }
 
@@ -151,12 +152,12 @@ void ColumnParallelLinear::load_full(const Tensor& full_weight, const Tensor* fu
   const int64_t out = std::accumulate(out_segments_.begin(), out_segments_.end(), int64_t{0});
   check_full_shape(column_layer(name_), "weight", full_weight, {out, in_features()});
   check_bias_presence(column_layer(name_), local, full_bias);
-  local.weight.value.copy_from(
-      row_shard(full_weight, group_->rank(), group_->size(), out_segments_, MemCategory::Workspace));
+  local.weight.value.copy_from(row_shard(full_weight, group_->rank(), group_->size(), out_segments_,
+                                         MemCategory::Workspace));
   if (full_bias) {
     check_full_shape(column_layer(name_), "bias", *full_bias, {out});
-    local.bias.value.copy_from(
-        row_shard(*full_bias, group_->rank(), group_->size(), out_segments_, MemCategory::Workspace));
+    local.bias.value.copy_from(row_shard(*full_bias, group_->rank(), group_->size(), out_segments_,
+                                         MemCategory::Workspace));
   }
 }
 

@@ -1,11 +1,11 @@
 #include "loom/parallel/vocab_parallel.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
-
-#include <omp.h>
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/fast_math.hpp"

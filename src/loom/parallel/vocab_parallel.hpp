@@ -50,19 +50,19 @@ class VocabParallelEmbedding {
 };
 
 struct VocabParallelCrossEntropyArgs {
-  const float* hidden = nullptr;    // [rows, dim], the same on every tp rank; under sequence
-                                    // parallelism this rank's rows [rows/tp, dim]
-  const float* weight = nullptr;    // [vocab/tp, dim]: this rank's head rows
-  const int32_t* targets = nullptr; // [rows] ids of the full vocabulary, the same on every
-                                    // rank; a negative target is ignored (no loss, no gradient)
+  const float* hidden = nullptr;     // [rows, dim], the same on every tp rank; under sequence
+                                     // parallelism this rank's rows [rows/tp, dim]
+  const float* weight = nullptr;     // [vocab/tp, dim]: this rank's head rows
+  const int32_t* targets = nullptr;  // [rows] ids of the full vocabulary, the same on every
+                                     // rank; a negative target is ignored (no loss, no gradient)
   int64_t rows = 0, dim = 0;
-  int64_t vocab = 0;                // the full vocabulary
+  int64_t vocab = 0;                         // the full vocabulary
   int64_t vocab_chunk = kDefaultVocabChunk;  // logits per chunk of this rank's shard
-  float grad_scale = 1.0f;          // gradient of (grad_scale * sum of row losses)
-  float* d_hidden = nullptr;        // shaped like hidden, overwritten with the gradient summed
-                                    // over tp, or null for loss only
-  float* d_weight = nullptr;        // [vocab/tp, dim] accumulated, or null
-  float* row_losses = nullptr;      // [rows] optional, every rank
+  float grad_scale = 1.0f;                   // gradient of (grad_scale * sum of row losses)
+  float* d_hidden = nullptr;    // shaped like hidden, overwritten with the gradient summed
+                                // over tp, or null for loss only
+  float* d_weight = nullptr;    // [vocab/tp, dim] accumulated, or null
+  float* row_losses = nullptr;  // [rows] optional, every rank
   bool sequence_parallel = false;
 };
 

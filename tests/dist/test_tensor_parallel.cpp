@@ -248,6 +248,22 @@ TEST_F(TensorParallel, SizesThatDoNotDivideByTpAreRejectedNamingLayerDimensionAn
        "expected [" + std::to_string(2 * n) + ", 4]"});
 }
 
+
+// The unsharded twin: a plain Linear [kOut, kIn] on the full weights, run forward and backward
+// once on the full input x and output gradient d.
+struct ReferenceLinear {
+  ReferenceLinear(const std::vector<float>& w, const std::vector<float>* b, const std::vector<float>& x,
+                  const std::vector<float>& d)
+      : layer("ref", kIn, kOut, b != nullptr, false), y(kRows * kOut), dx(kRows * kIn) {
+    std::copy(w.begin(), w.end(), layer.weight.value.f32());
+    if (b != nullptr) std::copy(b->begin(), b->end(), layer.bias.value.f32());
+    layer.forward(y.data(), kOut, x.data(), kRows);
+    layer.backward(dx.data(), false, d.data(), kOut, x.data(), kRows);
+  }
+  Linear layer;
+  std::vector<float> y, dx;
+};
+
 // ---------------------------------------------------------------------------------------------
 // ColumnParallelLinear: one output, and a fused q|k|v-like output of three segments.
 
@@ -267,12 +283,9 @@ TEST_F(TensorParallel, ColumnParallelLinearMatchesLinear) {
           const int64_t local_out = kOut / tp, local_rows = sp ? kRows / tp : kRows;
           const int64_t r0 = sp ? rank * local_rows : 0, r1 = r0 + local_rows;
 
-          Linear ref("ref", kIn, kOut, bias, false);
-          std::copy(w_all.begin(), w_all.end(), ref.weight.value.f32());
-          if (bias) std::copy(b_all.begin(), b_all.end(), ref.bias.value.f32());
-          std::vector<float> y_ref(kRows * kOut), dx_ref(kRows * kIn);
-          ref.forward(y_ref.data(), kOut, x.data(), kRows);
-          ref.backward(dx_ref.data(), false, d.data(), kOut, x.data(), kRows);
+          ReferenceLinear ref(w_all, bias ? &b_all : nullptr, x, d);
+          const std::vector<float>& y_ref = ref.y;
+          const std::vector<float>& dx_ref = ref.dx;
 
           ColumnParallelLinear layer("h.0.attn.c_attn", kIn, segments, bias, layout.tp, sp);
           const Tensor full_b = tensor_of({kOut}, b_all);
@@ -301,9 +314,9 @@ TEST_F(TensorParallel, ColumnParallelLinearMatchesLinear) {
             std::copy_n(d_local.begin() + r * local_out, local_out, d_out.begin() + r * ld);
           const std::vector<float> dx_expected = row_block(dx_ref.data(), kIn, r0, r1);
           const std::vector<float> dw_expected =
-              segment_rows(ref.weight.grad.f32(), kIn, segments, rank, tp);
+              segment_rows(ref.layer.weight.grad.f32(), kIn, segments, rank, tp);
           const std::vector<float> db_expected =
-              bias ? segment_rows(ref.bias.grad.f32(), 1, segments, rank, tp)
+              bias ? segment_rows(ref.layer.bias.grad.f32(), 1, segments, rank, tp)
                    : std::vector<float>{};
           std::vector<float> dx(local_rows * kIn, -100.0f);
           for (int pass = 1; pass <= 2; ++pass) {
@@ -333,12 +346,9 @@ TEST_F(TensorParallel, RowParallelLinearMatchesLinear) {
         const int64_t local_in = kIn / tp, local_rows = sp ? kRows / tp : kRows;
         const int64_t r0 = sp ? rank * local_rows : 0, r1 = r0 + local_rows;
 
-        Linear ref("ref", kIn, kOut, bias, false);
-        std::copy(w_all.begin(), w_all.end(), ref.weight.value.f32());
-        if (bias) std::copy(b_all.begin(), b_all.end(), ref.bias.value.f32());
-        std::vector<float> y_ref(kRows * kOut), dx_ref(kRows * kIn);
-        ref.forward(y_ref.data(), kOut, x.data(), kRows);
-        ref.backward(dx_ref.data(), false, d.data(), kOut, x.data(), kRows);
+        ReferenceLinear ref(w_all, bias ? &b_all : nullptr, x, d);
+        const std::vector<float>& y_ref = ref.y;
+        const std::vector<float>& dx_ref = ref.dx;
 
         RowParallelLinear layer("h.0.mlp.c_proj", kIn, kOut, bias, layout.tp, sp);
         const Tensor full_b = tensor_of({kOut}, b_all);
@@ -357,7 +367,7 @@ TEST_F(TensorParallel, RowParallelLinearMatchesLinear) {
         const std::vector<float> dx_expected =
             segment_columns(dx_ref.data(), kRows, {kIn}, rank, tp);
         const std::vector<float> dw_expected =
-            segment_columns(ref.weight.grad.f32(), kOut, {kIn}, rank, tp);
+            segment_columns(ref.layer.weight.grad.f32(), kOut, {kIn}, rank, tp);
         std::vector<float> dx(kRows * local_in, -100.0f);
         for (int pass = 1; pass <= 2; ++pass) {
           layer.backward(dx.data(), pass == 2, d_out.data(), input.data(), kRows);
@@ -369,7 +379,7 @@ TEST_F(TensorParallel, RowParallelLinearMatchesLinear) {
           EXPECT_TRUE(layer.sequence_parallel_partial_grads().empty());
           continue;
         }
-        const std::vector<float> db_ref(ref.bias.grad.f32(), ref.bias.grad.f32() + kOut);
+        const std::vector<float> db_ref(ref.layer.bias.grad.f32(), ref.layer.bias.grad.f32() + kOut);
         if (!sp) {
           EXPECT_TRUE(layer.sequence_parallel_partial_grads().empty());
           expect_close("row d_bias", layer.local.bias.grad.f32(), scaled(db_ref, 2.0f));

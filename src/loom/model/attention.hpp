@@ -1,21 +1,22 @@
 #pragma once
 // Causal self-attention: projections to q|k|v (GPT-2: one fused c_attn with bias; Llama:
 // separate q/k/v projections without bias writing side by side), RoPE for Llama, the
-// flash-style attention kernel, and the output projection.
+// flash-style attention kernel, and the output projection. The projections come from the
+// model's ParallelPlan, so under tensor parallelism this rank computes its own heads.
 #include <memory>
 
 #include "loom/kernels/cpu/attention.hpp"
 #include "loom/kernels/cpu/rope.hpp"
 #include "loom/model/config.hpp"
-#include "loom/model/linear.hpp"
+#include "loom/model/parallel_plan.hpp"
 #include "loom/model/stash.hpp"
 
 namespace loom {
 
 class CausalSelfAttention {
  public:
-  CausalSelfAttention(const ModelConfig& config, const std::string& prefix,
-                      std::shared_ptr<const cpu::RopeTable> rope);
+  CausalSelfAttention(const ModelConfig& config, const ParallelPlan& plan,
+                      const std::string& prefix, std::shared_ptr<const cpu::RopeTable> rope);
   // Reads stash.norm1_out, writes stash.qkv, attn_out, attn_lse, and out = attn_out @ Wo^T.
   void forward(float* out, BlockStash& stash, int64_t batch, int64_t seq_len) const;
   // Recomputes attn_out / attn_lse from the saved qkv (selective recomputation).
@@ -24,14 +25,15 @@ class CausalSelfAttention {
   void backward(const float* d_out, const BlockStash& stash, BlockGradScratch& scratch,
                 int64_t batch, int64_t seq_len);
   void collect(ParameterList& out);
+  ParameterList partial_grads() { return output_projection->partial_grads(); }
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
 
-  std::vector<Linear> input_projections;  // GPT-2: {c_attn}; Llama: {q, k, v}
-  Linear output_projection;
+  std::unique_ptr<FanOutProjection> input_projection;  // GPT-2: c_attn; Llama: q, k, v
+  std::unique_ptr<FanInProjection> output_projection;
 
  private:
   cpu::AttentionShape shape(int64_t batch, int64_t seq_len) const;
-  ModelConfig config_;
+  LocalDims dims_;
   bool bf16_activations_ = false;  // round stored activations to bf16 values
   std::shared_ptr<const cpu::RopeTable> rope_;
 };

@@ -8,7 +8,7 @@ namespace loom {
 
 class TransformerBlock {
  public:
-  TransformerBlock(const ModelConfig& config, const std::string& prefix,
+  TransformerBlock(const ModelConfig& config, const ParallelPlan& plan, const std::string& prefix,
                    std::shared_ptr<const cpu::RopeTable> rope);
   void forward(float* x_out, const float* x_in, BlockStash& stash, int64_t batch,
                int64_t seq_len) const;
@@ -17,6 +17,9 @@ class TransformerBlock {
   void backward(float* d_x_in, const float* d_x_out, const float* x_in, BlockStash& stash,
                 BlockGradScratch& scratch, Recompute recompute, int64_t batch, int64_t seq_len);
   void collect(ParameterList& out);
+  // Under sequence parallelism, the parameters applied to this rank's rows only (norms,
+  // row-parallel biases), whose gradients the model sums over tp; else none.
+  ParameterList partial_grads();
   // Mixed precision on the CPU: round every activation the block stores or passes on to a
   // bf16 value (the numerics of bf16 activations; the arithmetic itself stays f32).
   void set_bf16_activations(bool on);
@@ -29,6 +32,7 @@ class TransformerBlock {
  private:
   void round_if_bf16(float* x, int64_t n) const;
   bool bf16_activations_ = false;
+  bool sequence_parallel_;
 };
 
 }  // namespace loom

@@ -10,10 +10,20 @@
 
 namespace loom {
 
-// How a parameter is laid out across the device mesh. Only single-process placement exists
-// today; the distributed runtime adds sharded placements per mesh axis.
+// How a parameter is laid out over the tensor-parallel ranks: the same whole tensor on every
+// rank (replicated), or one rank's shard of a whole tensor of `full_shape`. A shard is cut
+// along `axis` (0: rows, as a column-parallel weight or the vocabulary; 1: columns, as a
+// row-parallel weight). Each of `segments` (extents along the axis that add up to the full
+// one; empty means one segment) is cut on its own into `ranks` blocks of ceil(extent / ranks),
+// the last possibly shorter, and the rank's blocks are concatenated in segment order: a fused
+// q|k|v weight gives rank r its heads of q, of k and of v. model/tensor_shard.hpp cuts and
+// pastes shards; initialisation, clipping and checkpoints read the placement.
 struct Placement {
   bool replicated = true;
+  Shape full_shape;
+  int axis = 0;
+  std::vector<int64_t> segments;
+  int rank = 0, ranks = 1;
 };
 
 struct Parameter {

@@ -2,53 +2,58 @@
 
 namespace loom {
 
-int64_t mlp_pre_width(const ModelConfig& c) {
-  return c.arch == Architecture::Llama ? 2 * c.ffn_hidden : c.ffn_hidden;
-}
-
 namespace {
 Tensor activation(const Shape& shape) {
   return Tensor::empty(shape, DType::F32, MemCategory::Activations);
 }
+
+// Columns of the MLP's first projection on this rank: F (GELU input) or 2F (gate | up).
+int64_t mlp_pre_width(const ModelConfig& c, const LocalDims& dims) {
+  return c.arch == Architecture::Llama ? 2 * dims.ffn_hidden : dims.ffn_hidden;
+}
 }  // namespace
 
-BlockStash make_block_stash(const ModelConfig& c, int64_t batch, int64_t seq_len,
-                            const BlockStash* shared) {
-  const int64_t rows = batch * seq_len;
+BlockStash make_block_stash(const ModelConfig& c, const ParallelPlan& plan, int64_t batch,
+                            int64_t seq_len, const BlockStash* shared) {
+  const int64_t rows = batch * seq_len, local_rows = plan.local_rows(rows);
+  const LocalDims dims = plan.local_dims(c);
   const bool layer_norm = c.arch == Architecture::GPT2;
   BlockStash s;
-  s.norm1_out = activation({rows, c.n_embd});
-  s.norm1.rstd = activation({rows});
-  if (layer_norm) s.norm1.mean = activation({rows});
-  s.qkv = activation({rows, c.n_embd + 2 * c.kv_dim()});
-  s.residual_mid = activation({rows, c.n_embd});
-  s.norm2_out = activation({rows, c.n_embd});
-  s.norm2.rstd = activation({rows});
-  if (layer_norm) s.norm2.mean = activation({rows});
-  s.mlp_pre = activation({rows, mlp_pre_width(c)});
+  s.norm1_out = activation({local_rows, c.n_embd});
+  s.norm1.rstd = activation({local_rows});
+  if (layer_norm) s.norm1.mean = activation({local_rows});
+  s.qkv = activation({rows, dims.qkv_width()});
+  s.residual_mid = activation({local_rows, c.n_embd});
+  s.norm2_out = activation({local_rows, c.n_embd});
+  s.norm2.rstd = activation({local_rows});
+  if (layer_norm) s.norm2.mean = activation({local_rows});
+  s.mlp_pre = activation({rows, mlp_pre_width(c, dims)});
   if (shared) {
     s.attn_out = shared->attn_out;
     s.attn_lse = shared->attn_lse;
     s.mlp_act = shared->mlp_act;
   } else {
-    s.attn_out = activation({rows, c.n_embd});
-    s.attn_lse = activation({batch, c.n_head, seq_len});
-    s.mlp_act = activation({rows, c.ffn_hidden});
+    s.attn_out = activation({rows, dims.heads * dims.head_dim});
+    s.attn_lse = activation({batch, dims.heads, seq_len});
+    s.mlp_act = activation({rows, dims.ffn_hidden});
   }
   return s;
 }
 
-BlockGradScratch make_block_grad_scratch(const ModelConfig& c, int64_t rows) {
+BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPlan& plan,
+                                         int64_t rows) {
   auto scratch = [](const Shape& shape) {
     return Tensor::empty(shape, DType::F32, MemCategory::Workspace);
   };
+  const int64_t local_rows = plan.local_rows(rows);
+  const LocalDims dims = plan.local_dims(c);
   BlockGradScratch g;
-  g.d_residual_mid = scratch({rows, c.n_embd});
-  g.d_norm_out = scratch({rows, c.n_embd});
-  g.d_qkv = scratch({rows, c.n_embd + 2 * c.kv_dim()});
-  g.d_attn_out = scratch({rows, c.n_embd});
-  g.d_mlp_pre = scratch({rows, mlp_pre_width(c)});
-  g.d_mlp_act = scratch({rows, c.ffn_hidden});
+  g.d_residual_mid = scratch({local_rows, c.n_embd});
+  g.d_norm_out = scratch({local_rows, c.n_embd});
+  g.d_qkv = scratch({rows, dims.qkv_width()});
+  g.d_attn_out = scratch({rows, dims.heads * dims.head_dim});
+  g.d_mlp_pre = scratch({rows, mlp_pre_width(c, dims)});
+  g.d_mlp_act = scratch({rows, dims.ffn_hidden});
   return g;
 }
 

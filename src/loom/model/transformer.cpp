@@ -11,19 +11,35 @@
 #include "loom/kernels/cpu/embedding.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/model/linear.hpp"
+#include "loom/model/tensor_shard.hpp"
 
 namespace loom {
 
-Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t vocab_chunk)
-    : config_(config), recompute_(recompute), vocab_chunk_(vocab_chunk) {
+namespace {
+// A [vocab, dim] table laid out as the plan says: this rank's vocabulary rows.
+void allocate_vocab_table(Parameter& p, std::string name, const ParallelPlan& plan, int64_t vocab,
+                          int64_t dim) {
+  const Placement placement = plan.vocab_placement(vocab, dim);
+  allocate_parameter(p, std::move(name), shard_shape(placement), true);
+  p.placement = placement;
+}
+}  // namespace
+
+Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t vocab_chunk,
+                         std::shared_ptr<const ParallelPlan> plan)
+    : config_(config),
+      plan_(plan ? std::move(plan) : single_process_plan()),
+      recompute_(recompute),
+      vocab_chunk_(vocab_chunk) {
   config_.validate();
   if (config_.is_moe())
     throw_error("model.n_experts = ", config_.n_experts, ": the engine trains dense models only so far; "
                 "`loom plan` plans Mixture-of-Experts models");
   if (vocab_chunk_ <= 0) throw_error("vocab_chunk: got ", vocab_chunk_, ", expected a positive count");
   const bool gpt2 = config_.arch == Architecture::GPT2;
-  allocate_parameter(token_embedding, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
-                     {config_.vocab_size, config_.n_embd}, true);
+  (void)plan_->local_dims(config_);  // a tp that does not divide the heads fails here, first
+  allocate_vocab_table(token_embedding, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
+                       *plan_, config_.vocab_size, config_.n_embd);
   parameters_.push_back(&token_embedding);
   if (gpt2) {
     allocate_parameter(position_embedding, "transformer.wpe.weight",
@@ -35,7 +51,7 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
   }
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     const std::string prefix = (gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l);
-    blocks.push_back(std::make_unique<TransformerBlock>(config_, prefix, rope_));
+    blocks.push_back(std::make_unique<TransformerBlock>(config_, *plan_, prefix, rope_));
     blocks.back()->collect(parameters_);
     blocks.back()->collect(block_parameters_.emplace_back());
   }
@@ -44,7 +60,7 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
                                       static_cast<float>(config_.norm_eps));
   final_norm->collect(parameters_);
   if (!config_.tied_embeddings) {
-    allocate_parameter(lm_head, "lm_head.weight", {config_.vocab_size, config_.n_embd}, true);
+    allocate_vocab_table(lm_head, "lm_head.weight", *plan_, config_.vocab_size, config_.n_embd);
     parameters_.push_back(&lm_head);
   }
 }
@@ -67,9 +83,15 @@ void Transformer::init_weights(uint64_t seed) {
     }
     const double std = is_residual_output(p.name) ? residual_std : kStd;
     // One stream per parameter (keyed by its index): the same values for any thread count.
+    // A shard draws the whole tensor and keeps its part.
     const CounterRng rng(seed, index);
-    for (int64_t i = 0; i < p.value.numel(); ++i)
-      v[i] = static_cast<float>(std * rng.normal(static_cast<uint64_t>(i)));
+    Tensor full = p.placement.replicated
+                      ? p.value
+                      : Tensor::empty(p.placement.full_shape, DType::F32, MemCategory::Workspace);
+    float* f = full.f32();
+    for (int64_t i = 0; i < full.numel(); ++i)
+      f[i] = static_cast<float>(std * rng.normal(static_cast<uint64_t>(i)));
+    if (!p.placement.replicated) p.value.copy_from(take_shard(full, p.placement));
   }
 }
 
@@ -116,7 +138,7 @@ void Transformer::ensure_activations(int64_t batch, int64_t seq_len) {
   stashes_.clear();
   batch_ = batch;
   seq_len_ = seq_len;
-  const int64_t rows = batch * seq_len, c = config_.n_embd;
+  const int64_t rows = plan_->local_rows(batch * seq_len), c = config_.n_embd;
   auto activation = [](const Shape& shape) {
     return Tensor::empty(shape, DType::F32, MemCategory::Activations);
   };
@@ -126,18 +148,21 @@ void Transformer::ensure_activations(int64_t batch, int64_t seq_len) {
   if (config_.arch == Architecture::GPT2) final_norm_stash_.mean = activation({rows});
   if (recompute_ == Recompute::Full) {
     // One stash shared by all blocks: only block inputs (residuals_) survive the forward.
-    stashes_.assign(1, make_block_stash(config_, batch, seq_len, nullptr));
+    stashes_.assign(1, make_block_stash(config_, *plan_, batch, seq_len, nullptr));
   } else {
-    const BlockStash first = make_block_stash(config_, batch, seq_len, nullptr);
+    const BlockStash first = make_block_stash(config_, *plan_, batch, seq_len, nullptr);
     stashes_.push_back(first);
     for (int64_t l = 1; l < config_.n_layer; ++l)
-      stashes_.push_back(make_block_stash(config_, batch, seq_len,
+      stashes_.push_back(make_block_stash(config_, *plan_, batch, seq_len,
                                           recompute_ == Recompute::Selective ? &first : nullptr));
   }
-  scratch_ = make_block_grad_scratch(config_, rows);
+  scratch_ = make_block_grad_scratch(config_, *plan_, batch * seq_len);
   d_hidden_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
-  logits_chunk_ = Tensor::empty({rows, std::min(vocab_chunk_, config_.vocab_size)}, DType::F32,
-                                MemCategory::Workspace);
+  // The single-process loss takes its logits scratch from here; the vocab-parallel one has
+  // its own.
+  logits_chunk_ = plan_->tp() > 1 ? Tensor()
+                                  : Tensor::empty({rows, std::min(vocab_chunk_, config_.vocab_size)},
+                                                  DType::F32, MemCategory::Workspace);
   d_residual_a_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
   d_residual_b_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
 }
@@ -157,15 +182,44 @@ void Transformer::check_inputs(const int32_t* tokens, const int32_t* targets, in
   }
 }
 
+EmbeddingArgs Transformer::embedding_args() const {
+  EmbeddingArgs args;
+  args.tokens = tokens_.data();
+  args.token_table = &token_embedding;
+  args.position_table = has_position_embedding() ? &position_embedding : nullptr;
+  args.batch = batch_;
+  args.seq_len = seq_len_;
+  args.dim = config_.n_embd;
+  args.vocab = config_.vocab_size;
+  return args;
+}
+
+template <typename Run>
+void Transformer::with_partial_grads(const ParameterList& params, Run run) {
+  if (params.empty()) {
+    run();
+    return;
+  }
+  std::vector<Tensor> grads;
+  for (Parameter* p : params) {
+    grads.push_back(p->grad);
+    p->grad = Tensor::zeros(p->grad.shape(), DType::F32, MemCategory::Workspace);
+  }
+  run();
+  plan_->sum_partial_grads(params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    cpu::add_into(grads[i].f32(), params[i]->grad.f32(), grads[i].numel());
+    params[i]->grad = grads[i];
+  }
+}
+
 void Transformer::forward_hidden(const int32_t* tokens, int64_t batch, int64_t seq_len) {
   ensure_activations(batch, seq_len);
-  const int64_t rows = batch * seq_len, c = config_.n_embd;
-  tokens_.assign(tokens, tokens + rows);
+  const int64_t rows = plan_->local_rows(batch * seq_len), c = config_.n_embd;
+  tokens_.assign(tokens, tokens + batch * seq_len);
   fire(unit_hooks_.before_forward, 0);
   float* residual = residuals_.f32();
-  cpu::embedding_forward(residual, tokens, token_embedding.value.f32(),
-                         has_position_embedding() ? position_embedding.value.f32() : nullptr,
-                         batch, seq_len, c);
+  plan_->embed(residual, embedding_args());
   if (bf16_activations_) cpu::round_to_bf16_inplace(residual, rows * c);
   const bool shared = recompute_ == Recompute::Full;
   for (int64_t l = 0; l < config_.n_layer; ++l) {
@@ -188,7 +242,7 @@ double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64
   // begins here.
   if (options.compute_grad) fire(unit_hooks_.before_backward, 0);
   const Parameter& head = output_weight();
-  cpu::CrossEntropyArgs args{};
+  cpu::CrossEntropyArgs args{};  // rows and vocab are whole counts; hidden and head this rank's
   args.hidden = final_norm_out_.f32();
   args.weight = head.value.f32();
   args.targets = targets;
@@ -199,9 +253,9 @@ double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64
   args.grad_scale = options.grad_scale;
   args.d_hidden = options.compute_grad ? d_hidden_.f32() : nullptr;
   args.d_weight = options.compute_grad ? head.grad.f32() : nullptr;
-  args.workspace = logits_chunk_.f32();
+  args.workspace = logits_chunk_.defined() ? logits_chunk_.f32() : nullptr;
   grad_ready_ = options.compute_grad;
-  const double loss = cpu::lm_head_cross_entropy(args);
+  const double loss = plan_->head_loss(args);
   if (!options.compute_grad) fire(unit_hooks_.after_forward, 0);
   return loss;
 }
@@ -209,13 +263,18 @@ double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64
 void Transformer::backward() {
   if (!grad_ready_) throw_error("backward() needs a forward() with compute_grad first");
   grad_ready_ = false;
-  const int64_t rows = batch_ * seq_len_, c = config_.n_embd;
+  const int64_t rows = plan_->local_rows(batch_ * seq_len_), c = config_.n_embd;
+  const bool sequence_parallel = plan_->sequence_parallel() && plan_->tp() > 1;
   float* residual = residuals_.f32();
   float* d_out = d_residual_a_.f32();
   float* d_in = d_residual_b_.f32();
   std::memset(d_out, 0, static_cast<size_t>(rows * c) * sizeof(float));
-  final_norm->backward(d_out, d_hidden_.f32(), residual + config_.n_layer * rows * c,
-                       final_norm_stash_, rows);
+  ParameterList final_norm_params;
+  if (sequence_parallel) final_norm->collect(final_norm_params);
+  with_partial_grads(final_norm_params, [&] {
+    final_norm->backward(d_out, d_hidden_.f32(), residual + config_.n_layer * rows * c,
+                         final_norm_stash_, rows);
+  });
   {
     ParameterList head;
     if (!config_.tied_embeddings) head.push_back(&lm_head);
@@ -226,15 +285,19 @@ void Transformer::backward() {
   for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
     BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
     fire(unit_hooks_.before_backward, l + 1);
-    blocks[static_cast<size_t>(l)]->backward(d_in, d_out, residual + l * rows * c, stash, scratch_,
-                                             recompute_, batch_, seq_len_);
+    TransformerBlock& block = *blocks[static_cast<size_t>(l)];
+    with_partial_grads(block.partial_grads(), [&] {
+      block.backward(d_in, d_out, residual + l * rows * c, stash, scratch_, recompute_, batch_,
+                     seq_len_);
+    });
     grads_ready(block_parameters_[static_cast<size_t>(l)]);
     fire(unit_hooks_.after_backward, l + 1);
     std::swap(d_in, d_out);
   }
-  cpu::embedding_backward(token_embedding.grad.f32(),
-                          has_position_embedding() ? position_embedding.grad.f32() : nullptr,
-                          d_out, tokens_.data(), batch_, seq_len_, c);
+  // Under sequence parallelism the position table meets this rank's rows only.
+  ParameterList position_params;
+  if (sequence_parallel && has_position_embedding()) position_params.push_back(&position_embedding);
+  with_partial_grads(position_params, [&] { plan_->embed_backward(d_out, embedding_args()); });
   ParameterList embeddings{&token_embedding};
   if (has_position_embedding()) embeddings.push_back(&position_embedding);
   grads_ready(embeddings);
@@ -244,13 +307,10 @@ void Transformer::backward() {
 std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len) {
   check_inputs(tokens, nullptr, batch, seq_len);
   forward_hidden(tokens, batch, seq_len);
-  const int64_t c = config_.n_embd, v = config_.vocab_size;
+  const int64_t v = config_.vocab_size;
   std::vector<float> logits(static_cast<size_t>(batch * v));
-  for (int64_t b = 0; b < batch; ++b) {
-    const float* h = final_norm_out_.f32() + (b * seq_len + seq_len - 1) * c;
-    cpu::sgemm(false, true, 1, v, c, 1.0f, h, c, output_weight().value.f32(), c, 0.0f,
-               logits.data() + b * v, v);
-  }
+  plan_->last_position_logits(logits.data(), final_norm_out_.f32(), output_weight().value.f32(),
+                              batch, seq_len, config_.n_embd, v);
   fire(unit_hooks_.after_forward, 0);
   return logits;
 }

@@ -8,6 +8,7 @@
 
 #include "loom/model/block.hpp"
 #include "loom/model/config.hpp"
+#include "loom/model/parallel_plan.hpp"
 
 namespace loom {
 
@@ -18,11 +19,16 @@ struct ForwardOptions {
 
 class Transformer {
  public:
+  // `plan` lays the layers out over tensor parallelism (null: one process). Every tp rank of
+  // a model is given the same tokens and targets.
   Transformer(const ModelConfig& config, Recompute recompute = Recompute::None,
-              int64_t vocab_chunk = kDefaultVocabChunk);
+              int64_t vocab_chunk = kDefaultVocabChunk,
+              std::shared_ptr<const ParallelPlan> plan = nullptr);
 
   // GPT-2 / nanoGPT initialisation: N(0, 0.02) weights, residual output projections scaled by
   // 1/sqrt(2 n_layer) (Radford et al. 2019, section 2.3), zero biases, unit norm weights.
+  // A sharded parameter draws its whole tensor and keeps its shard, so every layout starts
+  // from the weights one process would.
   void init_weights(uint64_t seed);
 
   // Returns the sum of per-token losses over the batch (tokens and targets are [batch, seq]).
@@ -62,24 +68,32 @@ class Transformer {
   ParameterList unit_parameters(int64_t unit);
   const ParameterList& parameters() const { return parameters_; }
   const ModelConfig& config() const { return config_; }
+  const ParallelPlan& plan() const { return *plan_; }
   void set_bf16_activations(bool on);
   Recompute recompute() const { return recompute_; }
   // Output projection: the token embedding when tied, else lm_head.
   const Parameter& output_weight() const { return config_.tied_embeddings ? token_embedding : lm_head; }
 
-  Parameter token_embedding;
+  Parameter token_embedding;     // this rank's vocabulary rows under tensor parallelism
   Parameter position_embedding;  // GPT-2 only
   bool has_position_embedding() const { return config_.arch == Architecture::GPT2; }
   std::vector<std::unique_ptr<TransformerBlock>> blocks;
   std::unique_ptr<Norm> final_norm;
-  Parameter lm_head;  // untied models only
+  Parameter lm_head;  // untied models only; the same vocabulary rows as token_embedding
 
  private:
   void ensure_activations(int64_t batch, int64_t seq_len);
   void check_inputs(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len) const;
   void forward_hidden(const int32_t* tokens, int64_t batch, int64_t seq_len);
+  EmbeddingArgs embedding_args() const;
+  // Runs `run` with the gradients of `params` pointed at zeroed scratch, then sums that over
+  // tp and adds it to the real gradients: under sequence parallelism these gradients are
+  // partial, and the sum must cover this backward's part only, not earlier micro-batches'.
+  template <typename Run>
+  void with_partial_grads(const ParameterList& params, Run run);
 
   ModelConfig config_;
+  std::shared_ptr<const ParallelPlan> plan_;
   Recompute recompute_;
   int64_t vocab_chunk_;
   std::shared_ptr<const cpu::RopeTable> rope_;
@@ -95,6 +109,7 @@ class Transformer {
   // Activations for the current (batch, seq_len).
   int64_t batch_ = 0, seq_len_ = 0;
   std::vector<int32_t> tokens_;
+  // Rows are this rank's (ParallelPlan::local_rows).
   Tensor residuals_;        // [n_layer + 1, rows, C]: input of each block, then the last output
   Tensor final_norm_out_;   // [rows, C]
   NormStash final_norm_stash_;

@@ -1,0 +1,137 @@
+#include "loom/model/parallel_plan.hpp"
+
+#include <numeric>
+
+#include "loom/core/error.hpp"
+#include "loom/kernels/cpu/embedding.hpp"
+#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/model/linear.hpp"
+#include "loom/model/tensor_shard.hpp"
+
+namespace loom {
+
+namespace {
+
+int64_t total(const std::vector<int64_t>& widths) {
+  return std::accumulate(widths.begin(), widths.end(), int64_t{0});
+}
+
+// One Linear per part, writing side by side.
+class LocalFanOut final : public FanOutProjection {
+ public:
+  explicit LocalFanOut(const FanOutSpec& spec) {
+    for (const ProjectionPart& part : spec.parts) {
+      linears_.emplace_back(part.name, spec.in_features, total(part.segments), spec.bias,
+                            spec.hf_transposed);
+      width_ += linears_.back().out_features();
+    }
+  }
+  void forward(float* out, int64_t out_ld, const float* input, int64_t rows) override {
+    int64_t column = 0;
+    for (const Linear& linear : linears_) {
+      linear.forward(out + column, out_ld, input, rows);
+      column += linear.out_features();
+    }
+  }
+  void backward(float* d_input, const float* d_out, int64_t d_out_ld, const float* input,
+                int64_t rows) override {
+    int64_t column = 0;
+    for (size_t i = 0; i < linears_.size(); ++i) {
+      linears_[i].backward(d_input, i > 0, d_out + column, d_out_ld, input, rows);
+      column += linears_[i].out_features();
+    }
+  }
+  int64_t width() const override { return width_; }
+  void collect(ParameterList& out) override {
+    for (Linear& linear : linears_) linear.collect(out);
+  }
+
+ private:
+  std::vector<Linear> linears_;
+  int64_t width_ = 0;
+};
+
+class LocalFanIn final : public FanInProjection {
+ public:
+  explicit LocalFanIn(const FanInSpec& spec)
+      : linear_(spec.name, spec.in_features, spec.out_features, spec.bias, spec.hf_transposed) {}
+  void forward(float* out, const float* input, int64_t rows) override {
+    linear_.forward(out, linear_.out_features(), input, rows);
+  }
+  void backward(float* d_input, const float* d_out, const float* input, int64_t rows) override {
+    linear_.backward(d_input, false, d_out, linear_.out_features(), input, rows);
+  }
+  void collect(ParameterList& out) override { linear_.collect(out); }
+
+ private:
+  Linear linear_;
+};
+
+int64_t split(const char* what, int64_t full, int tp) {
+  if (full % tp != 0)
+    throw_error("tensor parallelism: ", what, " = ", full, " does not divide by tp = ", tp,
+                "; use a tp that divides it");
+  return full / tp;
+}
+
+}  // namespace
+
+int64_t ParallelPlan::local_rows(int64_t rows) const {
+  if (!sequence_parallel()) return rows;
+  if (rows % tp() != 0)
+    throw_error("sequence parallelism: batch x sequence = ", rows, " rows do not divide by tp = ",
+                tp(), "; choose a batch size or sequence length whose product divides");
+  return rows / tp();
+}
+
+LocalDims ParallelPlan::local_dims(const ModelConfig& c) const {
+  LocalDims dims;
+  dims.heads = split("model.n_head", c.n_head, tp());
+  dims.kv_heads = split("model.n_kv_head", c.n_kv_head, tp());
+  dims.head_dim = c.head_dim();
+  dims.ffn_hidden = split("model.ffn_hidden", c.ffn_hidden, tp());
+  return dims;
+}
+
+std::unique_ptr<FanOutProjection> ParallelPlan::fan_out(const FanOutSpec& spec) const {
+  return std::make_unique<LocalFanOut>(spec);
+}
+
+std::unique_ptr<FanInProjection> ParallelPlan::fan_in(const FanInSpec& spec) const {
+  return std::make_unique<LocalFanIn>(spec);
+}
+
+Placement ParallelPlan::vocab_placement(int64_t vocab, int64_t dim) const {
+  return shard_placement({vocab, dim}, 0, tp_rank(), tp());
+}
+
+void ParallelPlan::embed(float* out, const EmbeddingArgs& a) const {
+  cpu::embedding_forward(out, a.tokens, a.token_table->value.f32(),
+                         a.position_table ? a.position_table->value.f32() : nullptr, a.batch,
+                         a.seq_len, a.dim);
+}
+
+void ParallelPlan::embed_backward(const float* d_out, const EmbeddingArgs& a) const {
+  cpu::embedding_backward(a.token_table->grad.f32(),
+                          a.position_table ? a.position_table->grad.f32() : nullptr, d_out,
+                          a.tokens, a.batch, a.seq_len, a.dim);
+}
+
+double ParallelPlan::head_loss(const cpu::CrossEntropyArgs& args) const {
+  return cpu::lm_head_cross_entropy(args);
+}
+
+void ParallelPlan::last_position_logits(float* logits, const float* hidden, const float* head,
+                                        int64_t batch, int64_t seq_len, int64_t dim,
+                                        int64_t vocab) const {
+  for (int64_t b = 0; b < batch; ++b)
+    cpu::sgemm(false, true, 1, vocab, dim, 1.0f, hidden + (b * seq_len + seq_len - 1) * dim, dim,
+               head, dim, 0.0f, logits + b * vocab, vocab);
+}
+
+std::shared_ptr<const ParallelPlan> single_process_plan() {
+  static const auto plan = std::make_shared<const ParallelPlan>();
+  return plan;
+}
+
+}  // namespace loom

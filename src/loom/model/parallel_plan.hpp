@@ -1,0 +1,117 @@
+#pragma once
+// How the model's layers are laid out over tensor parallelism. The model code is written once,
+// against this interface: it asks its plan for the two halves of attention and of the MLP,
+// and hands the plan its vocabulary work (token lookup, the fused output head and loss). This
+// base class is one process: plain Linear layers and the CPU kernels, no communication.
+// parallel/tensor_parallel_plan swaps in Megatron's column- and row-parallel layers, the
+// vocabulary-parallel embedding and loss, and sequence parallelism. Because the layers come
+// from the plan, the stash shapes (heads and MLP columns per rank, rows of the residual
+// stream per rank) come from it too.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/kernels/cpu/cross_entropy.hpp"
+#include "loom/model/config.hpp"
+#include "loom/model/parameter.hpp"
+
+namespace loom {
+
+// One projection of a fan-out layer: its HF name (without ".weight") and its output width, as
+// the widths of the tensors it fuses (GPT-2's c_attn = {C, C, C} for q|k|v), each of which
+// tensor parallelism splits on its own.
+struct ProjectionPart {
+  std::string name;
+  std::vector<int64_t> segments;
+};
+
+struct FanOutSpec {
+  std::vector<ProjectionPart> parts;  // projections of one input, outputs side by side
+  int64_t in_features = 0;
+  bool bias = false, hf_transposed = false;
+};
+
+struct FanInSpec {
+  std::string name;
+  int64_t in_features = 0, out_features = 0;
+  bool bias = false, hf_transposed = false;
+};
+
+// The first half of attention or of the MLP: the block's normalised input to several
+// projections whose outputs sit side by side in one activation (q|k|v, gate|up).
+class FanOutProjection {
+ public:
+  virtual ~FanOutProjection() = default;
+  // input: [plan.local_rows(rows), in]. out: [rows, width()] at leading dimension out_ld.
+  virtual void forward(float* out, int64_t out_ld, const float* input, int64_t rows) = 0;
+  // d_input, shaped like input, written; parameter gradients accumulated.
+  virtual void backward(float* d_input, const float* d_out, int64_t d_out_ld, const float* input,
+                        int64_t rows) = 0;
+  virtual int64_t width() const = 0;  // this rank's output columns
+  virtual void collect(ParameterList& out) = 0;
+};
+
+// The second half: [rows, this rank's input columns] to the block's [local_rows, out].
+class FanInProjection {
+ public:
+  virtual ~FanInProjection() = default;
+  virtual void forward(float* out, const float* input, int64_t rows) = 0;
+  // d_input [rows, this rank's input columns] written; parameter gradients accumulated.
+  virtual void backward(float* d_input, const float* d_out, const float* input, int64_t rows) = 0;
+  virtual void collect(ParameterList& out) = 0;
+  // Parameters whose gradient comes from this rank's rows only (see sum_partial_grads).
+  virtual ParameterList partial_grads() { return {}; }
+};
+
+// Heads and MLP columns on one rank.
+struct LocalDims {
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, ffn_hidden = 0;
+  int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+};
+
+struct EmbeddingArgs {
+  const int32_t* tokens = nullptr;          // [batch * seq_len], the same on every tp rank
+  const Parameter* token_table = nullptr;   // this rank's rows of [vocab, dim]
+  const Parameter* position_table = nullptr;  // [max_seq_len, dim] (GPT-2) or null
+  int64_t batch = 0, seq_len = 0, dim = 0, vocab = 0;
+};
+
+class ParallelPlan {
+ public:
+  virtual ~ParallelPlan() = default;
+  virtual int tp() const { return 1; }
+  virtual int tp_rank() const { return 0; }
+  virtual bool sequence_parallel() const { return false; }
+  // Rows of the residual stream this rank holds: all of them, or rows / tp under sequence
+  // parallelism (rows must divide).
+  int64_t local_rows(int64_t rows) const;
+  // The model's heads and MLP width split over tp, or a loom::Error saying what divides.
+  LocalDims local_dims(const ModelConfig& config) const;
+
+  virtual std::unique_ptr<FanOutProjection> fan_out(const FanOutSpec& spec) const;
+  virtual std::unique_ptr<FanInProjection> fan_in(const FanInSpec& spec) const;
+  // Where a [vocab, dim] table (token embedding, output head) lives: this rank's rows.
+  virtual Placement vocab_placement(int64_t vocab, int64_t dim) const;
+
+  // out: [local_rows, dim] token (+ position) embeddings of this rank's rows.
+  virtual void embed(float* out, const EmbeddingArgs& args) const;
+  // d_out shaped like embed's out; accumulates the tables' gradients.
+  virtual void embed_backward(const float* d_out, const EmbeddingArgs& args) const;
+  // The fused head + cross-entropy (cpu::lm_head_cross_entropy's contract) with args.hidden
+  // and args.d_hidden this rank's [local_rows, dim], args.weight and args.d_weight this rank's
+  // head rows, args.rows and args.vocab the full counts. Returns the summed loss, every rank.
+  virtual double head_loss(const cpu::CrossEntropyArgs& args) const;
+  // logits: [batch, vocab] of the last position of each sequence; hidden as head_loss's.
+  virtual void last_position_logits(float* logits, const float* hidden, const float* head,
+                                    int64_t batch, int64_t seq_len, int64_t dim,
+                                    int64_t vocab) const;
+  // Sums `params`' gradients over tp. Under sequence parallelism a parameter applied to this
+  // rank's rows only (norms, row-parallel biases, the position table) gets a partial gradient;
+  // the model calls this once per backward on gradients holding that backward's part alone.
+  virtual void sum_partial_grads(const ParameterList& params) const { (void)params; }
+};
+
+// The one-process plan, shared by every model that is not given another.
+std::shared_ptr<const ParallelPlan> single_process_plan();
+
+}  // namespace loom

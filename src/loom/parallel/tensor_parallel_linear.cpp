@@ -5,6 +5,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
+#include "loom/model/tensor_shard.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 
 namespace loom {
@@ -87,9 +88,10 @@ ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features
       out_segments_(std::move(out_segments)),
       group_(std::move(group)),
       sequence_parallel_(sequence_parallel) {
-  const bool sharded = group_->size() > 1;
-  local.weight.placement.replicated = !sharded;
-  if (local.has_bias()) local.bias.placement.replicated = !sharded;
+  const int rank = group_->rank(), tp = group_->size();
+  const int64_t out = std::accumulate(out_segments_.begin(), out_segments_.end(), int64_t{0});
+  local.weight.placement = shard_placement({out, in_features}, 0, rank, tp, out_segments_);
+  if (local.has_bias()) local.bias.placement = shard_placement({out}, 0, rank, tp, out_segments_);
 }
 
 void ColumnParallelLinear::forward_local(float* out, int64_t out_ld, const float* full_input,
@@ -172,7 +174,8 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int6
       name_(std::move(name)),
       group_(std::move(group)),
       sequence_parallel_(sequence_parallel) {
-  local.weight.placement.replicated = group_->size() == 1;
+  local.weight.placement = shard_placement({out_features, in_features}, 1, group_->rank(),
+                                           group_->size());
 }
 
 void RowParallelLinear::forward(float* out, const float* input, int64_t rows) {

@@ -11,6 +11,7 @@
 #include "loom/kernels/cpu/fast_math.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/model/linear.hpp"
+#include "loom/model/tensor_shard.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 
 namespace loom {
@@ -26,59 +27,71 @@ VocabParallelEmbedding::VocabParallelEmbedding(std::string name, int64_t vocab, 
       dim_(dim),
       group_(std::move(group)),
       sequence_parallel_(sequence_parallel) {
-  const int64_t shard = tp_shard_size(layer_, "vocab", vocab, group_->size());
-  vocab_begin_ = group_->rank() * shard;
-  allocate_parameter(weight, std::move(name), {shard, dim}, true);
-  weight.placement.replicated = group_->size() == 1;
+  if (vocab < group_->size())
+    throw_error(layer_, ": vocab = ", vocab, " is smaller than tp = ", group_->size());
+  const Placement placement = shard_placement({vocab, dim}, 0, group_->rank(), group_->size());
+  vocab_begin_ = shard_range(vocab, group_->rank(), group_->size()).begin;
+  allocate_parameter(weight, std::move(name), shard_shape(placement), true);
+  weight.placement = placement;
+}
+
+VocabLookup VocabParallelEmbedding::lookup(const int32_t* tokens, int64_t rows) const {
+  return {tokens, rows, dim_, vocab_begin_, vocab_end(), sequence_parallel_};
 }
 
 void VocabParallelEmbedding::forward(float* out, const int32_t* tokens, int64_t rows) {
-  const int tp = group_->size();
-  const bool split_rows = sequence_parallel_ && tp > 1;
-  const int64_t local_rows = sequence_parallel_ ? sequence_shard_rows(layer_, rows, tp) : rows;
   for (int64_t r = 0; r < rows; ++r)
     if (tokens[r] < 0 || tokens[r] >= vocab_)
       throw_error(layer_, ": token ", tokens[r], " at row ", r, " is outside [0, ", vocab_, ")");
-  float* lookups = split_rows ? reserve_f32(full_rows_, rows * dim_, MemCategory::Workspace) : out;
-  const int64_t begin = vocab_begin_, end = vocab_end();
-  const float* table = weight.value.f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float* dst = lookups + r * dim_;
-    const int64_t t = tokens[r];
-    if (t >= begin && t < end)
-      std::copy_n(table + (t - begin) * dim_, dim_, dst);
-    else
-      std::fill_n(dst, dim_, 0.0f);
-  }
-  // Exactly one rank contributed each row, so the sum is that rank's lookup.
-  if (split_rows)
-    reduce_scatter_sequence_rows(*group_, lookups, out, local_rows, dim_)->wait();
-  else
-    group_->all_reduce(out, rows * dim_, ReduceOp::Sum)->wait();
+  if (sequence_parallel_) (void)sequence_shard_rows(layer_, rows, group_->size());
+  vocab_parallel_lookup(out, weight.value.f32(), lookup(tokens, rows), *group_, full_rows_);
 }
 
 void VocabParallelEmbedding::backward(const float* d_out, const int32_t* tokens, int64_t rows) {
-  const int tp = group_->size();
+  vocab_parallel_lookup_backward(weight.grad.f32(), d_out, lookup(tokens, rows), *group_,
+                                 full_rows_);
+}
+
+void vocab_parallel_lookup(float* out, const float* table, const VocabLookup& l, ProcessGroup& tp,
+                           Tensor& scratch) {
+  const bool split_rows = l.sequence_parallel && tp.size() > 1;
+  const int64_t dim = l.dim, begin = l.vocab_begin, end = l.vocab_end;
+  float* lookups = split_rows ? reserve_f32(scratch, l.rows * dim, MemCategory::Workspace) : out;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < l.rows; ++r) {
+    float* dst = lookups + r * dim;
+    const int64_t t = l.tokens[r];
+    if (t >= begin && t < end)
+      std::copy_n(table + (t - begin) * dim, dim, dst);
+    else
+      std::fill_n(dst, dim, 0.0f);
+  }
+  // Exactly one rank contributed each row, so the sum is that rank's lookup.
+  if (split_rows)
+    reduce_scatter_sequence_rows(tp, lookups, out, l.rows / tp.size(), dim)->wait();
+  else
+    tp.all_reduce(out, l.rows * dim, ReduceOp::Sum)->wait();
+}
+
+void vocab_parallel_lookup_backward(float* table_grad, const float* d_out, const VocabLookup& l,
+                                    ProcessGroup& tp, Tensor& scratch) {
+  const int64_t dim = l.dim, begin = l.vocab_begin, end = l.vocab_end;
   const float* full = d_out;
-  if (sequence_parallel_ && tp > 1) {
-    const int64_t local_rows = sequence_shard_rows(layer_, rows, tp);
-    float* gathered = reserve_f32(full_rows_, rows * dim_, MemCategory::Workspace);
-    gather_sequence_rows(*group_, d_out, gathered, local_rows, dim_)->wait();
+  if (l.sequence_parallel && tp.size() > 1) {
+    float* gathered = reserve_f32(scratch, l.rows * dim, MemCategory::Workspace);
+    gather_sequence_rows(tp, d_out, gathered, l.rows / tp.size(), dim)->wait();
     full = gathered;
   }
-  const int64_t begin = vocab_begin_, end = vocab_end();
-  float* grad = weight.grad.f32();
   // As cpu::embedding_backward: threads split the channels, so repeated tokens never race.
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
-    const int64_t c0 = dim_ * thread / threads, c1 = dim_ * (thread + 1) / threads;
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = tokens[r];
+    const int64_t c0 = dim * thread / threads, c1 = dim * (thread + 1) / threads;
+    for (int64_t r = 0; r < l.rows; ++r) {
+      const int64_t t = l.tokens[r];
       if (t < begin || t >= end) continue;
-      const float* src = full + r * dim_;
-      float* dst = grad + (t - begin) * dim_;
+      const float* src = full + r * dim;
+      float* dst = table_grad + (t - begin) * dim;
       for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
     }
   }
@@ -88,8 +101,7 @@ void VocabParallelEmbedding::load_full(const Tensor& full_table) {
   if (full_table.shape() != Shape{vocab_, dim_})
     throw_error(layer_, ": full table is ", shape_to_string(full_table.shape()), ", expected ",
                 shape_to_string({vocab_, dim_}));
-  weight.value.copy_from(
-      row_shard(full_table, group_->rank(), group_->size(), {}, MemCategory::Workspace));
+  weight.value.copy_from(take_shard(full_table, weight.placement));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -102,8 +114,9 @@ void VocabParallelEmbedding::load_full(const Tensor& full_table) {
 double vocab_parallel_cross_entropy(const VocabParallelCrossEntropyArgs& a, ProcessGroup& tp) {
   const char* layer = "vocab_parallel_cross_entropy";
   const int ranks = tp.size();
-  const int64_t shard = tp_shard_size(layer, "vocab", a.vocab, ranks);
-  const int64_t v_begin = tp.rank() * shard, rows = a.rows, dim = a.dim;
+  if (a.vocab < ranks) throw_error(layer, ": vocab = ", a.vocab, " is smaller than tp = ", ranks);
+  const ShardRange owned = shard_range(a.vocab, tp.rank(), ranks);  // may be uneven
+  const int64_t shard = owned.length, v_begin = owned.begin, rows = a.rows, dim = a.dim;
   const bool split_rows = a.sequence_parallel && ranks > 1;
   const int64_t local_rows = a.sequence_parallel ? sequence_shard_rows(layer, rows, ranks) : rows;
 
@@ -114,7 +127,7 @@ double vocab_parallel_cross_entropy(const VocabParallelCrossEntropyArgs& a, Proc
     gather_sequence_rows(tp, a.hidden, gathered.f32(), local_rows, dim)->wait();
     hidden = gathered.f32();
   }
-  const int64_t chunk = std::min(std::max<int64_t>(a.vocab_chunk, 1), shard);
+  const int64_t chunk = std::max<int64_t>(std::min(a.vocab_chunk, shard), 1);
   const int64_t chunks = (shard + chunk - 1) / chunk;
   Tensor logits = Tensor::empty({rows, chunk}, DType::F32, MemCategory::Workspace);
   float* z = logits.f32();

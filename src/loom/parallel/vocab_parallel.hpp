@@ -4,8 +4,10 @@
 // Megatron-LM's VocabParallelEmbedding and vocab_parallel_cross_entropy (Shoeybi et al. 2019,
 // section 3: "parallelize the output embedding GEMM ... fuse [it] with the cross entropy loss",
 // which reduces the communication from b*s*V logits to b*s scalars).
-// V must divide by tp; a vocabulary that does not (GPT-2's 50257) is padded first, as Megatron
-// pads to a multiple of 128*tp.
+// A vocabulary that does not divide by tp (GPT-2's 50257) is split unevenly, in blocks of
+// ceil(V/tp) rows (model/tensor_shard.hpp), rather than padded as Megatron pads to a multiple
+// of 128*tp: padded rows would join the softmax and change the model, and a checkpoint would
+// depend on tp.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +17,21 @@
 #include "loom/model/parameter.hpp"
 
 namespace loom {
+
+// The vocabulary-parallel lookup without a layer object (the model's plan keeps its tables as
+// the model's parameters): `table` holds rows [vocab_begin, vocab_end) of the full table; out
+// is [rows, dim], or under sequence parallelism this rank's [rows/tp, dim]. `scratch` is
+// reused between calls. Token ids are not checked here.
+struct VocabLookup {
+  const int32_t* tokens = nullptr;
+  int64_t rows = 0, dim = 0, vocab_begin = 0, vocab_end = 0;
+  bool sequence_parallel = false;
+};
+void vocab_parallel_lookup(float* out, const float* table, const VocabLookup& lookup,
+                           ProcessGroup& tp, Tensor& scratch);
+// Adds d_out (shaped like the lookup's out) into the gradient rows of the tokens in range.
+void vocab_parallel_lookup_backward(float* table_grad, const float* d_out,
+                                    const VocabLookup& lookup, ProcessGroup& tp, Tensor& scratch);
 
 class VocabParallelEmbedding {
  public:
@@ -42,6 +59,7 @@ class VocabParallelEmbedding {
   Parameter weight;  // [vocab/tp, dim], the full table's HF name
 
  private:
+  VocabLookup lookup(const int32_t* tokens, int64_t rows) const;
   std::string layer_;  // "VocabParallelEmbedding '<name>'" for messages
   int64_t vocab_, dim_, vocab_begin_;
   std::shared_ptr<ProcessGroup> group_;

@@ -107,7 +107,8 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
 }
 
 MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
-                                      int64_t batch, int64_t seq_len, Recompute recompute) {
+                                      int64_t batch, int64_t seq_len, Recompute recompute,
+                                      int64_t tp, bool sequence_parallel) {
   const std::vector<ParameterSpec> specs = parameter_specs(m);
   const StateBytes state{4, 4, bf16 ? 4.0 : 0.0, 8};  // f32 storage even for bf16 values on the CPU
   MemoryBreakdown mem;
@@ -140,18 +141,22 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
   }
   // Transformer::ensure_activations: the residual stream (L + 1 rows of C), the final norm's
   // output and statistics, and the block stashes per recomputation mode (stash.cpp).
+  // Per token: `rowwise` elements sit in the residual-stream region (split by tp only under
+  // sequence parallelism), the rest in the tensor-parallel region (always split by tp).
   const double tokens = static_cast<double>(batch * seq_len), h = static_cast<double>(m.n_embd);
+  const double t = static_cast<double>(tp), row_split = sequence_parallel ? t : 1.0;
   const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;
   const LayerElements e = layer_elements(m);
-  const double stash_without_input = e.replicated_by_tp - h + e.split_by_tp;  // the input lives in the residual stream
+  const double stash_rowwise = e.replicated_by_tp - h;  // the input lives in the residual stream
+  const double stash_split = e.split_by_tp / t, recomputable = e.recomputable / t;
   const double layers = static_cast<double>(m.n_layer);
-  double per_token = (layers + 1) * h + h + norm_stats;
+  double rowwise = (layers + 1) * h + h + norm_stats, split = 0;
   switch (recompute) {
-    case Recompute::None: per_token += layers * (stash_without_input + e.recomputable); break;
-    case Recompute::Selective: per_token += layers * stash_without_input + e.recomputable; break;
-    case Recompute::Full: per_token += stash_without_input + e.recomputable; break;
+    case Recompute::None: rowwise += layers * stash_rowwise; split += layers * (stash_split + recomputable); break;
+    case Recompute::Selective: rowwise += layers * stash_rowwise; split += layers * stash_split + recomputable; break;
+    case Recompute::Full: rowwise += stash_rowwise; split += stash_split + recomputable; break;
   }
-  mem.activations = 4 * tokens * per_token;
+  mem.activations = 4 * tokens * (rowwise / row_split + split);
   return mem;
 }
 

@@ -1,0 +1,219 @@
+#include "loom/parallel/tensor_parallel_plan.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "loom/core/error.hpp"
+#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/model/tensor_shard.hpp"
+#include "loom/parallel/tensor_parallel.hpp"
+#include "loom/parallel/tensor_parallel_linear.hpp"
+#include "loom/parallel/vocab_parallel.hpp"
+
+namespace loom {
+
+namespace {
+
+// Several column-parallel projections of one input (Llama's q, k, v under their own names, or
+// one fused c_attn): the input is gathered once under sequence parallelism, and the summed
+// d_input is reduced once.
+class ColumnParallelFanOut final : public FanOutProjection {
+ public:
+  ColumnParallelFanOut(const FanOutSpec& spec, const std::shared_ptr<ProcessGroup>& group,
+                       bool sequence_parallel)
+      : group_(group), sequence_parallel_(sequence_parallel && group->size() > 1) {
+    for (const ProjectionPart& part : spec.parts) {
+      layers_.push_back(std::make_unique<ColumnParallelLinear>(
+          part.name, spec.in_features, part.segments, spec.bias, group, sequence_parallel,
+          spec.hf_transposed));
+      width_ += layers_.back()->local_out_features();
+    }
+    in_features_ = spec.in_features;
+  }
+
+  void forward(float* out, int64_t out_ld, const float* input, int64_t rows) override {
+    const float* full = whole_input(input, rows);
+    int64_t column = 0;
+    for (const auto& layer : layers_) {
+      layer->forward_local(out + column, out_ld, full, rows);
+      column += layer->local_out_features();
+    }
+  }
+
+  void backward(float* d_input, const float* d_out, int64_t d_out_ld, const float* input,
+                int64_t rows) override {
+    // Under sequence parallelism the input is gathered again rather than kept from forward:
+    // that is where the activation saving comes from (ColumnParallelLinear::backward).
+    const float* full = whole_input(input, rows);
+    float* partial = sequence_parallel_
+                         ? reserve_f32(partial_, rows * in_features_, MemCategory::Workspace)
+                         : d_input;
+    int64_t column = 0;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      layers_[i]->backward_local(partial, i > 0, d_out + column, d_out_ld, full, rows);
+      column += layers_[i]->local_out_features();
+    }
+    if (sequence_parallel_)
+      reduce_scatter_sequence_rows(*group_, partial, d_input, rows / group_->size(), in_features_)
+          ->wait();
+    else
+      group_->all_reduce(d_input, rows * in_features_, ReduceOp::Sum)->wait();
+  }
+
+  int64_t width() const override { return width_; }
+  void collect(ParameterList& out) override {
+    for (const auto& layer : layers_) layer->collect(out);
+  }
+
+ private:
+  const float* whole_input(const float* input, int64_t rows) {
+    if (!sequence_parallel_) return input;
+    float* gathered = reserve_f32(gathered_, rows * in_features_, MemCategory::Workspace);
+    gather_sequence_rows(*group_, input, gathered, rows / group_->size(), in_features_)->wait();
+    return gathered;
+  }
+
+  std::shared_ptr<ProcessGroup> group_;
+  bool sequence_parallel_;
+  std::vector<std::unique_ptr<ColumnParallelLinear>> layers_;
+  int64_t width_ = 0, in_features_ = 0;
+  Tensor gathered_, partial_;
+};
+
+class RowParallelFanIn final : public FanInProjection {
+ public:
+  RowParallelFanIn(const FanInSpec& spec, const std::shared_ptr<ProcessGroup>& group,
+                   bool sequence_parallel)
+      : layer_(spec.name, spec.in_features, spec.out_features, spec.bias, group,
+               sequence_parallel, spec.hf_transposed) {}
+  void forward(float* out, const float* input, int64_t rows) override {
+    layer_.forward(out, input, rows);
+  }
+  void backward(float* d_input, const float* d_out, const float* input, int64_t rows) override {
+    layer_.backward(d_input, false, d_out, input, rows);
+  }
+  void collect(ParameterList& out) override { layer_.collect(out); }
+  ParameterList partial_grads() override { return layer_.sequence_parallel_partial_grads(); }
+
+ private:
+  RowParallelLinear layer_;
+};
+
+VocabLookup vocab_lookup(const EmbeddingArgs& a, int rank, int ranks, bool sequence_parallel) {
+  const ShardRange owned = shard_range(a.vocab, rank, ranks);
+  return {a.tokens, a.batch * a.seq_len, a.dim, owned.begin, owned.begin + owned.length,
+          sequence_parallel};
+}
+
+}  // namespace
+
+TensorParallelPlan::TensorParallelPlan(std::shared_ptr<ProcessGroup> tp_group,
+                                       bool sequence_parallel)
+    : group_(std::move(tp_group)), sequence_parallel_(sequence_parallel) {
+  if (!group_) throw_error("TensorParallelPlan: no tp process group given");
+}
+
+std::unique_ptr<FanOutProjection> TensorParallelPlan::fan_out(const FanOutSpec& spec) const {
+  return std::make_unique<ColumnParallelFanOut>(spec, group_, sequence_parallel_);
+}
+
+std::unique_ptr<FanInProjection> TensorParallelPlan::fan_in(const FanInSpec& spec) const {
+  return std::make_unique<RowParallelFanIn>(spec, group_, sequence_parallel_);
+}
+
+int64_t TensorParallelPlan::first_local_row(int64_t rows) const {
+  return sequence_parallel_ ? tp_rank() * local_rows(rows) : 0;
+}
+
+void TensorParallelPlan::embed(float* out, const EmbeddingArgs& a) const {
+  const int64_t rows = a.batch * a.seq_len, local = local_rows(rows), dim = a.dim;
+  vocab_parallel_lookup(out, a.token_table->value.f32(),
+                        vocab_lookup(a, tp_rank(), tp(), sequence_parallel_), *group_,
+                        lookup_scratch_);
+  if (!a.position_table) return;
+  // Position rows after the sum: every rank adds them to the rows it holds, once.
+  const float* positions = a.position_table->value.f32();
+  const int64_t first = first_local_row(rows);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < local; ++r) {
+    const float* p = positions + ((first + r) % a.seq_len) * dim;
+    float* o = out + r * dim;
+    for (int64_t c = 0; c < dim; ++c) o[c] += p[c];
+  }
+}
+
+void TensorParallelPlan::embed_backward(const float* d_out, const EmbeddingArgs& a) const {
+  const int64_t rows = a.batch * a.seq_len, local = local_rows(rows), dim = a.dim;
+  if (a.position_table) {  // this rank's rows only under sequence parallelism: a partial sum
+    float* grad = a.position_table->grad.f32();
+    const int64_t first = first_local_row(rows);
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+      const int64_t c0 = dim * thread / threads, c1 = dim * (thread + 1) / threads;
+      for (int64_t r = 0; r < local; ++r) {
+        const float* src = d_out + r * dim;
+        float* dst = grad + ((first + r) % a.seq_len) * dim;
+        for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+      }
+    }
+  }
+  vocab_parallel_lookup_backward(a.token_table->grad.f32(), d_out,
+                                 vocab_lookup(a, tp_rank(), tp(), sequence_parallel_), *group_,
+                                 lookup_scratch_);
+}
+
+double TensorParallelPlan::head_loss(const cpu::CrossEntropyArgs& a) const {
+  VocabParallelCrossEntropyArgs args;
+  args.hidden = a.hidden;
+  args.weight = a.weight;
+  args.targets = a.targets;
+  args.rows = a.rows;
+  args.dim = a.dim;
+  args.vocab = a.vocab;
+  args.vocab_chunk = a.vocab_chunk;
+  args.grad_scale = a.grad_scale;
+  args.d_hidden = a.d_hidden;
+  args.d_weight = a.d_weight;
+  args.row_losses = a.row_losses;
+  args.sequence_parallel = sequence_parallel_;
+  return vocab_parallel_cross_entropy(args, *group_);
+}
+
+void TensorParallelPlan::last_position_logits(float* logits, const float* hidden,
+                                              const float* head, int64_t batch, int64_t seq_len,
+                                              int64_t dim, int64_t vocab) const {
+  const int64_t rows = batch * seq_len;
+  std::vector<float> whole;
+  if (sequence_parallel_ && tp() > 1) {
+    whole.resize(static_cast<size_t>(rows * dim));
+    gather_sequence_rows(*group_, hidden, whole.data(), local_rows(rows), dim)->wait();
+    hidden = whole.data();
+  }
+  // Each rank's logits over its vocabulary block, padded to the largest block so one
+  // all-gather collects them; then unpadded in rank order.
+  const int64_t block = shard_range(vocab, 0, tp()).length;
+  const ShardRange owned = shard_range(vocab, tp_rank(), tp());
+  std::vector<float> mine(static_cast<size_t>(batch * block), 0.0f);
+  std::vector<float> all(mine.size() * static_cast<size_t>(tp()));
+  for (int64_t b = 0; b < batch; ++b)
+    if (owned.length > 0)
+      cpu::sgemm(false, true, 1, owned.length, dim, 1.0f,
+                 hidden + (b * seq_len + seq_len - 1) * dim, dim, head, dim, 0.0f,
+                 mine.data() + b * block, block);
+  group_->all_gather(mine.data(), all.data(), batch * block)->wait();
+  for (int r = 0; r < tp(); ++r) {
+    const ShardRange range = shard_range(vocab, r, tp());
+    for (int64_t b = 0; b < batch; ++b)
+      std::copy_n(all.data() + (r * batch + b) * block, range.length,
+                  logits + b * vocab + range.begin);
+  }
+}
+
+void TensorParallelPlan::sum_partial_grads(const ParameterList& params) const {
+  all_reduce_sequence_parallel_grads(params, *group_);
+}
+
+}  // namespace loom

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/checkpoint_files.hpp"
@@ -36,17 +37,26 @@ std::string shard_file_name(int rank, int world) {
 }
 
 void write_checkpoint_shard(const fs::path& temp_dir, int rank, int world, const std::vector<ShardSlice>& slices) {
+  // One entry per tensor: a rank may hold several pieces of one tensor (a tensor-parallel
+  // column shard is one run per row), which go into the entry one after another; each
+  // piece's "offset" says where it starts in the entry.
   std::vector<SafetensorsEntry> entries;
+  std::map<std::string, size_t> entry_of;
   json pieces = json::array();
   for (const ShardSlice& s : slices) {
-    SafetensorsEntry entry;
-    entry.name = s.tensor;
-    entry.dtype = "F32";
-    entry.shape = {s.count};
-    entry.bytes.resize(static_cast<size_t>(s.count) * sizeof(float));
-    if (s.count > 0) std::memcpy(entry.bytes.data(), s.data, entry.bytes.size());
-    entries.push_back(std::move(entry));
-    pieces.push_back({{"tensor", s.tensor}, {"shape", s.shape}, {"start", s.start}, {"count", s.count}});
+    auto [it, inserted] = entry_of.emplace(s.tensor, entries.size());
+    if (inserted) {
+      entries.emplace_back();
+      entries.back().name = s.tensor;
+      entries.back().dtype = "F32";
+    }
+    SafetensorsEntry& entry = entries[it->second];
+    const size_t offset_bytes = entry.bytes.size();
+    entry.bytes.resize(offset_bytes + static_cast<size_t>(s.count) * sizeof(float));
+    if (s.count > 0) std::memcpy(entry.bytes.data() + offset_bytes, s.data, static_cast<size_t>(s.count) * sizeof(float));
+    entry.shape = {static_cast<int64_t>(entry.bytes.size() / sizeof(float))};
+    pieces.push_back({{"tensor", s.tensor}, {"shape", s.shape}, {"start", s.start}, {"count", s.count},
+                      {"offset", static_cast<int64_t>(offset_bytes / sizeof(float))}});
   }
   const std::vector<uint8_t> bytes = serialize_safetensors(entries);
   const FileRecord record =
@@ -71,7 +81,8 @@ std::string finish_sharded_checkpoint(const fs::path& temp_dir, const fs::path& 
       if (t["shape"] != p.at("shape"))
         throw_error("sharded checkpoint: tensor '", p.at("tensor").get<std::string>(), "' has shape ",
                     t["shape"].dump(), " on one rank and ", p.at("shape").dump(), " on rank ", rank);
-      t["pieces"].push_back({{"file", records.back().name}, {"start", p.at("start")}, {"count", p.at("count")}});
+      t["pieces"].push_back({{"file", records.back().name}, {"start", p.at("start")}, {"count", p.at("count")},
+                             {"offset", p.value("offset", int64_t{0})}});
     }
   }
   // Every element of every tensor must be in exactly one piece, or the layout is broken.
@@ -130,9 +141,9 @@ CheckpointReader::CheckpointReader(const std::string& dir_or_root) {
 
   if (!sharded_) {
     for (const SafetensorsEntry& e : parse(kModelFile).entries)
-      tensors_[e.name] = {e.shape, {{&e, 0, shape_numel(e.shape)}}, true};
+      tensors_[e.name] = {e.shape, {{&e, 0, shape_numel(e.shape), 0}}, true};
     for (const SafetensorsEntry& e : parse(kOptimizerFile).entries)
-      tensors_[e.name] = {e.shape, {{&e, 0, shape_numel(e.shape)}}, false};
+      tensors_[e.name] = {e.shape, {{&e, 0, shape_numel(e.shape), 0}}, false};
     return;
   }
   const json index = parse_json_file(bytes_of(kIndexFile), dir / kIndexFile);
@@ -148,10 +159,11 @@ CheckpointReader::CheckpointReader(const std::string& dir_or_root) {
       const std::string file = p.at("file").get<std::string>();
       if (!by_file.count(file)) throw_error("'", (dir / kIndexFile).string(), "' names '", file, "', which the manifest lacks");
       const SafetensorsEntry& entry = by_file[file]->at(name);
-      const int64_t count = p.at("count").get<int64_t>();
-      if (entry.dtype != "F32" || entry.bytes.size() != static_cast<size_t>(count) * sizeof(float))
-        throw_error("'", (dir / file).string(), "': tensor '", name, "' is not ", count, " F32 elements as the index says");
-      stored.pieces.push_back({&entry, p.at("start").get<int64_t>(), count});
+      const int64_t count = p.at("count").get<int64_t>(), offset = p.value("offset", int64_t{0});
+      if (entry.dtype != "F32" || offset < 0 || entry.bytes.size() < static_cast<size_t>(offset + count) * sizeof(float))
+        throw_error("'", (dir / file).string(), "': tensor '", name, "' does not hold F32 elements [", offset, ", ",
+                    offset + count, ") as the index says");
+      stored.pieces.push_back({&entry, p.at("start").get<int64_t>(), count, offset});
     }
     tensors_[name] = std::move(stored);
   }
@@ -190,12 +202,17 @@ void CheckpointReader::read(const TensorLayout& layout, int64_t start, int64_t c
     std::copy(values.begin() + start, values.begin() + start + count, out);
     return;
   }
-  for (const Piece& piece : stored.pieces) {
-    const int64_t lo = std::max(start, piece.start), hi = std::min(start + count, piece.start + piece.count);
+  // Pieces are sorted by start and cover the tensor once (finish_sharded_checkpoint checked):
+  // begin at the last piece that starts at or before `start`.
+  auto first = std::upper_bound(stored.pieces.begin(), stored.pieces.end(), start,
+                                [](int64_t value, const Piece& piece) { return value < piece.start; });
+  if (first != stored.pieces.begin()) --first;
+  for (auto piece = first; piece != stored.pieces.end() && piece->start < start + count; ++piece) {
+    const int64_t lo = std::max(start, piece->start), hi = std::min(start + count, piece->start + piece->count);
     if (lo >= hi) continue;
-    if (piece.entry->dtype != "F32")
-      throw_error("checkpoint '", dir_, "': tensor '", layout.name, "' is ", piece.entry->dtype, ", expected F32");
-    std::memcpy(out + (lo - start), piece.entry->bytes.data() + (lo - piece.start) * sizeof(float),
+    if (piece->entry->dtype != "F32")
+      throw_error("checkpoint '", dir_, "': tensor '", layout.name, "' is ", piece->entry->dtype, ", expected F32");
+    std::memcpy(out + (lo - start), piece->entry->bytes.data() + (piece->offset + lo - piece->start) * sizeof(float),
                 static_cast<size_t>(hi - lo) * sizeof(float));
   }
 }

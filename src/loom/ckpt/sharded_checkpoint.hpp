@@ -2,11 +2,12 @@
 // Sharded checkpoints, written by every rank at once, and one reader for every checkpoint.
 //
 // A sharded checkpoint directory holds, besides config.json and trainer_state.json:
-//   shard-<rank>-of-<world>.safetensors  one per rank: 1-D F32 slices, each named after its
-//                                        tensor ("<param>", "<param>.exp_avg", ...)
+//   shard-<rank>-of-<world>.safetensors  one per rank: one 1-D F32 entry per tensor it holds
+//                                        pieces of ("<param>", "<param>.exp_avg", ...), the
+//                                        pieces one after another
 //   index.json                           for every tensor, its global shape (loom layout,
 //                                        row-major) and the pieces that hold it: file, first
-//                                        element, element count
+//                                        element, element count, offset in the file's entry
 //   manifest.json                        byte size and CRC32 of every file above
 // The slices of a tensor cover it exactly once, so a checkpoint written on one layout can be
 // read back on any other: a reader asks for any element range and gets it from whichever
@@ -75,6 +76,7 @@ class CheckpointReader {
   struct Piece {
     const SafetensorsEntry* entry;
     int64_t start, count;
+    int64_t offset;  // first element of the piece inside its entry
   };
   struct Stored {
     Shape shape;  // loom layout (single-file model weights: HF layout until converted)

@@ -45,23 +45,21 @@ Shape shard_shape(const Placement& p) {
   return shape;
 }
 
-namespace {
-// Calls copy(full_offset, shard_offset) for every run of contiguous elements both tensors
-// share, with `run` elements each: the one walk both directions use.
-template <typename Copy>
-void for_each_run(const Placement& p, Copy copy) {
+std::vector<ShardRun> shard_runs(const Placement& p) {
+  if (p.replicated) return {{0, 0, shape_numel(p.full_shape)}};
   const Shape& full = p.full_shape;
   const int64_t rows = full.empty() ? 1 : full[0];
   const int64_t cols = full.size() < 2 ? 1 : shape_numel(full) / std::max<int64_t>(rows, 1);
+  std::vector<ShardRun> runs;
   if (p.axis == 0) {
     int64_t full_row = 0, shard_row = 0;
     for (int64_t segment : p.segments) {
       const ShardRange r = shard_range(segment, p.rank, p.ranks);
-      copy((full_row + r.begin) * cols, shard_row * cols, r.length * cols);
+      if (r.length > 0) runs.push_back({(full_row + r.begin) * cols, shard_row * cols, r.length * cols});
       full_row += segment;
       shard_row += r.length;
     }
-    return;
+    return runs;
   }
   int64_t shard_cols = 0;
   for (int64_t segment : p.segments) shard_cols += shard_range(segment, p.rank, p.ranks).length;
@@ -69,13 +67,16 @@ void for_each_run(const Placement& p, Copy copy) {
     int64_t full_col = 0, shard_col = 0;
     for (int64_t segment : p.segments) {
       const ShardRange r = shard_range(segment, p.rank, p.ranks);
-      copy(row * cols + full_col + r.begin, row * shard_cols + shard_col, r.length);
+      if (r.length > 0)
+        runs.push_back({row * cols + full_col + r.begin, row * shard_cols + shard_col, r.length});
       full_col += segment;
       shard_col += r.length;
     }
   }
+  return runs;
 }
 
+namespace {
 void check_shapes(const char* what, const Tensor& full, const Tensor& shard, const Placement& p) {
   if (full.shape() != p.full_shape || shard.shape() != shard_shape(p))
     throw_error(what, ": got a ", shape_to_string(full.shape()), " whole and a ",
@@ -90,9 +91,8 @@ Tensor take_shard(const Tensor& full, const Placement& p, MemCategory category) 
   check_shapes("take_shard", full, shard, p);
   const float* src = full.f32();
   float* dst = shard.f32();
-  for_each_run(p, [&](int64_t full_at, int64_t shard_at, int64_t n) {
-    std::copy_n(src + full_at, n, dst + shard_at);
-  });
+  for (const ShardRun& run : shard_runs(p))
+    std::copy_n(src + run.full_offset, run.count, dst + run.shard_offset);
   return shard;
 }
 
@@ -104,9 +104,8 @@ void put_shard(Tensor& full, const Tensor& shard, const Placement& p) {
   check_shapes("put_shard", full, shard, p);
   const float* src = shard.f32();
   float* dst = full.f32();
-  for_each_run(p, [&](int64_t full_at, int64_t shard_at, int64_t n) {
-    std::copy_n(src + shard_at, n, dst + full_at);
-  });
+  for (const ShardRun& run : shard_runs(p))
+    std::copy_n(src + run.shard_offset, run.count, dst + run.full_offset);
 }
 
 }  // namespace loom

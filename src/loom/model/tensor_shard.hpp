@@ -23,6 +23,13 @@ Placement shard_placement(const Shape& full_shape, int axis, int rank, int ranks
 // The shape of the shard a placement describes (the full shape when replicated).
 Shape shard_shape(const Placement& placement);
 
+// The shard as runs of consecutive elements both tensors share (flattened row-major): one
+// run per segment for a row shard, one per row and segment for a column shard.
+struct ShardRun {
+  int64_t full_offset = 0, shard_offset = 0, count = 0;
+};
+std::vector<ShardRun> shard_runs(const Placement& placement);
+
 // The shard of `full` (shape placement.full_shape) that `placement` names, as a new tensor.
 Tensor take_shard(const Tensor& full, const Placement& placement,
                   MemCategory category = MemCategory::Workspace);

@@ -224,19 +224,23 @@ void ZeroOptimizer::materialize_parameters() {
 // ---- the step ---------------------------------------------------------------------------
 
 double ZeroOptimizer::finish_and_step(double lr, double max_norm) {
-  double local_sum_sq = 0.0;
+  double local_sum_sq[2] = {0.0, 0.0};  // sharded over tp, replicated
   for (size_t f = 0; f < flats_.size(); ++f) {
     Flat& flat = flats_[f];
     if (flat.reduce_work) complete_reduce(flat);
     if (!flat.reduced_this_step || flat.ready != 0)
       throw_error("zero: flat ", f, " was never reduced: ", flat.ready, " of ", flat.params.size(),
                   " gradients reported ready (first: '", flat.params.front()->name, "')");
-    local_sum_sq += cpu::sum_of_squares(shard_grad(flat), flat.shard);
+    const float* grads = shard_grad(flat);
+    for (const Segment& s : flat.segments)  // split by placement for tensor parallelism
+      local_sum_sq[flat.params[s.param_index]->placement.replicated ? 1 : 0] +=
+          cpu::sum_of_squares(grads + s.shard_offset, s.count);
   }
-  // The global norm from every rank's shard: one small all-reduce (f32 is enough for a norm).
-  float sum_sq = static_cast<float>(local_sum_sq);
-  dp_->all_reduce(&sum_sq, 1, ReduceOp::Sum)->wait();
-  const double norm = std::sqrt(static_cast<double>(sum_sq));
+  // The global norm from every rank's shard: one small all-reduce over dp (f32 is enough for
+  // a norm), then the sharded part over tp.
+  float sum_sq[2] = {static_cast<float>(local_sum_sq[0]), static_cast<float>(local_sum_sq[1])};
+  dp_->all_reduce(sum_sq, 2, ReduceOp::Sum)->wait();
+  const double norm = std::sqrt(sum_squares_over_tp(sum_sq[0], sum_sq[1], tp_.get()));
   const double factor = clip_factor(norm, max_norm);
   ++step_;
   for (Flat& flat : flats_) {

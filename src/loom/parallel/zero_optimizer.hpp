@@ -45,6 +45,9 @@ class ZeroOptimizer {
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   int stage() const { return zero_.stage; }
+  // Under tensor parallelism the model holds this rank's shards: the clipping norm then sums
+  // the sharded gradients' squares over `tp` too (replicated ones count once).
+  void set_tensor_parallel_group(std::shared_ptr<ProcessGroup> tp) { tp_ = std::move(tp); }
   // Stage 1 only: false for all but the last micro-batch (gradients accumulate locally).
   // Stages 2-3 reduce every micro-batch, which is what keeps their gradients sharded.
   void set_sync(bool sync) { sync_ = sync; }
@@ -97,6 +100,7 @@ class ZeroOptimizer {
     GatherState gather = GatherState::Released;
   };
 
+  std::shared_ptr<ProcessGroup> tp_;
   void build_flats();
   float* shard_value(Flat& flat);  // this rank's slice of the parameter values
   const float* shard_grad(Flat& flat);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "loom/ckpt/hf_config.hpp"
 #include "loom/ckpt/hf_weights.hpp"
 #include "loom/core/error.hpp"
+#include "loom/model/tensor_shard.hpp"
 
 namespace loom {
 
@@ -123,6 +125,29 @@ std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root
   if (!agree_on_rank0(group, failed == 0.0f && error.empty()))
     throw_error(context, ": ", error.empty() ? "another rank failed (its own error says why)" : error);
   return (ckpt_files::fs::path(root) / checkpoint_dir_name(step)).string();
+}
+
+std::vector<OwnedSlice> in_whole_tensor_coordinates(const std::vector<OwnedSlice>& owned, bool keep_replicated) {
+  std::vector<OwnedSlice> out;
+  for (const OwnedSlice& s : owned) {
+    const Placement& placement = s.param->placement;
+    if (placement.replicated) {
+      if (keep_replicated) out.push_back(s);
+      continue;
+    }
+    // The slice covers shard elements [s.start, s.start + s.count); keep each run's overlap.
+    auto at = [](float* base, int64_t offset) { return base ? base + offset : nullptr; };
+    for (const ShardRun& run : shard_runs(placement)) {
+      const int64_t lo = std::max(s.start, run.shard_offset);
+      const int64_t hi = std::min(s.start + s.count, run.shard_offset + run.count);
+      if (lo >= hi) continue;
+      const int64_t local = lo - s.start;
+      out.push_back({s.param, placement.full_shape, run.full_offset + (lo - run.shard_offset), hi - lo,
+                     at(s.value, local), at(s.exp_avg, local), at(s.exp_avg_sq, local),
+                     at(s.master, local)});
+    }
+  }
+  return out;
 }
 
 void load_owned_state(const CheckpointReader& reader, const std::vector<OwnedSlice>& owned) {

@@ -24,6 +24,14 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 CheckpointPayload make_checkpoint_payload(const Transformer& model, const NamedTensors& optimizer_state,
                                           const nlohmann::json& trainer_state);
 
+// Owned slices of tensor-parallel shards restated in the coordinates of the whole tensors:
+// each slice of a shard's elements becomes the runs of whole-tensor elements it holds
+// (model/tensor_shard.hpp), so a checkpoint names whole tensors only and loads at any tp.
+// Slices of replicated parameters pass through unchanged, or are dropped without
+// `keep_replicated`: every tp rank holds them, and one of them writes them.
+std::vector<OwnedSlice> in_whole_tensor_coordinates(const std::vector<OwnedSlice>& owned,
+                                                    bool keep_replicated = true);
+
 // Sharded format, collective over `group`: every rank writes the state it owns, rank 0 the
 // index, config and trainer state; returns the checkpoint directory on every rank. A failure
 // on any rank leaves no checkpoint behind and throws on every rank.

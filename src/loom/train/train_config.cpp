@@ -42,6 +42,34 @@ ModelConfig parse_model_config(ConfigReader& r) {
   return m;
 }
 
+namespace {
+// Tensor parallelism splits heads, kv heads and MLP columns into equal shares and needs at
+// least one vocabulary row per rank; sequence parallelism splits each micro-batch's rows.
+void check_tensor_parallel(const TrainConfig& c) {
+  const ModelConfig& m = c.model;
+  if (c.tp < 1) throw_error("config key 'parallel.tp' has value ", c.tp, ", expected >= 1");
+  auto divides = [&](int tp) {
+    return m.n_head % tp == 0 && m.n_kv_head % tp == 0 && m.ffn_hidden % tp == 0 && m.vocab_size >= tp;
+  };
+  if (!divides(c.tp)) {
+    std::string working;
+    for (int tp = 1; tp <= m.n_head; ++tp)
+      if (divides(tp)) working += (working.empty() ? "" : ", ") + std::to_string(tp);
+    throw_error("config key 'parallel.tp' has value ", c.tp, ", which does not divide model.n_head = ",
+                m.n_head, ", model.n_kv_head = ", m.n_kv_head, " and model.ffn_hidden = ", m.ffn_hidden,
+                " into equal shares; tp values that work: ", working);
+  }
+  if (!c.sequence_parallel) return;
+  if (c.tp == 1)
+    throw_error("config key 'parallel.sequence_parallel' is on with parallel.tp = 1: sequence parallelism "
+                "splits the tensor-parallel ranks' rows; set parallel.tp > 1 or turn it off");
+  if (c.batch_size * c.seq_len % c.tp != 0)
+    throw_error("config key 'parallel.sequence_parallel' needs train.batch_size x train.seq_len = ",
+                c.batch_size * c.seq_len, " rows to divide by parallel.tp = ", c.tp,
+                "; change the batch size or sequence length");
+}
+}  // namespace
+
 TrainConfig parse_train_config(ConfigReader& r) {
   TrainConfig c;
   c.model = parse_model_config(r);
@@ -78,6 +106,8 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.grad_clip = r.get_double("optim.grad_clip", c.grad_clip);
   c.bucket_mb = r.get_double("parallel.bucket_mb", c.bucket_mb);
   c.zero_stage = static_cast<int>(r.get_int("parallel.zero_stage", c.zero_stage));
+  c.tp = static_cast<int>(r.get_int("parallel.tp", c.tp));
+  c.sequence_parallel = r.get_bool("parallel.sequence_parallel", c.sequence_parallel);
 
   c.eval_every = r.get_int("eval.every", c.eval_every);
   c.eval_batches = r.get_int("eval.batches", c.eval_batches);
@@ -121,6 +151,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   require_range("parallel.bucket_mb", c.bucket_mb, 1e-6, 1e6);
   if (c.zero_stage < 0 || c.zero_stage > 3)
     throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, ", expected 0, 1, 2 or 3");
+  check_tensor_parallel(c);
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);

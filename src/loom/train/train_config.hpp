@@ -37,6 +37,8 @@ struct TrainConfig {
 
   double bucket_mb = 25.0;     // data-parallel gradient bucket size (PyTorch DDP's default)
   int zero_stage = 0;          // 0: replicated; 1: + moments sharded over dp; 2: + gradients; 3: + parameters
+  int tp = 1;                  // tensor-parallel ranks (the launch's ranks are dp x tp, tp innermost)
+  bool sequence_parallel = false;  // norms and residuals split over the tp ranks too
 
   int64_t eval_every = 0;      // 0: only at the end
   int64_t eval_batches = 10;

@@ -10,11 +10,13 @@
 #include "loom/data/unigram.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
+#include "loom/dist/device_mesh.hpp"
 #include "loom/model/flops.hpp"
 #include "loom/obs/loss_plot.hpp"
 #include "loom/obs/metrics_log.hpp"
 #include "loom/obs/progress.hpp"
 #include "loom/obs/step_line.hpp"
+#include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
 #include "loom/train/grad_clip.hpp"
 
@@ -38,14 +40,32 @@ double seconds_since(Clock::time_point start) {
 }
 }  // namespace
 
-Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
-    : config_(std::move(config)), dp_(std::move(dp_group)) {
-  if (dp_) {
+Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
+    : config_(std::move(config)), world_(std::move(world)) {
+  std::shared_ptr<const ParallelPlan> plan;
+  if (world_) {
+    world_rank_ = world_->rank();
+    if (world_->size() % config_.tp != 0)
+      throw_error("launched with ", world_->size(), " rank(s), which is not a multiple of parallel.tp = ",
+                  config_.tp, ": launch dp x ", config_.tp, " ranks (", config_.tp, ", ", 2 * config_.tp,
+                  ", ...) or change parallel.tp");
+    if (config_.tp == 1) {
+      dp_ = world_;
+    } else {
+      DeviceMesh mesh(world_, MeshShape{.dp = world_->size() / config_.tp, .tp = config_.tp});
+      dp_ = mesh.group({"dp"});
+      tp_ = mesh.group({"tp"});
+      tp_size_ = tp_->size();
+      plan = std::make_shared<TensorParallelPlan>(tp_, config_.sequence_parallel);
+    }
     dp_rank_ = dp_->rank();
     dp_size_ = dp_->size();
+  } else if (config_.tp > 1) {
+    throw_error("parallel.tp = ", config_.tp, " needs ", config_.tp,
+                " ranks: launch under mpirun -np ", config_.tp, " (or srun)");
   }
   if (config_.threads > 0) cpu::set_num_threads(config_.threads);
-  model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk);
+  model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(config_.precision == Precision::BF16);
   const bool sharded = dp_size_ > 1 && config_.zero_stage > 0;
@@ -64,12 +84,14 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group)
   global_targets_.resize(global_inputs_.size());
   if (!config_.trace_path.empty())
     trace_ = std::make_unique<TraceRecorder>(
-        dp_size_ > 1 ? config_.trace_path + ".rank" + std::to_string(dp_rank_) : config_.trace_path, dp_rank_);
+        world_ && world_->size() > 1 ? config_.trace_path + ".rank" + std::to_string(world_rank_) : config_.trace_path,
+        world_rank_);
   if (sharded) {
     zero_ = std::make_unique<ZeroOptimizer>(
         *model_, dp_,
         ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), config_.precision == Precision::BF16},
         config_.adamw);
+    zero_->set_tensor_parallel_group(tp_);
   } else if (dp_size_ > 1) {
     reducer_ = std::make_unique<GradientBucketReducer>(
         model_->parameters_in_grad_ready_order(), dp_,
@@ -93,12 +115,22 @@ int64_t Trainer::optimizer_steps() const {
   return zero_ ? zero_->steps_taken() : optimizer_->steps_taken();
 }
 
+std::vector<OwnedSlice> Trainer::owned_state() {
+  // Tensors every tp rank holds whole are written by tp rank 0.
+  const bool write_replicated = !tp_ || tp_->rank() == 0;
+  if (zero_) return in_whole_tensor_coordinates(zero_->owned_slices(), write_replicated);
+  // Replicas hold the same state: the first dp replica's tp ranks write it.
+  if (dp_rank_ != 0) return {};
+  return in_whole_tensor_coordinates(optimizer_->owned_slices(), write_replicated);
+}
+
 std::string Trainer::save(int64_t step) {
-  // Under ZeRO every rank writes the shard it owns (collective); otherwise rank 0 writes the
-  // single-file format, whose model.safetensors Hugging Face loads as is.
-  if (zero_)
-    return save_sharded_checkpoint(*dp_, config_.checkpoint_dir, step, config_.model, trainer_state(step),
-                                   zero_->owned_slices(), static_cast<int>(config_.keep_last));
+  // Under ZeRO or tensor parallelism every rank writes what it owns (collective), in
+  // whole-tensor coordinates; otherwise rank 0 writes the single-file format, whose
+  // model.safetensors Hugging Face loads as is.
+  if (zero_ || tp_)
+    return save_sharded_checkpoint(*world_, config_.checkpoint_dir, step, config_.model, trainer_state(step),
+                                   owned_state(), static_cast<int>(config_.keep_last));
   if (!is_rank0()) return "";
   return save_checkpoint(config_.checkpoint_dir, step,
                          make_checkpoint_payload(*model_, optimizer_->state_tensors(), trainer_state(step)),
@@ -119,11 +151,11 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
                 ", this run asks for ", precision, ": set train.precision back or start a fresh checkpoint.dir");
   const int64_t optimizer_steps = state.value("optimizer_steps", int64_t{0});
   if (zero_) {
-    load_owned_state(reader, zero_->owned_slices());
+    load_owned_state(reader, in_whole_tensor_coordinates(zero_->owned_slices()));
     zero_->set_steps_taken(optimizer_steps);
     zero_->publish_parameters();
   } else {
-    load_owned_state(reader, optimizer_->owned_slices());
+    load_owned_state(reader, in_whole_tensor_coordinates(optimizer_->owned_slices()));
     optimizer_->set_steps_taken(optimizer_steps);
   }
   const auto& loader = state.at("loader");
@@ -166,7 +198,7 @@ double Trainer::train_step(int64_t step) {
   if (zero_) {
     last_grad_norm_ = zero_->finish_and_step(config_.schedule.at(step), config_.grad_clip);
   } else {
-    last_grad_norm_ = global_grad_norm(model_->parameters());
+    last_grad_norm_ = global_grad_norm(model_->parameters(), tp_.get());
     optimizer_->step(config_.schedule.at(step), clip_factor(last_grad_norm_, config_.grad_clip));
   }
   if (trace_) trace_->span("clip + AdamW", "compute", optimizer_start, TraceRecorder::now_s());
@@ -180,14 +212,17 @@ nlohmann::json Trainer::step_record(const StepReport& report) const {
   const MemStats mem = HostAllocator::instance().stats();
   for (size_t i = 0; i < kMemCategoryCount; ++i)
     record["memory_peak_bytes"][mem_category_name(static_cast<MemCategory>(i))] = mem.peak_bytes[i];
-  if (dp_) {
-    const CommStats& comm = dp_->stats();
+  // Wire bytes per collective, for the dp group and (under tensor parallelism) the tp group.
+  auto comm_record = [&](const ProcessGroup& group, const char* key) {
+    const CommStats& comm = group.stats();
     for (size_t i = 0; i < kCommOpCount; ++i) {
       if (comm.calls[i] == 0) continue;
-      record["comm"][comm_op_name(static_cast<CommOp>(i))] = {
+      record[key][comm_op_name(static_cast<CommOp>(i))] = {
           {"calls", comm.calls[i]}, {"bytes_sent", comm.bytes_sent[i]}, {"bytes_received", comm.bytes_received[i]}};
     }
-  }
+  };
+  if (dp_) comm_record(*dp_, "comm");
+  if (tp_) comm_record(*tp_, "comm_tp");
   return record;
 }
 
@@ -225,7 +260,7 @@ TrainSummary Trainer::run() {
   // Rank 0 logs the run; with log.all_ranks every other rank logs its own view (its memory and
   // wire bytes differ under ZeRO) next to it.
   const std::string metrics_path =
-      config_.run_dir + (is_rank0() ? "/metrics.jsonl" : "/metrics.rank" + std::to_string(dp_rank_) + ".jsonl");
+      config_.run_dir + (is_rank0() ? "/metrics.jsonl" : "/metrics.rank" + std::to_string(world_rank_) + ".jsonl");
   std::optional<MetricsLog> metrics;
   if (is_rank0() || config_.log_all_ranks) {
     if (start_step > 0) drop_metrics_after(metrics_path, start_step);
@@ -233,17 +268,19 @@ TrainSummary Trainer::run() {
   }
 
   const double peak_gflops = cpu::measure_sgemm_gflops();  // same measurement as bench/
-  // Per-rank FLOPs over the per-rank peak: MFU of one rank, the same for every rank.
+  // Per-rank FLOPs over the per-rank peak: MFU of one rank, the same for every rank (a tp
+  // rank does 1/tp of its replica's work).
   const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
-                                static_cast<double>(config_.tokens_per_step());
+                                static_cast<double>(config_.tokens_per_step()) / tp_size_;
   if (is_rank0())
     std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
-              "%d threads, SGEMM peak %.0f GFLOP/s | %d data-parallel rank(s)\n",
+              "%d threads, SGEMM peak %.0f GFLOP/s | dp %d x tp %d%s\n",
               architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
               static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
               static_cast<long long>(global_tokens_per_step()),
               config_.precision == Precision::BF16 ? "bf16 (fp32 master)" : "f32",
-              recompute_name(config_.recompute), cpu::num_threads(), peak_gflops, dp_size_);
+              recompute_name(config_.recompute), cpu::num_threads(), peak_gflops, dp_size_, tp_size_,
+              config_.sequence_parallel ? " (sequence parallel)" : "");
   std::fflush(stdout);
 
   ProgressBar progress = is_rank0() ? ProgressBar(config_.steps) : ProgressBar(config_.steps, stderr, false);
@@ -252,6 +289,7 @@ TrainSummary Trainer::run() {
   for (int64_t step = start_step; step < config_.steps; ++step) {
     HostAllocator::instance().reset_peaks();
     if (dp_) dp_->reset_stats();
+    if (tp_) tp_->reset_stats();
     const auto step_start = Clock::now();
     const double loss = train_step(step);
     const double step_seconds = seconds_since(step_start);
@@ -294,7 +332,7 @@ TrainSummary Trainer::run() {
     summary.mfu = flops_per_step * static_cast<double>(steps_run) / compute_seconds / (peak_gflops * 1e9);
   }
   if (trace_) trace_->write();
-  if (dp_) dp_->barrier();  // every rank has finished, and rank 0's last checkpoint is written
+  if (world_) world_->barrier();  // every rank has finished, and rank 0's last checkpoint is written
   if (!is_rank0()) return summary;
   if (!config_.val_data.empty())
     summary.unigram_baseline = unigram_cross_entropy(config_.train_data, config_.val_data, config_.model.vocab_size);

@@ -30,10 +30,13 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  // With a data-parallel group of N ranks, each rank trains on its 1/N slice of every global
-  // batch of N x batch_size sequences and gradients are averaged in buckets during backward;
-  // rank 0 alone prints, logs metrics and writes checkpoints.
-  explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> dp_group = nullptr);
+  // `world` (null: one process) is laid out as dp x tp with tp = parallel.tp innermost
+  // (DeviceMesh). Each of the dp replicas trains on its 1/dp slice of every global batch of
+  // dp x batch_size sequences, gradients averaged over dp in buckets during backward (or
+  // sharded by ZeRO); the tp ranks of a replica split every layer (TensorParallelPlan) and see
+  // the same tokens. World rank 0 alone prints and logs; checkpoints name whole tensors, so
+  // they load at any dp, tp and ZeRO stage.
+  explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
   TrainSummary run();
   // Mean per-token loss over `batches` batches from a fresh pass of `pattern` (deterministic).
   double evaluate(const std::string& pattern, int64_t batches);
@@ -56,15 +59,17 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DataLoader> train_loader_;
-  bool is_rank0() const { return dp_rank_ == 0; }
+  bool is_rank0() const { return world_rank_ == 0; }
   double average_over_ranks(double value) const;
   nlohmann::json step_record(const StepReport& report) const;
 
-  std::shared_ptr<ProcessGroup> dp_;
+  std::shared_ptr<ProcessGroup> world_, dp_, tp_;  // null without a world; tp_ only when tp > 1
   std::unique_ptr<GradientBucketReducer> reducer_;
   std::unique_ptr<ZeroOptimizer> zero_;  // replaces optimizer_ + reducer_ under ZeRO 1-3
   int64_t optimizer_steps() const;
-  int dp_rank_ = 0, dp_size_ = 1;
+  int dp_rank_ = 0, dp_size_ = 1, tp_size_ = 1, world_rank_ = 0;
+  // What this rank owns of the checkpointed state, in whole-tensor coordinates.
+  std::vector<OwnedSlice> owned_state();
   std::vector<int32_t> inputs_, targets_;              // one rank-sized batch (evaluation)
   std::vector<int32_t> global_inputs_, global_targets_;  // the global batch (training)
   std::unique_ptr<TraceRecorder> trace_;

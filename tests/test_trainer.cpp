@@ -80,5 +80,28 @@ TEST(Trainer, Bf16MixedPrecisionKeepsFp32MasterWeightsAndTracksF32) {
     for (float v : p->value.to_f32_vector()) ASSERT_EQ(v, round_to_bf16(v)) << p->name;
 }
 
+// Bad tensor-parallel layouts are refused when the config is read, before any work, with the
+// values that would work.
+TEST(TrainConfigTensorParallel, BadLayoutsAreRejectedWithWhatWorks) {
+  TinyRun run("tp_config");
+  const std::string llama = run.config("llama", 4);  // 4 heads, 2 kv heads, ffn 48
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.tp=4"}); }),
+                  {"parallel.tp", "4", "model.n_kv_head = 2", "tp values that work: 1, 2"});
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.tp=0"}); }), {"parallel.tp", "expected >= 1"});
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.sequence_parallel=true"}); }),
+                  {"parallel.sequence_parallel", "parallel.tp = 1"});
+  // A micro-batch of 3 x 15 = 45 rows does not split over 2 sequence-parallel ranks.
+  expect_contains(error_message([&] {
+                    (void)parse(llama, {"parallel.tp=2", "parallel.sequence_parallel=true", "train.batch_size=3",
+                                        "train.seq_len=15"});
+                  }),
+                  {"parallel.sequence_parallel", "= 45 rows", "parallel.tp = 2"});
+  const TrainConfig ok = parse(llama, {"parallel.tp=2", "parallel.sequence_parallel=true"});
+  EXPECT_EQ(ok.tp, 2);
+  EXPECT_TRUE(ok.sequence_parallel);
+  // One process cannot be two tp ranks: the trainer says how to launch.
+  expect_contains(error_message([&] { Trainer trainer(ok); }), {"parallel.tp = 2", "mpirun -np 2"});
+}
+
 }  // namespace
 }  // namespace loom::test

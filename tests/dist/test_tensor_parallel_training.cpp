@@ -146,5 +146,17 @@ TEST(TensorParallelCheckpoint, LoadsAtAnotherTpAndInOneProcess) {
         << r.model().parameters()[i]->name;
 }
 
+// A launch whose ranks are not dp x tp is refused before any work, saying what would work.
+TEST(TensorParallelLaunch, RanksThatAreNotAMultipleOfTpAreRejected) {
+  const auto world_group = world();
+  const int n = world_group->size();
+  TinyRun run("tp_launch");
+  const int tp = 2 * n;  // 8 heads and 128 MLP columns divide by 2, 4 and 8
+  const TrainConfig config = parse(run.config("gpt2", 4), {"model.n_head=8", "parallel.tp=" + std::to_string(tp)});
+  expect_contains(error_message([&] { Trainer trainer(config, world_group); }),
+                  {"launched with " + std::to_string(n) + " rank(s)", "parallel.tp = " + std::to_string(tp),
+                   "launch dp x " + std::to_string(tp)});
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -1,0 +1,66 @@
+# CUDA kernels (src/loom/kernels/cuda) as the static library loom_cuda, built only where a CUDA
+# compiler and toolkit exist; CPU-only machines (CI) skip it with a message saying why.
+# Compiling needs no GPU; running the kernels (tests/gpu) does.
+option(LOOM_WITH_CUDA "Build the CUDA kernels and GPU tests when a CUDA compiler is found" ON)
+include(CheckLanguage)
+set(LOOM_CUDA_DISABLED_REASON "")
+if(LOOM_WITH_CUDA)
+  check_language(CUDA)
+endif()
+if(NOT LOOM_WITH_CUDA)
+  set(LOOM_CUDA_DISABLED_REASON "LOOM_WITH_CUDA=OFF")
+elseif(NOT CMAKE_CUDA_COMPILER)
+  set(LOOM_CUDA_DISABLED_REASON "no CUDA compiler found (set CUDACXX or CMAKE_CUDA_COMPILER)")
+else()
+  find_package(CUDAToolkit QUIET)
+  if(NOT CUDAToolkit_FOUND)
+    set(LOOM_CUDA_DISABLED_REASON "CUDA toolkit (cudart, cuBLASLt) not found")
+  elseif(NOT TARGET CUDA::cublasLt)
+    set(LOOM_CUDA_DISABLED_REASON "cuBLASLt not found in the CUDA toolkit")
+  endif()
+endif()
+
+if(LOOM_CUDA_DISABLED_REASON)
+  message(STATUS "loom: CUDA kernels skipped (${LOOM_CUDA_DISABLED_REASON})")
+else()
+  # Ampere (A100) and Hopper (H100/H200) by default; override with -DCMAKE_CUDA_ARCHITECTURES.
+  # Must be set before enable_language, which otherwise picks the compiler's own default.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
+    set(CMAKE_CUDA_ARCHITECTURES "80;90")
+  endif()
+  enable_language(CUDA)
+  # CMake before 3.26 knows no C++20 flag for nvcc (nvcc has had -std=c++20 since CUDA 12.0).
+  # The standard is set after enable_language so CMake's own compiler probe does not ask for it.
+  if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION
+     AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  endif()
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+
+  file(GLOB LOOM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/loom/kernels/cuda/*.cu)
+  add_library(loom_cuda STATIC ${LOOM_CUDA_SOURCES})
+  # The directory-wide flags (-Wall -Wpedantic -Werror -march=native ...) are GCC flags that
+  # nvcc rejects; keep them for C++ sources only and give nvcc its own equivalents: host-side
+  # warnings through -Xcompiler, and every nvcc warning as an error when LOOM_WERROR is on.
+  get_property(LOOM_DIRECTORY_OPTIONS DIRECTORY PROPERTY COMPILE_OPTIONS)
+  set_property(TARGET loom_cuda PROPERTY COMPILE_OPTIONS "")
+  foreach(option IN LISTS LOOM_DIRECTORY_OPTIONS)
+    target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${option}>)
+  endforeach()
+  # --extended-lambda: the pointwise kernels take __device__ lambdas from host functions.
+  target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda>
+                                            $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  if(LOOM_WERROR)
+    target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>
+                                              $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Werror>)
+  endif()
+  # One CUDA runtime per process: the shared libcudart that CUDA::cudart (and the NCCL
+  # backend) link, not CMake's default static copy for CUDA targets.
+  set_target_properties(loom_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+  target_link_libraries(loom_cuda PUBLIC loom_lib CUDA::cudart CUDA::cublasLt)
+  target_compile_definitions(loom_cuda PUBLIC LOOM_HAVE_CUDA=1)
+  message(STATUS "loom: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+                 "architectures ${CMAKE_CUDA_ARCHITECTURES})")
+endif()

@@ -1,0 +1,43 @@
+#pragma once
+// Causal flash attention on the device (FlashAttention, Dao et al. 2022; backward as in
+// FlashAttention-2, Dao 2023, section 3.1), the twin of loom::cpu's attention.hpp: same fused
+// layouts (qkv [batch*seq, (heads + 2*kv_heads)*head_dim], out [batch*seq, heads*head_dim],
+// lse [batch, heads, seq] f32), same grouped-query rule (query head h reads kv head
+// h / (heads / kv_heads)). Scores, probabilities and accumulators are f32; the bf16 variant
+// stores only q|k|v, out, d_out and d_qkv in bf16.
+//
+// Tiling (attention_common.cuh): 64 query rows x 64 keys per step, head_dim <= 128 held in
+// shared memory as f32, plain FMA loops (no tensor cores): written to be clearly correct first.
+// The backward pass is deterministic: one kernel owns each (key tile, kv head) and writes its
+// dK and dV, another owns each (query tile, head) and writes its dQ, so no gradient is ever
+// accumulated with atomics; the price is computing the scores and dP twice.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "loom/kernels/cpu/attention.hpp"
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+// The CPU's shape struct: one description of the layout for both backends. Because it lives in
+// loom::cpu, argument-dependent lookup also finds cpu::attention_forward; call these qualified
+// (cuda::attention_forward) when float pointers make both viable.
+using cpu::AttentionShape;
+
+// Largest head_dim the kernels take (shared-memory tiles are sized for it).
+constexpr int64_t kMaxAttentionHeadDim = 128;
+
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape,
+                       cudaStream_t stream = 0);
+void attention_forward(bf16* out, float* lse, const bf16* qkv, const AttentionShape& shape,
+                       cudaStream_t stream = 0);
+
+// Writes (overwrites) d_qkv in the same fused layout as qkv.
+void attention_backward(float* d_qkv, const float* d_out, const float* qkv, const float* out,
+                        const float* lse, const AttentionShape& shape, cudaStream_t stream = 0);
+void attention_backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const bf16* out,
+                        const float* lse, const AttentionShape& shape, cudaStream_t stream = 0);
+
+}  // namespace loom::cuda

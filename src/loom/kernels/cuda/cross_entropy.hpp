@@ -1,0 +1,50 @@
+#pragma once
+// Fused output projection + softmax + cross-entropy on the device, with the contract of
+// loom::cpu::lm_head_cross_entropy: logits exist one vocabulary chunk at a time
+// ([rows, vocab_chunk], f32, from cuBLASLt), reduced with an online log-sum-exp per row; with
+// gradients requested a second pass recomputes each chunk's logits (skipped when one chunk
+// covers the vocabulary), turns them into grad_scale * (softmax - onehot) in place and feeds
+// the two products for d_hidden and d_weight. Negative targets are ignored (no loss, no
+// gradient).
+//
+// bf16 variant: hidden, weight and d_hidden are bf16; logits, statistics and d_weight are f32;
+// the chunk's logit gradient is rounded to bf16 for the two products (cuBLASLt wants matching
+// operand types), and d_hidden is accumulated over chunks in f32 and rounded once at the end.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+
+template <typename T>
+struct CrossEntropyArgsT {
+  const T* hidden = nullptr;         // [rows, dim] input to the output projection
+  const T* weight = nullptr;         // [vocab, dim] tied token embedding or lm_head
+  const int32_t* targets = nullptr;  // [rows] on the device; negative = ignored
+  int64_t rows = 0, dim = 0, vocab = 0;
+  int64_t vocab_chunk = 0;      // logits computed per chunk of this many entries
+  float grad_scale = 1.0f;      // gradient of (grad_scale * sum of row losses)
+  T* d_hidden = nullptr;        // [rows, dim] overwritten, or null
+  float* d_weight = nullptr;    // [vocab, dim] accumulated, or null
+  float* row_losses = nullptr;  // [rows] optional per-row loss output (device)
+  void* workspace = nullptr;    // cross_entropy_workspace_bytes(...) bytes, or null to
+  size_t workspace_bytes = 0;   //   allocate (stream-ordered) per call
+};
+using CrossEntropyArgs = CrossEntropyArgsT<float>;
+using CrossEntropyArgsBf16 = CrossEntropyArgsT<bf16>;
+
+// Device scratch one call needs (logit chunk, per-row statistics, and for bf16 the rounded
+// logit gradient and the f32 d_hidden accumulator).
+size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, int64_t vocab_chunk,
+                                     bool bf16_variant);
+
+// Returns the sum of the losses of all rows with a target, added in double in a fixed order.
+// Waits for `stream` (the loss comes back to the host).
+double lm_head_cross_entropy(const CrossEntropyArgs& args, cudaStream_t stream = 0);
+double lm_head_cross_entropy(const CrossEntropyArgsBf16& args, cudaStream_t stream = 0);
+
+}  // namespace loom::cuda

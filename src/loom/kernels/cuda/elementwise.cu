@@ -1,0 +1,115 @@
+#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/kernels/cuda/device_common.cuh"
+#include "loom/kernels/cuda/elementwise.hpp"
+
+namespace loom::cuda {
+
+namespace {
+
+using detail::from_f32;
+using detail::to_f32;
+
+constexpr int kThreads = 256;
+
+// One grid-stride loop for every pointwise helper; `op(i)` does element i.
+template <typename Op>
+__global__ void pointwise_kernel(int64_t n, Op op) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    op(i);
+}
+
+template <typename Op>
+void launch_pointwise(int64_t n, cudaStream_t stream, Op op) {
+  if (n <= 0) return;
+  pointwise_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, stream>>>(n, op);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void add_into_impl(T* dst, const T* src, int64_t n, cudaStream_t stream) {
+  launch_pointwise(n, stream, [=] __device__(int64_t i) {
+    dst[i] = from_f32<T>(to_f32(dst[i]) + to_f32(src[i]));
+  });
+}
+template <typename T>
+void add_impl(T* out, const T* a, const T* b, int64_t n, cudaStream_t stream) {
+  launch_pointwise(
+      n, stream, [=] __device__(int64_t i) { out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i])); });
+}
+template <typename T>
+void scale_impl(T* x, float factor, int64_t n, cudaStream_t stream) {
+  launch_pointwise(n, stream,
+                   [=] __device__(int64_t i) { x[i] = from_f32<T>(to_f32(x[i]) * factor); });
+}
+
+// The partial count is a constant, not derived from the GPU's SM count, so the summation
+// order (and the result's last bits) is the same on every device.
+constexpr int kSumBlocks = 256;
+
+__global__ void sum_of_squares_partials(double* partials, const float* x, int64_t n) {
+  __shared__ double scratch[detail::kWarpSize];
+  double sum = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    sum += static_cast<double>(x[i]) * x[i];
+  sum = detail::block_sum(sum, scratch);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+__global__ void sum_partials(double* result, const double* partials, int count) {
+  __shared__ double scratch[detail::kWarpSize];
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+  sum = detail::block_sum(sum, scratch);
+  if (threadIdx.x == 0) *result = sum;
+}
+
+}  // namespace
+
+void add_into(float* dst, const float* src, int64_t n, cudaStream_t stream) {
+  add_into_impl(dst, src, n, stream);
+}
+void add_into(bf16* dst, const bf16* src, int64_t n, cudaStream_t stream) {
+  add_into_impl(dst, src, n, stream);
+}
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+  add_impl(out, a, b, n, stream);
+}
+void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream) {
+  add_impl(out, a, b, n, stream);
+}
+void scale_inplace(float* x, float factor, int64_t n, cudaStream_t stream) {
+  scale_impl(x, factor, n, stream);
+}
+void scale_inplace(bf16* x, float factor, int64_t n, cudaStream_t stream) {
+  scale_impl(x, factor, n, stream);
+}
+
+double sum_of_squares(const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return 0.0;
+  detail::ScratchBuffer<double> partials(kSumBlocks + 1, stream);
+  double* result_device = partials.get() + kSumBlocks;
+  sum_of_squares_partials<<<kSumBlocks, kThreads, 0, stream>>>(partials.get(), x, n);
+  LOOM_CUDA_CHECK_LAUNCH();
+  sum_partials<<<1, kThreads, 0, stream>>>(result_device, partials.get(), kSumBlocks);
+  LOOM_CUDA_CHECK_LAUNCH();
+  double result = 0.0;
+  LOOM_CUDA_CHECK(
+      cudaMemcpyAsync(&result, result_device, sizeof result, cudaMemcpyDeviceToHost, stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return result;
+}
+
+void convert(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
+  launch_pointwise(n, stream, [=] __device__(int64_t i) { out[i] = __float2bfloat16_rn(in[i]); });
+}
+void convert(float* out, const bf16* in, int64_t n, cudaStream_t stream) {
+  launch_pointwise(n, stream, [=] __device__(int64_t i) { out[i] = __bfloat162float(in[i]); });
+}
+void round_to_bf16_inplace(float* x, int64_t n, cudaStream_t stream) {
+  launch_pointwise(
+      n, stream, [=] __device__(int64_t i) { x[i] = __bfloat162float(__float2bfloat16_rn(x[i])); });
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,30 @@
+#pragma once
+// Vector helpers (residual adds, scaling, gradient norms, dtype conversion), the device twins
+// of loom::cpu's elementwise.hpp. bf16 variants compute in f32 and round once on store.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+
+void add_into(float* dst, const float* src, int64_t n, cudaStream_t stream = 0);  // dst += src
+void add_into(bf16* dst, const bf16* src, int64_t n, cudaStream_t stream = 0);
+void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream = 0);
+void add(bf16* out, const bf16* a, const bf16* b, int64_t n, cudaStream_t stream = 0);
+void scale_inplace(float* x, float factor, int64_t n, cudaStream_t stream = 0);
+void scale_inplace(bf16* x, float factor, int64_t n, cudaStream_t stream = 0);
+
+// Sum of x[i]^2 in double. Deterministic: a fixed grid gives every thread a fixed set of
+// elements, block partials are combined in a fixed order, then one block adds the partials.
+// Waits for `stream` (the result is returned to the host).
+double sum_of_squares(const float* x, int64_t n, cudaStream_t stream = 0);
+
+// Round-to-nearest-even conversions (loom::f32_to_bf16 on the host gives the same bits).
+void convert(bf16* out, const float* in, int64_t n, cudaStream_t stream = 0);
+void convert(float* out, const bf16* in, int64_t n, cudaStream_t stream = 0);
+void round_to_bf16_inplace(float* x, int64_t n, cudaStream_t stream = 0);
+
+}  // namespace loom::cuda

@@ -1,0 +1,292 @@
+#include <cstdint>
+
+#include "loom/kernels/cuda/cublas_context.hpp"
+#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/kernels/cuda/device_common.cuh"
+#include "loom/kernels/cuda/elementwise.hpp"
+#include "loom/kernels/cuda/gemm.hpp"
+
+namespace loom::cuda {
+
+namespace {
+
+using detail::to_f32;
+
+template <typename T>
+constexpr cudaDataType_t data_type();
+template <>
+constexpr cudaDataType_t data_type<float>() {
+  return CUDA_R_32F;
+}
+template <>
+constexpr cudaDataType_t data_type<bf16>() {
+  return CUDA_R_16BF;
+}
+
+// Owners of cuBLASLt descriptors, so an exception between create and destroy leaks nothing.
+struct MatmulDesc {
+  cublasLtMatmulDesc_t desc = nullptr;
+  MatmulDesc() {
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(desc); }
+  template <typename V>
+  void set(cublasLtMatmulDescAttributes_t attribute, const V& value) {
+    LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof value));
+  }
+};
+struct MatrixLayout {
+  cublasLtMatrixLayout_t layout = nullptr;
+  MatrixLayout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+    LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+                                                 static_cast<uint64_t>(cols), ld));
+  }
+  ~MatrixLayout() { cublasLtMatrixLayoutDestroy(layout); }
+};
+struct MatmulPreference {
+  cublasLtMatmulPreference_t pref = nullptr;
+  MatmulPreference() { LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref)); }
+  ~MatmulPreference() { cublasLtMatmulPreferenceDestroy(pref); }
+  template <typename V>
+  void set(cublasLtMatmulPreferenceAttributes_t attribute, const V& value) {
+    LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof value));
+  }
+};
+
+// cuBLASLt assumes 256-byte aligned operands unless told otherwise; q|k|v column slices and
+// strided views are not, so each operand's real alignment goes into the preference.
+uint32_t alignment_bytes(const void* ptr) {
+  const auto address = reinterpret_cast<uintptr_t>(ptr);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// One product in loom's row-major terms (see gemm.hpp), plus an optional epilogue.
+struct MatmulSpec {
+  bool transpose_a = false, transpose_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  cudaDataType_t ab_type = CUDA_R_32F, c_type = CUDA_R_32F;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* bias = nullptr;  // bias (BIAS, per column of row-major C) or bias gradient (BGRADB)
+};
+
+// cuBLAS is column-major. A row-major matrix is its transpose in column-major, so row-major
+// C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T: cuBLAS's "A" is our B,
+// its "B" is our A, its M = n and N = m. Then BIAS (one value per row of cuBLAS's D) is one
+// value per column of our C, and BGRADB (sums of cuBLAS's op(B) over k, one per column of D)
+// is the row sums of our op(A): for d_weight = d_out^T @ input, the column sums of d_out.
+// Returns CUBLAS_STATUS_NOT_SUPPORTED when no algorithm exists (callers fall back); throws on
+// any other failure.
+cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
+  CublasContext& context = cublas_context();
+  MatmulDesc desc;
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSA,
+           static_cast<int32_t>(s.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N));
+  desc.set(CUBLASLT_MATMUL_DESC_TRANSB,
+           static_cast<int32_t>(s.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N));
+  if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, s.epilogue);
+    desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, s.bias);
+  }
+  const MatrixLayout a_layout(s.ab_type, s.transpose_b ? s.k : s.n, s.transpose_b ? s.n : s.k,
+                              s.ldb);
+  const MatrixLayout b_layout(s.ab_type, s.transpose_a ? s.m : s.k, s.transpose_a ? s.k : s.m,
+                              s.lda);
+  const MatrixLayout c_layout(s.c_type, s.n, s.m, s.ldc);
+  MatmulPreference pref;
+  pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+           static_cast<uint64_t>(context.workspace_bytes));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_bytes(s.b));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_bytes(s.a));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_bytes(s.c));
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_bytes(s.c));
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
+      context.handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
+      pref.pref, 1, &result, &found);
+  if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED ||
+      (heuristic == CUBLAS_STATUS_SUCCESS && found == 0))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  LOOM_CUBLAS_CHECK(heuristic);
+  const cublasStatus_t rc =
+      cublasLtMatmul(context.handle, desc.desc, &s.alpha, s.b, a_layout.layout, s.a,
+                     b_layout.layout, &s.beta, s.c, c_layout.layout, s.c, c_layout.layout,
+                     &result.algo, context.workspace, context.workspace_bytes, stream);
+  if (rc == CUBLAS_STATUS_NOT_SUPPORTED) return rc;
+  LOOM_CUBLAS_CHECK(rc);
+  return rc;
+}
+
+void run_matmul(const MatmulSpec& s, cudaStream_t stream) {
+  if (try_matmul(s, stream) != CUBLAS_STATUS_SUCCESS)
+    throw_error("cuBLASLt has no algorithm for a ", s.m, "x", s.n, "x", s.k,
+                " matmul (transpose_a=", s.transpose_a, ", transpose_b=", s.transpose_b,
+                ", lda=", s.lda, ", ldb=", s.ldb, ", ldc=", s.ldc, ")");
+}
+
+template <typename T>
+__global__ void add_bias_kernel(T* out, int64_t ld, const T* bias, int64_t rows, int64_t cols) {
+  const int64_t total = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, j = i % cols;
+    out[r * ld + j] = detail::from_f32<T>(to_f32(out[r * ld + j]) + to_f32(bias[j]));
+  }
+}
+
+// d_bias[j] += sum over rows of d_out[r, j]. A block owns 32 columns; its 8 thread rows take
+// every 8th row and are combined in a fixed order, so the result is deterministic.
+constexpr int kBiasCols = 32, kBiasRowGroups = 8;
+template <typename T>
+__global__ void bias_grad_kernel(float* d_bias, const T* d_out, int64_t ld, int64_t rows,
+                                 int64_t cols) {
+  __shared__ float partial[kBiasRowGroups][kBiasCols + 1];
+  const int64_t col = blockIdx.x * int64_t{kBiasCols} + threadIdx.x;
+  float sum = 0.0f;
+  if (col < cols)
+    for (int64_t r = threadIdx.y; r < rows; r += kBiasRowGroups) sum += to_f32(d_out[r * ld + col]);
+  partial[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < cols) {
+    float total = 0.0f;
+    for (int g = 0; g < kBiasRowGroups; ++g) total += partial[g][threadIdx.x];
+    d_bias[col] += total;
+  }
+}
+
+template <typename In, typename Out>
+void gemm_impl(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const In* a, int64_t lda, const In* b, int64_t ldb, float beta, Out* c, int64_t ldc,
+               cudaStream_t stream) {
+  LOOM_CHECK(m > 0 && n > 0 && k > 0, "gemm of empty shape ", m, "x", n, "x", k);
+  MatmulSpec s;
+  s.transpose_a = transpose_a;
+  s.transpose_b = transpose_b;
+  s.m = m, s.n = n, s.k = k, s.alpha = alpha, s.beta = beta;
+  s.a = a, s.lda = lda, s.b = b, s.ldb = ldb, s.c = c, s.ldc = ldc;
+  s.ab_type = data_type<In>();
+  s.c_type = data_type<Out>();
+  run_matmul(s, stream);
+}
+
+template <typename T>
+void linear_forward_impl(T* out, int64_t out_ld, const T* input, const T* weight, const T* bias,
+                         int64_t n, int64_t in_features, int64_t out_features,
+                         cudaStream_t stream) {
+  if (n == 0) return;
+  MatmulSpec s;
+  s.transpose_b = true;  // out = input @ weight^T
+  s.m = n, s.n = out_features, s.k = in_features;
+  s.a = input, s.lda = in_features, s.b = weight, s.ldb = in_features, s.c = out, s.ldc = out_ld;
+  s.ab_type = s.c_type = data_type<T>();
+  if (bias && bias_epilogues_enabled()) {
+    s.epilogue = CUBLASLT_EPILOGUE_BIAS;
+    s.bias = const_cast<T*>(bias);
+    if (try_matmul(s, stream) == CUBLAS_STATUS_SUCCESS) return;
+    s.epilogue = CUBLASLT_EPILOGUE_DEFAULT;  // no algorithm with the epilogue: add it ourselves
+    s.bias = nullptr;
+  }
+  run_matmul(s, stream);
+  if (bias) {
+    constexpr int kThreads = 256;
+    add_bias_kernel<<<detail::grid_for(n * out_features, kThreads), kThreads, 0, stream>>>(
+        out, out_ld, bias, n, out_features);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <typename T>
+void linear_backward_impl(T* d_input, bool accumulate_input, float* d_weight, float* d_bias,
+                          const T* d_out, int64_t d_out_ld, const T* input, const T* weight,
+                          int64_t n, int64_t in_features, int64_t out_features,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  if (d_input)
+    gemm_impl(false, false, n, in_features, out_features, 1.0f, d_out, d_out_ld, weight,
+              in_features, accumulate_input ? 1.0f : 0.0f, d_input, in_features, stream);
+  bool bias_done = false;
+  if (d_weight) {
+    MatmulSpec s;  // d_weight += d_out^T @ input
+    s.transpose_a = true;
+    s.m = out_features, s.n = in_features, s.k = n, s.beta = 1.0f;
+    s.a = d_out, s.lda = d_out_ld, s.b = input, s.ldb = in_features, s.c = d_weight,
+    s.ldc = in_features;
+    s.ab_type = data_type<T>();
+    s.c_type = CUDA_R_32F;
+    if (d_bias && bias_epilogues_enabled()) {
+      // BGRADB overwrites its output, so it goes to scratch and is then added into d_bias.
+      CublasContext& context = cublas_context();
+      float* scratch = bias_grad_scratch(context, out_features);
+      s.epilogue = CUBLASLT_EPILOGUE_BGRADB;
+      s.bias = scratch;
+      if (try_matmul(s, stream) == CUBLAS_STATUS_SUCCESS) {
+        add_into(d_bias, scratch, out_features, stream);
+        bias_done = true;
+      } else {
+        s.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+        s.bias = nullptr;
+      }
+    }
+    if (!bias_done) run_matmul(s, stream);
+  }
+  if (d_bias && !bias_done) {
+    const dim3 block(kBiasCols, kBiasRowGroups);
+    const auto grid = static_cast<unsigned>(detail::ceil_div(out_features, kBiasCols));
+    bias_grad_kernel<<<grid, block, 0, stream>>>(d_bias, d_out, d_out_ld, n, out_features);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+
+void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc, cudaStream_t stream) {
+  gemm_impl(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
+}
+void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float beta, bf16* c, int64_t ldc,
+          cudaStream_t stream) {
+  gemm_impl(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
+}
+void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc,
+          cudaStream_t stream) {
+  gemm_impl(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
+}
+
+void linear_forward(float* out, int64_t out_ld, const float* input, const float* weight,
+                    const float* bias, int64_t n, int64_t in_features, int64_t out_features,
+                    cudaStream_t stream) {
+  linear_forward_impl(out, out_ld, input, weight, bias, n, in_features, out_features, stream);
+}
+void linear_forward(bf16* out, int64_t out_ld, const bf16* input, const bf16* weight,
+                    const bf16* bias, int64_t n, int64_t in_features, int64_t out_features,
+                    cudaStream_t stream) {
+  linear_forward_impl(out, out_ld, input, weight, bias, n, in_features, out_features, stream);
+}
+
+void linear_backward(float* d_input, bool accumulate_input, float* d_weight, float* d_bias,
+                     const float* d_out, int64_t d_out_ld, const float* input, const float* weight,
+                     int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream) {
+  linear_backward_impl(d_input, accumulate_input, d_weight, d_bias, d_out, d_out_ld, input, weight,
+                       n, in_features, out_features, stream);
+}
+void linear_backward(bf16* d_input, bool accumulate_input, float* d_weight, float* d_bias,
+                     const bf16* d_out, int64_t d_out_ld, const bf16* input, const bf16* weight,
+                     int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream) {
+  linear_backward_impl(d_input, accumulate_input, d_weight, d_bias, d_out, d_out_ld, input, weight,
+                       n, in_features, out_features, stream);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,46 @@
+#pragma once
+// Matrix products through cuBLASLt, with the conventions of loom::cpu's gemm.hpp: row-major,
+// weights stored [out, in] so forward is out = in @ W^T (+ bias). Compute is always fp32
+// (CUBLAS_COMPUTE_32F: true f32 arithmetic, never TF32), for f32 and for bf16 inputs.
+// bf16 variants: bf16 activations and weights; weight and bias gradients stay f32.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Row-major C[m,n] = alpha * op(A) @ op(B) + beta * C with explicit leading dimensions.
+void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc, cudaStream_t stream = 0);
+void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float beta, bf16* c, int64_t ldc,
+          cudaStream_t stream = 0);
+// bf16 operands, f32 result (weight gradients, logits).
+void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc,
+          cudaStream_t stream = 0);
+
+// out[n, out_ld] columns [0, out_features) = input[n, in_features] @ weight^T + bias
+// (bias may be null). The bias is added in cuBLASLt's epilogue.
+void linear_forward(float* out, int64_t out_ld, const float* input, const float* weight,
+                    const float* bias, int64_t n, int64_t in_features, int64_t out_features,
+                    cudaStream_t stream = 0);
+void linear_forward(bf16* out, int64_t out_ld, const bf16* input, const bf16* weight,
+                    const bf16* bias, int64_t n, int64_t in_features, int64_t out_features,
+                    cudaStream_t stream = 0);
+
+// d_input = d_out @ W, written (accumulate_input=false) or added (true); may be null.
+// d_weight += d_out^T @ input; d_bias += column sums of d_out (null to skip; needs d_weight
+// or is computed by loom's own column-sum kernel). d_out has leading dimension d_out_ld.
+void linear_backward(float* d_input, bool accumulate_input, float* d_weight, float* d_bias,
+                     const float* d_out, int64_t d_out_ld, const float* input, const float* weight,
+                     int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream = 0);
+void linear_backward(bf16* d_input, bool accumulate_input, float* d_weight, float* d_bias,
+                     const bf16* d_out, int64_t d_out_ld, const bf16* input, const bf16* weight,
+                     int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream = 0);
+
+}  // namespace loom::cuda

@@ -1,0 +1,164 @@
+// Vector helpers, dtype conversion, embedding and AdamW against loom::cpu. Pointwise f32 ops
+// are single IEEE operations on both sides: exact. sum_of_squares: both in double, relative
+// 1e-12. Embedding backward (atomicAdd order) and AdamW (FMA contraction may differ):
+// rtol 1e-5 with an absolute floor of 1e-6 x max|want|.
+#include <gtest/gtest.h>
+
+#include "gpu_test_support.hpp"
+#include "loom/kernels/cpu/adamw.hpp"
+#include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/kernels/cpu/embedding.hpp"
+#include "loom/kernels/cuda/adamw.hpp"
+#include "loom/kernels/cuda/elementwise.hpp"
+#include "loom/kernels/cuda/embedding.hpp"
+
+namespace loom::cuda::test {
+namespace {
+
+class CudaElementwiseTest : public CudaTest {};
+
+constexpr int64_t kN = 5000;
+
+void expect_exact(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  expect_close(got, want, 0.0, 0.0, what);
+}
+void expect_f32(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+  expect_close(got, want, 1e-5, 1e-6 * max_abs(want), what);
+}
+
+TEST_F(CudaElementwiseTest, AddScaleF32AreExact) {
+  const auto a = random_vector(kN, 1), b = random_vector(kN, 2);
+  std::vector<float> sum(kN), acc = a, scaled = a;
+  cpu::add(sum.data(), a.data(), b.data(), kN);
+  cpu::add_into(acc.data(), b.data(), kN);
+  cpu::scale_inplace(scaled.data(), 0.37f, kN);
+  DeviceBuffer<float> ga(a), gb(b), gsum(kN), gacc(a), gscaled(a);
+  add(gsum.get(), ga.get(), gb.get(), kN);
+  add_into(gacc.get(), gb.get(), kN);
+  scale_inplace(gscaled.get(), 0.37f, kN);
+  expect_exact(gsum.download(), sum, "add");
+  expect_exact(gacc.download(), acc, "add_into");
+  expect_exact(gscaled.download(), scaled, "scale_inplace");
+}
+
+TEST_F(CudaElementwiseTest, AddScaleBf16RoundOnce) {
+  const auto a = rounded_to_bf16(random_vector(kN, 3)), b = rounded_to_bf16(random_vector(kN, 4));
+  std::vector<float> sum(kN), scaled = a;
+  cpu::add(sum.data(), a.data(), b.data(), kN);
+  cpu::round_to_bf16_inplace(sum.data(), kN);
+  cpu::scale_inplace(scaled.data(), 0.37f, kN);
+  cpu::round_to_bf16_inplace(scaled.data(), kN);
+  DeviceBuffer<bf16> ga(to_bf16(a)), gb(to_bf16(b)), gsum(kN), gacc(to_bf16(a)),
+      gscaled(to_bf16(a));
+  add(gsum.get(), ga.get(), gb.get(), kN);
+  add_into(gacc.get(), gb.get(), kN);
+  scale_inplace(gscaled.get(), 0.37f, kN);
+  expect_exact(from_bf16(gsum.download()), sum, "add");
+  expect_exact(from_bf16(gacc.download()), sum, "add_into");
+  expect_exact(from_bf16(gscaled.download()), scaled, "scale_inplace");
+}
+
+TEST_F(CudaElementwiseTest, SumOfSquaresIsAccurateAndDeterministic) {
+  const int64_t n = 1'000'003;  // more elements than the fixed grid has threads
+  const auto x = random_vector(static_cast<size_t>(n), 5, -3.0f, 3.0f);
+  DeviceBuffer<float> gx(x);
+  const double want = cpu::sum_of_squares(x.data(), n);
+  const double first = sum_of_squares(gx.get(), n), second = sum_of_squares(gx.get(), n);
+  EXPECT_NEAR(first, want, 1e-12 * want);
+  EXPECT_EQ(first, second) << "same input, same bits";
+  EXPECT_EQ(sum_of_squares(gx.get(), 0), 0.0);
+}
+
+TEST_F(CudaElementwiseTest, Bf16ConversionsMatchHostRounding) {
+  auto x = random_vector(kN, 6, -1000.0f, 1000.0f);
+  x[0] = 0.0f, x[1] = -0.0f, x[2] = 1.0f + 1.0f / 256.0f;  // a tie: rounds to even
+  DeviceBuffer<float> gx(x), back(kN), rounded(x);
+  DeviceBuffer<bf16> g16(kN);
+  convert(g16.get(), gx.get(), kN);
+  convert(back.get(), g16.get(), kN);
+  round_to_bf16_inplace(rounded.get(), kN);
+  const auto want = rounded_to_bf16(x);
+  expect_exact(from_bf16(g16.download()), want, "f32 -> bf16");
+  expect_exact(back.download(), want, "bf16 -> f32");
+  expect_exact(rounded.download(), want, "round_to_bf16_inplace");
+}
+
+// Embedding with repeated tokens (the backward scatter must add, not overwrite).
+constexpr int64_t kBatch = 3, kSeq = 11, kDim = 40, kVocab = 17;
+
+std::vector<int32_t> tokens_with_repeats() {
+  std::vector<int32_t> tokens(static_cast<size_t>(kBatch * kSeq));
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<int32_t>((i * 7) % 5 + (i % 3) * 4);
+  return tokens;
+}
+
+TEST_F(CudaElementwiseTest, EmbeddingF32) {
+  const auto tokens = tokens_with_repeats();
+  const auto tok_table = random_vector(static_cast<size_t>(kVocab * kDim), 7);
+  const auto pos_table = random_vector(static_cast<size_t>(kSeq * kDim), 8);
+  const auto d_out = random_vector(static_cast<size_t>(kBatch * kSeq * kDim), 9);
+  DeviceBuffer<int32_t> g_tokens(tokens);
+  DeviceBuffer<float> g_tok(tok_table), g_pos(pos_table), g_dout(d_out);
+  for (const bool positions : {true, false}) {
+    SCOPED_TRACE(positions ? "with positions" : "tokens only");
+    std::vector<float> out(d_out.size());
+    auto d_tok = random_vector(tok_table.size(), 10), d_pos = random_vector(pos_table.size(), 11);
+    DeviceBuffer<float> g_out(out.size()), g_dtok(d_tok), g_dpos(d_pos);
+    cpu::embedding_forward(out.data(), tokens.data(), tok_table.data(),
+                           positions ? pos_table.data() : nullptr, kBatch, kSeq, kDim);
+    cpu::embedding_backward(d_tok.data(), positions ? d_pos.data() : nullptr, d_out.data(),
+                            tokens.data(), kBatch, kSeq, kDim);
+    embedding_forward(g_out.get(), g_tokens.get(), g_tok.get(), positions ? g_pos.get() : nullptr,
+                      kBatch, kSeq, kDim);
+    embedding_backward(g_dtok.get(), positions ? g_dpos.get() : nullptr, g_dout.get(),
+                       g_tokens.get(), kBatch, kSeq, kDim);
+    expect_exact(g_out.download(), out, "embedding");
+    expect_f32(g_dtok.download(), d_tok, "d_token_table");
+    expect_f32(g_dpos.download(), d_pos, "d_position_table");
+  }
+}
+
+TEST_F(CudaElementwiseTest, EmbeddingBf16) {
+  const auto tokens = tokens_with_repeats();
+  const auto tok_table = rounded_to_bf16(random_vector(static_cast<size_t>(kVocab * kDim), 12));
+  const auto pos_table = rounded_to_bf16(random_vector(static_cast<size_t>(kSeq * kDim), 13));
+  const auto d_out = rounded_to_bf16(random_vector(static_cast<size_t>(kBatch * kSeq * kDim), 14));
+  std::vector<float> out(d_out.size()), d_tok(tok_table.size(), 0.0f),
+      d_pos(pos_table.size(), 0.0f);
+  cpu::embedding_forward(out.data(), tokens.data(), tok_table.data(), pos_table.data(), kBatch,
+                         kSeq, kDim);
+  cpu::round_to_bf16_inplace(out.data(), static_cast<int64_t>(out.size()));
+  cpu::embedding_backward(d_tok.data(), d_pos.data(), d_out.data(), tokens.data(), kBatch, kSeq,
+                          kDim);
+  DeviceBuffer<int32_t> g_tokens(tokens);
+  DeviceBuffer<bf16> g_tok(to_bf16(tok_table)), g_pos(to_bf16(pos_table)), g_dout(to_bf16(d_out));
+  DeviceBuffer<bf16> g_out(out.size());
+  DeviceBuffer<float> g_dtok(d_tok), g_dpos(d_pos);
+  embedding_forward(g_out.get(), g_tokens.get(), g_tok.get(), g_pos.get(), kBatch, kSeq, kDim);
+  embedding_backward(g_dtok.get(), g_dpos.get(), g_dout.get(), g_tokens.get(), kBatch, kSeq, kDim);
+  expect_exact(from_bf16(g_out.download()), out, "embedding (one rounding of tok + pos)");
+  expect_f32(g_dtok.download(), d_tok, "d_token_table");
+  expect_f32(g_dpos.download(), d_pos, "d_position_table");
+}
+
+TEST_F(CudaElementwiseTest, AdamWMatchesCpuOverSeveralSteps) {
+  auto param = random_vector(kN, 15), m = std::vector<float>(kN, 0.0f), v = m;
+  DeviceBuffer<float> g_param(param), g_m(m), g_v(v), g_grad(kN);
+  DeviceBuffer<bf16> g_param16(kN);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const auto grad = random_vector(kN, 16 + static_cast<uint32_t>(step));
+    g_grad.upload(grad);
+    const AdamWStep s{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f};
+    cpu::adamw_update(param.data(), grad.data(), m.data(), v.data(), kN, s);
+    adamw_update(g_param.get(), g_param16.get(), g_grad.get(), g_m.get(), g_v.get(), kN, s);
+  }
+  const auto got = g_param.download();
+  expect_f32(got, param, "param");
+  expect_f32(g_m.download(), m, "exp_avg");
+  expect_f32(g_v.download(), v, "exp_avg_sq");
+  expect_exact(from_bf16(g_param16.download()), rounded_to_bf16(got), "bf16 copy = rounded master");
+}
+
+}  // namespace
+}  // namespace loom::cuda::test

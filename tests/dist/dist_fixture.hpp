@@ -10,6 +10,7 @@
 
 #include "../trainer_fixture.hpp"
 #include "loom/dist/mpi_process_group.hpp"
+#include "loom/model/tensor_shard.hpp"
 #include "loom/obs/metrics_log.hpp"
 #include "loom/train/trainer.hpp"
 
@@ -54,6 +55,13 @@ inline double relative_weight_difference(const std::vector<float>& a, const std:
     max_ref = std::max(max_ref, static_cast<double>(std::fabs(a[k])));
   }
   return max_diff / max_ref;
+}
+
+// relative_weight_difference of a tensor-parallel shard against the matching shard of the
+// whole tensor one process holds; `placement` is the shard's.
+inline double shard_difference(const Tensor& whole, const Placement& placement, const Tensor& shard) {
+  const Tensor expected = take_shard(whole, placement);
+  return relative_weight_difference(expected.to_f32_vector(), shard.to_f32_vector());
 }
 
 }  // namespace loom::test

@@ -125,7 +125,8 @@ TEST(TensorParallelCheckpoint, LoadsAtAnotherTpAndInOneProcess) {
   resumed.zero_stage = 1;
   Trainer b(resumed, world_group);
   b.run();
-  Trainer r(config(1, 1, "r", "r"));
+  // Every rank runs R on its own: its checkpoints go to a directory of its own.
+  Trainer r(config(1, 1, "r" + std::to_string(world_group->rank()), "r"));
   r.run();
   if (world_group->rank() == 0) {
     const auto b_losses = losses_of(run.dir + "/b/metrics.jsonl");
@@ -149,7 +150,7 @@ TEST(TensorParallelLaunch, RanksThatAreNotAMultipleOfTpAreRejected) {
   const int tp = 2 * n;  // 8 heads and 128 MLP columns divide by 2, 4 and 8
   const TrainConfig config = parse(run.config("gpt2", 4), {"model.n_head=8", "parallel.tp=" + std::to_string(tp)});
   expect_contains(error_message([&] { Trainer trainer(config, world_group); }),
-                  {"launched with " + std::to_string(n) + " rank(s)", "parallel.tp = " + std::to_string(tp),
+                  {"launched with " + std::to_string(n) + " rank(s)", "parallel.tp x parallel.pp = " + std::to_string(tp),
                    "launch dp x " + std::to_string(tp)});
 }
 

@@ -43,7 +43,8 @@ void print_samples(Transformer& model, const Gpt2Tokenizer& tokenizer, const std
 int run_train(const TrainArgs& args) {
   ConfigReader reader = ConfigReader::from_file(args.config_path);
   reader.apply_overrides(args.overrides);
-  const TrainConfig config = parse_train_config(reader);
+  TrainConfig config = parse_train_config(reader);
+  config.print_schedule = args.print_schedule;
   if (args.check_only) {
     std::printf("config %s is valid\n", args.config_path.c_str());
     return 0;
@@ -60,7 +61,11 @@ int run_train(const TrainArgs& args) {
     std::printf("validation loss %.4f vs unigram baseline %.4f nats/token (%.1f%% below)\n",
                 *summary.last_val_loss, unigram, 100.0 * (1.0 - *summary.last_val_loss / unigram));
   }
-  if (config.sample_tokens > 0 && !config.sample_prompt.empty()) {
+  const bool partial_model = !trainer.model().is_whole() || trainer.model().plan().tp() > 1;
+  if (config.sample_tokens > 0 && !config.sample_prompt.empty() && partial_model) {
+    // Sampling runs on rank 0 alone, which holds a pipeline stage or a tensor-parallel shard.
+    std::printf("no samples: this rank holds part of the model; run `loom generate` on the last checkpoint\n");
+  } else if (config.sample_tokens > 0 && !config.sample_prompt.empty()) {
     const Gpt2Tokenizer tokenizer = load_tokenizer(config.tokenizer_dir);
     SampleOptions options;
     options.new_tokens = config.sample_tokens;

@@ -11,6 +11,7 @@ struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;  // "section.key=value"
   bool check_only = false;             // validate the config and exit
+  bool print_schedule = false;  // pipeline runs: draw the last step and report its bubble
 };
 int run_train(const TrainArgs& args);
 

@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "train a model from a TOML config; extra --section.key=value override it");
   train_cmd->add_option("config", train.config_path, "TOML config file")->required()->check(CLI::ExistingFile);
   train_cmd->add_flag("--check", train.check_only, "validate the config and exit");
+  train_cmd->add_flag("--print-schedule", train.print_schedule,
+                      "draw the last step's pipeline timeline (log.dir/pipeline.svg) and print its bubble");
   std::string trace_path;
   train_cmd->add_option("--trace", trace_path, "write a Chrome/Perfetto trace (one file per rank)");
   train_cmd->allow_extras();

@@ -34,6 +34,10 @@ struct Parameter {
   bool weight_decay = true;
   bool hf_transposed = false;
   Placement placement;
+  // A replica of a parameter an earlier pipeline stage owns (the last stage's copy of a tied
+  // token embedding): its gradient is summed with the owner's, and the owner alone counts it
+  // in the gradient norm and writes it to checkpoints.
+  bool pipeline_copy = false;
 };
 
 using ParameterList = std::vector<Parameter*>;

@@ -57,4 +57,25 @@ BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPla
   return g;
 }
 
+ChunkActivations make_chunk_activations(const ModelConfig& c, const ParallelPlan& plan,
+                                        const ModelChunk& chunk, Recompute recompute, int64_t batch,
+                                        int64_t seq_len, BlockStash& selective_shared) {
+  const int64_t local_rows = plan.local_rows(batch * seq_len);
+  ChunkActivations a;
+  a.residuals = activation({chunk.layers() + 1, local_rows, c.n_embd});
+  if (chunk.last_stage()) {
+    a.final_norm_out = activation({local_rows, c.n_embd});
+    a.final_norm_stash.rstd = activation({local_rows});
+    if (c.arch == Architecture::GPT2) a.final_norm_stash.mean = activation({local_rows});
+    a.d_hidden = Tensor::empty({local_rows, c.n_embd}, DType::F32, MemCategory::Workspace);
+  }
+  if (recompute == Recompute::Full) return a;
+  for (int64_t l = 0; l < chunk.layers(); ++l) {
+    const bool share = recompute == Recompute::Selective && selective_shared.attn_out.defined();
+    a.stashes.push_back(make_block_stash(c, plan, batch, seq_len, share ? &selective_shared : nullptr));
+    if (recompute == Recompute::Selective && !share) selective_shared = a.stashes.back();
+  }
+  return a;
+}
+
 }  // namespace loom

@@ -3,10 +3,13 @@
 // Tensors are handles, so blocks can share storage: with selective recomputation all blocks
 // share the cheap-to-recompute buffers (attention output, log-sum-exp, MLP activation), and
 // with full recomputation they share the whole stash and keep only their input.
+#include <vector>
+
 #include "loom/core/tensor.hpp"
 #include "loom/model/config.hpp"
 #include "loom/model/norm.hpp"
 #include "loom/model/parallel_plan.hpp"
+#include "loom/model/pipeline_layout.hpp"
 
 namespace loom {
 
@@ -36,5 +39,25 @@ struct BlockGradScratch {
 };
 BlockGradScratch make_block_grad_scratch(const ModelConfig& config, const ParallelPlan& plan,
                                          int64_t rows);
+
+// What one model chunk (pipeline stage) keeps of one micro-batch from its forward to its
+// backward. A pipeline holds several at once (one per micro-batch in flight), which is the
+// activation memory a schedule costs.
+struct ChunkActivations {
+  std::vector<int32_t> tokens;  // first stage: the embedding backward reads them
+  Tensor residuals;             // [layers + 1, local_rows, C]: each block's input, then the output
+  Tensor final_norm_out;        // last stage: [local_rows, C]
+  NormStash final_norm_stash;   // last stage
+  Tensor d_hidden;              // last stage: gradient of final_norm_out from the fused loss
+  std::vector<BlockStash> stashes;  // one per block; none under full recomputation, whose
+                                    // blocks share the model's single stash
+  bool grad_ready = false;      // forward ran with compute_grad
+};
+
+// Under Selective every block of every micro-batch shares one set of recomputable tensors,
+// `selective_shared`'s: taken from the first stash made while it is empty.
+ChunkActivations make_chunk_activations(const ModelConfig& config, const ParallelPlan& plan,
+                                        const ModelChunk& chunk, Recompute recompute, int64_t batch,
+                                        int64_t seq_len, BlockStash& selective_shared);
 
 }  // namespace loom

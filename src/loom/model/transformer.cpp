@@ -26,43 +26,75 @@ void allocate_vocab_table(Parameter& p, std::string name, const ParallelPlan& pl
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t vocab_chunk,
-                         std::shared_ptr<const ParallelPlan> plan)
+                         std::shared_ptr<const ParallelPlan> plan, std::vector<ModelChunk> chunks)
     : config_(config),
       plan_(plan ? std::move(plan) : single_process_plan()),
       recompute_(recompute),
-      vocab_chunk_(vocab_chunk) {
+      vocab_chunk_(vocab_chunk),
+      chunks_(chunks.empty() ? whole_model(config.n_layer) : std::move(chunks)) {
   config_.validate();
   if (config_.is_moe())
     throw_error("model.n_experts = ", config_.n_experts, ": the engine trains dense models only so far; "
                 "`loom plan` plans Mixture-of-Experts models");
   if (vocab_chunk_ <= 0) throw_error("vocab_chunk: got ", vocab_chunk_, ", expected a positive count");
+  holds_embedding_ = holds_head_ = false;
+  for (const ModelChunk& chunk : chunks_) {
+    if (chunk.first_layer < 0 || chunk.end_layer > config_.n_layer || chunk.layers() < 1)
+      throw_error("model chunk of stage ", chunk.stage, " holds layers [", chunk.first_layer, ", ",
+                  chunk.end_layer, "), outside the model's ", config_.n_layer, " layers or empty");
+    holds_embedding_ = holds_embedding_ || chunk.first_stage();
+    holds_head_ = holds_head_ || chunk.last_stage();
+  }
   const bool gpt2 = config_.arch == Architecture::GPT2;
   (void)plan_->local_dims(config_);  // a tp that does not divide the heads fails here, first
-  allocate_vocab_table(token_embedding, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight",
-                       *plan_, config_.vocab_size, config_.n_embd);
-  parameters_.push_back(&token_embedding);
-  if (gpt2) {
-    allocate_parameter(position_embedding, "transformer.wpe.weight",
-                       {config_.max_seq_len, config_.n_embd}, true);
-    parameters_.push_back(&position_embedding);
-  } else {
+  // The whole model's parameter order, which fixes each parameter's initialisation stream:
+  // token and position embeddings, every block's parameters, the final norm, lm_head.
+  const int64_t first_block_index = gpt2 ? 2 : 1;
+  const std::string wte_name = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+  if (holds_embedding_ || (holds_head_ && config_.tied_embeddings)) {
+    allocate_vocab_table(token_embedding, wte_name, *plan_, config_.vocab_size, config_.n_embd);
+    token_embedding.pipeline_copy = !holds_embedding_;
+    add_parameter(token_embedding, 0);
+  }
+  if (holds_embedding_ && gpt2) {
+    allocate_parameter(position_embedding, "transformer.wpe.weight", {config_.max_seq_len, config_.n_embd}, true);
+    add_parameter(position_embedding, 1);
+  }
+  if (!gpt2)
     rope_ = std::make_shared<cpu::RopeTable>(
         cpu::make_rope_table(config_.head_dim(), config_.max_seq_len, config_.rope_theta));
+  int64_t per_block = 0;
+  for (const ModelChunk& chunk : chunks_) {
+    chunk_first_block_.push_back(static_cast<int64_t>(blocks.size()));
+    for (int64_t l = chunk.first_layer; l < chunk.end_layer; ++l) {
+      const std::string prefix = (gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l);
+      blocks.push_back(std::make_unique<TransformerBlock>(config_, *plan_, prefix, rope_));
+      ParameterList& mine = block_parameters_.emplace_back();
+      blocks.back()->collect(mine);
+      per_block = static_cast<int64_t>(mine.size());
+      for (size_t k = 0; k < mine.size(); ++k)
+        add_parameter(*mine[k], first_block_index + l * per_block + static_cast<int64_t>(k));
+    }
   }
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
-    const std::string prefix = (gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l);
-    blocks.push_back(std::make_unique<TransformerBlock>(config_, *plan_, prefix, rope_));
-    blocks.back()->collect(parameters_);
-    blocks.back()->collect(block_parameters_.emplace_back());
+  if (holds_head_) {
+    final_norm = std::make_unique<Norm>(gpt2 ? NormKind::LayerNorm : NormKind::RMSNorm,
+                                        gpt2 ? "transformer.ln_f" : "model.norm", config_.n_embd,
+                                        static_cast<float>(config_.norm_eps));
+    ParameterList norm;
+    final_norm->collect(norm);
+    int64_t index = first_block_index + config_.n_layer * per_block;
+    for (Parameter* p : norm) add_parameter(*p, index++);
+    if (!config_.tied_embeddings) {
+      allocate_vocab_table(lm_head, "lm_head.weight", *plan_, config_.vocab_size, config_.n_embd);
+      add_parameter(lm_head, index);
+    }
   }
-  final_norm = std::make_unique<Norm>(gpt2 ? NormKind::LayerNorm : NormKind::RMSNorm,
-                                      gpt2 ? "transformer.ln_f" : "model.norm", config_.n_embd,
-                                      static_cast<float>(config_.norm_eps));
-  final_norm->collect(parameters_);
-  if (!config_.tied_embeddings) {
-    allocate_vocab_table(lm_head, "lm_head.weight", *plan_, config_.vocab_size, config_.n_embd);
-    parameters_.push_back(&lm_head);
-  }
+  idle_.resize(chunks_.size());
+}
+
+void Transformer::add_parameter(Parameter& p, int64_t init_index) {
+  parameters_.push_back(&p);
+  init_index_.push_back(init_index);
 }
 
 void Transformer::init_weights(uint64_t seed) {
@@ -84,7 +116,7 @@ void Transformer::init_weights(uint64_t seed) {
     const double std = is_residual_output(p.name) ? residual_std : kStd;
     // One stream per parameter (keyed by its index): the same values for any thread count.
     // A shard draws the whole tensor and keeps its part.
-    const CounterRng rng(seed, index);
+    const CounterRng rng(seed, static_cast<uint64_t>(init_index_[index]));
     Tensor full = p.placement.replicated
                       ? p.value
                       : Tensor::empty(p.placement.full_shape, DType::F32, MemCategory::Workspace);
@@ -102,14 +134,14 @@ void Transformer::set_bf16_activations(bool on) {
 
 ParameterList Transformer::parameters_in_grad_ready_order() {
   ParameterList order;
-  auto add = [&](Parameter* p) { order.push_back(p); };
-  if (!config_.tied_embeddings) add(&lm_head);
-  add(&final_norm->weight);
-  if (!final_norm->bias.name.empty()) add(&final_norm->bias);
+  if (holds_head_) {
+    if (!config_.tied_embeddings) order.push_back(&lm_head);
+    final_norm->collect(order);
+  }
   for (auto it = block_parameters_.rbegin(); it != block_parameters_.rend(); ++it)
     for (Parameter* p : *it) order.push_back(p);
-  add(&token_embedding);
-  if (has_position_embedding()) add(&position_embedding);
+  if (holds_embedding_ || tied_across_stages()) order.push_back(&token_embedding);
+  if (has_position_embedding()) order.push_back(&position_embedding);
   return order;
 }
 
@@ -124,6 +156,9 @@ void Transformer::zero_grad() {
 }
 
 ParameterList Transformer::unit_parameters(int64_t unit) {
+  if (!is_whole())
+    throw_error("parameter units are whole-model units: a pipeline stage has none (ZeRO-3 does not "
+                "compose with pipeline parallelism)");
   if (unit < 0 || unit > config_.n_layer) throw_error("unit ", unit, " is outside [0, ", config_.n_layer, "]");
   if (unit > 0) return block_parameters_[static_cast<size_t>(unit - 1)];
   ParameterList root{&token_embedding};
@@ -133,38 +168,62 @@ ParameterList Transformer::unit_parameters(int64_t unit) {
   return root;
 }
 
-void Transformer::ensure_activations(int64_t batch, int64_t seq_len) {
+// ---- activations ------------------------------------------------------------------------
+
+void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
   if (batch == batch_ && seq_len == seq_len_) return;
-  stashes_.clear();
+  if (!in_flight_.empty())
+    throw_error("batch ", batch, " x sequence ", seq_len, " while ", in_flight_.size(), " micro-batch(es) of ",
+                batch_, " x ", seq_len_, " await their backward: finish them first");
   batch_ = batch;
   seq_len_ = seq_len;
+  for (auto& idle : idle_) idle.clear();
+  full_recompute_stash_ = BlockStash{};
+  selective_shared_ = BlockStash{};
+  if (recompute_ == Recompute::Full)
+    full_recompute_stash_ = make_block_stash(config_, *plan_, batch, seq_len, nullptr);
   const int64_t rows = plan_->local_rows(batch * seq_len), c = config_.n_embd;
-  auto activation = [](const Shape& shape) {
-    return Tensor::empty(shape, DType::F32, MemCategory::Activations);
-  };
-  residuals_ = activation({config_.n_layer + 1, rows, c});
-  final_norm_out_ = activation({rows, c});
-  final_norm_stash_.rstd = activation({rows});
-  if (config_.arch == Architecture::GPT2) final_norm_stash_.mean = activation({rows});
-  if (recompute_ == Recompute::Full) {
-    // One stash shared by all blocks: only block inputs (residuals_) survive the forward.
-    stashes_.assign(1, make_block_stash(config_, *plan_, batch, seq_len, nullptr));
-  } else {
-    const BlockStash first = make_block_stash(config_, *plan_, batch, seq_len, nullptr);
-    stashes_.push_back(first);
-    for (int64_t l = 1; l < config_.n_layer; ++l)
-      stashes_.push_back(make_block_stash(config_, *plan_, batch, seq_len,
-                                          recompute_ == Recompute::Selective ? &first : nullptr));
-  }
   scratch_ = make_block_grad_scratch(config_, *plan_, batch * seq_len);
-  d_hidden_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
   // The single-process loss takes its logits scratch from here; the vocab-parallel one has
   // its own.
-  logits_chunk_ = plan_->tp() > 1 ? Tensor()
-                                  : Tensor::empty({rows, std::min(vocab_chunk_, config_.vocab_size)},
-                                                  DType::F32, MemCategory::Workspace);
+  logits_chunk_ = plan_->tp() > 1 || !holds_head_
+                      ? Tensor()
+                      : Tensor::empty({rows, std::min(vocab_chunk_, config_.vocab_size)}, DType::F32,
+                                      MemCategory::Workspace);
   d_residual_a_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
   d_residual_b_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
+}
+
+ChunkActivations& Transformer::acquire(int64_t chunk, int64_t micro) {
+  if (chunk < 0 || chunk >= static_cast<int64_t>(chunks_.size()))
+    throw_error("chunk ", chunk, " is outside this rank's ", chunks_.size(), " chunk(s)");
+  const auto key = std::make_pair(chunk, micro);
+  if (in_flight_.count(key))
+    throw_error("micro-batch ", micro, " of chunk ", chunk, " ran forward twice without a backward");
+  auto& idle = idle_[static_cast<size_t>(chunk)];
+  if (idle.empty())
+    idle.push_back(make_chunk_activations(config_, *plan_, chunks_[static_cast<size_t>(chunk)], recompute_, batch_,
+                                          seq_len_, selective_shared_));
+  ChunkActivations& a = in_flight_.emplace(key, std::move(idle.back())).first->second;
+  idle.pop_back();
+  return a;
+}
+
+void Transformer::release(int64_t chunk, int64_t micro) {
+  auto it = in_flight_.find({chunk, micro});
+  it->second.grad_ready = false;
+  idle_[static_cast<size_t>(chunk)].push_back(std::move(it->second));
+  in_flight_.erase(it);
+}
+
+int64_t Transformer::activation_sets_allocated() const {
+  int64_t sets = static_cast<int64_t>(in_flight_.size());
+  for (const auto& idle : idle_) sets += static_cast<int64_t>(idle.size());
+  return sets;
+}
+
+BlockStash& Transformer::stash_of(ChunkActivations& a, int64_t block_in_chunk) {
+  return recompute_ == Recompute::Full ? full_recompute_stash_ : a.stashes[static_cast<size_t>(block_in_chunk)];
 }
 
 void Transformer::check_inputs(const int32_t* tokens, const int32_t* targets, int64_t batch,
@@ -173,7 +232,7 @@ void Transformer::check_inputs(const int32_t* tokens, const int32_t* targets, in
   if (seq_len > config_.max_seq_len)
     throw_error("sequence length ", seq_len, " exceeds the model's max_seq_len ", config_.max_seq_len);
   for (int64_t i = 0; i < batch * seq_len; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= config_.vocab_size)
+    if (tokens && (tokens[i] < 0 || tokens[i] >= config_.vocab_size))
       throw_error("token id ", tokens[i], " at position ", i, " is outside the vocabulary [0, ",
                   config_.vocab_size, ")");
     if (targets && targets[i] >= config_.vocab_size)
@@ -182,9 +241,9 @@ void Transformer::check_inputs(const int32_t* tokens, const int32_t* targets, in
   }
 }
 
-EmbeddingArgs Transformer::embedding_args() const {
+EmbeddingArgs Transformer::embedding_args(const ChunkActivations& a) const {
   EmbeddingArgs args;
-  args.tokens = tokens_.data();
+  args.tokens = a.tokens.data();
   args.token_table = &token_embedding;
   args.position_table = has_position_embedding() ? &position_embedding : nullptr;
   args.batch = batch_;
@@ -213,37 +272,54 @@ void Transformer::with_partial_grads(const ParameterList& params, Run run) {
   }
 }
 
-void Transformer::forward_hidden(const int32_t* tokens, int64_t batch, int64_t seq_len) {
-  ensure_activations(batch, seq_len);
-  const int64_t rows = plan_->local_rows(batch * seq_len), c = config_.n_embd;
-  tokens_.assign(tokens, tokens + batch * seq_len);
-  fire(unit_hooks_.before_forward, 0);
-  float* residual = residuals_.f32();
-  plan_->embed(residual, embedding_args());
-  if (bf16_activations_) cpu::round_to_bf16_inplace(residual, rows * c);
-  const bool shared = recompute_ == Recompute::Full;
-  for (int64_t l = 0; l < config_.n_layer; ++l) {
-    BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
-    fire(unit_hooks_.before_forward, l + 1);
-    blocks[static_cast<size_t>(l)]->forward(residual + (l + 1) * rows * c, residual + l * rows * c,
-                                            stash, batch, seq_len);
-    fire(unit_hooks_.after_forward, l + 1);
+// ---- forward ----------------------------------------------------------------------------
+
+void Transformer::forward_layers(int64_t chunk_index, ChunkActivations& a, const float* input) {
+  const ModelChunk& chunk = chunks_[static_cast<size_t>(chunk_index)];
+  const int64_t rows = plan_->local_rows(batch_ * seq_len_), c = config_.n_embd;
+  float* residual = a.residuals.f32();
+  if (chunk.first_stage()) {
+    fire(unit_hooks_.before_forward, 0);
+    plan_->embed(residual, embedding_args(a));
+    if (bf16_activations_) cpu::round_to_bf16_inplace(residual, rows * c);
+  } else {
+    std::memcpy(residual, input, static_cast<size_t>(rows * c) * sizeof(float));
   }
-  final_norm->forward(final_norm_out_.f32(), final_norm_stash_,
-                      residual + config_.n_layer * rows * c, rows);
-  if (bf16_activations_) cpu::round_to_bf16_inplace(final_norm_out_.f32(), rows * c);
+  const int64_t first_block = chunk_first_block_[static_cast<size_t>(chunk_index)];
+  for (int64_t i = 0; i < chunk.layers(); ++i) {
+    const int64_t unit = chunk.first_layer + i + 1;
+    fire(unit_hooks_.before_forward, unit);
+    blocks[static_cast<size_t>(first_block + i)]->forward(residual + (i + 1) * rows * c, residual + i * rows * c,
+                                                          stash_of(a, i), batch_, seq_len_);
+    fire(unit_hooks_.after_forward, unit);
+  }
+  if (!chunk.last_stage()) return;
+  final_norm->forward(a.final_norm_out.f32(), a.final_norm_stash, residual + chunk.layers() * rows * c, rows);
+  if (bf16_activations_) cpu::round_to_bf16_inplace(a.final_norm_out.f32(), rows * c);
 }
 
-double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                            int64_t seq_len, const ForwardOptions& options) {
-  check_inputs(tokens, targets, batch, seq_len);
-  forward_hidden(tokens, batch, seq_len);
+double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int32_t* tokens, const int32_t* targets,
+                                  const float* input, int64_t batch, int64_t seq_len, const ForwardOptions& options) {
+  const ModelChunk& chunk = chunks_.at(static_cast<size_t>(chunk_index));
+  if (chunk.first_stage() && !tokens) throw_error("the first pipeline stage needs tokens");
+  if (!chunk.first_stage() && !input) throw_error("pipeline stage ", chunk.stage, " needs the previous stage's output");
+  if (chunk.last_stage() && !targets) throw_error("the last pipeline stage needs targets");
+  check_inputs(chunk.first_stage() ? tokens : nullptr, chunk.last_stage() ? targets : nullptr, batch, seq_len);
+  ensure_shape(batch, seq_len);
+  ChunkActivations& a = acquire(chunk_index, micro);
+  if (chunk.first_stage()) a.tokens.assign(tokens, tokens + batch * seq_len);
+  forward_layers(chunk_index, a, input);
+  if (!chunk.last_stage()) {
+    a.grad_ready = options.compute_grad;
+    if (!options.compute_grad) release(chunk_index, micro);
+    return 0.0;
+  }
   // The fused loss writes the head's gradient, so with compute_grad the root's backward
   // begins here.
   if (options.compute_grad) fire(unit_hooks_.before_backward, 0);
   const Parameter& head = output_weight();
   cpu::CrossEntropyArgs args{};  // rows and vocab are whole counts; hidden and head this rank's
-  args.hidden = final_norm_out_.f32();
+  args.hidden = a.final_norm_out.f32();
   args.weight = head.value.f32();
   args.targets = targets;
   args.rows = batch * seq_len;
@@ -251,67 +327,116 @@ double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64
   args.vocab = config_.vocab_size;
   args.vocab_chunk = vocab_chunk_;
   args.grad_scale = options.grad_scale;
-  args.d_hidden = options.compute_grad ? d_hidden_.f32() : nullptr;
+  args.d_hidden = options.compute_grad ? a.d_hidden.f32() : nullptr;
   args.d_weight = options.compute_grad ? head.grad.f32() : nullptr;
   args.workspace = logits_chunk_.defined() ? logits_chunk_.f32() : nullptr;
-  grad_ready_ = options.compute_grad;
   const double loss = plan_->head_loss(args);
-  if (!options.compute_grad) fire(unit_hooks_.after_forward, 0);
+  a.grad_ready = options.compute_grad;
+  if (!options.compute_grad) {
+    fire(unit_hooks_.after_forward, 0);
+    release(chunk_index, micro);
+  }
   return loss;
 }
 
-void Transformer::backward() {
-  if (!grad_ready_) throw_error("backward() needs a forward() with compute_grad first");
-  grad_ready_ = false;
+const float* Transformer::chunk_output(int64_t chunk_index, int64_t micro) const {
+  const ModelChunk& chunk = chunks_.at(static_cast<size_t>(chunk_index));
+  const int64_t rows = plan_->local_rows(batch_ * seq_len_), c = config_.n_embd;
+  auto it = in_flight_.find({chunk_index, micro});
+  const ChunkActivations* a = nullptr;
+  if (it != in_flight_.end()) a = &it->second;
+  else if (!idle_[static_cast<size_t>(chunk_index)].empty()) a = &idle_[static_cast<size_t>(chunk_index)].back();
+  if (!a) throw_error("chunk ", chunk_index, " has no output for micro-batch ", micro);
+  return a->residuals.f32() + chunk.layers() * rows * c;
+}
+
+double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
+                            const ForwardOptions& options) {
+  if (!is_whole()) throw_error("forward() runs the whole model; a pipeline stage runs forward_chunk()");
+  // A forward without the backward of the previous one simply replaces it.
+  if (in_flight_.count({0, 0})) release(0, 0);
+  return forward_chunk(0, 0, tokens, targets, nullptr, batch, seq_len, options);
+}
+
+// ---- backward ---------------------------------------------------------------------------
+
+const float* Transformer::backward_chunk(int64_t chunk_index, int64_t micro, const float* d_output) {
+  auto it = in_flight_.find({chunk_index, micro});
+  if (it == in_flight_.end() || !it->second.grad_ready)
+    throw_error("backward of micro-batch ", micro, " (chunk ", chunk_index, ") needs its forward with compute_grad first");
+  ChunkActivations& a = it->second;
+  const ModelChunk& chunk = chunks_[static_cast<size_t>(chunk_index)];
+  if (!chunk.last_stage() && !d_output)
+    throw_error("pipeline stage ", chunk.stage, " needs the gradient of its output from the next stage");
   const int64_t rows = plan_->local_rows(batch_ * seq_len_), c = config_.n_embd;
   const bool sequence_parallel = plan_->sequence_parallel() && plan_->tp() > 1;
-  float* residual = residuals_.f32();
+  float* residual = a.residuals.f32();
   float* d_out = d_residual_a_.f32();
   float* d_in = d_residual_b_.f32();
-  std::memset(d_out, 0, static_cast<size_t>(rows * c) * sizeof(float));
-  ParameterList final_norm_params;
-  if (sequence_parallel) final_norm->collect(final_norm_params);
-  with_partial_grads(final_norm_params, [&] {
-    final_norm->backward(d_out, d_hidden_.f32(), residual + config_.n_layer * rows * c,
-                         final_norm_stash_, rows);
-  });
-  {
+  if (chunk.last_stage()) {
+    std::memset(d_out, 0, static_cast<size_t>(rows * c) * sizeof(float));
+    ParameterList final_norm_params;
+    if (sequence_parallel) final_norm->collect(final_norm_params);
+    with_partial_grads(final_norm_params, [&] {
+      final_norm->backward(d_out, a.d_hidden.f32(), residual + chunk.layers() * rows * c, a.final_norm_stash, rows);
+    });
     ParameterList head;
     if (!config_.tied_embeddings) head.push_back(&lm_head);
     final_norm->collect(head);
     grads_ready(head);
+  } else {
+    std::memcpy(d_out, d_output, static_cast<size_t>(rows * c) * sizeof(float));
   }
-  const bool shared = recompute_ == Recompute::Full;
-  for (int64_t l = config_.n_layer - 1; l >= 0; --l) {
-    BlockStash& stash = stashes_[shared ? 0 : static_cast<size_t>(l)];
-    fire(unit_hooks_.before_backward, l + 1);
-    TransformerBlock& block = *blocks[static_cast<size_t>(l)];
+  const int64_t first_block = chunk_first_block_[static_cast<size_t>(chunk_index)];
+  for (int64_t i = chunk.layers() - 1; i >= 0; --i) {
+    const int64_t unit = chunk.first_layer + i + 1;
+    fire(unit_hooks_.before_backward, unit);
+    TransformerBlock& block = *blocks[static_cast<size_t>(first_block + i)];
     with_partial_grads(block.partial_grads(), [&] {
-      block.backward(d_in, d_out, residual + l * rows * c, stash, scratch_, recompute_, batch_,
-                     seq_len_);
+      block.backward(d_in, d_out, residual + i * rows * c, stash_of(a, i), scratch_, recompute_, batch_, seq_len_);
     });
-    grads_ready(block_parameters_[static_cast<size_t>(l)]);
-    fire(unit_hooks_.after_backward, l + 1);
+    grads_ready(block_parameters_[static_cast<size_t>(first_block + i)]);
+    fire(unit_hooks_.after_backward, unit);
     std::swap(d_in, d_out);
+  }
+  if (!chunk.first_stage()) {
+    release(chunk_index, micro);
+    return d_out;
   }
   // Under sequence parallelism the position table meets this rank's rows only.
   ParameterList position_params;
   if (sequence_parallel && has_position_embedding()) position_params.push_back(&position_embedding);
-  with_partial_grads(position_params, [&] { plan_->embed_backward(d_out, embedding_args()); });
-  ParameterList embeddings{&token_embedding};
+  with_partial_grads(position_params, [&] { plan_->embed_backward(d_out, embedding_args(a)); });
+  ParameterList embeddings;
+  if (!tied_across_stages()) embeddings.push_back(&token_embedding);
   if (has_position_embedding()) embeddings.push_back(&position_embedding);
   grads_ready(embeddings);
   fire(unit_hooks_.after_backward, 0);
+  release(chunk_index, micro);
+  return nullptr;
+}
+
+void Transformer::backward() {
+  if (!is_whole()) throw_error("backward() runs the whole model; a pipeline stage runs backward_chunk()");
+  if (!in_flight_.count({0, 0}) || !in_flight_.at({0, 0}).grad_ready)
+    throw_error("backward() needs a forward() with compute_grad first");
+  backward_chunk(0, 0, nullptr);
 }
 
 std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len) {
+  if (!is_whole()) throw_error("last_logits() needs the whole model, not one pipeline stage");
   check_inputs(tokens, nullptr, batch, seq_len);
-  forward_hidden(tokens, batch, seq_len);
+  ensure_shape(batch, seq_len);
+  if (in_flight_.count({0, 0})) release(0, 0);
+  ChunkActivations& a = acquire(0, 0);
+  a.tokens.assign(tokens, tokens + batch * seq_len);
+  forward_layers(0, a, nullptr);
   const int64_t v = config_.vocab_size;
   std::vector<float> logits(static_cast<size_t>(batch * v));
-  plan_->last_position_logits(logits.data(), final_norm_out_.f32(), output_weight().value.f32(),
-                              batch, seq_len, config_.n_embd, v);
+  plan_->last_position_logits(logits.data(), a.final_norm_out.f32(), output_weight().value.f32(), batch, seq_len,
+                              config_.n_embd, v);
   fire(unit_hooks_.after_forward, 0);
+  release(0, 0);
   return logits;
 }
 

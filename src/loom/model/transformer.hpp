@@ -3,12 +3,15 @@
 // with cross-entropy. Forward and backward are explicit; the model owns its activation stash
 // and decides, per recomputation mode, what the stash keeps.
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "loom/model/block.hpp"
 #include "loom/model/config.hpp"
 #include "loom/model/parallel_plan.hpp"
+#include "loom/model/pipeline_layout.hpp"
+#include "loom/model/stash.hpp"
 
 namespace loom {
 
@@ -20,10 +23,13 @@ struct ForwardOptions {
 class Transformer {
  public:
   // `plan` lays the layers out over tensor parallelism (null: one process). Every tp rank of
-  // a model is given the same tokens and targets.
+  // a model is given the same tokens and targets. `chunks` are the pipeline stages this rank
+  // holds (model/pipeline_layout; empty: the whole model): only their layers are built, the
+  // embeddings on the first stage, the final norm and head on the last (with tied embeddings
+  // the last stage holds a copy of the token embedding, marked `pipeline_copy`).
   Transformer(const ModelConfig& config, Recompute recompute = Recompute::None,
               int64_t vocab_chunk = kDefaultVocabChunk,
-              std::shared_ptr<const ParallelPlan> plan = nullptr);
+              std::shared_ptr<const ParallelPlan> plan = nullptr, std::vector<ModelChunk> chunks = {});
 
   // GPT-2 / nanoGPT initialisation: N(0, 0.02) weights, residual output projections scaled by
   // 1/sqrt(2 n_layer) (Radford et al. 2019, section 2.3), zero biases, unit norm weights.
@@ -31,13 +37,38 @@ class Transformer {
   // from the weights one process would.
   void init_weights(uint64_t seed);
 
-  // Returns the sum of per-token losses over the batch (tokens and targets are [batch, seq]).
-  // With compute_grad, also accumulates the output projection's gradient and prepares the
-  // gradient of the final hidden states for backward().
+  // Whole model only. Returns the sum of per-token losses over the batch (tokens and targets
+  // are [batch, seq]). With compute_grad, also accumulates the output projection's gradient
+  // and prepares the gradient of the final hidden states for backward().
   double forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
                  const ForwardOptions& options = {});
   // Accumulates every parameter's gradient (call after forward with compute_grad).
   void backward();
+
+  // One pipeline stage's part of micro-batch `micro`: chunk `chunk` (index into chunks()).
+  // The first stage embeds `tokens`; any other takes `input`, the previous stage's output
+  // [local_rows, C]. The last stage returns the summed loss over `targets` (others 0) and,
+  // with compute_grad, its head gradient. Other stages' output is chunk_output(chunk, micro):
+  // with compute_grad valid until backward_chunk, else until the chunk's next forward. Several
+  // micro-batches may be in flight per chunk; each keeps its own activations until its backward.
+  double forward_chunk(int64_t chunk, int64_t micro, const int32_t* tokens, const int32_t* targets,
+                       const float* input, int64_t batch, int64_t seq_len, const ForwardOptions& options);
+  const float* chunk_output(int64_t chunk, int64_t micro) const;
+  // `d_output` is the next stage's gradient of this chunk's output (null on the last stage).
+  // Returns the gradient of the chunk's input [local_rows, C], valid until the next
+  // backward_chunk, or null on the first stage.
+  const float* backward_chunk(int64_t chunk, int64_t micro, const float* d_output);
+  const std::vector<ModelChunk>& chunks() const { return chunks_; }
+  bool is_whole() const { return holds_embedding_ && holds_head_ && chunks_.size() == 1; }
+  bool holds_embedding() const { return holds_embedding_; }
+  bool holds_head() const { return holds_head_; }
+  // Tied embeddings split over pipeline stages: the first stage's token embedding and the last
+  // stage's copy each get part of the gradient. backward never reports that gradient ready:
+  // whoever sums the two parts calls report_grads_ready for it.
+  bool tied_across_stages() const { return config_.tied_embeddings && holds_embedding_ != holds_head_; }
+  void report_grads_ready(const ParameterList& params) { grads_ready(params); }
+  // Activation sets held now, in flight or idle for reuse: the memory a schedule costs.
+  int64_t activation_sets_allocated() const;
 
   // Logits of the last position of each sequence: [batch, vocab] (no targets needed).
   std::vector<float> last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len);
@@ -65,7 +96,7 @@ class Transformer {
   };
   void set_unit_hooks(UnitHooks hooks) { unit_hooks_ = std::move(hooks); }
   int64_t unit_count() const { return config_.n_layer + 1; }
-  ParameterList unit_parameters(int64_t unit);
+  ParameterList unit_parameters(int64_t unit);  // whole model only
   const ParameterList& parameters() const { return parameters_; }
   const ModelConfig& config() const { return config_; }
   const ParallelPlan& plan() const { return *plan_; }
@@ -74,30 +105,42 @@ class Transformer {
   // Output projection: the token embedding when tied, else lm_head.
   const Parameter& output_weight() const { return config_.tied_embeddings ? token_embedding : lm_head; }
 
+  // Parameters a stage does not hold are left empty (no name, no storage).
   Parameter token_embedding;     // this rank's vocabulary rows under tensor parallelism
   Parameter position_embedding;  // GPT-2 only
-  bool has_position_embedding() const { return config_.arch == Architecture::GPT2; }
-  std::vector<std::unique_ptr<TransformerBlock>> blocks;
-  std::unique_ptr<Norm> final_norm;
+  bool has_position_embedding() const { return config_.arch == Architecture::GPT2 && holds_embedding_; }
+  std::vector<std::unique_ptr<TransformerBlock>> blocks;  // the held layers, in order
+  std::unique_ptr<Norm> final_norm;  // last stage only
   Parameter lm_head;  // untied models only; the same vocabulary rows as token_embedding
 
  private:
-  void ensure_activations(int64_t batch, int64_t seq_len);
+  void ensure_shape(int64_t batch, int64_t seq_len);
+  ChunkActivations& acquire(int64_t chunk, int64_t micro);
+  void release(int64_t chunk, int64_t micro);
   void check_inputs(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len) const;
-  void forward_hidden(const int32_t* tokens, int64_t batch, int64_t seq_len);
-  EmbeddingArgs embedding_args() const;
+  // Embeds or copies the input, runs the chunk's blocks and, on the last stage, the final norm.
+  void forward_layers(int64_t chunk, ChunkActivations& a, const float* input);
+  EmbeddingArgs embedding_args(const ChunkActivations& a) const;
+  BlockStash& stash_of(ChunkActivations& a, int64_t block_in_chunk);
   // Runs `run` with the gradients of `params` pointed at zeroed scratch, then sums that over
   // tp and adds it to the real gradients: under sequence parallelism these gradients are
   // partial, and the sum must cover this backward's part only, not earlier micro-batches'.
   template <typename Run>
   void with_partial_grads(const ParameterList& params, Run run);
+  void add_parameter(Parameter& p, int64_t init_index);
 
   ModelConfig config_;
   std::shared_ptr<const ParallelPlan> plan_;
   Recompute recompute_;
   int64_t vocab_chunk_;
+  std::vector<ModelChunk> chunks_;
+  std::vector<int64_t> chunk_first_block_;  // index into `blocks` of each chunk's first layer
+  bool holds_embedding_ = true, holds_head_ = true;
   std::shared_ptr<const cpu::RopeTable> rope_;
   ParameterList parameters_;
+  // Position of each parameter in the whole model's list: its initialisation stream, so every
+  // pipeline layout starts from the weights one process would.
+  std::vector<int64_t> init_index_;
   std::vector<ParameterList> block_parameters_;
   GradReadyHook grad_ready_hook_;
   UnitHooks unit_hooks_;
@@ -106,19 +149,16 @@ class Transformer {
     if (hook) hook(unit);
   }
 
-  // Activations for the current (batch, seq_len).
+  // Activations for the current (batch, seq_len). Rows are this rank's
+  // (ParallelPlan::local_rows).
   int64_t batch_ = 0, seq_len_ = 0;
-  std::vector<int32_t> tokens_;
-  // Rows are this rank's (ParallelPlan::local_rows).
-  Tensor residuals_;        // [n_layer + 1, rows, C]: input of each block, then the last output
-  Tensor final_norm_out_;   // [rows, C]
-  NormStash final_norm_stash_;
-  std::vector<BlockStash> stashes_;
+  std::map<std::pair<int64_t, int64_t>, ChunkActivations> in_flight_;  // by (chunk, micro)
+  std::vector<std::vector<ChunkActivations>> idle_;                    // per chunk, for reuse
+  BlockStash full_recompute_stash_;  // Full: the one stash every block recomputes into
+  BlockStash selective_shared_;      // Selective: the recomputables every block shares
   BlockGradScratch scratch_;
-  Tensor d_hidden_;         // [rows, C] gradient of the final norm's output
   Tensor logits_chunk_;     // [rows, vocab_chunk] cross-entropy scratch
   Tensor d_residual_a_, d_residual_b_;
-  bool grad_ready_ = false;
   bool bf16_activations_ = false;
 };
 

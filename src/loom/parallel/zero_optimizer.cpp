@@ -17,6 +17,9 @@ ZeroOptimizer::ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> d
                              AdamWConfig adamw)
     : model_(model), dp_(std::move(dp)), zero_(zero), adamw_(adamw) {
   if (zero_.stage < 1 || zero_.stage > 3) throw_error("ZeRO stage ", zero_.stage, " is not one of 1, 2, 3");
+  if (zero_.stage >= 2 && !model_.is_whole())
+    throw_error("ZeRO stage ", zero_.stage, " acts per micro-batch and per model unit, which a pipeline stage "
+                "does not have: use stage 1 with pipeline parallelism");
   build_flats();
   install_hooks();
 }
@@ -35,7 +38,6 @@ void ZeroOptimizer::build_flats() {
     for (BucketPlan::Bucket& b : plan_gradient_buckets(model_.parameters_in_grad_ready_order(), zero_.bucket_bytes).buckets)
       groups.push_back(std::move(b.params));
   }
-  flats_of_unit_.resize(static_cast<size_t>(model_.unit_count()));
   for (size_t g = 0; g < groups.size(); ++g) {
     Flat& flat = flats_.emplace_back();
     flat.params = groups[g];
@@ -86,6 +88,8 @@ void ZeroOptimizer::build_flats() {
       flat.grad_shard = Tensor::zeros({flat.shard}, DType::F32, MemCategory::Gradients);
     }
   }
+  if (zero_.stage == 1) return;  // units matter to the stages that act per unit
+  flats_of_unit_.resize(static_cast<size_t>(model_.unit_count()));
   for (int64_t u = 0; u < model_.unit_count(); ++u) {
     std::vector<size_t>& mine = flats_of_unit_[static_cast<size_t>(u)];
     for (Parameter* p : model_.unit_parameters(u)) {
@@ -232,15 +236,17 @@ double ZeroOptimizer::finish_and_step(double lr, double max_norm) {
       throw_error("zero: flat ", f, " was never reduced: ", flat.ready, " of ", flat.params.size(),
                   " gradients reported ready (first: '", flat.params.front()->name, "')");
     const float* grads = shard_grad(flat);
-    for (const Segment& s : flat.segments)  // split by placement for tensor parallelism
-      local_sum_sq[flat.params[s.param_index]->placement.replicated ? 1 : 0] +=
-          cpu::sum_of_squares(grads + s.shard_offset, s.count);
+    for (const Segment& s : flat.segments) {  // split by placement for tensor parallelism
+      const Parameter& p = *flat.params[s.param_index];
+      if (p.pipeline_copy) continue;  // its owning stage counts it
+      local_sum_sq[p.placement.replicated ? 1 : 0] += cpu::sum_of_squares(grads + s.shard_offset, s.count);
+    }
   }
   // The global norm from every rank's shard: one small all-reduce over dp (f32 is enough for
-  // a norm), then the sharded part over tp.
+  // a norm), then the sharded part over tp and every stage's over pp.
   float sum_sq[2] = {static_cast<float>(local_sum_sq[0]), static_cast<float>(local_sum_sq[1])};
   dp_->all_reduce(sum_sq, 2, ReduceOp::Sum)->wait();
-  const double norm = std::sqrt(sum_squares_over_tp(sum_sq[0], sum_sq[1], tp_.get()));
+  const double norm = std::sqrt(sum_squares_over_model_parallel(sum_sq[0], sum_sq[1], {tp_.get(), pp_.get()}));
   const double factor = clip_factor(norm, max_norm);
   ++step_;
   for (Flat& flat : flats_) {

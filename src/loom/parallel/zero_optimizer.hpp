@@ -45,9 +45,13 @@ class ZeroOptimizer {
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
   int stage() const { return zero_.stage; }
-  // Under tensor parallelism the model holds this rank's shards: the clipping norm then sums
-  // the sharded gradients' squares over `tp` too (replicated ones count once).
-  void set_tensor_parallel_group(std::shared_ptr<ProcessGroup> tp) { tp_ = std::move(tp); }
+  // Under tensor and pipeline parallelism the model holds this rank's shards of one stage:
+  // the clipping norm then sums the sharded gradients' squares over `tp` (replicated ones
+  // count once) and every stage's over `pp` (grad_clip's global_grad_norm). Either may be null.
+  void set_model_parallel_groups(std::shared_ptr<ProcessGroup> tp, std::shared_ptr<ProcessGroup> pp) {
+    tp_ = std::move(tp);
+    pp_ = std::move(pp);
+  }
   // Stage 1 only: false for all but the last micro-batch (gradients accumulate locally).
   // Stages 2-3 reduce every micro-batch, which is what keeps their gradients sharded.
   void set_sync(bool sync) { sync_ = sync; }
@@ -100,7 +104,7 @@ class ZeroOptimizer {
     GatherState gather = GatherState::Released;
   };
 
-  std::shared_ptr<ProcessGroup> tp_;
+  std::shared_ptr<ProcessGroup> tp_, pp_;
   void build_flats();
   float* shard_value(Flat& flat);  // this rank's slice of the parameter values
   const float* shard_grad(Flat& flat);

@@ -79,6 +79,21 @@ int64_t ConfigReader::get_int(const std::string& key, int64_t fallback) {
   wrong_type(key, *node, "an integer");
 }
 
+std::vector<int64_t> ConfigReader::get_int_list(const std::string& key, const std::vector<int64_t>& fallback) {
+  used_.insert(key);
+  const toml::node* node = find(key);
+  if (!node) return fallback;
+  const toml::array* array = node->as_array();
+  if (!array) wrong_type(key, *node, "an array of integers");
+  std::vector<int64_t> values;
+  for (const toml::node& element : *array) {
+    const auto v = element.value_exact<int64_t>();
+    if (!v) wrong_type(key, *node, "an array of integers");
+    values.push_back(*v);
+  }
+  return values;
+}
+
 double ConfigReader::get_double(const std::string& key, double fallback) {
   used_.insert(key);
   const toml::node* node = find(key);

@@ -25,6 +25,8 @@ class ConfigReader {
   double get_double(const std::string& key, double fallback);
   bool get_bool(const std::string& key, bool fallback);
   std::string get_string(const std::string& key, const std::string& fallback);
+  // A TOML array of integers, e.g. [3, 5].
+  std::vector<int64_t> get_int_list(const std::string& key, const std::vector<int64_t>& fallback);
   bool has(const std::string& key) const;
 
   // Throws if the document holds keys that no get_* asked for.

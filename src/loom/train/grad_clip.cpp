@@ -12,18 +12,25 @@ double global_grad_norm(const ParameterList& params) {
   return std::sqrt(sum);
 }
 
-double sum_squares_over_tp(double sharded, double replicated, ProcessGroup* tp) {
-  if (tp == nullptr || tp->size() == 1) return sharded + replicated;
-  float value = static_cast<float>(sharded);
-  tp->all_reduce(&value, 1, ReduceOp::Sum)->wait();
-  return static_cast<double>(value) + replicated;
+namespace {
+double sum_over(ProcessGroup* group, double value) {
+  if (group == nullptr || group->size() == 1) return value;
+  auto v = static_cast<float>(value);  // f32 is plenty for a norm
+  group->all_reduce(&v, 1, ReduceOp::Sum)->wait();
+  return static_cast<double>(v);
+}
+}  // namespace
+
+double sum_squares_over_model_parallel(double sharded, double replicated, ModelParallelGroups groups) {
+  return sum_over(groups.pp, sum_over(groups.tp, sharded) + replicated);
 }
 
-double global_grad_norm(const ParameterList& params, ProcessGroup* tp) {
+double global_grad_norm(const ParameterList& params, ModelParallelGroups groups) {
   double sharded = 0.0, replicated = 0.0;
   for (const Parameter* p : params)
-    (p->placement.replicated ? replicated : sharded) += cpu::sum_of_squares(p->grad.f32(), p->grad.numel());
-  return std::sqrt(sum_squares_over_tp(sharded, replicated, tp));
+    if (!p->pipeline_copy)
+      (p->placement.replicated ? replicated : sharded) += cpu::sum_of_squares(p->grad.f32(), p->grad.numel());
+  return std::sqrt(sum_squares_over_model_parallel(sharded, replicated, groups));
 }
 
 double clip_factor(double norm, double max_norm) {

@@ -8,13 +8,21 @@ namespace loom {
 
 // L2 norm of all gradients together, accumulated in double in a fixed order.
 double global_grad_norm(const ParameterList& params);
-// The same norm when `params` are one tensor-parallel rank's: squares of sharded gradients
-// are summed over `tp` (one two-float all-reduce), replicated ones, the same on every tp rank,
-// counted once. `tp` may be null (one rank).
-double global_grad_norm(const ParameterList& params, ProcessGroup* tp);
-// Adds the sums of squares held on other tp ranks: `sharded` is summed over `tp` (null: one
-// rank), `replicated` counted once. What both data-parallel paths finish their norm with.
-double sum_squares_over_tp(double sharded, double replicated, ProcessGroup* tp);
+// The groups a model's gradients are spread over besides data parallelism: tensor
+// parallelism shards parameters over `tp`, pipeline parallelism gives each stage of `pp` its
+// own. Null: one rank.
+struct ModelParallelGroups {
+  ProcessGroup* tp = nullptr;
+  ProcessGroup* pp = nullptr;
+};
+// The norm of the whole model's gradients when `params` are one rank's: squares of sharded
+// gradients are summed over tp, replicated ones (the same on every tp rank) counted once, and
+// every stage's total summed over pp. A pipeline copy (Parameter::pipeline_copy) is counted
+// by its owner only.
+double global_grad_norm(const ParameterList& params, ModelParallelGroups groups);
+// What both data-parallel paths finish their norm with: `sharded` summed over tp, plus
+// `replicated` once, summed over pp (two one-float all-reduces at most).
+double sum_squares_over_model_parallel(double sharded, double replicated, ModelParallelGroups groups);
 
 // The factor clipping multiplies gradients by: max_norm / (norm + 1e-6) when the norm exceeds
 // max_norm, else 1. max_norm <= 0 disables clipping.

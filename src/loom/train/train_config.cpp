@@ -1,6 +1,7 @@
 #include "loom/train/train_config.hpp"
 
 #include "loom/core/error.hpp"
+#include "loom/model/pipeline_layout.hpp"
 
 namespace loom {
 
@@ -68,6 +69,46 @@ void check_tensor_parallel(const TrainConfig& c) {
                 c.batch_size * c.seq_len, " rows to divide by parallel.tp = ", c.tp,
                 "; change the batch size or sequence length");
 }
+
+PipelineSchedule parse_pipeline_schedule(const std::string& name) {
+  for (PipelineSchedule s : {PipelineSchedule::AllForwardAllBackward, PipelineSchedule::OneFOneB,
+                             PipelineSchedule::Interleaved})
+    if (name == schedule_name(s)) return s;
+  throw_error("config key 'parallel.pp_schedule' has value '", name, "', expected afab, 1f1b or interleaved");
+}
+
+// Every stage gets a layer, the schedule has the micro-batches it needs, and the optimizer
+// keeps whole gradients per stage.
+void check_pipeline_parallel(const TrainConfig& c) {
+  if (c.pp < 1) throw_error("config key 'parallel.pp' has value ", c.pp, ", expected >= 1");
+  if (c.pp_chunks < 1) throw_error("config key 'parallel.pp_chunks' has value ", c.pp_chunks, ", expected >= 1");
+  const bool interleaved = c.pp_schedule == PipelineSchedule::Interleaved;
+  if (interleaved && c.pp_chunks < 2)
+    throw_error("config key 'parallel.pp_schedule' is interleaved with parallel.pp_chunks = ", c.pp_chunks,
+                ": interleaving needs at least 2 chunks per rank; set pp_chunks >= 2 or use 1f1b");
+  if (!interleaved && c.pp_chunks != 1)
+    throw_error("config key 'parallel.pp_chunks' has value ", c.pp_chunks, " with parallel.pp_schedule = ",
+                schedule_name(c.pp_schedule), ": only interleaved splits a rank's layers into chunks");
+  const int64_t stages = int64_t{c.pp} * c.pp_chunks;
+  if (stages > c.model.n_layer)
+    throw_error("config key 'parallel.pp' has value ", c.pp, " with ", c.pp_chunks, " chunk(s) per rank: ", stages,
+                " stages for model.n_layer = ", c.model.n_layer, " layers leaves a stage without a layer; use pp x "
+                "pp_chunks <= ", c.model.n_layer);
+  (void)stage_layer_counts(c.model.n_layer, stages, c.pp_layers, "parallel.pp_layers");
+  if (c.pp == 1) return;
+  const int64_t m = c.grad_accum;
+  if (c.pp_schedule != PipelineSchedule::AllForwardAllBackward && m < c.pp)
+    throw_error("config key 'train.grad_accum' has value ", m, ": ", schedule_name(c.pp_schedule), " over parallel.pp = ",
+                c.pp, " stages needs at least ", c.pp, " micro-batches (grad_accum) to fill the pipeline; set "
+                "grad_accum >= ", c.pp, " (or pp_schedule = \"afab\")");
+  if (interleaved && m % c.pp != 0)
+    throw_error("config key 'train.grad_accum' has value ", m, ": the interleaved schedule sends micro-batches "
+                "through each chunk in groups of parallel.pp = ", c.pp, "; use a multiple of ", c.pp);
+  if (c.zero_stage >= 2)
+    throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, " with parallel.pp = ", c.pp,
+                ": ZeRO-2/3 reduce gradients every micro-batch, which pipelining interleaves across steps of "
+                "the schedule; use zero_stage 0 or 1 with pipeline parallelism");
+}
 }  // namespace
 
 TrainConfig parse_train_config(ConfigReader& r) {
@@ -108,6 +149,10 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.zero_stage = static_cast<int>(r.get_int("parallel.zero_stage", c.zero_stage));
   c.tp = static_cast<int>(r.get_int("parallel.tp", c.tp));
   c.sequence_parallel = r.get_bool("parallel.sequence_parallel", c.sequence_parallel);
+  c.pp = static_cast<int>(r.get_int("parallel.pp", c.pp));
+  c.pp_schedule = parse_pipeline_schedule(r.get_string("parallel.pp_schedule", schedule_name(c.pp_schedule)));
+  c.pp_chunks = static_cast<int>(r.get_int("parallel.pp_chunks", c.pp_chunks));
+  c.pp_layers = r.get_int_list("parallel.pp_layers", c.pp_layers);
 
   c.eval_every = r.get_int("eval.every", c.eval_every);
   c.eval_batches = r.get_int("eval.batches", c.eval_batches);
@@ -152,6 +197,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (c.zero_stage < 0 || c.zero_stage > 3)
     throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, ", expected 0, 1, 2 or 3");
   check_tensor_parallel(c);
+  check_pipeline_parallel(c);
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "loom/model/config.hpp"
+#include "loom/parallel/pipeline_schedule.hpp"
 #include "loom/train/adamw.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/lr_schedule.hpp"
@@ -39,6 +40,11 @@ struct TrainConfig {
   int zero_stage = 0;          // 0: replicated; 1: + moments sharded over dp; 2: + gradients; 3: + parameters
   int tp = 1;                  // tensor-parallel ranks (the launch's ranks are dp x tp, tp innermost)
   bool sequence_parallel = false;  // norms and residuals split over the tp ranks too
+  int pp = 1;                  // pipeline stages over ranks (the launch's ranks are pp x dp x tp)
+  PipelineSchedule pp_schedule = PipelineSchedule::OneFOneB;  // its micro-batches are grad_accum's
+  int pp_chunks = 1;           // model chunks per pipeline rank (v; > 1 only for interleaved)
+  std::vector<int64_t> pp_layers;  // layers of each of pp x pp_chunks stages (empty: even split)
+  bool print_schedule = false;     // `loom train --print-schedule`: draw the last step's pipeline
 
   int64_t eval_every = 0;      // 0: only at the end
   int64_t eval_batches = 10;

@@ -10,7 +10,6 @@
 #include "loom/data/unigram.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
-#include "loom/dist/device_mesh.hpp"
 #include "loom/model/flops.hpp"
 #include "loom/obs/loss_plot.hpp"
 #include "loom/obs/metrics_log.hpp"
@@ -19,6 +18,7 @@
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
 #include "loom/train/grad_clip.hpp"
+#include "loom/train/pipeline_report.hpp"
 
 namespace loom {
 
@@ -41,63 +41,52 @@ double seconds_since(Clock::time_point start) {
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
-    : config_(std::move(config)), world_(std::move(world)) {
+    : config_(std::move(config)), groups_(make_trainer_groups(config_, std::move(world))) {
   std::shared_ptr<const ParallelPlan> plan;
-  if (world_) {
-    world_rank_ = world_->rank();
-    if (world_->size() % config_.tp != 0)
-      throw_error("launched with ", world_->size(), " rank(s), which is not a multiple of parallel.tp = ",
-                  config_.tp, ": launch dp x ", config_.tp, " ranks (", config_.tp, ", ", 2 * config_.tp,
-                  ", ...) or change parallel.tp");
-    if (config_.tp == 1) {
-      dp_ = world_;
-    } else {
-      DeviceMesh mesh(world_, MeshShape{.dp = world_->size() / config_.tp, .tp = config_.tp});
-      dp_ = mesh.group({"dp"});
-      tp_ = mesh.group({"tp"});
-      tp_size_ = tp_->size();
-      plan = std::make_shared<TensorParallelPlan>(tp_, config_.sequence_parallel);
-    }
-    dp_rank_ = dp_->rank();
-    dp_size_ = dp_->size();
-  } else if (config_.tp > 1) {
-    throw_error("parallel.tp = ", config_.tp, " needs ", config_.tp,
-                " ranks: launch under mpirun -np ", config_.tp, " (or srun)");
-  }
+  if (groups_.tp) plan = std::make_shared<TensorParallelPlan>(groups_.tp, config_.sequence_parallel);
+  std::vector<ModelChunk> chunks;
+  if (groups_.pp)
+    chunks = pipeline_chunks(stage_layer_counts(config_.model.n_layer, int64_t{config_.pp} * config_.pp_chunks,
+                                                config_.pp_layers, "parallel.pp_layers"),
+                             config_.pp, groups_.pp_rank);
+  if (config_.print_schedule && !groups_.pp)
+    throw_error("--print-schedule draws the pipeline schedule, and this run has none: set parallel.pp > 1");
   if (config_.threads > 0) cpu::set_num_threads(config_.threads);
-  model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan);
+  model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan, chunks);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(config_.precision == Precision::BF16);
-  const bool sharded = dp_size_ > 1 && config_.zero_stage > 0;
+  const bool sharded = groups_.dp_size > 1 && config_.zero_stage > 0;
   if (!sharded)  // under ZeRO the moments live, sharded, in zero_ (made below)
     optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw,
                                          config_.precision == Precision::BF16);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
-      config_.train_data, config_.batch_size * dp_size_, config_.seq_len, config_.model.vocab_size));
+      config_.train_data, config_.batch_size * groups_.dp_size, config_.seq_len, config_.model.vocab_size));
   if (config_.shuffle) train_loader_->set_shuffle(config_.seed);
   if (!config_.val_data.empty())  // fail now, not at the first evaluation
     (void)DataLoader::from_pattern(config_.val_data, config_.batch_size, config_.seq_len,
                                    config_.model.vocab_size);
   inputs_.resize(static_cast<size_t>(config_.batch_size * config_.seq_len));
   targets_.resize(inputs_.size());
-  global_inputs_.resize(inputs_.size() * static_cast<size_t>(dp_size_));
+  global_inputs_.resize(inputs_.size() * static_cast<size_t>(groups_.dp_size * config_.grad_accum));
   global_targets_.resize(global_inputs_.size());
   if (!config_.trace_path.empty())
     trace_ = std::make_unique<TraceRecorder>(
-        world_ && world_->size() > 1 ? config_.trace_path + ".rank" + std::to_string(world_rank_) : config_.trace_path,
-        world_rank_);
+        groups_.world && groups_.world->size() > 1 ? config_.trace_path + ".rank" + std::to_string(groups_.world_rank) : config_.trace_path,
+        groups_.world_rank);
   if (sharded) {
     zero_ = std::make_unique<ZeroOptimizer>(
-        *model_, dp_,
+        *model_, groups_.dp,
         ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), config_.precision == Precision::BF16},
         config_.adamw);
-    zero_->set_tensor_parallel_group(tp_);
-  } else if (dp_size_ > 1) {
+    zero_->set_model_parallel_groups(groups_.tp, groups_.pp);
+  } else if (groups_.dp_size > 1) {
     reducer_ = std::make_unique<GradientBucketReducer>(
-        model_->parameters_in_grad_ready_order(), dp_,
+        model_->parameters_in_grad_ready_order(), groups_.dp,
         static_cast<int64_t>(config_.bucket_mb * 1e6));
     reducer_->attach(*model_);
   }
+  if (groups_.pp)
+    pipeline_ = std::make_unique<PipelineExecutor>(*model_, groups_.pp, config_.pp_schedule, groups_.embedding);
 }
 
 nlohmann::json Trainer::trainer_state(int64_t step) const {
@@ -116,20 +105,22 @@ int64_t Trainer::optimizer_steps() const {
 }
 
 std::vector<OwnedSlice> Trainer::owned_state() {
-  // Tensors every tp rank holds whole are written by tp rank 0.
-  const bool write_replicated = !tp_ || tp_->rank() == 0;
-  if (zero_) return in_whole_tensor_coordinates(zero_->owned_slices(), write_replicated);
-  // Replicas hold the same state: the first dp replica's tp ranks write it.
-  if (dp_rank_ != 0) return {};
-  return in_whole_tensor_coordinates(optimizer_->owned_slices(), write_replicated);
+  // Tensors every tp rank holds whole are written by tp rank 0; a pipeline copy of the tied
+  // embedding by the first stage, which owns it.
+  const bool write_replicated = !groups_.tp || groups_.tp->rank() == 0;
+  std::vector<OwnedSlice> owned;
+  if (zero_) owned = zero_->owned_slices();
+  else if (groups_.dp_rank == 0) owned = optimizer_->owned_slices();  // replicas hold the same state
+  std::erase_if(owned, [](const OwnedSlice& slice) { return slice.param->pipeline_copy; });
+  return in_whole_tensor_coordinates(owned, write_replicated);
 }
 
 std::string Trainer::save(int64_t step) {
   // Under ZeRO or tensor parallelism every rank writes what it owns (collective), in
   // whole-tensor coordinates; otherwise rank 0 writes the single-file format, whose
   // model.safetensors Hugging Face loads as is.
-  if (zero_ || tp_)
-    return save_sharded_checkpoint(*world_, config_.checkpoint_dir, step, config_.model, trainer_state(step),
+  if (zero_ || groups_.tp || groups_.pp)
+    return save_sharded_checkpoint(*groups_.world, config_.checkpoint_dir, step, config_.model, trainer_state(step),
                                    owned_state(), static_cast<int>(config_.keep_last));
   if (!is_rank0()) return "";
   return save_checkpoint(config_.checkpoint_dir, step,
@@ -164,19 +155,33 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
   return state.at("step").get<int64_t>();
 }
 
-double Trainer::train_step(int64_t step) {
-  if (zero_) zero_->zero_grad();
-  else model_->zero_grad();
+void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
   const int64_t tokens = config_.batch_size * config_.seq_len;
-  // Mean over every token of every micro-batch: each micro-batch's summed loss is scaled so
-  // the accumulated gradient equals the gradient of the mean.
-  const float grad_scale = 1.0f / static_cast<float>(tokens * config_.grad_accum);
-  double loss_sum = 0.0;
-  const size_t slice = static_cast<size_t>(dp_rank_ * tokens);  // this rank's rows
+  const int64_t global_tokens = tokens * groups_.dp_size;
+  const size_t slice = static_cast<size_t>(groups_.dp_rank * tokens);  // this rank's rows
+  auto set_sync = [&](bool sync) {
+    if (reducer_) reducer_->set_sync(sync);
+    if (zero_) zero_->set_sync(sync);
+  };
+  if (pipeline_) {
+    // The schedule needs every micro-batch at hand; every stage reads the same data.
+    for (int64_t micro = 0; micro < config_.grad_accum; ++micro)
+      train_loader_->next_batch(global_inputs_.data() + micro * global_tokens,
+                                global_targets_.data() + micro * global_tokens);
+    const double start = TraceRecorder::now_s();
+    loss_sum += pipeline_->train_step({global_inputs_.data() + slice, global_targets_.data() + slice,
+                                       config_.grad_accum, config_.batch_size, config_.seq_len, global_tokens},
+                                      grad_scale, set_sync);
+    if (trace_)
+      for (const ActionTiming& t : pipeline_->last_timings())
+        trace_->span((t.op == PipeOp::Forward ? "F mb " : "B mb ") + std::to_string(t.micro_batch) + " chunk " +
+                         std::to_string(t.chunk),
+                     "compute", start + t.start_s, start + t.end_s);
+    return;
+  }
   for (int64_t micro = 0; micro < config_.grad_accum; ++micro) {
     train_loader_->next_batch(global_inputs_.data(), global_targets_.data());
-    if (reducer_) reducer_->set_sync(micro + 1 == config_.grad_accum);
-    if (zero_) zero_->set_sync(micro + 1 == config_.grad_accum);
+    set_sync(micro + 1 == config_.grad_accum);
     const double forward_start = TraceRecorder::now_s();
     loss_sum += model_->forward(global_inputs_.data() + slice, global_targets_.data() + slice,
                                 config_.batch_size, config_.seq_len, {true, grad_scale});
@@ -187,6 +192,17 @@ double Trainer::train_step(int64_t step) {
       trace_->span("backward", "compute", backward_start, TraceRecorder::now_s());
     }
   }
+}
+
+double Trainer::train_step(int64_t step) {
+  if (zero_) zero_->zero_grad();
+  else model_->zero_grad();
+  const int64_t tokens = config_.batch_size * config_.seq_len;
+  // Mean over every token of every micro-batch: each micro-batch's summed loss is scaled so
+  // the accumulated gradient equals the gradient of the mean.
+  const float grad_scale = 1.0f / static_cast<float>(tokens * config_.grad_accum);
+  double loss_sum = 0.0;
+  run_micro_batches(loss_sum, grad_scale);
   if (reducer_) {
     reducer_->finish();  // gradients are now the mean over the global batch
     if (trace_)
@@ -198,11 +214,11 @@ double Trainer::train_step(int64_t step) {
   if (zero_) {
     last_grad_norm_ = zero_->finish_and_step(config_.schedule.at(step), config_.grad_clip);
   } else {
-    last_grad_norm_ = global_grad_norm(model_->parameters(), tp_.get());
+    last_grad_norm_ = global_grad_norm(model_->parameters(), {groups_.tp.get(), groups_.pp.get()});
     optimizer_->step(config_.schedule.at(step), clip_factor(last_grad_norm_, config_.grad_clip));
   }
   if (trace_) trace_->span("clip + AdamW", "compute", optimizer_start, TraceRecorder::now_s());
-  return average_over_ranks(loss_sum / static_cast<double>(tokens * config_.grad_accum));
+  return mean_loss_over_ranks(loss_sum, static_cast<double>(tokens * config_.grad_accum));
 }
 
 nlohmann::json Trainer::step_record(const StepReport& report) const {
@@ -221,15 +237,28 @@ nlohmann::json Trainer::step_record(const StepReport& report) const {
           {"calls", comm.calls[i]}, {"bytes_sent", comm.bytes_sent[i]}, {"bytes_received", comm.bytes_received[i]}};
     }
   };
-  if (dp_) comm_record(*dp_, "comm");
-  if (tp_) comm_record(*tp_, "comm_tp");
+  if (groups_.dp) comm_record(*groups_.dp, "comm");
+  if (groups_.tp) comm_record(*groups_.tp, "comm_tp");
+  if (groups_.pp) comm_record(*groups_.pp, "comm_pp");
   return record;
 }
 
-double Trainer::average_over_ranks(double value) const {
-  if (dp_size_ == 1) return value;
-  float v = static_cast<float>(value);
-  dp_->all_reduce(&v, 1, ReduceOp::Avg)->wait();
+double Trainer::from_last_stage(double value) const {
+  if (!groups_.pp) return value;
+  // The other stages add zeros. Two floats, the value and what f32 drops of it, carry it at
+  // close to double precision.
+  const auto high = static_cast<float>(value);
+  float parts[2] = {high, static_cast<float>(value - static_cast<double>(high))};
+  if (!model_->holds_head()) parts[0] = parts[1] = 0.0f;
+  groups_.pp->all_reduce(parts, 2, ReduceOp::Sum)->wait();
+  return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+}
+
+double Trainer::mean_loss_over_ranks(double local_sum, double tokens) const {
+  const double mean = from_last_stage(local_sum / tokens);
+  if (groups_.dp_size == 1) return mean;
+  auto v = static_cast<float>(mean);
+  groups_.dp->all_reduce(&v, 1, ReduceOp::Avg)->wait();
   return v;
 }
 
@@ -237,13 +266,30 @@ double Trainer::evaluate(const std::string& pattern, int64_t batches) {
   DataLoader loader = DataLoader::from_pattern(pattern, config_.batch_size, config_.seq_len,
                                                config_.model.vocab_size);
   loader.set_shuffle(kEvalShuffleSeed);
+  const int64_t tokens = config_.batch_size * config_.seq_len;
   double total = 0.0;
   for (int64_t b = 0; b < batches; ++b) {
     loader.next_batch(inputs_.data(), targets_.data());
-    total += model_->forward(inputs_.data(), targets_.data(), config_.batch_size, config_.seq_len,
-                             {false, 1.0f});
+    total += pipeline_ ? pipeline_->forward_only({inputs_.data(), targets_.data(), 1, config_.batch_size,
+                                                  config_.seq_len, tokens})
+                       : model_->forward(inputs_.data(), targets_.data(), config_.batch_size, config_.seq_len,
+                                         {false, 1.0f});
   }
-  return total / static_cast<double>(batches * config_.batch_size * config_.seq_len);
+  // Every dp replica evaluated the same batches.
+  return from_last_stage(total / static_cast<double>(batches * tokens));
+}
+
+void Trainer::report_pipeline(int64_t step) {
+  const std::string svg = config_.run_dir + "/pipeline.svg";
+  const auto bubble = report_pipeline_step(*groups_.pp, pipeline_->last_timings(), config_.pp_schedule,
+                                           config_.grad_accum, config_.pp_chunks, is_rank0() ? svg : "");
+  if (!is_rank0()) return;
+  std::printf("pipeline step %lld (%s, p = %d, m = %lld, v = %d): bubble measured %.1f%% vs textbook %.1f%%, "
+              "makespan %.1f ms; timeline in %s\n",
+              static_cast<long long>(step), schedule_name(config_.pp_schedule), groups_.pp_size,
+              static_cast<long long>(config_.grad_accum), config_.pp_chunks, 100 * bubble->measured,
+              100 * bubble->textbook, 1e3 * bubble->makespan_s, svg.c_str());
+  std::fflush(stdout);
 }
 
 TrainSummary Trainer::run() {
@@ -260,7 +306,7 @@ TrainSummary Trainer::run() {
   // Rank 0 logs the run; with log.all_ranks every other rank logs its own view (its memory and
   // wire bytes differ under ZeRO) next to it.
   const std::string metrics_path =
-      config_.run_dir + (is_rank0() ? "/metrics.jsonl" : "/metrics.rank" + std::to_string(world_rank_) + ".jsonl");
+      config_.run_dir + (is_rank0() ? "/metrics.jsonl" : "/metrics.rank" + std::to_string(groups_.world_rank) + ".jsonl");
   std::optional<MetricsLog> metrics;
   if (is_rank0() || config_.log_all_ranks) {
     if (start_step > 0) drop_metrics_after(metrics_path, start_step);
@@ -268,19 +314,21 @@ TrainSummary Trainer::run() {
   }
 
   const double peak_gflops = cpu::measure_sgemm_gflops();  // same measurement as bench/
-  // Per-rank FLOPs over the per-rank peak: MFU of one rank, the same for every rank (a tp
-  // rank does 1/tp of its replica's work).
+  // Per-rank FLOPs over the per-rank peak: MFU of one rank (a tp rank does 1/tp of its
+  // replica's work, a pipeline stage 1/pp of it, evenly split).
   const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
-                                static_cast<double>(config_.tokens_per_step()) / tp_size_;
+                                static_cast<double>(config_.tokens_per_step()) / (groups_.tp_size * groups_.pp_size);
   if (is_rank0())
     std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
-              "%d threads, SGEMM peak %.0f GFLOP/s | dp %d x tp %d%s\n",
+              "%d threads, SGEMM peak %.0f GFLOP/s | dp %d x tp %d%s x pp %d%s\n",
               architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
               static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
               static_cast<long long>(global_tokens_per_step()),
               config_.precision == Precision::BF16 ? "bf16 (fp32 master)" : "f32",
-              recompute_name(config_.recompute), cpu::num_threads(), peak_gflops, dp_size_, tp_size_,
-              config_.sequence_parallel ? " (sequence parallel)" : "");
+              recompute_name(config_.recompute), cpu::num_threads(), peak_gflops, groups_.dp_size, groups_.tp_size,
+              config_.sequence_parallel ? " (sequence parallel)" : "", groups_.pp_size,
+              groups_.pp ? (std::string(" (") + schedule_name(config_.pp_schedule) + ", " +
+                            std::to_string(config_.grad_accum) + " micro-batches)").c_str() : "");
   std::fflush(stdout);
 
   ProgressBar progress = is_rank0() ? ProgressBar(config_.steps) : ProgressBar(config_.steps, stderr, false);
@@ -288,11 +336,15 @@ TrainSummary Trainer::run() {
   double compute_seconds = 0.0;
   for (int64_t step = start_step; step < config_.steps; ++step) {
     HostAllocator::instance().reset_peaks();
-    if (dp_) dp_->reset_stats();
-    if (tp_) tp_->reset_stats();
+    if (groups_.dp) groups_.dp->reset_stats();
+    if (groups_.tp) groups_.tp->reset_stats();
+    if (groups_.pp) groups_.pp->reset_stats();
+    const bool draw_pipeline = config_.print_schedule && step + 1 == config_.steps;
+    if (draw_pipeline) groups_.pp->barrier();  // one start for every stage's clock
     const auto step_start = Clock::now();
     const double loss = train_step(step);
     const double step_seconds = seconds_since(step_start);
+    if (draw_pipeline) report_pipeline(step + 1);
     compute_seconds += step_seconds;
     if (!std::isfinite(loss)) throw_error("training diverged: loss is ", loss, " at step ", step + 1);
     const StepReport report{step + 1, config_.steps, loss, config_.schedule.at(step), last_grad_norm_,
@@ -332,7 +384,7 @@ TrainSummary Trainer::run() {
     summary.mfu = flops_per_step * static_cast<double>(steps_run) / compute_seconds / (peak_gflops * 1e9);
   }
   if (trace_) trace_->write();
-  if (world_) world_->barrier();  // every rank has finished, and rank 0's last checkpoint is written
+  if (groups_.world) groups_.world->barrier();  // every rank has finished, and rank 0's last checkpoint is written
   if (!is_rank0()) return summary;
   if (!config_.val_data.empty())
     summary.unigram_baseline = unigram_cross_entropy(config_.train_data, config_.val_data, config_.model.vocab_size);

@@ -8,12 +8,14 @@
 #include "loom/data/data_loader.hpp"
 #include "loom/dist/process_group.hpp"
 #include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/pipeline_executor.hpp"
 #include "loom/parallel/zero_optimizer.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/obs/step_line.hpp"
 #include "loom/obs/trace.hpp"
 #include "loom/train/adamw.hpp"
 #include "loom/train/train_config.hpp"
+#include "loom/train/trainer_mesh.hpp"
 
 namespace loom {
 
@@ -30,12 +32,14 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  // `world` (null: one process) is laid out as dp x tp with tp = parallel.tp innermost
-  // (DeviceMesh). Each of the dp replicas trains on its 1/dp slice of every global batch of
-  // dp x batch_size sequences, gradients averaged over dp in buckets during backward (or
-  // sharded by ZeRO); the tp ranks of a replica split every layer (TensorParallelPlan) and see
-  // the same tokens. World rank 0 alone prints and logs; checkpoints name whole tensors, so
-  // they load at any dp, tp and ZeRO stage.
+  // `world` (null: one process) is laid out as pp x dp x tp with tp = parallel.tp innermost
+  // and pp = parallel.pp outermost (DeviceMesh). Each of the dp replicas trains on its 1/dp
+  // slice of every global batch of dp x batch_size sequences, gradients averaged over dp in
+  // buckets during backward (or sharded by ZeRO); the tp ranks of a replica split every layer
+  // (TensorParallelPlan) and see the same tokens; the pp ranks hold consecutive stages of
+  // layers and run the grad_accum micro-batches through them on a pipeline schedule
+  // (PipelineExecutor). World rank 0 alone prints and logs; checkpoints name whole tensors,
+  // so they load at any dp, tp, pp and ZeRO stage.
   explicit Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world = nullptr);
   TrainSummary run();
   // Mean per-token loss over `batches` batches from a fresh pass of `pattern` (deterministic).
@@ -49,7 +53,7 @@ class Trainer {
   std::string save(int64_t step);
   const GradientBucketReducer* reducer() const { return reducer_.get(); }
   ZeroOptimizer* zero_optimizer() { return zero_.get(); }
-  int64_t global_tokens_per_step() const { return config_.tokens_per_step() * dp_size_; }
+  int64_t global_tokens_per_step() const { return config_.tokens_per_step() * groups_.dp_size; }
 
  private:
   double train_step(int64_t step);
@@ -59,19 +63,25 @@ class Trainer {
   std::unique_ptr<Transformer> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<DataLoader> train_loader_;
-  bool is_rank0() const { return world_rank_ == 0; }
-  double average_over_ranks(double value) const;
+  bool is_rank0() const { return groups_.world_rank == 0; }
   nlohmann::json step_record(const StepReport& report) const;
 
-  std::shared_ptr<ProcessGroup> world_, dp_, tp_;  // null without a world; tp_ only when tp > 1
+  TrainerGroups groups_;  // world, dp, tp, pp and embedding groups, this rank's coordinates
   std::unique_ptr<GradientBucketReducer> reducer_;
   std::unique_ptr<ZeroOptimizer> zero_;  // replaces optimizer_ + reducer_ under ZeRO 1-3
+  std::unique_ptr<PipelineExecutor> pipeline_;  // pp > 1
   int64_t optimizer_steps() const;
-  int dp_rank_ = 0, dp_size_ = 1, tp_size_ = 1, world_rank_ = 0;
+  // The loss of this step, from the stages that compute it, the same on every rank.
+  double mean_loss_over_ranks(double local_sum, double tokens) const;
+  // What the last pipeline stage holds of `value`, on every pp rank (no pipeline: `value`).
+  double from_last_stage(double value) const;
+  void run_micro_batches(double& loss_sum, float grad_scale);
+  void report_pipeline(int64_t step);
   // What this rank owns of the checkpointed state, in whole-tensor coordinates.
   std::vector<OwnedSlice> owned_state();
   std::vector<int32_t> inputs_, targets_;              // one rank-sized batch (evaluation)
-  std::vector<int32_t> global_inputs_, global_targets_;  // the global batch (training)
+  // The global batch of every micro-batch of a step (training): pipelining needs them all.
+  std::vector<int32_t> global_inputs_, global_targets_;
   std::unique_ptr<TraceRecorder> trace_;
   double last_grad_norm_ = 0;
 };

@@ -1,0 +1,82 @@
+#pragma once
+// Runs a pipeline schedule (parallel/pipeline_schedule's action lists) on this rank's model
+// chunks: forwards and backwards of micro-batches in the listed order, activations and their
+// gradients passed to the neighbouring stages with point-to-point sends and receives over the
+// pp group. The same lists drive the planner's timeline simulation, so AFAB, 1F1B and
+// interleaved 1F1B differ here only in their data.
+//
+// Sends are asynchronous and receives block, so a rank waits only for the data its next
+// action needs; every schedule's lists are ordered so that this never deadlocks (each rank
+// handles a stage's micro-batches in the order the previous stage produced them). Messages
+// carry a tag per (micro-batch, stage, direction), so their order on the wire does not matter.
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "loom/dist/process_group.hpp"
+#include "loom/model/transformer.hpp"
+#include "loom/parallel/pipeline_schedule.hpp"
+
+namespace loom {
+
+// `count` micro-batches of batch x seq_len tokens, micro-batch k at tokens + k * stride.
+struct MicroBatches {
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  int64_t count = 0, batch = 0, seq_len = 0, stride = 0;
+};
+
+// One action as it ran: seconds since the step began on this rank.
+struct ActionTiming {
+  PipeOp op;
+  int64_t micro_batch, chunk;
+  double start_s, end_s;
+};
+
+class PipelineExecutor {
+ public:
+  // `model` holds this rank's chunks (pipeline_chunks of the pp group's rank; the chunk count
+  // is v). `embedding` is the group of the first and last stage (the pp group's ranks 0 and
+  // pp - 1), needed when the model's tied embeddings span stages, else null.
+  PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGroup> pp, PipelineSchedule schedule,
+                   std::shared_ptr<ProcessGroup> embedding = nullptr);
+
+  // Forward and backward of every micro-batch in the schedule's order; gradients accumulate.
+  // `set_sync(last)` is called before each backward with whether it is its chunk's last of
+  // the step, so gradient reduction hooks (data parallelism, ZeRO) fire on the final
+  // gradients only. With tied embeddings across stages, their two gradient parts are summed
+  // over `embedding` at the end and only then reported ready. Returns the summed loss of
+  // every micro-batch on ranks that hold the last stage, 0 on others.
+  double train_step(const MicroBatches& micro, float grad_scale, const std::function<void(bool)>& set_sync = {});
+  // Forwards only (no gradients), every rank in micro-batch order. The loss as train_step.
+  double forward_only(const MicroBatches& micro);
+
+  const std::vector<ActionTiming>& last_timings() const { return timings_; }
+  PipelineSchedule schedule() const { return schedule_; }
+  int64_t stages() const { return stages_; }
+
+ private:
+  enum Direction { kActivation = 0, kGradient = 1 };
+  int peer_of_stage(int64_t stage) const { return static_cast<int>(stage % pp_->size()); }
+  int tag(int64_t micro, int64_t stage, Direction direction) const;
+  // Blocks until the activation (or gradient) of `micro` for `stage` has arrived in input_.
+  const float* receive(int64_t micro, int64_t stage, Direction direction);
+  void send(const float* data, int64_t micro, int64_t to_stage, Direction direction);
+  void wait_sends();
+  int64_t rows_elements() const { return rows_ * model_.config().n_embd; }
+
+  Transformer& model_;
+  std::shared_ptr<ProcessGroup> pp_, embedding_;
+  PipelineSchedule schedule_;
+  int64_t stages_ = 1;
+  int64_t rows_ = 0;  // this rank's rows of a micro-batch
+  Tensor input_;  // CommBuffers: the received activation or gradient
+  struct PendingSend {
+    Tensor data;      // CommBuffers: the send's own copy, reused once the send completes
+    WorkHandle work;  // null once complete
+  };
+  std::vector<PendingSend> sends_;
+  std::vector<ActionTiming> timings_;
+};
+
+}  // namespace loom

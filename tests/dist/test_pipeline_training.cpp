@@ -1,0 +1,112 @@
+// `parallel.pp` through the trainer: every pipeline schedule, alone and mixed with dp, tp,
+// sequence parallelism and ZeRO-1 on one mesh, against one process on the same global batch;
+// and checkpoints saved on one pp x tp layout loaded on another and by one process.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+#include "dist_fixture.hpp"
+#include "loom/train/checkpointing.hpp"
+
+namespace loom::test {
+namespace {
+
+struct Case {
+  std::string arch;
+  std::string schedule;
+  int tp, dp;  // pp = world / (tp x dp)
+  int chunks;
+  int zero_stage;
+  bool sequence_parallel;
+  int ranks;  // the world size the layout is for
+};
+
+std::string case_name(const Case& c) {
+  return c.arch + "_" + (c.schedule == "1f1b" ? std::string("onef1b") : c.schedule) + "_tp" + std::to_string(c.tp) +
+         "_dp" + std::to_string(c.dp) + (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") + "_zero" +
+         std::to_string(c.zero_stage) + (c.sequence_parallel ? "_sp" : "") + "_np" + std::to_string(c.ranks);
+}
+
+// Four layers (so 4 stages, or 2 ranks x 2 chunks, each get one), 4 micro-batches (grad_accum)
+// of the global batch, AdamW with clipping active every step.
+std::vector<std::string> pipeline_overrides(const std::string& arch) {
+  std::vector<std::string> o = {"data.val=\"\"", "optim.eps=1e-5", "optim.lr=1e-3", "optim.grad_clip=0.05",
+                                "parallel.bucket_mb=0.002", "model.n_layer=4", "train.grad_accum=4",
+                                "checkpoint.dir=\"\""};
+  if (arch == "llama") {
+    o.push_back("model.n_head=8");
+    o.push_back("model.n_kv_head=4");
+  }
+  return o;
+}
+
+std::map<std::string, const Parameter*> by_name(const ParameterList& params) {
+  std::map<std::string, const Parameter*> out;
+  for (const Parameter* p : params) out[p->name] = p;
+  return out;
+}
+
+void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
+
+class PipelineTraining : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PipelineTraining, FollowsOneProcess) {
+  const auto world_group = world();
+  const Case c = GetParam();
+  const int n = world_group->size();
+  if (n != c.ranks) GTEST_SKIP() << "layout is for " << c.ranks << " ranks";
+  const int pp = n / (c.tp * c.dp);
+  TinyRun run("pp_train_" + c.arch);
+  const std::string base = run.config(c.arch, kSteps);
+  std::vector<std::string> shared = pipeline_overrides(c.arch);
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), shared.begin(), shared.end());
+    return extra;
+  };
+  Trainer reference(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch),
+                                      "log.dir=\"" + run.dir + "/ref\""})));
+  reference.run();
+  Trainer parallel(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch / c.dp),
+                                     "parallel.pp=" + std::to_string(pp), "parallel.tp=" + std::to_string(c.tp),
+                                     "parallel.pp_schedule=\"" + c.schedule + "\"",
+                                     "parallel.pp_chunks=" + std::to_string(c.chunks),
+                                     "parallel.sequence_parallel=" + std::string(c.sequence_parallel ? "true" : "false"),
+                                     "parallel.zero_stage=" + std::to_string(c.zero_stage),
+                                     "log.dir=\"" + run.dir + "/pp\""})),
+                   world_group);
+  parallel.run();
+
+  if (world_group->rank() == 0) {
+    const auto ref_losses = losses_of(run.dir + "/ref/metrics.jsonl");
+    const auto pp_losses = losses_of(run.dir + "/pp/metrics.jsonl");
+    ASSERT_EQ(ref_losses.size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(pp_losses.size(), ref_losses.size());
+    EXPECT_NEAR(pp_losses[0], ref_losses[0], 1e-6 * ref_losses[0]) << "first step";
+    for (size_t s = 0; s < ref_losses.size(); ++s)
+      EXPECT_NEAR(pp_losses[s], ref_losses[s], 1e-5 * ref_losses[s]) << "step " << s + 1;
+  }
+  // Every parameter this rank holds (its stage's layers, its tp shard of them, and the last
+  // stage's copy of a tied embedding) ends where one process's ends.
+  const auto ref = by_name(reference.model().parameters());
+  for (const Parameter* p : parallel.model().parameters()) {
+    ASSERT_TRUE(ref.count(p->name)) << p->name;
+    EXPECT_LE(shard_difference(ref.at(p->name)->value, p->placement, p->value), 1e-5)
+        << p->name << " on rank " << world_group->rank();
+  }
+}
+
+// Interleaving needs pp x chunks <= 4 layers; 1F1B and interleaved need grad_accum (4) >= pp.
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PipelineTraining,
+    ::testing::Values(Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2}, Case{"llama", "1f1b", 1, 1, 1, 0, false, 2},
+                      Case{"gpt2", "afab", 1, 1, 1, 0, false, 2}, Case{"gpt2", "interleaved", 1, 1, 2, 0, false, 2},
+                      Case{"llama", "interleaved", 1, 1, 2, 0, false, 2},
+                      Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 4}, Case{"llama", "afab", 1, 1, 1, 0, false, 4},
+                      Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4}, Case{"llama", "interleaved", 1, 2, 2, 0, false, 4},
+                      Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4}, Case{"llama", "1f1b", 2, 1, 1, 0, false, 4},
+                      Case{"gpt2", "1f1b", 2, 2, 1, 1, true, 8}, Case{"llama", "interleaved", 2, 2, 2, 1, false, 8}),
+    [](const auto& info) { return case_name(info.param); });
+
+}  // namespace
+}  // namespace loom::test

@@ -108,5 +108,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", "1f1b", 2, 2, 1, 1, true, 8}, Case{"llama", "interleaved", 2, 2, 2, 1, false, 8}),
     [](const auto& info) { return case_name(info.param); });
 
+// A launch whose ranks are not pp x dp x tp is refused before any work, saying what would work.
+TEST(PipelineLaunch, RanksThatAreNotAMultipleOfTpTimesPpAreRejected) {
+  const auto world_group = world();
+  const int n = world_group->size();
+  TinyRun run("pp_launch");
+  const int pp = 2 * n;
+  const TrainConfig config = parse(run.config("gpt2", 4), {"model.n_layer=" + std::to_string(pp),
+                                                           "train.grad_accum=" + std::to_string(pp),
+                                                           "parallel.pp=" + std::to_string(pp)});
+  expect_contains(error_message([&] { Trainer trainer(config, world_group); }),
+                  {"launched with " + std::to_string(n) + " rank(s)",
+                   "parallel.tp x parallel.pp = 1 x " + std::to_string(pp), "launch dp x " + std::to_string(pp)});
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -20,12 +20,14 @@ struct Case {
   int zero_stage;
   bool sequence_parallel;
   int ranks;  // the world size the layout is for
+  std::string pp_layers = "";  // layers per stage as a TOML array ("": even split)
 };
 
 std::string case_name(const Case& c) {
   return c.arch + "_" + (c.schedule == "1f1b" ? std::string("onef1b") : c.schedule) + "_tp" + std::to_string(c.tp) +
          "_dp" + std::to_string(c.dp) + (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") + "_zero" +
-         std::to_string(c.zero_stage) + (c.sequence_parallel ? "_sp" : "") + "_np" + std::to_string(c.ranks);
+         std::to_string(c.zero_stage) + (c.sequence_parallel ? "_sp" : "") + (c.pp_layers.empty() ? "" : "_uneven") +
+         "_np" + std::to_string(c.ranks);
 }
 
 // Four layers (so 4 stages, or 2 ranks x 2 chunks, each get one), 4 micro-batches (grad_accum)
@@ -67,13 +69,15 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
   Trainer reference(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch),
                                       "log.dir=\"" + run.dir + "/ref\""})));
   reference.run();
-  Trainer parallel(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch / c.dp),
+  std::vector<std::string> layout = {"train.batch_size=" + std::to_string(kGlobalBatch / c.dp),
                                      "parallel.pp=" + std::to_string(pp), "parallel.tp=" + std::to_string(c.tp),
                                      "parallel.pp_schedule=\"" + c.schedule + "\"",
                                      "parallel.pp_chunks=" + std::to_string(c.chunks),
                                      "parallel.sequence_parallel=" + std::string(c.sequence_parallel ? "true" : "false"),
                                      "parallel.zero_stage=" + std::to_string(c.zero_stage),
-                                     "log.dir=\"" + run.dir + "/pp\""})),
+                                     "log.dir=\"" + run.dir + "/pp\""};
+  if (!c.pp_layers.empty()) layout.push_back("parallel.pp_layers=" + c.pp_layers);
+  Trainer parallel(parse(base, with(layout)),
                    world_group);
   parallel.run();
 
@@ -102,6 +106,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2}, Case{"llama", "1f1b", 1, 1, 1, 0, false, 2},
                       Case{"gpt2", "afab", 1, 1, 1, 0, false, 2}, Case{"gpt2", "interleaved", 1, 1, 2, 0, false, 2},
                       Case{"llama", "interleaved", 1, 1, 2, 0, false, 2},
+                      Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2, "[3, 1]"},
+                      Case{"llama", "afab", 1, 1, 1, 0, false, 2, "[1, 3]"},
                       Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 4}, Case{"llama", "afab", 1, 1, 1, 0, false, 4},
                       Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4}, Case{"llama", "interleaved", 1, 2, 2, 0, false, 4},
                       Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4}, Case{"llama", "1f1b", 2, 1, 1, 0, false, 4},

@@ -57,18 +57,22 @@ BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPla
   return g;
 }
 
+void add_last_stage_activations(const ModelConfig& c, const ParallelPlan& plan, int64_t batch, int64_t seq_len,
+                                ChunkActivations& a) {
+  const int64_t local_rows = plan.local_rows(batch * seq_len);
+  a.final_norm_out = activation({local_rows, c.n_embd});
+  a.final_norm_stash.rstd = activation({local_rows});
+  if (c.arch == Architecture::GPT2) a.final_norm_stash.mean = activation({local_rows});
+  a.d_hidden = Tensor::empty({local_rows, c.n_embd}, DType::F32, MemCategory::Workspace);
+}
+
 ChunkActivations make_chunk_activations(const ModelConfig& c, const ParallelPlan& plan,
                                         const ModelChunk& chunk, Recompute recompute, int64_t batch,
                                         int64_t seq_len, BlockStash& selective_shared) {
   const int64_t local_rows = plan.local_rows(batch * seq_len);
   ChunkActivations a;
   a.residuals = activation({chunk.layers() + 1, local_rows, c.n_embd});
-  if (chunk.last_stage()) {
-    a.final_norm_out = activation({local_rows, c.n_embd});
-    a.final_norm_stash.rstd = activation({local_rows});
-    if (c.arch == Architecture::GPT2) a.final_norm_stash.mean = activation({local_rows});
-    a.d_hidden = Tensor::empty({local_rows, c.n_embd}, DType::F32, MemCategory::Workspace);
-  }
+  if (chunk.last_stage()) add_last_stage_activations(c, plan, batch, seq_len, a);
   if (recompute == Recompute::Full) return a;
   for (int64_t l = 0; l < chunk.layers(); ++l) {
     const bool share = recompute == Recompute::Selective && selective_shared.attn_out.defined();

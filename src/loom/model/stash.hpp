@@ -54,6 +54,11 @@ struct ChunkActivations {
   bool grad_ready = false;      // forward ran with compute_grad
 };
 
+// Adds what the last stage keeps besides the residual stream (final norm output and stash,
+// the loss gradient), so a set made for another chunk of as many layers can serve it.
+void add_last_stage_activations(const ModelConfig& config, const ParallelPlan& plan, int64_t batch,
+                                int64_t seq_len, ChunkActivations& activations);
+
 // Under Selective every block of every micro-batch shares one set of recomputable tensors,
 // `selective_shared`'s: taken from the first stash made while it is empty.
 ChunkActivations make_chunk_activations(const ModelConfig& config, const ParallelPlan& plan,

@@ -89,7 +89,6 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
       add_parameter(lm_head, index);
     }
   }
-  idle_.resize(chunks_.size());
 }
 
 void Transformer::add_parameter(Parameter& p, int64_t init_index) {
@@ -177,7 +176,7 @@ void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
                 batch_, " x ", seq_len_, " await their backward: finish them first");
   batch_ = batch;
   seq_len_ = seq_len;
-  for (auto& idle : idle_) idle.clear();
+  idle_.clear();
   full_recompute_stash_ = BlockStash{};
   selective_shared_ = BlockStash{};
   if (recompute_ == Recompute::Full)
@@ -194,32 +193,43 @@ void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
   d_residual_b_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
 }
 
-ChunkActivations& Transformer::acquire(int64_t chunk, int64_t micro) {
+const ModelChunk& Transformer::chunk_at(int64_t chunk) const {
   if (chunk < 0 || chunk >= static_cast<int64_t>(chunks_.size()))
     throw_error("chunk ", chunk, " is outside this rank's ", chunks_.size(), " chunk(s)");
-  const auto key = std::make_pair(chunk, micro);
+  return chunks_[static_cast<size_t>(chunk)];
+}
+
+ChunkActivations& Transformer::acquire(int64_t chunk_index, int64_t micro) {
+  const ModelChunk& chunk = chunk_at(chunk_index);
+  const auto key = std::make_pair(chunk_index, micro);
   if (in_flight_.count(key))
-    throw_error("micro-batch ", micro, " of chunk ", chunk, " ran forward twice without a backward");
-  auto& idle = idle_[static_cast<size_t>(chunk)];
-  if (idle.empty())
-    idle.push_back(make_chunk_activations(config_, *plan_, chunks_[static_cast<size_t>(chunk)], recompute_, batch_,
-                                          seq_len_, selective_shared_));
-  ChunkActivations& a = in_flight_.emplace(key, std::move(idle.back())).first->second;
-  idle.pop_back();
-  return a;
+    throw_error("micro-batch ", micro, " of chunk ", chunk_index, " ran forward twice without a backward");
+  last_released_ = {-1, -1};
+  // Any idle set of as many layers will do; the last stage's extras are added on first use.
+  auto fits = [&](const ChunkActivations& a) { return a.residuals.shape()[0] == chunk.layers() + 1; };
+  auto it = std::find_if(idle_.rbegin(), idle_.rend(), fits);
+  ChunkActivations set;
+  if (it == idle_.rend()) {
+    set = make_chunk_activations(config_, *plan_, chunk, recompute_, batch_, seq_len_, selective_shared_);
+  } else {
+    set = std::move(*it);
+    idle_.erase(std::next(it).base());
+    if (chunk.last_stage() && !set.final_norm_out.defined())
+      add_last_stage_activations(config_, *plan_, batch_, seq_len_, set);
+  }
+  return in_flight_.emplace(key, std::move(set)).first->second;
 }
 
 void Transformer::release(int64_t chunk, int64_t micro) {
   auto it = in_flight_.find({chunk, micro});
   it->second.grad_ready = false;
-  idle_[static_cast<size_t>(chunk)].push_back(std::move(it->second));
+  idle_.push_back(std::move(it->second));
   in_flight_.erase(it);
+  last_released_ = {chunk, micro};
 }
 
 int64_t Transformer::activation_sets_allocated() const {
-  int64_t sets = static_cast<int64_t>(in_flight_.size());
-  for (const auto& idle : idle_) sets += static_cast<int64_t>(idle.size());
-  return sets;
+  return static_cast<int64_t>(in_flight_.size() + idle_.size());
 }
 
 BlockStash& Transformer::stash_of(ChunkActivations& a, int64_t block_in_chunk) {
@@ -300,7 +310,7 @@ void Transformer::forward_layers(int64_t chunk_index, ChunkActivations& a, const
 
 double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int32_t* tokens, const int32_t* targets,
                                   const float* input, int64_t batch, int64_t seq_len, const ForwardOptions& options) {
-  const ModelChunk& chunk = chunks_.at(static_cast<size_t>(chunk_index));
+  const ModelChunk& chunk = chunk_at(chunk_index);
   if (chunk.first_stage() && !tokens) throw_error("the first pipeline stage needs tokens");
   if (!chunk.first_stage() && !input) throw_error("pipeline stage ", chunk.stage, " needs the previous stage's output");
   if (chunk.last_stage() && !targets) throw_error("the last pipeline stage needs targets");
@@ -340,13 +350,13 @@ double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int3
 }
 
 const float* Transformer::chunk_output(int64_t chunk_index, int64_t micro) const {
-  const ModelChunk& chunk = chunks_.at(static_cast<size_t>(chunk_index));
+  const ModelChunk& chunk = chunk_at(chunk_index);
   const int64_t rows = plan_->local_rows(batch_ * seq_len_), c = config_.n_embd;
-  auto it = in_flight_.find({chunk_index, micro});
+  const auto key = std::make_pair(chunk_index, micro);
   const ChunkActivations* a = nullptr;
-  if (it != in_flight_.end()) a = &it->second;
-  else if (!idle_[static_cast<size_t>(chunk_index)].empty()) a = &idle_[static_cast<size_t>(chunk_index)].back();
-  if (!a) throw_error("chunk ", chunk_index, " has no output for micro-batch ", micro);
+  if (auto it = in_flight_.find(key); it != in_flight_.end()) a = &it->second;
+  else if (last_released_ == key && !idle_.empty()) a = &idle_.back();
+  if (!a) throw_error("chunk ", chunk_index, " has no output for micro-batch ", micro, ": run its forward first");
   return a->residuals.f32() + chunk.layers() * rows * c;
 }
 

@@ -115,6 +115,7 @@ class Transformer {
 
  private:
   void ensure_shape(int64_t batch, int64_t seq_len);
+  const ModelChunk& chunk_at(int64_t chunk) const;
   ChunkActivations& acquire(int64_t chunk, int64_t micro);
   void release(int64_t chunk, int64_t micro);
   void check_inputs(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len) const;
@@ -153,7 +154,10 @@ class Transformer {
   // (ParallelPlan::local_rows).
   int64_t batch_ = 0, seq_len_ = 0;
   std::map<std::pair<int64_t, int64_t>, ChunkActivations> in_flight_;  // by (chunk, micro)
-  std::vector<std::vector<ChunkActivations>> idle_;                    // per chunk, for reuse
+  // Sets not in use, for any chunk of as many layers: a rank's peak is then the most
+  // micro-batch-chunks it has in flight at once, what the planner's replay predicts.
+  std::vector<ChunkActivations> idle_;
+  std::pair<int64_t, int64_t> last_released_{-1, -1};  // idle_.back(), after a no-grad forward
   BlockStash full_recompute_stash_;  // Full: the one stash every block recomputes into
   BlockStash selective_shared_;      // Selective: the recomputables every block shares
   BlockGradScratch scratch_;

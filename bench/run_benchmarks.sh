@@ -62,3 +62,16 @@ for stage in 0 1 2 3; do
 import json; d = json.load(open('$OUT/zero$stage.json')); m = d['live_bytes']
 print(f\"| {d['zero_stage']} | {d['ms_per_step']:.0f} | {d['tokens_per_s']:.0f} | {m['parameters']/1e6:.1f} | {m['gradients']/1e6:.1f} | {m['optimizer_state']/1e6:.1f} | {d['wire_bytes_sent_per_step']/1e6:.1f} |\")"
 done
+
+# Pipeline parallelism on 2 ranks (one stage and one core each), 8 micro-batches per step,
+# against the whole model on one rank in the same run: speed-up and bubble per schedule.
+echo
+echo "| schedule | ranks | ms/step | one rank ms/step | speed-up | tokens/s | MFU | bubble measured | bubble textbook | activation sets rank 0 |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 \
+  "$BUILD/bench/bench_pipeline" --steps "$STEPS" --micro 8 > "$OUT/pipeline_np2.json"
+/usr/bin/python3 -c "
+import json
+for line in open('$OUT/pipeline_np2.json'):
+    d = json.loads(line)
+    print(f\"| {d['schedule']}{' v=' + str(d['chunks_per_rank']) if d['chunks_per_rank'] > 1 else ''} | {d['ranks']} | {d['ms_per_step']:.0f} | {d['one_rank_ms_per_step']:.0f} | {d['speedup_vs_one_rank']:.2f}x | {d['tokens_per_s']:.0f} | {100*d['mfu']:.0f}% | {100*d['bubble_measured']:.1f}% | {100*d['bubble_textbook']:.1f}% | {d['activation_sets_rank0']} |\")"

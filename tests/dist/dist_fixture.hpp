@@ -33,6 +33,18 @@ inline std::vector<double> losses_of(const std::string& metrics_path) {
   return out;
 }
 
+// A parallel run's losses (its metrics file) against one process's on the same global batch:
+// the first step's to 1e-6, every step's to `tolerance`, both relative.
+inline void expect_losses_follow(const std::string& reference_metrics, const std::string& parallel_metrics,
+                                 double tolerance = 1e-5) {
+  const auto ref = losses_of(reference_metrics);
+  const auto par = losses_of(parallel_metrics);
+  ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(par.size(), ref.size());
+  EXPECT_NEAR(par[0], ref[0], 1e-6 * ref[0]) << "first step";
+  for (size_t s = 0; s < ref.size(); ++s) EXPECT_NEAR(par[s], ref[s], tolerance * ref[s]) << "step " << s + 1;
+}
+
 inline std::shared_ptr<ProcessGroup> world() {
   return std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD, "dp",
                                            MpiProcessGroup::CommOwnership::Borrowed);

@@ -106,8 +106,9 @@ void check_pipeline_parallel(const TrainConfig& c) {
                 "through each chunk in groups of parallel.pp = ", c.pp, "; use a multiple of ", c.pp);
   if (c.zero_stage >= 2)
     throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, " with parallel.pp = ", c.pp,
-                ": ZeRO-2/3 reduce gradients every micro-batch, which pipelining interleaves across steps of "
-                "the schedule; use zero_stage 0 or 1 with pipeline parallelism");
+                ": ZeRO-2/3 reduce-scatter (and ZeRO-3 re-gathers) per micro-batch and per whole-model unit, "
+                "which a pipeline stage running m micro-batches does not have; use zero_stage 0 or 1 with "
+                "pipeline parallelism (as DeepSpeed and Megatron-LM do)");
 }
 }  // namespace
 

@@ -178,5 +178,27 @@ TEST(PipelineSchedulePrint, DrawsEveryActionOfTheLastStep) {
   expect_contains(svg, {"textbook " + std::to_string(100 * (p - 1) / config.grad_accum), "rank " + std::to_string(p - 1)});
 }
 
+// Evaluation runs forwards through the stages; every rank gets the last stage's loss.
+TEST(PipelineEvaluation, ValidationLossEqualsOneProcess) {
+  const auto world_group = world();
+  const int p = world_group->size();
+  if (p < 2 || p > 4) GTEST_SKIP() << "one stage per rank of 4 layers: needs 2 to 4 ranks";
+  TinyRun run("pp_eval");
+  auto config = [&](int pp, const std::string& log) {
+    return pipeline_config(run, "gpt2", 3,
+                           {"optim.warmup_steps=0", "data.val=\"" + run.dir + "/data/tiny_val_*.bin\"",
+                            "eval.every=0", "eval.batches=3", "parallel.pp=" + std::to_string(pp),
+                            "checkpoint.dir=\"\"", "log.dir=\"" + run.dir + "/" + log + "\""});
+  };
+  Trainer reference(config(1, "ref"));
+  const TrainSummary expected = reference.run();
+  Trainer pipelined(config(p, "pp"), world_group);
+  const TrainSummary got = pipelined.run();
+  ASSERT_TRUE(expected.last_val_loss && got.last_val_loss);
+  EXPECT_NEAR(*got.last_val_loss, *expected.last_val_loss, 1e-5 * *expected.last_val_loss) << "rank " << world_group->rank();
+  const std::string val = run.dir + "/data/tiny_val_*.bin";
+  EXPECT_NEAR(pipelined.evaluate(val, 2), reference.evaluate(val, 2), 1e-5 * reference.evaluate(val, 2));
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -21,12 +21,14 @@ struct Case {
   bool sequence_parallel;
   int ranks;  // the world size the layout is for
   std::string pp_layers = "";  // layers per stage as a TOML array ("": even split)
+  std::string recompute = "none";
 };
 
 std::string case_name(const Case& c) {
   return c.arch + "_" + (c.schedule == "1f1b" ? std::string("onef1b") : c.schedule) + "_tp" + std::to_string(c.tp) +
          "_dp" + std::to_string(c.dp) + (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") + "_zero" +
          std::to_string(c.zero_stage) + (c.sequence_parallel ? "_sp" : "") + (c.pp_layers.empty() ? "" : "_uneven") +
+         (c.recompute == "none" ? "" : "_" + c.recompute) +
          "_np" + std::to_string(c.ranks);
 }
 
@@ -62,6 +64,7 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
   TinyRun run("pp_train_" + c.arch);
   const std::string base = run.config(c.arch, kSteps);
   std::vector<std::string> shared = pipeline_overrides(c.arch);
+  shared.push_back("model.recompute=\"" + c.recompute + "\"");
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), shared.begin(), shared.end());
     return extra;
@@ -102,6 +105,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama", "interleaved", 1, 1, 2, 0, false, 2},
                       Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2, "[3, 1]"},
                       Case{"llama", "afab", 1, 1, 1, 0, false, 2, "[1, 3]"},
+                      Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2, "", "selective"},
+                      Case{"llama", "interleaved", 1, 1, 2, 0, false, 2, "", "full"},
                       Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 4}, Case{"llama", "afab", 1, 1, 1, 0, false, 4},
                       Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4}, Case{"llama", "interleaved", 1, 2, 2, 0, false, 4},
                       Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4}, Case{"llama", "1f1b", 2, 1, 1, 0, false, 4},

@@ -1,5 +1,6 @@
-# CUDA kernels (src/loom/kernels/cuda) as the static library loom_cuda, built only where a CUDA
-# compiler and toolkit exist; CPU-only machines (CI) skip it with a message saying why.
+# CUDA kernels (src/loom/kernels/cuda) and the GPU trainer (src/loom/gpu) as the static library
+# loom_cuda, built only where a CUDA compiler and toolkit exist; CPU-only machines (CI) skip it
+# with a message saying why.
 # Compiling needs no GPU; running the kernels (tests/gpu) does.
 option(LOOM_WITH_CUDA "Build the CUDA kernels and GPU tests when a CUDA compiler is found" ON)
 include(CheckLanguage)
@@ -39,7 +40,10 @@ else()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 
-  file(GLOB LOOM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/loom/kernels/cuda/*.cu)
+  # The kernels, and the GPU model and trainer built on them (src/loom/gpu: host C++ that calls
+  # the kernels, plus any small kernel of their own in a .cu).
+  file(GLOB LOOM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/loom/kernels/cuda/*.cu
+       ${PROJECT_SOURCE_DIR}/src/loom/gpu/*.cu ${PROJECT_SOURCE_DIR}/src/loom/gpu/*.cpp)
   add_library(loom_cuda STATIC ${LOOM_CUDA_SOURCES})
   # The directory-wide flags (-Wall -Wpedantic -Werror -march=native ...) are GCC flags that
   # nvcc rejects; keep them for C++ sources only and give nvcc its own equivalents: host-side

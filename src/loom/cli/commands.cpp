@@ -38,30 +38,15 @@ void print_samples(Transformer& model, const Gpt2Tokenizer& tokenizer, const std
                 tokenizer.decode(tokens).c_str());
   }
 }
-}  // namespace
 
-int run_train(const TrainArgs& args) {
-  ConfigReader reader = ConfigReader::from_file(args.config_path);
-  reader.apply_overrides(args.overrides);
-  TrainConfig config = parse_train_config(reader);
-  config.print_schedule = args.print_schedule;
-  if (args.check_only) {
-    std::printf("config %s is valid\n", args.config_path.c_str());
-    return 0;
-  }
-  // Under mpirun or srun every rank is a data-parallel replica; alone, no MPI at all.
-  std::unique_ptr<DistRuntime> runtime;
-  if (DistRuntime::launched_by_mpi_or_slurm()) runtime = std::make_unique<DistRuntime>();
-  const bool rank0 = !runtime || runtime->world_rank() == 0;
-  Trainer trainer(config, runtime && runtime->world_size() > 1 ? runtime->world() : nullptr);
-  const TrainSummary summary = trainer.run();
-  if (!rank0) return 0;
+// What follows every run: the validation loss against the unigram baseline, and samples.
+void report_trained_model(const TrainConfig& config, const TrainSummary& summary, Transformer& model) {
   if (summary.last_val_loss && summary.unigram_baseline) {
     const double unigram = *summary.unigram_baseline;
     std::printf("validation loss %.4f vs unigram baseline %.4f nats/token (%.1f%% below)\n",
                 *summary.last_val_loss, unigram, 100.0 * (1.0 - *summary.last_val_loss / unigram));
   }
-  const bool partial_model = !trainer.model().is_whole() || trainer.model().plan().tp() > 1;
+  const bool partial_model = !model.is_whole() || model.plan().tp() > 1;
   if (config.sample_tokens > 0 && !config.sample_prompt.empty() && partial_model) {
     // Sampling runs on rank 0 alone, which holds a pipeline stage or a tensor-parallel shard.
     std::printf("no samples: this rank holds part of the model; run `loom generate` on the last checkpoint\n");
@@ -72,8 +57,51 @@ int run_train(const TrainArgs& args) {
     options.temperature = config.sample_temperature;
     options.top_k = config.sample_top_k;
     options.seed = config.seed;
-    print_samples(trainer.model(), tokenizer, config.sample_prompt, config.sample_count, options);
+    print_samples(model, tokenizer, config.sample_prompt, config.sample_count, options);
   }
+}
+
+// One process on one GPU: refused before any work when this loom has no CUDA, or when a
+// launcher started several ranks (the CUDA trainer has no data parallelism yet).
+int run_train_on_cuda(const TrainArgs& args, const TrainConfig& config) {
+  if (!args.train_on_cuda)
+    throw_error("train.device = \"cuda\" (--device cuda): this loom was built without CUDA (no nvcc at configure "
+                "time, or -DLOOM_WITH_CUDA=OFF): rebuild where nvcc is found, or use --device cpu");
+  if (DistRuntime::launched_by_mpi_or_slurm()) {
+    const DistRuntime runtime;
+    if (runtime.world_size() > 1)
+      throw_error("train.device = \"cuda\" (--device cuda) under a launcher with ", runtime.world_size(),
+                  " ranks: the CUDA trainer runs one process on one GPU so far; launch one process, or use "
+                  "--device cpu for data parallelism over ranks");
+  }
+  CudaTrainResult result = args.train_on_cuda(config);
+  report_trained_model(config, result.summary, *result.model);
+  return 0;
+}
+}  // namespace
+
+int run_train(const TrainArgs& args) {
+  ConfigReader reader = ConfigReader::from_file(args.config_path);
+  reader.apply_overrides(args.overrides);
+  if (!args.device.empty()) reader.apply_overrides({"train.device=\"" + args.device + "\""});
+  TrainConfig config = parse_train_config(reader);
+  config.print_schedule = args.print_schedule;
+  if (config.device == Device::CUDA && !args.train_on_cuda && args.check_only)
+    std::printf("note: config %s asks for train.device = \"cuda\", which this loom (built without CUDA) cannot run\n",
+                args.config_path.c_str());
+  if (args.check_only) {
+    std::printf("config %s is valid\n", args.config_path.c_str());
+    return 0;
+  }
+  if (config.device == Device::CUDA) return run_train_on_cuda(args, config);
+  // Under mpirun or srun every rank is a data-parallel replica; alone, no MPI at all.
+  std::unique_ptr<DistRuntime> runtime;
+  if (DistRuntime::launched_by_mpi_or_slurm()) runtime = std::make_unique<DistRuntime>();
+  const bool rank0 = !runtime || runtime->world_rank() == 0;
+  Trainer trainer(config, runtime && runtime->world_size() > 1 ? runtime->world() : nullptr);
+  const TrainSummary summary = trainer.run();
+  if (!rank0) return 0;
+  report_trained_model(config, summary, trainer.model());
   return 0;
 }
 

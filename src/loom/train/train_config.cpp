@@ -134,6 +134,10 @@ TrainConfig parse_train_config(ConfigReader& r) {
   else if (precision == "bf16") c.precision = Precision::BF16;
   else throw_error("config key 'train.precision' has value '", precision, "', expected f32 or bf16");
   c.threads = static_cast<int>(r.get_int("train.threads", c.threads));
+  const std::string device = r.get_string("train.device", device_name(c.device));
+  if (device == "cpu") c.device = Device::CPU;
+  else if (device == "cuda") c.device = Device::CUDA;
+  else throw_error("config key 'train.device' has value '", device, "', expected cpu or cuda");
   c.vocab_chunk = r.get_int("train.vocab_chunk", c.vocab_chunk);
 
   c.schedule.kind = parse_lr_schedule(r.get_string("optim.schedule", "cosine"));
@@ -212,8 +216,30 @@ TrainConfig parse_train_config(ConfigReader& r) {
     throw_error("config key 'sample.prompt' is missing: sample.tokens > 0 needs a prompt to continue");
   if (c.sample_tokens > 0 && c.tokenizer_dir.empty())
     throw_error("config key 'data.tokenizer_dir' is missing: sample.tokens > 0 needs the tokenizer");
+  if (c.device == Device::CUDA) check_single_gpu_training(c);
   c.schedule.total_steps = c.steps;
   return c;
+}
+
+void check_single_gpu_training(const TrainConfig& c) {
+  const char* instead = "; the CUDA trainer runs one process on one GPU so far (use train.device = \"cpu\" "
+                        "for the distributed CPU engine)";
+  if (c.recompute != Recompute::None)
+    throw_error("config key 'model.recompute' has value '", recompute_name(c.recompute),
+                "' with train.device = \"cuda\": the CUDA trainer keeps every activation (recompute = \"none\") "
+                "so far; set model.recompute = \"none\" or train on the CPU");
+  if (c.tp != 1)
+    throw_error("config key 'parallel.tp' has value ", c.tp, " with train.device = \"cuda\", expected 1", instead);
+  if (c.pp != 1)
+    throw_error("config key 'parallel.pp' has value ", c.pp, " with train.device = \"cuda\", expected 1", instead);
+  if (c.sequence_parallel)
+    throw_error("config key 'parallel.sequence_parallel' is on with train.device = \"cuda\", expected off", instead);
+  if (c.zero_stage != 0)
+    throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, " with train.device = \"cuda\", expected 0",
+                instead);
+  if (!c.trace_path.empty())
+    throw_error("config key 'log.trace' (--trace) has value '", c.trace_path, "' with train.device = \"cuda\": the CUDA "
+                "trainer writes no trace yet; leave it empty or train on the CPU");
 }
 
 }  // namespace loom

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/dtype.hpp"
 #include "loom/model/config.hpp"
 #include "loom/parallel/pipeline_schedule.hpp"
 #include "loom/train/adamw.hpp"
@@ -30,6 +31,7 @@ struct TrainConfig {
   uint64_t seed = 1337;
   Precision precision = Precision::F32;
   int threads = 0;             // 0: all cores
+  Device device = Device::CPU; // where the model trains: the CPU reference, or one CUDA GPU
   int64_t vocab_chunk = kDefaultVocabChunk;
 
   LrSchedule schedule;
@@ -72,5 +74,11 @@ struct TrainConfig {
 TrainConfig parse_train_config(ConfigReader& reader);
 // The [model] section: a preset, then explicit dimensions override it.
 ModelConfig parse_model_config(ConfigReader& reader);
+// What the single-GPU trainer cannot do yet (tensor, pipeline or ZeRO parallelism, sequence
+// parallelism, recomputation, traces): a loom::Error naming the key, its value and what to set
+// instead.
+// parse_train_config calls it when train.device is cuda; the GPU trainer calls it again before
+// it touches a device, since a caller may hand it any config.
+void check_single_gpu_training(const TrainConfig& config);
 
 }  // namespace loom

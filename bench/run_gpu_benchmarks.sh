@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU benchmark (issue 6), for a machine with one NVIDIA GPU: the CUDA kernel tests, then
+# loom and PyTorch (eager and torch.compile, BF16 autocast) side by side in the same run on
+# GPT-2 124M and a 1B Llama-style model at sequence 1024, BF16 with fp32 master weights.
+# Prints the GPU, driver and a Markdown table; JSON lands in $OUT.
+#   bash bench/run_gpu_benchmarks.sh            (from the repository root, after a CUDA build)
+set -euo pipefail
+BUILD=${LOOM_BUILD_DIR:-build}
+OUT=${BENCH_OUT:-bench/results/gpu}
+STEPS=${STEPS:-20}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.csv"
+ctest --test-dir "$BUILD" -L gpu --output-on-failure | tail -5
+
+# Random GPT-2-vocabulary tokens in llm.c's shard format (loom's data loader reads them).
+DATA=$(mktemp -d)
+/usr/bin/python3 - "$DATA" <<'PY'
+import struct, sys, random
+random.seed(0)
+tokens = [random.randrange(50257) for _ in range(4_000_000)]
+header = [20240520, 1, len(tokens)] + [0] * 253
+with open(f"{sys.argv[1]}/bench_train_000000.bin", "wb") as f:
+    f.write(struct.pack("<256i", *header))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+
+run_loom() {  # preset batch
+  cat > "$DATA/$1.toml" <<TOML
+[model]
+preset = "$1"
+max_seq_len = 1024
+[data]
+train = "$DATA/bench_train_*.bin"
+[train]
+batch_size = $2
+seq_len = 1024
+steps = $STEPS
+precision = "bf16"
+device = "cuda"
+[optim]
+warmup_steps = 0
+[log]
+dir = "$OUT/loom_$1"
+TOML
+  "$BUILD/loom" train "$DATA/$1.toml" > "$OUT/loom_$1.log"
+  /usr/bin/python3 - "$OUT/loom_$1/metrics.jsonl" "$1" "$2" <<'PY' | tee "$OUT/loom_$1.json"
+import json, sys, statistics
+records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]  # after warm-up
+ms = statistics.median(r["step_ms"] for r in records)
+memory = max((r["memory_bytes"] or 0) for r in records) / 2 ** 30  # the trainer's device peak
+print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": 1024,
+                  "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * 1024 / ms * 1e3,
+                  "peak_memory_gib": memory}))
+PY
+}
+
+for case in "gpt2-124m 16" "llama-1b 4"; do
+  set -- $case
+  run_loom "$1" "$2"
+  /usr/bin/python3 bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" \
+    | tee "$OUT/torch_eager_$1.json"
+  /usr/bin/python3 bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" --compile \
+    | tee "$OUT/torch_compile_$1.json"
+done
+rm -rf "$DATA"
+
+/usr/bin/python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+print("\n| model | engine | ms/step | tokens/s | vs PyTorch best | MFU (datasheet) | MFU (measured GEMM) | peak memory GiB |")
+print("|---|---|---|---|---|---|---|---|")
+for preset in ["gpt2-124m", "llama-1b"]:
+    eager = json.load(open(os.path.join(out, f"torch_eager_{preset}.json")))
+    comp = json.load(open(os.path.join(out, f"torch_compile_{preset}.json")))
+    loom = json.load(open(os.path.join(out, f"loom_{preset}.json")))
+    best = max(eager["tokens_per_s"], comp["tokens_per_s"])
+    flops_per_token = eager["model_tflops"] * 1e12 / eager["tokens_per_s"]  # same model, same formula
+    for name, d in [("loom", loom), ("PyTorch eager", eager), ("PyTorch compile", comp)]:
+        tflops = flops_per_token * d["tokens_per_s"] / 1e12
+        mfu = tflops / (eager["model_tflops"] / eager["mfu_vs_datasheet"])
+        mfu_gemm = tflops / eager["measured_bf16_gemm_tflops"]
+        mem = d.get("peak_memory_gib", float("nan"))
+        print(f"| {preset} | {name} | {d['ms_per_step']:.1f} | {d['tokens_per_s']:.0f} | "
+              f"{d['tokens_per_s']/best:.2f}x | {100*mfu:.1f}% | {100*mfu_gemm:.1f}% | {mem:.1f} |")
+PY

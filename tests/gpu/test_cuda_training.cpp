@@ -1,0 +1,258 @@
+// The GPU trainer against the CPU reference (as llm.c checks train_gpt2.cu against
+// train_gpt2.c): a tiny GPT-2 (tied embeddings) and a tiny Llama (GQA, untied), same seed, same
+// data, same schedule.
+//   - First step: loss to 1e-5 and every parameter's gradient to 1e-4 of its largest element:
+//     f32 arithmetic on both sides, only the summation order differs.
+//   - f32 training, 10 steps: every step's loss to 1e-4 relative, final weights to 1e-4 of each
+//     tensor's largest weight (floored at the 0.02 init scale). As in tests/dist, optim.eps is
+//     1e-5: Adam divides a gradient by its own size, so an element whose true gradient is ~0
+//     (GPT-2's key bias) would otherwise move by +-lr per step in a direction set by rounding.
+//   - bf16 training (bf16 activations and activation gradients on the GPU, f32 gradients with
+//     bf16-rounded activations on the CPU): losses to 2e-2 relative.
+//   - Checkpoints: a GPU checkpoint loads on the CPU with the GPU's weights bit for bit, and a
+//     run stopped on one device resumes on the other.
+//   - What one GPU cannot train yet is refused before any device is touched (runs everywhere).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "../trainer_fixture.hpp"
+#include "gpu_test_support.hpp"
+#include "loom/gpu/gpu_model.hpp"
+#include "loom/gpu/gpu_trainer.hpp"
+#include "loom/obs/metrics_log.hpp"
+#include "loom/train/checkpointing.hpp"
+#include "loom/train/trainer.hpp"
+
+namespace loom::test {
+namespace {
+
+constexpr int64_t kSteps = 10;
+constexpr double kF32Tolerance = 1e-4;
+constexpr double kBf16LossTolerance = 2e-2;
+
+TrainConfig parse(const std::string& text, const std::vector<std::string>& overrides) {
+  ConfigReader reader = ConfigReader::from_string(text, "test.toml");
+  reader.apply_overrides(overrides);
+  return parse_train_config(reader);
+}
+
+// Overrides that make a CPU and a GPU run comparable (see the file comment), logging to
+// `run.dir`/`name`.
+std::vector<std::string> comparable(const TinyRun& run, const std::string& name,
+                                    const std::string& precision, bool checkpoints = false) {
+  std::vector<std::string> o = {"optim.eps=1e-5", "optim.lr=1e-3",
+                                "train.precision=\"" + precision + "\"",
+                                "log.dir=\"" + run.dir + "/" + name + "\""};
+  o.push_back(checkpoints ? "checkpoint.dir=\"" + run.dir + "/" + name + "_ckpt\""
+                          : "checkpoint.dir=\"\"");
+  return o;
+}
+
+std::vector<double> train_losses(const std::string& metrics_path) {
+  std::vector<double> out;
+  for (const auto& r : MetricsLog::read_all(metrics_path))
+    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+// Largest difference relative to the tensor's largest weight, floored at the init scale (std
+// 0.02): biases start at zero, and their own maximum after a few steps is no scale.
+double relative_weight_difference(const std::vector<float>& want, const std::vector<float>& got) {
+  constexpr double kInitScale = 0.02;
+  double max_diff = 0, max_ref = kInitScale;
+  for (size_t k = 0; k < want.size(); ++k) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(want[k] - got[k])));
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(want[k])));
+  }
+  return max_diff / max_ref;
+}
+
+void expect_weights_close(const ParameterList& want, const ParameterList& got, double tolerance,
+                          const char* what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_LE(
+        relative_weight_difference(want[i]->value.to_f32_vector(), got[i]->value.to_f32_vector()),
+        tolerance)
+        << what << ": " << want[i]->name;
+}
+
+std::vector<float> download(const float* device, int64_t n) {
+  std::vector<float> host(static_cast<size_t>(n));
+  gpu::copy_to_host(host.data(), device, host.size() * sizeof(float));
+  return host;
+}
+
+class CudaTraining : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (cuda::device_info().count == 0) GTEST_SKIP() << "no CUDA device: not run";
+  }
+};
+
+TEST_P(CudaTraining, FirstStepLossAndGradientsMatchTheCpuModel) {
+  const ModelConfig config = GetParam() == "gpt2" ? tiny_gpt2() : tiny_llama();
+  Transformer on_cpu(config);
+  on_cpu.init_weights(1234);
+  gpu::GpuTransformer on_gpu(on_cpu, DType::F32);
+  constexpr int64_t kBatch = 4, kSeq = 16, kRows = kBatch * kSeq;
+  const std::vector<int32_t> stream = random_tokens(kRows + 1, config.vocab_size, 5);
+  const std::vector<int32_t> inputs(stream.begin(), stream.begin() + kRows);
+  std::vector<int32_t> targets(stream.begin() + 1, stream.end());
+  targets[3] = -1;  // an ignored position: no loss, no gradient
+  const float grad_scale = 1.0f / static_cast<float>(kRows);
+
+  on_cpu.zero_grad();
+  const double cpu_loss =
+      on_cpu.forward(inputs.data(), targets.data(), kBatch, kSeq, {true, grad_scale});
+  on_cpu.backward();
+  const cuda::test::DeviceBuffer<int32_t> device_inputs(inputs), device_targets(targets);
+  on_gpu.zero_grad();
+  const double gpu_loss =
+      on_gpu.forward(device_inputs.get(), device_targets.get(), kBatch, kSeq, {true, grad_scale});
+  on_gpu.backward();
+
+  EXPECT_NEAR(gpu_loss, cpu_loss, 1e-5 * cpu_loss);
+  const ParameterList& host = on_cpu.parameters();
+  const std::vector<gpu::GpuParameter>& device = on_gpu.parameters().all();
+  ASSERT_EQ(host.size(), device.size());
+  for (size_t i = 0; i < host.size(); ++i) {
+    ASSERT_EQ(host[i]->name, device[i].name);
+    const std::vector<float> want = host[i]->grad.to_f32_vector();
+    cuda::test::expect_close(download(device[i].grad, device[i].numel), want, 0.0,
+                             kF32Tolerance * cuda::test::max_abs(want), device[i].name.c_str());
+  }
+  // A forward without gradients (evaluation) gives the same loss.
+  EXPECT_NEAR(on_gpu.forward(device_inputs.get(), device_targets.get(), kBatch, kSeq, {false, 1.0f}),
+              gpu_loss, 1e-6 * gpu_loss);
+}
+
+TEST_P(CudaTraining, F32TrainingFollowsTheCpuTrainer) {
+  TinyRun run("cuda_f32_" + GetParam());
+  const std::string base = run.config(GetParam(), kSteps);
+  Trainer on_cpu(parse(base, comparable(run, "cpu", "f32")));
+  const TrainSummary cpu_summary = on_cpu.run();
+  gpu::GpuTrainer on_gpu(parse(base, comparable(run, "gpu", "f32")));
+  const TrainSummary gpu_summary = on_gpu.run();
+
+  const std::vector<double> want = train_losses(run.dir + "/cpu/metrics.jsonl");
+  const std::vector<double> got = train_losses(run.dir + "/gpu/metrics.jsonl");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s)
+    EXPECT_NEAR(got[s], want[s], kF32Tolerance * want[s]) << "step " << s + 1;
+  ASSERT_TRUE(cpu_summary.last_val_loss && gpu_summary.last_val_loss);
+  EXPECT_NEAR(*gpu_summary.last_val_loss, *cpu_summary.last_val_loss,
+              kF32Tolerance * *cpu_summary.last_val_loss);
+  expect_weights_close(on_cpu.model().parameters(), on_gpu.host_model()->parameters(), kF32Tolerance,
+                       "final weights");
+}
+
+TEST_P(CudaTraining, Bf16TrainingFollowsTheCpuTrainer) {
+  TinyRun run("cuda_bf16_" + GetParam());
+  const std::string base = run.config(GetParam(), kSteps);
+  Trainer on_cpu(parse(base, comparable(run, "cpu", "bf16")));
+  on_cpu.run();
+  gpu::GpuTrainer on_gpu(parse(base, comparable(run, "gpu", "bf16")));
+  on_gpu.run();
+
+  const std::vector<double> want = train_losses(run.dir + "/cpu/metrics.jsonl");
+  const std::vector<double> got = train_losses(run.dir + "/gpu/metrics.jsonl");
+  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t s = 0; s < want.size(); ++s)
+    EXPECT_NEAR(got[s], want[s], kBf16LossTolerance * want[s]) << "step " << s + 1;
+  // The host model gets the bf16 working copies, as loom::AdamW leaves the CPU model's values.
+  for (const Parameter* p : on_gpu.host_model()->parameters())
+    for (float v : p->value.to_f32_vector()) ASSERT_EQ(v, round_to_bf16(v)) << p->name;
+}
+
+TEST_P(CudaTraining, CheckpointLoadsOnTheCpuBitForBit) {
+  TinyRun run("cuda_ckpt_" + GetParam());
+  const TrainConfig config =
+      parse(run.config(GetParam(), kSteps), comparable(run, "gpu", "f32", true));
+  gpu::GpuTrainer on_gpu(config);
+  const TrainSummary summary = on_gpu.run();
+  ASSERT_FALSE(summary.last_checkpoint.empty());
+  Transformer on_cpu(config.model);
+  restore_weights(config.checkpoint_dir, on_cpu);  // the root: its latest, step 10
+  const ParameterList& want = on_gpu.host_model()->parameters();
+  ASSERT_EQ(want.size(), on_cpu.parameters().size());
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(want[i]->value.to_f32_vector(), on_cpu.parameters()[i]->value.to_f32_vector())
+        << want[i]->name;
+}
+
+// Half the steps on one device, the rest on the other from its checkpoint (weights, moments,
+// step count, data position), against one uninterrupted CPU run.
+TEST_P(CudaTraining, RunsResumeAcrossDevices) {
+  TinyRun straight_run("cuda_straight_" + GetParam());
+  Trainer straight(
+      parse(straight_run.config(GetParam(), kSteps), comparable(straight_run, "run", "f32")));
+  straight.run();
+  for (const bool gpu_first : {true, false}) {
+    TinyRun run(std::string("cuda_resume_") + (gpu_first ? "gpu_cpu_" : "cpu_gpu_") + GetParam());
+    const std::string base = run.config(GetParam(), kSteps);
+    TrainConfig half = parse(base, comparable(run, "run", "f32", true));
+    half.steps = kSteps / 2;  // schedule.total_steps stays kSteps, as for a job killed half way
+    TrainSummary resumed;
+    if (gpu_first) {
+      gpu::GpuTrainer(half).run();
+      Trainer second(parse(base, comparable(run, "run", "f32", true)));
+      resumed = second.run();
+      expect_weights_close(straight.model().parameters(), second.model().parameters(),
+                           kF32Tolerance, "GPU, then CPU");
+    } else {
+      Trainer(half).run();
+      gpu::GpuTrainer second(parse(base, comparable(run, "run", "f32", true)));
+      resumed = second.run();
+      expect_weights_close(straight.model().parameters(), second.host_model()->parameters(),
+                           kF32Tolerance, "CPU, then GPU");
+    }
+    EXPECT_EQ(resumed.first_step, kSteps / 2);
+    EXPECT_EQ(resumed.steps_done, kSteps);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, CudaTraining, ::testing::Values("gpt2", "llama"));
+
+// Runs without a GPU: every refusal comes before the trainer looks for a device.
+TEST(CudaTrainingConfig, RefusesWhatOneGpuCannotTrainBeforeTouchingADevice) {
+  TinyRun run("cuda_refusals");
+  const std::string base = run.config("gpt2", kSteps);
+  expect_contains(error_message([&] {
+                    parse(base, {"train.device=\"cuda\"", "parallel.tp=2"});
+                  }),
+                  {"parallel.tp", "2", "cuda"});
+  expect_contains(error_message([&] {
+                    parse(base, {"train.device=\"cuda\"", "model.recompute=\"full\""});
+                  }),
+                  {"model.recompute", "full", "none"});
+  expect_contains(error_message([&] {
+                    parse(base, {"train.device=\"cuda\"", "parallel.zero_stage=1"});
+                  }),
+                  {"parallel.zero_stage", "1"});
+  expect_contains(error_message([&] { parse(base, {"train.device=\"tpu\""}); }),
+                  {"train.device", "tpu", "cpu or cuda"});
+  // The GPU trainer checks whatever config it is handed (here with train.device = "cpu") again.
+  expect_contains(
+      error_message([&] { gpu::GpuTrainer trainer(parse(base, {"model.recompute=\"full\""})); }),
+      {"model.recompute", "full"});
+  expect_contains(error_message([&] { gpu::GpuTrainer trainer(parse(base, {"parallel.tp=2"})); }),
+                  {"parallel.tp", "2"});
+  expect_contains(error_message([&] {
+                    gpu::GpuTrainer trainer(parse(base, {"model.n_embd=256", "model.n_head=1"}));
+                  }),
+                  {"head_dim", "256", "128"});
+  // Where no device is visible, a config the GPU could train is refused for that reason, and
+  // clearly.
+  if (cuda::device_info().count == 0)
+    expect_contains(error_message([&] { gpu::GpuTrainer trainer(parse(base, {})); }),
+                    {"--device cuda: no CUDA device is visible"});
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -1,14 +1,37 @@
 #pragma once
 // A temporary directory with tiny random token shards and a config that trains a tiny model
 // on them: the trainer, resume and CLI tests all start from here.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 
 #include "loom/data/token_shard.hpp"
+#include "loom/obs/metrics_log.hpp"
 #include "model_fixtures.hpp"
 #include "test_support.hpp"
 
 namespace loom::test {
+
+// The training losses of a run's metrics.jsonl, step by step.
+inline std::vector<double> losses_of(const std::string& metrics_path) {
+  std::vector<double> out;
+  for (const auto& r : MetricsLog::read_all(metrics_path))
+    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
+  return out;
+}
+
+// Largest difference relative to the tensor's largest weight, floored at the init scale (std
+// 0.02): biases start at zero, and their own maximum after a few small steps is no scale.
+inline double relative_weight_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  constexpr double kInitScale = 0.02;
+  double max_diff = 0, max_ref = kInitScale;
+  for (size_t k = 0; k < a.size(); ++k) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[k] - b[k])));
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a[k])));
+  }
+  return max_diff / max_ref;
+}
 
 struct TinyRun {
   std::string dir;

@@ -26,12 +26,6 @@ inline TrainConfig parse(const std::string& text, const std::vector<std::string>
   return parse_train_config(reader);
 }
 
-inline std::vector<double> losses_of(const std::string& metrics_path) {
-  std::vector<double> out;
-  for (const auto& r : MetricsLog::read_all(metrics_path))
-    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
-  return out;
-}
 
 // A parallel run's losses (its metrics file) against one process's on the same global batch:
 // the first step's to 1e-6, every step's to `tolerance`, both relative.
@@ -55,18 +49,6 @@ inline std::string shared_path(const std::string& name) {
   int root_pid = ::getpid();
   MPI_Bcast(&root_pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
   return (std::filesystem::temp_directory_path() / ("loom_" + name + "_" + std::to_string(root_pid))).string();
-}
-
-// Largest difference relative to the tensor's largest weight, floored at the init scale (std
-// 0.02): biases start at zero, and their own maximum after 10 small steps is no scale.
-inline double relative_weight_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  constexpr double kInitScale = 0.02;
-  double max_diff = 0, max_ref = kInitScale;
-  for (size_t k = 0; k < a.size(); ++k) {
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[k] - b[k])));
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a[k])));
-  }
-  return max_diff / max_ref;
 }
 
 // relative_weight_difference of a tensor-parallel shard against the matching shard of the

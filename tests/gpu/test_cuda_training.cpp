@@ -51,25 +51,6 @@ std::vector<std::string> comparable(const TinyRun& run, const std::string& name,
   return o;
 }
 
-std::vector<double> train_losses(const std::string& metrics_path) {
-  std::vector<double> out;
-  for (const auto& r : MetricsLog::read_all(metrics_path))
-    if (r["kind"] == "train") out.push_back(r["loss"].get<double>());
-  return out;
-}
-
-// Largest difference relative to the tensor's largest weight, floored at the init scale (std
-// 0.02): biases start at zero, and their own maximum after a few steps is no scale.
-double relative_weight_difference(const std::vector<float>& want, const std::vector<float>& got) {
-  constexpr double kInitScale = 0.02;
-  double max_diff = 0, max_ref = kInitScale;
-  for (size_t k = 0; k < want.size(); ++k) {
-    max_diff = std::max(max_diff, static_cast<double>(std::fabs(want[k] - got[k])));
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(want[k])));
-  }
-  return max_diff / max_ref;
-}
-
 void expect_weights_close(const ParameterList& want, const ParameterList& got, double tolerance,
                           const char* what) {
   ASSERT_EQ(want.size(), got.size()) << what;
@@ -138,8 +119,8 @@ TEST_P(CudaTraining, F32TrainingFollowsTheCpuTrainer) {
   gpu::GpuTrainer on_gpu(parse(base, comparable(run, "gpu", "f32")));
   const TrainSummary gpu_summary = on_gpu.run();
 
-  const std::vector<double> want = train_losses(run.dir + "/cpu/metrics.jsonl");
-  const std::vector<double> got = train_losses(run.dir + "/gpu/metrics.jsonl");
+  const std::vector<double> want = losses_of(run.dir + "/cpu/metrics.jsonl");
+  const std::vector<double> got = losses_of(run.dir + "/gpu/metrics.jsonl");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(got.size(), want.size());
   for (size_t s = 0; s < want.size(); ++s)
@@ -159,8 +140,8 @@ TEST_P(CudaTraining, Bf16TrainingFollowsTheCpuTrainer) {
   gpu::GpuTrainer on_gpu(parse(base, comparable(run, "gpu", "bf16")));
   on_gpu.run();
 
-  const std::vector<double> want = train_losses(run.dir + "/cpu/metrics.jsonl");
-  const std::vector<double> got = train_losses(run.dir + "/gpu/metrics.jsonl");
+  const std::vector<double> want = losses_of(run.dir + "/cpu/metrics.jsonl");
+  const std::vector<double> got = losses_of(run.dir + "/gpu/metrics.jsonl");
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(got.size(), want.size());
   for (size_t s = 0; s < want.size(); ++s)

@@ -37,15 +37,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// As loom::Trainer does: a resumed run repeats the steps after its checkpoint, so their old
-// metric lines go and the file holds each step once.
-void drop_metrics_after(const std::string& path, int64_t step) {
-  if (!std::filesystem::exists(path)) return;
-  std::string kept;
-  for (const nlohmann::json& record : MetricsLog::read_all(path))
-    if (record.value("step", int64_t{0}) <= step) kept += record.dump() + "\n";
-  atomic_write_file(path, kept);
-}
 
 DType compute_dtype_of(const TrainConfig& config) {
   return config.precision == Precision::BF16 ? DType::BF16 : DType::F32;
@@ -136,17 +127,7 @@ int64_t GpuTrainer::restore(const std::string& dir_or_root) {
   const CheckpointReader reader(dir_or_root);
   require_same_model(config_.model, reader.config(), reader.dir());
   const nlohmann::json& state = reader.trainer_state();
-  if (state.value("tokens_per_step", int64_t{0}) != config_.tokens_per_step())
-    throw_error(
-        "checkpoint ", reader.dir(), " was written with ",
-        state.value("tokens_per_step", int64_t{0}), " tokens per step, this run uses ",
-        config_.tokens_per_step(),
-        ": change train.batch_size/seq_len/grad_accum back or start a fresh checkpoint.dir");
-  const std::string precision = precision_name(config_);
-  if (state.value("precision", std::string("f32")) != precision)
-    throw_error("checkpoint ", reader.dir(), " was trained with precision ",
-                state.value("precision", std::string("f32")), ", this run asks for ", precision,
-                ": set train.precision back or start a fresh checkpoint.dir");
+  require_same_batch_and_precision(reader, config_.tokens_per_step(), precision_name(config_));
   // Read on the host, into the host model's values and host tensors shaped like the optimizer
   // state, exactly as the CPU trainer reads its own; then upload.
   NamedTensors optimizer_state = optimizer_->state_tensors();

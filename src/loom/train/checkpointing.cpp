@@ -13,6 +13,7 @@
 #include "loom/ckpt/hf_weights.hpp"
 #include "loom/core/error.hpp"
 #include "loom/model/tensor_shard.hpp"
+#include "loom/obs/metrics_log.hpp"
 
 namespace loom {
 
@@ -188,6 +189,26 @@ ModelConfig checkpoint_model_config(const std::string& dir_or_root) {
     throw_error("checkpoint ", dir, "/config.json: ", e.what());
   }
   return model_config_from_hf_json(json);
+}
+
+void drop_metrics_after(const std::string& metrics_path, int64_t step) {
+  if (!std::filesystem::exists(metrics_path)) return;
+  std::string kept;
+  for (const nlohmann::json& record : MetricsLog::read_all(metrics_path))
+    if (record.value("step", int64_t{0}) <= step) kept += record.dump() + "\n";
+  atomic_write_file(metrics_path, kept);
+}
+
+void require_same_batch_and_precision(const CheckpointReader& reader, int64_t tokens_per_step,
+                                      const std::string& precision) {
+  const nlohmann::json& state = reader.trainer_state();
+  if (state.value("tokens_per_step", int64_t{0}) != tokens_per_step)
+    throw_error("checkpoint ", reader.dir(), " was written with ", state.value("tokens_per_step", int64_t{0}),
+                " tokens per step, this run uses ", tokens_per_step,
+                ": change train.batch_size/seq_len/grad_accum back or start a fresh checkpoint.dir");
+  if (state.value("precision", std::string("f32")) != precision)
+    throw_error("checkpoint ", reader.dir(), " was trained with precision ", state.value("precision", std::string("f32")),
+                ", this run asks for ", precision, ": set train.precision back or start a fresh checkpoint.dir");
 }
 
 }  // namespace loom

@@ -25,15 +25,6 @@ namespace loom {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-// A resumed run repeats the steps after its checkpoint: their old metric lines go, so the
-// file holds each step once.
-void drop_metrics_after(const std::string& path, int64_t step) {
-  if (!std::filesystem::exists(path)) return;
-  std::string kept;
-  for (const nlohmann::json& record : MetricsLog::read_all(path))
-    if (record.value("step", int64_t{0}) <= step) kept += record.dump() + "\n";
-  atomic_write_file(path, kept);
-}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -132,14 +123,8 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
   const CheckpointReader reader(dir_or_root);
   require_same_model(config_.model, reader.config(), reader.dir());
   const nlohmann::json& state = reader.trainer_state();
-  if (state.value("tokens_per_step", int64_t{0}) != global_tokens_per_step())
-    throw_error("checkpoint ", reader.dir(), " was written with ", state.value("tokens_per_step", int64_t{0}),
-                " tokens per step, this run uses ", global_tokens_per_step(),
-                ": change train.batch_size/seq_len/grad_accum back or start a fresh checkpoint.dir");
-  const std::string precision = config_.precision == Precision::BF16 ? "bf16" : "f32";
-  if (state.value("precision", std::string("f32")) != precision)
-    throw_error("checkpoint ", reader.dir(), " was trained with precision ", state.value("precision", std::string("f32")),
-                ", this run asks for ", precision, ": set train.precision back or start a fresh checkpoint.dir");
+  require_same_batch_and_precision(reader, global_tokens_per_step(),
+                                   config_.precision == Precision::BF16 ? "bf16" : "f32");
   const int64_t optimizer_steps = state.value("optimizer_steps", int64_t{0});
   if (zero_) {
     load_owned_state(reader, in_whole_tensor_coordinates(zero_->owned_slices()));

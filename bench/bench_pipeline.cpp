@@ -29,11 +29,13 @@ struct Run {
 
 // Steps of `schedule` on this rank's stages; the bubble of the last step (pp rank 0 only).
 Run run_schedule(const loom::ModelConfig& config, loom::PipelineSchedule schedule, int64_t v,
-                 const std::shared_ptr<loom::ProcessGroup>& world, const std::vector<int32_t>& tokens, int64_t m,
-                 int64_t batch, int64_t seq, int64_t steps) {
+                 const std::shared_ptr<loom::ProcessGroup>& world,
+                 const std::vector<int32_t>& tokens, int64_t m, int64_t batch, int64_t seq,
+                 int64_t steps) {
   const int64_t p = world->size();
-  loom::Transformer stage(config, loom::Recompute::None, loom::kDefaultVocabChunk, nullptr,
-                          loom::pipeline_chunks(loom::stage_layer_counts(config.n_layer, p * v), p, world->rank()));
+  loom::Transformer stage(
+      config, loom::Recompute::None, loom::kDefaultVocabChunk, nullptr,
+      loom::pipeline_chunks(loom::stage_layer_counts(config.n_layer, p * v), p, world->rank()));
   stage.init_weights(1);
   // The first and last stage share the tied embedding (Megatron-LM's embedding group).
   const bool holder = world->rank() == 0 || world->rank() == p - 1;
@@ -49,7 +51,8 @@ Run run_schedule(const loom::ModelConfig& config, loom::PipelineSchedule schedul
     world->barrier();
     if (s > 0) run.step_s += (loom::TraceRecorder::now_s() - start) / static_cast<double>(steps);
   }
-  if (auto bubble = loom::report_pipeline_step(*world, executor.last_timings(), schedule, m, v, "")) run.bubble = *bubble;
+  if (auto bubble = loom::report_pipeline_step(*world, executor.last_timings(), schedule, m, v, ""))
+    run.bubble = *bubble;
   run.activation_sets = stage.activation_sets_allocated();
   return run;
 }
@@ -93,8 +96,8 @@ int main(int argc, char** argv) {
       whole.zero_grad();
       const double start = loom::TraceRecorder::now_s();
       for (int64_t k = 0; k < m; ++k) {
-        whole.forward(tokens.data() + k * batch * seq, tokens.data() + 1 + k * batch * seq, batch, seq,
-                      {true, 1.0f / static_cast<float>(tokens_per_step)});
+        whole.forward(tokens.data() + k * batch * seq, tokens.data() + 1 + k * batch * seq, batch,
+                      seq, {true, 1.0f / static_cast<float>(tokens_per_step)});
         whole.backward();
       }
       if (s > 0) baseline_s += (loom::TraceRecorder::now_s() - start) / static_cast<double>(steps);
@@ -105,25 +108,28 @@ int main(int argc, char** argv) {
     loom::PipelineSchedule schedule;
     int64_t v;
   };
-  std::vector<Case> cases = {{loom::PipelineSchedule::AllForwardAllBackward, 1}, {loom::PipelineSchedule::OneFOneB, 1}};
-  if (p > 1 && layers % (2 * p) == 0 && m % p == 0) cases.push_back({loom::PipelineSchedule::Interleaved, 2});
+  std::vector<Case> cases = {{loom::PipelineSchedule::AllForwardAllBackward, 1},
+                             {loom::PipelineSchedule::OneFOneB, 1}};
+  if (p > 1 && layers % (2 * p) == 0 && m % p == 0)
+    cases.push_back({loom::PipelineSchedule::Interleaved, 2});
   for (const Case& c : cases) {
     const Run run = run_schedule(config, c.schedule, c.v, world, tokens, m, batch, seq, steps);
     if (world->rank() != 0) continue;
-    const nlohmann::json out = {{"schedule", loom::schedule_name(c.schedule)},
-                                {"ranks", p},
-                                {"micro_batches", m},
-                                {"chunks_per_rank", c.v},
-                                {"parameters", config.parameter_count()},
-                                {"ms_per_step", run.step_s * 1e3},
-                                {"one_rank_ms_per_step", baseline_s * 1e3},
-                                {"tokens_per_s", tokens_per_step / run.step_s},
-                                {"speedup_vs_one_rank", baseline_s / run.step_s},
-                                {"mfu", flops_per_step / run.step_s / (peak_gflops * 1e9 * static_cast<double>(p))},
-                                {"sgemm_peak_gflops_per_rank", peak_gflops},
-                                {"bubble_measured", run.bubble.measured},
-                                {"bubble_textbook", run.bubble.textbook},
-                                {"activation_sets_rank0", run.activation_sets}};
+    const nlohmann::json out = {
+        {"schedule", loom::schedule_name(c.schedule)},
+        {"ranks", p},
+        {"micro_batches", m},
+        {"chunks_per_rank", c.v},
+        {"parameters", config.parameter_count()},
+        {"ms_per_step", run.step_s * 1e3},
+        {"one_rank_ms_per_step", baseline_s * 1e3},
+        {"tokens_per_s", tokens_per_step / run.step_s},
+        {"speedup_vs_one_rank", baseline_s / run.step_s},
+        {"mfu", flops_per_step / run.step_s / (peak_gflops * 1e9 * static_cast<double>(p))},
+        {"sgemm_peak_gflops_per_rank", peak_gflops},
+        {"bubble_measured", run.bubble.measured},
+        {"bubble_textbook", run.bubble.textbook},
+        {"activation_sets_rank0", run.activation_sets}};
     std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);
   }

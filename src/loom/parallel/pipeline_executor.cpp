@@ -7,7 +7,8 @@
 
 namespace loom {
 
-PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGroup> pp, PipelineSchedule schedule,
+PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGroup> pp,
+                                   PipelineSchedule schedule,
                                    std::shared_ptr<ProcessGroup> embedding)
     : model_(model), pp_(std::move(pp)), embedding_(std::move(embedding)), schedule_(schedule) {
   const auto& chunks = model_.chunks();
@@ -16,11 +17,14 @@ PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGr
   for (int64_t c = 0; c < v; ++c) {
     const ModelChunk& chunk = chunks[static_cast<size_t>(c)];
     if (chunk.stages != stages_ || chunk.stage != c * p + pp_->rank())
-      throw_error("pipeline: chunk ", c, " of pp rank ", pp_->rank(), " is stage ", chunk.stage, " of ", chunk.stages,
-                  ", expected stage ", c * p + pp_->rank(), " of ", stages_, " (model/pipeline_layout)");
+      throw_error("pipeline: chunk ", c, " of pp rank ", pp_->rank(), " is stage ", chunk.stage,
+                  " of ", chunk.stages, ", expected stage ", c * p + pp_->rank(), " of ", stages_,
+                  " (model/pipeline_layout)");
   }
   if (model_.tied_across_stages() && (!embedding_ || embedding_->size() != 2))
-    throw_error("pipeline: tied embeddings span the first and last stage, which need an embedding group of those two ranks");
+    throw_error(
+        "pipeline: tied embeddings span the first and last stage, which need an embedding group of "
+        "those two ranks");
 }
 
 int PipelineExecutor::tag(int64_t micro, int64_t stage, Direction direction) const {
@@ -29,13 +33,15 @@ int PipelineExecutor::tag(int64_t micro, int64_t stage, Direction direction) con
 
 const float* PipelineExecutor::receive(int64_t micro, int64_t stage, Direction direction) {
   const int64_t count = rows_elements();
-  if (input_.numel() != count) input_ = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers);
+  if (input_.numel() != count)
+    input_ = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers);
   const int64_t from = direction == kActivation ? stage - 1 : stage + 1;
   pp_->recv(input_.f32(), count, peer_of_stage(from), tag(micro, stage, direction))->wait();
   return input_.f32();
 }
 
-void PipelineExecutor::send(const float* data, int64_t micro, int64_t to_stage, Direction direction) {
+void PipelineExecutor::send(const float* data, int64_t micro, int64_t to_stage,
+                            Direction direction) {
   const int64_t count = rows_elements();
   PendingSend* slot = nullptr;
   for (PendingSend& s : sends_) {
@@ -47,7 +53,8 @@ void PipelineExecutor::send(const float* data, int64_t micro, int64_t to_stage, 
     slot = &sends_.back();
   }
   std::memcpy(slot->data.f32(), data, static_cast<size_t>(count) * sizeof(float));
-  slot->work = pp_->send(slot->data.f32(), count, peer_of_stage(to_stage), tag(micro, to_stage, direction));
+  slot->work =
+      pp_->send(slot->data.f32(), count, peer_of_stage(to_stage), tag(micro, to_stage, direction));
 }
 
 void PipelineExecutor::wait_sends() {
@@ -61,7 +68,8 @@ void PipelineExecutor::wait_sends() {
 double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
                                     const std::function<void(bool)>& set_sync) {
   const auto& chunks = model_.chunks();
-  const auto actions = pipeline_actions(schedule_, pp_->size(), micro.count, static_cast<int64_t>(chunks.size()));
+  const auto actions =
+      pipeline_actions(schedule_, pp_->size(), micro.count, static_cast<int64_t>(chunks.size()));
   rows_ = model_.plan().local_rows(micro.batch * micro.seq_len);
   timings_.clear();
   const double step_start = TraceRecorder::now_s();
@@ -75,9 +83,10 @@ double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
     if (action.op == PipeOp::Forward) {
       const float* input = chunk.first_stage() ? nullptr : receive(mb, chunk.stage, kActivation);
       start = TraceRecorder::now_s();
-      loss += model_.forward_chunk(action.chunk, mb, tokens, targets, input, micro.batch, micro.seq_len,
-                                   {true, grad_scale});
-      if (!chunk.last_stage()) send(model_.chunk_output(action.chunk, mb), mb, chunk.stage + 1, kActivation);
+      loss += model_.forward_chunk(action.chunk, mb, tokens, targets, input, micro.batch,
+                                   micro.seq_len, {true, grad_scale});
+      if (!chunk.last_stage())
+        send(model_.chunk_output(action.chunk, mb), mb, chunk.stage + 1, kActivation);
     } else {
       const float* d_output = chunk.last_stage() ? nullptr : receive(mb, chunk.stage, kGradient);
       if (set_sync) set_sync(mb == micro.count - 1);
@@ -85,7 +94,8 @@ double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
       const float* d_input = model_.backward_chunk(action.chunk, mb, d_output);
       if (!chunk.first_stage()) send(d_input, mb, chunk.stage - 1, kGradient);
     }
-    timings_.push_back({action.op, mb, action.chunk, start - step_start, TraceRecorder::now_s() - step_start});
+    timings_.push_back(
+        {action.op, mb, action.chunk, start - step_start, TraceRecorder::now_s() - step_start});
   }
   wait_sends();
   if (model_.tied_across_stages()) {
@@ -110,8 +120,8 @@ double PipelineExecutor::forward_only(const MicroBatches& micro) {
       const ModelChunk& chunk = chunks[c];
       const float* input = chunk.first_stage() ? nullptr : receive(mb, chunk.stage, kActivation);
       loss += model_.forward_chunk(static_cast<int64_t>(c), mb, micro.tokens + mb * micro.stride,
-                                   micro.targets + mb * micro.stride, input, micro.batch, micro.seq_len,
-                                   {false, 1.0f});
+                                   micro.targets + mb * micro.stride, input, micro.batch,
+                                   micro.seq_len, {false, 1.0f});
       if (!chunk.last_stage())
         send(model_.chunk_output(static_cast<int64_t>(c), mb), mb, chunk.stage + 1, kActivation);
     }

@@ -47,7 +47,8 @@ class PipelineExecutor {
   // gradients only. With tied embeddings across stages, their two gradient parts are summed
   // over `embedding` at the end and only then reported ready. Returns the summed loss of
   // every micro-batch on ranks that hold the last stage, 0 on others.
-  double train_step(const MicroBatches& micro, float grad_scale, const std::function<void(bool)>& set_sync = {});
+  double train_step(const MicroBatches& micro, float grad_scale,
+                    const std::function<void(bool)>& set_sync = {});
   // Forwards only (no gradients), every rank in micro-batch order. The loss as train_step.
   double forward_only(const MicroBatches& micro);
 
@@ -70,7 +71,7 @@ class PipelineExecutor {
   PipelineSchedule schedule_;
   int64_t stages_ = 1;
   int64_t rows_ = 0;  // this rank's rows of a micro-batch
-  Tensor input_;  // CommBuffers: the received activation or gradient
+  Tensor input_;      // CommBuffers: the received activation or gradient
   struct PendingSend {
     Tensor data;      // CommBuffers: the send's own copy, reused once the send completes
     WorkHandle work;  // null once complete

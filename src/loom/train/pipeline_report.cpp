@@ -35,7 +35,8 @@ double measured_bubble(const std::vector<std::vector<ActionTiming>>& ranks) {
   return sum / static_cast<double>(ranks.size());
 }
 
-std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp, const std::vector<ActionTiming>& mine,
+std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp,
+                                                   const std::vector<ActionTiming>& mine,
                                                    PipelineSchedule schedule, int64_t m, int64_t v,
                                                    const std::string& svg_path) {
   constexpr int64_t kFields = 5;  // op, micro-batch, chunk, start, end
@@ -54,10 +55,11 @@ std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp, const std::
   for (int r = 0; r < pp.size(); ++r)
     for (int64_t a = 0; a < actions; ++a) {
       const float* f = all.data() + (r * actions + a) * kFields;
-      const ActionTiming t{f[0] > 0.5f ? PipeOp::Backward : PipeOp::Forward, static_cast<int64_t>(f[1]),
-                           static_cast<int64_t>(f[2]), f[3], f[4]};
+      const ActionTiming t{f[0] > 0.5f ? PipeOp::Backward : PipeOp::Forward,
+                           static_cast<int64_t>(f[1]), static_cast<int64_t>(f[2]), f[3], f[4]};
       ranks[static_cast<size_t>(r)].push_back(t);
-      spans.push_back({r, t.op == PipeOp::Backward, t.micro_batch, t.chunk, t.start_s * 1e3, t.end_s * 1e3});
+      spans.push_back(
+          {r, t.op == PipeOp::Backward, t.micro_batch, t.chunk, t.start_s * 1e3, t.end_s * 1e3});
     }
   PipelineBubble bubble;
   bubble.measured = measured_bubble(ranks);
@@ -65,13 +67,15 @@ std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp, const std::
   for (const auto& rank : ranks)
     for (const ActionTiming& t : rank) bubble.makespan_s = std::max(bubble.makespan_s, t.end_s);
   char subtitle[160];
-  std::snprintf(subtitle, sizeof(subtitle), "p = %d, m = %lld, v = %lld: bubble measured %.1f%%, textbook %.1f%%",
-                pp.size(), static_cast<long long>(m), static_cast<long long>(v), 100 * bubble.measured,
+  std::snprintf(subtitle, sizeof(subtitle),
+                "p = %d, m = %lld, v = %lld: bubble measured %.1f%%, textbook %.1f%%", pp.size(),
+                static_cast<long long>(m), static_cast<long long>(v), 100 * bubble.measured,
                 100 * bubble.textbook);
   if (!svg_path.empty())
-    atomic_write_file(svg_path, render_timeline_svg(spans, pp.size(), std::string("pipeline step (") +
-                                                                        schedule_name(schedule) + ")",
-                                                  "ms", subtitle));
+    atomic_write_file(svg_path, render_timeline_svg(
+                                    spans, pp.size(),
+                                    std::string("pipeline step (") + schedule_name(schedule) + ")",
+                                    "ms", subtitle));
   return bubble;
 }
 

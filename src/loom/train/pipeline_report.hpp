@@ -15,7 +15,7 @@ struct PipelineBubble {
   // first action anywhere and its last action anywhere whenever it is not computing: the
   // quantity the textbook formula estimates.
   double measured = 0;
-  double textbook = 0;   // (p - 1) / m, interleaved (p - 1) / (v m) (Narayanan et al. 2021 sec 2.2)
+  double textbook = 0;  // (p - 1) / m, interleaved (p - 1) / (v m) (Narayanan et al. 2021 sec 2.2)
   double makespan_s = 0;
 };
 
@@ -28,7 +28,8 @@ double measured_bubble(const std::vector<std::vector<ActionTiming>>& ranks);
 // Collective over `pp`: gathers every rank's timings of one step (same action count on every
 // rank; times since a common start) to pp rank 0, which writes the timeline to `svg_path`
 // (unless empty) and returns the bubble; other ranks return nothing.
-std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp, const std::vector<ActionTiming>& mine,
+std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp,
+                                                   const std::vector<ActionTiming>& mine,
                                                    PipelineSchedule schedule, int64_t m, int64_t v,
                                                    const std::string& svg_path);
 

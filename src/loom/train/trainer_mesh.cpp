@@ -10,17 +10,19 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
   const int model_parallel = config.tp * config.pp;
   if (!world) {
     if (model_parallel > 1)
-      throw_error("parallel.tp = ", config.tp, " and parallel.pp = ", config.pp, " need ", model_parallel,
-                  " ranks: launch under mpirun -np ", model_parallel, " (or srun)");
+      throw_error("parallel.tp = ", config.tp, " and parallel.pp = ", config.pp, " need ",
+                  model_parallel, " ranks: launch under mpirun -np ", model_parallel, " (or srun)");
     return g;
   }
   g.world = std::move(world);
   g.world_rank = g.world->rank();
   const int n = g.world->size();
   if (n % model_parallel != 0)
-    throw_error("launched with ", n, " rank(s), which is not a multiple of parallel.tp x parallel.pp = ", config.tp,
-                " x ", config.pp, " = ", model_parallel, ": launch dp x ", model_parallel, " ranks (", model_parallel,
-                ", ", 2 * model_parallel, ", ...) or change parallel.tp / parallel.pp");
+    throw_error("launched with ", n,
+                " rank(s), which is not a multiple of parallel.tp x parallel.pp = ", config.tp,
+                " x ", config.pp, " = ", model_parallel, ": launch dp x ", model_parallel,
+                " ranks (", model_parallel, ", ", 2 * model_parallel,
+                ", ...) or change parallel.tp / parallel.pp");
   if (model_parallel == 1) {
     g.dp = g.world;
   } else {

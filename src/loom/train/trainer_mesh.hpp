@@ -9,10 +9,11 @@
 namespace loom {
 
 struct TrainerGroups {
-  std::shared_ptr<ProcessGroup> world;      // null: one process
-  std::shared_ptr<ProcessGroup> dp;         // the replicas of this rank's shard (null: one process)
-  std::shared_ptr<ProcessGroup> tp, pp;     // null when that axis has size 1
-  std::shared_ptr<ProcessGroup> embedding;  // the first and last stage, when tied embeddings span them
+  std::shared_ptr<ProcessGroup> world;   // null: one process
+  std::shared_ptr<ProcessGroup> dp;      // the replicas of this rank's shard (null: one process)
+  std::shared_ptr<ProcessGroup> tp, pp;  // null when that axis has size 1
+  std::shared_ptr<ProcessGroup>
+      embedding;  // the first and last stage, when tied embeddings span them
   int world_rank = 0, dp_rank = 0, dp_size = 1, tp_size = 1, pp_rank = 0, pp_size = 1;
 };
 

@@ -79,10 +79,12 @@ void GpuTransformer::ensure_shape(int64_t batch, int64_t seq_len) {
   if (seq_len > config_.max_seq_len)
     throw_error("sequence length ", seq_len, " exceeds the model's max_seq_len ",
                 config_.max_seq_len);
-  // Release the old set first, so its blocks can serve the new one.
+  // Release the old set first, so its blocks can serve the new one. Until the new set exists
+  // the model has no shape, so a failed allocation (out of memory) is never mistaken for it.
   activations_ = GpuActivations{};
   scratch_ = GpuGradScratch{};
   loss_workspace_ = DeviceBuffer{};
+  batch_ = seq_len_ = 0;
   const DType dtype = compute_dtype();
   activations_ = make_gpu_activations(config_, batch, seq_len, dtype);
   scratch_ = make_gpu_grad_scratch(config_, batch, seq_len, dtype);

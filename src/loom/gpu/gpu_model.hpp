@@ -51,8 +51,9 @@ class GpuTransformer {
   GpuTransformer& operator=(const GpuTransformer&) = delete;
 
   // Returns the sum of per-token losses over the batch. tokens and targets are device arrays of
-  // [batch, seq_len] ids in [0, vocab) (targets may be negative: ignored), as the data loader
-  // checks them; the tokens are copied, so they may change once this returns. With
+  // [batch, seq_len] ids in [0, vocab) (targets may be negative: ignored); they are NOT
+  // checked here (the kernels would index outside the tables): GpuTrainer checks them on the
+  // host before upload. The tokens are copied, so they may change once this returns. With
   // compute_grad, also accumulates the output projection's gradient and keeps the gradient of
   // the final hidden states for backward().
   double forward(const int32_t* tokens_device, const int32_t* targets_device, int64_t batch,

@@ -19,9 +19,9 @@ constexpr double kH200Fp32Tflops = 67.0;
 std::optional<double> dense_peak_tflops(const std::string& name, DType compute_dtype) {
   const bool bf16 = compute_dtype == DType::BF16;
   // Names as cudaGetDeviceProperties reports them, e.g. "NVIDIA H100 80GB HBM3" (SXM),
-  // "NVIDIA A100-SXM4-80GB", "NVIDIA H200". The PCIe and NVL H100 boards have lower clocks and
-  // other peaks, which no preset holds.
-  if (contains(name, "H200")) return bf16 ? plan::gpu_preset("h200").bf16_tflops : kH200Fp32Tflops;
+  // "NVIDIA A100-SXM4-80GB", "NVIDIA H200". The PCIe and NVL H100 boards and the H200 NVL have
+  // lower clocks and other peaks, which no preset holds.
+  if (contains(name, "H200") && !contains(name, "NVL")) return bf16 ? plan::gpu_preset("h200").bf16_tflops : kH200Fp32Tflops;
   if (contains(name, "H100") && !contains(name, "PCIe") && !contains(name, "NVL"))
     return bf16 ? plan::gpu_preset("h100-sxm").bf16_tflops : kH100SxmFp32Tflops;
   // A100 SXM and PCIe share their compute peaks (the datasheet lists one figure for both).

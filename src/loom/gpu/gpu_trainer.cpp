@@ -153,6 +153,16 @@ int64_t GpuTrainer::restore(const std::string& dir_or_root) {
 }
 
 void GpuTrainer::upload_batch() {
+  // The kernels index tables by these ids unchecked: an id outside the vocabulary would read
+  // and (in the embedding backward) write outside them. The shards were checked when read;
+  // this keeps the guarantee local, as Transformer::forward's check_inputs does on the CPU.
+  const int64_t vocab = config_.model.vocab_size;
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    if (inputs_[i] < 0 || inputs_[i] >= vocab)
+      throw_error("token id ", inputs_[i], " at position ", i, " is outside the vocabulary [0, ", vocab, ")");
+    if (targets_[i] >= vocab)
+      throw_error("target id ", targets_[i], " at position ", i, " is outside the vocabulary [0, ", vocab, ")");
+  }
   copy_to_device(device_inputs_.as<int32_t>(), inputs_.data(), inputs_.size() * sizeof(int32_t));
   copy_to_device(device_targets_.as<int32_t>(), targets_.data(), targets_.size() * sizeof(int32_t));
 }

@@ -39,11 +39,13 @@ void check_bias_presence(const std::string& layer, const Linear& local, const Te
                                         : ": has no bias but one was given");
 }
 
-// d_input = d_out @ W (written): the part of Linear's backward that needs no input.
-void input_gradient(float* d_input, const float* d_out, int64_t d_out_ld, const Linear& linear,
+// d_input = d_out @ W, written or (accumulate) added: the part of Linear's backward that
+// needs no input.
+void input_gradient(float* d_input, bool accumulate, const float* d_out, int64_t d_out_ld, const Linear& linear,
                     int64_t rows) {
   cpu::sgemm(false, false, rows, linear.in_features(), linear.out_features(), 1.0f, d_out, d_out_ld,
-             linear.weight.value.f32(), linear.in_features(), 0.0f, d_input, linear.in_features());
+             linear.weight.value.f32(), linear.in_features(), accumulate ? 1.0f : 0.0f, d_input,
+             linear.in_features());
 }
 
 // Weight (and bias) gradients accumulated: the part of Linear's backward that needs the input.
@@ -94,59 +96,93 @@ ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features
   if (local.has_bias()) local.bias.placement = shard_placement({out}, 0, rank, tp, out_segments_);
 }
 
-void ColumnParallelLinear::forward_local(float* out, int64_t out_ld, const float* full_input,
-                                         int64_t rows) const {
-  local.forward(out, out_ld, full_input, rows);
-}
-
-void ColumnParallelLinear::backward_local(float* d_input_partial, bool accumulate_input,
-                                          const float* d_out, int64_t d_out_ld,
-                                          const float* full_input, int64_t rows) {
-  local.backward(d_input_partial, accumulate_input, d_out, d_out_ld, full_input, rows);
-}
-
 void ColumnParallelLinear::forward(float* out, int64_t out_ld, const float* input, int64_t rows) {
-  const int tp = group_->size();
-  const int64_t in = in_features();
-  if (!sequence_parallel_ || tp == 1) {
-    forward_local(out, out_ld, input, rows);
-    return;
-  }
-  const int64_t local_rows = sequence_shard_rows(column_layer(name_), rows, tp);
-  float* gathered = reserve_f32(gathered_input_, rows * in, MemCategory::Workspace);
-  gather_sequence_rows(*group_, input, gathered, local_rows, in)->wait();
-  forward_local(out, out_ld, gathered, rows);
+  column_parallel_forward({this}, out, out_ld, input, rows, scratch_);
 }
 
 void ColumnParallelLinear::backward(float* d_input, bool accumulate_input, const float* d_out,
                                     int64_t d_out_ld, const float* input, int64_t rows) {
-  const int tp = group_->size();
-  const int64_t in = in_features();
-  if (!sequence_parallel_ || tp == 1) {
+  column_parallel_backward({this}, d_input, accumulate_input, d_out, d_out_ld, input, rows, scratch_);
+}
+
+namespace {
+// The group, SP setting and input width the layers share, checked.
+const ColumnParallelLinear& first_of(const std::vector<ColumnParallelLinear*>& layers) {
+  if (layers.empty()) throw_error("column-parallel pass over no layers");
+  const ColumnParallelLinear& first = *layers.front();
+  for (const ColumnParallelLinear* layer : layers)
+    if (&layer->group() != &first.group() || layer->sequence_parallel() != first.sequence_parallel() ||
+        layer->in_features() != first.in_features())
+      throw_error("column-parallel layers read one input: they must share the group, sequence parallelism and "
+                  "in_features");
+  return first;
+}
+}  // namespace
+
+void column_parallel_forward(const std::vector<ColumnParallelLinear*>& layers, float* out, int64_t out_ld,
+                             const float* input, int64_t rows, ColumnParallelLinear::Scratch& scratch) {
+  const ColumnParallelLinear& first = first_of(layers);
+  ProcessGroup& group = first.group();
+  const int tp = group.size();
+  const int64_t in = first.in_features();
+  const float* full = input;
+  if (first.sequence_parallel() && tp > 1) {
+    float* gathered = reserve_f32(scratch.gathered_input, rows * in, MemCategory::Workspace);
+    gather_sequence_rows(group, input, gathered, sequence_shard_rows(column_layer(first.name()), rows, tp), in)->wait();
+    full = gathered;
+  }
+  int64_t column = 0;
+  for (ColumnParallelLinear* layer : layers) {
+    layer->local.forward(out + column, out_ld, full, rows);
+    column += layer->local_out_features();
+  }
+}
+
+void column_parallel_backward(const std::vector<ColumnParallelLinear*>& layers, float* d_input,
+                              bool accumulate_input, const float* d_out, int64_t d_out_ld, const float* input,
+                              int64_t rows, ColumnParallelLinear::Scratch& scratch) {
+  const ColumnParallelLinear& first = first_of(layers);
+  ProcessGroup& group = first.group();
+  const int tp = group.size();
+  const int64_t in = first.in_features();
+  const bool sequence_parallel = first.sequence_parallel() && tp > 1;
+  auto input_gradients = [&](float* partial) {
+    int64_t column = 0;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      input_gradient(partial, i > 0, d_out + column, d_out_ld, layers[i]->local, rows);
+      column += layers[i]->local_out_features();
+    }
+  };
+  auto parameter_gradients_of_all = [&](const float* full_input) {
+    int64_t column = 0;
+    for (ColumnParallelLinear* layer : layers) {
+      parameter_gradients(layer->local, d_out + column, d_out_ld, full_input, rows);
+      column += layer->local_out_features();
+    }
+  };
+  if (!sequence_parallel) {
     // Every rank's d_input is its share of the sum; it can be reduced in place unless there
     // is an earlier value to add to, which must not be summed tp times.
-    float* partial = accumulate_input
-                         ? reserve_f32(d_input_partial_, rows * in, MemCategory::Workspace)
-                         : d_input;
-    input_gradient(partial, d_out, d_out_ld, local, rows);
-    WorkHandle reduce = group_->all_reduce(partial, rows * in, ReduceOp::Sum);
-    parameter_gradients(local, d_out, d_out_ld, input, rows);
+    float* partial =
+        accumulate_input ? reserve_f32(scratch.d_input_partial, rows * in, MemCategory::Workspace) : d_input;
+    input_gradients(partial);
+    WorkHandle reduce = group.all_reduce(partial, rows * in, ReduceOp::Sum);
+    parameter_gradients_of_all(input);
     reduce->wait();
     if (accumulate_input) add_inplace(d_input, partial, rows * in);
     return;
   }
-  const int64_t local_rows = sequence_shard_rows(column_layer(name_), rows, tp);
-  float* gathered = reserve_f32(gathered_input_, rows * in, MemCategory::Workspace);
-  WorkHandle gather = gather_sequence_rows(*group_, input, gathered, local_rows, in);
-  float* partial = reserve_f32(d_input_partial_, rows * in, MemCategory::Workspace);
-  input_gradient(partial, d_out, d_out_ld, local, rows);
+  const int64_t local_rows = sequence_shard_rows(column_layer(first.name()), rows, tp);
+  float* gathered = reserve_f32(scratch.gathered_input, rows * in, MemCategory::Workspace);
+  WorkHandle gather = gather_sequence_rows(group, input, gathered, local_rows, in);
+  float* partial = reserve_f32(scratch.d_input_partial, rows * in, MemCategory::Workspace);
+  input_gradients(partial);
   // To accumulate, this rank adds its earlier d_input into its own block of the sum, so the
   // reduce-scatter can write straight into d_input (it appears in exactly one rank's terms).
-  if (accumulate_input)
-    add_inplace(partial + group_->rank() * local_rows * in, d_input, local_rows * in);
-  WorkHandle reduce = reduce_scatter_sequence_rows(*group_, partial, d_input, local_rows, in);
+  if (accumulate_input) add_inplace(partial + group.rank() * local_rows * in, d_input, local_rows * in);
+  WorkHandle reduce = reduce_scatter_sequence_rows(group, partial, d_input, local_rows, in);
   gather->wait();
-  parameter_gradients(local, d_out, d_out_ld, gathered, rows);
+  parameter_gradients_of_all(gathered);
   reduce->wait();
 }
 

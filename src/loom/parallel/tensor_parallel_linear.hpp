@@ -50,18 +50,11 @@ class ColumnParallelLinear {
   void backward(float* d_input, bool accumulate_input, const float* d_out, int64_t d_out_ld,
                 const float* input, int64_t rows);
 
-  // The local pieces without communication, for callers that fuse several projections of one
-  // input (Llama's q, k, v or gate, up under their own HF names): gather the input once, call
-  // these per projection, and reduce the summed d_input once.
-  // full_input: [rows, in]. d_input_partial: [rows, in], this rank's unreduced share.
-  void forward_local(float* out, int64_t out_ld, const float* full_input, int64_t rows) const;
-  void backward_local(float* d_input_partial, bool accumulate_input, const float* d_out,
-                      int64_t d_out_ld, const float* full_input, int64_t rows);
-
   // Copies this rank's shard out of the full weight [out, in] and bias [out] (null if none).
   void load_full(const Tensor& full_weight, const Tensor* full_bias);
   void collect(ParameterList& out) { local.collect(out); }
 
+  const std::string& name() const { return name_; }
   int64_t in_features() const { return local.in_features(); }
   int64_t local_out_features() const { return local.out_features(); }
   const std::vector<int64_t>& out_segments() const { return out_segments_; }
@@ -70,14 +63,35 @@ class ColumnParallelLinear {
 
   Linear local;  // [out/tp, in]
 
+  // Buffers a column-parallel pass reuses from call to call.
+  struct Scratch {
+    Tensor gathered_input;   // [rows, in] under sequence parallelism, rewritten every call
+    Tensor d_input_partial;  // [rows, in] unreduced d_input when it cannot go straight to d_input
+  };
+
  private:
   std::string name_;
   std::vector<int64_t> out_segments_;
   std::shared_ptr<ProcessGroup> group_;
   bool sequence_parallel_;
-  Tensor gathered_input_;   // [rows, in] under sequence parallelism, rewritten every call
-  Tensor d_input_partial_;  // [rows, in] unreduced d_input when it cannot go straight to d_input
+  Scratch scratch_;
 };
+
+// Several column-parallel layers that read one input, their outputs side by side: a fused
+// c_attn is one layer, Llama's q, k and v under their own HF names are three. The input is
+// gathered once under sequence parallelism and the d_input they sum to is reduced once.
+// ColumnParallelLinear::forward and backward are the one-layer case. Every layer must share
+// the group, the sequence-parallel setting and in_features.
+// out / d_out: [rows, sum of the layers' local widths] at leading dimension out_ld / d_out_ld.
+void column_parallel_forward(const std::vector<ColumnParallelLinear*>& layers, float* out, int64_t out_ld,
+                             const float* input, int64_t rows, ColumnParallelLinear::Scratch& scratch);
+// d_input (shaped like input) gets every layer's input gradient summed over tp, written or
+// added; weight and bias gradients are accumulated. The input gather is issued before the
+// input-gradient products and the d_input reduction before the weight-gradient products, so
+// each communication overlaps compute.
+void column_parallel_backward(const std::vector<ColumnParallelLinear*>& layers, float* d_input,
+                              bool accumulate_input, const float* d_out, int64_t d_out_ld, const float* input,
+                              int64_t rows, ColumnParallelLinear::Scratch& scratch);
 
 class RowParallelLinear {
  public:

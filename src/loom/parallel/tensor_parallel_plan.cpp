@@ -17,69 +17,39 @@ namespace loom {
 namespace {
 
 // Several column-parallel projections of one input (Llama's q, k, v under their own names, or
-// one fused c_attn): the input is gathered once under sequence parallelism, and the summed
-// d_input is reduced once.
+// one fused c_attn), run by column_parallel_forward / _backward: the input is gathered once
+// under sequence parallelism, and the summed d_input is reduced once, overlapped with the
+// weight gradients.
 class ColumnParallelFanOut final : public FanOutProjection {
  public:
   ColumnParallelFanOut(const FanOutSpec& spec, const std::shared_ptr<ProcessGroup>& group,
-                       bool sequence_parallel)
-      : group_(group), sequence_parallel_(sequence_parallel && group->size() > 1) {
+                       bool sequence_parallel) {
     for (const ProjectionPart& part : spec.parts) {
-      layers_.push_back(std::make_unique<ColumnParallelLinear>(
+      owned_.push_back(std::make_unique<ColumnParallelLinear>(
           part.name, spec.in_features, part.segments, spec.bias, group, sequence_parallel,
           spec.hf_transposed));
+      layers_.push_back(owned_.back().get());
       width_ += layers_.back()->local_out_features();
     }
-    in_features_ = spec.in_features;
   }
 
   void forward(float* out, int64_t out_ld, const float* input, int64_t rows) override {
-    const float* full = whole_input(input, rows);
-    int64_t column = 0;
-    for (const auto& layer : layers_) {
-      layer->forward_local(out + column, out_ld, full, rows);
-      column += layer->local_out_features();
-    }
+    column_parallel_forward(layers_, out, out_ld, input, rows, scratch_);
   }
-
   void backward(float* d_input, const float* d_out, int64_t d_out_ld, const float* input,
                 int64_t rows) override {
-    // Under sequence parallelism the input is gathered again rather than kept from forward:
-    // that is where the activation saving comes from (ColumnParallelLinear::backward).
-    const float* full = whole_input(input, rows);
-    float* partial = sequence_parallel_
-                         ? reserve_f32(partial_, rows * in_features_, MemCategory::Workspace)
-                         : d_input;
-    int64_t column = 0;
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      layers_[i]->backward_local(partial, i > 0, d_out + column, d_out_ld, full, rows);
-      column += layers_[i]->local_out_features();
-    }
-    if (sequence_parallel_)
-      reduce_scatter_sequence_rows(*group_, partial, d_input, rows / group_->size(), in_features_)
-          ->wait();
-    else
-      group_->all_reduce(d_input, rows * in_features_, ReduceOp::Sum)->wait();
+    column_parallel_backward(layers_, d_input, false, d_out, d_out_ld, input, rows, scratch_);
   }
-
   int64_t width() const override { return width_; }
   void collect(ParameterList& out) override {
-    for (const auto& layer : layers_) layer->collect(out);
+    for (ColumnParallelLinear* layer : layers_) layer->collect(out);
   }
 
  private:
-  const float* whole_input(const float* input, int64_t rows) {
-    if (!sequence_parallel_) return input;
-    float* gathered = reserve_f32(gathered_, rows * in_features_, MemCategory::Workspace);
-    gather_sequence_rows(*group_, input, gathered, rows / group_->size(), in_features_)->wait();
-    return gathered;
-  }
-
-  std::shared_ptr<ProcessGroup> group_;
-  bool sequence_parallel_;
-  std::vector<std::unique_ptr<ColumnParallelLinear>> layers_;
-  int64_t width_ = 0, in_features_ = 0;
-  Tensor gathered_, partial_;
+  std::vector<std::unique_ptr<ColumnParallelLinear>> owned_;
+  std::vector<ColumnParallelLinear*> layers_;
+  int64_t width_ = 0;
+  ColumnParallelLinear::Scratch scratch_;
 };
 
 class RowParallelFanIn final : public FanInProjection {

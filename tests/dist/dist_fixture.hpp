@@ -39,6 +39,12 @@ inline void expect_losses_follow(const std::string& reference_metrics, const std
   for (size_t s = 0; s < ref.size(); ++s) EXPECT_NEAR(par[s], ref[s], tolerance * ref[s]) << "step " << s + 1;
 }
 
+// `extra` followed by `shared`: a run's own overrides plus those every run of a test shares.
+inline std::vector<std::string> plus(std::vector<std::string> extra, const std::vector<std::string>& shared) {
+  extra.insert(extra.end(), shared.begin(), shared.end());
+  return extra;
+}
+
 inline std::shared_ptr<ProcessGroup> world() {
   return std::make_shared<MpiProcessGroup>(MPI_COMM_WORLD, "dp",
                                            MpiProcessGroup::CommOwnership::Borrowed);

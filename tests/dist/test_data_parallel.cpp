@@ -41,10 +41,7 @@ TEST_P(DataParallelParity, LossesAndWeightsMatchOneProcess) {
                                            // before). eps = 1e-5 keeps that noise from steering.
                                            "optim.eps=1e-5", "optim.lr=1e-3",
                                            "train.precision=\"" + c.precision + "\""};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.end(), common.begin(), common.end());
-    return extra;
-  };
+  auto with = [&](std::vector<std::string> extra) { return plus(std::move(extra), common); };
   Trainer reference(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch),
                                       "log.dir=\"" + run.dir + "/ref\""})));
   reference.run();

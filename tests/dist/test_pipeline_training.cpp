@@ -67,10 +67,7 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
   std::vector<std::string> shared = pipeline_overrides(c.arch);
   shared.push_back("model.recompute=\"" + c.recompute + "\"");
   shared.push_back("train.precision=\"" + c.precision + "\"");
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.end(), shared.begin(), shared.end());
-    return extra;
-  };
+  auto with = [&](std::vector<std::string> extra) { return plus(std::move(extra), shared); };
   Trainer reference(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch),
                                       "log.dir=\"" + run.dir + "/ref\""})));
   reference.run();

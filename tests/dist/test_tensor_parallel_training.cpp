@@ -43,10 +43,7 @@ TEST_P(TensorParallelTraining, FollowsOneProcess) {
   const std::string base = run.config(c.arch, kSteps);
   std::vector<std::string> shared = common_overrides(c.arch);
   shared.push_back("checkpoint.dir=\"\"");
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.end(), shared.begin(), shared.end());
-    return extra;
-  };
+  auto with = [&](std::vector<std::string> extra) { return plus(std::move(extra), shared); };
   Trainer reference(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch),
                                       "log.dir=\"" + run.dir + "/ref\""})));
   reference.run();

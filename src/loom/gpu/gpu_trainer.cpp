@@ -125,9 +125,8 @@ std::string GpuTrainer::save(int64_t step) {
 
 int64_t GpuTrainer::restore(const std::string& dir_or_root) {
   const CheckpointReader reader(dir_or_root);
-  require_same_model(config_.model, reader.config(), reader.dir());
+  require_resumable(reader, config_.model, config_.tokens_per_step(), precision_name(config_));
   const nlohmann::json& state = reader.trainer_state();
-  require_same_batch_and_precision(reader, config_.tokens_per_step(), precision_name(config_));
   // Read on the host, into the host model's values and host tensors shaped like the optimizer
   // state, exactly as the CPU trainer reads its own; then upload.
   NamedTensors optimizer_state = optimizer_->state_tensors();

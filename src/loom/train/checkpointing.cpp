@@ -199,8 +199,9 @@ void drop_metrics_after(const std::string& metrics_path, int64_t step) {
   atomic_write_file(metrics_path, kept);
 }
 
-void require_same_batch_and_precision(const CheckpointReader& reader, int64_t tokens_per_step,
-                                      const std::string& precision) {
+void require_resumable(const CheckpointReader& reader, const ModelConfig& model, int64_t tokens_per_step,
+                       const std::string& precision) {
+  require_same_model(model, reader.config(), reader.dir());
   const nlohmann::json& state = reader.trainer_state();
   if (state.value("tokens_per_step", int64_t{0}) != tokens_per_step)
     throw_error("checkpoint ", reader.dir(), " was written with ", state.value("tokens_per_step", int64_t{0}),

@@ -60,9 +60,9 @@ void require_same_model(const ModelConfig& expected, const ModelConfig& found, c
 // `step` (the file atomically rewritten; no file, nothing to do), so it holds each step once.
 void drop_metrics_after(const std::string& metrics_path, int64_t step);
 
-// Refuses to resume from `reader` a run whose tokens per step or precision ("f32", "bf16")
-// differ from the checkpoint's, naming what to set back.
-void require_same_batch_and_precision(const CheckpointReader& reader, int64_t tokens_per_step,
-                                      const std::string& precision);
+// Refuses to resume from `reader` a run of another model (require_same_model) or whose tokens
+// per step or precision ("f32", "bf16") differ from the checkpoint's, naming what to set back.
+void require_resumable(const CheckpointReader& reader, const ModelConfig& model, int64_t tokens_per_step,
+                       const std::string& precision);
 
 }  // namespace loom

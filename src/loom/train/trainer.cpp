@@ -121,10 +121,9 @@ std::string Trainer::save(int64_t step) {
 
 int64_t Trainer::restore(const std::string& dir_or_root) {
   const CheckpointReader reader(dir_or_root);
-  require_same_model(config_.model, reader.config(), reader.dir());
+  require_resumable(reader, config_.model, global_tokens_per_step(),
+                    config_.precision == Precision::BF16 ? "bf16" : "f32");
   const nlohmann::json& state = reader.trainer_state();
-  require_same_batch_and_precision(reader, global_tokens_per_step(),
-                                   config_.precision == Precision::BF16 ? "bf16" : "f32");
   const int64_t optimizer_steps = state.value("optimizer_steps", int64_t{0});
   if (zero_) {
     load_owned_state(reader, in_whole_tensor_coordinates(zero_->owned_slices()));

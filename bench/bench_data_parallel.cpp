@@ -19,7 +19,7 @@
 #include "loom/obs/trace.hpp"
 #include "loom/parallel/data_parallel.hpp"
 #include "loom/parallel/zero_optimizer.hpp"
-#include "loom/train/adamw.hpp"
+#include "loom/optim/adamw.hpp"
 
 int main(int argc, char** argv) {
   int64_t batch = 4, seq = 128, steps = 5, warmup = 1;
@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
       step_exposed = loom::TraceRecorder::now_s() - wait_start;
       step_comm = reducer->last_timings().back().finished_s - reducer->last_timings().front().issued_s;
     }
-    if (zero) zero->finish_and_step(1e-4, 1.0);
-    else optimizer->step(1e-4);
+    if (zero) zero->step(1e-4, 1.0);
+    else optimizer->update(1e-4);
     if (s >= warmup) {
       total_s += loom::TraceRecorder::now_s() - start;
       comm_s += step_comm;

@@ -1,10 +1,12 @@
-# CUDA kernels (src/loom/kernels/cuda) and the GPU trainer (src/loom/gpu) as the static library
-# loom_cuda, built only where a CUDA compiler and toolkit exist; CPU-only machines (CI) skip it
-# with a message saying why.
+# CUDA: found or not, once. Where a CUDA compiler and toolkit exist, LOOM_CUDA_ENABLED is ON,
+# and loom_add_cuda_sources() adds a folder's .cu files to a folder library (the CUDA kernels
+# join loom_kernels, the device allocator loom_core) with LOOM_HAVE_CUDA defined for everything
+# that links it. CPU-only machines (CI) skip it with a message saying why.
 # Compiling needs no GPU; running the kernels (tests/gpu) does.
 option(LOOM_WITH_CUDA "Build the CUDA kernels and GPU tests when a CUDA compiler is found" ON)
 include(CheckLanguage)
 set(LOOM_CUDA_DISABLED_REASON "")
+set(LOOM_CUDA_ENABLED OFF)
 if(LOOM_WITH_CUDA)
   check_language(CUDA)
 endif()
@@ -21,9 +23,40 @@ else()
   endif()
 endif()
 
+# The directory-wide flags (-Wall -Wpedantic -Werror -march=native ...) are GCC flags that nvcc
+# rejects: keep them for a target's C++ sources only and give nvcc its own equivalents, host-side
+# warnings through -Xcompiler and every nvcc warning as an error when LOOM_WERROR is on.
+function(loom_cxx_only_directory_options target)
+  get_property(directory_options DIRECTORY ${PROJECT_SOURCE_DIR} PROPERTY COMPILE_OPTIONS)
+  set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS "")
+  foreach(option IN LISTS directory_options)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${option}>)
+  endforeach()
+  # --extended-lambda: the pointwise kernels take __device__ lambdas from host functions.
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda>
+                                            $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+  if(LOOM_WERROR)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>
+                                              $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Werror>)
+  endif()
+  # One CUDA runtime per process: the shared libcudart that CUDA::cudart (and the NCCL
+  # backend) link, not CMake's default static copy for CUDA targets.
+  set_target_properties(${target} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+endfunction()
+
+# Adds `folder`'s .cu files to `target` and makes it a CUDA-enabled library.
+function(loom_add_cuda_sources target folder)
+  file(GLOB sources CONFIGURE_DEPENDS ${folder}/*.cu)
+  target_sources(${target} PRIVATE ${sources})
+  loom_cxx_only_directory_options(${target})
+  target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublasLt)
+  target_compile_definitions(${target} PUBLIC LOOM_HAVE_CUDA=1)
+endfunction()
+
 if(LOOM_CUDA_DISABLED_REASON)
   message(STATUS "loom: CUDA kernels skipped (${LOOM_CUDA_DISABLED_REASON})")
 else()
+  set(LOOM_CUDA_ENABLED ON)
   # Ampere (A100) and Hopper (H100/H200) by default; override with -DCMAKE_CUDA_ARCHITECTURES.
   # Must be set before enable_language, which otherwise picks the compiler's own default.
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")
@@ -39,32 +72,6 @@ else()
   endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
-
-  # The kernels, and the GPU model and trainer built on them (src/loom/gpu: host C++ that calls
-  # the kernels, plus any small kernel of their own in a .cu).
-  file(GLOB LOOM_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/loom/kernels/cuda/*.cu
-       ${PROJECT_SOURCE_DIR}/src/loom/gpu/*.cu ${PROJECT_SOURCE_DIR}/src/loom/gpu/*.cpp)
-  add_library(loom_cuda STATIC ${LOOM_CUDA_SOURCES})
-  # The directory-wide flags (-Wall -Wpedantic -Werror -march=native ...) are GCC flags that
-  # nvcc rejects; keep them for C++ sources only and give nvcc its own equivalents: host-side
-  # warnings through -Xcompiler, and every nvcc warning as an error when LOOM_WERROR is on.
-  get_property(LOOM_DIRECTORY_OPTIONS DIRECTORY PROPERTY COMPILE_OPTIONS)
-  set_property(TARGET loom_cuda PROPERTY COMPILE_OPTIONS "")
-  foreach(option IN LISTS LOOM_DIRECTORY_OPTIONS)
-    target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${option}>)
-  endforeach()
-  # --extended-lambda: the pointwise kernels take __device__ lambdas from host functions.
-  target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda>
-                                            $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
-  if(LOOM_WERROR)
-    target_compile_options(loom_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>
-                                              $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Werror>)
-  endif()
-  # One CUDA runtime per process: the shared libcudart that CUDA::cudart (and the NCCL
-  # backend) link, not CMake's default static copy for CUDA targets.
-  set_target_properties(loom_cuda PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
-  target_link_libraries(loom_cuda PUBLIC loom_lib CUDA::cudart CUDA::cublasLt)
-  target_compile_definitions(loom_cuda PUBLIC LOOM_HAVE_CUDA=1)
   message(STATUS "loom: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                  "architectures ${CMAKE_CUDA_ARCHITECTURES})")
 endif()

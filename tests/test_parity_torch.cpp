@@ -12,8 +12,8 @@
 #include "loom/ckpt/hf_weights.hpp"
 #include "loom/ckpt/safetensors.hpp"
 #include "loom/model/transformer.hpp"
-#include "loom/train/adamw.hpp"
-#include "loom/train/grad_clip.hpp"
+#include "loom/optim/adamw.hpp"
+#include "loom/optim/grad_clip.hpp"
 #include "model_fixtures.hpp"
 
 namespace loom::test {
@@ -66,7 +66,7 @@ void write_parity_dump(const std::string& dir, const ModelConfig& config) {
   for (int64_t s = 0; s < kSteps; ++s) {
     if (s > 0) step_grads();
     clip_grad_norm(params, clip);
-    optimizer.step(lr);
+    optimizer.update(lr);
   }
   write_safetensors(dir + "/trained.safetensors", export_hf_weights(params, DType::F32));
   nlohmann::json train = {{"steps", kSteps}, {"lr", lr}, {"beta1", adamw.beta1}, {"beta2", adamw.beta2},

@@ -5,7 +5,7 @@
 #include "loom/core/error.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/plan/memory_model.hpp"
-#include "loom/train/adamw.hpp"
+#include "loom/optim/adamw.hpp"
 #include "model_fixtures.hpp"
 #include "test_support.hpp"
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "loom/core/dtype.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_info.hpp"
 
 namespace loom::cuda::test {

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu_test_support.hpp"
-#include "loom/kernels/cuda/device_allocator.hpp"
+#include "loom/core/cuda/device_allocator.hpp"
 
 namespace loom::cuda::test {
 namespace {

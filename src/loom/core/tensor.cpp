@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
 
 namespace loom {
@@ -23,11 +24,10 @@ int64_t shape_numel(const Shape& shape) {
 
 Storage::Storage(size_t bytes, MemCategory category, Device device)
     : bytes_(bytes), category_(category), device_(device) {
-  if (device != Device::CPU) throw_error("device '", device_name(device), "' is not built into this loom");
-  data_ = HostAllocator::instance().allocate(bytes, category);
+  data_ = device_memory::allocate(device, bytes, category);
 }
 
-Storage::~Storage() { HostAllocator::instance().release(data_, bytes_, category_); }
+Storage::~Storage() { device_memory::release(device_, data_, bytes_, category_); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, Device device) {
   Tensor t;
@@ -100,13 +100,20 @@ Tensor Tensor::slice_as(int64_t offset, const Shape& shape) const {
   return t;
 }
 
-void Tensor::zero_() { std::memset(raw(), 0, nbytes()); }
+void Tensor::zero_() { device_memory::fill_zero(raw(), device(), nbytes()); }
 
 void Tensor::copy_from(const Tensor& other) {
   if (other.numel_ != numel_)
     throw_error("copy between ", shape_to_string(other.shape_), " and ", shape_to_string(shape_));
   if (dtype_ == other.dtype_) {
-    std::memcpy(raw(), other.raw(), nbytes());
+    device_memory::copy(raw(), device(), other.raw(), other.device(), nbytes());
+  } else if (device() != Device::CPU || other.device() != Device::CPU) {
+    // A conversion touching a device goes through the host (setup and checkpoints only; the
+    // ops convert on the device).
+    const Tensor host_src = other.device() == Device::CPU ? other : other.to(Device::CPU, MemCategory::Workspace);
+    Tensor host_dst = Tensor::empty(shape_, dtype_, MemCategory::Workspace);
+    host_dst.copy_from(host_src);
+    copy_from(host_dst);
   } else if (dtype_ == DType::F32) {
     const uint16_t* src = other.bf16();
     float* dst = f32();
@@ -124,7 +131,14 @@ Tensor Tensor::clone(MemCategory category) const {
   return t;
 }
 
+Tensor Tensor::to(Device device, MemCategory category) const {
+  Tensor t = empty(shape_, dtype_, category, device);
+  t.copy_from(*this);
+  return t;
+}
+
 std::vector<float> Tensor::to_f32_vector() const {
+  if (device() != Device::CPU) return to(Device::CPU, MemCategory::Workspace).to_f32_vector();
   std::vector<float> out(static_cast<size_t>(numel_));
   if (dtype_ == DType::F32) {
     std::memcpy(out.data(), raw(), nbytes());

@@ -1,7 +1,8 @@
 #pragma once
 // A Tensor is a contiguous, row-major view into reference-counted storage that belongs to one
-// memory category. Kernels take raw pointers; the Tensor carries shape, dtype and device so
-// that modules, checkpoints and the (future) CUDA dispatch can check what they are handed.
+// memory category on one device. Kernels take raw pointers; the Tensor carries shape, dtype
+// and device so that modules, checkpoints and the ops' device dispatch can check what they
+// are handed. On a CUDA tensor, raw()/f32()/bf16() are device pointers.
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -68,9 +69,11 @@ class Tensor {
   Tensor slice_as(int64_t offset, const Shape& shape) const;
 
   void zero_();
-  void copy_from(const Tensor& other);  // same numel; converts between f32 and bf16
-  Tensor clone(MemCategory category) const;
-  std::vector<float> to_f32_vector() const;
+  // Same numel; converts between f32 and bf16, and copies between devices (synchronously).
+  void copy_from(const Tensor& other);
+  Tensor clone(MemCategory category) const;            // same device
+  Tensor to(Device device, MemCategory category) const;  // a copy on `device`
+  std::vector<float> to_f32_vector() const;             // from any device
 
  private:
   std::shared_ptr<Storage> storage_;

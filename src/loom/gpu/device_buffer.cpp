@@ -4,8 +4,8 @@
 
 #include <utility>
 
-#include "loom/kernels/cuda/cuda_check.hpp"
-#include "loom/kernels/cuda/device_allocator.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
+#include "loom/core/cuda/device_allocator.hpp"
 
 namespace loom::gpu {
 

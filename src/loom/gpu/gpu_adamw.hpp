@@ -6,7 +6,7 @@
 // named as loom::AdamW::state_tensors names them, so checkpoints move between CPU and GPU runs.
 #include "loom/gpu/device_buffer.hpp"
 #include "loom/gpu/gpu_parameters.hpp"
-#include "loom/train/adamw.hpp"
+#include "loom/optim/adamw.hpp"
 #include "loom/train/checkpointing.hpp"
 
 namespace loom::gpu {

@@ -18,15 +18,15 @@
 #include "loom/gpu/gpu_model.hpp"
 #include "loom/gpu/gpu_peak.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
-#include "loom/kernels/cuda/device_allocator.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
+#include "loom/core/cuda/device_allocator.hpp"
 #include "loom/kernels/cuda/device_info.hpp"
 #include "loom/model/flops.hpp"
 #include "loom/obs/loss_plot.hpp"
 #include "loom/obs/metrics_log.hpp"
 #include "loom/obs/progress.hpp"
 #include "loom/train/checkpointing.hpp"
-#include "loom/train/grad_clip.hpp"
+#include "loom/optim/grad_clip.hpp"
 
 namespace loom::gpu {
 

@@ -9,7 +9,7 @@
 #include "loom/kernels/cpu/elementwise.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
-#include "loom/train/grad_clip.hpp"
+#include "loom/optim/grad_clip.hpp"
 
 namespace loom {
 
@@ -227,7 +227,7 @@ void ZeroOptimizer::materialize_parameters() {
 
 // ---- the step ---------------------------------------------------------------------------
 
-double ZeroOptimizer::finish_and_step(double lr, double max_norm) {
+double ZeroOptimizer::step(double lr, double max_norm) {
   double local_sum_sq[2] = {0.0, 0.0};  // sharded over tp, replicated
   for (size_t f = 0; f < flats_.size(); ++f) {
     Flat& flat = flats_[f];

@@ -23,7 +23,8 @@
 
 #include "loom/dist/process_group.hpp"
 #include "loom/model/parameter.hpp"
-#include "loom/train/adamw.hpp"
+#include "loom/optim/adamw.hpp"
+#include "loom/optim/optimizer.hpp"
 
 namespace loom {
 
@@ -35,12 +36,12 @@ struct ZeroConfig {
   bool master_weights = false;              // bf16: fp32 master shards, bf16-rounded parameters
 };
 
-class ZeroOptimizer {
+class ZeroOptimizer final : public Optimizer {
  public:
   // Takes over the model's parameter and gradient storage and installs its hooks on `model`,
   // which must outlive this object.
   ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> dp, ZeroConfig zero, AdamWConfig adamw);
-  ~ZeroOptimizer();
+  ~ZeroOptimizer() override;
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
@@ -48,24 +49,25 @@ class ZeroOptimizer {
   // Under tensor and pipeline parallelism the model holds this rank's shards of one stage:
   // the clipping norm then sums the sharded gradients' squares over `tp` (replicated ones
   // count once) and every stage's over `pp` (grad_clip's global_grad_norm). Either may be null.
-  void set_model_parallel_groups(std::shared_ptr<ProcessGroup> tp, std::shared_ptr<ProcessGroup> pp) {
+  void set_model_parallel_groups(std::shared_ptr<ProcessGroup> tp, std::shared_ptr<ProcessGroup> pp) override {
     tp_ = std::move(tp);
     pp_ = std::move(pp);
   }
   // Stage 1 only: false for all but the last micro-batch (gradients accumulate locally).
   // Stages 2-3 reduce every micro-batch, which is what keeps their gradients sharded.
-  void set_sync(bool sync) { sync_ = sync; }
-  void zero_grad();
+  void set_sync(bool sync) override { sync_ = sync; }
+  void zero_grad() override;
   // Waits for the gradient shards, clips by the global norm (max_norm <= 0: off), updates the
   // local shard and (stages 1-2) all-gathers the parameters. Returns the norm before clipping.
-  double finish_and_step(double lr, double max_norm);
-  int64_t steps_taken() const { return step_; }
+  double step(double lr, double max_norm) override;
+  int64_t steps_taken() const override { return step_; }
 
   // Checkpoints: read or write state through these pointers, then call publish_parameters()
   // so that every rank's parameters agree with the written shards.
-  std::vector<OwnedSlice> owned_slices();
-  void set_steps_taken(int64_t steps) { step_ = steps; }
-  void publish_parameters();
+  std::vector<OwnedSlice> owned_slices() override;
+  void set_steps_taken(int64_t steps) override { step_ = steps; }
+  void publish_parameters() override;
+  bool shards_state_over_data_parallel() const override { return true; }
   // Stage 3: gathers every unit so that each parameter holds its full value (collective; the
   // next forward frees them again). Stages 1-2: nothing to do.
   void materialize_parameters();

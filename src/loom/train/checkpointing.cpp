@@ -28,6 +28,24 @@ CheckpointPayload make_checkpoint_payload(const Transformer& model, const NamedT
   return payload;
 }
 
+NamedTensors optimizer_state_tensors(const std::vector<OwnedSlice>& owned) {
+  NamedTensors out;
+  auto add = [&](const OwnedSlice& slice, const char* suffix, const float* data) {
+    Tensor t = Tensor::empty(slice.shape, DType::F32, MemCategory::Workspace);
+    std::memcpy(t.f32(), data, static_cast<size_t>(slice.count) * sizeof(float));
+    out.emplace_back(slice.param->name + suffix, std::move(t));
+  };
+  for (const OwnedSlice& slice : owned) {
+    if (slice.start != 0 || slice.count != shape_numel(slice.shape))
+      throw_error("the single-file checkpoint holds whole tensors; '", slice.param->name, "' is owned from element ",
+                  slice.start, " (", slice.count, " of ", shape_numel(slice.shape), "): use the sharded format");
+    add(slice, ".exp_avg", slice.exp_avg);
+    add(slice, ".exp_avg_sq", slice.exp_avg_sq);
+    if (slice.master) add(slice, ".master", slice.master);
+  }
+  return out;
+}
+
 void require_same_model(const ModelConfig& expected, const ModelConfig& found, const std::string& source) {
   auto check = [&](const char* field, auto want, auto got) {
     if (want != got)

@@ -5,6 +5,7 @@
 //
 // State names: a parameter's value is stored under its HF name, its moments and master under
 // "<name>.exp_avg", "<name>.exp_avg_sq" and "<name>.master" (what AdamW::state_tensors uses).
+// OwnedSlice and the Optimizer interface: optim/optimizer.hpp.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -14,7 +15,7 @@
 #include "loom/ckpt/sharded_checkpoint.hpp"
 #include "loom/dist/process_group.hpp"
 #include "loom/model/transformer.hpp"
-#include "loom/train/adamw.hpp"
+#include "loom/optim/adamw.hpp"
 
 namespace loom {
 
@@ -23,6 +24,9 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 // Single-file format: `optimizer_state` holds full tensors named as AdamW::state_tensors names them.
 CheckpointPayload make_checkpoint_payload(const Transformer& model, const NamedTensors& optimizer_state,
                                           const nlohmann::json& trainer_state);
+// Those tensors from what one process owns (Optimizer::owned_slices, every slice a whole
+// parameter): "<name>.exp_avg", "<name>.exp_avg_sq" (+ ".master") per parameter, copied.
+NamedTensors optimizer_state_tensors(const std::vector<OwnedSlice>& owned);
 
 // Owned slices of tensor-parallel shards restated in the coordinates of the whole tensors:
 // each slice of a shard's elements becomes the runs of whole-tensor elements it holds

@@ -7,7 +7,7 @@
 #include "loom/core/dtype.hpp"
 #include "loom/model/config.hpp"
 #include "loom/parallel/pipeline_schedule.hpp"
-#include "loom/train/adamw.hpp"
+#include "loom/optim/adamw.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/lr_schedule.hpp"
 

@@ -17,7 +17,6 @@
 #include "loom/obs/step_line.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
-#include "loom/train/grad_clip.hpp"
 #include "loom/train/pipeline_report.hpp"
 
 namespace loom {
@@ -46,10 +45,6 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan, chunks);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(config_.precision == Precision::BF16);
-  const bool sharded = groups_.dp_size > 1 && config_.zero_stage > 0;
-  if (!sharded)  // under ZeRO the moments live, sharded, in zero_ (made below)
-    optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw,
-                                         config_.precision == Precision::BF16);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
       config_.train_data, config_.batch_size * groups_.dp_size, config_.seq_len, config_.model.vocab_size));
   if (config_.shuffle) train_loader_->set_shuffle(config_.seed);
@@ -64,18 +59,20 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     trace_ = std::make_unique<TraceRecorder>(
         groups_.world && groups_.world->size() > 1 ? config_.trace_path + ".rank" + std::to_string(groups_.world_rank) : config_.trace_path,
         groups_.world_rank);
-  if (sharded) {
-    zero_ = std::make_unique<ZeroOptimizer>(
-        *model_, groups_.dp,
-        ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), config_.precision == Precision::BF16},
+  const bool bf16 = config_.precision == Precision::BF16;
+  if (groups_.dp_size > 1 && config_.zero_stage > 0) {
+    optimizer_ = std::make_unique<ZeroOptimizer>(
+        *model_, groups_.dp, ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), bf16},
         config_.adamw);
-    zero_->set_model_parallel_groups(groups_.tp, groups_.pp);
-  } else if (groups_.dp_size > 1) {
-    reducer_ = std::make_unique<GradientBucketReducer>(
-        model_->parameters_in_grad_ready_order(), groups_.dp,
-        static_cast<int64_t>(config_.bucket_mb * 1e6));
-    reducer_->attach(*model_);
+  } else {
+    optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw, bf16);
+    if (groups_.dp_size > 1) {
+      reducer_ = std::make_unique<GradientBucketReducer>(model_->parameters_in_grad_ready_order(), groups_.dp,
+                                                         static_cast<int64_t>(config_.bucket_mb * 1e6));
+      reducer_->attach(*model_);
+    }
   }
+  optimizer_->set_model_parallel_groups(groups_.tp, groups_.pp);
   if (groups_.pp)
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, groups_.pp, config_.pp_schedule, groups_.embedding);
 }
@@ -91,17 +88,15 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"}};
 }
 
-int64_t Trainer::optimizer_steps() const {
-  return zero_ ? zero_->steps_taken() : optimizer_->steps_taken();
-}
+int64_t Trainer::optimizer_steps() const { return optimizer_->steps_taken(); }
 
 std::vector<OwnedSlice> Trainer::owned_state() {
   // Tensors every tp rank holds whole are written by tp rank 0; a pipeline copy of the tied
   // embedding by the first stage, which owns it.
   const bool write_replicated = !groups_.tp || groups_.tp->rank() == 0;
   std::vector<OwnedSlice> owned;
-  if (zero_) owned = zero_->owned_slices();
-  else if (groups_.dp_rank == 0) owned = optimizer_->owned_slices();  // replicas hold the same state
+  if (optimizer_->shards_state_over_data_parallel() || groups_.dp_rank == 0)  // replicas hold the same state
+    owned = optimizer_->owned_slices();
   std::erase_if(owned, [](const OwnedSlice& slice) { return slice.param->pipeline_copy; });
   return in_whole_tensor_coordinates(owned, write_replicated);
 }
@@ -110,12 +105,12 @@ std::string Trainer::save(int64_t step) {
   // Under ZeRO or tensor parallelism every rank writes what it owns (collective), in
   // whole-tensor coordinates; otherwise rank 0 writes the single-file format, whose
   // model.safetensors Hugging Face loads as is.
-  if (zero_ || groups_.tp || groups_.pp)
+  if (optimizer_->shards_state_over_data_parallel() || groups_.tp || groups_.pp)
     return save_sharded_checkpoint(*groups_.world, config_.checkpoint_dir, step, config_.model, trainer_state(step),
                                    owned_state(), static_cast<int>(config_.keep_last));
   if (!is_rank0()) return "";
   return save_checkpoint(config_.checkpoint_dir, step,
-                         make_checkpoint_payload(*model_, optimizer_->state_tensors(), trainer_state(step)),
+                         make_checkpoint_payload(*model_, optimizer_state_tensors(optimizer_->owned_slices()), trainer_state(step)),
                          static_cast<int>(config_.keep_last));
 }
 
@@ -125,14 +120,9 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
                     config_.precision == Precision::BF16 ? "bf16" : "f32");
   const nlohmann::json& state = reader.trainer_state();
   const int64_t optimizer_steps = state.value("optimizer_steps", int64_t{0});
-  if (zero_) {
-    load_owned_state(reader, in_whole_tensor_coordinates(zero_->owned_slices()));
-    zero_->set_steps_taken(optimizer_steps);
-    zero_->publish_parameters();
-  } else {
-    load_owned_state(reader, in_whole_tensor_coordinates(optimizer_->owned_slices()));
-    optimizer_->set_steps_taken(optimizer_steps);
-  }
+  load_owned_state(reader, in_whole_tensor_coordinates(optimizer_->owned_slices()));
+  optimizer_->set_steps_taken(optimizer_steps);
+  optimizer_->publish_parameters();
   const auto& loader = state.at("loader");
   train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
                           loader.at("position").get<int64_t>()});
@@ -145,7 +135,7 @@ void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
   const size_t slice = static_cast<size_t>(groups_.dp_rank * tokens);  // this rank's rows
   auto set_sync = [&](bool sync) {
     if (reducer_) reducer_->set_sync(sync);
-    if (zero_) zero_->set_sync(sync);
+    optimizer_->set_sync(sync);
   };
   if (pipeline_) {
     // The schedule needs every micro-batch at hand; every stage reads the same data.
@@ -179,8 +169,7 @@ void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
 }
 
 double Trainer::train_step(int64_t step) {
-  if (zero_) zero_->zero_grad();
-  else model_->zero_grad();
+  optimizer_->zero_grad();
   const int64_t tokens = config_.batch_size * config_.seq_len;
   // Mean over every token of every micro-batch: each micro-batch's summed loss is scaled so
   // the accumulated gradient equals the gradient of the mean.
@@ -195,12 +184,7 @@ double Trainer::train_step(int64_t step) {
                      reducer_->last_timings()[b].issued_s, reducer_->last_timings()[b].finished_s);
   }
   const double optimizer_start = TraceRecorder::now_s();
-  if (zero_) {
-    last_grad_norm_ = zero_->finish_and_step(config_.schedule.at(step), config_.grad_clip);
-  } else {
-    last_grad_norm_ = global_grad_norm(model_->parameters(), {groups_.tp.get(), groups_.pp.get()});
-    optimizer_->step(config_.schedule.at(step), clip_factor(last_grad_norm_, config_.grad_clip));
-  }
+  last_grad_norm_ = optimizer_->step(config_.schedule.at(step), config_.grad_clip);
   if (trace_) trace_->span("clip + AdamW", "compute", optimizer_start, TraceRecorder::now_s());
   return mean_loss_over_ranks(loss_sum, static_cast<double>(tokens * config_.grad_accum));
 }

@@ -13,7 +13,7 @@
 #include "loom/model/transformer.hpp"
 #include "loom/obs/step_line.hpp"
 #include "loom/obs/trace.hpp"
-#include "loom/train/adamw.hpp"
+#include "loom/optim/adamw.hpp"
 #include "loom/train/train_config.hpp"
 #include "loom/train/trainer_mesh.hpp"
 
@@ -52,7 +52,9 @@ class Trainer {
   // ranks other than 0 for the single-file format). Collective under data parallelism.
   std::string save(int64_t step);
   const GradientBucketReducer* reducer() const { return reducer_.get(); }
-  ZeroOptimizer* zero_optimizer() { return zero_.get(); }
+  // The optimizer, and the same object as ZeRO's when parallel.zero_stage shards it.
+  Optimizer& optimizer() { return *optimizer_; }
+  ZeroOptimizer* zero_optimizer() { return dynamic_cast<ZeroOptimizer*>(optimizer_.get()); }
   int64_t global_tokens_per_step() const { return config_.tokens_per_step() * groups_.dp_size; }
 
  private:
@@ -61,14 +63,14 @@ class Trainer {
 
   TrainConfig config_;
   std::unique_ptr<Transformer> model_;
-  std::unique_ptr<AdamW> optimizer_;
+  // AdamW, or ZeRO's sharded AdamW under data parallelism with zero_stage > 0.
+  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> train_loader_;
   bool is_rank0() const { return groups_.world_rank == 0; }
   nlohmann::json step_record(const StepReport& report) const;
 
   TrainerGroups groups_;  // world, dp, tp, pp and embedding groups, this rank's coordinates
-  std::unique_ptr<GradientBucketReducer> reducer_;
-  std::unique_ptr<ZeroOptimizer> zero_;  // replaces optimizer_ + reducer_ under ZeRO 1-3
+  std::unique_ptr<GradientBucketReducer> reducer_;  // plain data parallelism (ZeRO reduces itself)
   std::unique_ptr<PipelineExecutor> pipeline_;  // pp > 1
   int64_t optimizer_steps() const;
   // The loss of this step, from the stages that compute it, the same on every rank.

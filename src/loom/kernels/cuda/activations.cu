@@ -1,5 +1,5 @@
 #include "loom/kernels/cuda/activations.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 
 namespace loom::cuda {

@@ -1,7 +1,7 @@
 #include <cmath>
 
 #include "loom/kernels/cuda/adamw.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 
 namespace loom::cuda {

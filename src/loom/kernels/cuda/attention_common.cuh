@@ -14,7 +14,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/attention.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 
 namespace loom::cuda::detail {

@@ -3,7 +3,7 @@
 #include <type_traits>
 
 #include "loom/kernels/cuda/cross_entropy.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 #include "loom/kernels/cuda/elementwise.hpp"
 #include "loom/kernels/cuda/gemm.hpp"

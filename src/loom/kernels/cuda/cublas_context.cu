@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "loom/kernels/cuda/cublas_context.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 
 namespace loom::cuda {
 

@@ -74,7 +74,7 @@ inline unsigned grid_for(int64_t n, int block_threads) {
 
 }  // namespace loom::cuda::detail
 
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 
 namespace loom::cuda::detail {
 

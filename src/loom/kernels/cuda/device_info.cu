@@ -1,6 +1,6 @@
 #include <cuda_runtime.h>
 
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_info.hpp"
 
 namespace loom::cuda {

@@ -1,7 +1,7 @@
 #include <cstdint>
 
 #include "loom/kernels/cuda/cublas_context.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 #include "loom/kernels/cuda/elementwise.hpp"
 #include "loom/kernels/cuda/gemm.hpp"

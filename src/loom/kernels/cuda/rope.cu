@@ -1,6 +1,6 @@
 #include <utility>
 
-#include "loom/kernels/cuda/cuda_check.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 #include "loom/kernels/cuda/rope.hpp"
 

@@ -1,4 +1,4 @@
-#include "loom/train/grad_clip.hpp"
+#include "loom/optim/grad_clip.hpp"
 
 #include <cmath>
 

@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "loom/core/error.hpp"
-#include "loom/kernels/cuda/cuda_check.hpp"
-#include "loom/kernels/cuda/device_allocator.hpp"
+#include "loom/core/cuda/cuda_check.hpp"
+#include "loom/core/cuda/device_allocator.hpp"
 
 namespace loom::cuda {
 

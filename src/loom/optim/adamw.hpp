@@ -7,6 +7,7 @@
 
 #include "loom/core/tensor.hpp"
 #include "loom/model/parameter.hpp"
+#include "loom/optim/optimizer.hpp"
 
 namespace loom {
 
@@ -17,39 +18,38 @@ struct AdamWConfig {
   double weight_decay = 0.1;
 };
 
-// What one rank owns of one parameter: elements [start, start + count) of its flattened value
-// (loom layout), with pointers to those elements of each piece of state. Over all ranks,
-// every element of every parameter is owned exactly once.
-struct OwnedSlice {
-  const Parameter* param;
-  Shape shape;
-  int64_t start = 0, count = 0;
-  float* value = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-  float* master = nullptr;  // null without master weights
-};
-
-class AdamW {
+// AdamW over every parameter this rank holds (one process, or one replica under plain data
+// parallelism, whose gradients the reducer has already averaged).
+class AdamW final : public Optimizer {
  public:
   // With `master_weights`, the optimizer keeps an fp32 copy of every parameter, updates that,
   // and writes the bf16-rounded result back to the model (mixed precision).
   AdamW(ParameterList params, AdamWConfig config, bool master_weights = false);
-  // grad_multiplier scales every gradient as it is read (global-norm clipping).
-  void step(double lr, double grad_multiplier = 1.0);
-  int64_t steps_taken() const { return step_; }
+
+  void set_model_parallel_groups(std::shared_ptr<ProcessGroup> tp, std::shared_ptr<ProcessGroup> pp) override {
+    tp_ = std::move(tp);
+    pp_ = std::move(pp);
+  }
+  void zero_grad() override;
+  // Clips to the global norm over this rank's parameters and the model-parallel groups.
+  double step(double lr, double max_norm) override;
+  // The update alone: grad_multiplier scales every gradient as it is read (a clipping factor
+  // computed by the caller).
+  void update(double lr, double grad_multiplier = 1.0);
+  int64_t steps_taken() const override { return step_; }
+  void set_steps_taken(int64_t steps) override { step_ = steps; }
 
   // Named state for checkpoints: "<param>.exp_avg", "<param>.exp_avg_sq" (+ ".master").
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   void load_state(const std::vector<std::pair<std::string, Tensor>>& tensors, int64_t steps_taken);
   // The whole of every parameter (one process owns everything), for checkpoints.
-  std::vector<OwnedSlice> owned_slices();
-  void set_steps_taken(int64_t steps) { step_ = steps; }
+  std::vector<OwnedSlice> owned_slices() override;
   const AdamWConfig& config() const { return config_; }
 
  private:
   ParameterList params_;
   AdamWConfig config_;
+  std::shared_ptr<ProcessGroup> tp_, pp_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_, master_;
   int64_t step_ = 0;
 };

@@ -1,10 +1,11 @@
-#include "loom/train/adamw.hpp"
+#include "loom/optim/adamw.hpp"
 
 #include <map>
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/adamw.hpp"
 #include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/optim/grad_clip.hpp"
 
 namespace loom {
 
@@ -20,7 +21,17 @@ AdamW::AdamW(ParameterList params, AdamWConfig config, bool master_weights)
   }
 }
 
-void AdamW::step(double lr, double grad_multiplier) {
+void AdamW::zero_grad() {
+  for (Parameter* p : params_) p->grad.zero_();
+}
+
+double AdamW::step(double lr, double max_norm) {
+  const double norm = global_grad_norm(params_, {tp_.get(), pp_.get()});
+  update(lr, clip_factor(norm, max_norm));
+  return norm;
+}
+
+void AdamW::update(double lr, double grad_multiplier) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];

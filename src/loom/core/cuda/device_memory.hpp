@@ -1,0 +1,20 @@
+#pragma once
+// The CUDA half of core/device_memory, compiled only with CUDA (LOOM_HAVE_CUDA). Plain C++
+// declarations: core/device_memory.cpp calls them without seeing a CUDA header.
+#include <cstddef>
+
+#include "loom/core/allocator.hpp"
+
+namespace loom::cuda {
+
+// Devices visible to this process, asked once (0 when the runtime finds no driver or GPU).
+int visible_device_count();
+// Refuses, naming the cause, when no device is visible.
+void* device_allocate(size_t bytes, MemCategory category);
+void device_release(void* ptr, size_t bytes, MemCategory category);
+// kind: 0 host to device, 1 device to host, 2 device to device.
+void device_copy(void* dst, const void* src, size_t bytes, int kind);
+void device_fill_zero(void* dst, size_t bytes);
+MemStats device_stats();
+
+}  // namespace loom::cuda

@@ -1,0 +1,28 @@
+#pragma once
+// Bytes on a device, for Storage and Tensor: allocation with per-category accounting, copies
+// between any two devices, and zero fill. The CPU is always here (HostAllocator); CUDA is
+// here when loom is built with it (core/cuda: the caching DeviceAllocator, cudaMemcpy), and
+// otherwise every CUDA request is refused with a loom::Error saying so.
+//
+// Copies and fills wait for the device (they are synchronous): what moves through here is
+// setup, checkpoints and tests. The training step's transfers belong to the ops and the
+// communication backends, on streams.
+#include <cstddef>
+
+#include "loom/core/allocator.hpp"
+#include "loom/core/dtype.hpp"
+
+namespace loom::device_memory {
+
+// Whether this build of loom can place tensors on `device`.
+bool built_with(Device device);
+// CUDA devices this process can see (0 without CUDA, a driver or a GPU).
+int cuda_device_count();
+void* allocate(Device device, size_t bytes, MemCategory category);
+void release(Device device, void* ptr, size_t bytes, MemCategory category);
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+void fill_zero(void* dst, Device device, size_t bytes);
+// This device's live and peak bytes per category.
+MemStats stats(Device device);
+
+}  // namespace loom::device_memory

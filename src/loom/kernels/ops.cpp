@@ -1,0 +1,317 @@
+#include "loom/kernels/ops.hpp"
+
+#include <initializer_list>
+
+#include "loom/core/error.hpp"
+#include "loom/kernels/cpu/activations.hpp"
+#include "loom/kernels/cpu/cross_entropy.hpp"
+#include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/kernels/cpu/embedding.hpp"
+#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/kernels/cpu/norms.hpp"
+#ifdef LOOM_HAVE_CUDA
+#include "loom/kernels/cuda/ops_cuda.hpp"
+#endif
+
+namespace loom::ops {
+
+namespace {
+
+// The device every defined tensor of one call lives on; a mix is an error naming the op.
+Device device_of(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (t == nullptr || !t->defined()) continue;
+    if (first == nullptr) first = t;
+    else if (t->device() != first->device())
+      throw_error("ops::", op, ": tensors on ", device_name(first->device()), " and ", device_name(t->device()),
+                  " in one call (every tensor of an op must be on one device)");
+  }
+  if (first == nullptr) throw_error("ops::", op, ": no tensor given");
+  return first->device();
+}
+
+// The CPU computes in f32 (bf16 is emulated by rounding f32 values), so its tensors are F32.
+void require_cpu_f32(const char* op, std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (t != nullptr && t->defined() && t->dtype() != DType::F32)
+      throw_error("ops::", op, ": a ", dtype_name(t->dtype()), " tensor ", shape_to_string(t->shape()),
+                  " on the CPU, which computes in f32 (bf16 is emulated in f32 storage there)");
+}
+
+void require_2d(const char* op, const char* what, const Tensor& t) {
+  if (t.dim() != 2) throw_error("ops::", op, ": ", what, " must be 2-D, got ", shape_to_string(t.shape()));
+}
+
+float* f32_or_null(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
+float* f32_or_null(const Tensor* t) { return t != nullptr && t->defined() ? t->f32() : nullptr; }
+
+// Checks a linear layer's operands; returns (rows, in, out).
+struct LinearDims {
+  int64_t rows, in, out;
+};
+LinearDims check_linear(const char* op, const Tensor& y, int64_t y_col, const Tensor& input, const Tensor& weight) {
+  require_2d(op, "the output", y);
+  require_2d(op, "the input", input);
+  require_2d(op, "the weight", weight);
+  const int64_t rows = input.size(0), in = weight.size(1), out = weight.size(0);
+  if (input.size(1) != in)
+    throw_error("ops::", op, ": input ", shape_to_string(input.shape()), " does not match weight ",
+                shape_to_string(weight.shape()), " ([out, in])");
+  if (y.size(0) != rows || y_col < 0 || y_col + out > y.size(1))
+    throw_error("ops::", op, ": columns [", y_col, ", ", y_col + out, ") of ", shape_to_string(y.shape()),
+                " cannot hold ", rows, " rows of ", out, " outputs");
+  return {rows, in, out};
+}
+
+}  // namespace
+
+#ifdef LOOM_HAVE_CUDA
+#define LOOM_OPS_ON_CUDA(device, call) \
+  if ((device) == Device::CUDA) return cuda_impl::call;
+#else
+#define LOOM_OPS_ON_CUDA(device, call) (void)(device);
+#endif
+
+void linear_forward(const Tensor& out, int64_t out_col, const Tensor& input, const Tensor& weight,
+                    const Tensor* bias) {
+  const Device device = device_of("linear_forward", {&out, &input, &weight, bias});
+  const LinearDims d = check_linear("linear_forward", out, out_col, input, weight);
+  if (bias && bias->defined() && bias->numel() != d.out)
+    throw_error("ops::linear_forward: bias of ", bias->numel(), " for ", d.out, " outputs");
+  LOOM_OPS_ON_CUDA(device, linear_forward(out, out_col, input, weight, bias))
+  require_cpu_f32("linear_forward", {&out, &input, &weight, bias});
+  cpu::linear_forward(out.f32() + out_col, out.size(1), input.f32(), weight.f32(), f32_or_null(bias), d.rows, d.in,
+                      d.out);
+}
+
+void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight, const Tensor& d_bias,
+                     const Tensor& d_out, int64_t d_out_col, const Tensor& input, const Tensor& weight) {
+  const Device device = device_of("linear_backward", {&d_input, &d_weight, &d_bias, &d_out, &input, &weight});
+  const LinearDims d = check_linear("linear_backward", d_out, d_out_col, input, weight);
+  if (d_weight.numel() != weight.numel() || d_weight.dtype() != DType::F32)
+    throw_error("ops::linear_backward: d_weight must be F32 shaped like the weight ", shape_to_string(weight.shape()));
+  if (d_input.defined() && d_input.numel() != input.numel())
+    throw_error("ops::linear_backward: d_input ", shape_to_string(d_input.shape()), " for input ",
+                shape_to_string(input.shape()));
+  LOOM_OPS_ON_CUDA(device, linear_backward(d_input, accumulate_input, d_weight, d_bias, d_out, d_out_col, input,
+                                           weight))
+  require_cpu_f32("linear_backward", {&d_input, &d_bias, &d_out, &input, &weight});
+  cpu::linear_backward(f32_or_null(d_input), accumulate_input, d_weight.f32(), f32_or_null(d_bias),
+                       d_out.f32() + d_out_col, d_out.size(1), input.f32(), weight.f32(), d.rows, d.in, d.out);
+}
+
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& input,
+                       const Tensor& weight, const Tensor& bias, float eps) {
+  const Device device = device_of("layernorm_forward", {&out, &mean, &rstd, &input, &weight, &bias});
+  LOOM_OPS_ON_CUDA(device, layernorm_forward(out, mean, rstd, input, weight, bias, eps))
+  require_cpu_f32("layernorm_forward", {&out, &input, &weight, &bias});
+  const int64_t dim = weight.numel();
+  cpu::layernorm_forward(out.f32(), mean.f32(), rstd.f32(), input.f32(), weight.f32(), bias.f32(),
+                         input.numel() / dim, dim, eps);
+}
+
+void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias, const Tensor& d_out,
+                        const Tensor& input, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+  const Device device =
+      device_of("layernorm_backward", {&d_input, &d_weight, &d_bias, &d_out, &input, &weight, &mean, &rstd});
+  LOOM_OPS_ON_CUDA(device, layernorm_backward(d_input, d_weight, d_bias, d_out, input, weight, mean, rstd))
+  require_cpu_f32("layernorm_backward", {&d_input, &d_out, &input, &weight});
+  const int64_t dim = weight.numel();
+  cpu::layernorm_backward(d_input.f32(), d_weight.f32(), d_bias.f32(), d_out.f32(), input.f32(), weight.f32(),
+                          mean.f32(), rstd.f32(), input.numel() / dim, dim);
+}
+
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input, const Tensor& weight, float eps) {
+  const Device device = device_of("rmsnorm_forward", {&out, &rstd, &input, &weight});
+  LOOM_OPS_ON_CUDA(device, rmsnorm_forward(out, rstd, input, weight, eps))
+  require_cpu_f32("rmsnorm_forward", {&out, &input, &weight});
+  const int64_t dim = weight.numel();
+  cpu::rmsnorm_forward(out.f32(), rstd.f32(), input.f32(), weight.f32(), input.numel() / dim, dim, eps);
+}
+
+void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out, const Tensor& input,
+                      const Tensor& weight, const Tensor& rstd) {
+  const Device device = device_of("rmsnorm_backward", {&d_input, &d_weight, &d_out, &input, &weight, &rstd});
+  LOOM_OPS_ON_CUDA(device, rmsnorm_backward(d_input, d_weight, d_out, input, weight, rstd))
+  require_cpu_f32("rmsnorm_backward", {&d_input, &d_out, &input, &weight});
+  const int64_t dim = weight.numel();
+  cpu::rmsnorm_backward(d_input.f32(), d_weight.f32(), d_out.f32(), input.f32(), weight.f32(), rstd.f32(),
+                        input.numel() / dim, dim);
+}
+
+void gelu_forward(const Tensor& out, const Tensor& input) {
+  const Device device = device_of("gelu_forward", {&out, &input});
+  LOOM_CHECK(out.numel() == input.numel(), "ops::gelu_forward: ", out.numel(), " outputs for ", input.numel());
+  LOOM_OPS_ON_CUDA(device, gelu_forward(out, input))
+  require_cpu_f32("gelu_forward", {&out, &input});
+  cpu::gelu_forward(out.f32(), input.f32(), input.numel());
+}
+
+void gelu_backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) {
+  const Device device = device_of("gelu_backward", {&d_input, &d_out, &input});
+  LOOM_OPS_ON_CUDA(device, gelu_backward(d_input, d_out, input))
+  require_cpu_f32("gelu_backward", {&d_input, &d_out, &input});
+  cpu::gelu_backward(d_input.f32(), d_out.f32(), input.f32(), input.numel());
+}
+
+void swiglu_forward(const Tensor& out, const Tensor& fused) {
+  const Device device = device_of("swiglu_forward", {&out, &fused});
+  require_2d("swiglu_forward", "out", out);
+  require_2d("swiglu_forward", "the fused gate|up", fused);
+  if (fused.size(0) != out.size(0) || fused.size(1) != 2 * out.size(1))
+    throw_error("ops::swiglu_forward: gate|up ", shape_to_string(fused.shape()), " for output ",
+                shape_to_string(out.shape()), " (expected [rows, 2 dim])");
+  LOOM_OPS_ON_CUDA(device, swiglu_forward(out, fused))
+  require_cpu_f32("swiglu_forward", {&out, &fused});
+  const int64_t dim = out.size(1);
+  cpu::swiglu_forward(out.f32(), fused.f32(), fused.f32() + dim, out.size(0), dim, 2 * dim);
+}
+
+void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& fused) {
+  const Device device = device_of("swiglu_backward", {&d_fused, &d_out, &fused});
+  require_2d("swiglu_backward", "d_out", d_out);
+  LOOM_CHECK(fused.numel() == 2 * d_out.numel() && d_fused.numel() == fused.numel(),
+             "ops::swiglu_backward: gate|up ", shape_to_string(fused.shape()), " for d_out ",
+             shape_to_string(d_out.shape()));
+  LOOM_OPS_ON_CUDA(device, swiglu_backward(d_fused, d_out, fused))
+  require_cpu_f32("swiglu_backward", {&d_fused, &d_out, &fused});
+  const int64_t dim = d_out.size(1);
+  cpu::swiglu_backward(d_fused.f32(), d_fused.f32() + dim, d_out.f32(), fused.f32(), fused.f32() + dim,
+                       d_out.size(0), dim, 2 * dim);
+}
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape) {
+  const Device device = device_of("attention_forward", {&out, &lse, &qkv});
+  const int64_t rows = shape.batch * shape.seq_len;
+  if (qkv.numel() != rows * shape.qkv_ld() || out.numel() != rows * shape.out_ld() ||
+      lse.numel() != rows * shape.heads || lse.dtype() != DType::F32)
+    throw_error("ops::attention_forward: qkv ", shape_to_string(qkv.shape()), ", out ", shape_to_string(out.shape()),
+                ", lse ", shape_to_string(lse.shape()), " do not fit batch ", shape.batch, " x ", shape.seq_len, ", ",
+                shape.heads, " heads, ", shape.kv_heads, " kv heads of ", shape.head_dim);
+  LOOM_OPS_ON_CUDA(device, attention_forward(out, lse, qkv, shape))
+  require_cpu_f32("attention_forward", {&out, &qkv});
+  cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), shape);
+}
+
+void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, const AttentionShape& shape) {
+  const Device device = device_of("attention_backward", {&d_qkv, &d_out, &qkv, &out, &lse});
+  LOOM_CHECK(d_qkv.numel() == qkv.numel() && d_out.numel() == out.numel(), "ops::attention_backward: d_qkv ",
+             shape_to_string(d_qkv.shape()), " / d_out ", shape_to_string(d_out.shape()), " for qkv ",
+             shape_to_string(qkv.shape()), " / out ", shape_to_string(out.shape()));
+  LOOM_OPS_ON_CUDA(device, attention_backward(d_qkv, d_out, qkv, out, lse, shape))
+  require_cpu_f32("attention_backward", {&d_qkv, &d_out, &qkv, &out});
+  cpu::attention_backward(d_qkv.f32(), d_out.f32(), qkv.f32(), out.f32(), lse.f32(), shape);
+}
+
+// ---- RoPE -------------------------------------------------------------------------------
+
+#ifdef LOOM_HAVE_CUDA
+struct Rope::DeviceTable {
+  std::shared_ptr<void> table;  // cuda_impl's device copy
+};
+#else
+struct Rope::DeviceTable {};
+#endif
+
+Rope::Rope(int64_t head_dim, int64_t max_positions, double theta)
+    : table_(cpu::make_rope_table(head_dim, max_positions, theta)) {}
+Rope::~Rope() = default;
+
+void Rope::apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads, bool inverse) const {
+  require_2d("rope_apply", "x", x);
+  if (x.size(0) != batch * seq_len || heads * table_.head_dim > x.size(1))
+    throw_error("ops::rope_apply: ", heads, " heads of ", table_.head_dim, " in rows of ", shape_to_string(x.shape()),
+                " for batch ", batch, " x ", seq_len);
+  if (seq_len > table_.max_positions)
+    throw_error("ops::rope_apply: sequence ", seq_len, " is longer than the table's ", table_.max_positions);
+#ifdef LOOM_HAVE_CUDA
+  if (x.device() == Device::CUDA) {
+    if (!device_) device_ = std::make_unique<DeviceTable>(DeviceTable{cuda_impl::upload_rope_table(table_)});
+    cuda_impl::rope_apply(x, batch, seq_len, heads, device_->table.get(), inverse);
+    return;
+  }
+#endif
+  require_cpu_f32("rope_apply", {&x});
+  cpu::rope_apply(x.f32(), batch, seq_len, heads, x.size(1), table_, inverse);
+}
+
+// ---- embeddings, head -------------------------------------------------------------------
+
+void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
+                       const Tensor* position_table, int64_t batch, int64_t seq_len) {
+  const Device device = device_of("embedding_forward", {&out, &token_table, position_table});
+  const int64_t dim = token_table.size(1);
+  LOOM_CHECK(out.numel() == batch * seq_len * dim, "ops::embedding_forward: out ", shape_to_string(out.shape()),
+             " for ", batch, " x ", seq_len, " tokens of ", dim);
+  LOOM_OPS_ON_CUDA(device, embedding_forward(out, tokens, token_table, position_table, batch, seq_len))
+  require_cpu_f32("embedding_forward", {&out, &token_table, position_table});
+  cpu::embedding_forward(out.f32(), tokens, token_table.f32(), f32_or_null(position_table), batch, seq_len, dim);
+}
+
+void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table, const Tensor& d_out,
+                        const int32_t* tokens, int64_t batch, int64_t seq_len) {
+  const Device device = device_of("embedding_backward", {&d_token_table, d_position_table, &d_out});
+  LOOM_OPS_ON_CUDA(device, embedding_backward(d_token_table, d_position_table, d_out, tokens, batch, seq_len))
+  require_cpu_f32("embedding_backward", {&d_token_table, d_position_table, &d_out});
+  cpu::embedding_backward(f32_or_null(d_token_table), f32_or_null(d_position_table), d_out.f32(), tokens, batch,
+                          seq_len, d_out.numel() / (batch * seq_len));
+}
+
+double lm_head_cross_entropy(const CrossEntropyArgs& args) {
+  const Device device = device_of("lm_head_cross_entropy", {&args.hidden, &args.weight, &args.d_hidden, &args.d_weight});
+  require_2d("lm_head_cross_entropy", "hidden", args.hidden);
+  require_2d("lm_head_cross_entropy", "weight", args.weight);
+  if (args.hidden.size(1) != args.weight.size(1))
+    throw_error("ops::lm_head_cross_entropy: hidden ", shape_to_string(args.hidden.shape()), " and head ",
+                shape_to_string(args.weight.shape()), " differ in width");
+  LOOM_OPS_ON_CUDA(device, lm_head_cross_entropy(args))
+  require_cpu_f32("lm_head_cross_entropy", {&args.hidden, &args.weight, &args.d_hidden, &args.d_weight});
+  cpu::CrossEntropyArgs a{};
+  a.hidden = args.hidden.f32();
+  a.weight = args.weight.f32();
+  a.targets = args.targets;
+  a.rows = args.hidden.size(0);
+  a.dim = args.hidden.size(1);
+  a.vocab = args.weight.size(0);
+  a.vocab_chunk = args.vocab_chunk;
+  a.grad_scale = args.grad_scale;
+  a.d_hidden = f32_or_null(args.d_hidden);
+  a.d_weight = f32_or_null(args.d_weight);
+  return cpu::lm_head_cross_entropy(a);
+}
+
+// ---- elementwise ------------------------------------------------------------------------
+
+void add_into(const Tensor& dst, const Tensor& src) {
+  const Device device = device_of("add_into", {&dst, &src});
+  LOOM_CHECK(dst.numel() == src.numel(), "ops::add_into: ", shape_to_string(src.shape()), " into ",
+             shape_to_string(dst.shape()));
+  LOOM_OPS_ON_CUDA(device, add_into(dst, src))
+  require_cpu_f32("add_into", {&dst, &src});
+  cpu::add_into(dst.f32(), src.f32(), dst.numel());
+}
+
+void scale_(const Tensor& x, float factor) {
+  const Device device = device_of("scale_", {&x});
+  LOOM_OPS_ON_CUDA(device, scale_(x, factor))
+  require_cpu_f32("scale_", {&x});
+  cpu::scale_inplace(x.f32(), factor, x.numel());
+}
+
+double sum_of_squares(const Tensor& x) {
+  const Device device = device_of("sum_of_squares", {&x});
+  LOOM_OPS_ON_CUDA(device, sum_of_squares(x))
+  require_cpu_f32("sum_of_squares", {&x});
+  return cpu::sum_of_squares(x.f32(), x.numel());
+}
+
+void round_to_bf16_(const Tensor& x) {
+  if (x.dtype() == DType::BF16) return;  // holds bf16 values already
+  const Device device = device_of("round_to_bf16_", {&x});
+  LOOM_OPS_ON_CUDA(device, round_to_bf16_(x))
+  cpu::round_to_bf16_inplace(x.f32(), x.numel());
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,110 @@
+#pragma once
+// The one op interface the model computes through: every op takes Tensors (shape, dtype,
+// device) and runs on the device they live on. The CPU implementation calls loom::cpu's
+// kernels (the reference; f32 storage, bf16 emulated by rounding); the CUDA one, built when
+// loom is, calls loom::cuda's kernels in f32 or real bf16 storage. All tensors of one call
+// must share a device; the checks here name the op, the argument and what was expected.
+//
+// Dtypes: activations and working weights are F32, or BF16 on CUDA; parameter gradients, norm
+// statistics and attention log-sum-exps are always F32.
+//
+// Row-major matrices: a 2-D tensor [rows, ld]. Where an op reads or writes a block of
+// columns (the q|k|v or gate|up projections writing side by side into one fused activation),
+// it takes the tensor and the block's first column.
+#include <cstdint>
+#include <memory>
+
+#include "loom/core/tensor.hpp"
+#include "loom/kernels/cpu/attention.hpp"
+#include "loom/kernels/cpu/rope.hpp"
+
+namespace loom::ops {
+
+using AttentionShape = cpu::AttentionShape;
+
+// ---- linear layers: y = x W^T (+ b), W stored [out, in] ---------------------------------
+// out[:, out_col : out_col + W.rows] = input @ W^T (+ bias). input [rows, in], out [rows, *].
+void linear_forward(const Tensor& out, int64_t out_col, const Tensor& input, const Tensor& weight,
+                    const Tensor* bias);
+// From d_out[:, d_out_col : d_out_col + W.rows]: d_input (undefined to skip) written or, with
+// accumulate_input, added; d_weight += d_out^T input; d_bias (undefined to skip) += column sums.
+void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight, const Tensor& d_bias,
+                     const Tensor& d_out, int64_t d_out_col, const Tensor& input, const Tensor& weight);
+
+// ---- norms over the last dimension ------------------------------------------------------
+// mean / rstd: [rows] F32. bias undefined for RMSNorm.
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& input,
+                       const Tensor& weight, const Tensor& bias, float eps);
+// d_input accumulated; d_weight, d_bias accumulated (F32).
+void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias, const Tensor& d_out,
+                        const Tensor& input, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input, const Tensor& weight, float eps);
+void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out, const Tensor& input,
+                      const Tensor& weight, const Tensor& rstd);
+
+// ---- activations ----------------------------------------------------------------------
+void gelu_forward(const Tensor& out, const Tensor& input);
+void gelu_backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input);  // d_input written
+// fused: [rows, 2 dim] = gate | up; out [rows, dim].
+void swiglu_forward(const Tensor& out, const Tensor& fused);
+void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& fused);  // d_fused written
+
+// ---- attention --------------------------------------------------------------------------
+// Causal GQA flash attention over the fused qkv [B*T, (H + 2 KV) D]; out [B*T, H D]; lse
+// [B, H, T] F32.
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape);
+void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv, const Tensor& out,
+                        const Tensor& lse, const AttentionShape& shape);  // d_qkv written
+
+// Rotary embedding ("rotate half", Hugging Face's table rounding): the table on the host,
+// and a device copy made on the first CUDA use.
+class Rope {
+ public:
+  Rope(int64_t head_dim, int64_t max_positions, double theta);
+  ~Rope();
+  Rope(const Rope&) = delete;
+  Rope& operator=(const Rope&) = delete;
+  // In place on the first `heads` heads of each row of x [B*T, *] (q and k side by side);
+  // inverse rotates back (the backward).
+  void apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads, bool inverse) const;
+  const cpu::RopeTable& table() const { return table_; }
+
+ private:
+  cpu::RopeTable table_;
+  struct DeviceTable;
+  mutable std::unique_ptr<DeviceTable> device_;
+};
+
+// ---- embeddings -------------------------------------------------------------------------
+// out[b*t] = token_table[tokens[b*t]] (+ position_table[t]). Token ids are the data loader's,
+// on the host, and are checked there; the op uploads them when the tables are on a device.
+// Table gradients are F32 and accumulated.
+void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
+                       const Tensor* position_table, int64_t batch, int64_t seq_len);
+void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table, const Tensor& d_out,
+                        const int32_t* tokens, int64_t batch, int64_t seq_len);
+
+// ---- output head + cross-entropy --------------------------------------------------------
+// Fused projection, softmax and cross-entropy, one vocabulary chunk of logits at a time
+// (cpu::lm_head_cross_entropy's contract). Targets are host ids; negative ones are ignored.
+struct CrossEntropyArgs {
+  Tensor hidden;               // [rows, dim]
+  Tensor weight;               // [vocab, dim]
+  const int32_t* targets = nullptr;
+  int64_t vocab_chunk = 0;
+  float grad_scale = 1.0f;
+  Tensor d_hidden;             // [rows, dim] overwritten; undefined for the loss only
+  Tensor d_weight;             // [vocab, dim] F32, accumulated; undefined to skip
+};
+// The summed loss over rows with a target (double, fixed order); waits for the device.
+double lm_head_cross_entropy(const CrossEntropyArgs& args);
+
+// ---- elementwise ------------------------------------------------------------------------
+void add_into(const Tensor& dst, const Tensor& src);  // dst += src
+void scale_(const Tensor& x, float factor);
+double sum_of_squares(const Tensor& x);  // in double, deterministic; waits for the device
+// Rounds an F32 tensor's values to bf16 values in place (the CPU's bf16 emulation); a BF16
+// tensor already holds bf16 values and is left alone.
+void round_to_bf16_(const Tensor& x);
+
+}  // namespace loom::ops

@@ -1,0 +1,199 @@
+// kernels/ops.hpp on CUDA against the same ops on the CPU (the reference), through device
+// Tensors: the dispatch, the column blocks and the f32/bf16 choice the model relies on.
+// Tolerances: f32 on the GPU differs from the CPU only in summation order (1e-5 on O(1)
+// values); a bf16 output is the f32 result rounded once, at most 2^-9 relative (plus the same
+// order differences), so bf16 checks allow 2^-8 relative.
+#include <cstring>
+
+#include "gpu_test_support.hpp"
+#include "loom/core/device_memory.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/kernels/ops.hpp"
+
+namespace loom::cuda::test {
+namespace {
+
+Tensor host_tensor(const std::vector<float>& values, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::F32, MemCategory::Workspace);
+  std::memcpy(t.f32(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+Tensor on_cuda(const Tensor& t, DType dtype = DType::F32) {
+  Tensor d = Tensor::empty(t.shape(), dtype, MemCategory::Activations, Device::CUDA);
+  d.copy_from(t);
+  return d;
+}
+// The host tensor with every value rounded to bf16 (what a bf16 device copy holds).
+Tensor rounded(const Tensor& t) {
+  Tensor r = t.clone(MemCategory::Workspace);
+  ops::round_to_bf16_(r);
+  return r;
+}
+
+void expect_close(const Tensor& device, const Tensor& reference, double rel, double abs, const char* what) {
+  const auto got = device.to_f32_vector(), want = reference.to_f32_vector();
+  ASSERT_EQ(got.size(), want.size()) << what;
+  size_t worst = 0;
+  double worst_excess = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double excess = std::abs(double(got[i]) - want[i]) - (abs + rel * std::abs(double(want[i])));
+    if (excess > worst_excess) worst_excess = excess, worst = i;
+  }
+  EXPECT_LE(worst_excess, 0.0) << what << ": element " << worst << " is " << got[worst] << ", expected "
+                               << want[worst];
+}
+
+constexpr double kF32 = 1e-5, kBf16 = 1.0 / 256;
+
+using CudaOps = CudaTest;
+
+TEST_F(CudaOps, TensorsRoundTripBitwiseAndCountOnTheDevice) {
+  const Tensor host = host_tensor(random_vector(1000, 1), {10, 100});
+  const MemStats before = device_memory::stats(Device::CUDA);
+  {
+    const Tensor d = on_cuda(host);
+    EXPECT_EQ(d.device(), Device::CUDA);
+    EXPECT_EQ(device_memory::stats(Device::CUDA).live_bytes[size_t(MemCategory::Activations)] -
+                  before.live_bytes[size_t(MemCategory::Activations)],
+              4000);
+    EXPECT_EQ(d.to_f32_vector(), host.to_f32_vector());
+    EXPECT_EQ(on_cuda(host, DType::BF16).to_f32_vector(), rounded(host).to_f32_vector());
+    Tensor rows = d.narrow_rows(2, 4);
+    rows.zero_();
+    auto expected = host.to_f32_vector();
+    std::fill(expected.begin() + 200, expected.begin() + 400, 0.0f);
+    EXPECT_EQ(d.to_f32_vector(), expected);
+  }
+  EXPECT_EQ(device_memory::stats(Device::CUDA).live_bytes[size_t(MemCategory::Activations)],
+            before.live_bytes[size_t(MemCategory::Activations)]);
+}
+
+TEST_F(CudaOps, LinearForwardAndBackwardIntoColumnBlocks) {
+  const int64_t rows = 33, in = 48, out = 40, ld = 100, col = 30;
+  const Tensor x = host_tensor(random_vector(rows * in, 2), {rows, in});
+  const Tensor w = host_tensor(random_vector(out * in, 3, -0.2f, 0.2f), {out, in});
+  const Tensor b = host_tensor(random_vector(out, 4), {out});
+  const Tensor dy = host_tensor(random_vector(rows * ld, 5), {rows, ld});
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const bool bf = dtype == DType::BF16;
+    const Tensor xr = bf ? rounded(x) : x, wr = bf ? rounded(w) : w, br = bf ? rounded(b) : b, dyr = bf ? rounded(dy) : dy;
+    Tensor y = Tensor::zeros({rows, ld}, DType::F32, MemCategory::Workspace);
+    ops::linear_forward(y, col, xr, wr, &br);
+    Tensor yd = on_cuda(Tensor::zeros({rows, ld}, DType::F32, MemCategory::Workspace), dtype);
+    const Tensor bd = on_cuda(br, dtype);
+    ops::linear_forward(yd, col, on_cuda(xr, dtype), on_cuda(wr, dtype), &bd);
+    expect_close(yd, y, bf ? kBf16 : kF32, kF32, "linear_forward");
+
+    Tensor dx = Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace);
+    Tensor dw = Tensor::zeros({out, in}, DType::F32, MemCategory::Workspace);
+    Tensor db = Tensor::zeros({out}, DType::F32, MemCategory::Workspace);
+    ops::linear_backward(dx, false, dw, db, dyr, col, xr, wr);
+    Tensor dxd = on_cuda(Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace), dtype);
+    Tensor dwd = on_cuda(Tensor::zeros({out, in}, DType::F32, MemCategory::Workspace));
+    Tensor dbd = on_cuda(Tensor::zeros({out}, DType::F32, MemCategory::Workspace));
+    ops::linear_backward(dxd, false, dwd, dbd, on_cuda(dyr, dtype), col, on_cuda(xr, dtype), on_cuda(wr, dtype));
+    expect_close(dxd, dx, bf ? kBf16 : kF32, 1e-4, "linear_backward d_input");
+    expect_close(dwd, dw, kF32, 1e-4, "linear_backward d_weight (f32 accumulation)");
+    expect_close(dbd, db, kF32, 1e-4, "linear_backward d_bias");
+  }
+}
+
+TEST_F(CudaOps, NormsForwardAndBackward) {
+  const int64_t rows = 17, dim = 64;
+  const Tensor x = host_tensor(random_vector(rows * dim, 6), {rows, dim});
+  const Tensor w = host_tensor(random_vector(dim, 7, 0.5f, 1.5f), {dim});
+  const Tensor b = host_tensor(random_vector(dim, 8), {dim});
+  const Tensor dy = host_tensor(random_vector(rows * dim, 9), {rows, dim});
+  auto f32 = [](const Shape& s) { return Tensor::zeros(s, DType::F32, MemCategory::Workspace); };
+  Tensor y = f32({rows, dim}), mean = f32({rows}), rstd = f32({rows});
+  ops::layernorm_forward(y, mean, rstd, x, w, b, 1e-5f);
+  Tensor yd = on_cuda(f32({rows, dim})), meand = on_cuda(f32({rows})), rstdd = on_cuda(f32({rows}));
+  ops::layernorm_forward(yd, meand, rstdd, on_cuda(x), on_cuda(w), on_cuda(b), 1e-5f);
+  expect_close(yd, y, kF32, kF32, "layernorm_forward");
+  expect_close(rstdd, rstd, kF32, kF32, "layernorm rstd");
+  Tensor dx = f32({rows, dim}), dw = f32({dim}), db = f32({dim});
+  ops::layernorm_backward(dx, dw, db, dy, x, w, mean, rstd);
+  Tensor dxd = on_cuda(f32({rows, dim})), dwd = on_cuda(f32({dim})), dbd = on_cuda(f32({dim}));
+  ops::layernorm_backward(dxd, dwd, dbd, on_cuda(dy), on_cuda(x), on_cuda(w), meand, rstdd);
+  expect_close(dxd, dx, 1e-4, 1e-4, "layernorm_backward d_input");
+  expect_close(dwd, dw, 1e-4, 1e-4, "layernorm_backward d_weight");
+  Tensor r = f32({rows, dim}), rr = f32({rows});
+  ops::rmsnorm_forward(r, rr, x, w, 1e-6f);
+  Tensor rd = on_cuda(f32({rows, dim})), rrd = on_cuda(f32({rows}));
+  ops::rmsnorm_forward(rd, rrd, on_cuda(x), on_cuda(w), 1e-6f);
+  expect_close(rd, r, kF32, kF32, "rmsnorm_forward");
+}
+
+TEST_F(CudaOps, AttentionRopeAndSwiglu) {
+  const ops::AttentionShape shape{2, 24, 4, 2, 16};
+  const int64_t rows = shape.batch * shape.seq_len;
+  const Tensor qkv = host_tensor(random_vector(rows * shape.qkv_ld(), 10), {rows, shape.qkv_ld()});
+  const Tensor d_out = host_tensor(random_vector(rows * shape.out_ld(), 11), {rows, shape.out_ld()});
+  auto f32 = [](const Shape& s) { return Tensor::zeros(s, DType::F32, MemCategory::Workspace); };
+  // RoPE on q and k, then attention, as the model runs them.
+  const ops::Rope rope(shape.head_dim, shape.seq_len, 10000.0);
+  Tensor q = qkv.clone(MemCategory::Workspace);
+  rope.apply(q, shape.batch, shape.seq_len, shape.heads + shape.kv_heads, false);
+  Tensor qd = on_cuda(qkv);
+  rope.apply(qd, shape.batch, shape.seq_len, shape.heads + shape.kv_heads, false);
+  expect_close(qd, q, kF32, kF32, "rope");
+  Tensor out = f32({rows, shape.out_ld()}), lse = f32({shape.batch, shape.heads, shape.seq_len});
+  ops::attention_forward(out, lse, q, shape);
+  Tensor outd = on_cuda(f32({rows, shape.out_ld()})), lsed = on_cuda(f32({shape.batch, shape.heads, shape.seq_len}));
+  ops::attention_forward(outd, lsed, qd, shape);
+  expect_close(outd, out, 1e-5, 1e-5, "attention_forward");
+  expect_close(lsed, lse, 1e-5, 1e-5, "attention lse");
+  Tensor dq = f32({rows, shape.qkv_ld()});
+  ops::attention_backward(dq, d_out, q, out, lse, shape);
+  Tensor dqd = on_cuda(f32({rows, shape.qkv_ld()}));
+  ops::attention_backward(dqd, on_cuda(d_out), qd, outd, lsed, shape);
+  expect_close(dqd, dq, 1e-4, 1e-4, "attention_backward");
+  // bf16: the same inputs rounded, the output rounded once.
+  Tensor outb = on_cuda(f32({rows, shape.out_ld()}), DType::BF16);
+  Tensor out_r = f32({rows, shape.out_ld()});
+  ops::attention_forward(out_r, lse, rounded(q), shape);
+  ops::attention_forward(outb, lsed, on_cuda(rounded(q), DType::BF16), shape);
+  expect_close(outb, out_r, kBf16, 1e-5, "attention_forward bf16");
+
+  const Tensor fused = host_tensor(random_vector(rows * 64, 12), {rows, 64});
+  Tensor act = f32({rows, 32});
+  ops::swiglu_forward(act, fused);
+  Tensor actd = on_cuda(f32({rows, 32}));
+  ops::swiglu_forward(actd, on_cuda(fused));
+  expect_close(actd, act, kF32, kF32, "swiglu_forward");
+}
+
+TEST_F(CudaOps, EmbeddingHeadLossAndSumOfSquares) {
+  const int64_t batch = 2, seq = 8, dim = 32, vocab = 50, rows = batch * seq;
+  std::vector<int32_t> tokens(rows), targets(rows);
+  for (int64_t i = 0; i < rows; ++i) tokens[i] = int32_t((7 * i + 3) % vocab), targets[i] = int32_t((5 * i + 1) % vocab);
+  targets[3] = -1;  // ignored
+  const Tensor table = host_tensor(random_vector(vocab * dim, 13), {vocab, dim});
+  const Tensor pos = host_tensor(random_vector(seq * dim, 14), {seq, dim});
+  auto f32 = [](const Shape& s) { return Tensor::zeros(s, DType::F32, MemCategory::Workspace); };
+  Tensor emb = f32({rows, dim});
+  ops::embedding_forward(emb, tokens.data(), table, &pos, batch, seq);
+  Tensor embd = on_cuda(f32({rows, dim}));
+  const Tensor posd = on_cuda(pos);
+  ops::embedding_forward(embd, tokens.data(), on_cuda(table), &posd, batch, seq);
+  expect_close(embd, emb, 0, 0, "embedding_forward (a copy and one add)");
+
+  ops::CrossEntropyArgs cpu_args{emb, table, targets.data(), 16, 0.5f, f32({rows, dim}), f32({vocab, dim})};
+  const double loss = ops::lm_head_cross_entropy(cpu_args);
+  ops::CrossEntropyArgs gpu_args{embd, on_cuda(table), targets.data(), 16, 0.5f, on_cuda(f32({rows, dim})),
+                                 on_cuda(f32({vocab, dim}))};
+  const double loss_d = ops::lm_head_cross_entropy(gpu_args);
+  EXPECT_NEAR(loss_d, loss, 1e-5 * loss);
+  expect_close(gpu_args.d_hidden, cpu_args.d_hidden, 1e-4, 1e-6, "cross-entropy d_hidden");
+  expect_close(gpu_args.d_weight, cpu_args.d_weight, 1e-4, 1e-6, "cross-entropy d_weight");
+  EXPECT_NEAR(ops::sum_of_squares(embd), ops::sum_of_squares(emb), 1e-9 * ops::sum_of_squares(emb));
+}
+
+TEST_F(CudaOps, MixedDevicesAreRefused) {
+  const Tensor host = Tensor::zeros({2, 2}, DType::F32, MemCategory::Workspace);
+  const Tensor device = on_cuda(host);
+  EXPECT_THROW(ops::add_into(device, host), Error);
+}
+
+}  // namespace
+}  // namespace loom::cuda::test

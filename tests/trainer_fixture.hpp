@@ -33,6 +33,28 @@ inline double relative_weight_difference(const std::vector<float>& a, const std:
   return max_diff / max_ref;
 }
 
+// A token stream with something to learn: a first-order Markov chain in which token t is
+// followed by (5t + 3) mod V or by that plus V/2, chosen by a fair coin. A model that learns
+// the 2-way successor table reaches ln 2 = 0.69 nats per token from ln V at initialisation
+// (4.16 for V = 64); uniform random tokens (random_tokens) leave nothing to learn, so a loss
+// comparison on them passes whatever the arithmetic does.
+inline std::vector<int32_t> markov_tokens(int64_t n, int64_t vocab, uint64_t seed) {
+  CounterRng rng(seed, 7);
+  std::vector<int32_t> out(static_cast<size_t>(n));
+  int64_t token = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    out[static_cast<size_t>(i)] = static_cast<int32_t>(token);
+    const int64_t coin = static_cast<int64_t>(rng.bits(static_cast<uint64_t>(i)) >> 63);
+    token = (5 * token + 3 + coin * (vocab / 2)) % vocab;
+  }
+  return out;
+}
+
+// On those streams, kLearnableSteps steps at kLearnableLr take the tiny GPT-2 and Llama of
+// TinyRun::config from ln 64 = 4.16 to 1.2-1.4 nats per token, in f32 and in bf16.
+inline constexpr int64_t kLearnableSteps = 30;
+inline constexpr const char* kLearnableLr = "optim.lr=1e-2";
+
 struct TinyRun {
   std::string dir;
   explicit TinyRun(const std::string& name, int64_t vocab = 64) {
@@ -44,6 +66,13 @@ struct TinyRun {
     write_token_shard(dir + "/data/tiny_val_000000.bin", random_tokens(1000, vocab, 13));
   }
   ~TinyRun() { std::filesystem::remove_all(dir); }
+
+  // Replaces the random shards with markov_tokens streams of the same sizes (train and val).
+  void write_learnable_shards(int64_t vocab = 64) const {
+    write_token_shard(dir + "/data/tiny_train_000000.bin", markov_tokens(3000, vocab, 11));
+    write_token_shard(dir + "/data/tiny_train_000001.bin", markov_tokens(2000, vocab, 12));
+    write_token_shard(dir + "/data/tiny_val_000000.bin", markov_tokens(1000, vocab, 13));
+  }
 
   std::string config(const std::string& arch = "gpt2", int64_t steps = 20) const {
     return "[model]\narch = \"" + arch + "\"\nvocab_size = 64\nmax_seq_len = 16\nn_layer = 2\n"

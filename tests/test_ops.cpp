@@ -28,22 +28,25 @@ TEST(Ops, LinearWritesItsColumnBlockOnly) {
   const Tensor b = tensor_of({0.25f, -0.5f, 1}, {3});
   Tensor y = tensor_of(std::vector<float>(14, 9.0f), {2, 7});
   ops::linear_forward(y, 2, x, w, &b);
-  const std::vector<float> expected = {9, 9, 1.25f, 1.5f, 3, 9, 9,  // row 0: x0 + b0, x1 + b1, sum + b2
-                                       9, 9, 0.75f, 2.5f, 2.5f, 9, 9};
+  const std::vector<float> expected = {
+      9, 9, 1.25f, 1.5f, 3,    9, 9,  // row 0: x0 + b0, x1 + b1, sum + b2
+      9, 9, 0.75f, 2.5f, 2.5f, 9, 9};
   EXPECT_EQ(y.to_f32_vector(), expected);
 }
 
 TEST(Ops, LinearBackwardEqualsTheCpuKernel) {
   const int64_t rows = 5, in = 7, out = 4, ld = 10, col = 3;
-  const auto xv = random_vector(rows * in, 1), wv = random_vector(out * in, 2), dyv = random_vector(rows * ld, 3);
-  const Tensor x = tensor_of(xv, {rows, in}), w = tensor_of(wv, {out, in}), dy = tensor_of(dyv, {rows, ld});
+  const auto xv = random_vector(rows * in, 1), wv = random_vector(out * in, 2),
+             dyv = random_vector(rows * ld, 3);
+  const Tensor x = tensor_of(xv, {rows, in}), w = tensor_of(wv, {out, in}),
+               dy = tensor_of(dyv, {rows, ld});
   Tensor dx = Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace);
   Tensor dw = Tensor::zeros({out, in}, DType::F32, MemCategory::Workspace);
   Tensor db = Tensor::zeros({out}, DType::F32, MemCategory::Workspace);
   ops::linear_backward(dx, false, dw, db, dy, col, x, w);
   std::vector<float> rdx(rows * in), rdw(out * in, 0.0f), rdb(out, 0.0f);
-  cpu::linear_backward(rdx.data(), false, rdw.data(), rdb.data(), dyv.data() + col, ld, xv.data(), wv.data(), rows,
-                       in, out);
+  cpu::linear_backward(rdx.data(), false, rdw.data(), rdb.data(), dyv.data() + col, ld, xv.data(),
+                       wv.data(), rows, in, out);
   EXPECT_EQ(dx.to_f32_vector(), rdx);
   EXPECT_EQ(dw.to_f32_vector(), rdw);
   EXPECT_EQ(db.to_f32_vector(), rdb);
@@ -79,27 +82,35 @@ TEST(Ops, BadCallsNameTheOpAndTheShapes) {
   const Tensor x = Tensor::zeros({2, 3}, DType::F32, MemCategory::Workspace);
   const Tensor w = Tensor::zeros({4, 5}, DType::F32, MemCategory::Workspace);
   Tensor y = Tensor::zeros({2, 4}, DType::F32, MemCategory::Workspace);
-  EXPECT_NE(error_message([&] { ops::linear_forward(y, 0, x, w, nullptr); }).find("ops::linear_forward: input [2, 3] does not match weight [4, 5]"),
+  EXPECT_NE(error_message([&] {
+              ops::linear_forward(y, 0, x, w, nullptr);
+            }).find("ops::linear_forward: input [2, 3] does not match weight [4, 5]"),
             std::string::npos);
   const Tensor w2 = Tensor::zeros({4, 3}, DType::F32, MemCategory::Workspace);
-  EXPECT_NE(error_message([&] { ops::linear_forward(y, 1, x, w2, nullptr); }).find("columns [1, 5) of [2, 4]"),
+  EXPECT_NE(error_message([&] {
+              ops::linear_forward(y, 1, x, w2, nullptr);
+            }).find("columns [1, 5) of [2, 4]"),
             std::string::npos);
   const Tensor half = Tensor::zeros({2, 3}, DType::BF16, MemCategory::Workspace);
-  EXPECT_NE(error_message([&] { ops::gelu_forward(half, half); }).find("computes in f32"), std::string::npos);
-  EXPECT_NE(error_message([&] { ops::swiglu_forward(y, x); }).find("expected [rows, 2 dim]"), std::string::npos);
+  EXPECT_NE(error_message([&] { ops::gelu_forward(half, half); }).find("computes in f32"),
+            std::string::npos);
+  EXPECT_NE(error_message([&] { ops::swiglu_forward(y, x); }).find("expected [rows, 2 dim]"),
+            std::string::npos);
 }
 
 TEST(Ops, CudaTensorsWithoutCudaAreRefusedByName) {
   // Without CUDA in the build, or without a visible GPU, a CUDA tensor is refused with the cause.
   if (device_memory::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is visible";
-  const std::string expected = device_memory::built_with(Device::CUDA) ? "no CUDA device is visible"
-                                                                        : "device 'cuda' is not built into this loom";
-  const std::string message =
-      error_message([] { (void)Tensor::empty({4}, DType::F32, MemCategory::Activations, Device::CUDA); });
+  const std::string expected = device_memory::built_with(Device::CUDA)
+                                   ? "no CUDA device is visible"
+                                   : "device 'cuda' is not built into this loom";
+  const std::string message = error_message(
+      [] { (void)Tensor::empty({4}, DType::F32, MemCategory::Activations, Device::CUDA); });
   EXPECT_NE(message.find(expected), std::string::npos) << message;
   const Tensor host = Tensor::zeros({4}, DType::F32, MemCategory::Workspace);
-  EXPECT_NE(error_message([&] { (void)host.to(Device::CUDA, MemCategory::Workspace); }).find(expected),
-            std::string::npos);
+  EXPECT_NE(
+      error_message([&] { (void)host.to(Device::CUDA, MemCategory::Workspace); }).find(expected),
+      std::string::npos);
 }
 
 }  // namespace

@@ -30,17 +30,19 @@ Tensor rounded(const Tensor& t) {
   return r;
 }
 
-void expect_close(const Tensor& device, const Tensor& reference, double rel, double abs, const char* what) {
+void expect_close(const Tensor& device, const Tensor& reference, double rel, double abs,
+                  const char* what) {
   const auto got = device.to_f32_vector(), want = reference.to_f32_vector();
   ASSERT_EQ(got.size(), want.size()) << what;
   size_t worst = 0;
   double worst_excess = -1;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double excess = std::abs(double(got[i]) - want[i]) - (abs + rel * std::abs(double(want[i])));
+    const double excess =
+        std::abs(double(got[i]) - want[i]) - (abs + rel * std::abs(double(want[i])));
     if (excess > worst_excess) worst_excess = excess, worst = i;
   }
-  EXPECT_LE(worst_excess, 0.0) << what << ": element " << worst << " is " << got[worst] << ", expected "
-                               << want[worst];
+  EXPECT_LE(worst_excess, 0.0) << what << ": element " << worst << " is " << got[worst]
+                               << ", expected " << want[worst];
 }
 
 constexpr double kF32 = 1e-5, kBf16 = 1.0 / 256;
@@ -76,7 +78,8 @@ TEST_F(CudaOps, LinearForwardAndBackwardIntoColumnBlocks) {
   const Tensor dy = host_tensor(random_vector(rows * ld, 5), {rows, ld});
   for (DType dtype : {DType::F32, DType::BF16}) {
     const bool bf = dtype == DType::BF16;
-    const Tensor xr = bf ? rounded(x) : x, wr = bf ? rounded(w) : w, br = bf ? rounded(b) : b, dyr = bf ? rounded(dy) : dy;
+    const Tensor xr = bf ? rounded(x) : x, wr = bf ? rounded(w) : w, br = bf ? rounded(b) : b,
+                 dyr = bf ? rounded(dy) : dy;
     Tensor y = Tensor::zeros({rows, ld}, DType::F32, MemCategory::Workspace);
     ops::linear_forward(y, col, xr, wr, &br);
     Tensor yd = on_cuda(Tensor::zeros({rows, ld}, DType::F32, MemCategory::Workspace), dtype);
@@ -91,7 +94,8 @@ TEST_F(CudaOps, LinearForwardAndBackwardIntoColumnBlocks) {
     Tensor dxd = on_cuda(Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace), dtype);
     Tensor dwd = on_cuda(Tensor::zeros({out, in}, DType::F32, MemCategory::Workspace));
     Tensor dbd = on_cuda(Tensor::zeros({out}, DType::F32, MemCategory::Workspace));
-    ops::linear_backward(dxd, false, dwd, dbd, on_cuda(dyr, dtype), col, on_cuda(xr, dtype), on_cuda(wr, dtype));
+    ops::linear_backward(dxd, false, dwd, dbd, on_cuda(dyr, dtype), col, on_cuda(xr, dtype),
+                         on_cuda(wr, dtype));
     expect_close(dxd, dx, bf ? kBf16 : kF32, 1e-4, "linear_backward d_input");
     expect_close(dwd, dw, kF32, 1e-4, "linear_backward d_weight (f32 accumulation)");
     expect_close(dbd, db, kF32, 1e-4, "linear_backward d_bias");
@@ -128,7 +132,8 @@ TEST_F(CudaOps, AttentionRopeAndSwiglu) {
   const ops::AttentionShape shape{2, 24, 4, 2, 16};
   const int64_t rows = shape.batch * shape.seq_len;
   const Tensor qkv = host_tensor(random_vector(rows * shape.qkv_ld(), 10), {rows, shape.qkv_ld()});
-  const Tensor d_out = host_tensor(random_vector(rows * shape.out_ld(), 11), {rows, shape.out_ld()});
+  const Tensor d_out =
+      host_tensor(random_vector(rows * shape.out_ld(), 11), {rows, shape.out_ld()});
   auto f32 = [](const Shape& s) { return Tensor::zeros(s, DType::F32, MemCategory::Workspace); };
   // RoPE on q and k, then attention, as the model runs them.
   const ops::Rope rope(shape.head_dim, shape.seq_len, 10000.0);
@@ -139,7 +144,8 @@ TEST_F(CudaOps, AttentionRopeAndSwiglu) {
   expect_close(qd, q, kF32, kF32, "rope");
   Tensor out = f32({rows, shape.out_ld()}), lse = f32({shape.batch, shape.heads, shape.seq_len});
   ops::attention_forward(out, lse, q, shape);
-  Tensor outd = on_cuda(f32({rows, shape.out_ld()})), lsed = on_cuda(f32({shape.batch, shape.heads, shape.seq_len}));
+  Tensor outd = on_cuda(f32({rows, shape.out_ld()})),
+         lsed = on_cuda(f32({shape.batch, shape.heads, shape.seq_len}));
   ops::attention_forward(outd, lsed, qd, shape);
   expect_close(outd, out, 1e-5, 1e-5, "attention_forward");
   expect_close(lsed, lse, 1e-5, 1e-5, "attention lse");
@@ -166,7 +172,8 @@ TEST_F(CudaOps, AttentionRopeAndSwiglu) {
 TEST_F(CudaOps, EmbeddingHeadLossAndSumOfSquares) {
   const int64_t batch = 2, seq = 8, dim = 32, vocab = 50, rows = batch * seq;
   std::vector<int32_t> tokens(rows), targets(rows);
-  for (int64_t i = 0; i < rows; ++i) tokens[i] = int32_t((7 * i + 3) % vocab), targets[i] = int32_t((5 * i + 1) % vocab);
+  for (int64_t i = 0; i < rows; ++i)
+    tokens[i] = int32_t((7 * i + 3) % vocab), targets[i] = int32_t((5 * i + 1) % vocab);
   targets[3] = -1;  // ignored
   const Tensor table = host_tensor(random_vector(vocab * dim, 13), {vocab, dim});
   const Tensor pos = host_tensor(random_vector(seq * dim, 14), {seq, dim});
@@ -178,9 +185,15 @@ TEST_F(CudaOps, EmbeddingHeadLossAndSumOfSquares) {
   ops::embedding_forward(embd, tokens.data(), on_cuda(table), &posd, batch, seq);
   expect_close(embd, emb, 0, 0, "embedding_forward (a copy and one add)");
 
-  ops::CrossEntropyArgs cpu_args{emb, table, targets.data(), 16, 0.5f, f32({rows, dim}), f32({vocab, dim})};
+  ops::CrossEntropyArgs cpu_args{
+      emb, table, targets.data(), 16, 0.5f, f32({rows, dim}), f32({vocab, dim})};
   const double loss = ops::lm_head_cross_entropy(cpu_args);
-  ops::CrossEntropyArgs gpu_args{embd, on_cuda(table), targets.data(), 16, 0.5f, on_cuda(f32({rows, dim})),
+  ops::CrossEntropyArgs gpu_args{embd,
+                                 on_cuda(table),
+                                 targets.data(),
+                                 16,
+                                 0.5f,
+                                 on_cuda(f32({rows, dim})),
                                  on_cuda(f32({vocab, dim}))};
   const double loss_d = ops::lm_head_cross_entropy(gpu_args);
   EXPECT_NEAR(loss_d, loss, 1e-5 * loss);

@@ -12,9 +12,10 @@ namespace loom::device_memory {
 #ifndef LOOM_HAVE_CUDA
 namespace {
 [[noreturn]] void not_built(Device device) {
-  throw_error("device '", device_name(device),
-              "' is not built into this loom (it was configured without CUDA: install the CUDA toolkit "
-              "and rebuild, or set train.device = \"cpu\")");
+  throw_error(
+      "device '", device_name(device),
+      "' is not built into this loom (it was configured without CUDA: install the CUDA toolkit "
+      "and rebuild, or set train.device = \"cpu\")");
 }
 }  // namespace
 #endif

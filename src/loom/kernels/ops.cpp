@@ -22,9 +22,11 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> tensors) {
   const Tensor* first = nullptr;
   for (const Tensor* t : tensors) {
     if (t == nullptr || !t->defined()) continue;
-    if (first == nullptr) first = t;
+    if (first == nullptr)
+      first = t;
     else if (t->device() != first->device())
-      throw_error("ops::", op, ": tensors on ", device_name(first->device()), " and ", device_name(t->device()),
+      throw_error("ops::", op, ": tensors on ", device_name(first->device()), " and ",
+                  device_name(t->device()),
                   " in one call (every tensor of an op must be on one device)");
   }
   if (first == nullptr) throw_error("ops::", op, ": no tensor given");
@@ -35,12 +37,14 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> tensors) {
 void require_cpu_f32(const char* op, std::initializer_list<const Tensor*> tensors) {
   for (const Tensor* t : tensors)
     if (t != nullptr && t->defined() && t->dtype() != DType::F32)
-      throw_error("ops::", op, ": a ", dtype_name(t->dtype()), " tensor ", shape_to_string(t->shape()),
+      throw_error("ops::", op, ": a ", dtype_name(t->dtype()), " tensor ",
+                  shape_to_string(t->shape()),
                   " on the CPU, which computes in f32 (bf16 is emulated in f32 storage there)");
 }
 
 void require_2d(const char* op, const char* what, const Tensor& t) {
-  if (t.dim() != 2) throw_error("ops::", op, ": ", what, " must be 2-D, got ", shape_to_string(t.shape()));
+  if (t.dim() != 2)
+    throw_error("ops::", op, ": ", what, " must be 2-D, got ", shape_to_string(t.shape()));
 }
 
 float* f32_or_null(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
@@ -50,7 +54,8 @@ float* f32_or_null(const Tensor* t) { return t != nullptr && t->defined() ? t->f
 struct LinearDims {
   int64_t rows, in, out;
 };
-LinearDims check_linear(const char* op, const Tensor& y, int64_t y_col, const Tensor& input, const Tensor& weight) {
+LinearDims check_linear(const char* op, const Tensor& y, int64_t y_col, const Tensor& input,
+                        const Tensor& weight) {
   require_2d(op, "the output", y);
   require_2d(op, "the input", input);
   require_2d(op, "the weight", weight);
@@ -59,8 +64,8 @@ LinearDims check_linear(const char* op, const Tensor& y, int64_t y_col, const Te
     throw_error("ops::", op, ": input ", shape_to_string(input.shape()), " does not match weight ",
                 shape_to_string(weight.shape()), " ([out, in])");
   if (y.size(0) != rows || y_col < 0 || y_col + out > y.size(1))
-    throw_error("ops::", op, ": columns [", y_col, ", ", y_col + out, ") of ", shape_to_string(y.shape()),
-                " cannot hold ", rows, " rows of ", out, " outputs");
+    throw_error("ops::", op, ": columns [", y_col, ", ", y_col + out, ") of ",
+                shape_to_string(y.shape()), " cannot hold ", rows, " rows of ", out, " outputs");
   return {rows, in, out};
 }
 
@@ -81,29 +86,34 @@ void linear_forward(const Tensor& out, int64_t out_col, const Tensor& input, con
     throw_error("ops::linear_forward: bias of ", bias->numel(), " for ", d.out, " outputs");
   LOOM_OPS_ON_CUDA(device, linear_forward(out, out_col, input, weight, bias))
   require_cpu_f32("linear_forward", {&out, &input, &weight, bias});
-  cpu::linear_forward(out.f32() + out_col, out.size(1), input.f32(), weight.f32(), f32_or_null(bias), d.rows, d.in,
-                      d.out);
+  cpu::linear_forward(out.f32() + out_col, out.size(1), input.f32(), weight.f32(),
+                      f32_or_null(bias), d.rows, d.in, d.out);
 }
 
-void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight, const Tensor& d_bias,
-                     const Tensor& d_out, int64_t d_out_col, const Tensor& input, const Tensor& weight) {
-  const Device device = device_of("linear_backward", {&d_input, &d_weight, &d_bias, &d_out, &input, &weight});
+void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                     const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
+                     const Tensor& input, const Tensor& weight) {
+  const Device device =
+      device_of("linear_backward", {&d_input, &d_weight, &d_bias, &d_out, &input, &weight});
   const LinearDims d = check_linear("linear_backward", d_out, d_out_col, input, weight);
   if (d_weight.numel() != weight.numel() || d_weight.dtype() != DType::F32)
-    throw_error("ops::linear_backward: d_weight must be F32 shaped like the weight ", shape_to_string(weight.shape()));
+    throw_error("ops::linear_backward: d_weight must be F32 shaped like the weight ",
+                shape_to_string(weight.shape()));
   if (d_input.defined() && d_input.numel() != input.numel())
     throw_error("ops::linear_backward: d_input ", shape_to_string(d_input.shape()), " for input ",
                 shape_to_string(input.shape()));
-  LOOM_OPS_ON_CUDA(device, linear_backward(d_input, accumulate_input, d_weight, d_bias, d_out, d_out_col, input,
-                                           weight))
+  LOOM_OPS_ON_CUDA(device, linear_backward(d_input, accumulate_input, d_weight, d_bias, d_out,
+                                           d_out_col, input, weight))
   require_cpu_f32("linear_backward", {&d_input, &d_bias, &d_out, &input, &weight});
   cpu::linear_backward(f32_or_null(d_input), accumulate_input, d_weight.f32(), f32_or_null(d_bias),
-                       d_out.f32() + d_out_col, d_out.size(1), input.f32(), weight.f32(), d.rows, d.in, d.out);
+                       d_out.f32() + d_out_col, d_out.size(1), input.f32(), weight.f32(), d.rows,
+                       d.in, d.out);
 }
 
-void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& input,
-                       const Tensor& weight, const Tensor& bias, float eps) {
-  const Device device = device_of("layernorm_forward", {&out, &mean, &rstd, &input, &weight, &bias});
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& input, const Tensor& weight, const Tensor& bias, float eps) {
+  const Device device =
+      device_of("layernorm_forward", {&out, &mean, &rstd, &input, &weight, &bias});
   LOOM_OPS_ON_CUDA(device, layernorm_forward(out, mean, rstd, input, weight, bias, eps))
   require_cpu_f32("layernorm_forward", {&out, &input, &weight, &bias});
   const int64_t dim = weight.numel();
@@ -111,38 +121,44 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
                          input.numel() / dim, dim, eps);
 }
 
-void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias, const Tensor& d_out,
-                        const Tensor& input, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
-  const Device device =
-      device_of("layernorm_backward", {&d_input, &d_weight, &d_bias, &d_out, &input, &weight, &mean, &rstd});
-  LOOM_OPS_ON_CUDA(device, layernorm_backward(d_input, d_weight, d_bias, d_out, input, weight, mean, rstd))
+void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias,
+                        const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                        const Tensor& mean, const Tensor& rstd) {
+  const Device device = device_of(
+      "layernorm_backward", {&d_input, &d_weight, &d_bias, &d_out, &input, &weight, &mean, &rstd});
+  LOOM_OPS_ON_CUDA(device,
+                   layernorm_backward(d_input, d_weight, d_bias, d_out, input, weight, mean, rstd))
   require_cpu_f32("layernorm_backward", {&d_input, &d_out, &input, &weight});
   const int64_t dim = weight.numel();
-  cpu::layernorm_backward(d_input.f32(), d_weight.f32(), d_bias.f32(), d_out.f32(), input.f32(), weight.f32(),
-                          mean.f32(), rstd.f32(), input.numel() / dim, dim);
+  cpu::layernorm_backward(d_input.f32(), d_weight.f32(), d_bias.f32(), d_out.f32(), input.f32(),
+                          weight.f32(), mean.f32(), rstd.f32(), input.numel() / dim, dim);
 }
 
-void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input, const Tensor& weight, float eps) {
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
+                     const Tensor& weight, float eps) {
   const Device device = device_of("rmsnorm_forward", {&out, &rstd, &input, &weight});
   LOOM_OPS_ON_CUDA(device, rmsnorm_forward(out, rstd, input, weight, eps))
   require_cpu_f32("rmsnorm_forward", {&out, &input, &weight});
   const int64_t dim = weight.numel();
-  cpu::rmsnorm_forward(out.f32(), rstd.f32(), input.f32(), weight.f32(), input.numel() / dim, dim, eps);
+  cpu::rmsnorm_forward(out.f32(), rstd.f32(), input.f32(), weight.f32(), input.numel() / dim, dim,
+                       eps);
 }
 
-void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out, const Tensor& input,
-                      const Tensor& weight, const Tensor& rstd) {
-  const Device device = device_of("rmsnorm_backward", {&d_input, &d_weight, &d_out, &input, &weight, &rstd});
+void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out,
+                      const Tensor& input, const Tensor& weight, const Tensor& rstd) {
+  const Device device =
+      device_of("rmsnorm_backward", {&d_input, &d_weight, &d_out, &input, &weight, &rstd});
   LOOM_OPS_ON_CUDA(device, rmsnorm_backward(d_input, d_weight, d_out, input, weight, rstd))
   require_cpu_f32("rmsnorm_backward", {&d_input, &d_out, &input, &weight});
   const int64_t dim = weight.numel();
-  cpu::rmsnorm_backward(d_input.f32(), d_weight.f32(), d_out.f32(), input.f32(), weight.f32(), rstd.f32(),
-                        input.numel() / dim, dim);
+  cpu::rmsnorm_backward(d_input.f32(), d_weight.f32(), d_out.f32(), input.f32(), weight.f32(),
+                        rstd.f32(), input.numel() / dim, dim);
 }
 
 void gelu_forward(const Tensor& out, const Tensor& input) {
   const Device device = device_of("gelu_forward", {&out, &input});
-  LOOM_CHECK(out.numel() == input.numel(), "ops::gelu_forward: ", out.numel(), " outputs for ", input.numel());
+  LOOM_CHECK(out.numel() == input.numel(), "ops::gelu_forward: ", out.numel(), " outputs for ",
+             input.numel());
   LOOM_OPS_ON_CUDA(device, gelu_forward(out, input))
   require_cpu_f32("gelu_forward", {&out, &input});
   cpu::gelu_forward(out.f32(), input.f32(), input.numel());
@@ -177,29 +193,32 @@ void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& f
   LOOM_OPS_ON_CUDA(device, swiglu_backward(d_fused, d_out, fused))
   require_cpu_f32("swiglu_backward", {&d_fused, &d_out, &fused});
   const int64_t dim = d_out.size(1);
-  cpu::swiglu_backward(d_fused.f32(), d_fused.f32() + dim, d_out.f32(), fused.f32(), fused.f32() + dim,
-                       d_out.size(0), dim, 2 * dim);
+  cpu::swiglu_backward(d_fused.f32(), d_fused.f32() + dim, d_out.f32(), fused.f32(),
+                       fused.f32() + dim, d_out.size(0), dim, 2 * dim);
 }
 
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape) {
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                       const AttentionShape& shape) {
   const Device device = device_of("attention_forward", {&out, &lse, &qkv});
   const int64_t rows = shape.batch * shape.seq_len;
   if (qkv.numel() != rows * shape.qkv_ld() || out.numel() != rows * shape.out_ld() ||
       lse.numel() != rows * shape.heads || lse.dtype() != DType::F32)
-    throw_error("ops::attention_forward: qkv ", shape_to_string(qkv.shape()), ", out ", shape_to_string(out.shape()),
-                ", lse ", shape_to_string(lse.shape()), " do not fit batch ", shape.batch, " x ", shape.seq_len, ", ",
-                shape.heads, " heads, ", shape.kv_heads, " kv heads of ", shape.head_dim);
+    throw_error("ops::attention_forward: qkv ", shape_to_string(qkv.shape()), ", out ",
+                shape_to_string(out.shape()), ", lse ", shape_to_string(lse.shape()),
+                " do not fit batch ", shape.batch, " x ", shape.seq_len, ", ", shape.heads,
+                " heads, ", shape.kv_heads, " kv heads of ", shape.head_dim);
   LOOM_OPS_ON_CUDA(device, attention_forward(out, lse, qkv, shape))
   require_cpu_f32("attention_forward", {&out, &qkv});
   cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), shape);
 }
 
-void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, const AttentionShape& shape) {
+void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
+                        const Tensor& out, const Tensor& lse, const AttentionShape& shape) {
   const Device device = device_of("attention_backward", {&d_qkv, &d_out, &qkv, &out, &lse});
-  LOOM_CHECK(d_qkv.numel() == qkv.numel() && d_out.numel() == out.numel(), "ops::attention_backward: d_qkv ",
-             shape_to_string(d_qkv.shape()), " / d_out ", shape_to_string(d_out.shape()), " for qkv ",
-             shape_to_string(qkv.shape()), " / out ", shape_to_string(out.shape()));
+  LOOM_CHECK(d_qkv.numel() == qkv.numel() && d_out.numel() == out.numel(),
+             "ops::attention_backward: d_qkv ", shape_to_string(d_qkv.shape()), " / d_out ",
+             shape_to_string(d_out.shape()), " for qkv ", shape_to_string(qkv.shape()), " / out ",
+             shape_to_string(out.shape()));
   LOOM_OPS_ON_CUDA(device, attention_backward(d_qkv, d_out, qkv, out, lse, shape))
   require_cpu_f32("attention_backward", {&d_qkv, &d_out, &qkv, &out});
   cpu::attention_backward(d_qkv.f32(), d_out.f32(), qkv.f32(), out.f32(), lse.f32(), shape);
@@ -219,16 +238,19 @@ Rope::Rope(int64_t head_dim, int64_t max_positions, double theta)
     : table_(cpu::make_rope_table(head_dim, max_positions, theta)) {}
 Rope::~Rope() = default;
 
-void Rope::apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads, bool inverse) const {
+void Rope::apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
+                 bool inverse) const {
   require_2d("rope_apply", "x", x);
   if (x.size(0) != batch * seq_len || heads * table_.head_dim > x.size(1))
-    throw_error("ops::rope_apply: ", heads, " heads of ", table_.head_dim, " in rows of ", shape_to_string(x.shape()),
-                " for batch ", batch, " x ", seq_len);
+    throw_error("ops::rope_apply: ", heads, " heads of ", table_.head_dim, " in rows of ",
+                shape_to_string(x.shape()), " for batch ", batch, " x ", seq_len);
   if (seq_len > table_.max_positions)
-    throw_error("ops::rope_apply: sequence ", seq_len, " is longer than the table's ", table_.max_positions);
+    throw_error("ops::rope_apply: sequence ", seq_len, " is longer than the table's ",
+                table_.max_positions);
 #ifdef LOOM_HAVE_CUDA
   if (x.device() == Device::CUDA) {
-    if (!device_) device_ = std::make_unique<DeviceTable>(DeviceTable{cuda_impl::upload_rope_table(table_)});
+    if (!device_)
+      device_ = std::make_unique<DeviceTable>(DeviceTable{cuda_impl::upload_rope_table(table_)});
     cuda_impl::rope_apply(x, batch, seq_len, heads, device_->table.get(), inverse);
     return;
   }
@@ -243,31 +265,37 @@ void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& t
                        const Tensor* position_table, int64_t batch, int64_t seq_len) {
   const Device device = device_of("embedding_forward", {&out, &token_table, position_table});
   const int64_t dim = token_table.size(1);
-  LOOM_CHECK(out.numel() == batch * seq_len * dim, "ops::embedding_forward: out ", shape_to_string(out.shape()),
-             " for ", batch, " x ", seq_len, " tokens of ", dim);
-  LOOM_OPS_ON_CUDA(device, embedding_forward(out, tokens, token_table, position_table, batch, seq_len))
+  LOOM_CHECK(out.numel() == batch * seq_len * dim, "ops::embedding_forward: out ",
+             shape_to_string(out.shape()), " for ", batch, " x ", seq_len, " tokens of ", dim);
+  LOOM_OPS_ON_CUDA(device,
+                   embedding_forward(out, tokens, token_table, position_table, batch, seq_len))
   require_cpu_f32("embedding_forward", {&out, &token_table, position_table});
-  cpu::embedding_forward(out.f32(), tokens, token_table.f32(), f32_or_null(position_table), batch, seq_len, dim);
+  cpu::embedding_forward(out.f32(), tokens, token_table.f32(), f32_or_null(position_table), batch,
+                         seq_len, dim);
 }
 
-void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table, const Tensor& d_out,
-                        const int32_t* tokens, int64_t batch, int64_t seq_len) {
+void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
+                        const Tensor& d_out, const int32_t* tokens, int64_t batch,
+                        int64_t seq_len) {
   const Device device = device_of("embedding_backward", {&d_token_table, d_position_table, &d_out});
-  LOOM_OPS_ON_CUDA(device, embedding_backward(d_token_table, d_position_table, d_out, tokens, batch, seq_len))
+  LOOM_OPS_ON_CUDA(
+      device, embedding_backward(d_token_table, d_position_table, d_out, tokens, batch, seq_len))
   require_cpu_f32("embedding_backward", {&d_token_table, d_position_table, &d_out});
-  cpu::embedding_backward(f32_or_null(d_token_table), f32_or_null(d_position_table), d_out.f32(), tokens, batch,
-                          seq_len, d_out.numel() / (batch * seq_len));
+  cpu::embedding_backward(f32_or_null(d_token_table), f32_or_null(d_position_table), d_out.f32(),
+                          tokens, batch, seq_len, d_out.numel() / (batch * seq_len));
 }
 
 double lm_head_cross_entropy(const CrossEntropyArgs& args) {
-  const Device device = device_of("lm_head_cross_entropy", {&args.hidden, &args.weight, &args.d_hidden, &args.d_weight});
+  const Device device = device_of("lm_head_cross_entropy",
+                                  {&args.hidden, &args.weight, &args.d_hidden, &args.d_weight});
   require_2d("lm_head_cross_entropy", "hidden", args.hidden);
   require_2d("lm_head_cross_entropy", "weight", args.weight);
   if (args.hidden.size(1) != args.weight.size(1))
-    throw_error("ops::lm_head_cross_entropy: hidden ", shape_to_string(args.hidden.shape()), " and head ",
-                shape_to_string(args.weight.shape()), " differ in width");
+    throw_error("ops::lm_head_cross_entropy: hidden ", shape_to_string(args.hidden.shape()),
+                " and head ", shape_to_string(args.weight.shape()), " differ in width");
   LOOM_OPS_ON_CUDA(device, lm_head_cross_entropy(args))
-  require_cpu_f32("lm_head_cross_entropy", {&args.hidden, &args.weight, &args.d_hidden, &args.d_weight});
+  require_cpu_f32("lm_head_cross_entropy",
+                  {&args.hidden, &args.weight, &args.d_hidden, &args.d_weight});
   cpu::CrossEntropyArgs a{};
   a.hidden = args.hidden.f32();
   a.weight = args.weight.f32();

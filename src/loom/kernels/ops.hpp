@@ -28,33 +28,40 @@ void linear_forward(const Tensor& out, int64_t out_col, const Tensor& input, con
                     const Tensor* bias);
 // From d_out[:, d_out_col : d_out_col + W.rows]: d_input (undefined to skip) written or, with
 // accumulate_input, added; d_weight += d_out^T input; d_bias (undefined to skip) += column sums.
-void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight, const Tensor& d_bias,
-                     const Tensor& d_out, int64_t d_out_col, const Tensor& input, const Tensor& weight);
+void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                     const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
+                     const Tensor& input, const Tensor& weight);
 
 // ---- norms over the last dimension ------------------------------------------------------
 // mean / rstd: [rows] F32. bias undefined for RMSNorm.
-void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& input,
-                       const Tensor& weight, const Tensor& bias, float eps);
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& input, const Tensor& weight, const Tensor& bias, float eps);
 // d_input accumulated; d_weight, d_bias accumulated (F32).
-void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias, const Tensor& d_out,
-                        const Tensor& input, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
-void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input, const Tensor& weight, float eps);
-void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out, const Tensor& input,
-                      const Tensor& weight, const Tensor& rstd);
+void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias,
+                        const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                        const Tensor& mean, const Tensor& rstd);
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
+                     const Tensor& weight, float eps);
+void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out,
+                      const Tensor& input, const Tensor& weight, const Tensor& rstd);
 
 // ---- activations ----------------------------------------------------------------------
 void gelu_forward(const Tensor& out, const Tensor& input);
-void gelu_backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input);  // d_input written
+void gelu_backward(const Tensor& d_input, const Tensor& d_out,
+                   const Tensor& input);  // d_input written
 // fused: [rows, 2 dim] = gate | up; out [rows, dim].
 void swiglu_forward(const Tensor& out, const Tensor& fused);
-void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& fused);  // d_fused written
+void swiglu_backward(const Tensor& d_fused, const Tensor& d_out,
+                     const Tensor& fused);  // d_fused written
 
 // ---- attention --------------------------------------------------------------------------
 // Causal GQA flash attention over the fused qkv [B*T, (H + 2 KV) D]; out [B*T, H D]; lse
 // [B, H, T] F32.
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape);
-void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, const AttentionShape& shape);  // d_qkv written
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                       const AttentionShape& shape);
+void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
+                        const Tensor& out, const Tensor& lse,
+                        const AttentionShape& shape);  // d_qkv written
 
 // Rotary embedding ("rotate half", Hugging Face's table rounding): the table on the host,
 // and a device copy made on the first CUDA use.
@@ -81,20 +88,20 @@ class Rope {
 // Table gradients are F32 and accumulated.
 void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
                        const Tensor* position_table, int64_t batch, int64_t seq_len);
-void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table, const Tensor& d_out,
-                        const int32_t* tokens, int64_t batch, int64_t seq_len);
+void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
+                        const Tensor& d_out, const int32_t* tokens, int64_t batch, int64_t seq_len);
 
 // ---- output head + cross-entropy --------------------------------------------------------
 // Fused projection, softmax and cross-entropy, one vocabulary chunk of logits at a time
 // (cpu::lm_head_cross_entropy's contract). Targets are host ids; negative ones are ignored.
 struct CrossEntropyArgs {
-  Tensor hidden;               // [rows, dim]
-  Tensor weight;               // [vocab, dim]
+  Tensor hidden;  // [rows, dim]
+  Tensor weight;  // [vocab, dim]
   const int32_t* targets = nullptr;
   int64_t vocab_chunk = 0;
   float grad_scale = 1.0f;
-  Tensor d_hidden;             // [rows, dim] overwritten; undefined for the loss only
-  Tensor d_weight;             // [vocab, dim] F32, accumulated; undefined to skip
+  Tensor d_hidden;  // [rows, dim] overwritten; undefined for the loss only
+  Tensor d_weight;  // [vocab, dim] F32, accumulated; undefined to skip
 };
 // The summed loss over rows with a target (double, fixed order); waits for the device.
 double lm_head_cross_entropy(const CrossEntropyArgs& args);

@@ -30,7 +30,8 @@ class Optimizer {
   // Under tensor and pipeline parallelism the parameters are this rank's shards of one stage:
   // the clipping norm sums sharded gradients' squares over `tp` (replicated ones count once)
   // and every stage's over `pp`. Either may be null (one rank on that axis).
-  virtual void set_model_parallel_groups(std::shared_ptr<ProcessGroup> tp, std::shared_ptr<ProcessGroup> pp) = 0;
+  virtual void set_model_parallel_groups(std::shared_ptr<ProcessGroup> tp,
+                                         std::shared_ptr<ProcessGroup> pp) = 0;
   // Before a step's first micro-batch: gradients to zero (or, where they are sharded and
   // allocated on demand, released).
   virtual void zero_grad() = 0;

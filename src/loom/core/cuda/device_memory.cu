@@ -26,7 +26,8 @@ int visible_device_count() { return visible().count; }
 void* device_allocate(size_t bytes, MemCategory category) {
   if (visible().count == 0)
     throw_error("device 'cuda': no CUDA device is visible to this process (",
-                visible().error == cudaSuccess ? "the runtime found none" : cudaGetErrorString(visible().error),
+                visible().error == cudaSuccess ? "the runtime found none"
+                                               : cudaGetErrorString(visible().error),
                 "); run on a machine with a GPU, or set train.device = \"cpu\"");
   return DeviceAllocator::current().allocate(bytes, category);
 }

@@ -28,10 +28,11 @@ bool is_bf16(const char* op, std::initializer_list<const Tensor*> activations) {
   const Tensor* first = nullptr;
   for (const Tensor* t : activations) {
     if (t == nullptr || !t->defined()) continue;
-    if (first == nullptr) first = t;
+    if (first == nullptr)
+      first = t;
     else if (t->dtype() != first->dtype())
-      throw_error("ops::", op, " (cuda): activations and weights mix ", dtype_name(first->dtype()), " and ",
-                  dtype_name(t->dtype()));
+      throw_error("ops::", op, " (cuda): activations and weights mix ", dtype_name(first->dtype()),
+                  " and ", dtype_name(t->dtype()));
   }
   return first != nullptr && first->dtype() == DType::BF16;
 }
@@ -43,7 +44,8 @@ class DeviceIds {
   DeviceIds(const int32_t* ids, int64_t n)
       : ids_(Tensor::empty({n}, DType::F32, MemCategory::Workspace, Device::CUDA)) {
     static_assert(sizeof(int32_t) == sizeof(float));
-    LOOM_CUDA_CHECK(cudaMemcpy(ids_.raw(), ids, static_cast<size_t>(n) * sizeof(int32_t), cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaMemcpy(ids_.raw(), ids, static_cast<size_t>(n) * sizeof(int32_t),
+                               cudaMemcpyHostToDevice));
   }
   ~DeviceIds() { (void)cudaStreamSynchronize(0); }
   DeviceIds(const DeviceIds&) = delete;
@@ -60,43 +62,51 @@ void linear_forward(const Tensor& out, int64_t out_col, const Tensor& input, con
                     const Tensor* bias) {
   const int64_t rows = input.size(0), in = weight.size(1), n_out = weight.size(0), ld = out.size(1);
   if (is_bf16("linear_forward", {&out, &input, &weight, bias}))
-    cuda::linear_forward(b16(out) + out_col, ld, b16(input), b16(weight), b16(bias), rows, in, n_out);
+    cuda::linear_forward(b16(out) + out_col, ld, b16(input), b16(weight), b16(bias), rows, in,
+                         n_out);
   else
-    cuda::linear_forward(f32(out) + out_col, ld, f32(input), f32(weight), f32(bias), rows, in, n_out);
+    cuda::linear_forward(f32(out) + out_col, ld, f32(input), f32(weight), f32(bias), rows, in,
+                         n_out);
 }
 
-void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight, const Tensor& d_bias,
-                     const Tensor& d_out, int64_t d_out_col, const Tensor& input, const Tensor& weight) {
-  const int64_t rows = input.size(0), in = weight.size(1), n_out = weight.size(0), ld = d_out.size(1);
+void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                     const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
+                     const Tensor& input, const Tensor& weight) {
+  const int64_t rows = input.size(0), in = weight.size(1), n_out = weight.size(0),
+                ld = d_out.size(1);
   if (is_bf16("linear_backward", {&d_input, &d_out, &input, &weight}))
-    cuda::linear_backward(b16(d_input), accumulate_input, f32(d_weight), f32(d_bias), b16(d_out) + d_out_col, ld,
-                          b16(input), b16(weight), rows, in, n_out);
+    cuda::linear_backward(b16(d_input), accumulate_input, f32(d_weight), f32(d_bias),
+                          b16(d_out) + d_out_col, ld, b16(input), b16(weight), rows, in, n_out);
   else
-    cuda::linear_backward(f32(d_input), accumulate_input, f32(d_weight), f32(d_bias), f32(d_out) + d_out_col, ld,
-                          f32(input), f32(weight), rows, in, n_out);
+    cuda::linear_backward(f32(d_input), accumulate_input, f32(d_weight), f32(d_bias),
+                          f32(d_out) + d_out_col, ld, f32(input), f32(weight), rows, in, n_out);
 }
 
-void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& input,
-                       const Tensor& weight, const Tensor& bias, float eps) {
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& input, const Tensor& weight, const Tensor& bias, float eps) {
   const int64_t dim = weight.numel(), rows = input.numel() / dim;
   if (is_bf16("layernorm_forward", {&out, &input, &weight, &bias}))
-    cuda::layernorm_forward(b16(out), f32(mean), f32(rstd), b16(input), b16(weight), b16(bias), rows, dim, eps);
+    cuda::layernorm_forward(b16(out), f32(mean), f32(rstd), b16(input), b16(weight), b16(bias),
+                            rows, dim, eps);
   else
-    cuda::layernorm_forward(f32(out), f32(mean), f32(rstd), f32(input), f32(weight), f32(bias), rows, dim, eps);
+    cuda::layernorm_forward(f32(out), f32(mean), f32(rstd), f32(input), f32(weight), f32(bias),
+                            rows, dim, eps);
 }
 
-void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias, const Tensor& d_out,
-                        const Tensor& input, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
+void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias,
+                        const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                        const Tensor& mean, const Tensor& rstd) {
   const int64_t dim = weight.numel(), rows = input.numel() / dim;
   if (is_bf16("layernorm_backward", {&d_input, &d_out, &input, &weight}))
-    cuda::layernorm_backward(b16(d_input), f32(d_weight), f32(d_bias), b16(d_out), b16(input), b16(weight), f32(mean),
-                             f32(rstd), rows, dim);
+    cuda::layernorm_backward(b16(d_input), f32(d_weight), f32(d_bias), b16(d_out), b16(input),
+                             b16(weight), f32(mean), f32(rstd), rows, dim);
   else
-    cuda::layernorm_backward(f32(d_input), f32(d_weight), f32(d_bias), f32(d_out), f32(input), f32(weight), f32(mean),
-                             f32(rstd), rows, dim);
+    cuda::layernorm_backward(f32(d_input), f32(d_weight), f32(d_bias), f32(d_out), f32(input),
+                             f32(weight), f32(mean), f32(rstd), rows, dim);
 }
 
-void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input, const Tensor& weight, float eps) {
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
+                     const Tensor& weight, float eps) {
   const int64_t dim = weight.numel(), rows = input.numel() / dim;
   if (is_bf16("rmsnorm_forward", {&out, &input, &weight}))
     cuda::rmsnorm_forward(b16(out), f32(rstd), b16(input), b16(weight), rows, dim, eps);
@@ -104,18 +114,22 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
     cuda::rmsnorm_forward(f32(out), f32(rstd), f32(input), f32(weight), rows, dim, eps);
 }
 
-void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out, const Tensor& input,
-                      const Tensor& weight, const Tensor& rstd) {
+void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out,
+                      const Tensor& input, const Tensor& weight, const Tensor& rstd) {
   const int64_t dim = weight.numel(), rows = input.numel() / dim;
   if (is_bf16("rmsnorm_backward", {&d_input, &d_out, &input, &weight}))
-    cuda::rmsnorm_backward(b16(d_input), f32(d_weight), b16(d_out), b16(input), b16(weight), f32(rstd), rows, dim);
+    cuda::rmsnorm_backward(b16(d_input), f32(d_weight), b16(d_out), b16(input), b16(weight),
+                           f32(rstd), rows, dim);
   else
-    cuda::rmsnorm_backward(f32(d_input), f32(d_weight), f32(d_out), f32(input), f32(weight), f32(rstd), rows, dim);
+    cuda::rmsnorm_backward(f32(d_input), f32(d_weight), f32(d_out), f32(input), f32(weight),
+                           f32(rstd), rows, dim);
 }
 
 void gelu_forward(const Tensor& out, const Tensor& input) {
-  if (is_bf16("gelu_forward", {&out, &input})) cuda::gelu_forward(b16(out), b16(input), input.numel());
-  else cuda::gelu_forward(f32(out), f32(input), input.numel());
+  if (is_bf16("gelu_forward", {&out, &input}))
+    cuda::gelu_forward(b16(out), b16(input), input.numel());
+  else
+    cuda::gelu_forward(f32(out), f32(input), input.numel());
 }
 
 void gelu_backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) {
@@ -136,23 +150,26 @@ void swiglu_forward(const Tensor& out, const Tensor& fused) {
 void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& fused) {
   const int64_t rows = d_out.size(0), dim = d_out.size(1);
   if (is_bf16("swiglu_backward", {&d_fused, &d_out, &fused}))
-    cuda::swiglu_backward(b16(d_fused), b16(d_fused) + dim, b16(d_out), b16(fused), b16(fused) + dim, rows, dim,
-                          2 * dim);
+    cuda::swiglu_backward(b16(d_fused), b16(d_fused) + dim, b16(d_out), b16(fused),
+                          b16(fused) + dim, rows, dim, 2 * dim);
   else
-    cuda::swiglu_backward(f32(d_fused), f32(d_fused) + dim, f32(d_out), f32(fused), f32(fused) + dim, rows, dim,
-                          2 * dim);
+    cuda::swiglu_backward(f32(d_fused), f32(d_fused) + dim, f32(d_out), f32(fused),
+                          f32(fused) + dim, rows, dim, 2 * dim);
 }
 
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape) {
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                       const AttentionShape& shape) {
   if (shape.head_dim > cuda::kMaxAttentionHeadDim)
-    throw_error("ops::attention_forward (cuda): head_dim ", shape.head_dim, " is above the kernel's ",
-                cuda::kMaxAttentionHeadDim);
-  if (is_bf16("attention_forward", {&out, &qkv})) cuda::attention_forward(b16(out), f32(lse), b16(qkv), shape);
-  else cuda::attention_forward(f32(out), f32(lse), f32(qkv), shape);
+    throw_error("ops::attention_forward (cuda): head_dim ", shape.head_dim,
+                " is above the kernel's ", cuda::kMaxAttentionHeadDim);
+  if (is_bf16("attention_forward", {&out, &qkv}))
+    cuda::attention_forward(b16(out), f32(lse), b16(qkv), shape);
+  else
+    cuda::attention_forward(f32(out), f32(lse), f32(qkv), shape);
 }
 
-void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, const AttentionShape& shape) {
+void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
+                        const Tensor& out, const Tensor& lse, const AttentionShape& shape) {
   if (is_bf16("attention_backward", {&d_qkv, &d_out, &qkv, &out}))
     cuda::attention_backward(b16(d_qkv), b16(d_out), b16(qkv), b16(out), f32(lse), shape);
   else
@@ -163,11 +180,13 @@ std::shared_ptr<void> upload_rope_table(const cpu::RopeTable& table) {
   return std::make_shared<cuda::RopeTableDevice>(table);
 }
 
-void rope_apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads, const void* device_table,
-                bool inverse) {
+void rope_apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
+                const void* device_table, bool inverse) {
   const auto& table = *static_cast<const cuda::RopeTableDevice*>(device_table);
-  if (x.dtype() == DType::BF16) cuda::rope_apply(b16(x), batch, seq_len, heads, x.size(1), table, inverse);
-  else cuda::rope_apply(f32(x), batch, seq_len, heads, x.size(1), table, inverse);
+  if (x.dtype() == DType::BF16)
+    cuda::rope_apply(b16(x), batch, seq_len, heads, x.size(1), table, inverse);
+  else
+    cuda::rope_apply(f32(x), batch, seq_len, heads, x.size(1), table, inverse);
 }
 
 void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
@@ -175,19 +194,24 @@ void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& t
   const DeviceIds ids(tokens, batch * seq_len);
   const int64_t dim = token_table.size(1);
   if (is_bf16("embedding_forward", {&out, &token_table, position_table}))
-    cuda::embedding_forward(b16(out), ids.get(), b16(token_table), b16(position_table), batch, seq_len, dim);
+    cuda::embedding_forward(b16(out), ids.get(), b16(token_table), b16(position_table), batch,
+                            seq_len, dim);
   else
-    cuda::embedding_forward(f32(out), ids.get(), f32(token_table), f32(position_table), batch, seq_len, dim);
+    cuda::embedding_forward(f32(out), ids.get(), f32(token_table), f32(position_table), batch,
+                            seq_len, dim);
 }
 
-void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table, const Tensor& d_out,
-                        const int32_t* tokens, int64_t batch, int64_t seq_len) {
+void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
+                        const Tensor& d_out, const int32_t* tokens, int64_t batch,
+                        int64_t seq_len) {
   const DeviceIds ids(tokens, batch * seq_len);
   const int64_t dim = d_out.numel() / (batch * seq_len);
   if (d_out.dtype() == DType::BF16)
-    cuda::embedding_backward(f32(d_token_table), f32(d_position_table), b16(d_out), ids.get(), batch, seq_len, dim);
+    cuda::embedding_backward(f32(d_token_table), f32(d_position_table), b16(d_out), ids.get(),
+                             batch, seq_len, dim);
   else
-    cuda::embedding_backward(f32(d_token_table), f32(d_position_table), f32(d_out), ids.get(), batch, seq_len, dim);
+    cuda::embedding_backward(f32(d_token_table), f32(d_position_table), f32(d_out), ids.get(),
+                             batch, seq_len, dim);
 }
 
 double lm_head_cross_entropy(const CrossEntropyArgs& args) {
@@ -222,18 +246,23 @@ double lm_head_cross_entropy(const CrossEntropyArgs& args) {
 }
 
 void add_into(const Tensor& dst, const Tensor& src) {
-  if (is_bf16("add_into", {&dst, &src})) cuda::add_into(b16(dst), b16(src), dst.numel());
-  else cuda::add_into(f32(dst), f32(src), dst.numel());
+  if (is_bf16("add_into", {&dst, &src}))
+    cuda::add_into(b16(dst), b16(src), dst.numel());
+  else
+    cuda::add_into(f32(dst), f32(src), dst.numel());
 }
 
 void scale_(const Tensor& x, float factor) {
-  if (x.dtype() == DType::BF16) cuda::scale_inplace(b16(x), factor, x.numel());
-  else cuda::scale_inplace(f32(x), factor, x.numel());
+  if (x.dtype() == DType::BF16)
+    cuda::scale_inplace(b16(x), factor, x.numel());
+  else
+    cuda::scale_inplace(f32(x), factor, x.numel());
 }
 
 double sum_of_squares(const Tensor& x) {
   if (x.dtype() != DType::F32)
-    throw_error("ops::sum_of_squares (cuda): takes F32 tensors (gradients), got ", dtype_name(x.dtype()));
+    throw_error("ops::sum_of_squares (cuda): takes F32 tensors (gradients), got ",
+                dtype_name(x.dtype()));
   return cuda::sum_of_squares(f32(x), x.numel());
 }
 

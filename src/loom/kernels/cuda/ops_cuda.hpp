@@ -11,30 +11,34 @@ namespace loom::ops::cuda_impl {
 
 void linear_forward(const Tensor& out, int64_t out_col, const Tensor& input, const Tensor& weight,
                     const Tensor* bias);
-void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight, const Tensor& d_bias,
-                     const Tensor& d_out, int64_t d_out_col, const Tensor& input, const Tensor& weight);
-void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& input,
-                       const Tensor& weight, const Tensor& bias, float eps);
-void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias, const Tensor& d_out,
-                        const Tensor& input, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
-void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input, const Tensor& weight, float eps);
-void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out, const Tensor& input,
-                      const Tensor& weight, const Tensor& rstd);
+void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                     const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
+                     const Tensor& input, const Tensor& weight);
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                       const Tensor& input, const Tensor& weight, const Tensor& bias, float eps);
+void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias,
+                        const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                        const Tensor& mean, const Tensor& rstd);
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
+                     const Tensor& weight, float eps);
+void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out,
+                      const Tensor& input, const Tensor& weight, const Tensor& rstd);
 void gelu_forward(const Tensor& out, const Tensor& input);
 void gelu_backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input);
 void swiglu_forward(const Tensor& out, const Tensor& fused);
 void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& fused);
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const AttentionShape& shape);
-void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv, const Tensor& out,
-                        const Tensor& lse, const AttentionShape& shape);
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                       const AttentionShape& shape);
+void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
+                        const Tensor& out, const Tensor& lse, const AttentionShape& shape);
 // A device copy of the table (owned by the returned pointer) and the rotation that reads it.
 std::shared_ptr<void> upload_rope_table(const cpu::RopeTable& table);
-void rope_apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads, const void* device_table,
-                bool inverse);
+void rope_apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
+                const void* device_table, bool inverse);
 void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
                        const Tensor* position_table, int64_t batch, int64_t seq_len);
-void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table, const Tensor& d_out,
-                        const int32_t* tokens, int64_t batch, int64_t seq_len);
+void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
+                        const Tensor& d_out, const int32_t* tokens, int64_t batch, int64_t seq_len);
 double lm_head_cross_entropy(const CrossEntropyArgs& args);
 void add_into(const Tensor& dst, const Tensor& src);
 void scale_(const Tensor& x, float factor);

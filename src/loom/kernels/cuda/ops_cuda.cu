@@ -214,35 +214,30 @@ void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_ta
                              batch, seq_len, dim);
 }
 
-double lm_head_cross_entropy(const CrossEntropyArgs& args) {
-  const int64_t rows = args.hidden.size(0);
-  const DeviceIds targets(args.targets, rows);
-  if (is_bf16("lm_head_cross_entropy", {&args.hidden, &args.weight, &args.d_hidden})) {
-    cuda::CrossEntropyArgsBf16 a;
-    a.hidden = b16(args.hidden);
-    a.weight = b16(args.weight);
-    a.targets = targets.get();
-    a.rows = rows;
-    a.dim = args.hidden.size(1);
-    a.vocab = args.weight.size(0);
-    a.vocab_chunk = args.vocab_chunk;
-    a.grad_scale = args.grad_scale;
-    a.d_hidden = b16(args.d_hidden);
-    a.d_weight = f32(args.d_weight);
-    return cuda::lm_head_cross_entropy(a);
-  }
-  cuda::CrossEntropyArgs a;
-  a.hidden = f32(args.hidden);
-  a.weight = f32(args.weight);
-  a.targets = targets.get();
-  a.rows = rows;
+namespace {
+// The device call's arguments in element type T (float or bf16) from the op's tensors.
+template <typename T, typename Pointer>
+double head_loss(const CrossEntropyArgs& args, const int32_t* targets, Pointer pointer) {
+  cuda::CrossEntropyArgsT<T> a;
+  a.hidden = pointer(args.hidden);
+  a.weight = pointer(args.weight);
+  a.targets = targets;
+  a.rows = args.hidden.size(0);
   a.dim = args.hidden.size(1);
   a.vocab = args.weight.size(0);
   a.vocab_chunk = args.vocab_chunk;
   a.grad_scale = args.grad_scale;
-  a.d_hidden = f32(args.d_hidden);
+  a.d_hidden = pointer(args.d_hidden);
   a.d_weight = f32(args.d_weight);
   return cuda::lm_head_cross_entropy(a);
+}
+}  // namespace
+
+double lm_head_cross_entropy(const CrossEntropyArgs& args) {
+  const DeviceIds targets(args.targets, args.hidden.size(0));
+  if (is_bf16("lm_head_cross_entropy", {&args.hidden, &args.weight, &args.d_hidden}))
+    return head_loss<bf16>(args, targets.get(), [](const Tensor& t) { return b16(t); });
+  return head_loss<float>(args, targets.get(), [](const Tensor& t) { return f32(t); });
 }
 
 void add_into(const Tensor& dst, const Tensor& src) {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "gradcheck.hpp"
+#include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
 #include "loom/model/flops.hpp"
 #include "loom/model/parameter_specs.hpp"
@@ -160,6 +161,21 @@ TEST(Model, RejectsBadInputs) {
   bad.n_kv_head = 3;
   EXPECT_THROW(bad.validate(), Error);
   EXPECT_THROW(model_preset("gpt5"), Error);
+}
+
+// What a device cannot hold is refused before anything moves: the CPU computes in f32 (bf16 is
+// emulated by rounding there), and CUDA needs a device. The model stays usable on the CPU.
+TEST(Model, ToDeviceRefusesWhatTheDeviceCannotHold) {
+  Transformer model(tiny_gpt2());
+  model.init_weights(1);
+  expect_contains(error_message([&] { model.to_device(Device::CPU, DType::BF16); }),
+                  {"CPU computes in f32", "bf16 storage is for CUDA"});
+  if (device_memory::cuda_device_count() == 0)
+    expect_contains(error_message([&] { model.to_device(Device::CUDA, DType::F32); }), {"cuda"});
+  EXPECT_EQ(model.device(), Device::CPU);
+  EXPECT_EQ(model.parameters()[0]->value.device(), Device::CPU);
+  std::vector<int32_t> tokens(kBatch * kSeq, 1);
+  EXPECT_TRUE(std::isfinite(model.forward(tokens.data(), tokens.data(), kBatch, kSeq)));
 }
 
 }  // namespace

@@ -190,8 +190,7 @@ double run_schedule(Ranks& ranks, const Layout& layout, const Batches& mb, float
                     std::vector<int64_t>& peak) {
   const int64_t pp = layout.pp, v = layout.v(), stages = pp * v;
   const auto actions = pipeline_actions(layout.schedule, pp, kMicro, v);
-  const int64_t elements = kBatch * kSeq * ranks[0]->config().n_embd;
-  std::map<std::pair<int64_t, int64_t>, std::vector<float>> activation, gradient;  // by (micro, stage)
+  std::map<std::pair<int64_t, int64_t>, Tensor> activation, gradient;  // by (micro, stage)
   std::vector<int64_t> in_flight(static_cast<size_t>(pp), 0);
   peak = in_flight;
   std::vector<size_t> next(static_cast<size_t>(pp), 0);
@@ -206,34 +205,33 @@ double run_schedule(Ranks& ranks, const Layout& layout, const Batches& mb, float
         const int64_t stage = a.chunk * pp + r, micro = a.micro_batch;
         int64_t& held = in_flight[static_cast<size_t>(r)];
         if (a.op == PipeOp::Forward) {
-          const float* input = nullptr;
+          Tensor input;
           if (stage > 0) {
             auto it = activation.find({micro, stage - 1});
             if (it == activation.end()) break;  // the previous stage has not run it yet
-            input = it->second.data();
+            input = it->second;
           }
           loss += model.forward_chunk(a.chunk, micro, stage == 0 ? mb.tokens_of(micro) : nullptr,
                                       stage == stages - 1 ? mb.targets_of(micro) : nullptr, input, kBatch, kSeq,
                                       {true, grad_scale});
           if (stage < stages - 1) {
-            const float* out = model.chunk_output(a.chunk, micro);
-            activation[{micro, stage}].assign(out, out + elements);
+            activation[{micro, stage}] = model.chunk_output(a.chunk, micro).clone(MemCategory::Workspace);
           }
           auto& top = peak[static_cast<size_t>(r)];
           top = std::max(top, ++held);
         } else {
-          const float* d_output = nullptr;
+          Tensor d_output;
           if (stage < stages - 1) {
             auto it = gradient.find({micro, stage + 1});
             if (it == gradient.end()) break;  // the next stage has not run it yet
-            d_output = it->second.data();
+            d_output = it->second;
           }
-          const float* d_input = model.backward_chunk(a.chunk, micro, d_output);
+          const Tensor d_input = model.backward_chunk(a.chunk, micro, d_output);
           if (stage > 0) {
-            EXPECT_NE(d_input, nullptr);
-            gradient[{micro, stage}].assign(d_input, d_input + elements);
+            EXPECT_TRUE(d_input.defined());
+            gradient[{micro, stage}] = d_input.clone(MemCategory::Workspace);
           } else {
-            EXPECT_EQ(d_input, nullptr);  // the first stage has no input to differentiate
+            EXPECT_FALSE(d_input.defined());  // the first stage has no input to differentiate
           }
           --held;
         }
@@ -336,16 +334,20 @@ TEST(PipelineStageErrors, MisuseSaysWhatIsMissing) {
   first.init_weights(kSeed);
   last.init_weights(kSeed);
   const auto tokens = random_tokens(kBatch * kSeq, 64, 1), targets = random_tokens(kBatch * kSeq, 64, 2);
-  const std::vector<float> input(static_cast<size_t>(kBatch * kSeq * config.n_embd), 0.1f);
+  Tensor input = Tensor::empty({kBatch * kSeq, config.n_embd}, DType::F32, MemCategory::Workspace);
+  std::fill_n(input.f32(), input.numel(), 0.1f);
+  const Tensor none;
   const ForwardOptions train{true, 1.0f};
 
-  expect_contains(error_message([&] { last.backward_chunk(0, 0, nullptr); }),
+  expect_contains(error_message([&] { last.backward_chunk(0, 0, none); }),
                   {"backward of micro-batch 0", "needs its forward with compute_grad first"});
-  expect_contains(error_message([&] { last.forward_chunk(0, 0, nullptr, targets.data(), nullptr, kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { last.forward_chunk(0, 0, nullptr, targets.data(), none, kBatch, kSeq, train); }),
                   {"pipeline stage 1 needs the previous stage's output"});
-  expect_contains(error_message([&] { last.forward_chunk(0, 0, nullptr, nullptr, input.data(), kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { last.forward_chunk(0, 0, nullptr, nullptr, input, kBatch, kSeq, train); }),
                   {"last pipeline stage needs targets"});
-  expect_contains(error_message([&] { first.forward_chunk(0, 0, nullptr, nullptr, nullptr, kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { last.forward_chunk(0, 0, nullptr, targets.data(), input.narrow_rows(0, 1), kBatch, kSeq, train); }),
+                  {"pipeline stage 1: input [1, " + std::to_string(config.n_embd) + "]", std::to_string(kBatch * kSeq) + " rows"});
+  expect_contains(error_message([&] { first.forward_chunk(0, 0, nullptr, nullptr, none, kBatch, kSeq, train); }),
                   {"first pipeline stage needs tokens"});
   expect_contains(error_message([&] { first.forward(tokens.data(), targets.data(), kBatch, kSeq); }),
                   {"forward() runs the whole model", "forward_chunk()"});
@@ -353,18 +355,18 @@ TEST(PipelineStageErrors, MisuseSaysWhatIsMissing) {
   expect_contains(error_message([&] { (void)last.last_logits(tokens.data(), kBatch, kSeq); }), {"whole model"});
   expect_contains(error_message([&] { (void)first.unit_parameters(1); }), {"ZeRO-3"});
 
-  first.forward_chunk(0, 0, tokens.data(), nullptr, nullptr, kBatch, kSeq, train);
-  expect_contains(error_message([&] { first.forward_chunk(0, 0, tokens.data(), nullptr, nullptr, kBatch, kSeq, train); }),
+  first.forward_chunk(0, 0, tokens.data(), nullptr, none, kBatch, kSeq, train);
+  expect_contains(error_message([&] { first.forward_chunk(0, 0, tokens.data(), nullptr, none, kBatch, kSeq, train); }),
                   {"micro-batch 0 of chunk 0 ran forward twice without a backward"});
-  expect_contains(error_message([&] { first.backward_chunk(0, 0, nullptr); }),
+  expect_contains(error_message([&] { first.backward_chunk(0, 0, none); }),
                   {"pipeline stage 0 needs the gradient of its output from the next stage"});
-  expect_contains(error_message([&] { first.forward_chunk(0, 1, tokens.data(), nullptr, nullptr, 1, kSeq, train); }),
+  expect_contains(error_message([&] { first.forward_chunk(0, 1, tokens.data(), nullptr, none, 1, kSeq, train); }),
                   {"1 micro-batch(es) of 2 x 8 await their backward"});
   // A forward without gradients keeps nothing for a backward.
-  last.forward_chunk(0, 3, nullptr, targets.data(), input.data(), kBatch, kSeq, {false, 1.0f});
-  expect_contains(error_message([&] { last.backward_chunk(0, 3, nullptr); }), {"micro-batch 3", "compute_grad first"});
+  last.forward_chunk(0, 3, nullptr, targets.data(), input, kBatch, kSeq, {false, 1.0f});
+  expect_contains(error_message([&] { last.backward_chunk(0, 3, none); }), {"micro-batch 3", "compute_grad first"});
   // A chunk this rank does not hold, and an output of a micro-batch that never ran.
-  expect_contains(error_message([&] { first.forward_chunk(1, 0, tokens.data(), nullptr, nullptr, kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { first.forward_chunk(1, 0, tokens.data(), nullptr, none, kBatch, kSeq, train); }),
                   {"chunk 1 is outside this rank's 1 chunk(s)"});
   expect_contains(error_message([&] { (void)last.chunk_output(0, 7); }),
                   {"no output for micro-batch 7", "run its forward first"});

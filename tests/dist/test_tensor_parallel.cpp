@@ -4,6 +4,21 @@
 
 namespace loom::test {
 namespace {
+
+// The plain (reference) Linear computes on tensors; these run it on vectors of `rows` rows.
+void reference_forward(const Linear& layer, std::vector<float>& y, const std::vector<float>& x,
+                       int64_t rows) {
+  const Tensor out = Tensor::empty({rows, layer.out_features()}, DType::F32, MemCategory::Workspace);
+  layer.forward(out, 0, tensor_of({rows, layer.in_features()}, x));
+  y = out.to_f32_vector();
+}
+void reference_backward(Linear& layer, std::vector<float>& dx, const std::vector<float>& dy,
+                        const std::vector<float>& x, int64_t rows) {
+  const Tensor d_in = Tensor::empty({rows, layer.in_features()}, DType::F32, MemCategory::Workspace);
+  layer.backward(d_in, false, tensor_of({rows, layer.out_features()}, dy), 0,
+                 tensor_of({rows, layer.in_features()}, x));
+  dx = d_in.to_f32_vector();
+}
 // ---------------------------------------------------------------------------------------------
 
 TEST_F(TensorParallel, ShardHelpersTakeTheRightBlocks) {
@@ -102,8 +117,8 @@ struct ReferenceLinear {
       : layer("ref", kIn, kOut, b != nullptr, false), y(kRows * kOut), dx(kRows * kIn) {
     std::copy(w.begin(), w.end(), layer.weight.value.f32());
     if (b != nullptr) std::copy(b->begin(), b->end(), layer.bias.value.f32());
-    layer.forward(y.data(), kOut, x.data(), kRows);
-    layer.backward(dx.data(), false, d.data(), kOut, x.data(), kRows);
+    reference_forward(layer, y, x, kRows);
+    reference_backward(layer, dx, d, x, kRows);
   }
   Linear layer;
   std::vector<float> y, dx;
@@ -294,12 +309,12 @@ TEST_F(TensorParallel, MlpOfColumnThenRowMatchesTheUnshardedMlp) {
         };
         std::vector<float> pre_ref(kRows * fc_out), act_ref(kRows * kFfn), y_ref(kRows * h);
         std::vector<float> d_act_ref(kRows * kFfn), d_pre_ref(kRows * fc_out), dx_ref(kRows * h);
-        fc_ref.forward(pre_ref.data(), fc_out, x.data(), kRows);
+        reference_forward(fc_ref, pre_ref, x, kRows);
         activation(act_ref.data(), pre_ref.data(), kFfn);
-        proj_ref.forward(y_ref.data(), h, act_ref.data(), kRows);
-        proj_ref.backward(d_act_ref.data(), false, d.data(), h, act_ref.data(), kRows);
+        reference_forward(proj_ref, y_ref, act_ref, kRows);
+        reference_backward(proj_ref, d_act_ref, d, act_ref, kRows);
         activation_backward(d_pre_ref.data(), d_act_ref.data(), pre_ref.data(), kFfn);
-        fc_ref.backward(dx_ref.data(), false, d_pre_ref.data(), fc_out, x.data(), kRows);
+        reference_backward(fc_ref, dx_ref, d_pre_ref, x, kRows);
 
         // The split MLP.
         ColumnParallelLinear fc(llama ? "mlp.gate_up" : "mlp.c_fc", h, segments, bias, layout.tp,

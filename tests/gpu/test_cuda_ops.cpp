@@ -202,6 +202,33 @@ TEST_F(CudaOps, EmbeddingHeadLossAndSumOfSquares) {
   EXPECT_NEAR(ops::sum_of_squares(embd), ops::sum_of_squares(emb), 1e-9 * ops::sum_of_squares(emb));
 }
 
+// The optimizer step the device-neutral AdamW takes: f32 in place, and with an f32 master and a
+// bf16 working copy written in the same pass (the working copy is the master rounded once).
+TEST_F(CudaOps, AdamWUpdatesInPlaceAndThroughAMaster) {
+  const size_t n = 3000;
+  const Tensor param = host_tensor(random_vector(n, 11), {30, 100});
+  const Tensor grad = host_tensor(random_vector(n, 12), {30, 100});
+  const Tensor m = host_tensor(random_vector(n, 13, -0.1f, 0.1f), {30, 100});
+  const Tensor v = host_tensor(random_vector(n, 14, 0.0f, 0.1f), {30, 100});
+  const ops::AdamWStep step{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f};
+  // CPU reference: in place, then through a master with an f32 working copy.
+  const Tensor cpu_param = param.clone(MemCategory::Workspace), cpu_m = m.clone(MemCategory::Workspace),
+               cpu_v = v.clone(MemCategory::Workspace);
+  ops::adamw_update(cpu_param, Tensor(), grad, cpu_m, cpu_v, step);
+
+  const Tensor d_param = on_cuda(param), d_grad = on_cuda(grad), d_m = on_cuda(m), d_v = on_cuda(v);
+  ops::adamw_update(d_param, Tensor(), d_grad, d_m, d_v, step);
+  expect_close(d_param, cpu_param, kF32, kF32, "adamw param");
+  expect_close(d_m, cpu_m, kF32, kF32, "adamw exp_avg");
+  expect_close(d_v, cpu_v, kF32, kF32, "adamw exp_avg_sq");
+
+  const Tensor master = on_cuda(param), working = on_cuda(param, DType::BF16);
+  const Tensor m2 = on_cuda(m), v2 = on_cuda(v);
+  ops::adamw_update(master, working, d_grad, m2, v2, step);
+  expect_close(master, cpu_param, kF32, kF32, "adamw master");
+  expect_close(working, rounded(cpu_param), kBf16, kF32, "adamw bf16 working copy");
+}
+
 TEST_F(CudaOps, MixedDevicesAreRefused) {
   const Tensor host = Tensor::zeros({2, 2}, DType::F32, MemCategory::Workspace);
   const Tensor device = on_cuda(host);

@@ -100,9 +100,9 @@ Tensor Tensor::slice_as(int64_t offset, const Shape& shape) const {
   return t;
 }
 
-void Tensor::zero_() { device_memory::fill_zero(raw(), device(), nbytes()); }
+void Tensor::zero_() const { device_memory::fill_zero(raw(), device(), nbytes()); }
 
-void Tensor::copy_from(const Tensor& other) {
+void Tensor::copy_from(const Tensor& other) const {
   if (other.numel_ != numel_)
     throw_error("copy between ", shape_to_string(other.shape_), " and ", shape_to_string(shape_));
   if (dtype_ == other.dtype_) {

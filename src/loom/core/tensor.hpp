@@ -68,9 +68,9 @@ class Tensor {
   // storage: how ZeRO lays many parameters over one communication buffer.
   Tensor slice_as(int64_t offset, const Shape& shape) const;
 
-  void zero_();
+  void zero_() const;  // handles: const means the view, not the values
   // Same numel; converts between f32 and bf16, and copies between devices (synchronously).
-  void copy_from(const Tensor& other);
+  void copy_from(const Tensor& other) const;
   Tensor clone(MemCategory category) const;            // same device
   Tensor to(Device device, MemCategory category) const;  // a copy on `device`
   std::vector<float> to_f32_vector() const;             // from any device

@@ -1,9 +1,11 @@
 #include "loom/kernels/ops.hpp"
 
+#include <algorithm>
 #include <initializer_list>
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/activations.hpp"
+#include "loom/kernels/cpu/adamw.hpp"
 #include "loom/kernels/cpu/cross_entropy.hpp"
 #include "loom/kernels/cpu/elementwise.hpp"
 #include "loom/kernels/cpu/embedding.hpp"
@@ -307,6 +309,10 @@ double lm_head_cross_entropy(const CrossEntropyArgs& args) {
   a.grad_scale = args.grad_scale;
   a.d_hidden = f32_or_null(args.d_hidden);
   a.d_weight = f32_or_null(args.d_weight);
+  if (args.workspace.defined() &&
+      args.workspace.numel() >= a.rows * std::min(a.vocab_chunk, a.vocab) &&
+      args.workspace.device() == Device::CPU && args.workspace.dtype() == DType::F32)
+    a.workspace = args.workspace.f32();
   return cpu::lm_head_cross_entropy(a);
 }
 
@@ -333,6 +339,27 @@ double sum_of_squares(const Tensor& x) {
   LOOM_OPS_ON_CUDA(device, sum_of_squares(x))
   require_cpu_f32("sum_of_squares", {&x});
   return cpu::sum_of_squares(x.f32(), x.numel());
+}
+
+void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
+                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step) {
+  const Device device =
+      device_of("adamw_update", {&param, &working, &grad, &exp_avg, &exp_avg_sq});
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
+    if (t->dtype() != DType::F32 || t->numel() != param.numel())
+      throw_error("ops::adamw_update: parameter, gradient and moments must be F32 of ",
+                  param.numel(), " elements; got a ", dtype_name(t->dtype()), " ",
+                  shape_to_string(t->shape()));
+  if (working.defined() && working.numel() != param.numel())
+    throw_error("ops::adamw_update: working copy ", shape_to_string(working.shape()), " for ",
+                shape_to_string(param.shape()));
+  LOOM_OPS_ON_CUDA(device, adamw_update(param, working, grad, exp_avg, exp_avg_sq, step))
+  require_cpu_f32("adamw_update", {&working});
+  cpu::adamw_update(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), param.numel(), step);
+  if (working.defined()) {
+    working.copy_from(param);
+    cpu::round_to_bf16_inplace(working.f32(), working.numel());
+  }
 }
 
 void round_to_bf16_(const Tensor& x) {

@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "loom/core/tensor.hpp"
+#include "loom/kernels/cpu/adamw.hpp"
 #include "loom/kernels/cpu/attention.hpp"
 #include "loom/kernels/cpu/rope.hpp"
 
@@ -102,6 +103,8 @@ struct CrossEntropyArgs {
   float grad_scale = 1.0f;
   Tensor d_hidden;  // [rows, dim] overwritten; undefined for the loss only
   Tensor d_weight;  // [vocab, dim] F32, accumulated; undefined to skip
+  Tensor workspace;  // [rows, vocab_chunk] F32 logits scratch kept between calls; undefined:
+                     // the op allocates its own
 };
 // The summed loss over rows with a target (double, fixed order); waits for the device.
 double lm_head_cross_entropy(const CrossEntropyArgs& args);
@@ -110,6 +113,15 @@ double lm_head_cross_entropy(const CrossEntropyArgs& args);
 void add_into(const Tensor& dst, const Tensor& src);  // dst += src
 void scale_(const Tensor& x, float factor);
 double sum_of_squares(const Tensor& x);  // in double, deterministic; waits for the device
+// ---- optimizer --------------------------------------------------------------------------
+using AdamWStep = cpu::AdamWStep;
+// One AdamW step (cpu::adamw_update's arithmetic) on `param`, F32: the parameter itself, or its
+// fp32 master. grad, exp_avg, exp_avg_sq: F32, shaped like it. `working` (undefined: none) is
+// the copy the model computes with, rewritten from the updated values: BF16 (CUDA) in the same
+// pass, or F32 holding bf16-rounded values (the CPU's bf16 emulation).
+void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
+                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step);
+
 // Rounds an F32 tensor's values to bf16 values in place (the CPU's bf16 emulation); a BF16
 // tensor already holds bf16 values and is left alone.
 void round_to_bf16_(const Tensor& x);

@@ -1,7 +1,5 @@
 #include "loom/model/attention.hpp"
 
-#include "loom/kernels/cpu/elementwise.hpp"
-
 namespace loom {
 
 namespace {
@@ -22,47 +20,39 @@ FanInSpec output_spec(const ModelConfig& c, const std::string& prefix) {
 
 CausalSelfAttention::CausalSelfAttention(const ModelConfig& c, const ParallelPlan& plan,
                                          const std::string& prefix,
-                                         std::shared_ptr<const cpu::RopeTable> rope)
+                                         std::shared_ptr<const ops::Rope> rope)
     : input_projection(plan.fan_out(input_spec(c, prefix))),
       output_projection(plan.fan_in(output_spec(c, prefix))),
       dims_(plan.local_dims(c)),
       rope_(std::move(rope)) {}
 
-cpu::AttentionShape CausalSelfAttention::shape(int64_t batch, int64_t seq_len) const {
+ops::AttentionShape CausalSelfAttention::shape(int64_t batch, int64_t seq_len) const {
   return {batch, seq_len, dims_.heads, dims_.kv_heads, dims_.head_dim};
 }
 
-void CausalSelfAttention::forward(float* out, BlockStash& stash, int64_t batch,
+void CausalSelfAttention::forward(const Tensor& out, BlockStash& stash, int64_t batch,
                                   int64_t seq_len) const {
-  const int64_t rows = batch * seq_len, ld = stash.qkv.size(1);
-  input_projection->forward(stash.qkv.f32(), ld, stash.norm1_out.f32(), rows);
-  if (rope_) {  // rotate q and k heads (adjacent in the row), leave v alone
-    cpu::rope_apply(stash.qkv.f32(), batch, seq_len, dims_.heads + dims_.kv_heads, ld, *rope_,
-                    false);
-  }
-  if (bf16_activations_) cpu::round_to_bf16_inplace(stash.qkv.f32(), stash.qkv.numel());
+  input_projection->forward(stash.qkv, stash.norm1_out);
+  // Rotate q and k heads (adjacent in the row), leave v alone.
+  if (rope_) rope_->apply(stash.qkv, batch, seq_len, dims_.heads + dims_.kv_heads, false);
+  if (bf16_activations_) ops::round_to_bf16_(stash.qkv);
   recompute_core(stash, batch, seq_len);
-  output_projection->forward(out, stash.attn_out.f32(), rows);
+  output_projection->forward(out, stash.attn_out);
 }
 
 void CausalSelfAttention::recompute_core(BlockStash& stash, int64_t batch, int64_t seq_len) const {
-  cpu::attention_forward(stash.attn_out.f32(), stash.attn_lse.f32(), stash.qkv.f32(),
-                         shape(batch, seq_len));
-  if (bf16_activations_) cpu::round_to_bf16_inplace(stash.attn_out.f32(), stash.attn_out.numel());
+  ops::attention_forward(stash.attn_out, stash.attn_lse, stash.qkv, shape(batch, seq_len));
+  if (bf16_activations_) ops::round_to_bf16_(stash.attn_out);
 }
 
-void CausalSelfAttention::backward(const float* d_out, const BlockStash& stash,
+void CausalSelfAttention::backward(const Tensor& d_out, const BlockStash& stash,
                                    BlockGradScratch& scratch, int64_t batch, int64_t seq_len) {
-  const int64_t rows = batch * seq_len, ld = stash.qkv.size(1);
-  output_projection->backward(scratch.d_attn_out.f32(), d_out, stash.attn_out.f32(), rows);
-  cpu::attention_backward(scratch.d_qkv.f32(), scratch.d_attn_out.f32(), stash.qkv.f32(),
-                          stash.attn_out.f32(), stash.attn_lse.f32(), shape(batch, seq_len));
-  if (rope_) {  // the rotation is orthogonal: its backward rotates by the negative angle
-    cpu::rope_apply(scratch.d_qkv.f32(), batch, seq_len, dims_.heads + dims_.kv_heads, ld, *rope_,
-                    true);
-  }
-  input_projection->backward(scratch.d_norm_out.f32(), scratch.d_qkv.f32(), ld,
-                             stash.norm1_out.f32(), rows);
+  output_projection->backward(scratch.d_attn_out, d_out, stash.attn_out);
+  ops::attention_backward(scratch.d_qkv, scratch.d_attn_out, stash.qkv, stash.attn_out,
+                          stash.attn_lse, shape(batch, seq_len));
+  // The rotation is orthogonal: its backward rotates by the negative angle.
+  if (rope_) rope_->apply(scratch.d_qkv, batch, seq_len, dims_.heads + dims_.kv_heads, true);
+  input_projection->backward(scratch.d_norm_out, scratch.d_qkv, stash.norm1_out);
 }
 
 void CausalSelfAttention::collect(ParameterList& out) {

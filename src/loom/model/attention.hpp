@@ -5,8 +5,7 @@
 // model's ParallelPlan, so under tensor parallelism this rank computes its own heads.
 #include <memory>
 
-#include "loom/kernels/cpu/attention.hpp"
-#include "loom/kernels/cpu/rope.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/config.hpp"
 #include "loom/model/parallel_plan.hpp"
 #include "loom/model/stash.hpp"
@@ -16,13 +15,13 @@ namespace loom {
 class CausalSelfAttention {
  public:
   CausalSelfAttention(const ModelConfig& config, const ParallelPlan& plan,
-                      const std::string& prefix, std::shared_ptr<const cpu::RopeTable> rope);
+                      const std::string& prefix, std::shared_ptr<const ops::Rope> rope);
   // Reads stash.norm1_out, writes stash.qkv, attn_out, attn_lse, and out = attn_out @ Wo^T.
-  void forward(float* out, BlockStash& stash, int64_t batch, int64_t seq_len) const;
+  void forward(const Tensor& out, BlockStash& stash, int64_t batch, int64_t seq_len) const;
   // Recomputes attn_out / attn_lse from the saved qkv (selective recomputation).
   void recompute_core(BlockStash& stash, int64_t batch, int64_t seq_len) const;
   // From d_out (gradient of the block's attention output) to scratch.d_norm_out (written).
-  void backward(const float* d_out, const BlockStash& stash, BlockGradScratch& scratch,
+  void backward(const Tensor& d_out, const BlockStash& stash, BlockGradScratch& scratch,
                 int64_t batch, int64_t seq_len);
   void collect(ParameterList& out);
   ParameterList partial_grads() { return output_projection->partial_grads(); }
@@ -32,10 +31,10 @@ class CausalSelfAttention {
   std::unique_ptr<FanInProjection> output_projection;
 
  private:
-  cpu::AttentionShape shape(int64_t batch, int64_t seq_len) const;
+  ops::AttentionShape shape(int64_t batch, int64_t seq_len) const;
   LocalDims dims_;
   bool bf16_activations_ = false;  // round stored activations to bf16 values
-  std::shared_ptr<const cpu::RopeTable> rope_;
+  std::shared_ptr<const ops::Rope> rope_;
 };
 
 }  // namespace loom

@@ -1,8 +1,6 @@
 #include "loom/model/block.hpp"
 
-#include <cstring>
-
-#include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/kernels/ops.hpp"
 
 namespace loom {
 
@@ -18,33 +16,31 @@ std::string norm_name(const ModelConfig& c, const std::string& prefix, int which
 
 TransformerBlock::TransformerBlock(const ModelConfig& c, const ParallelPlan& plan,
                                    const std::string& prefix,
-                                   std::shared_ptr<const cpu::RopeTable> rope)
+                                   std::shared_ptr<const ops::Rope> rope)
     : norm1(norm_kind(c), norm_name(c, prefix, 1), c.n_embd, static_cast<float>(c.norm_eps)),
       attention(c, plan, prefix, std::move(rope)),
       norm2(norm_kind(c), norm_name(c, prefix, 2), c.n_embd, static_cast<float>(c.norm_eps)),
       mlp(c, plan, prefix),
       sequence_parallel_(plan.sequence_parallel() && plan.tp() > 1) {}
 
-void TransformerBlock::forward(float* x_out, const float* x_in, BlockStash& stash, int64_t batch,
-                               int64_t seq_len) const {
+void TransformerBlock::forward(const Tensor& x_out, const Tensor& x_in, BlockStash& stash,
+                               int64_t batch, int64_t seq_len) const {
   // The residual stream and the norms hold this rank's rows (all of them without sequence
   // parallelism); attention and the MLP see every row.
-  const int64_t rows = batch * seq_len, n = stash.residual_mid.numel();
-  const int64_t local_rows = stash.residual_mid.size(0);
-  norm1.forward(stash.norm1_out.f32(), stash.norm1, x_in, local_rows);
-  round_if_bf16(stash.norm1_out.f32(), n);
-  attention.forward(stash.residual_mid.f32(), stash, batch, seq_len);
-  cpu::add_into(stash.residual_mid.f32(), x_in, n);
-  round_if_bf16(stash.residual_mid.f32(), n);
-  norm2.forward(stash.norm2_out.f32(), stash.norm2, stash.residual_mid.f32(), local_rows);
-  round_if_bf16(stash.norm2_out.f32(), n);
-  mlp.forward(x_out, stash, rows);
-  cpu::add_into(x_out, stash.residual_mid.f32(), n);
-  round_if_bf16(x_out, n);
+  norm1.forward(stash.norm1_out, stash.norm1, x_in);
+  round_if_bf16(stash.norm1_out);
+  attention.forward(stash.residual_mid, stash, batch, seq_len);
+  ops::add_into(stash.residual_mid, x_in);
+  round_if_bf16(stash.residual_mid);
+  norm2.forward(stash.norm2_out, stash.norm2, stash.residual_mid);
+  round_if_bf16(stash.norm2_out);
+  mlp.forward(x_out, stash);
+  ops::add_into(x_out, stash.residual_mid);
+  round_if_bf16(x_out);
 }
 
-void TransformerBlock::round_if_bf16(float* x, int64_t n) const {
-  if (bf16_activations_) cpu::round_to_bf16_inplace(x, n);
+void TransformerBlock::round_if_bf16(const Tensor& x) const {
+  if (bf16_activations_) ops::round_to_bf16_(x);
 }
 
 void TransformerBlock::set_bf16_activations(bool on) {
@@ -53,26 +49,22 @@ void TransformerBlock::set_bf16_activations(bool on) {
   mlp.set_bf16_activations(on);
 }
 
-void TransformerBlock::backward(float* d_x_in, const float* d_x_out, const float* x_in,
+void TransformerBlock::backward(const Tensor& d_x_in, const Tensor& d_x_out, const Tensor& x_in,
                                 BlockStash& stash, BlockGradScratch& scratch, Recompute recompute,
                                 int64_t batch, int64_t seq_len) {
-  const int64_t rows = batch * seq_len, n = stash.residual_mid.numel();
-  const int64_t local_rows = stash.residual_mid.size(0);
-  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   if (recompute == Recompute::Full) {
-    forward(scratch.d_norm_out.f32(), x_in, stash, batch, seq_len);  // output itself unused
+    forward(scratch.d_norm_out, x_in, stash, batch, seq_len);  // output itself unused
   } else if (recompute == Recompute::Selective) {
     attention.recompute_core(stash, batch, seq_len);
-    mlp.recompute_activation(stash, rows);
+    mlp.recompute_activation(stash);
   }
-  float* d_mid = scratch.d_residual_mid.f32();
-  std::memcpy(d_mid, d_x_out, bytes);  // the residual passes the gradient through
-  mlp.backward(d_x_out, stash, scratch, rows);
-  norm2.backward(d_mid, scratch.d_norm_out.f32(), stash.residual_mid.f32(), stash.norm2,
-                 local_rows);
+  const Tensor& d_mid = scratch.d_residual_mid;
+  d_mid.copy_from(d_x_out);  // the residual passes the gradient through
+  mlp.backward(d_x_out, stash, scratch);
+  norm2.backward(d_mid, scratch.d_norm_out, stash.residual_mid, stash.norm2);
   attention.backward(d_mid, stash, scratch, batch, seq_len);
-  std::memcpy(d_x_in, d_mid, bytes);
-  norm1.backward(d_x_in, scratch.d_norm_out.f32(), x_in, stash.norm1, local_rows);
+  d_x_in.copy_from(d_mid);
+  norm1.backward(d_x_in, scratch.d_norm_out, x_in, stash.norm1);
 }
 
 ParameterList TransformerBlock::partial_grads() {

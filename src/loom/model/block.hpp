@@ -9,13 +9,15 @@ namespace loom {
 class TransformerBlock {
  public:
   TransformerBlock(const ModelConfig& config, const ParallelPlan& plan, const std::string& prefix,
-                   std::shared_ptr<const cpu::RopeTable> rope);
-  void forward(float* x_out, const float* x_in, BlockStash& stash, int64_t batch,
+                   std::shared_ptr<const ops::Rope> rope);
+  // x_in, x_out: [local_rows, C], this rank's rows of the residual stream.
+  void forward(const Tensor& x_out, const Tensor& x_in, BlockStash& stash, int64_t batch,
                int64_t seq_len) const;
   // d_x_in (written) from d_x_out. `recompute` says what the stash is missing: Selective
   // reruns the attention core and the MLP activation, Full reruns the whole forward.
-  void backward(float* d_x_in, const float* d_x_out, const float* x_in, BlockStash& stash,
-                BlockGradScratch& scratch, Recompute recompute, int64_t batch, int64_t seq_len);
+  void backward(const Tensor& d_x_in, const Tensor& d_x_out, const Tensor& x_in,
+                BlockStash& stash, BlockGradScratch& scratch, Recompute recompute, int64_t batch,
+                int64_t seq_len);
   void collect(ParameterList& out);
   // Under sequence parallelism, the parameters applied to this rank's rows only (norms,
   // row-parallel biases), whose gradients the model sums over tp; else none.
@@ -30,7 +32,7 @@ class TransformerBlock {
   Mlp mlp;
 
  private:
-  void round_if_bf16(float* x, int64_t n) const;
+  void round_if_bf16(const Tensor& x) const;
   bool bf16_activations_ = false;
   bool sequence_parallel_;
 };

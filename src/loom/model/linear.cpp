@@ -1,6 +1,6 @@
 #include "loom/model/linear.hpp"
 
-#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/kernels/ops.hpp"
 
 namespace loom {
 
@@ -20,17 +20,14 @@ Linear::Linear(std::string name, int64_t in_features, int64_t out_features, bool
   if (bias) allocate_parameter(this->bias, name + ".bias", {out_features}, false);
 }
 
-void Linear::forward(float* out, int64_t out_ld, const float* input, int64_t rows) const {
-  cpu::linear_forward(out, out_ld, input, weight.value.f32(),
-                      has_bias() ? bias.value.f32() : nullptr, rows, in_features_,
-                      out_features_);
+void Linear::forward(const Tensor& out, int64_t out_col, const Tensor& input) const {
+  ops::linear_forward(out, out_col, input, weight.value, has_bias() ? &bias.value : nullptr);
 }
 
-void Linear::backward(float* d_input, bool accumulate_input, const float* d_out, int64_t d_out_ld,
-                      const float* input, int64_t rows) {
-  cpu::linear_backward(d_input, accumulate_input, weight.grad.f32(),
-                       has_bias() ? bias.grad.f32() : nullptr, d_out, d_out_ld, input,
-                       weight.value.f32(), rows, in_features_, out_features_);
+void Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                      int64_t d_out_col, const Tensor& input) {
+  ops::linear_backward(d_input, accumulate_input, weight.grad, has_bias() ? bias.grad : Tensor(),
+                       d_out, d_out_col, input, weight.value);
 }
 
 void Linear::collect(ParameterList& out) {

@@ -1,7 +1,8 @@
 #pragma once
 // A linear layer y = x W^T (+ b) with W stored [out, in]. Its output may be written into a
-// column block of a wider buffer (out_ld), so q/k/v or gate/up projections fill one fused
-// activation without a copy.
+// column block of a wider tensor (out_col), so q/k/v or gate/up projections fill one fused
+// activation without a copy. It computes through loom::ops, on whichever device its
+// parameters and the tensors it is handed live.
 #include <string>
 
 #include "loom/model/parameter.hpp"
@@ -12,10 +13,12 @@ class Linear {
  public:
   Linear(std::string name, int64_t in_features, int64_t out_features, bool bias,
          bool hf_transposed);
-  void forward(float* out, int64_t out_ld, const float* input, int64_t rows) const;
-  // d_input written (or accumulated); weight/bias gradients accumulated.
-  void backward(float* d_input, bool accumulate_input, const float* d_out, int64_t d_out_ld,
-                const float* input, int64_t rows);
+  // out[:, out_col : out_col + out_features] = input W^T (+ b); input [rows, in].
+  void forward(const Tensor& out, int64_t out_col, const Tensor& input) const;
+  // From d_out[:, d_out_col : d_out_col + out_features]: d_input (undefined to skip) written
+  // or accumulated; weight/bias gradients accumulated.
+  void backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                int64_t d_out_col, const Tensor& input);
   void collect(ParameterList& out);
 
   int64_t in_features() const { return in_features_; }
@@ -29,7 +32,8 @@ class Linear {
   int64_t in_features_, out_features_;
 };
 
-// Allocates value and gradient tensors of a parameter.
+// Allocates value and gradient tensors of a parameter (on the CPU, f32; Transformer::to_device
+// moves them).
 void allocate_parameter(Parameter& p, std::string name, const Shape& shape, bool weight_decay,
                         bool hf_transposed = false);
 

@@ -1,7 +1,6 @@
 #include "loom/model/mlp.hpp"
 
-#include "loom/kernels/cpu/activations.hpp"
-#include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/kernels/ops.hpp"
 
 namespace loom {
 
@@ -22,39 +21,30 @@ FanInSpec output_spec(const ModelConfig& c, const std::string& prefix) {
 Mlp::Mlp(const ModelConfig& c, const ParallelPlan& plan, const std::string& prefix)
     : input_projection(plan.fan_out(input_spec(c, prefix))),
       output_projection(plan.fan_in(output_spec(c, prefix))),
-      gelu_(c.arch == Architecture::GPT2),
-      ffn_local_(plan.local_dims(c).ffn_hidden) {}
+      gelu_(c.arch == Architecture::GPT2) {}
 
-void Mlp::forward(float* out, BlockStash& stash, int64_t rows) const {
-  input_projection->forward(stash.mlp_pre.f32(), stash.mlp_pre.size(1), stash.norm2_out.f32(), rows);
-  if (bf16_activations_) cpu::round_to_bf16_inplace(stash.mlp_pre.f32(), stash.mlp_pre.numel());
-  recompute_activation(stash, rows);
-  output_projection->forward(out, stash.mlp_act.f32(), rows);
+void Mlp::forward(const Tensor& out, BlockStash& stash) const {
+  input_projection->forward(stash.mlp_pre, stash.norm2_out);
+  if (bf16_activations_) ops::round_to_bf16_(stash.mlp_pre);
+  recompute_activation(stash);
+  output_projection->forward(out, stash.mlp_act);
 }
 
-void Mlp::recompute_activation(BlockStash& stash, int64_t rows) const {
-  const int64_t f = ffn_local_;
+void Mlp::recompute_activation(BlockStash& stash) const {
   if (gelu_)
-    cpu::gelu_forward(stash.mlp_act.f32(), stash.mlp_pre.f32(), rows * f);
+    ops::gelu_forward(stash.mlp_act, stash.mlp_pre);
   else
-    cpu::swiglu_forward(stash.mlp_act.f32(), stash.mlp_pre.f32(), stash.mlp_pre.f32() + f, rows,
-                        f, 2 * f);
-  if (bf16_activations_) cpu::round_to_bf16_inplace(stash.mlp_act.f32(), rows * f);
+    ops::swiglu_forward(stash.mlp_act, stash.mlp_pre);
+  if (bf16_activations_) ops::round_to_bf16_(stash.mlp_act);
 }
 
-void Mlp::backward(const float* d_out, const BlockStash& stash, BlockGradScratch& scratch,
-                   int64_t rows) {
-  const int64_t f = ffn_local_, ld = stash.mlp_pre.size(1);
-  output_projection->backward(scratch.d_mlp_act.f32(), d_out, stash.mlp_act.f32(), rows);
+void Mlp::backward(const Tensor& d_out, const BlockStash& stash, BlockGradScratch& scratch) {
+  output_projection->backward(scratch.d_mlp_act, d_out, stash.mlp_act);
   if (gelu_)
-    cpu::gelu_backward(scratch.d_mlp_pre.f32(), scratch.d_mlp_act.f32(), stash.mlp_pre.f32(),
-                       rows * f);
+    ops::gelu_backward(scratch.d_mlp_pre, scratch.d_mlp_act, stash.mlp_pre);
   else
-    cpu::swiglu_backward(scratch.d_mlp_pre.f32(), scratch.d_mlp_pre.f32() + f,
-                         scratch.d_mlp_act.f32(), stash.mlp_pre.f32(), stash.mlp_pre.f32() + f,
-                         rows, f, 2 * f);
-  input_projection->backward(scratch.d_norm_out.f32(), scratch.d_mlp_pre.f32(), ld,
-                             stash.norm2_out.f32(), rows);
+    ops::swiglu_backward(scratch.d_mlp_pre, scratch.d_mlp_act, stash.mlp_pre);
+  input_projection->backward(scratch.d_norm_out, scratch.d_mlp_pre, stash.norm2_out);
 }
 
 void Mlp::collect(ParameterList& out) {

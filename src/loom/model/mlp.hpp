@@ -15,11 +15,10 @@ class Mlp {
  public:
   Mlp(const ModelConfig& config, const ParallelPlan& plan, const std::string& prefix);
   // Reads stash.norm2_out; writes stash.mlp_pre, stash.mlp_act and out.
-  void forward(float* out, BlockStash& stash, int64_t rows) const;
-  void recompute_activation(BlockStash& stash, int64_t rows) const;
+  void forward(const Tensor& out, BlockStash& stash) const;
+  void recompute_activation(BlockStash& stash) const;
   // From d_out to scratch.d_norm_out (written).
-  void backward(const float* d_out, const BlockStash& stash, BlockGradScratch& scratch,
-                int64_t rows);
+  void backward(const Tensor& d_out, const BlockStash& stash, BlockGradScratch& scratch);
   void collect(ParameterList& out);
   ParameterList partial_grads() { return output_projection->partial_grads(); }
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
@@ -29,7 +28,6 @@ class Mlp {
 
  private:
   bool gelu_;
-  int64_t ffn_local_;  // hidden columns on this rank
   bool bf16_activations_ = false;  // round stored activations to bf16 values
 };
 

@@ -1,32 +1,29 @@
 #include "loom/model/norm.hpp"
 
-#include "loom/kernels/cpu/norms.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/linear.hpp"
 
 namespace loom {
 
-Norm::Norm(NormKind kind, std::string name, int64_t dim, float eps)
-    : kind_(kind), dim_(dim), eps_(eps) {
+Norm::Norm(NormKind kind, std::string name, int64_t dim, float eps) : kind_(kind), eps_(eps) {
   allocate_parameter(weight, name + ".weight", {dim}, false);
   if (kind == NormKind::LayerNorm) allocate_parameter(bias, name + ".bias", {dim}, false);
 }
 
-void Norm::forward(float* out, NormStash& stash, const float* input, int64_t rows) const {
+void Norm::forward(const Tensor& out, NormStash& stash, const Tensor& input) const {
   if (kind_ == NormKind::LayerNorm)
-    cpu::layernorm_forward(out, stash.mean.f32(), stash.rstd.f32(), input, weight.value.f32(),
-                           bias.value.f32(), rows, dim_, eps_);
+    ops::layernorm_forward(out, stash.mean, stash.rstd, input, weight.value, bias.value, eps_);
   else
-    cpu::rmsnorm_forward(out, stash.rstd.f32(), input, weight.value.f32(), rows, dim_, eps_);
+    ops::rmsnorm_forward(out, stash.rstd, input, weight.value, eps_);
 }
 
-void Norm::backward(float* d_input, const float* d_out, const float* input, const NormStash& stash,
-                    int64_t rows) {
+void Norm::backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input,
+                    const NormStash& stash) {
   if (kind_ == NormKind::LayerNorm)
-    cpu::layernorm_backward(d_input, weight.grad.f32(), bias.grad.f32(), d_out, input,
-                            weight.value.f32(), stash.mean.f32(), stash.rstd.f32(), rows, dim_);
+    ops::layernorm_backward(d_input, weight.grad, bias.grad, d_out, input, weight.value,
+                            stash.mean, stash.rstd);
   else
-    cpu::rmsnorm_backward(d_input, weight.grad.f32(), d_out, input, weight.value.f32(),
-                          stash.rstd.f32(), rows, dim_);
+    ops::rmsnorm_backward(d_input, weight.grad, d_out, input, weight.value, stash.rstd);
 }
 
 void Norm::collect(ParameterList& out) {

@@ -16,10 +16,11 @@ struct NormStash {
 class Norm {
  public:
   Norm(NormKind kind, std::string name, int64_t dim, float eps);
-  void forward(float* out, NormStash& stash, const float* input, int64_t rows) const;
+  // input, out: [rows, dim].
+  void forward(const Tensor& out, NormStash& stash, const Tensor& input) const;
   // d_input accumulated.
-  void backward(float* d_input, const float* d_out, const float* input, const NormStash& stash,
-                int64_t rows);
+  void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input,
+                const NormStash& stash);
   void collect(ParameterList& out);
   NormKind kind() const { return kind_; }
 
@@ -27,7 +28,6 @@ class Norm {
 
  private:
   NormKind kind_;
-  int64_t dim_;
   float eps_;
 };
 

@@ -3,8 +3,7 @@
 #include <numeric>
 
 #include "loom/core/error.hpp"
-#include "loom/kernels/cpu/embedding.hpp"
-#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/linear.hpp"
 #include "loom/model/tensor_shard.hpp"
 
@@ -26,18 +25,17 @@ class LocalFanOut final : public FanOutProjection {
       width_ += linears_.back().out_features();
     }
   }
-  void forward(float* out, int64_t out_ld, const float* input, int64_t rows) override {
+  void forward(const Tensor& out, const Tensor& input) override {
     int64_t column = 0;
     for (const Linear& linear : linears_) {
-      linear.forward(out + column, out_ld, input, rows);
+      linear.forward(out, column, input);
       column += linear.out_features();
     }
   }
-  void backward(float* d_input, const float* d_out, int64_t d_out_ld, const float* input,
-                int64_t rows) override {
+  void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) override {
     int64_t column = 0;
     for (size_t i = 0; i < linears_.size(); ++i) {
-      linears_[i].backward(d_input, i > 0, d_out + column, d_out_ld, input, rows);
+      linears_[i].backward(d_input, i > 0, d_out, column, input);
       column += linears_[i].out_features();
     }
   }
@@ -55,11 +53,9 @@ class LocalFanIn final : public FanInProjection {
  public:
   explicit LocalFanIn(const FanInSpec& spec)
       : linear_(spec.name, spec.in_features, spec.out_features, spec.bias, spec.hf_transposed) {}
-  void forward(float* out, const float* input, int64_t rows) override {
-    linear_.forward(out, linear_.out_features(), input, rows);
-  }
-  void backward(float* d_input, const float* d_out, const float* input, int64_t rows) override {
-    linear_.backward(d_input, false, d_out, linear_.out_features(), input, rows);
+  void forward(const Tensor& out, const Tensor& input) override { linear_.forward(out, 0, input); }
+  void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) override {
+    linear_.backward(d_input, false, d_out, 0, input);
   }
   void collect(ParameterList& out) override { linear_.collect(out); }
 
@@ -105,28 +101,37 @@ Placement ParallelPlan::vocab_placement(int64_t vocab, int64_t dim) const {
   return shard_placement({vocab, dim}, 0, tp_rank(), tp());
 }
 
-void ParallelPlan::embed(float* out, const EmbeddingArgs& a) const {
-  cpu::embedding_forward(out, a.tokens, a.token_table->value.f32(),
-                         a.position_table ? a.position_table->value.f32() : nullptr, a.batch,
-                         a.seq_len, a.dim);
+void ParallelPlan::embed(const Tensor& out, const EmbeddingArgs& a) const {
+  ops::embedding_forward(out, a.tokens, a.token_table->value,
+                         a.position_table ? &a.position_table->value : nullptr, a.batch,
+                         a.seq_len);
 }
 
-void ParallelPlan::embed_backward(const float* d_out, const EmbeddingArgs& a) const {
-  cpu::embedding_backward(a.token_table->grad.f32(),
-                          a.position_table ? a.position_table->grad.f32() : nullptr, d_out,
-                          a.tokens, a.batch, a.seq_len, a.dim);
+void ParallelPlan::embed_backward(const Tensor& d_out, const EmbeddingArgs& a) const {
+  ops::embedding_backward(a.token_table->grad,
+                          a.position_table ? &a.position_table->grad : nullptr, d_out, a.tokens,
+                          a.batch, a.seq_len);
 }
 
-double ParallelPlan::head_loss(const cpu::CrossEntropyArgs& args) const {
-  return cpu::lm_head_cross_entropy(args);
+double ParallelPlan::head_loss(const ops::CrossEntropyArgs& args, int64_t rows,
+                               int64_t vocab) const {
+  LOOM_CHECK(args.hidden.size(0) == rows && args.weight.size(0) == vocab,
+             "the one-process head loss takes all ", rows, " rows and all ", vocab,
+             " vocabulary entries; got hidden ", shape_to_string(args.hidden.shape()), " and head ",
+             shape_to_string(args.weight.shape()));
+  return ops::lm_head_cross_entropy(args);
 }
 
-void ParallelPlan::last_position_logits(float* logits, const float* hidden, const float* head,
-                                        int64_t batch, int64_t seq_len, int64_t dim,
-                                        int64_t vocab) const {
+std::vector<float> ParallelPlan::last_position_logits(const Tensor& hidden, const Tensor& head,
+                                                      int64_t batch, int64_t seq_len,
+                                                      int64_t vocab) const {
+  const int64_t dim = hidden.size(1);
+  Tensor last = Tensor::empty({batch, dim}, hidden.dtype(), MemCategory::Workspace, hidden.device());
   for (int64_t b = 0; b < batch; ++b)
-    cpu::sgemm(false, true, 1, vocab, dim, 1.0f, hidden + (b * seq_len + seq_len - 1) * dim, dim,
-               head, dim, 0.0f, logits + b * vocab, vocab);
+    last.narrow_rows(b, b + 1).copy_from(hidden.narrow_rows(b * seq_len + seq_len - 1, b * seq_len + seq_len));
+  Tensor logits = Tensor::empty({batch, vocab}, hidden.dtype(), MemCategory::Workspace, hidden.device());
+  ops::linear_forward(logits, 0, last, head, nullptr);
+  return logits.to_f32_vector();
 }
 
 std::shared_ptr<const ParallelPlan> single_process_plan() {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/kernels/cpu/cross_entropy.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/config.hpp"
 #include "loom/model/parameter.hpp"
 
@@ -42,11 +42,10 @@ struct FanInSpec {
 class FanOutProjection {
  public:
   virtual ~FanOutProjection() = default;
-  // input: [plan.local_rows(rows), in]. out: [rows, width()] at leading dimension out_ld.
-  virtual void forward(float* out, int64_t out_ld, const float* input, int64_t rows) = 0;
+  // input: [plan.local_rows(rows), in]. out: [rows, width()].
+  virtual void forward(const Tensor& out, const Tensor& input) = 0;
   // d_input, shaped like input, written; parameter gradients accumulated.
-  virtual void backward(float* d_input, const float* d_out, int64_t d_out_ld, const float* input,
-                        int64_t rows) = 0;
+  virtual void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) = 0;
   virtual int64_t width() const = 0;  // this rank's output columns
   virtual void collect(ParameterList& out) = 0;
 };
@@ -55,9 +54,9 @@ class FanOutProjection {
 class FanInProjection {
  public:
   virtual ~FanInProjection() = default;
-  virtual void forward(float* out, const float* input, int64_t rows) = 0;
+  virtual void forward(const Tensor& out, const Tensor& input) = 0;
   // d_input [rows, this rank's input columns] written; parameter gradients accumulated.
-  virtual void backward(float* d_input, const float* d_out, const float* input, int64_t rows) = 0;
+  virtual void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) = 0;
   virtual void collect(ParameterList& out) = 0;
   // Parameters whose gradient comes from this rank's rows only (see sum_partial_grads).
   virtual ParameterList partial_grads() { return {}; }
@@ -70,7 +69,8 @@ struct LocalDims {
 };
 
 struct EmbeddingArgs {
-  const int32_t* tokens = nullptr;          // [batch * seq_len], the same on every tp rank
+  const int32_t* tokens = nullptr;          // [batch * seq_len] on the host, the same on every
+                                            // tp rank
   const Parameter* token_table = nullptr;   // this rank's rows of [vocab, dim]
   const Parameter* position_table = nullptr;  // [max_seq_len, dim] (GPT-2) or null
   int64_t batch = 0, seq_len = 0, dim = 0, vocab = 0;
@@ -94,17 +94,19 @@ class ParallelPlan {
   virtual Placement vocab_placement(int64_t vocab, int64_t dim) const;
 
   // out: [local_rows, dim] token (+ position) embeddings of this rank's rows.
-  virtual void embed(float* out, const EmbeddingArgs& args) const;
+  virtual void embed(const Tensor& out, const EmbeddingArgs& args) const;
   // d_out shaped like embed's out; accumulates the tables' gradients.
-  virtual void embed_backward(const float* d_out, const EmbeddingArgs& args) const;
-  // The fused head + cross-entropy (cpu::lm_head_cross_entropy's contract) with args.hidden
+  virtual void embed_backward(const Tensor& d_out, const EmbeddingArgs& args) const;
+  // The fused head + cross-entropy (ops::lm_head_cross_entropy's contract) with args.hidden
   // and args.d_hidden this rank's [local_rows, dim], args.weight and args.d_weight this rank's
-  // head rows, args.rows and args.vocab the full counts. Returns the summed loss, every rank.
-  virtual double head_loss(const cpu::CrossEntropyArgs& args) const;
-  // logits: [batch, vocab] of the last position of each sequence; hidden as head_loss's.
-  virtual void last_position_logits(float* logits, const float* hidden, const float* head,
-                                    int64_t batch, int64_t seq_len, int64_t dim,
-                                    int64_t vocab) const;
+  // head rows, and args.targets all `rows` targets; `vocab` is the full vocabulary. Returns the
+  // summed loss, every rank.
+  virtual double head_loss(const ops::CrossEntropyArgs& args, int64_t rows, int64_t vocab) const;
+  // [batch, vocab] logits of the last position of each sequence, on the host; hidden as
+  // head_loss's, head this rank's rows.
+  virtual std::vector<float> last_position_logits(const Tensor& hidden, const Tensor& head,
+                                                  int64_t batch, int64_t seq_len,
+                                                  int64_t vocab) const;
   // Sums `params`' gradients over tp. Under sequence parallelism a parameter applied to this
   // rank's rows only (norms, row-parallel biases, the position table) gets a partial gradient;
   // the model calls this once per backward on gradients holding that backward's part alone.

@@ -3,9 +3,17 @@
 namespace loom {
 
 namespace {
-Tensor activation(const Shape& shape) {
-  return Tensor::empty(shape, DType::F32, MemCategory::Activations);
-}
+// Activations of the format's dtype, and F32 statistics, on its device.
+struct Allocate {
+  const ActivationFormat& format;
+  MemCategory category = MemCategory::Activations;
+  Tensor operator()(const Shape& shape) const {
+    return Tensor::empty(shape, format.dtype, category, format.device);
+  }
+  Tensor f32(const Shape& shape) const {
+    return Tensor::empty(shape, DType::F32, category, format.device);
+  }
+};
 
 // Columns of the MLP's first projection on this rank: F (GELU input) or 2F (gate | up).
 int64_t mlp_pre_width(const ModelConfig& c, const LocalDims& dims) {
@@ -13,20 +21,22 @@ int64_t mlp_pre_width(const ModelConfig& c, const LocalDims& dims) {
 }
 }  // namespace
 
-BlockStash make_block_stash(const ModelConfig& c, const ParallelPlan& plan, int64_t batch,
-                            int64_t seq_len, const BlockStash* shared) {
+BlockStash make_block_stash(const ModelConfig& c, const ParallelPlan& plan,
+                            const ActivationFormat& format, int64_t batch, int64_t seq_len,
+                            const BlockStash* shared) {
+  const Allocate activation{format};
   const int64_t rows = batch * seq_len, local_rows = plan.local_rows(rows);
   const LocalDims dims = plan.local_dims(c);
   const bool layer_norm = c.arch == Architecture::GPT2;
   BlockStash s;
   s.norm1_out = activation({local_rows, c.n_embd});
-  s.norm1.rstd = activation({local_rows});
-  if (layer_norm) s.norm1.mean = activation({local_rows});
+  s.norm1.rstd = activation.f32({local_rows});
+  if (layer_norm) s.norm1.mean = activation.f32({local_rows});
   s.qkv = activation({rows, dims.qkv_width()});
   s.residual_mid = activation({local_rows, c.n_embd});
   s.norm2_out = activation({local_rows, c.n_embd});
-  s.norm2.rstd = activation({local_rows});
-  if (layer_norm) s.norm2.mean = activation({local_rows});
+  s.norm2.rstd = activation.f32({local_rows});
+  if (layer_norm) s.norm2.mean = activation.f32({local_rows});
   s.mlp_pre = activation({rows, mlp_pre_width(c, dims)});
   if (shared) {
     s.attn_out = shared->attn_out;
@@ -34,17 +44,15 @@ BlockStash make_block_stash(const ModelConfig& c, const ParallelPlan& plan, int6
     s.mlp_act = shared->mlp_act;
   } else {
     s.attn_out = activation({rows, dims.heads * dims.head_dim});
-    s.attn_lse = activation({batch, dims.heads, seq_len});
+    s.attn_lse = activation.f32({batch, dims.heads, seq_len});
     s.mlp_act = activation({rows, dims.ffn_hidden});
   }
   return s;
 }
 
 BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPlan& plan,
-                                         int64_t rows) {
-  auto scratch = [](const Shape& shape) {
-    return Tensor::empty(shape, DType::F32, MemCategory::Workspace);
-  };
+                                         const ActivationFormat& format, int64_t rows) {
+  const Allocate scratch{format, MemCategory::Workspace};
   const int64_t local_rows = plan.local_rows(rows);
   const LocalDims dims = plan.local_dims(c);
   BlockGradScratch g;
@@ -57,26 +65,30 @@ BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPla
   return g;
 }
 
-void add_last_stage_activations(const ModelConfig& c, const ParallelPlan& plan, int64_t batch, int64_t seq_len,
+void add_last_stage_activations(const ModelConfig& c, const ParallelPlan& plan,
+                                const ActivationFormat& format, int64_t batch, int64_t seq_len,
                                 ChunkActivations& a) {
+  const Allocate activation{format};
   const int64_t local_rows = plan.local_rows(batch * seq_len);
   a.final_norm_out = activation({local_rows, c.n_embd});
-  a.final_norm_stash.rstd = activation({local_rows});
-  if (c.arch == Architecture::GPT2) a.final_norm_stash.mean = activation({local_rows});
-  a.d_hidden = Tensor::empty({local_rows, c.n_embd}, DType::F32, MemCategory::Workspace);
+  a.final_norm_stash.rstd = activation.f32({local_rows});
+  if (c.arch == Architecture::GPT2) a.final_norm_stash.mean = activation.f32({local_rows});
+  a.d_hidden = Allocate{format, MemCategory::Workspace}({local_rows, c.n_embd});
 }
 
 ChunkActivations make_chunk_activations(const ModelConfig& c, const ParallelPlan& plan,
-                                        const ModelChunk& chunk, Recompute recompute, int64_t batch,
-                                        int64_t seq_len, BlockStash& selective_shared) {
+                                        const ActivationFormat& format, const ModelChunk& chunk,
+                                        Recompute recompute, int64_t batch, int64_t seq_len,
+                                        BlockStash& selective_shared) {
   const int64_t local_rows = plan.local_rows(batch * seq_len);
   ChunkActivations a;
-  a.residuals = activation({chunk.layers() + 1, local_rows, c.n_embd});
-  if (chunk.last_stage()) add_last_stage_activations(c, plan, batch, seq_len, a);
+  a.residuals = Allocate{format}({chunk.layers() + 1, local_rows, c.n_embd});
+  if (chunk.last_stage()) add_last_stage_activations(c, plan, format, batch, seq_len, a);
   if (recompute == Recompute::Full) return a;
   for (int64_t l = 0; l < chunk.layers(); ++l) {
     const bool share = recompute == Recompute::Selective && selective_shared.attn_out.defined();
-    a.stashes.push_back(make_block_stash(c, plan, batch, seq_len, share ? &selective_shared : nullptr));
+    a.stashes.push_back(make_block_stash(c, plan, format, batch, seq_len,
+                                         share ? &selective_shared : nullptr));
     if (recompute == Recompute::Selective && !share) selective_shared = a.stashes.back();
   }
   return a;

@@ -13,6 +13,14 @@
 
 namespace loom {
 
+// Where a model's activations live: the device, and the dtype of the activations and their
+// gradients (F32; BF16 on CUDA under bf16 mixed precision). Norm statistics and attention
+// log-sum-exps are F32 always.
+struct ActivationFormat {
+  Device device = Device::CPU;
+  DType dtype = DType::F32;
+};
+
 // Shapes are one rank's: `local_rows` is rows / tp under sequence parallelism (else rows), and
 // H, KV, F are the heads and MLP columns this rank computes (ParallelPlan::local_dims).
 struct BlockStash {
@@ -30,15 +38,16 @@ struct BlockStash {
 
 // Allocates a stash for batch x seq_len tokens laid out by `plan`. `shared` (may be null)
 // supplies the tensors that recomputation lets blocks share.
-BlockStash make_block_stash(const ModelConfig& config, const ParallelPlan& plan, int64_t batch,
-                            int64_t seq_len, const BlockStash* shared_recomputable);
+BlockStash make_block_stash(const ModelConfig& config, const ParallelPlan& plan,
+                            const ActivationFormat& format, int64_t batch, int64_t seq_len,
+                            const BlockStash* shared_recomputable);
 
 // Gradient scratch space used by every block's backward in turn (one copy per model).
 struct BlockGradScratch {
   Tensor d_residual_mid, d_norm_out, d_qkv, d_attn_out, d_mlp_pre, d_mlp_act;
 };
 BlockGradScratch make_block_grad_scratch(const ModelConfig& config, const ParallelPlan& plan,
-                                         int64_t rows);
+                                         const ActivationFormat& format, int64_t rows);
 
 // What one model chunk (pipeline stage) keeps of one micro-batch from its forward to its
 // backward. A pipeline holds several at once (one per micro-batch in flight), which is the
@@ -56,13 +65,15 @@ struct ChunkActivations {
 
 // Adds what the last stage keeps besides the residual stream (final norm output and stash,
 // the loss gradient), so a set made for another chunk of as many layers can serve it.
-void add_last_stage_activations(const ModelConfig& config, const ParallelPlan& plan, int64_t batch,
-                                int64_t seq_len, ChunkActivations& activations);
+void add_last_stage_activations(const ModelConfig& config, const ParallelPlan& plan,
+                                const ActivationFormat& format, int64_t batch, int64_t seq_len,
+                                ChunkActivations& activations);
 
 // Under Selective every block of every micro-batch shares one set of recomputable tensors,
 // `selective_shared`'s: taken from the first stash made while it is empty.
 ChunkActivations make_chunk_activations(const ModelConfig& config, const ParallelPlan& plan,
-                                        const ModelChunk& chunk, Recompute recompute, int64_t batch,
-                                        int64_t seq_len, BlockStash& selective_shared);
+                                        const ActivationFormat& format, const ModelChunk& chunk,
+                                        Recompute recompute, int64_t batch, int64_t seq_len,
+                                        BlockStash& selective_shared);
 
 }  // namespace loom

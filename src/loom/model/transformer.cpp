@@ -6,10 +6,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/core/rng.hpp"
-#include "loom/kernels/cpu/cross_entropy.hpp"
-#include "loom/kernels/cpu/elementwise.hpp"
-#include "loom/kernels/cpu/embedding.hpp"
-#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/linear.hpp"
 #include "loom/model/tensor_shard.hpp"
 
@@ -61,8 +58,7 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
     add_parameter(position_embedding, 1);
   }
   if (!gpt2)
-    rope_ = std::make_shared<cpu::RopeTable>(
-        cpu::make_rope_table(config_.head_dim(), config_.max_seq_len, config_.rope_theta));
+    rope_ = std::make_shared<ops::Rope>(config_.head_dim(), config_.max_seq_len, config_.rope_theta);
   int64_t per_block = 0;
   for (const ModelChunk& chunk : chunks_) {
     chunk_first_block_.push_back(static_cast<int64_t>(blocks.size()));
@@ -106,10 +102,15 @@ void Transformer::init_weights(uint64_t seed) {
   };
   for (size_t index = 0; index < parameters_.size(); ++index) {
     Parameter& p = *parameters_[index];
-    float* v = p.value.f32();
+    // Values are drawn on the host in f32 and copied to where the parameter lives.
+    const bool in_place = p.value.device() == Device::CPU && p.value.dtype() == DType::F32;
+    const Tensor host =
+        in_place ? p.value : Tensor::empty(p.value.shape(), DType::F32, MemCategory::Workspace);
     const bool is_norm_weight = p.value.dim() == 1 && p.name.find("bias") == std::string::npos;
     if (p.value.dim() == 1) {
+      float* v = host.f32();
       for (int64_t i = 0; i < p.value.numel(); ++i) v[i] = is_norm_weight ? 1.0f : 0.0f;
+      if (!in_place) p.value.copy_from(host);
       continue;
     }
     const double std = is_residual_output(p.name) ? residual_std : kStd;
@@ -117,13 +118,52 @@ void Transformer::init_weights(uint64_t seed) {
     // A shard draws the whole tensor and keeps its part.
     const CounterRng rng(seed, static_cast<uint64_t>(init_index_[index]));
     Tensor full = p.placement.replicated
-                      ? p.value
+                      ? host
                       : Tensor::empty(p.placement.full_shape, DType::F32, MemCategory::Workspace);
     float* f = full.f32();
     for (int64_t i = 0; i < full.numel(); ++i)
       f[i] = static_cast<float>(std * rng.normal(static_cast<uint64_t>(i)));
-    if (!p.placement.replicated) p.value.copy_from(take_shard(full, p.placement));
+    if (!p.placement.replicated)
+      p.value.copy_from(take_shard(full, p.placement));
+    else if (!in_place)
+      p.value.copy_from(host);
   }
+}
+
+void Transformer::to_device(Device device, DType compute_dtype) {
+  if (compute_dtype != DType::F32 && compute_dtype != DType::BF16)
+    throw_error("model compute dtype ", dtype_name(compute_dtype), ": expected f32 or bf16");
+  if (device == Device::CPU && compute_dtype != DType::F32)
+    throw_error("the CPU computes in f32 and emulates bf16 by rounding (set_bf16_activations); "
+                "bf16 storage is for CUDA");
+  if (device != Device::CPU && plan_->tp() > 1)
+    throw_error("tensor parallelism on ", device_name(device),
+                ": its layers exchange host buffers so far; run tp on the CPU");
+  if (!in_flight_.empty())
+    throw_error("to_device with ", in_flight_.size(), " micro-batch(es) awaiting their backward");
+  // Everything is allocated and copied before any parameter changes, so a failure (no device,
+  // out of memory) leaves the model as it was.
+  std::vector<Tensor> values, grads;
+  for (Parameter* p : parameters_) {
+    Tensor value = p->value, grad = p->grad;
+    if (value.defined() && (value.device() != device || value.dtype() != compute_dtype)) {
+      value = Tensor::empty(value.shape(), compute_dtype, MemCategory::Parameters, device);
+      value.copy_from(p->value);
+    }
+    if (grad.defined() && grad.device() != device)
+      grad = Tensor::zeros(grad.shape(), DType::F32, MemCategory::Gradients, device);
+    values.push_back(value);
+    grads.push_back(grad);
+  }
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    parameters_[i]->value = values[i];
+    parameters_[i]->grad = grads[i];
+  }
+  format_ = {device, compute_dtype};
+  // Activations are made again, on the device, at the next forward.
+  batch_ = seq_len_ = 0;
+  idle_.clear();
+  last_released_ = {-1, -1};
 }
 
 void Transformer::set_bf16_activations(bool on) {
@@ -180,17 +220,17 @@ void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
   full_recompute_stash_ = BlockStash{};
   selective_shared_ = BlockStash{};
   if (recompute_ == Recompute::Full)
-    full_recompute_stash_ = make_block_stash(config_, *plan_, batch, seq_len, nullptr);
+    full_recompute_stash_ = make_block_stash(config_, *plan_, format_, batch, seq_len, nullptr);
   const int64_t rows = plan_->local_rows(batch * seq_len), c = config_.n_embd;
-  scratch_ = make_block_grad_scratch(config_, *plan_, batch * seq_len);
+  scratch_ = make_block_grad_scratch(config_, *plan_, format_, batch * seq_len);
   // The single-process loss takes its logits scratch from here; the vocab-parallel one has
   // its own.
   logits_chunk_ = plan_->tp() > 1 || !holds_head_
                       ? Tensor()
                       : Tensor::empty({rows, std::min(vocab_chunk_, config_.vocab_size)}, DType::F32,
-                                      MemCategory::Workspace);
-  d_residual_a_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
-  d_residual_b_ = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
+                                      MemCategory::Workspace, format_.device);
+  d_residual_a_ = Tensor::empty({rows, c}, format_.dtype, MemCategory::Workspace, format_.device);
+  d_residual_b_ = Tensor::empty({rows, c}, format_.dtype, MemCategory::Workspace, format_.device);
 }
 
 const ModelChunk& Transformer::chunk_at(int64_t chunk) const {
@@ -210,12 +250,13 @@ ChunkActivations& Transformer::acquire(int64_t chunk_index, int64_t micro) {
   auto it = std::find_if(idle_.rbegin(), idle_.rend(), fits);
   ChunkActivations set;
   if (it == idle_.rend()) {
-    set = make_chunk_activations(config_, *plan_, chunk, recompute_, batch_, seq_len_, selective_shared_);
+    set = make_chunk_activations(config_, *plan_, format_, chunk, recompute_, batch_, seq_len_,
+                                 selective_shared_);
   } else {
     set = std::move(*it);
     idle_.erase(std::next(it).base());
     if (chunk.last_stage() && !set.final_norm_out.defined())
-      add_last_stage_activations(config_, *plan_, batch_, seq_len_, set);
+      add_last_stage_activations(config_, *plan_, format_, batch_, seq_len_, set);
   }
   return in_flight_.emplace(key, std::move(set)).first->second;
 }
@@ -272,49 +313,56 @@ void Transformer::with_partial_grads(const ParameterList& params, Run run) {
   std::vector<Tensor> grads;
   for (Parameter* p : params) {
     grads.push_back(p->grad);
-    p->grad = Tensor::zeros(p->grad.shape(), DType::F32, MemCategory::Workspace);
+    p->grad = Tensor::zeros(p->grad.shape(), DType::F32, MemCategory::Workspace, p->grad.device());
   }
   run();
   plan_->sum_partial_grads(params);
   for (size_t i = 0; i < params.size(); ++i) {
-    cpu::add_into(grads[i].f32(), params[i]->grad.f32(), grads[i].numel());
+    ops::add_into(grads[i], params[i]->grad);
     params[i]->grad = grads[i];
   }
 }
 
 // ---- forward ----------------------------------------------------------------------------
 
-void Transformer::forward_layers(int64_t chunk_index, ChunkActivations& a, const float* input) {
+Tensor Transformer::residual(const ChunkActivations& a, int64_t index) const {
+  const int64_t rows = a.residuals.size(1), c = a.residuals.size(2);
+  return a.residuals.slice_as(index * rows * c, {rows, c});
+}
+
+void Transformer::forward_layers(int64_t chunk_index, ChunkActivations& a, const Tensor& input) {
   const ModelChunk& chunk = chunks_[static_cast<size_t>(chunk_index)];
-  const int64_t rows = plan_->local_rows(batch_ * seq_len_), c = config_.n_embd;
-  float* residual = a.residuals.f32();
   if (chunk.first_stage()) {
     fire(unit_hooks_.before_forward, 0);
-    plan_->embed(residual, embedding_args(a));
-    if (bf16_activations_) cpu::round_to_bf16_inplace(residual, rows * c);
+    plan_->embed(residual(a, 0), embedding_args(a));
+    if (bf16_activations_) ops::round_to_bf16_(residual(a, 0));
   } else {
-    std::memcpy(residual, input, static_cast<size_t>(rows * c) * sizeof(float));
+    residual(a, 0).copy_from(input);
   }
   const int64_t first_block = chunk_first_block_[static_cast<size_t>(chunk_index)];
   for (int64_t i = 0; i < chunk.layers(); ++i) {
     const int64_t unit = chunk.first_layer + i + 1;
     fire(unit_hooks_.before_forward, unit);
-    blocks[static_cast<size_t>(first_block + i)]->forward(residual + (i + 1) * rows * c, residual + i * rows * c,
+    blocks[static_cast<size_t>(first_block + i)]->forward(residual(a, i + 1), residual(a, i),
                                                           stash_of(a, i), batch_, seq_len_);
     fire(unit_hooks_.after_forward, unit);
   }
   if (!chunk.last_stage()) return;
-  final_norm->forward(a.final_norm_out.f32(), a.final_norm_stash, residual + chunk.layers() * rows * c, rows);
-  if (bf16_activations_) cpu::round_to_bf16_inplace(a.final_norm_out.f32(), rows * c);
+  final_norm->forward(a.final_norm_out, a.final_norm_stash, residual(a, chunk.layers()));
+  if (bf16_activations_) ops::round_to_bf16_(a.final_norm_out);
 }
 
 double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int32_t* tokens, const int32_t* targets,
-                                  const float* input, int64_t batch, int64_t seq_len, const ForwardOptions& options) {
+                                  const Tensor& input, int64_t batch, int64_t seq_len, const ForwardOptions& options) {
   const ModelChunk& chunk = chunk_at(chunk_index);
   if (chunk.first_stage() && !tokens) throw_error("the first pipeline stage needs tokens");
-  if (!chunk.first_stage() && !input) throw_error("pipeline stage ", chunk.stage, " needs the previous stage's output");
+  if (!chunk.first_stage() && !input.defined())
+    throw_error("pipeline stage ", chunk.stage, " needs the previous stage's output");
   if (chunk.last_stage() && !targets) throw_error("the last pipeline stage needs targets");
   check_inputs(chunk.first_stage() ? tokens : nullptr, chunk.last_stage() ? targets : nullptr, batch, seq_len);
+  if (!chunk.first_stage() && input.numel() != plan_->local_rows(batch * seq_len) * config_.n_embd)
+    throw_error("pipeline stage ", chunk.stage, ": input ", shape_to_string(input.shape()), " for ",
+                plan_->local_rows(batch * seq_len), " rows of ", config_.n_embd);
   ensure_shape(batch, seq_len);
   ChunkActivations& a = acquire(chunk_index, micro);
   if (chunk.first_stage()) a.tokens.assign(tokens, tokens + batch * seq_len);
@@ -328,19 +376,18 @@ double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int3
   // begins here.
   if (options.compute_grad) fire(unit_hooks_.before_backward, 0);
   const Parameter& head = output_weight();
-  cpu::CrossEntropyArgs args{};  // rows and vocab are whole counts; hidden and head this rank's
-  args.hidden = a.final_norm_out.f32();
-  args.weight = head.value.f32();
+  ops::CrossEntropyArgs args;  // hidden and head are this rank's
+  args.hidden = a.final_norm_out;
+  args.weight = head.value;
   args.targets = targets;
-  args.rows = batch * seq_len;
-  args.dim = config_.n_embd;
-  args.vocab = config_.vocab_size;
   args.vocab_chunk = vocab_chunk_;
   args.grad_scale = options.grad_scale;
-  args.d_hidden = options.compute_grad ? a.d_hidden.f32() : nullptr;
-  args.d_weight = options.compute_grad ? head.grad.f32() : nullptr;
-  args.workspace = logits_chunk_.defined() ? logits_chunk_.f32() : nullptr;
-  const double loss = plan_->head_loss(args);
+  if (options.compute_grad) {
+    args.d_hidden = a.d_hidden;
+    args.d_weight = head.grad;
+  }
+  args.workspace = logits_chunk_;
+  const double loss = plan_->head_loss(args, batch * seq_len, config_.vocab_size);
   a.grad_ready = options.compute_grad;
   if (!options.compute_grad) {
     fire(unit_hooks_.after_forward, 0);
@@ -349,15 +396,14 @@ double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int3
   return loss;
 }
 
-const float* Transformer::chunk_output(int64_t chunk_index, int64_t micro) const {
+Tensor Transformer::chunk_output(int64_t chunk_index, int64_t micro) const {
   const ModelChunk& chunk = chunk_at(chunk_index);
-  const int64_t rows = plan_->local_rows(batch_ * seq_len_), c = config_.n_embd;
   const auto key = std::make_pair(chunk_index, micro);
   const ChunkActivations* a = nullptr;
   if (auto it = in_flight_.find(key); it != in_flight_.end()) a = &it->second;
   else if (last_released_ == key && !idle_.empty()) a = &idle_.back();
   if (!a) throw_error("chunk ", chunk_index, " has no output for micro-batch ", micro, ": run its forward first");
-  return a->residuals.f32() + chunk.layers() * rows * c;
+  return residual(*a, chunk.layers());
 }
 
 double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
@@ -365,37 +411,38 @@ double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64
   if (!is_whole()) throw_error("forward() runs the whole model; a pipeline stage runs forward_chunk()");
   // A forward without the backward of the previous one simply replaces it.
   if (in_flight_.count({0, 0})) release(0, 0);
-  return forward_chunk(0, 0, tokens, targets, nullptr, batch, seq_len, options);
+  return forward_chunk(0, 0, tokens, targets, Tensor(), batch, seq_len, options);
 }
 
 // ---- backward ---------------------------------------------------------------------------
 
-const float* Transformer::backward_chunk(int64_t chunk_index, int64_t micro, const float* d_output) {
+Tensor Transformer::backward_chunk(int64_t chunk_index, int64_t micro, const Tensor& d_output) {
   auto it = in_flight_.find({chunk_index, micro});
   if (it == in_flight_.end() || !it->second.grad_ready)
     throw_error("backward of micro-batch ", micro, " (chunk ", chunk_index, ") needs its forward with compute_grad first");
   ChunkActivations& a = it->second;
   const ModelChunk& chunk = chunks_[static_cast<size_t>(chunk_index)];
-  if (!chunk.last_stage() && !d_output)
+  if (!chunk.last_stage() && !d_output.defined())
     throw_error("pipeline stage ", chunk.stage, " needs the gradient of its output from the next stage");
-  const int64_t rows = plan_->local_rows(batch_ * seq_len_), c = config_.n_embd;
+  if (!chunk.last_stage() && d_output.numel() != d_residual_a_.numel())
+    throw_error("pipeline stage ", chunk.stage, ": output gradient ", shape_to_string(d_output.shape()), " for ",
+                shape_to_string(d_residual_a_.shape()));
   const bool sequence_parallel = plan_->sequence_parallel() && plan_->tp() > 1;
-  float* residual = a.residuals.f32();
-  float* d_out = d_residual_a_.f32();
-  float* d_in = d_residual_b_.f32();
+  Tensor d_out = d_residual_a_;
+  Tensor d_in = d_residual_b_;
   if (chunk.last_stage()) {
-    std::memset(d_out, 0, static_cast<size_t>(rows * c) * sizeof(float));
+    d_out.zero_();
     ParameterList final_norm_params;
     if (sequence_parallel) final_norm->collect(final_norm_params);
     with_partial_grads(final_norm_params, [&] {
-      final_norm->backward(d_out, a.d_hidden.f32(), residual + chunk.layers() * rows * c, a.final_norm_stash, rows);
+      final_norm->backward(d_out, a.d_hidden, residual(a, chunk.layers()), a.final_norm_stash);
     });
     ParameterList head;
     if (!config_.tied_embeddings) head.push_back(&lm_head);
     final_norm->collect(head);
     grads_ready(head);
   } else {
-    std::memcpy(d_out, d_output, static_cast<size_t>(rows * c) * sizeof(float));
+    d_out.copy_from(d_output);
   }
   const int64_t first_block = chunk_first_block_[static_cast<size_t>(chunk_index)];
   for (int64_t i = chunk.layers() - 1; i >= 0; --i) {
@@ -403,7 +450,7 @@ const float* Transformer::backward_chunk(int64_t chunk_index, int64_t micro, con
     fire(unit_hooks_.before_backward, unit);
     TransformerBlock& block = *blocks[static_cast<size_t>(first_block + i)];
     with_partial_grads(block.partial_grads(), [&] {
-      block.backward(d_in, d_out, residual + i * rows * c, stash_of(a, i), scratch_, recompute_, batch_, seq_len_);
+      block.backward(d_in, d_out, residual(a, i), stash_of(a, i), scratch_, recompute_, batch_, seq_len_);
     });
     grads_ready(block_parameters_[static_cast<size_t>(first_block + i)]);
     fire(unit_hooks_.after_backward, unit);
@@ -423,14 +470,14 @@ const float* Transformer::backward_chunk(int64_t chunk_index, int64_t micro, con
   grads_ready(embeddings);
   fire(unit_hooks_.after_backward, 0);
   release(chunk_index, micro);
-  return nullptr;
+  return Tensor();
 }
 
 void Transformer::backward() {
   if (!is_whole()) throw_error("backward() runs the whole model; a pipeline stage runs backward_chunk()");
   if (!in_flight_.count({0, 0}) || !in_flight_.at({0, 0}).grad_ready)
     throw_error("backward() needs a forward() with compute_grad first");
-  backward_chunk(0, 0, nullptr);
+  backward_chunk(0, 0, Tensor());
 }
 
 std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len) {
@@ -440,11 +487,9 @@ std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch
   if (in_flight_.count({0, 0})) release(0, 0);
   ChunkActivations& a = acquire(0, 0);
   a.tokens.assign(tokens, tokens + batch * seq_len);
-  forward_layers(0, a, nullptr);
-  const int64_t v = config_.vocab_size;
-  std::vector<float> logits(static_cast<size_t>(batch * v));
-  plan_->last_position_logits(logits.data(), a.final_norm_out.f32(), output_weight().value.f32(), batch, seq_len,
-                              config_.n_embd, v);
+  forward_layers(0, a, Tensor());
+  std::vector<float> logits = plan_->last_position_logits(a.final_norm_out, output_weight().value, batch,
+                                                          seq_len, config_.vocab_size);
   fire(unit_hooks_.after_forward, 0);
   release(0, 0);
   return logits;

@@ -51,13 +51,14 @@ class Transformer {
   // with compute_grad, its head gradient. Other stages' output is chunk_output(chunk, micro):
   // with compute_grad valid until backward_chunk, else until the chunk's next forward. Several
   // micro-batches may be in flight per chunk; each keeps its own activations until its backward.
+  // `input` may live on any device and in either float dtype: it is copied in.
   double forward_chunk(int64_t chunk, int64_t micro, const int32_t* tokens, const int32_t* targets,
-                       const float* input, int64_t batch, int64_t seq_len, const ForwardOptions& options);
-  const float* chunk_output(int64_t chunk, int64_t micro) const;
-  // `d_output` is the next stage's gradient of this chunk's output (null on the last stage).
-  // Returns the gradient of the chunk's input [local_rows, C], valid until the next
-  // backward_chunk, or null on the first stage.
-  const float* backward_chunk(int64_t chunk, int64_t micro, const float* d_output);
+                       const Tensor& input, int64_t batch, int64_t seq_len, const ForwardOptions& options);
+  Tensor chunk_output(int64_t chunk, int64_t micro) const;  // [local_rows, C], a view
+  // `d_output` is the next stage's gradient of this chunk's output (undefined on the last
+  // stage; any device and float dtype). Returns the gradient of the chunk's input
+  // [local_rows, C], a view valid until the next backward_chunk, or undefined on the first stage.
+  Tensor backward_chunk(int64_t chunk, int64_t micro, const Tensor& d_output);
   const std::vector<ModelChunk>& chunks() const { return chunks_; }
   bool is_whole() const { return holds_embedding_ && holds_head_ && chunks_.size() == 1; }
   bool holds_embedding() const { return holds_embedding_; }
@@ -100,6 +101,14 @@ class Transformer {
   const ParameterList& parameters() const { return parameters_; }
   const ModelConfig& config() const { return config_; }
   const ParallelPlan& plan() const { return *plan_; }
+  // Moves the parameters (values in `compute_dtype`, gradients F32) and every activation onto
+  // `device`. The CPU computes in F32 (bf16 is emulated there: set_bf16_activations); CUDA in
+  // F32 or BF16, whose parameter values are then the bf16 working copies of masters the
+  // optimizer keeps. Parameter values are converted, gradients zeroed. Call before anything
+  // holds the parameters' tensors (optimizers, data parallelism).
+  void to_device(Device device, DType compute_dtype);
+  Device device() const { return format_.device; }
+  DType compute_dtype() const { return format_.dtype; }
   void set_bf16_activations(bool on);
   Recompute recompute() const { return recompute_; }
   // Output projection: the token embedding when tied, else lm_head.
@@ -120,7 +129,8 @@ class Transformer {
   void release(int64_t chunk, int64_t micro);
   void check_inputs(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len) const;
   // Embeds or copies the input, runs the chunk's blocks and, on the last stage, the final norm.
-  void forward_layers(int64_t chunk, ChunkActivations& a, const float* input);
+  void forward_layers(int64_t chunk, ChunkActivations& a, const Tensor& input);
+  Tensor residual(const ChunkActivations& a, int64_t index) const;  // [local_rows, C] view
   EmbeddingArgs embedding_args(const ChunkActivations& a) const;
   BlockStash& stash_of(ChunkActivations& a, int64_t block_in_chunk);
   // Runs `run` with the gradients of `params` pointed at zeroed scratch, then sums that over
@@ -137,7 +147,8 @@ class Transformer {
   std::vector<ModelChunk> chunks_;
   std::vector<int64_t> chunk_first_block_;  // index into `blocks` of each chunk's first layer
   bool holds_embedding_ = true, holds_head_ = true;
-  std::shared_ptr<const cpu::RopeTable> rope_;
+  std::shared_ptr<const ops::Rope> rope_;
+  ActivationFormat format_;
   ParameterList parameters_;
   // Position of each parameter in the whole model's list: its initialisation stream, so every
   // pipeline layout starts from the weights one process would.

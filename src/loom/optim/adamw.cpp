@@ -3,20 +3,24 @@
 #include <map>
 
 #include "loom/core/error.hpp"
-#include "loom/kernels/cpu/adamw.hpp"
-#include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/optim/grad_clip.hpp"
 
 namespace loom {
 
 AdamW::AdamW(ParameterList params, AdamWConfig config, bool master_weights)
     : params_(std::move(params)), config_(config) {
+  // bf16 working weights (CUDA) need f32 masters whatever was asked.
+  for (const Parameter* p : params_) master_weights = master_weights || p->value.dtype() != DType::F32;
   for (Parameter* p : params_) {
-    exp_avg_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::OptimizerState));
-    exp_avg_sq_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::OptimizerState));
+    const Device device = p->value.device();
+    exp_avg_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::OptimizerState, device));
+    exp_avg_sq_.push_back(Tensor::zeros(p->value.shape(), DType::F32, MemCategory::OptimizerState, device));
     if (master_weights) {
-      master_.push_back(p->value.clone(MemCategory::OptimizerState));
-      cpu::round_to_bf16_inplace(p->value.f32(), p->value.numel());
+      Tensor master = Tensor::empty(p->value.shape(), DType::F32, MemCategory::OptimizerState, device);
+      master.copy_from(p->value);
+      master_.push_back(master);
+      ops::round_to_bf16_(p->value);  // an f32 value now holds bf16 values; a bf16 one already does
     }
   }
 }
@@ -35,17 +39,14 @@ void AdamW::update(double lr, double grad_multiplier) {
   ++step_;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
-    const cpu::AdamWStep s{static_cast<float>(lr), static_cast<float>(config_.beta1),
+    const ops::AdamWStep s{static_cast<float>(lr), static_cast<float>(config_.beta1),
                            static_cast<float>(config_.beta2), static_cast<float>(config_.eps),
                            p.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f, step_,
                            static_cast<float>(grad_multiplier)};
-    float* target = master_.empty() ? p.value.f32() : master_[i].f32();
-    cpu::adamw_update(target, p.grad.f32(), exp_avg_[i].f32(), exp_avg_sq_[i].f32(),
-                      p.value.numel(), s);
-    if (!master_.empty()) {
-      p.value.copy_from(master_[i]);
-      cpu::round_to_bf16_inplace(p.value.f32(), p.value.numel());
-    }
+    if (master_.empty())
+      ops::adamw_update(p.value, Tensor(), p.grad, exp_avg_[i], exp_avg_sq_[i], s);
+    else
+      ops::adamw_update(master_[i], p.value, p.grad, exp_avg_[i], exp_avg_sq_[i], s);
   }
 }
 
@@ -77,6 +78,9 @@ void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& tensor
 
 std::vector<OwnedSlice> AdamW::owned_slices() {
   std::vector<OwnedSlice> out;
+  if (!params_.empty() && params_.front()->value.device() != Device::CPU)
+    throw_error("AdamW::owned_slices: the state is on ", device_name(params_.front()->value.device()),
+                "; checkpoint slices address host memory (state_tensors copies from any device)");
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     out.push_back({&p, p.value.shape(), 0, p.value.numel(), p.value.f32(), exp_avg_[i].f32(), exp_avg_sq_[i].f32(),

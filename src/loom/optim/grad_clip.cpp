@@ -2,13 +2,13 @@
 
 #include <cmath>
 
-#include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/kernels/ops.hpp"
 
 namespace loom {
 
 double global_grad_norm(const ParameterList& params) {
   double sum = 0.0;
-  for (const Parameter* p : params) sum += cpu::sum_of_squares(p->grad.f32(), p->grad.numel());
+  for (const Parameter* p : params) sum += ops::sum_of_squares(p->grad);
   return std::sqrt(sum);
 }
 
@@ -29,7 +29,7 @@ double global_grad_norm(const ParameterList& params, ModelParallelGroups groups)
   double sharded = 0.0, replicated = 0.0;
   for (const Parameter* p : params)
     if (!p->pipeline_copy)
-      (p->placement.replicated ? replicated : sharded) += cpu::sum_of_squares(p->grad.f32(), p->grad.numel());
+      (p->placement.replicated ? replicated : sharded) += ops::sum_of_squares(p->grad);
   return std::sqrt(sum_squares_over_model_parallel(sharded, replicated, groups));
 }
 
@@ -41,7 +41,7 @@ double clip_grad_norm(const ParameterList& params, double max_norm) {
   const double norm = global_grad_norm(params);
   const double factor = clip_factor(norm, max_norm);
   if (factor != 1.0)
-    for (Parameter* p : params) cpu::scale_inplace(p->grad.f32(), static_cast<float>(factor), p->grad.numel());
+    for (Parameter* p : params) ops::scale_(p->grad, static_cast<float>(factor));
   return norm;
 }
 

@@ -1,7 +1,5 @@
 #include "loom/parallel/pipeline_executor.hpp"
 
-#include <cstring>
-
 #include "loom/core/error.hpp"
 #include "loom/obs/trace.hpp"
 
@@ -31,16 +29,16 @@ int PipelineExecutor::tag(int64_t micro, int64_t stage, Direction direction) con
   return static_cast<int>((micro * stages_ + stage) * 2 + direction);
 }
 
-const float* PipelineExecutor::receive(int64_t micro, int64_t stage, Direction direction) {
+Tensor PipelineExecutor::receive(int64_t micro, int64_t stage, Direction direction) {
   const int64_t count = rows_elements();
   if (input_.numel() != count)
     input_ = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers);
   const int64_t from = direction == kActivation ? stage - 1 : stage + 1;
   pp_->recv(input_.f32(), count, peer_of_stage(from), tag(micro, stage, direction))->wait();
-  return input_.f32();
+  return input_.view({rows_, model_.config().n_embd});
 }
 
-void PipelineExecutor::send(const float* data, int64_t micro, int64_t to_stage,
+void PipelineExecutor::send(const Tensor& data, int64_t micro, int64_t to_stage,
                             Direction direction) {
   const int64_t count = rows_elements();
   PendingSend* slot = nullptr;
@@ -52,7 +50,7 @@ void PipelineExecutor::send(const float* data, int64_t micro, int64_t to_stage,
     sends_.push_back({Tensor::empty({count}, DType::F32, MemCategory::CommBuffers), nullptr});
     slot = &sends_.back();
   }
-  std::memcpy(slot->data.f32(), data, static_cast<size_t>(count) * sizeof(float));
+  slot->data.copy_from(data);  // from the model's device and dtype into the host f32 buffer
   slot->work =
       pp_->send(slot->data.f32(), count, peer_of_stage(to_stage), tag(micro, to_stage, direction));
 }
@@ -81,17 +79,17 @@ double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
     const int32_t* targets = micro.targets + mb * micro.stride;
     double start = 0;
     if (action.op == PipeOp::Forward) {
-      const float* input = chunk.first_stage() ? nullptr : receive(mb, chunk.stage, kActivation);
+      const Tensor input = chunk.first_stage() ? Tensor() : receive(mb, chunk.stage, kActivation);
       start = TraceRecorder::now_s();
       loss += model_.forward_chunk(action.chunk, mb, tokens, targets, input, micro.batch,
                                    micro.seq_len, {true, grad_scale});
       if (!chunk.last_stage())
         send(model_.chunk_output(action.chunk, mb), mb, chunk.stage + 1, kActivation);
     } else {
-      const float* d_output = chunk.last_stage() ? nullptr : receive(mb, chunk.stage, kGradient);
+      const Tensor d_output = chunk.last_stage() ? Tensor() : receive(mb, chunk.stage, kGradient);
       if (set_sync) set_sync(mb == micro.count - 1);
       start = TraceRecorder::now_s();
-      const float* d_input = model_.backward_chunk(action.chunk, mb, d_output);
+      const Tensor d_input = model_.backward_chunk(action.chunk, mb, d_output);
       if (!chunk.first_stage()) send(d_input, mb, chunk.stage - 1, kGradient);
     }
     timings_.push_back(
@@ -118,7 +116,7 @@ double PipelineExecutor::forward_only(const MicroBatches& micro) {
   for (int64_t mb = 0; mb < micro.count; ++mb) {
     for (size_t c = 0; c < chunks.size(); ++c) {
       const ModelChunk& chunk = chunks[c];
-      const float* input = chunk.first_stage() ? nullptr : receive(mb, chunk.stage, kActivation);
+      const Tensor input = chunk.first_stage() ? Tensor() : receive(mb, chunk.stage, kActivation);
       loss += model_.forward_chunk(static_cast<int64_t>(c), mb, micro.tokens + mb * micro.stride,
                                    micro.targets + mb * micro.stride, input, micro.batch,
                                    micro.seq_len, {false, 1.0f});

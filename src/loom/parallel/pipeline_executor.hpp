@@ -60,9 +60,11 @@ class PipelineExecutor {
   enum Direction { kActivation = 0, kGradient = 1 };
   int peer_of_stage(int64_t stage) const { return static_cast<int>(stage % pp_->size()); }
   int tag(int64_t micro, int64_t stage, Direction direction) const;
-  // Blocks until the activation (or gradient) of `micro` for `stage` has arrived in input_.
-  const float* receive(int64_t micro, int64_t stage, Direction direction);
-  void send(const float* data, int64_t micro, int64_t to_stage, Direction direction);
+  // Blocks until the activation (or gradient) of `micro` for `stage` has arrived in input_;
+  // returns input_ as [rows, C]. Messages travel as host f32 buffers (the model's tensors are
+  // copied in and out, from any device and dtype).
+  Tensor receive(int64_t micro, int64_t stage, Direction direction);
+  void send(const Tensor& data, int64_t micro, int64_t to_stage, Direction direction);
   void wait_sends();
   int64_t rows_elements() const { return rows_ * model_.config().n_embd; }
 

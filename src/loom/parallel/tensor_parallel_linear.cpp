@@ -133,7 +133,10 @@ void column_parallel_forward(const std::vector<ColumnParallelLinear*>& layers, f
   }
   int64_t column = 0;
   for (ColumnParallelLinear* layer : layers) {
-    layer->local.forward(out + column, out_ld, full, rows);
+    const Linear& local = layer->local;
+    cpu::linear_forward(out + column, out_ld, full, local.weight.value.f32(),
+                        local.has_bias() ? local.bias.value.f32() : nullptr, rows,
+                        local.in_features(), local.out_features());
     column += layer->local_out_features();
   }
 }
@@ -237,7 +240,9 @@ void RowParallelLinear::backward(float* d_input, bool accumulate_input, const fl
   const int tp = group_->size();
   const int64_t width = out_features();
   if (!sequence_parallel_ || tp == 1) {
-    local.backward(d_input, accumulate_input, d_out, width, input, rows);
+    cpu::linear_backward(d_input, accumulate_input, local.weight.grad.f32(),
+                         local.has_bias() ? local.bias.grad.f32() : nullptr, d_out, width, input,
+                         local.weight.value.f32(), rows, local_in_features(), width);
     return;
   }
   const int64_t local_rows = sequence_shard_rows(row_layer(name_), rows, tp);

@@ -16,6 +16,15 @@ namespace loom {
 
 namespace {
 
+// The tensor-parallel layers exchange host buffers so far: a tensor handed to them must be a
+// host f32 one (Transformer::to_device refuses tp on a device before this is reached).
+float* host_f32(const Tensor& t, const char* what) {
+  if (t.device() != Device::CPU || t.dtype() != DType::F32)
+    throw_error("tensor parallelism: ", what, " is a ", dtype_name(t.dtype()), " tensor on ",
+                device_name(t.device()), "; its layers take host f32 tensors so far");
+  return t.f32();
+}
+
 // Several column-parallel projections of one input (Llama's q, k, v under their own names, or
 // one fused c_attn), run by column_parallel_forward / _backward: the input is gathered once
 // under sequence parallelism, and the summed d_input is reduced once, overlapped with the
@@ -33,12 +42,14 @@ class ColumnParallelFanOut final : public FanOutProjection {
     }
   }
 
-  void forward(float* out, int64_t out_ld, const float* input, int64_t rows) override {
-    column_parallel_forward(layers_, out, out_ld, input, rows, scratch_);
+  void forward(const Tensor& out, const Tensor& input) override {
+    column_parallel_forward(layers_, host_f32(out, "the output"), out.size(1),
+                            host_f32(input, "the input"), out.size(0), scratch_);
   }
-  void backward(float* d_input, const float* d_out, int64_t d_out_ld, const float* input,
-                int64_t rows) override {
-    column_parallel_backward(layers_, d_input, false, d_out, d_out_ld, input, rows, scratch_);
+  void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) override {
+    column_parallel_backward(layers_, host_f32(d_input, "the input gradient"), false,
+                             host_f32(d_out, "the output gradient"), d_out.size(1),
+                             host_f32(input, "the input"), d_out.size(0), scratch_);
   }
   int64_t width() const override { return width_; }
   void collect(ParameterList& out) override {
@@ -58,11 +69,13 @@ class RowParallelFanIn final : public FanInProjection {
                    bool sequence_parallel)
       : layer_(spec.name, spec.in_features, spec.out_features, spec.bias, group,
                sequence_parallel, spec.hf_transposed) {}
-  void forward(float* out, const float* input, int64_t rows) override {
-    layer_.forward(out, input, rows);
+  void forward(const Tensor& out, const Tensor& input) override {
+    layer_.forward(host_f32(out, "the output"), host_f32(input, "the input"), input.size(0));
   }
-  void backward(float* d_input, const float* d_out, const float* input, int64_t rows) override {
-    layer_.backward(d_input, false, d_out, input, rows);
+  void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) override {
+    layer_.backward(host_f32(d_input, "the input gradient"), false,
+                    host_f32(d_out, "the output gradient"), host_f32(input, "the input"),
+                    input.size(0));
   }
   void collect(ParameterList& out) override { layer_.collect(out); }
   ParameterList partial_grads() override { return layer_.sequence_parallel_partial_grads(); }
@@ -97,14 +110,15 @@ int64_t TensorParallelPlan::first_local_row(int64_t rows) const {
   return sequence_parallel_ ? tp_rank() * local_rows(rows) : 0;
 }
 
-void TensorParallelPlan::embed(float* out, const EmbeddingArgs& a) const {
+void TensorParallelPlan::embed(const Tensor& out_tensor, const EmbeddingArgs& a) const {
   const int64_t rows = a.batch * a.seq_len, local = local_rows(rows), dim = a.dim;
-  vocab_parallel_lookup(out, a.token_table->value.f32(),
+  float* out = host_f32(out_tensor, "the embedding output");
+  vocab_parallel_lookup(out, host_f32(a.token_table->value, "the token table"),
                         vocab_lookup(a, tp_rank(), tp(), sequence_parallel_), *group_,
                         lookup_scratch_);
   if (!a.position_table) return;
   // Position rows after the sum: every rank adds them to the rows it holds, once.
-  const float* positions = a.position_table->value.f32();
+  const float* positions = host_f32(a.position_table->value, "the position table");
   const int64_t first = first_local_row(rows);
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < local; ++r) {
@@ -114,10 +128,11 @@ void TensorParallelPlan::embed(float* out, const EmbeddingArgs& a) const {
   }
 }
 
-void TensorParallelPlan::embed_backward(const float* d_out, const EmbeddingArgs& a) const {
+void TensorParallelPlan::embed_backward(const Tensor& d_out_tensor, const EmbeddingArgs& a) const {
   const int64_t rows = a.batch * a.seq_len, local = local_rows(rows), dim = a.dim;
+  const float* d_out = host_f32(d_out_tensor, "the embedding output gradient");
   if (a.position_table) {  // this rank's rows only under sequence parallelism: a partial sum
-    float* grad = a.position_table->grad.f32();
+    float* grad = host_f32(a.position_table->grad, "the position table gradient");
     const int64_t first = first_local_row(rows);
 #pragma omp parallel
     {
@@ -130,32 +145,37 @@ void TensorParallelPlan::embed_backward(const float* d_out, const EmbeddingArgs&
       }
     }
   }
-  vocab_parallel_lookup_backward(a.token_table->grad.f32(), d_out,
+  vocab_parallel_lookup_backward(host_f32(a.token_table->grad, "the token table gradient"), d_out,
                                  vocab_lookup(a, tp_rank(), tp(), sequence_parallel_), *group_,
                                  lookup_scratch_);
 }
 
-double TensorParallelPlan::head_loss(const cpu::CrossEntropyArgs& a) const {
+double TensorParallelPlan::head_loss(const ops::CrossEntropyArgs& a, int64_t rows,
+                                     int64_t vocab) const {
   VocabParallelCrossEntropyArgs args;
-  args.hidden = a.hidden;
-  args.weight = a.weight;
+  args.hidden = host_f32(a.hidden, "the head input");
+  args.weight = host_f32(a.weight, "the head");
   args.targets = a.targets;
-  args.rows = a.rows;
-  args.dim = a.dim;
-  args.vocab = a.vocab;
+  args.rows = rows;
+  args.dim = a.hidden.size(1);
+  args.vocab = vocab;
   args.vocab_chunk = a.vocab_chunk;
   args.grad_scale = a.grad_scale;
-  args.d_hidden = a.d_hidden;
-  args.d_weight = a.d_weight;
-  args.row_losses = a.row_losses;
+  if (a.d_hidden.defined()) args.d_hidden = host_f32(a.d_hidden, "the head input gradient");
+  if (a.d_weight.defined()) args.d_weight = host_f32(a.d_weight, "the head gradient");
   args.sequence_parallel = sequence_parallel_;
   return vocab_parallel_cross_entropy(args, *group_);
 }
 
-void TensorParallelPlan::last_position_logits(float* logits, const float* hidden,
-                                              const float* head, int64_t batch, int64_t seq_len,
-                                              int64_t dim, int64_t vocab) const {
-  const int64_t rows = batch * seq_len;
+std::vector<float> TensorParallelPlan::last_position_logits(const Tensor& hidden_tensor,
+                                                            const Tensor& head_tensor,
+                                                            int64_t batch, int64_t seq_len,
+                                                            int64_t vocab) const {
+  const int64_t rows = batch * seq_len, dim = hidden_tensor.size(1);
+  const float* hidden = host_f32(hidden_tensor, "the head input");
+  const float* head = host_f32(head_tensor, "the head");
+  std::vector<float> result(static_cast<size_t>(batch * vocab));
+  float* logits = result.data();
   std::vector<float> whole;
   if (sequence_parallel_ && tp() > 1) {
     whole.resize(static_cast<size_t>(rows * dim));
@@ -180,6 +200,7 @@ void TensorParallelPlan::last_position_logits(float* logits, const float* hidden
       std::copy_n(all.data() + (r * batch + b) * block, range.length,
                   logits + b * vocab + range.begin);
   }
+  return result;
 }
 
 void TensorParallelPlan::sum_partial_grads(const ParameterList& params) const {

@@ -29,11 +29,11 @@ class TensorParallelPlan final : public ParallelPlan {
   std::unique_ptr<FanOutProjection> fan_out(const FanOutSpec& spec) const override;
   std::unique_ptr<FanInProjection> fan_in(const FanInSpec& spec) const override;
 
-  void embed(float* out, const EmbeddingArgs& args) const override;
-  void embed_backward(const float* d_out, const EmbeddingArgs& args) const override;
-  double head_loss(const cpu::CrossEntropyArgs& args) const override;
-  void last_position_logits(float* logits, const float* hidden, const float* head, int64_t batch,
-                            int64_t seq_len, int64_t dim, int64_t vocab) const override;
+  void embed(const Tensor& out, const EmbeddingArgs& args) const override;
+  void embed_backward(const Tensor& d_out, const EmbeddingArgs& args) const override;
+  double head_loss(const ops::CrossEntropyArgs& args, int64_t rows, int64_t vocab) const override;
+  std::vector<float> last_position_logits(const Tensor& hidden, const Tensor& head, int64_t batch,
+                                          int64_t seq_len, int64_t vocab) const override;
   void sum_partial_grads(const ParameterList& params) const override;
 
   ProcessGroup& group() const { return *group_; }

@@ -3,6 +3,7 @@
 #include "loom/core/cuda/cuda_check.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/cuda/activations.hpp"
+#include "loom/kernels/cuda/adamw.hpp"
 #include "loom/kernels/cuda/attention.hpp"
 #include "loom/kernels/cuda/cross_entropy.hpp"
 #include "loom/kernels/cuda/elementwise.hpp"
@@ -262,5 +263,19 @@ double sum_of_squares(const Tensor& x) {
 }
 
 void round_to_bf16_(const Tensor& x) { cuda::round_to_bf16_inplace(f32(x), x.numel()); }
+
+void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
+                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step) {
+  if (!working.defined()) {
+    cuda::adamw_update(f32(param), f32(grad), f32(exp_avg), f32(exp_avg_sq), param.numel(), step);
+  } else if (working.dtype() == DType::BF16) {
+    cuda::adamw_update(f32(param), b16(working), f32(grad), f32(exp_avg), f32(exp_avg_sq),
+                       param.numel(), step);
+  } else {  // an f32 copy of bf16 values: the CPU's emulation, on the device
+    cuda::adamw_update(f32(param), f32(grad), f32(exp_avg), f32(exp_avg_sq), param.numel(), step);
+    working.copy_from(param);
+    cuda::round_to_bf16_inplace(f32(working), working.numel());
+  }
+}
 
 }  // namespace loom::ops::cuda_impl

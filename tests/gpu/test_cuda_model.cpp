@@ -1,0 +1,175 @@
+// One model on both devices: loom::Transformer moved onto CUDA (Transformer::to_device) against
+// the same Transformer on the CPU, the reference. Nothing here is a GPU copy of the model: the
+// modules, the stash, recomputation and the pipeline stages are the CPU's, computing through
+// kernels/ops on device tensors.
+// Tolerances:
+//   - f32: the two devices differ only in summation order: the loss to 1e-5 relative, every
+//     parameter gradient to 1e-4 of its tensor's largest element.
+//   - bf16 storage (activations, their gradients and the working weights in bf16 on the GPU):
+//     each stored value is the f32 one rounded once, 2^-9 relative. Through two tiny layers
+//     that moves the loss (about ln 64 = 4.2) by far less than 1e-2 relative, the band the
+//     issue sets for bf16; a path that lost the signal (zero gradients, unrounded garbage)
+//     would fail the gradients' direction check (cosine > 0.99 with the f32 gradient).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "../model_fixtures.hpp"
+#include "gpu_test_support.hpp"
+#include "loom/core/device_memory.hpp"
+#include "loom/model/pipeline_layout.hpp"
+#include "loom/model/transformer.hpp"
+
+namespace loom::test {
+namespace {
+
+constexpr int64_t kBatch = 2, kSeq = 16;
+constexpr uint64_t kSeed = 5;
+
+using cuda::test::CudaTest;
+
+// Worst |got - want| over a tensor, relative to the tensor's largest |want|.
+double relative_error(const Tensor& got, const Tensor& want) {
+  const auto g = got.to_f32_vector(), w = want.to_f32_vector();
+  EXPECT_EQ(g.size(), w.size());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    worst = std::max(worst, std::abs(double(g[i]) - double(w[i])));
+    scale = std::max(scale, std::abs(double(w[i])));
+  }
+  return scale > 0 ? worst / scale : worst;
+}
+
+double cosine(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_f32_vector(), y = b.to_f32_vector();
+  double xy = 0, xx = 0, yy = 0;
+  for (size_t i = 0; i < x.size(); ++i) xy += double(x[i]) * y[i], xx += double(x[i]) * x[i], yy += double(y[i]) * y[i];
+  return xy / std::sqrt(xx * yy);
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+  explicit Batch(const ModelConfig& c)
+      : tokens(random_tokens(kBatch * kSeq, c.vocab_size, 1)),
+        targets(random_tokens(kBatch * kSeq, c.vocab_size, 2)) {}
+};
+
+double train_pass(Transformer& model, const Batch& batch) {
+  model.zero_grad();
+  const double loss = model.forward(batch.tokens.data(), batch.targets.data(), kBatch, kSeq,
+                                    {true, 1.0f / (kBatch * kSeq)});
+  model.backward();
+  return loss;
+}
+
+struct Case {
+  Architecture arch;
+  Recompute recompute;
+};
+
+class ModelOnCuda : public CudaTest, public ::testing::WithParamInterface<Case> {
+ protected:
+  ModelConfig config() const { return GetParam().arch == Architecture::GPT2 ? tiny_gpt2() : tiny_llama(); }
+};
+
+TEST_P(ModelOnCuda, F32MatchesTheCpuModel) {
+  const ModelConfig c = config();
+  Transformer cpu(c, GetParam().recompute), gpu(c, GetParam().recompute);
+  cpu.init_weights(kSeed);
+  gpu.init_weights(kSeed);
+  gpu.to_device(Device::CUDA, DType::F32);
+  for (const Parameter* p : gpu.parameters()) {
+    EXPECT_EQ(p->value.device(), Device::CUDA) << p->name;
+    EXPECT_EQ(p->grad.device(), Device::CUDA) << p->name;
+  }
+  const Batch batch(c);
+  for (int pass = 0; pass < 2; ++pass) {  // the second reuses every buffer the first made
+    const double want = train_pass(cpu, batch), got = train_pass(gpu, batch);
+    EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << "pass " << pass;
+    for (size_t i = 0; i < cpu.parameters().size(); ++i)
+      EXPECT_LE(relative_error(gpu.parameters()[i]->grad, cpu.parameters()[i]->grad), 1e-4)
+          << cpu.parameters()[i]->name << ", pass " << pass;
+  }
+  const auto want = cpu.last_logits(batch.tokens.data(), kBatch, kSeq);
+  const auto got = gpu.last_logits(batch.tokens.data(), kBatch, kSeq);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << "logit " << i;
+}
+
+TEST_P(ModelOnCuda, Bf16StorageHalvesActivationsAndKeepsTheGradients) {
+  const ModelConfig c = config();
+  Transformer f32(c, GetParam().recompute), bf16(c, GetParam().recompute);
+  f32.init_weights(kSeed);
+  bf16.init_weights(kSeed);
+  f32.to_device(Device::CUDA, DType::F32);
+  bf16.to_device(Device::CUDA, DType::BF16);
+  for (const Parameter* p : bf16.parameters()) {
+    EXPECT_EQ(p->value.dtype(), DType::BF16) << p->name << ": working weights are bf16";
+    EXPECT_EQ(p->grad.dtype(), DType::F32) << p->name << ": gradients stay f32";
+  }
+  const Batch batch(c);
+  auto activation_bytes = [] {
+    return device_memory::stats(Device::CUDA).live_bytes[size_t(MemCategory::Activations)];
+  };
+  const int64_t before = activation_bytes();
+  const double want = train_pass(f32, batch);
+  const int64_t f32_bytes = activation_bytes() - before;
+  const double got = train_pass(bf16, batch);
+  const int64_t bf16_bytes = activation_bytes() - before - f32_bytes;
+  EXPECT_NEAR(got, want, 1e-2 * std::abs(want));
+  // Half, plus the f32 norm statistics and log-sum-exps.
+  EXPECT_GT(bf16_bytes, 0);
+  EXPECT_LT(double(bf16_bytes), 0.6 * double(f32_bytes));
+  for (size_t i = 0; i < f32.parameters().size(); ++i)
+    EXPECT_GT(cosine(bf16.parameters()[i]->grad, f32.parameters()[i]->grad), 0.99)
+        << f32.parameters()[i]->name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Archs, ModelOnCuda,
+    ::testing::Values(Case{Architecture::GPT2, Recompute::None}, Case{Architecture::Llama, Recompute::None},
+                      Case{Architecture::GPT2, Recompute::Selective}, Case{Architecture::Llama, Recompute::Full}),
+    [](const auto& info) {
+      return std::string(info.param.arch == Architecture::GPT2 ? "gpt2_" : "llama_") +
+             recompute_name(info.param.recompute);
+    });
+
+// Two pipeline stages on the GPU, driven by hand (stage 0's output into stage 1, stage 1's
+// input gradient back), against the whole model on the CPU: the stages' split, their activation
+// sets and the hand-over between them run unchanged on the device.
+TEST_F(CudaTest, PipelineStagesOnCudaGiveTheWholeCpuModelsLossAndGradients) {
+  const ModelConfig c = tiny_llama();  // untied: no embedding copy to sum across stages
+  Transformer whole(c);
+  Transformer first(c, Recompute::None, kDefaultVocabChunk, nullptr, pipeline_chunks({1, 1}, 2, 0));
+  Transformer last(c, Recompute::None, kDefaultVocabChunk, nullptr, pipeline_chunks({1, 1}, 2, 1));
+  for (Transformer* m : {&whole, &first, &last}) m->init_weights(kSeed);
+  first.to_device(Device::CUDA, DType::F32);
+  last.to_device(Device::CUDA, DType::F32);
+  const Batch batch(c);
+  const float scale = 1.0f / (kBatch * kSeq);
+  const double want = whole.forward(batch.tokens.data(), batch.targets.data(), kBatch, kSeq, {true, scale});
+  whole.backward();
+
+  first.forward_chunk(0, 0, batch.tokens.data(), nullptr, Tensor(), kBatch, kSeq, {true, scale});
+  const Tensor hand_over = first.chunk_output(0, 0);
+  EXPECT_EQ(hand_over.device(), Device::CUDA);
+  const double got =
+      last.forward_chunk(0, 0, nullptr, batch.targets.data(), hand_over, kBatch, kSeq, {true, scale});
+  const Tensor d_input = last.backward_chunk(0, 0, Tensor());
+  ASSERT_TRUE(d_input.defined());
+  EXPECT_FALSE(first.backward_chunk(0, 0, d_input).defined());
+  EXPECT_NEAR(got, want, 1e-5 * std::abs(want));
+
+  std::map<std::string, const Parameter*> by_name;
+  for (const Transformer* stage : {&first, &last})
+    for (const Parameter* p : stage->parameters()) by_name[p->name] = p;
+  ASSERT_EQ(by_name.size(), whole.parameters().size());
+  for (const Parameter* p : whole.parameters())
+    EXPECT_LE(relative_error(by_name.at(p->name)->grad, p->grad), 1e-4) << p->name;
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -186,7 +186,7 @@ TEST_F(CudaOps, EmbeddingHeadLossAndSumOfSquares) {
   expect_close(embd, emb, 0, 0, "embedding_forward (a copy and one add)");
 
   ops::CrossEntropyArgs cpu_args{
-      emb, table, targets.data(), 16, 0.5f, f32({rows, dim}), f32({vocab, dim})};
+      emb, table, targets.data(), 16, 0.5f, f32({rows, dim}), f32({vocab, dim}), Tensor()};
   const double loss = ops::lm_head_cross_entropy(cpu_args);
   ops::CrossEntropyArgs gpu_args{embd,
                                  on_cuda(table),
@@ -194,7 +194,8 @@ TEST_F(CudaOps, EmbeddingHeadLossAndSumOfSquares) {
                                  16,
                                  0.5f,
                                  on_cuda(f32({rows, dim})),
-                                 on_cuda(f32({vocab, dim}))};
+                                 on_cuda(f32({vocab, dim})),
+                                 Tensor()};
   const double loss_d = ops::lm_head_cross_entropy(gpu_args);
   EXPECT_NEAR(loss_d, loss, 1e-5 * loss);
   expect_close(gpu_args.d_hidden, cpu_args.d_hidden, 1e-4, 1e-6, "cross-entropy d_hidden");

@@ -131,13 +131,13 @@ int64_t GpuTrainer::restore(const std::string& dir_or_root) {
   // state, exactly as the CPU trainer reads its own; then upload.
   NamedTensors optimizer_state = optimizer_->state_tensors();
   std::map<std::string, Tensor> by_name(optimizer_state.begin(), optimizer_state.end());
-  auto state_of = [&](const std::string& name) -> float* {
+  auto state_of = [&](const std::string& name) -> Tensor {
     auto it = by_name.find(name);
-    return it == by_name.end() ? nullptr : it->second.f32();
+    return it == by_name.end() ? Tensor() : it->second.view({it->second.numel()});
   };
   std::vector<OwnedSlice> owned;
   for (Parameter* p : host_->parameters())
-    owned.push_back({p, p->value.shape(), 0, p->value.numel(), p->value.f32(),
+    owned.push_back({p, p->value.shape(), 0, p->value.numel(), p->value.view({p->value.numel()}),
                      state_of(p->name + ".exp_avg"), state_of(p->name + ".exp_avg_sq"),
                      state_of(p->name + ".master")});
   load_owned_state(reader, owned);

@@ -78,13 +78,11 @@ void AdamW::load_state(const std::vector<std::pair<std::string, Tensor>>& tensor
 
 std::vector<OwnedSlice> AdamW::owned_slices() {
   std::vector<OwnedSlice> out;
-  if (!params_.empty() && params_.front()->value.device() != Device::CPU)
-    throw_error("AdamW::owned_slices: the state is on ", device_name(params_.front()->value.device()),
-                "; checkpoint slices address host memory (state_tensors copies from any device)");
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
-    out.push_back({&p, p.value.shape(), 0, p.value.numel(), p.value.f32(), exp_avg_[i].f32(), exp_avg_sq_[i].f32(),
-                   master_.empty() ? nullptr : master_[i].f32()});
+    const Shape flat{p.value.numel()};
+    out.push_back({&p, p.value.shape(), 0, p.value.numel(), p.value.view(flat), exp_avg_[i].view(flat),
+                   exp_avg_sq_[i].view(flat), master_.empty() ? Tensor() : master_[i].view(flat)});
   }
   return out;
 }

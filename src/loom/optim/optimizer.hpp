@@ -11,16 +11,17 @@
 namespace loom {
 
 // What one rank owns of one parameter: elements [start, start + count) of its flattened value
-// (loom layout), with pointers to those elements of each piece of state. Over all ranks,
-// every element of every parameter is owned exactly once.
+// (loom layout), with 1-D views of `count` elements of each piece of state, on the device the
+// state lives on (the value in the model's compute dtype, the rest F32). Over all ranks, every
+// element of every parameter is owned exactly once.
 struct OwnedSlice {
   const Parameter* param;
   Shape shape;
   int64_t start = 0, count = 0;
-  float* value = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-  float* master = nullptr;  // null without master weights
+  Tensor value;
+  Tensor exp_avg;
+  Tensor exp_avg_sq;
+  Tensor master;  // undefined without master weights
 };
 
 class Optimizer {

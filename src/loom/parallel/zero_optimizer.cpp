@@ -294,17 +294,17 @@ void ZeroOptimizer::publish_parameters() {
 std::vector<OwnedSlice> ZeroOptimizer::owned_slices() {
   std::vector<OwnedSlice> out;
   for (Flat& flat : flats_) {
-    float* values = shard_value(flat);
+    const Tensor values = zero_.stage == 3 ? flat.param_shard : flat.param_full.slice_as(dp_->rank() * flat.shard, {flat.shard});
     for (const Segment& s : flat.segments) {
       OwnedSlice slice;
       slice.param = flat.params[s.param_index];
       slice.shape = flat.shapes[s.param_index];
       slice.start = s.param_offset;
       slice.count = s.count;
-      slice.value = values + s.shard_offset;
-      slice.exp_avg = flat.exp_avg.f32() + s.shard_offset;
-      slice.exp_avg_sq = flat.exp_avg_sq.f32() + s.shard_offset;
-      if (zero_.master_weights) slice.master = flat.master.f32() + s.shard_offset;
+      slice.value = values.slice_as(s.shard_offset, {s.count});
+      slice.exp_avg = flat.exp_avg.slice_as(s.shard_offset, {s.count});
+      slice.exp_avg_sq = flat.exp_avg_sq.slice_as(s.shard_offset, {s.count});
+      if (zero_.master_weights) slice.master = flat.master.slice_as(s.shard_offset, {s.count});
       out.push_back(slice);
     }
   }

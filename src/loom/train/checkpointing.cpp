@@ -30,9 +30,9 @@ CheckpointPayload make_checkpoint_payload(const Transformer& model, const NamedT
 
 NamedTensors optimizer_state_tensors(const std::vector<OwnedSlice>& owned) {
   NamedTensors out;
-  auto add = [&](const OwnedSlice& slice, const char* suffix, const float* data) {
+  auto add = [&](const OwnedSlice& slice, const char* suffix, const Tensor& data) {
     Tensor t = Tensor::empty(slice.shape, DType::F32, MemCategory::Workspace);
-    std::memcpy(t.f32(), data, static_cast<size_t>(slice.count) * sizeof(float));
+    t.copy_from(data);  // from any device
     out.emplace_back(slice.param->name + suffix, std::move(t));
   };
   for (const OwnedSlice& slice : owned) {
@@ -41,7 +41,7 @@ NamedTensors optimizer_state_tensors(const std::vector<OwnedSlice>& owned) {
                   slice.start, " (", slice.count, " of ", shape_numel(slice.shape), "): use the sharded format");
     add(slice, ".exp_avg", slice.exp_avg);
     add(slice, ".exp_avg_sq", slice.exp_avg_sq);
-    if (slice.master) add(slice, ".master", slice.master);
+    if (slice.master.defined()) add(slice, ".master", slice.master);
   }
   return out;
 }
@@ -116,12 +116,19 @@ std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root
       ckpt_files::fs::path(root) / (checkpoint_dir_name(step) + ckpt_files::kTempMarker + std::to_string(float_as_bits(token)));
 
   std::vector<ShardSlice> slices;
+  std::vector<Tensor> staged;  // host f32 copies of state on a device or in bf16
+  auto host_f32 = [&](const Tensor& t) -> const float* {
+    if (t.device() == Device::CPU && t.dtype() == DType::F32) return t.f32();
+    staged.push_back(Tensor::empty(t.shape(), DType::F32, MemCategory::Workspace));
+    staged.back().copy_from(t);
+    return staged.back().f32();
+  };
   for (const OwnedSlice& s : owned) {
     const std::string& name = s.param->name;
-    slices.push_back({name, s.shape, s.start, s.count, s.value});
-    slices.push_back({name + ".exp_avg", s.shape, s.start, s.count, s.exp_avg});
-    slices.push_back({name + ".exp_avg_sq", s.shape, s.start, s.count, s.exp_avg_sq});
-    if (s.master) slices.push_back({name + ".master", s.shape, s.start, s.count, s.master});
+    slices.push_back({name, s.shape, s.start, s.count, host_f32(s.value)});
+    slices.push_back({name + ".exp_avg", s.shape, s.start, s.count, host_f32(s.exp_avg)});
+    slices.push_back({name + ".exp_avg_sq", s.shape, s.start, s.count, host_f32(s.exp_avg_sq)});
+    if (s.master.defined()) slices.push_back({name + ".master", s.shape, s.start, s.count, host_f32(s.master)});
   }
   try {
     write_checkpoint_shard(temp_dir, rank, world, slices);
@@ -155,34 +162,51 @@ std::vector<OwnedSlice> in_whole_tensor_coordinates(const std::vector<OwnedSlice
       continue;
     }
     // The slice covers shard elements [s.start, s.start + s.count); keep each run's overlap.
-    auto at = [](float* base, int64_t offset) { return base ? base + offset : nullptr; };
+    auto at = [](const Tensor& base, int64_t offset, int64_t count) {
+      return base.defined() ? base.slice_as(offset, {count}) : Tensor();
+    };
     for (const ShardRun& run : shard_runs(placement)) {
       const int64_t lo = std::max(s.start, run.shard_offset);
       const int64_t hi = std::min(s.start + s.count, run.shard_offset + run.count);
       if (lo >= hi) continue;
       const int64_t local = lo - s.start;
       out.push_back({s.param, placement.full_shape, run.full_offset + (lo - run.shard_offset), hi - lo,
-                     at(s.value, local), at(s.exp_avg, local), at(s.exp_avg_sq, local),
-                     at(s.master, local)});
+                     at(s.value, local, hi - lo), at(s.exp_avg, local, hi - lo),
+                     at(s.exp_avg_sq, local, hi - lo), at(s.master, local, hi - lo)});
     }
   }
   return out;
 }
 
 void load_owned_state(const CheckpointReader& reader, const std::vector<OwnedSlice>& owned) {
+  // Read as f32 on the host, then copied to where the state lives (in its dtype).
+  auto read = [&](const OwnedSlice& s, const char* suffix, const Tensor& into) {
+    if (into.device() == Device::CPU && into.dtype() == DType::F32) {
+      reader.read(layout_of(s, suffix), s.start, s.count, into.f32());
+      return;
+    }
+    const Tensor host = Tensor::empty({s.count}, DType::F32, MemCategory::Workspace);
+    reader.read(layout_of(s, suffix), s.start, s.count, host.f32());
+    into.copy_from(host);
+  };
   for (const OwnedSlice& s : owned) {
-    reader.read(layout_of(s, ""), s.start, s.count, s.value);
-    reader.read(layout_of(s, ".exp_avg"), s.start, s.count, s.exp_avg);
-    reader.read(layout_of(s, ".exp_avg_sq"), s.start, s.count, s.exp_avg_sq);
-    if (s.master) reader.read(layout_of(s, ".master"), s.start, s.count, s.master);
+    read(s, "", s.value);
+    read(s, ".exp_avg", s.exp_avg);
+    read(s, ".exp_avg_sq", s.exp_avg_sq);
+    if (s.master.defined()) read(s, ".master", s.master);
   }
 }
 
 nlohmann::json restore_weights(const std::string& dir_or_root, Transformer& model) {
   const CheckpointReader reader(dir_or_root);
   require_same_model(model.config(), reader.config(), reader.dir());
-  for (Parameter* p : model.parameters())
-    reader.read({p->name, p->value.shape(), p->hf_transposed}, 0, p->value.numel(), p->value.f32());
+  for (Parameter* p : model.parameters()) {
+    const Tensor host = p->value.device() == Device::CPU && p->value.dtype() == DType::F32
+                            ? p->value
+                            : Tensor::empty(p->value.shape(), DType::F32, MemCategory::Workspace);
+    reader.read({p->name, p->value.shape(), p->hf_transposed}, 0, p->value.numel(), host.f32());
+    if (host.raw() != p->value.raw()) p->value.copy_from(host);
+  }
   return reader.trainer_state();
 }
 

@@ -1,18 +1,20 @@
-// The GPU trainer against the CPU reference (as llm.c checks train_gpt2.cu against
-// train_gpt2.c): a tiny GPT-2 (tied embeddings) and a tiny Llama (GQA, untied), same seed, same
-// data, same schedule.
-//   - First step: loss to 1e-5 and every parameter's gradient to 1e-4 of its largest element:
-//     f32 arithmetic on both sides, only the summation order differs.
-//   - f32 training, 10 steps: every step's loss to 1e-4 relative, final weights to 1e-4 of each
-//     tensor's largest weight (floored at the 0.02 init scale). As in tests/dist, optim.eps is
-//     1e-5: Adam divides a gradient by its own size, so an element whose true gradient is ~0
-//     (GPT-2's key bias) would otherwise move by +-lr per step in a direction set by rounding.
-//   - bf16 training (bf16 activations and activation gradients on the GPU, f32 gradients with
-//     bf16-rounded activations on the CPU), 30 steps on learnable data (the CPU run must learn):
-//     losses to 2e-2 relative.
+// The one trainer on CUDA (train.device = "cuda": the same Trainer, model and AdamW, on device
+// tensors) against the same trainer on the CPU, the reference (as llm.c checks train_gpt2.cu
+// against train_gpt2.c): a tiny GPT-2 (tied embeddings) and a tiny Llama (GQA, untied), same
+// seed, same data, same schedule. The model alone, op for op, is tests/gpu/test_cuda_model.cpp.
+//   - f32 training, 10 steps, with and without recomputation: every step's loss to 1e-4
+//     relative, final weights to 1e-4 of each tensor's largest weight (floored at the 0.02 init
+//     scale). As in tests/dist, optim.eps is 1e-5: Adam divides a gradient by its own size, so
+//     an element whose true gradient is ~0 (GPT-2's key bias) would otherwise move by +-lr per
+//     step in a direction set by rounding.
+//   - bf16 training (bf16 activations, activation gradients and working weights on the GPU; f32
+//     gradients with bf16-rounded activations on the CPU), 30 steps on learnable data (the CPU
+//     run must learn): losses to 2e-2 relative. The GPU's masters start from the bf16 working
+//     copies, the CPU's from the f32 initialisation: one rounding, 2^-9, inside that band.
 //   - Checkpoints: a GPU checkpoint loads on the CPU with the GPU's weights bit for bit, and a
 //     run stopped on one device resumes on the other.
-//   - What one GPU cannot train yet is refused before any device is touched (runs everywhere).
+//   - What the engine cannot train on CUDA yet is refused before any device is touched (runs
+//     everywhere).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -21,8 +23,6 @@
 
 #include "../trainer_fixture.hpp"
 #include "gpu_test_support.hpp"
-#include "loom/gpu/gpu_model.hpp"
-#include "loom/gpu/gpu_trainer.hpp"
 #include "loom/obs/metrics_log.hpp"
 #include "loom/train/checkpointing.hpp"
 #include "loom/train/trainer.hpp"
@@ -43,8 +43,9 @@ TrainConfig parse(const std::string& text, const std::vector<std::string>& overr
 // Overrides that make a CPU and a GPU run comparable (see the file comment), logging to
 // `run.dir`/`name`.
 std::vector<std::string> comparable(const TinyRun& run, const std::string& name,
-                                    const std::string& precision, bool checkpoints = false) {
-  std::vector<std::string> o = {"optim.eps=1e-5", "optim.lr=1e-3",
+                                    const std::string& precision, bool checkpoints = false,
+                                    const std::string& device = "cpu") {
+  std::vector<std::string> o = {"optim.eps=1e-5", "optim.lr=1e-3", "train.device=\"" + device + "\"",
                                 "train.precision=\"" + precision + "\"",
                                 "log.dir=\"" + run.dir + "/" + name + "\""};
   o.push_back(checkpoints ? "checkpoint.dir=\"" + run.dir + "/" + name + "_ckpt\""
@@ -62,12 +63,6 @@ void expect_weights_close(const ParameterList& want, const ParameterList& got, d
         << what << ": " << want[i]->name;
 }
 
-std::vector<float> download(const float* device, int64_t n) {
-  std::vector<float> host(static_cast<size_t>(n));
-  gpu::copy_to_host(host.data(), device, host.size() * sizeof(float));
-  return host;
-}
-
 class CudaTraining : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -75,49 +70,19 @@ class CudaTraining : public ::testing::TestWithParam<std::string> {
   }
 };
 
-TEST_P(CudaTraining, FirstStepLossAndGradientsMatchTheCpuModel) {
-  const ModelConfig config = GetParam() == "gpt2" ? tiny_gpt2() : tiny_llama();
-  Transformer on_cpu(config);
-  on_cpu.init_weights(1234);
-  gpu::GpuTransformer on_gpu(on_cpu, DType::F32);
-  constexpr int64_t kBatch = 4, kSeq = 16, kRows = kBatch * kSeq;
-  const std::vector<int32_t> stream = random_tokens(kRows + 1, config.vocab_size, 5);
-  const std::vector<int32_t> inputs(stream.begin(), stream.begin() + kRows);
-  std::vector<int32_t> targets(stream.begin() + 1, stream.end());
-  targets[3] = -1;  // an ignored position: no loss, no gradient
-  const float grad_scale = 1.0f / static_cast<float>(kRows);
-
-  on_cpu.zero_grad();
-  const double cpu_loss =
-      on_cpu.forward(inputs.data(), targets.data(), kBatch, kSeq, {true, grad_scale});
-  on_cpu.backward();
-  const cuda::test::DeviceBuffer<int32_t> device_inputs(inputs), device_targets(targets);
-  on_gpu.zero_grad();
-  const double gpu_loss =
-      on_gpu.forward(device_inputs.get(), device_targets.get(), kBatch, kSeq, {true, grad_scale});
-  on_gpu.backward();
-
-  EXPECT_NEAR(gpu_loss, cpu_loss, 1e-5 * cpu_loss);
-  const ParameterList& host = on_cpu.parameters();
-  const std::vector<gpu::GpuParameter>& device = on_gpu.parameters().all();
-  ASSERT_EQ(host.size(), device.size());
-  for (size_t i = 0; i < host.size(); ++i) {
-    ASSERT_EQ(host[i]->name, device[i].name);
-    const std::vector<float> want = host[i]->grad.to_f32_vector();
-    cuda::test::expect_close(download(device[i].grad, device[i].numel), want, 0.0,
-                             kF32Tolerance * cuda::test::max_abs(want), device[i].name.c_str());
-  }
-  // A forward without gradients (evaluation) gives the same loss.
-  EXPECT_NEAR(on_gpu.forward(device_inputs.get(), device_targets.get(), kBatch, kSeq, {false, 1.0f}),
-              gpu_loss, 1e-6 * gpu_loss);
-}
-
 TEST_P(CudaTraining, F32TrainingFollowsTheCpuTrainer) {
-  TinyRun run("cuda_f32_" + GetParam());
+  for (const std::string recompute : {"none", "full"}) {
+  SCOPED_TRACE("model.recompute = " + recompute);
+  TinyRun run("cuda_f32_" + recompute + "_" + GetParam());
   const std::string base = run.config(GetParam(), kSteps);
-  Trainer on_cpu(parse(base, comparable(run, "cpu", "f32")));
+  auto with_recompute = [&](std::vector<std::string> o) {
+    o.push_back("model.recompute=\"" + recompute + "\"");
+    return parse(base, o);
+  };
+  Trainer on_cpu(with_recompute(comparable(run, "cpu", "f32")));
   const TrainSummary cpu_summary = on_cpu.run();
-  gpu::GpuTrainer on_gpu(parse(base, comparable(run, "gpu", "f32")));
+  Trainer on_gpu(with_recompute(comparable(run, "gpu", "f32", false, "cuda")));
+  EXPECT_EQ(on_gpu.model().device(), Device::CUDA);
   const TrainSummary gpu_summary = on_gpu.run();
 
   const std::vector<double> want = losses_of(run.dir + "/cpu/metrics.jsonl");
@@ -129,8 +94,9 @@ TEST_P(CudaTraining, F32TrainingFollowsTheCpuTrainer) {
   ASSERT_TRUE(cpu_summary.last_val_loss && gpu_summary.last_val_loss);
   EXPECT_NEAR(*gpu_summary.last_val_loss, *cpu_summary.last_val_loss,
               kF32Tolerance * *cpu_summary.last_val_loss);
-  expect_weights_close(on_cpu.model().parameters(), on_gpu.host_model()->parameters(), kF32Tolerance,
+  expect_weights_close(on_cpu.model().parameters(), on_gpu.model().parameters(), kF32Tolerance,
                        "final weights");
+  }
 }
 
 // On the learnable shards (TinyRun::write_learnable_shards) for long enough to learn: on uniform
@@ -141,13 +107,13 @@ TEST_P(CudaTraining, Bf16TrainingFollowsTheCpuTrainer) {
   run.write_learnable_shards();
   const std::string base = run.config(GetParam(), kLearnableSteps);
   auto learning = [&](const std::string& name) {
-    std::vector<std::string> o = comparable(run, name, "bf16");
+    std::vector<std::string> o = comparable(run, name, "bf16", false, name == "gpu" ? "cuda" : "cpu");
     o.push_back(kLearnableLr);
     return parse(base, o);
   };
   Trainer on_cpu(learning("cpu"));
   const TrainSummary cpu_summary = on_cpu.run();
-  gpu::GpuTrainer on_gpu(learning("gpu"));
+  Trainer on_gpu(learning("gpu"));
   on_gpu.run();
 
   const std::vector<double> want = losses_of(run.dir + "/cpu/metrics.jsonl");
@@ -158,21 +124,22 @@ TEST_P(CudaTraining, Bf16TrainingFollowsTheCpuTrainer) {
   EXPECT_LT(cpu_summary.last_train_loss, 0.45 * std::log(64.0));
   for (size_t s = 0; s < want.size(); ++s)
     EXPECT_NEAR(got[s], want[s], kBf16LossTolerance * want[s]) << "step " << s + 1;
-  // The host model gets the bf16 working copies, as loom::AdamW leaves the CPU model's values.
-  for (const Parameter* p : on_gpu.host_model()->parameters())
+  // The GPU model computes with bf16 working copies; the CPU model's values are bf16-rounded f32.
+  for (const Parameter* p : on_gpu.model().parameters()) ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
+  for (const Parameter* p : on_cpu.model().parameters())
     for (float v : p->value.to_f32_vector()) ASSERT_EQ(v, round_to_bf16(v)) << p->name;
 }
 
 TEST_P(CudaTraining, CheckpointLoadsOnTheCpuBitForBit) {
   TinyRun run("cuda_ckpt_" + GetParam());
   const TrainConfig config =
-      parse(run.config(GetParam(), kSteps), comparable(run, "gpu", "f32", true));
-  gpu::GpuTrainer on_gpu(config);
+      parse(run.config(GetParam(), kSteps), comparable(run, "gpu", "f32", true, "cuda"));
+  Trainer on_gpu(config);
   const TrainSummary summary = on_gpu.run();
   ASSERT_FALSE(summary.last_checkpoint.empty());
   Transformer on_cpu(config.model);
   restore_weights(config.checkpoint_dir, on_cpu);  // the root: its latest, step 10
-  const ParameterList& want = on_gpu.host_model()->parameters();
+  const ParameterList& want = on_gpu.model().parameters();
   ASSERT_EQ(want.size(), on_cpu.parameters().size());
   for (size_t i = 0; i < want.size(); ++i)
     EXPECT_EQ(want[i]->value.to_f32_vector(), on_cpu.parameters()[i]->value.to_f32_vector())
@@ -189,20 +156,20 @@ TEST_P(CudaTraining, RunsResumeAcrossDevices) {
   for (const bool gpu_first : {true, false}) {
     TinyRun run(std::string("cuda_resume_") + (gpu_first ? "gpu_cpu_" : "cpu_gpu_") + GetParam());
     const std::string base = run.config(GetParam(), kSteps);
-    TrainConfig half = parse(base, comparable(run, "run", "f32", true));
+    TrainConfig half = parse(base, comparable(run, "run", "f32", true, gpu_first ? "cuda" : "cpu"));
     half.steps = kSteps / 2;  // schedule.total_steps stays kSteps, as for a job killed half way
     TrainSummary resumed;
     if (gpu_first) {
-      gpu::GpuTrainer(half).run();
+      Trainer(half).run();
       Trainer second(parse(base, comparable(run, "run", "f32", true)));
       resumed = second.run();
       expect_weights_close(straight.model().parameters(), second.model().parameters(),
                            kF32Tolerance, "GPU, then CPU");
     } else {
       Trainer(half).run();
-      gpu::GpuTrainer second(parse(base, comparable(run, "run", "f32", true)));
+      Trainer second(parse(base, comparable(run, "run", "f32", true, "cuda")));
       resumed = second.run();
-      expect_weights_close(straight.model().parameters(), second.host_model()->parameters(),
+      expect_weights_close(straight.model().parameters(), second.model().parameters(),
                            kF32Tolerance, "CPU, then GPU");
     }
     EXPECT_EQ(resumed.first_step, kSteps / 2);
@@ -213,38 +180,27 @@ TEST_P(CudaTraining, RunsResumeAcrossDevices) {
 INSTANTIATE_TEST_SUITE_P(Archs, CudaTraining, ::testing::Values("gpt2", "llama"));
 
 // Runs without a GPU: every refusal comes before the trainer looks for a device.
-TEST(CudaTrainingConfig, RefusesWhatOneGpuCannotTrainBeforeTouchingADevice) {
+TEST(CudaTrainingConfig, RefusesWhatTheEngineCannotTrainOnCudaBeforeTouchingADevice) {
   TinyRun run("cuda_refusals");
   const std::string base = run.config("gpt2", kSteps);
-  expect_contains(error_message([&] {
-                    parse(base, {"train.device=\"cuda\"", "parallel.tp=2"});
-                  }),
-                  {"parallel.tp", "2", "cuda"});
-  expect_contains(error_message([&] {
-                    parse(base, {"train.device=\"cuda\"", "model.recompute=\"full\""});
-                  }),
-                  {"model.recompute", "full", "none"});
-  expect_contains(error_message([&] {
-                    parse(base, {"train.device=\"cuda\"", "parallel.zero_stage=1"});
-                  }),
+  const std::string cuda = "train.device=\"cuda\"";
+  expect_contains(error_message([&] { parse(base, {cuda, "parallel.tp=2"}); }), {"parallel.tp", "2", "cuda"});
+  expect_contains(error_message([&] { parse(base, {cuda, "parallel.zero_stage=1"}); }),
                   {"parallel.zero_stage", "1"});
+  expect_contains(error_message([&] { parse(base, {cuda, "model.n_embd=256", "model.n_head=1"}); }),
+                  {"head_dim", "256", "128"});
   expect_contains(error_message([&] { parse(base, {"train.device=\"tpu\""}); }),
                   {"train.device", "tpu", "cpu or cuda"});
-  // The GPU trainer checks whatever config it is handed (here with train.device = "cpu") again.
-  expect_contains(
-      error_message([&] { gpu::GpuTrainer trainer(parse(base, {"model.recompute=\"full\""})); }),
-      {"model.recompute", "full"});
-  expect_contains(error_message([&] { gpu::GpuTrainer trainer(parse(base, {"parallel.tp=2"})); }),
-                  {"parallel.tp", "2"});
-  expect_contains(error_message([&] {
-                    gpu::GpuTrainer trainer(parse(base, {"model.n_embd=256", "model.n_head=1"}));
-                  }),
-                  {"head_dim", "256", "128"});
+  // Recomputation runs on CUDA now: the same model code.
+  EXPECT_EQ(parse(base, {cuda, "model.recompute=\"full\""}).recompute, Recompute::Full);
+  // The trainer checks whatever config it is handed again.
+  TrainConfig zero = parse(base, {"parallel.zero_stage=1"});
+  zero.device = Device::CUDA;
+  expect_contains(error_message([&] { Trainer trainer(zero); }), {"parallel.zero_stage", "1", "cuda"});
   // Where no device is visible, a config the GPU could train is refused for that reason, and
   // clearly.
   if (cuda::device_info().count == 0)
-    expect_contains(error_message([&] { gpu::GpuTrainer trainer(parse(base, {})); }),
-                    {"--device cuda: no CUDA device is visible"});
+    expect_contains(error_message([&] { Trainer trainer(parse(base, {cuda})); }), {"no CUDA device is visible"});
 }
 
 }  // namespace

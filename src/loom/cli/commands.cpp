@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
 #include "loom/data/bpe_tokenizer.hpp"
 #include "loom/data/tokenize_corpus.hpp"
@@ -62,21 +63,18 @@ void report_trained_model(const TrainConfig& config, const TrainSummary& summary
 }
 
 // One process on one GPU: refused before any work when this loom has no CUDA, or when a
-// launcher started several ranks (the CUDA trainer has no data parallelism yet).
-int run_train_on_cuda(const TrainArgs& args, const TrainConfig& config) {
-  if (!args.train_on_cuda)
+// launcher started several ranks (the CUDA path has no collectives on device tensors yet).
+void check_cuda_run() {
+  if (!device_memory::built_with(Device::CUDA))
     throw_error("train.device = \"cuda\" (--device cuda): this loom was built without CUDA (no nvcc at configure "
                 "time, or -DLOOM_WITH_CUDA=OFF): rebuild where nvcc is found, or use --device cpu");
   if (DistRuntime::launched_by_mpi_or_slurm()) {
     const DistRuntime runtime;
     if (runtime.world_size() > 1)
       throw_error("train.device = \"cuda\" (--device cuda) under a launcher with ", runtime.world_size(),
-                  " ranks: the CUDA trainer runs one process on one GPU so far; launch one process, or use "
+                  " ranks: on CUDA the engine trains one process on one GPU so far; launch one process, or use "
                   "--device cpu for data parallelism over ranks");
   }
-  CudaTrainResult result = args.train_on_cuda(config);
-  report_trained_model(config, result.summary, *result.model);
-  return 0;
 }
 }  // namespace
 
@@ -86,14 +84,14 @@ int run_train(const TrainArgs& args) {
   if (!args.device.empty()) reader.apply_overrides({"train.device=\"" + args.device + "\""});
   TrainConfig config = parse_train_config(reader);
   config.print_schedule = args.print_schedule;
-  if (config.device == Device::CUDA && !args.train_on_cuda && args.check_only)
+  if (config.device == Device::CUDA && !device_memory::built_with(Device::CUDA) && args.check_only)
     std::printf("note: config %s asks for train.device = \"cuda\", which this loom (built without CUDA) cannot run\n",
                 args.config_path.c_str());
   if (args.check_only) {
     std::printf("config %s is valid\n", args.config_path.c_str());
     return 0;
   }
-  if (config.device == Device::CUDA) return run_train_on_cuda(args, config);
+  if (config.device == Device::CUDA) check_cuda_run();
   // Under mpirun or srun every rank is a data-parallel replica; alone, no MPI at all.
   std::unique_ptr<DistRuntime> runtime;
   if (DistRuntime::launched_by_mpi_or_slurm()) runtime = std::make_unique<DistRuntime>();

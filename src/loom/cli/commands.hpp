@@ -11,24 +11,12 @@
 
 namespace loom::cli {
 
-// A training run on one CUDA device: its summary, and the trained model on the host (for samples).
-struct CudaTrainResult {
-  TrainSummary summary;
-  std::shared_ptr<Transformer> model;
-};
-// Why a function and not a call: this file is part of loom_lib, which never links the CUDA
-// library (loom_cuda links loom_lib, not the reverse) and so never sees its LOOM_HAVE_CUDA
-// define. main.cpp, compiled into the `loom` binary that does link loom_cuda when nvcc was found,
-// fills this in under #ifdef LOOM_HAVE_CUDA; empty means this loom was built without CUDA.
-using CudaTrainRun = std::function<CudaTrainResult(const TrainConfig&)>;
-
 struct TrainArgs {
   std::string config_path;
   std::vector<std::string> overrides;  // "section.key=value"
   bool check_only = false;             // validate the config and exit
   bool print_schedule = false;  // pipeline runs: draw the last step and report its bubble
   std::string device;           // --device cpu|cuda: overrides train.device; empty keeps it
-  CudaTrainRun train_on_cuda;   // see CudaTrainRun
 };
 int run_train(const TrainArgs& args);
 

@@ -5,9 +5,6 @@
 
 #include "loom/cli/commands.hpp"
 #include "loom/core/error.hpp"
-#ifdef LOOM_HAVE_CUDA
-#include "loom/gpu/gpu_trainer.hpp"
-#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"loom: train GPT-2 and Llama-style language models"};
@@ -23,14 +20,6 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--trace", trace_path, "write a Chrome/Perfetto trace (one file per rank)");
   train_cmd->add_option("--device", train.device, "cpu or cuda: where to train (overrides train.device)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-#ifdef LOOM_HAVE_CUDA
-  // The GPU trainer lives in loom_cuda, which only this binary links (see CudaTrainRun).
-  train.train_on_cuda = [](const loom::TrainConfig& config) {
-    loom::gpu::GpuTrainer trainer(config);
-    const loom::TrainSummary summary = trainer.run();
-    return loom::cli::CudaTrainResult{summary, trainer.host_model()};
-  };
-#endif
   train_cmd->allow_extras();
 
   loom::cli::TokenizeArgs tokenize;

@@ -92,4 +92,13 @@ MemStats stats(Device device) {
 #endif
 }
 
+void reset_peaks(Device device) {
+  if (device == Device::CPU) return HostAllocator::instance().reset_peaks();
+#ifdef LOOM_HAVE_CUDA
+  cuda::device_reset_peaks();
+#else
+  not_built(device);
+#endif
+}
+
 }  // namespace loom::device_memory

@@ -24,5 +24,7 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
 void fill_zero(void* dst, Device device, size_t bytes);
 // This device's live and peak bytes per category.
 MemStats stats(Device device);
+// Peaks back to the live bytes (a training step measures its own peak).
+void reset_peaks(Device device);
 
 }  // namespace loom::device_memory

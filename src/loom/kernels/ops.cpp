@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <limits>
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/cpu/activations.hpp"
@@ -224,6 +225,15 @@ void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& 
   LOOM_OPS_ON_CUDA(device, attention_backward(d_qkv, d_out, qkv, out, lse, shape))
   require_cpu_f32("attention_backward", {&d_qkv, &d_out, &qkv, &out});
   cpu::attention_backward(d_qkv.f32(), d_out.f32(), qkv.f32(), out.f32(), lse.f32(), shape);
+}
+
+int64_t max_attention_head_dim(Device device) {
+  if (device == Device::CPU) return std::numeric_limits<int64_t>::max();
+#ifdef LOOM_HAVE_CUDA
+  return cuda_impl::max_attention_head_dim();
+#else
+  return 0;
+#endif
 }
 
 // ---- RoPE -------------------------------------------------------------------------------

@@ -64,6 +64,10 @@ void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& 
                         const Tensor& out, const Tensor& lse,
                         const AttentionShape& shape);  // d_qkv written
 
+// The largest head_dim the attention ops take on `device` (the CPU has no limit; 0 for a
+// device this loom was built without).
+int64_t max_attention_head_dim(Device device);
+
 // Rotary embedding ("rotate half", Hugging Face's table rounding): the table on the host,
 // and a device copy made on the first CUDA use.
 class Rope {

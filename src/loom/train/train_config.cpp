@@ -1,6 +1,7 @@
 #include "loom/train/train_config.hpp"
 
 #include "loom/core/error.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/pipeline_layout.hpp"
 
 namespace loom {
@@ -216,18 +217,14 @@ TrainConfig parse_train_config(ConfigReader& r) {
     throw_error("config key 'sample.prompt' is missing: sample.tokens > 0 needs a prompt to continue");
   if (c.sample_tokens > 0 && c.tokenizer_dir.empty())
     throw_error("config key 'data.tokenizer_dir' is missing: sample.tokens > 0 needs the tokenizer");
-  if (c.device == Device::CUDA) check_single_gpu_training(c);
+  if (c.device == Device::CUDA) check_cuda_training(c);
   c.schedule.total_steps = c.steps;
   return c;
 }
 
-void check_single_gpu_training(const TrainConfig& c) {
-  const char* instead = "; the CUDA trainer runs one process on one GPU so far (use train.device = \"cpu\" "
+void check_cuda_training(const TrainConfig& c) {
+  const char* instead = "; on CUDA the engine trains one process on one GPU so far (use train.device = \"cpu\" "
                         "for the distributed CPU engine)";
-  if (c.recompute != Recompute::None)
-    throw_error("config key 'model.recompute' has value '", recompute_name(c.recompute),
-                "' with train.device = \"cuda\": the CUDA trainer keeps every activation (recompute = \"none\") "
-                "so far; set model.recompute = \"none\" or train on the CPU");
   if (c.tp != 1)
     throw_error("config key 'parallel.tp' has value ", c.tp, " with train.device = \"cuda\", expected 1", instead);
   if (c.pp != 1)
@@ -237,9 +234,11 @@ void check_single_gpu_training(const TrainConfig& c) {
   if (c.zero_stage != 0)
     throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, " with train.device = \"cuda\", expected 0",
                 instead);
-  if (!c.trace_path.empty())
-    throw_error("config key 'log.trace' (--trace) has value '", c.trace_path, "' with train.device = \"cuda\": the CUDA "
-                "trainer writes no trace yet; leave it empty or train on the CPU");
+  const int64_t max_head_dim = ops::max_attention_head_dim(Device::CUDA);
+  if (max_head_dim > 0 && c.model.head_dim() > max_head_dim)
+    throw_error("model.n_embd / model.n_head = ", c.model.n_embd, " / ", c.model.n_head, " = head_dim ",
+                c.model.head_dim(), ": the CUDA attention kernel takes head_dim up to ", max_head_dim,
+                "; use more heads or train on the CPU");
 }
 
 }  // namespace loom

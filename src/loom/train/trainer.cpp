@@ -9,7 +9,11 @@
 #include "loom/ckpt/checkpoint.hpp"
 #include "loom/data/unigram.hpp"
 #include "loom/core/error.hpp"
+#include "loom/core/device_memory.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
+#ifdef LOOM_HAVE_CUDA
+#include "loom/kernels/cuda/device_info.hpp"
+#endif
 #include "loom/model/flops.hpp"
 #include "loom/obs/loss_plot.hpp"
 #include "loom/obs/metrics_log.hpp"
@@ -17,6 +21,7 @@
 #include "loom/obs/step_line.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
+#include "loom/train/device_peak.hpp"
 #include "loom/train/pipeline_report.hpp"
 
 namespace loom {
@@ -28,10 +33,26 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
+
+std::string cuda_device_name() {
+#ifdef LOOM_HAVE_CUDA
+  const cuda::DeviceInfo info = cuda::device_info();
+  if (!info.devices.empty()) return info.devices.front().name;
+#endif
+  return "cuda";
+}
+}  // namespace
+
+namespace {
+// What the engine cannot train on a device is refused before anything is built.
+TrainConfig checked_for_device(TrainConfig config) {
+  if (config.device == Device::CUDA) check_cuda_training(config);
+  return config;
+}
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
-    : config_(std::move(config)), groups_(make_trainer_groups(config_, std::move(world))) {
+    : config_(checked_for_device(std::move(config))), groups_(make_trainer_groups(config_, std::move(world))) {
   std::shared_ptr<const ParallelPlan> plan;
   if (groups_.tp) plan = std::make_shared<TensorParallelPlan>(groups_.tp, config_.sequence_parallel);
   std::vector<ModelChunk> chunks;
@@ -42,9 +63,12 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (config_.print_schedule && !groups_.pp)
     throw_error("--print-schedule draws the pipeline schedule, and this run has none: set parallel.pp > 1");
   if (config_.threads > 0) cpu::set_num_threads(config_.threads);
+  const bool bf16 = config_.precision == Precision::BF16;
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan, chunks);
   model_->init_weights(config_.seed);
-  model_->set_bf16_activations(config_.precision == Precision::BF16);
+  model_->set_bf16_activations(bf16);
+  // The same model on the device: bf16 storage for activations and working weights there.
+  if (config_.device == Device::CUDA) model_->to_device(Device::CUDA, bf16 ? DType::BF16 : DType::F32);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
       config_.train_data, config_.batch_size * groups_.dp_size, config_.seq_len, config_.model.vocab_size));
   if (config_.shuffle) train_loader_->set_shuffle(config_.seed);
@@ -59,7 +83,6 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     trace_ = std::make_unique<TraceRecorder>(
         groups_.world && groups_.world->size() > 1 ? config_.trace_path + ".rank" + std::to_string(groups_.world_rank) : config_.trace_path,
         groups_.world_rank);
-  const bool bf16 = config_.precision == Precision::BF16;
   if (groups_.dp_size > 1 && config_.zero_stage > 0) {
     optimizer_ = std::make_unique<ZeroOptimizer>(
         *model_, groups_.dp, ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), bf16},
@@ -193,7 +216,7 @@ nlohmann::json Trainer::step_record(const StepReport& report) const {
   nlohmann::json record = step_report_json(report);
   // This rank's memory by category (peak within the step) and its wire bytes per collective:
   // what the planner's per-rank predictions are checked against.
-  const MemStats mem = HostAllocator::instance().stats();
+  const MemStats mem = device_memory::stats(model_->device());
   for (size_t i = 0; i < kMemCategoryCount; ++i)
     record["memory_peak_bytes"][mem_category_name(static_cast<MemCategory>(i))] = mem.peak_bytes[i];
   // Wire bytes per collective, for the dp group and (under tensor parallelism) the tp group.
@@ -281,19 +304,32 @@ TrainSummary Trainer::run() {
     metrics.emplace(metrics_path, start_step > 0 ? MetricsLog::Mode::Append : MetricsLog::Mode::Truncate);
   }
 
-  const double peak_gflops = cpu::measure_sgemm_gflops();  // same measurement as bench/
+  // The CPU's peak is the SGEMM rate measured here (as bench/ does); a GPU's its datasheet's
+  // dense peak for the compute dtype (0 when unknown: no MFU is reported).
+  const bool on_cuda = model_->device() == Device::CUDA;
+  const std::string device_name = on_cuda ? cuda_device_name() : "";
+  const double peak_gflops =
+      on_cuda ? dense_peak_tflops(device_name, model_->compute_dtype()).value_or(0.0) * 1e3
+              : cpu::measure_sgemm_gflops();
+  char where[256];
+  if (!on_cuda)
+    std::snprintf(where, sizeof where, "%d threads, SGEMM peak %.0f GFLOP/s", cpu::num_threads(), peak_gflops);
+  else if (peak_gflops > 0)
+    std::snprintf(where, sizeof where, "%s, dense peak %.0f TFLOP/s", device_name.c_str(), peak_gflops / 1e3);
+  else
+    std::snprintf(where, sizeof where, "%s (peak unknown: no MFU)", device_name.c_str());
   // Per-rank FLOPs over the per-rank peak: MFU of one rank (a tp rank does 1/tp of its
   // replica's work, a pipeline stage 1/pp of it, evenly split).
   const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
                                 static_cast<double>(config_.tokens_per_step()) / (groups_.tp_size * groups_.pp_size);
   if (is_rank0())
     std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
-              "%d threads, SGEMM peak %.0f GFLOP/s | dp %d x tp %d%s x pp %d%s\n",
+              "%s | dp %d x tp %d%s x pp %d%s\n",
               architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
               static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
               static_cast<long long>(global_tokens_per_step()),
               config_.precision == Precision::BF16 ? "bf16 (fp32 master)" : "f32",
-              recompute_name(config_.recompute), cpu::num_threads(), peak_gflops, groups_.dp_size, groups_.tp_size,
+              recompute_name(config_.recompute), where, groups_.dp_size, groups_.tp_size,
               config_.sequence_parallel ? " (sequence parallel)" : "", groups_.pp_size,
               groups_.pp ? (std::string(" (") + schedule_name(config_.pp_schedule) + ", " +
                             std::to_string(config_.grad_accum) + " micro-batches)").c_str() : "");
@@ -303,7 +339,7 @@ TrainSummary Trainer::run() {
   const auto run_start = Clock::now();
   double compute_seconds = 0.0;
   for (int64_t step = start_step; step < config_.steps; ++step) {
-    HostAllocator::instance().reset_peaks();
+    device_memory::reset_peaks(model_->device());
     if (groups_.dp) groups_.dp->reset_stats();
     if (groups_.tp) groups_.tp->reset_stats();
     if (groups_.pp) groups_.pp->reset_stats();
@@ -317,8 +353,8 @@ TrainSummary Trainer::run() {
     if (!std::isfinite(loss)) throw_error("training diverged: loss is ", loss, " at step ", step + 1);
     const StepReport report{step + 1, config_.steps, loss, config_.schedule.at(step), last_grad_norm_,
                             step_seconds * 1e3, static_cast<double>(global_tokens_per_step()) / step_seconds,
-                            flops_per_step / step_seconds / (peak_gflops * 1e9),
-                            HostAllocator::instance().stats().total_peak_bytes};
+                            peak_gflops > 0 ? flops_per_step / step_seconds / (peak_gflops * 1e9) : 0.0,
+                            device_memory::stats(model_->device()).total_peak_bytes};
     if (metrics) metrics->write(step_record(report));
     summary.last_train_loss = loss;
     summary.steps_done = step + 1;
@@ -349,7 +385,8 @@ TrainSummary Trainer::run() {
   const int64_t steps_run = summary.steps_done - start_step;
   if (steps_run > 0) {
     summary.tokens_per_s = static_cast<double>(steps_run * global_tokens_per_step()) / compute_seconds;
-    summary.mfu = flops_per_step * static_cast<double>(steps_run) / compute_seconds / (peak_gflops * 1e9);
+    if (peak_gflops > 0)
+      summary.mfu = flops_per_step * static_cast<double>(steps_run) / compute_seconds / (peak_gflops * 1e9);
   }
   if (trace_) trace_->write();
   if (groups_.world) groups_.world->barrier();  // every rank has finished, and rank 0's last checkpoint is written

@@ -50,5 +50,6 @@ void device_fill_zero(void* dst, size_t bytes) {
 }
 
 MemStats device_stats() { return DeviceAllocator::current().stats(); }
+void device_reset_peaks() { DeviceAllocator::current().reset_peaks(); }
 
 }  // namespace loom::cuda

@@ -16,5 +16,6 @@ void device_release(void* ptr, size_t bytes, MemCategory category);
 void device_copy(void* dst, const void* src, size_t bytes, int kind);
 void device_fill_zero(void* dst, size_t bytes);
 MemStats device_stats();
+void device_reset_peaks();
 
 }  // namespace loom::cuda

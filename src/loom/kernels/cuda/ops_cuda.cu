@@ -264,6 +264,8 @@ double sum_of_squares(const Tensor& x) {
 
 void round_to_bf16_(const Tensor& x) { cuda::round_to_bf16_inplace(f32(x), x.numel()); }
 
+int64_t max_attention_head_dim() { return cuda::kMaxAttentionHeadDim; }
+
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step) {
   if (!working.defined()) {

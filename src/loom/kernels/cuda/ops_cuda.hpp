@@ -44,6 +44,7 @@ void add_into(const Tensor& dst, const Tensor& src);
 void scale_(const Tensor& x, float factor);
 double sum_of_squares(const Tensor& x);
 void round_to_bf16_(const Tensor& x);
+int64_t max_attention_head_dim();
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step);
 

@@ -1,8 +1,8 @@
-#include "loom/gpu/gpu_peak.hpp"
+#include "loom/train/device_peak.hpp"
 
 #include "loom/plan/hardware.hpp"
 
-namespace loom::gpu {
+namespace loom {
 
 namespace {
 bool contains(const std::string& text, const char* part) {
@@ -31,4 +31,4 @@ std::optional<double> dense_peak_tflops(const std::string& name, DType compute_d
   return std::nullopt;
 }
 
-}  // namespace loom::gpu
+}  // namespace loom

@@ -10,8 +10,8 @@
 
 #include "loom/core/dtype.hpp"
 
-namespace loom::gpu {
+namespace loom {
 
 std::optional<double> dense_peak_tflops(const std::string& device_name, DType compute_dtype);
 
-}  // namespace loom::gpu
+}  // namespace loom

@@ -62,19 +62,14 @@ void report_trained_model(const TrainConfig& config, const TrainSummary& summary
   }
 }
 
-// One process on one GPU: refused before any work when this loom has no CUDA, or when a
-// launcher started several ranks (the CUDA path has no collectives on device tensors yet).
+// Refused before any work when this loom has no CUDA. Under a launcher every rank is a
+// data-parallel replica on GPU local_rank % the node's GPUs (several ranks may share one): the
+// gradient buckets travel through host memory over MPI (check_cuda_training refuses the layouts
+// whose layers exchange host buffers: tp, pp, ZeRO).
 void check_cuda_run() {
   if (!device_memory::built_with(Device::CUDA))
     throw_error("train.device = \"cuda\" (--device cuda): this loom was built without CUDA (no nvcc at configure "
                 "time, or -DLOOM_WITH_CUDA=OFF): rebuild where nvcc is found, or use --device cpu");
-  if (DistRuntime::launched_by_mpi_or_slurm()) {
-    const DistRuntime runtime;
-    if (runtime.world_size() > 1)
-      throw_error("train.device = \"cuda\" (--device cuda) under a launcher with ", runtime.world_size(),
-                  " ranks: on CUDA the engine trains one process on one GPU so far; launch one process, or use "
-                  "--device cpu for data parallelism over ranks");
-  }
 }
 }  // namespace
 
@@ -96,6 +91,7 @@ int run_train(const TrainArgs& args) {
   std::unique_ptr<DistRuntime> runtime;
   if (DistRuntime::launched_by_mpi_or_slurm()) runtime = std::make_unique<DistRuntime>();
   const bool rank0 = !runtime || runtime->world_rank() == 0;
+  if (config.device == Device::CUDA) (void)device_memory::select_cuda_device(runtime ? runtime->local_rank() : 0);
   Trainer trainer(config, runtime && runtime->world_size() > 1 ? runtime->world() : nullptr);
   const TrainSummary summary = trainer.run();
   if (!rank0) return 0;

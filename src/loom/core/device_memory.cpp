@@ -37,6 +37,15 @@ int cuda_device_count() {
 #endif
 }
 
+int select_cuda_device(int local_rank) {
+#ifdef LOOM_HAVE_CUDA
+  return cuda::select_device(local_rank);
+#else
+  (void)local_rank;
+  return -1;
+#endif
+}
+
 void* allocate(Device device, size_t bytes, MemCategory category) {
   if (device == Device::CPU) return HostAllocator::instance().allocate(bytes, category);
 #ifdef LOOM_HAVE_CUDA

@@ -18,6 +18,10 @@ namespace loom::device_memory {
 bool built_with(Device device);
 // CUDA devices this process can see (0 without CUDA, a driver or a GPU).
 int cuda_device_count();
+// The CUDA device this process computes on: local_rank % the visible devices, so the ranks of a
+// node spread over its GPUs (or share one). Call before the first CUDA tensor. Returns the
+// device index, or -1 without a visible device (allocation then says why).
+int select_cuda_device(int local_rank);
 void* allocate(Device device, size_t bytes, MemCategory category);
 void release(Device device, void* ptr, size_t bytes, MemCategory category);
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);

@@ -1,7 +1,5 @@
 #include "loom/parallel/data_parallel.hpp"
 
-#include <cstring>
-
 #include "loom/core/error.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
@@ -40,9 +38,12 @@ void GradientBucketReducer::on_grad_ready(Parameter& param) {
 void GradientBucketReducer::issue(size_t index) {
   Bucket& bucket = buckets_[index];
   float* flat = bucket.flat.f32();
-  for (size_t i = 0; i < bucket.params.size(); ++i)
-    std::memcpy(flat + bucket.offsets[i], bucket.params[i]->grad.f32(),
-                bucket.params[i]->grad.nbytes());
+  // The bucket is host memory the collective reads: gradients on a device are copied out
+  // here, after the kernels that wrote them (the copy waits for them), and back in finish().
+  for (size_t i = 0; i < bucket.params.size(); ++i) {
+    const Tensor& grad = bucket.params[i]->grad;
+    bucket.flat.slice_as(bucket.offsets[i], {grad.numel()}).copy_from(grad);
+  }
   timings_[index].params_ready_before_issue = ready_count_;
   timings_[index].issued_s = TraceRecorder::now_s();
   bucket.work = group_->all_reduce(flat, bucket.flat.numel(), ReduceOp::Avg);
@@ -65,10 +66,10 @@ void GradientBucketReducer::finish() {
     }
     bucket.work->wait();
     timings_[b].finished_s = TraceRecorder::now_s();
-    const float* flat = bucket.flat.f32();
-    for (size_t i = 0; i < bucket.params.size(); ++i)
-      std::memcpy(bucket.params[i]->grad.f32(), flat + bucket.offsets[i],
-                  bucket.params[i]->grad.nbytes());
+    for (size_t i = 0; i < bucket.params.size(); ++i) {
+      const Tensor& grad = bucket.params[i]->grad;
+      grad.copy_from(bucket.flat.slice_as(bucket.offsets[i], {grad.numel()}));
+    }
     bucket.work.reset();
     bucket.ready = 0;
   }

@@ -23,6 +23,14 @@ const Visible& visible() {
 
 int visible_device_count() { return visible().count; }
 
+int select_device(int local_rank) {
+  const int count = visible().count;
+  if (count == 0) return -1;
+  const int device = local_rank % count;
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  return device;
+}
+
 void* device_allocate(size_t bytes, MemCategory category) {
   if (visible().count == 0)
     throw_error("device 'cuda': no CUDA device is visible to this process (",

@@ -9,6 +9,9 @@ namespace loom::cuda {
 
 // Devices visible to this process, asked once (0 when the runtime finds no driver or GPU).
 int visible_device_count();
+// Makes device local_rank % visible_device_count() this thread's (ranks of one node spread over
+// its GPUs, or share the one there is); returns it, or -1 when none is visible.
+int select_device(int local_rank);
 // Refuses, naming the cause, when no device is visible.
 void* device_allocate(size_t bytes, MemCategory category);
 void device_release(void* ptr, size_t bytes, MemCategory category);

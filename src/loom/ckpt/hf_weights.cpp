@@ -72,6 +72,12 @@ std::vector<float> decode(const SafetensorsEntry& entry) {
 }
 
 void store_values(const std::vector<float>& values, Tensor& target) {
+  if (target.device() != Device::CPU) {  // through a host copy, converted to the target's dtype
+    Tensor host = Tensor::empty(target.shape(), DType::F32, MemCategory::Workspace);
+    if (!values.empty()) std::memcpy(host.f32(), values.data(), values.size() * sizeof(float));
+    target.copy_from(host);
+    return;
+  }
   if (target.dtype() == DType::F32) {
     if (!values.empty()) std::memcpy(target.f32(), values.data(), values.size() * sizeof(float));
   } else {

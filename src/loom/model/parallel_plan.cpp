@@ -125,12 +125,12 @@ double ParallelPlan::head_loss(const ops::CrossEntropyArgs& args, int64_t rows,
 std::vector<float> ParallelPlan::last_position_logits(const Tensor& hidden, const Tensor& head,
                                                       int64_t batch, int64_t seq_len,
                                                       int64_t vocab) const {
-  const int64_t dim = hidden.size(1);
-  Tensor last = Tensor::empty({batch, dim}, hidden.dtype(), MemCategory::Workspace, hidden.device());
-  for (int64_t b = 0; b < batch; ++b)
-    last.narrow_rows(b, b + 1).copy_from(hidden.narrow_rows(b * seq_len + seq_len - 1, b * seq_len + seq_len));
+  // One row at a time: the product of each sequence's last row alone, as it always was.
   Tensor logits = Tensor::empty({batch, vocab}, hidden.dtype(), MemCategory::Workspace, hidden.device());
-  ops::linear_forward(logits, 0, last, head, nullptr);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t last = b * seq_len + seq_len - 1;
+    ops::linear_forward(logits.narrow_rows(b, b + 1), 0, hidden.narrow_rows(last, last + 1), head, nullptr);
+  }
   return logits.to_f32_vector();
 }
 

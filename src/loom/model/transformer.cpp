@@ -214,8 +214,9 @@ void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
   if (!in_flight_.empty())
     throw_error("batch ", batch, " x sequence ", seq_len, " while ", in_flight_.size(), " micro-batch(es) of ",
                 batch_, " x ", seq_len_, " await their backward: finish them first");
-  batch_ = batch;
-  seq_len_ = seq_len;
+  // No shape until everything is allocated: a failed allocation (out of device memory) must not
+  // leave a shape whose buffers are missing.
+  batch_ = seq_len_ = 0;
   idle_.clear();
   full_recompute_stash_ = BlockStash{};
   selective_shared_ = BlockStash{};
@@ -223,14 +224,16 @@ void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
     full_recompute_stash_ = make_block_stash(config_, *plan_, format_, batch, seq_len, nullptr);
   const int64_t rows = plan_->local_rows(batch * seq_len), c = config_.n_embd;
   scratch_ = make_block_grad_scratch(config_, *plan_, format_, batch * seq_len);
-  // The single-process loss takes its logits scratch from here; the vocab-parallel one has
-  // its own.
-  logits_chunk_ = plan_->tp() > 1 || !holds_head_
+  // The single-process loss on the CPU takes its logits scratch from here; the vocab-parallel
+  // one and the CUDA one have their own.
+  logits_chunk_ = plan_->tp() > 1 || !holds_head_ || format_.device != Device::CPU
                       ? Tensor()
                       : Tensor::empty({rows, std::min(vocab_chunk_, config_.vocab_size)}, DType::F32,
                                       MemCategory::Workspace, format_.device);
   d_residual_a_ = Tensor::empty({rows, c}, format_.dtype, MemCategory::Workspace, format_.device);
   d_residual_b_ = Tensor::empty({rows, c}, format_.dtype, MemCategory::Workspace, format_.device);
+  batch_ = batch;
+  seq_len_ = seq_len;
 }
 
 const ModelChunk& Transformer::chunk_at(int64_t chunk) const {

@@ -19,6 +19,9 @@ PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGr
                   " of ", chunk.stages, ", expected stage ", c * p + pp_->rank(), " of ", stages_,
                   " (model/pipeline_layout)");
   }
+  if (model_.tied_across_stages() && model_.device() != Device::CPU)
+    throw_error("pipeline: tied embeddings across stages on ", device_name(model_.device()),
+                ": their gradients are summed over a host buffer so far; untie them or run on the CPU");
   if (model_.tied_across_stages() && (!embedding_ || embedding_->size() != 2))
     throw_error(
         "pipeline: tied embeddings span the first and last stage, which need an embedding group of "

@@ -17,6 +17,9 @@ ZeroOptimizer::ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> d
                              AdamWConfig adamw)
     : model_(model), dp_(std::move(dp)), zero_(zero), adamw_(adamw) {
   if (zero_.stage < 1 || zero_.stage > 3) throw_error("ZeRO stage ", zero_.stage, " is not one of 1, 2, 3");
+  if (model_.device() != Device::CPU)
+    throw_error("ZeRO stage ", zero_.stage, " on a ", device_name(model_.device()),
+                " model: its flat buffers are host memory so far; use parallel.zero_stage = 0 there");
   if (zero_.stage >= 2 && !model_.is_whole())
     throw_error("ZeRO stage ", zero_.stage, " acts per micro-batch and per model unit, which a pipeline stage "
                 "does not have: use stage 1 with pipeline parallelism");

@@ -223,8 +223,8 @@ TrainConfig parse_train_config(ConfigReader& r) {
 }
 
 void check_cuda_training(const TrainConfig& c) {
-  const char* instead = "; on CUDA the engine trains one process on one GPU so far (use train.device = \"cpu\" "
-                        "for the distributed CPU engine)";
+  const char* instead = "; on CUDA the engine runs data parallelism only so far (tp, pp, sequence parallelism "
+                        "and ZeRO run with train.device = \"cpu\")";
   if (c.tp != 1)
     throw_error("config key 'parallel.tp' has value ", c.tp, " with train.device = \"cuda\", expected 1", instead);
   if (c.pp != 1)

@@ -31,22 +31,29 @@ constexpr uint64_t kSeed = 5;
 
 using cuda::test::CudaTest;
 
-// Worst |got - want| over a tensor, relative to the tensor's largest |want|.
-double relative_error(const Tensor& got, const Tensor& want) {
-  const auto g = got.to_f32_vector(), w = want.to_f32_vector();
-  EXPECT_EQ(g.size(), w.size());
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < g.size(); ++i) {
-    worst = std::max(worst, std::abs(double(g[i]) - double(w[i])));
-    scale = std::max(scale, std::abs(double(w[i])));
-  }
-  return scale > 0 ? worst / scale : worst;
+// Every element within `tolerance` times the reference tensor's largest element (1 if all zero).
+void expect_close_to_scale(const Tensor& got, const Tensor& want, double tolerance,
+                           const std::string& what) {
+  const std::vector<float> reference = want.to_f32_vector();
+  const double scale = cuda::test::max_abs(reference);
+  cuda::test::expect_close(got.to_f32_vector(), reference, 0.0,
+                           tolerance * (scale > 0 ? scale : 1.0), what.c_str());
+}
+
+// The model at the test's seed, moved to `device` in `dtype` (the CPU: left where it is built).
+std::unique_ptr<Transformer> model_on(const ModelConfig& c, Recompute recompute, Device device,
+                                      DType dtype = DType::F32) {
+  auto model = std::make_unique<Transformer>(c, recompute);
+  model->init_weights(kSeed);
+  if (device != Device::CPU) model->to_device(device, dtype);
+  return model;
 }
 
 double cosine(const Tensor& a, const Tensor& b) {
   const auto x = a.to_f32_vector(), y = b.to_f32_vector();
   double xy = 0, xx = 0, yy = 0;
-  for (size_t i = 0; i < x.size(); ++i) xy += double(x[i]) * y[i], xx += double(x[i]) * x[i], yy += double(y[i]) * y[i];
+  for (size_t i = 0; i < x.size(); ++i)
+    xy += double(x[i]) * y[i], xx += double(x[i]) * x[i], yy += double(y[i]) * y[i];
   return xy / std::sqrt(xx * yy);
 }
 
@@ -72,15 +79,16 @@ struct Case {
 
 class ModelOnCuda : public CudaTest, public ::testing::WithParamInterface<Case> {
  protected:
-  ModelConfig config() const { return GetParam().arch == Architecture::GPT2 ? tiny_gpt2() : tiny_llama(); }
+  ModelConfig config() const {
+    return GetParam().arch == Architecture::GPT2 ? tiny_gpt2() : tiny_llama();
+  }
 };
 
 TEST_P(ModelOnCuda, F32MatchesTheCpuModel) {
   const ModelConfig c = config();
-  Transformer cpu(c, GetParam().recompute), gpu(c, GetParam().recompute);
-  cpu.init_weights(kSeed);
-  gpu.init_weights(kSeed);
-  gpu.to_device(Device::CUDA, DType::F32);
+  const auto cpu_model = model_on(c, GetParam().recompute, Device::CPU);
+  const auto gpu_model = model_on(c, GetParam().recompute, Device::CUDA);
+  Transformer &cpu = *cpu_model, &gpu = *gpu_model;
   for (const Parameter* p : gpu.parameters()) {
     EXPECT_EQ(p->value.device(), Device::CUDA) << p->name;
     EXPECT_EQ(p->grad.device(), Device::CUDA) << p->name;
@@ -90,8 +98,8 @@ TEST_P(ModelOnCuda, F32MatchesTheCpuModel) {
     const double want = train_pass(cpu, batch), got = train_pass(gpu, batch);
     EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << "pass " << pass;
     for (size_t i = 0; i < cpu.parameters().size(); ++i)
-      EXPECT_LE(relative_error(gpu.parameters()[i]->grad, cpu.parameters()[i]->grad), 1e-4)
-          << cpu.parameters()[i]->name << ", pass " << pass;
+      expect_close_to_scale(gpu.parameters()[i]->grad, cpu.parameters()[i]->grad, 1e-4,
+                            cpu.parameters()[i]->name + ", pass " + std::to_string(pass));
   }
   const auto want = cpu.last_logits(batch.tokens.data(), kBatch, kSeq);
   const auto got = gpu.last_logits(batch.tokens.data(), kBatch, kSeq);
@@ -101,11 +109,9 @@ TEST_P(ModelOnCuda, F32MatchesTheCpuModel) {
 
 TEST_P(ModelOnCuda, Bf16StorageHalvesActivationsAndKeepsTheGradients) {
   const ModelConfig c = config();
-  Transformer f32(c, GetParam().recompute), bf16(c, GetParam().recompute);
-  f32.init_weights(kSeed);
-  bf16.init_weights(kSeed);
-  f32.to_device(Device::CUDA, DType::F32);
-  bf16.to_device(Device::CUDA, DType::BF16);
+  const auto f32_model = model_on(c, GetParam().recompute, Device::CUDA, DType::F32);
+  const auto bf16_model = model_on(c, GetParam().recompute, Device::CUDA, DType::BF16);
+  Transformer &f32 = *f32_model, &bf16 = *bf16_model;
   for (const Parameter* p : bf16.parameters()) {
     EXPECT_EQ(p->value.dtype(), DType::BF16) << p->name << ": working weights are bf16";
     EXPECT_EQ(p->grad.dtype(), DType::F32) << p->name << ": gradients stay f32";
@@ -128,14 +134,16 @@ TEST_P(ModelOnCuda, Bf16StorageHalvesActivationsAndKeepsTheGradients) {
         << f32.parameters()[i]->name;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Archs, ModelOnCuda,
-    ::testing::Values(Case{Architecture::GPT2, Recompute::None}, Case{Architecture::Llama, Recompute::None},
-                      Case{Architecture::GPT2, Recompute::Selective}, Case{Architecture::Llama, Recompute::Full}),
-    [](const auto& info) {
-      return std::string(info.param.arch == Architecture::GPT2 ? "gpt2_" : "llama_") +
-             recompute_name(info.param.recompute);
-    });
+INSTANTIATE_TEST_SUITE_P(Archs, ModelOnCuda,
+                         ::testing::Values(Case{Architecture::GPT2, Recompute::None},
+                                           Case{Architecture::Llama, Recompute::None},
+                                           Case{Architecture::GPT2, Recompute::Selective},
+                                           Case{Architecture::Llama, Recompute::Full}),
+                         [](const auto& info) {
+                           return std::string(info.param.arch == Architecture::GPT2 ? "gpt2_"
+                                                                                    : "llama_") +
+                                  recompute_name(info.param.recompute);
+                         });
 
 // Two pipeline stages on the GPU, driven by hand (stage 0's output into stage 1, stage 1's
 // input gradient back), against the whole model on the CPU: the stages' split, their activation
@@ -150,14 +158,15 @@ TEST_F(CudaTest, PipelineStagesOnCudaGiveTheWholeCpuModelsLossAndGradients) {
   last.to_device(Device::CUDA, DType::F32);
   const Batch batch(c);
   const float scale = 1.0f / (kBatch * kSeq);
-  const double want = whole.forward(batch.tokens.data(), batch.targets.data(), kBatch, kSeq, {true, scale});
+  const double want =
+      whole.forward(batch.tokens.data(), batch.targets.data(), kBatch, kSeq, {true, scale});
   whole.backward();
 
   first.forward_chunk(0, 0, batch.tokens.data(), nullptr, Tensor(), kBatch, kSeq, {true, scale});
   const Tensor hand_over = first.chunk_output(0, 0);
   EXPECT_EQ(hand_over.device(), Device::CUDA);
-  const double got =
-      last.forward_chunk(0, 0, nullptr, batch.targets.data(), hand_over, kBatch, kSeq, {true, scale});
+  const double got = last.forward_chunk(0, 0, nullptr, batch.targets.data(), hand_over, kBatch,
+                                        kSeq, {true, scale});
   const Tensor d_input = last.backward_chunk(0, 0, Tensor());
   ASSERT_TRUE(d_input.defined());
   EXPECT_FALSE(first.backward_chunk(0, 0, d_input).defined());
@@ -168,7 +177,7 @@ TEST_F(CudaTest, PipelineStagesOnCudaGiveTheWholeCpuModelsLossAndGradients) {
     for (const Parameter* p : stage->parameters()) by_name[p->name] = p;
   ASSERT_EQ(by_name.size(), whole.parameters().size());
   for (const Parameter* p : whole.parameters())
-    EXPECT_LE(relative_error(by_name.at(p->name)->grad, p->grad), 1e-4) << p->name;
+    expect_close_to_scale(by_name.at(p->name)->grad, p->grad, 1e-4, p->name);
 }
 
 }  // namespace

@@ -45,9 +45,9 @@ TrainConfig parse(const std::string& text, const std::vector<std::string>& overr
 std::vector<std::string> comparable(const TinyRun& run, const std::string& name,
                                     const std::string& precision, bool checkpoints = false,
                                     const std::string& device = "cpu") {
-  std::vector<std::string> o = {"optim.eps=1e-5", "optim.lr=1e-3", "train.device=\"" + device + "\"",
-                                "train.precision=\"" + precision + "\"",
-                                "log.dir=\"" + run.dir + "/" + name + "\""};
+  std::vector<std::string> o = {
+      "optim.eps=1e-5", "optim.lr=1e-3", "train.device=\"" + device + "\"",
+      "train.precision=\"" + precision + "\"", "log.dir=\"" + run.dir + "/" + name + "\""};
   o.push_back(checkpoints ? "checkpoint.dir=\"" + run.dir + "/" + name + "_ckpt\""
                           : "checkpoint.dir=\"\"");
   return o;
@@ -72,30 +72,30 @@ class CudaTraining : public ::testing::TestWithParam<std::string> {
 
 TEST_P(CudaTraining, F32TrainingFollowsTheCpuTrainer) {
   for (const std::string recompute : {"none", "full"}) {
-  SCOPED_TRACE("model.recompute = " + recompute);
-  TinyRun run("cuda_f32_" + recompute + "_" + GetParam());
-  const std::string base = run.config(GetParam(), kSteps);
-  auto with_recompute = [&](std::vector<std::string> o) {
-    o.push_back("model.recompute=\"" + recompute + "\"");
-    return parse(base, o);
-  };
-  Trainer on_cpu(with_recompute(comparable(run, "cpu", "f32")));
-  const TrainSummary cpu_summary = on_cpu.run();
-  Trainer on_gpu(with_recompute(comparable(run, "gpu", "f32", false, "cuda")));
-  EXPECT_EQ(on_gpu.model().device(), Device::CUDA);
-  const TrainSummary gpu_summary = on_gpu.run();
+    SCOPED_TRACE("model.recompute = " + recompute);
+    TinyRun run("cuda_f32_" + recompute + "_" + GetParam());
+    const std::string base = run.config(GetParam(), kSteps);
+    auto with_recompute = [&](std::vector<std::string> o) {
+      o.push_back("model.recompute=\"" + recompute + "\"");
+      return parse(base, o);
+    };
+    Trainer on_cpu(with_recompute(comparable(run, "cpu", "f32")));
+    const TrainSummary cpu_summary = on_cpu.run();
+    Trainer on_gpu(with_recompute(comparable(run, "gpu", "f32", false, "cuda")));
+    EXPECT_EQ(on_gpu.model().device(), Device::CUDA);
+    const TrainSummary gpu_summary = on_gpu.run();
 
-  const std::vector<double> want = losses_of(run.dir + "/cpu/metrics.jsonl");
-  const std::vector<double> got = losses_of(run.dir + "/gpu/metrics.jsonl");
-  ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t s = 0; s < want.size(); ++s)
-    EXPECT_NEAR(got[s], want[s], kF32Tolerance * want[s]) << "step " << s + 1;
-  ASSERT_TRUE(cpu_summary.last_val_loss && gpu_summary.last_val_loss);
-  EXPECT_NEAR(*gpu_summary.last_val_loss, *cpu_summary.last_val_loss,
-              kF32Tolerance * *cpu_summary.last_val_loss);
-  expect_weights_close(on_cpu.model().parameters(), on_gpu.model().parameters(), kF32Tolerance,
-                       "final weights");
+    const std::vector<double> want = losses_of(run.dir + "/cpu/metrics.jsonl");
+    const std::vector<double> got = losses_of(run.dir + "/gpu/metrics.jsonl");
+    ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < want.size(); ++s)
+      EXPECT_NEAR(got[s], want[s], kF32Tolerance * want[s]) << "step " << s + 1;
+    ASSERT_TRUE(cpu_summary.last_val_loss && gpu_summary.last_val_loss);
+    EXPECT_NEAR(*gpu_summary.last_val_loss, *cpu_summary.last_val_loss,
+                kF32Tolerance * *cpu_summary.last_val_loss);
+    expect_weights_close(on_cpu.model().parameters(), on_gpu.model().parameters(), kF32Tolerance,
+                         "final weights");
   }
 }
 
@@ -107,7 +107,8 @@ TEST_P(CudaTraining, Bf16TrainingFollowsTheCpuTrainer) {
   run.write_learnable_shards();
   const std::string base = run.config(GetParam(), kLearnableSteps);
   auto learning = [&](const std::string& name) {
-    std::vector<std::string> o = comparable(run, name, "bf16", false, name == "gpu" ? "cuda" : "cpu");
+    std::vector<std::string> o =
+        comparable(run, name, "bf16", false, name == "gpu" ? "cuda" : "cpu");
     o.push_back(kLearnableLr);
     return parse(base, o);
   };
@@ -125,7 +126,8 @@ TEST_P(CudaTraining, Bf16TrainingFollowsTheCpuTrainer) {
   for (size_t s = 0; s < want.size(); ++s)
     EXPECT_NEAR(got[s], want[s], kBf16LossTolerance * want[s]) << "step " << s + 1;
   // The GPU model computes with bf16 working copies; the CPU model's values are bf16-rounded f32.
-  for (const Parameter* p : on_gpu.model().parameters()) ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
+  for (const Parameter* p : on_gpu.model().parameters())
+    ASSERT_EQ(p->value.dtype(), DType::BF16) << p->name;
   for (const Parameter* p : on_cpu.model().parameters())
     for (float v : p->value.to_f32_vector()) ASSERT_EQ(v, round_to_bf16(v)) << p->name;
 }
@@ -184,10 +186,17 @@ TEST(CudaTrainingConfig, RefusesWhatTheEngineCannotTrainOnCudaBeforeTouchingADev
   TinyRun run("cuda_refusals");
   const std::string base = run.config("gpt2", kSteps);
   const std::string cuda = "train.device=\"cuda\"";
-  expect_contains(error_message([&] { parse(base, {cuda, "parallel.tp=2"}); }), {"parallel.tp", "2", "cuda"});
-  expect_contains(error_message([&] { parse(base, {cuda, "parallel.zero_stage=1"}); }),
+  expect_contains(error_message([&] {
+                    parse(base, {cuda, "parallel.tp=2"});
+                  }),
+                  {"parallel.tp", "2", "cuda"});
+  expect_contains(error_message([&] {
+                    parse(base, {cuda, "parallel.zero_stage=1"});
+                  }),
                   {"parallel.zero_stage", "1"});
-  expect_contains(error_message([&] { parse(base, {cuda, "model.n_embd=256", "model.n_head=1"}); }),
+  expect_contains(error_message([&] {
+                    parse(base, {cuda, "model.n_embd=256", "model.n_head=1"});
+                  }),
                   {"head_dim", "256", "128"});
   expect_contains(error_message([&] { parse(base, {"train.device=\"tpu\""}); }),
                   {"train.device", "tpu", "cpu or cuda"});
@@ -196,11 +205,13 @@ TEST(CudaTrainingConfig, RefusesWhatTheEngineCannotTrainOnCudaBeforeTouchingADev
   // The trainer checks whatever config it is handed again.
   TrainConfig zero = parse(base, {"parallel.zero_stage=1"});
   zero.device = Device::CUDA;
-  expect_contains(error_message([&] { Trainer trainer(zero); }), {"parallel.zero_stage", "1", "cuda"});
+  expect_contains(error_message([&] { Trainer trainer(zero); }),
+                  {"parallel.zero_stage", "1", "cuda"});
   // Where no device is visible, a config the GPU could train is refused for that reason, and
   // clearly.
   if (cuda::device_info().count == 0)
-    expect_contains(error_message([&] { Trainer trainer(parse(base, {cuda})); }), {"no CUDA device is visible"});
+    expect_contains(error_message([&] { Trainer trainer(parse(base, {cuda})); }),
+                    {"no CUDA device is visible"});
 }
 
 }  // namespace

@@ -62,15 +62,6 @@ void report_trained_model(const TrainConfig& config, const TrainSummary& summary
   }
 }
 
-// Refused before any work when this loom has no CUDA. Under a launcher every rank is a
-// data-parallel replica on GPU local_rank % the node's GPUs (several ranks may share one): the
-// gradient buckets travel through host memory over MPI (check_cuda_training refuses the layouts
-// whose layers exchange host buffers: tp, pp, ZeRO).
-void check_cuda_run() {
-  if (!device_memory::built_with(Device::CUDA))
-    throw_error("train.device = \"cuda\" (--device cuda): this loom was built without CUDA (no nvcc at configure "
-                "time, or -DLOOM_WITH_CUDA=OFF): rebuild where nvcc is found, or use --device cpu");
-}
 }  // namespace
 
 int run_train(const TrainArgs& args) {
@@ -86,7 +77,9 @@ int run_train(const TrainArgs& args) {
     std::printf("config %s is valid\n", args.config_path.c_str());
     return 0;
   }
-  if (config.device == Device::CUDA) check_cuda_run();
+  // Under a launcher every CUDA rank is a data-parallel replica on GPU local_rank % the node's
+  // GPUs (several ranks may share one); gradient buckets travel through host memory over MPI.
+  if (config.device == Device::CUDA) check_cuda_available();
   // Under mpirun or srun every rank is a data-parallel replica; alone, no MPI at all.
   std::unique_ptr<DistRuntime> runtime;
   if (DistRuntime::launched_by_mpi_or_slurm()) runtime = std::make_unique<DistRuntime>();

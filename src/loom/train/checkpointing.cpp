@@ -178,35 +178,35 @@ std::vector<OwnedSlice> in_whole_tensor_coordinates(const std::vector<OwnedSlice
   return out;
 }
 
+namespace {
+// Elements [start, start + count) of a tensor, read as f32 on the host and copied to wherever
+// `into` lives, in its dtype (straight into it when it is host f32).
+void read_into(const CheckpointReader& reader, const TensorLayout& layout, int64_t start, int64_t count,
+               const Tensor& into) {
+  if (into.device() == Device::CPU && into.dtype() == DType::F32) {
+    reader.read(layout, start, count, into.f32());
+    return;
+  }
+  const Tensor host = Tensor::empty(into.shape(), DType::F32, MemCategory::Workspace);
+  reader.read(layout, start, count, host.f32());
+  into.copy_from(host);
+}
+}  // namespace
+
 void load_owned_state(const CheckpointReader& reader, const std::vector<OwnedSlice>& owned) {
-  // Read as f32 on the host, then copied to where the state lives (in its dtype).
-  auto read = [&](const OwnedSlice& s, const char* suffix, const Tensor& into) {
-    if (into.device() == Device::CPU && into.dtype() == DType::F32) {
-      reader.read(layout_of(s, suffix), s.start, s.count, into.f32());
-      return;
-    }
-    const Tensor host = Tensor::empty({s.count}, DType::F32, MemCategory::Workspace);
-    reader.read(layout_of(s, suffix), s.start, s.count, host.f32());
-    into.copy_from(host);
-  };
   for (const OwnedSlice& s : owned) {
-    read(s, "", s.value);
-    read(s, ".exp_avg", s.exp_avg);
-    read(s, ".exp_avg_sq", s.exp_avg_sq);
-    if (s.master.defined()) read(s, ".master", s.master);
+    read_into(reader, layout_of(s, ""), s.start, s.count, s.value);
+    read_into(reader, layout_of(s, ".exp_avg"), s.start, s.count, s.exp_avg);
+    read_into(reader, layout_of(s, ".exp_avg_sq"), s.start, s.count, s.exp_avg_sq);
+    if (s.master.defined()) read_into(reader, layout_of(s, ".master"), s.start, s.count, s.master);
   }
 }
 
 nlohmann::json restore_weights(const std::string& dir_or_root, Transformer& model) {
   const CheckpointReader reader(dir_or_root);
   require_same_model(model.config(), reader.config(), reader.dir());
-  for (Parameter* p : model.parameters()) {
-    const Tensor host = p->value.device() == Device::CPU && p->value.dtype() == DType::F32
-                            ? p->value
-                            : Tensor::empty(p->value.shape(), DType::F32, MemCategory::Workspace);
-    reader.read({p->name, p->value.shape(), p->hf_transposed}, 0, p->value.numel(), host.f32());
-    if (host.raw() != p->value.raw()) p->value.copy_from(host);
-  }
+  for (Parameter* p : model.parameters())
+    read_into(reader, {p->name, p->value.shape(), p->hf_transposed}, 0, p->value.numel(), p->value);
   return reader.trainer_state();
 }
 

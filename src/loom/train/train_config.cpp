@@ -1,5 +1,6 @@
 #include "loom/train/train_config.hpp"
 
+#include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/model/pipeline_layout.hpp"
@@ -220,6 +221,15 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (c.device == Device::CUDA) check_cuda_training(c);
   c.schedule.total_steps = c.steps;
   return c;
+}
+
+void check_cuda_available() {
+  if (!device_memory::built_with(Device::CUDA))
+    throw_error("train.device = \"cuda\" (--device cuda): this loom was built without CUDA (no nvcc at configure "
+                "time, or -DLOOM_WITH_CUDA=OFF): rebuild where nvcc is found, or use --device cpu");
+  if (device_memory::cuda_device_count() == 0)
+    throw_error("train.device = \"cuda\" (--device cuda): no CUDA device is visible to this process; run on a "
+                "machine with a GPU, or use --device cpu");
 }
 
 void check_cuda_training(const TrainConfig& c) {

@@ -80,5 +80,8 @@ ModelConfig parse_model_config(ConfigReader& reader);
 // parse_train_config calls it when train.device is cuda; the trainer calls it again before it
 // touches a device, since a caller may hand it any config.
 void check_cuda_training(const TrainConfig& config);
+// That this loom was built with CUDA and this process sees a device: a loom::Error saying which
+// is missing and what to do. The CLI calls it before starting MPI, the trainer before building.
+void check_cuda_available();
 
 }  // namespace loom

@@ -48,12 +48,7 @@ namespace {
 TrainConfig checked_for_device(TrainConfig config) {
   if (config.device != Device::CUDA) return config;
   check_cuda_training(config);
-  if (!device_memory::built_with(Device::CUDA))
-    throw_error("train.device = \"cuda\": this loom was built without CUDA (no nvcc at configure time, or "
-                "-DLOOM_WITH_CUDA=OFF); rebuild where nvcc is found, or set train.device = \"cpu\"");
-  if (device_memory::cuda_device_count() == 0)
-    throw_error("train.device = \"cuda\": no CUDA device is visible to this process; run on a machine with a "
-                "GPU, or set train.device = \"cpu\"");
+  check_cuda_available();
   return config;
 }
 }  // namespace

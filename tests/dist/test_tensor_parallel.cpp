@@ -85,16 +85,15 @@ TEST_F(TensorParallel, SizesThatDoNotDivideByTpAreRejectedNamingLayerDimensionAn
 
   // Rows that do not split under sequence parallelism: thrown before any collective.
   ColumnParallelLinear fc("fc", 4, 2 * n, false, tp, true);
-  std::vector<float> buffer(static_cast<size_t>(64 * n), 0.0f);
-  expect_contains(error_message([&] { fc.forward(buffer.data(), 2, buffer.data(), odd); }),
+  const auto zeros = [](Shape shape) { return Tensor::zeros(shape, DType::F32, MemCategory::Workspace); };
+  expect_contains(error_message([&] { fc.forward(zeros({odd, 2}), 0, zeros({odd, 4})); }),
                   {"ColumnParallelLinear 'fc' (sequence parallel)",
                    "rows (batch x sequence) = " + std::to_string(odd), tp_text});
   RowParallelLinear proj("proj", 2 * n, 4, true, tp, true);
-  expect_contains(error_message([&] { proj.forward(buffer.data(), buffer.data(), odd); }),
+  expect_contains(error_message([&] { proj.forward(zeros({odd, 4}), zeros({odd, 2})); }),
                   {"RowParallelLinear 'proj' (sequence parallel)", tp_text});
   VocabParallelCrossEntropyArgs ce;
   ce.rows = 2;
-  ce.dim = 4;
   ce.vocab = tiny_vocab;
   expect_contains(error_message([&] { (void)vocab_parallel_cross_entropy(ce, *tp); }),
                   {"vocab_parallel_cross_entropy", "vocab = " + std::to_string(tiny_vocab),
@@ -152,17 +151,18 @@ TEST_F(TensorParallel, ColumnParallelLinearMatchesLinear) {
           layer.load_full(tensor_of({kOut, kIn}, w_all), bias ? &full_b : nullptr);
           EXPECT_EQ(layer.local.weight.name, "h.0.attn.c_attn.weight");
           EXPECT_EQ(layer.local.weight.placement.replicated, tp == 1);
-          const std::vector<float> input = row_block(x.data(), kIn, r0, r1);
+          const Tensor input = tensor_of({local_rows, kIn}, row_block(x.data(), kIn, r0, r1));
 
-          // Output into a column block of a wider buffer: the padding column must survive.
+          // Output into columns [1, 1 + local_out) of a wider tensor: column 0 must survive.
           constexpr float kSentinel = 7.0f;
           const int64_t ld = local_out + 1;
-          std::vector<float> out(kRows * ld, kSentinel);
-          layer.forward(out.data(), ld, input.data(), kRows);
+          const Tensor out_tensor = tensor_of({kRows, ld}, std::vector<float>(kRows * ld, kSentinel));
+          layer.forward(out_tensor, 1, input);
+          const std::vector<float> out = out_tensor.to_f32_vector();
           std::vector<float> got;
           for (int64_t r = 0; r < kRows; ++r) {
-            got.insert(got.end(), out.begin() + r * ld, out.begin() + r * ld + local_out);
-            EXPECT_EQ(out[r * ld + local_out], kSentinel) << "row " << r;
+            got.insert(got.end(), out.begin() + r * ld + 1, out.begin() + r * ld + 1 + local_out);
+            EXPECT_EQ(out[r * ld], kSentinel) << "row " << r;
           }
           expect_close("column forward", got,
                        segment_columns(y_ref.data(), kRows, segments, rank, tp));
@@ -171,18 +171,19 @@ TEST_F(TensorParallel, ColumnParallelLinearMatchesLinear) {
           const std::vector<float> d_local = segment_columns(d.data(), kRows, segments, rank, tp);
           std::vector<float> d_out(kRows * ld, kSentinel);
           for (int64_t r = 0; r < kRows; ++r)
-            std::copy_n(d_local.begin() + r * local_out, local_out, d_out.begin() + r * ld);
+            std::copy_n(d_local.begin() + r * local_out, local_out, d_out.begin() + r * ld + 1);
+          const Tensor d_out_tensor = tensor_of({kRows, ld}, d_out);
           const std::vector<float> dx_expected = row_block(dx_ref.data(), kIn, r0, r1);
           const std::vector<float> dw_expected =
               segment_rows(ref.layer.weight.grad.f32(), kIn, segments, rank, tp);
           const std::vector<float> db_expected =
               bias ? segment_rows(ref.layer.bias.grad.f32(), 1, segments, rank, tp)
                    : std::vector<float>{};
-          std::vector<float> dx(local_rows * kIn, -100.0f);
+          const Tensor dx = tensor_of({local_rows, kIn}, std::vector<float>(local_rows * kIn, -100.0f));
           for (int pass = 1; pass <= 2; ++pass) {
-            layer.backward(dx.data(), pass == 2, d_out.data(), ld, input.data(), kRows);
+            layer.backward(dx, pass == 2, d_out_tensor, 1, input);
             const auto factor = static_cast<float>(pass);
-            expect_close("column d_input", dx, scaled(dx_expected, factor));
+            expect_close("column d_input", dx.to_f32_vector(), scaled(dx_expected, factor));
             expect_close("column d_weight", layer.local.weight.grad.f32(),
                          scaled(dw_expected, factor));
             if (bias)
@@ -217,22 +218,24 @@ TEST_F(TensorParallel, RowParallelLinearMatchesLinear) {
         if (bias) {
           EXPECT_TRUE(layer.local.bias.placement.replicated);
         }
-        const std::vector<float> input = segment_columns(x.data(), kRows, {kIn}, rank, tp);
+        const Tensor input =
+            tensor_of({kRows, local_in}, segment_columns(x.data(), kRows, {kIn}, rank, tp));
 
-        std::vector<float> out(local_rows * kOut, -100.0f);
-        layer.forward(out.data(), input.data(), kRows);
-        expect_close("row forward", out, row_block(y_ref.data(), kOut, r0, r1));
+        const Tensor out = tensor_of({local_rows, kOut}, std::vector<float>(local_rows * kOut, -100.0f));
+        layer.forward(out, input);
+        expect_close("row forward", out.to_f32_vector(), row_block(y_ref.data(), kOut, r0, r1));
 
         const std::vector<float> d_out = row_block(d.data(), kOut, r0, r1);
+        const Tensor d_out_tensor = tensor_of({local_rows, kOut}, d_out);
         const std::vector<float> dx_expected =
             segment_columns(dx_ref.data(), kRows, {kIn}, rank, tp);
         const std::vector<float> dw_expected =
             segment_columns(ref.layer.weight.grad.f32(), kOut, {kIn}, rank, tp);
-        std::vector<float> dx(kRows * local_in, -100.0f);
+        const Tensor dx = tensor_of({kRows, local_in}, std::vector<float>(kRows * local_in, -100.0f));
         for (int pass = 1; pass <= 2; ++pass) {
-          layer.backward(dx.data(), pass == 2, d_out.data(), input.data(), kRows);
+          layer.backward(dx, pass == 2, d_out_tensor, input);
           const auto factor = static_cast<float>(pass);
-          expect_close("row d_input", dx, scaled(dx_expected, factor));
+          expect_close("row d_input", dx.to_f32_vector(), scaled(dx_expected, factor));
           expect_close("row d_weight", layer.local.weight.grad.f32(), scaled(dw_expected, factor));
         }
         if (!bias) {
@@ -324,26 +327,28 @@ TEST_F(TensorParallel, MlpOfColumnThenRowMatchesTheUnshardedMlp) {
         const Tensor fc_b = tensor_of({fc_out}, b_fc), proj_b = tensor_of({h}, b_proj);
         fc.load_full(tensor_of({fc_out, h}, w_fc), bias ? &fc_b : nullptr);
         proj.load_full(tensor_of({h, kFfn}, w_proj), bias ? &proj_b : nullptr);
-        const std::vector<float> input = row_block(x.data(), h, r0, r1);
-        std::vector<float> pre(kRows * local_fc_out), act(kRows * local_ffn), y(local_rows * h);
+        const Tensor input = tensor_of({local_rows, h}, row_block(x.data(), h, r0, r1));
+        const auto empty = [](Shape shape) { return Tensor::empty(shape, DType::F32, MemCategory::Workspace); };
+        const Tensor pre = empty({kRows, local_fc_out}), act = empty({kRows, local_ffn}),
+                     y = empty({local_rows, h});
         layout.tp->reset_stats();
-        fc.forward(pre.data(), local_fc_out, input.data(), kRows);
-        activation(act.data(), pre.data(), local_ffn);
-        proj.forward(y.data(), act.data(), kRows);
-        expect_close("mlp forward", y, row_block(y_ref.data(), h, r0, r1));
+        fc.forward(pre, 0, input);
+        activation(act.f32(), pre.f32(), local_ffn);
+        proj.forward(y, act);
+        expect_close("mlp forward", y.to_f32_vector(), row_block(y_ref.data(), h, r0, r1));
         const CommStats forward_stats = layout.tp->stats();
 
-        const std::vector<float> d_out = row_block(d.data(), h, r0, r1);
-        std::vector<float> d_act(kRows * local_ffn), d_pre(kRows * local_fc_out),
-            dx(local_rows * h);
+        const Tensor d_out = tensor_of({local_rows, h}, row_block(d.data(), h, r0, r1));
+        const Tensor d_act = empty({kRows, local_ffn}), d_pre = empty({kRows, local_fc_out}),
+                     dx = empty({local_rows, h});
         layout.tp->reset_stats();
-        proj.backward(d_act.data(), false, d_out.data(), act.data(), kRows);
-        activation_backward(d_pre.data(), d_act.data(), pre.data(), local_ffn);
-        fc.backward(dx.data(), false, d_pre.data(), local_fc_out, input.data(), kRows);
+        proj.backward(d_act, false, d_out, act);
+        activation_backward(d_pre.f32(), d_act.f32(), pre.f32(), local_ffn);
+        fc.backward(dx, false, d_pre, 0, input);
         const CommStats backward_stats = layout.tp->stats();
         all_reduce_sequence_parallel_grads(proj.sequence_parallel_partial_grads(), *layout.tp);
 
-        expect_close("mlp d_input", dx, row_block(dx_ref.data(), h, r0, r1));
+        expect_close("mlp d_input", dx.to_f32_vector(), row_block(dx_ref.data(), h, r0, r1));
         expect_close("mlp fc d_weight", fc.local.weight.grad.f32(),
                      segment_rows(fc_ref.weight.grad.f32(), h, segments, rank, tp));
         expect_close("mlp proj d_weight", proj.local.weight.grad.f32(),

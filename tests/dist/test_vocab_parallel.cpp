@@ -29,18 +29,20 @@ TEST_F(TensorParallel, VocabParallelEmbeddingMatchesTheFullLookup) {
       EXPECT_EQ(embedding.vocab_begin(), rank * shard);
       EXPECT_EQ(embedding.vocab_end(), (rank + 1) * shard);
 
-      std::vector<float> out(local_rows * kEmbDim, -100.0f);
-      embedding.forward(out.data(), tokens.data(), kRows);
-      expect_close("embedding forward", out, row_block(out_ref.data(), kEmbDim, r0, r1));
-      const std::vector<float> d_out = row_block(d.data(), kEmbDim, r0, r1);
-      embedding.backward(d_out.data(), tokens.data(), kRows);
+      const Tensor out =
+          tensor_of({local_rows, kEmbDim}, std::vector<float>(local_rows * kEmbDim, -100.0f));
+      embedding.forward(out, tokens.data(), kRows);
+      expect_close("embedding forward", out.to_f32_vector(),
+                   row_block(out_ref.data(), kEmbDim, r0, r1));
+      const Tensor d_out = tensor_of({local_rows, kEmbDim}, row_block(d.data(), kEmbDim, r0, r1));
+      embedding.backward(d_out, tokens.data(), kRows);
       expect_close("embedding d_table", embedding.weight.grad.f32(),
                    row_block(d_table_ref.data(), kEmbDim, rank * shard, (rank + 1) * shard));
 
       std::vector<int32_t> bad = tokens;
       bad[3] = static_cast<int32_t>(kVocab);
       expect_contains(
-          error_message([&] { embedding.forward(out.data(), bad.data(), kRows); }),
+          error_message([&] { embedding.forward(out, bad.data(), kRows); }),
           {"VocabParallelEmbedding 'transformer.wte.weight'", "token 16 at row 3", "[0, 16)"});
     }
 }
@@ -80,23 +82,18 @@ TEST_F(TensorParallel, VocabParallelCrossEntropyMatchesTheFusedKernel) {
         const int tp = layout.tp->size(), rank = layout.tp->rank();
         const int64_t local_rows = sp ? kRows / tp : kRows, shard = kVocab / tp;
         const int64_t r0 = sp ? rank * local_rows : 0, r1 = r0 + local_rows;
-        const std::vector<float> weight_shard =
-            row_block(weight.data(), dim, rank * shard, (rank + 1) * shard);
-        const std::vector<float> hidden_in = row_block(hidden.data(), dim, r0, r1);
-        std::vector<float> d_hidden(local_rows * dim, -100.0f), d_weight(shard * dim, 0.0f),
-            losses(kRows, -1.0f);
-
+        std::vector<float> losses(kRows, -1.0f);
         VocabParallelCrossEntropyArgs args;
-        args.hidden = hidden_in.data();
-        args.weight = weight_shard.data();
+        args.hidden = tensor_of({local_rows, dim}, row_block(hidden.data(), dim, r0, r1));
+        args.weight = tensor_of({shard, dim},
+                                row_block(weight.data(), dim, rank * shard, (rank + 1) * shard));
         args.targets = targets.data();
         args.rows = kRows;
-        args.dim = dim;
         args.vocab = kVocab;
         args.vocab_chunk = chunk;
         args.grad_scale = grad_scale;
-        args.d_hidden = d_hidden.data();
-        args.d_weight = d_weight.data();
+        args.d_hidden = tensor_of({local_rows, dim}, std::vector<float>(local_rows * dim, -100.0f));
+        args.d_weight = Tensor::zeros({shard, dim}, DType::F32, MemCategory::Workspace);
         args.row_losses = losses.data();
         args.sequence_parallel = sp;
         layout.tp->reset_stats();
@@ -107,9 +104,9 @@ TEST_F(TensorParallel, VocabParallelCrossEntropyMatchesTheFusedKernel) {
         worst_["cross-entropy loss sum"] = std::max(worst_["cross-entropy loss sum"], loss_diff);
         expect_close("cross-entropy row losses", losses, losses_ref);
         EXPECT_EQ(losses[2], 0.0f);
-        expect_close("cross-entropy d_hidden", d_hidden,
+        expect_close("cross-entropy d_hidden", args.d_hidden.to_f32_vector(),
                      row_block(d_hidden_ref.data(), dim, r0, r1));
-        expect_close("cross-entropy d_weight", d_weight,
+        expect_close("cross-entropy d_weight", args.d_weight.to_f32_vector(),
                      row_block(d_weight_ref.data(), dim, rank * shard, (rank + 1) * shard));
 
         // Only per-row scalars and d_hidden cross ranks, never [rows, vocab] logits: two

@@ -203,6 +203,100 @@ TEST_F(CudaOps, EmbeddingHeadLossAndSumOfSquares) {
   EXPECT_NEAR(ops::sum_of_squares(embd), ops::sum_of_squares(emb), 1e-9 * ops::sum_of_squares(emb));
 }
 
+// The pieces of tensor-parallel layers: the input-gradient and bias halves of a linear
+// backward, a vector added to every row, a vocabulary shard's lookup and its learned positions
+// for a block of rows, and the two passes of the head over a shard (ids [20, 45) of 50).
+TEST_F(CudaOps, TensorParallelPiecesMatchTheCpu) {
+  const int64_t rows = 12, in = 16, out = 24, dim = 16, begin = 20, shard = 25, seq = 8;
+  auto f32 = [](const Shape& s) { return Tensor::zeros(s, DType::F32, MemCategory::Workspace); };
+  const Tensor w = host_tensor(random_vector(out * in, 21), {out, in});
+  const Tensor d_out = host_tensor(random_vector(rows * (out + 2), 22), {rows, out + 2});
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const bool bf16 = dtype == DType::BF16;
+    const double rel = bf16 ? kBf16 : kF32;
+    // The CPU reference on the values the device holds (bf16-rounded for bf16).
+    const Tensor wr = bf16 ? rounded(w) : w, dr = bf16 ? rounded(d_out) : d_out;
+    Tensor d_in = f32({rows, in});
+    ops::linear_input_grad(d_in, false, dr, 2, wr);
+    Tensor d_in_d = on_cuda(f32({rows, in}), dtype);
+    ops::linear_input_grad(d_in_d, false, on_cuda(d_out, dtype), 2, on_cuda(w, dtype));
+    expect_close(d_in_d, d_in, rel, 1e-5, "linear_input_grad");
+
+    Tensor db = f32({out + 2});
+    ops::bias_grad(db, dr);
+    Tensor db_d = on_cuda(f32({out + 2}));
+    ops::bias_grad(db_d, on_cuda(d_out, dtype));
+    expect_close(db_d, db, 1e-5, 1e-5, "bias_grad (f32 sums)");
+
+    const Tensor v = host_tensor(random_vector(out + 2, 23), {out + 2});
+    Tensor sum = dr.clone(MemCategory::Workspace);
+    ops::add_row_vector(sum, bf16 ? rounded(v) : v);
+    Tensor sum_d = on_cuda(d_out, dtype);
+    ops::add_row_vector(sum_d, on_cuda(v, dtype));
+    expect_close(sum_d, sum, rel, 0, "add_row_vector (one add, rounded once)");
+
+    std::vector<int32_t> tokens(rows), targets(rows);
+    for (int64_t i = 0; i < rows; ++i)
+      tokens[i] = int32_t((7 * i + 3) % 50), targets[i] = int32_t((11 * i + 2) % 50);
+    targets[4] = -1;
+    const Tensor table = host_tensor(random_vector(shard * dim, 24), {shard, dim});
+    const Tensor tr = bf16 ? rounded(table) : table;
+    Tensor emb = f32({rows, dim});
+    ops::embedding_shard_forward(emb, tokens.data(), tr, begin);
+    Tensor emb_d = on_cuda(f32({rows, dim}), dtype);
+    ops::embedding_shard_forward(emb_d, tokens.data(), on_cuda(table, dtype), begin);
+    expect_close(emb_d, emb, 0, 0, "embedding_shard_forward (copies and zeros)");
+    const Tensor pos = host_tensor(random_vector(seq * dim, 25), {seq, dim});
+    ops::add_position_rows(emb, bf16 ? rounded(pos) : pos, 5, seq);
+    ops::add_position_rows(emb_d, on_cuda(pos, dtype), 5, seq);
+    if (bf16) ops::round_to_bf16_(emb);
+    expect_close(emb_d, emb, 0, 0, "add_position_rows (one add, rounded once)");
+
+    const Tensor g = host_tensor(random_vector(rows * dim, 26), {rows, dim});
+    const Tensor gr = bf16 ? rounded(g) : g;
+    Tensor d_table = f32({shard, dim}), d_pos = f32({seq, dim});
+    ops::embedding_shard_backward(d_table, gr, tokens.data(), begin);
+    ops::position_rows_backward(d_pos, gr, 5, seq);
+    Tensor d_table_d = on_cuda(f32({shard, dim})), d_pos_d = on_cuda(f32({seq, dim}));
+    const Tensor g_d = on_cuda(g, dtype);
+    ops::embedding_shard_backward(d_table_d, g_d, tokens.data(), begin);
+    ops::position_rows_backward(d_pos_d, g_d, 5, seq);
+    expect_close(d_table_d, d_table, 1e-6, 1e-6, "embedding_shard_backward");
+    expect_close(d_pos_d, d_pos, 1e-6, 1e-6, "position_rows_backward");
+
+    for (int64_t chunk : {int64_t{7}, shard}) {  // uneven chunks, and one chunk kept for pass 2
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      ops::ShardLogitsArgs c{gr, tr, targets.data(), begin, chunk, f32({rows, chunk})};
+      ops::ShardLogitsArgs d{g_d, on_cuda(table, dtype), targets.data(), begin, chunk,
+                             on_cuda(f32({rows, chunk}))};
+      std::vector<float> m(rows), s(rows), t(rows), md(rows), sd(rows), td(rows);
+      ops::shard_logit_stats(c, m.data(), s.data(), t.data());
+      ops::shard_logit_stats(d, md.data(), sd.data(), td.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_NEAR(md[r], m[r], 1e-5 * (1 + std::abs(m[r]))) << "max, row " << r;
+        EXPECT_NEAR(sd[r], s[r], 1e-4 * s[r]) << "sum of exp, row " << r;
+        EXPECT_NEAR(td[r], t[r], 1e-5 * (1 + std::abs(t[r]))) << "target logit, row " << r;
+      }
+      std::vector<float> lse(rows);
+      for (int64_t r = 0; r < rows; ++r) lse[r] = m[r] + std::log(s[r]) + 0.5f;  // any lse
+      Tensor dh = f32({rows, dim}), dw = f32({shard, dim});
+      ops::shard_logit_grad(c, lse.data(), 0.25f, dh, dw);
+      Tensor dh_d = on_cuda(f32({rows, dim}), dtype), dw_d = on_cuda(f32({shard, dim}));
+      ops::shard_logit_grad(d, lse.data(), 0.25f, dh_d, dw_d);
+      // bf16: each logit gradient g is rounded once (2^-9 relative) before the products, and
+      // d_hidden once more on output. With |values| <= 1: a d_hidden row sums |g| <= 2 x 0.25
+      // over the shard, a d_weight row |g| <= 0.25 over 12 rows, which bounds the absolute
+      // error by that sum x 2^-9.
+      const double g_rounding = 1.0 / 512;
+      expect_close(dh_d, dh, bf16 ? kBf16 : 1e-4, bf16 ? 0.5 * g_rounding : 1e-5,
+                   "shard_logit_grad d_hidden");
+      expect_close(dw_d, dw, 1e-4, bf16 ? rows * 0.25 * g_rounding : 1e-5,
+                   "shard_logit_grad d_weight");
+    }
+  }
+}
+
 // The optimizer step the device-neutral AdamW takes: f32 in place, and with an f32 master and a
 // bf16 working copy written in the same pass (the working copy is the master rounded once).
 TEST_F(CudaOps, AdamWUpdatesInPlaceAndThroughAMaster) {

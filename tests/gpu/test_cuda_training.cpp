@@ -187,9 +187,9 @@ TEST(CudaTrainingConfig, RefusesWhatTheEngineCannotTrainOnCudaBeforeTouchingADev
   const std::string base = run.config("gpt2", kSteps);
   const std::string cuda = "train.device=\"cuda\"";
   expect_contains(error_message([&] {
-                    parse(base, {cuda, "parallel.tp=2"});
+                    parse(base, {cuda, "parallel.pp=2"});
                   }),
-                  {"parallel.tp", "2", "cuda"});
+                  {"parallel.pp", "2", "cuda"});
   expect_contains(error_message([&] {
                     parse(base, {cuda, "parallel.zero_stage=1"});
                   }),

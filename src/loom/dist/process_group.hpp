@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/core/dtype.hpp"
+
 namespace loom {
 
 enum class ReduceOp { Sum, Avg, Max };
@@ -131,6 +133,9 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;  // "world", "dp", "dp+tp", ...
+  // Where the buffers of this group's operations must live: the host for MPI, the group's GPU
+  // for NCCL. dist/tensor_comm stages tensors kept elsewhere through this memory.
+  virtual Device memory() const { return Device::CPU; }
 
   // In place over `count` elements on every rank.
   virtual WorkHandle all_reduce(float* data, int64_t count, ReduceOp op) = 0;

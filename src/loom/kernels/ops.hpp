@@ -113,6 +113,51 @@ struct CrossEntropyArgs {
 // The summed loss over rows with a target (double, fixed order); waits for the device.
 double lm_head_cross_entropy(const CrossEntropyArgs& args);
 
+// ---- pieces of tensor-parallel layers (ops_shard.cpp) --------------------------------------
+// The compute between a tensor-parallel layer's collectives (parallel/): the halves of a
+// linear backward, adds after a reduction, and a vocabulary shard's embedding and head.
+//
+// d_input = d_out[:, d_out_col : d_out_col + W.rows] @ W, written or (accumulate) added.
+void linear_input_grad(const Tensor& d_input, bool accumulate, const Tensor& d_out,
+                       int64_t d_out_col, const Tensor& weight);
+// d_bias (F32) += the column sums of d_out.
+void bias_grad(const Tensor& d_bias, const Tensor& d_out);
+// out[r, :] += v for every row of the 2-D out.
+void add_row_vector(const Tensor& out, const Tensor& v);
+// table holds vocabulary ids [vocab_begin, vocab_begin + table rows): out[r] = its row of
+// tokens[r], or zeros for an id outside it; the backward adds d_out's rows of owned ids into
+// d_table (F32). Tokens are host ids, as for embedding_forward.
+void embedding_shard_forward(const Tensor& out, const int32_t* tokens, const Tensor& table,
+                             int64_t vocab_begin);
+void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const int32_t* tokens,
+                              int64_t vocab_begin);
+// out[r] += table[(first_row + r) % seq_len]: learned positions for a block of rows starting at
+// row first_row of the whole batch; the backward adds into d_table (F32).
+void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row,
+                       int64_t seq_len);
+void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
+                            int64_t seq_len);
+
+// The output head over a vocabulary shard, logits one chunk at a time in `workspace` (F32,
+// at least rows x min(vocab_chunk, shard) elements, on the model's device; a single chunk's
+// logits stay there from pass 1 to pass 2, so pass the same workspace to both).
+struct ShardLogitsArgs {
+  Tensor hidden;                     // [rows, dim]
+  Tensor weight;                     // [shard, dim]: ids [vocab_begin, vocab_begin + shard)
+  const int32_t* targets = nullptr;  // [rows] host, full-vocabulary ids; negative: ignored
+  int64_t vocab_begin = 0;
+  int64_t vocab_chunk = 0;
+  Tensor workspace;
+};
+// Pass 1 into host arrays [rows]: each row's max logit over the shard, sum of exp(logit - max)
+// and the target's logit where the shard owns the target (0 elsewhere). Waits for the device.
+void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_sum,
+                       float* target_logit);
+// Pass 2 from the host log-sum-exps [rows]: grad_scale * (softmax - onehot) over the shard into
+// d_hidden (overwritten; undefined to skip) and d_weight (F32, accumulated; undefined to skip).
+void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
+                      const Tensor& d_hidden, const Tensor& d_weight);
+
 // ---- elementwise ------------------------------------------------------------------------
 void add_into(const Tensor& dst, const Tensor& src);  // dst += src
 void scale_(const Tensor& x, float factor);

@@ -136,9 +136,6 @@ void Transformer::to_device(Device device, DType compute_dtype) {
   if (device == Device::CPU && compute_dtype != DType::F32)
     throw_error("the CPU computes in f32 and emulates bf16 by rounding (set_bf16_activations); "
                 "bf16 storage is for CUDA");
-  if (device != Device::CPU && plan_->tp() > 1)
-    throw_error("tensor parallelism on ", device_name(device),
-                ": its layers exchange host buffers so far; run tp on the CPU");
   if (!in_flight_.empty())
     throw_error("to_device with ", in_flight_.size(), " micro-batch(es) awaiting their backward");
   // Everything is allocated and copied before any parameter changes, so a failure (no device,

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "loom/core/error.hpp"
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/model/tensor_shard.hpp"
 
 namespace loom {
@@ -45,28 +46,28 @@ int64_t sequence_shard_rows(std::string_view layer, int64_t rows, int tp) {
                        tp);
 }
 
-WorkHandle gather_sequence_rows(ProcessGroup& tp, const float* local, float* full,
-                                int64_t local_rows, int64_t width) {
-  return tp.all_gather(local, full, local_rows * width);
+WorkHandle gather_sequence_rows(ProcessGroup& tp, const Tensor& local, const Tensor& full) {
+  return comm::all_gather(tp, local, full);
 }
 
-WorkHandle reduce_scatter_sequence_rows(ProcessGroup& tp, const float* full, float* local,
-                                        int64_t local_rows, int64_t width) {
-  return tp.reduce_scatter(full, local, local_rows * width, ReduceOp::Sum);
+WorkHandle reduce_scatter_sequence_rows(ProcessGroup& tp, const Tensor& full, const Tensor& local) {
+  return comm::reduce_scatter(tp, full, local, ReduceOp::Sum);
 }
 
 void all_reduce_sequence_parallel_grads(const ParameterList& params, ProcessGroup& tp) {
   std::vector<WorkHandle> works;
   works.reserve(params.size());
-  for (Parameter* p : params)
-    works.push_back(tp.all_reduce(p->grad.f32(), p->grad.numel(), ReduceOp::Sum));
+  for (Parameter* p : params) works.push_back(comm::all_reduce(tp, p->grad, ReduceOp::Sum));
   for (WorkHandle& work : works) work->wait();
 }
 
-float* reserve_f32(Tensor& buffer, int64_t count, MemCategory category) {
-  if (!buffer.defined() || buffer.numel() < count)
-    buffer = Tensor::empty({std::max<int64_t>(count, 1)}, DType::F32, category);
-  return buffer.f32();
+Tensor reserve_like(Tensor& buffer, int64_t rows, int64_t width, const Tensor& like,
+                    MemCategory category) {
+  const int64_t count = rows * width;
+  if (!buffer.defined() || buffer.numel() < count || buffer.dtype() != like.dtype() ||
+      buffer.device() != like.device())
+    buffer = Tensor::empty({std::max<int64_t>(count, 1)}, like.dtype(), category, like.device());
+  return buffer.slice_as(0, {rows, width});
 }
 
 }  // namespace loom

@@ -39,12 +39,11 @@ int64_t sequence_shard_rows(std::string_view layer, int64_t rows, int tp);
 
 // Sequence-parallel all-gather: every tp rank's [local_rows, width] becomes the whole
 // [tp*local_rows, width] in rank order (rows are contiguous, so this is a plain all_gather).
-WorkHandle gather_sequence_rows(ProcessGroup& tp, const float* local, float* full,
-                                int64_t local_rows, int64_t width);
+// Tensors of any device and dtype (dist/tensor_comm stages what the group cannot take).
+WorkHandle gather_sequence_rows(ProcessGroup& tp, const Tensor& local, const Tensor& full);
 // Sequence-parallel reduce-scatter: the sum over tp ranks of `full` [tp*local_rows, width],
 // of which rank r keeps rows [r*local_rows, (r+1)*local_rows) in `local`.
-WorkHandle reduce_scatter_sequence_rows(ProcessGroup& tp, const float* full, float* local,
-                                        int64_t local_rows, int64_t width);
+WorkHandle reduce_scatter_sequence_rows(ProcessGroup& tp, const Tensor& full, const Tensor& local);
 
 // Under sequence parallelism a parameter replicated over tp but applied only to the rank's
 // rows (norm weights and biases, RowParallelLinear's bias, a learned position table) gets a
@@ -53,8 +52,9 @@ WorkHandle reduce_scatter_sequence_rows(ProcessGroup& tp, const float* full, flo
 // allreduce_sequence_parallel_grads).
 void all_reduce_sequence_parallel_grads(const ParameterList& params, ProcessGroup& tp);
 
-// `buffer` holding at least `count` f32 elements (reallocated only when too small): the
-// layers' scratch for gathered inputs and unreduced partial sums.
-float* reserve_f32(Tensor& buffer, int64_t count, MemCategory category);
+// A [rows, width] view of `buffer` in `like`'s dtype and device, reallocated only when too
+// small or elsewhere: the layers' scratch for gathered inputs and unreduced partial sums.
+Tensor reserve_like(Tensor& buffer, int64_t rows, int64_t width, const Tensor& like,
+                    MemCategory category = MemCategory::Workspace);
 
 }  // namespace loom

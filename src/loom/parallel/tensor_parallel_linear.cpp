@@ -4,7 +4,8 @@
 #include <utility>
 
 #include "loom/core/error.hpp"
-#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/dist/tensor_comm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/tensor_shard.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
 
@@ -39,33 +40,17 @@ void check_bias_presence(const std::string& layer, const Linear& local, const Te
                                         : ": has no bias but one was given");
 }
 
-// d_input = d_out @ W, written or (accumulate) added: the part of Linear's backward that
-// needs no input.
-void input_gradient(float* d_input, bool accumulate, const float* d_out, int64_t d_out_ld, const Linear& linear,
-                    int64_t rows) {
-  cpu::sgemm(false, false, rows, linear.in_features(), linear.out_features(), 1.0f, d_out, d_out_ld,
-             linear.weight.value.f32(), linear.in_features(), accumulate ? 1.0f : 0.0f, d_input,
-             linear.in_features());
+const Tensor* bias_of(const Linear& linear) {
+  return linear.has_bias() ? &linear.bias.value : nullptr;
 }
 
-// Weight (and bias) gradients accumulated: the part of Linear's backward that needs the input.
-void parameter_gradients(Linear& linear, const float* d_out, int64_t d_out_ld, const float* input,
-                         int64_t rows) {
-  cpu::linear_backward(nullptr, false, linear.weight.grad.f32(),
-                       linear.has_bias() ? linear.bias.grad.f32() : nullptr, d_out, d_out_ld, input,
-                       linear.weight.value.f32(), rows, linear.in_features(),
-                       linear.out_features());
-}
-
-void add_inplace(float* dst, const float* src, int64_t count) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) dst[i] += src[i];
-}
-
-void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t width) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < width; ++j) out[r * width + j] += bias[j];
+// Weight (and bias) gradients accumulated from columns [d_out_col, ...) of d_out: the part of
+// Linear's backward that needs the input.
+void parameter_gradients(Linear& linear, const Tensor& d_out, int64_t d_out_col,
+                         const Tensor& input) {
+  ops::linear_backward(Tensor{}, false, linear.weight.grad,
+                       linear.has_bias() ? linear.bias.grad : Tensor{}, d_out, d_out_col, input,
+                       linear.weight.value);
 }
 
 }  // namespace
@@ -96,97 +81,115 @@ ColumnParallelLinear::ColumnParallelLinear(std::string name, int64_t in_features
   if (local.has_bias()) local.bias.placement = shard_placement({out}, 0, rank, tp, out_segments_);
 }
 
-void ColumnParallelLinear::forward(float* out, int64_t out_ld, const float* input, int64_t rows) {
-  column_parallel_forward({this}, out, out_ld, input, rows, scratch_);
-}
-
-void ColumnParallelLinear::backward(float* d_input, bool accumulate_input, const float* d_out,
-                                    int64_t d_out_ld, const float* input, int64_t rows) {
-  column_parallel_backward({this}, d_input, accumulate_input, d_out, d_out_ld, input, rows, scratch_);
-}
-
 namespace {
 // The group, SP setting and input width the layers share, checked.
 const ColumnParallelLinear& first_of(const std::vector<ColumnParallelLinear*>& layers) {
   if (layers.empty()) throw_error("column-parallel pass over no layers");
   const ColumnParallelLinear& first = *layers.front();
   for (const ColumnParallelLinear* layer : layers)
-    if (&layer->group() != &first.group() || layer->sequence_parallel() != first.sequence_parallel() ||
+    if (&layer->group() != &first.group() ||
+        layer->sequence_parallel() != first.sequence_parallel() ||
         layer->in_features() != first.in_features())
-      throw_error("column-parallel layers read one input: they must share the group, sequence parallelism and "
-                  "in_features");
+      throw_error(
+          "column-parallel layers read one input: they must share the group, sequence parallelism "
+          "and "
+          "in_features");
   return first;
 }
 }  // namespace
 
-void column_parallel_forward(const std::vector<ColumnParallelLinear*>& layers, float* out, int64_t out_ld,
-                             const float* input, int64_t rows, ColumnParallelLinear::Scratch& scratch) {
+namespace {
+
+void forward_columns(const std::vector<ColumnParallelLinear*>& layers, const Tensor& out,
+                     int64_t out_col, const Tensor& input, ColumnParallelLinear::Scratch& scratch) {
   const ColumnParallelLinear& first = first_of(layers);
   ProcessGroup& group = first.group();
   const int tp = group.size();
-  const int64_t in = first.in_features();
-  const float* full = input;
+  const int64_t rows = out.size(0), in = first.in_features();
+  Tensor full = input;
   if (first.sequence_parallel() && tp > 1) {
-    float* gathered = reserve_f32(scratch.gathered_input, rows * in, MemCategory::Workspace);
-    gather_sequence_rows(group, input, gathered, sequence_shard_rows(column_layer(first.name()), rows, tp), in)->wait();
-    full = gathered;
+    (void)sequence_shard_rows(column_layer(first.name()), rows, tp);
+    full = reserve_like(scratch.gathered_input, rows, in, input);
+    gather_sequence_rows(group, input, full)->wait();
   }
-  int64_t column = 0;
+  int64_t column = out_col;
   for (ColumnParallelLinear* layer : layers) {
-    const Linear& local = layer->local;
-    cpu::linear_forward(out + column, out_ld, full, local.weight.value.f32(),
-                        local.has_bias() ? local.bias.value.f32() : nullptr, rows,
-                        local.in_features(), local.out_features());
+    ops::linear_forward(out, column, full, layer->local.weight.value, bias_of(layer->local));
     column += layer->local_out_features();
   }
 }
 
-void column_parallel_backward(const std::vector<ColumnParallelLinear*>& layers, float* d_input,
-                              bool accumulate_input, const float* d_out, int64_t d_out_ld, const float* input,
-                              int64_t rows, ColumnParallelLinear::Scratch& scratch) {
+void backward_columns(const std::vector<ColumnParallelLinear*>& layers, const Tensor& d_input,
+                      bool accumulate_input, const Tensor& d_out, int64_t d_out_col,
+                      const Tensor& input, ColumnParallelLinear::Scratch& scratch) {
   const ColumnParallelLinear& first = first_of(layers);
   ProcessGroup& group = first.group();
   const int tp = group.size();
-  const int64_t in = first.in_features();
+  const int64_t rows = d_out.size(0), in = first.in_features();
   const bool sequence_parallel = first.sequence_parallel() && tp > 1;
-  auto input_gradients = [&](float* partial) {
-    int64_t column = 0;
+  auto input_gradients = [&](const Tensor& partial) {
+    int64_t column = d_out_col;
     for (size_t i = 0; i < layers.size(); ++i) {
-      input_gradient(partial, i > 0, d_out + column, d_out_ld, layers[i]->local, rows);
+      ops::linear_input_grad(partial, i > 0, d_out, column, layers[i]->local.weight.value);
       column += layers[i]->local_out_features();
     }
   };
-  auto parameter_gradients_of_all = [&](const float* full_input) {
-    int64_t column = 0;
+  auto parameter_gradients_of_all = [&](const Tensor& full_input) {
+    int64_t column = d_out_col;
     for (ColumnParallelLinear* layer : layers) {
-      parameter_gradients(layer->local, d_out + column, d_out_ld, full_input, rows);
+      parameter_gradients(layer->local, d_out, column, full_input);
       column += layer->local_out_features();
     }
   };
   if (!sequence_parallel) {
     // Every rank's d_input is its share of the sum; it can be reduced in place unless there
     // is an earlier value to add to, which must not be summed tp times.
-    float* partial =
-        accumulate_input ? reserve_f32(scratch.d_input_partial, rows * in, MemCategory::Workspace) : d_input;
+    const Tensor partial =
+        accumulate_input ? reserve_like(scratch.d_input_partial, rows, in, d_input) : d_input;
     input_gradients(partial);
-    WorkHandle reduce = group.all_reduce(partial, rows * in, ReduceOp::Sum);
+    WorkHandle reduce = comm::all_reduce(group, partial, ReduceOp::Sum);
     parameter_gradients_of_all(input);
     reduce->wait();
-    if (accumulate_input) add_inplace(d_input, partial, rows * in);
+    if (accumulate_input) ops::add_into(d_input, partial);
     return;
   }
   const int64_t local_rows = sequence_shard_rows(column_layer(first.name()), rows, tp);
-  float* gathered = reserve_f32(scratch.gathered_input, rows * in, MemCategory::Workspace);
-  WorkHandle gather = gather_sequence_rows(group, input, gathered, local_rows, in);
-  float* partial = reserve_f32(scratch.d_input_partial, rows * in, MemCategory::Workspace);
+  const Tensor gathered = reserve_like(scratch.gathered_input, rows, in, input);
+  WorkHandle gather = gather_sequence_rows(group, input, gathered);
+  const Tensor partial = reserve_like(scratch.d_input_partial, rows, in, d_input);
   input_gradients(partial);
   // To accumulate, this rank adds its earlier d_input into its own block of the sum, so the
   // reduce-scatter can write straight into d_input (it appears in exactly one rank's terms).
-  if (accumulate_input) add_inplace(partial + group.rank() * local_rows * in, d_input, local_rows * in);
-  WorkHandle reduce = reduce_scatter_sequence_rows(group, partial, d_input, local_rows, in);
+  if (accumulate_input)
+    ops::add_into(partial.narrow_rows(group.rank() * local_rows, (group.rank() + 1) * local_rows),
+                  d_input);
+  WorkHandle reduce = reduce_scatter_sequence_rows(group, partial, d_input);
   gather->wait();
   parameter_gradients_of_all(gathered);
   reduce->wait();
+}
+
+}  // namespace
+
+void ColumnParallelLinear::forward(const Tensor& out, int64_t out_col, const Tensor& input) {
+  forward_columns({this}, out, out_col, input, scratch_);
+}
+
+void ColumnParallelLinear::backward(const Tensor& d_input, bool accumulate_input,
+                                    const Tensor& d_out, int64_t d_out_col, const Tensor& input) {
+  backward_columns({this}, d_input, accumulate_input, d_out, d_out_col, input, scratch_);
+}
+
+void column_parallel_forward(const std::vector<ColumnParallelLinear*>& layers, const Tensor& out,
+                             const Tensor& input, ColumnParallelLinear::Scratch& scratch) {
+  forward_columns(layers, out, 0, input, scratch);
+}
+
+void column_parallel_backward(const std::vector<ColumnParallelLinear*>& layers,
+                              const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                              int64_t d_out_col, const Tensor& input,
+                              ColumnParallelLinear::Scratch& scratch) {
+  backward_columns(layers, d_input, accumulate_input, d_out, d_out_col, input, scratch);
 }
 
 void ColumnParallelLinear::load_full(const Tensor& full_weight, const Tensor* full_bias) {
@@ -213,47 +216,46 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int6
       name_(std::move(name)),
       group_(std::move(group)),
       sequence_parallel_(sequence_parallel) {
-  local.weight.placement = shard_placement({out_features, in_features}, 1, group_->rank(),
-                                           group_->size());
+  local.weight.placement =
+      shard_placement({out_features, in_features}, 1, group_->rank(), group_->size());
 }
 
-void RowParallelLinear::forward(float* out, const float* input, int64_t rows) {
+void RowParallelLinear::forward(const Tensor& out, const Tensor& input) {
   const int tp = group_->size();
-  const int64_t in = local_in_features(), width = out_features();
-  const float* bias = local.has_bias() ? local.bias.value.f32() : nullptr;
+  const int64_t rows = input.size(0), width = out_features();
+  const Tensor& weight = local.weight.value;
   // The partial products carry no bias: added before the sum it would count tp times.
   if (!sequence_parallel_ || tp == 1) {
-    cpu::linear_forward(out, width, input, local.weight.value.f32(), nullptr, rows, in, width);
-    group_->all_reduce(out, rows * width, ReduceOp::Sum)->wait();
-    if (bias) add_bias_rows(out, bias, rows, width);
+    ops::linear_forward(out, 0, input, weight, nullptr);
+    comm::all_reduce(*group_, out, ReduceOp::Sum)->wait();
+    if (local.has_bias()) ops::add_row_vector(out, local.bias.value);
     return;
   }
-  const int64_t local_rows = sequence_shard_rows(row_layer(name_), rows, tp);
-  float* partial = reserve_f32(full_rows_, rows * width, MemCategory::Workspace);
-  cpu::linear_forward(partial, width, input, local.weight.value.f32(), nullptr, rows, in, width);
-  reduce_scatter_sequence_rows(*group_, partial, out, local_rows, width)->wait();
-  if (bias) add_bias_rows(out, bias, local_rows, width);
+  (void)sequence_shard_rows(row_layer(name_), rows, tp);
+  const Tensor partial = reserve_like(full_rows_, rows, width, out);
+  ops::linear_forward(partial, 0, input, weight, nullptr);
+  reduce_scatter_sequence_rows(*group_, partial, out)->wait();
+  if (local.has_bias()) ops::add_row_vector(out, local.bias.value);
 }
 
-void RowParallelLinear::backward(float* d_input, bool accumulate_input, const float* d_out,
-                                 const float* input, int64_t rows) {
+void RowParallelLinear::backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                                 const Tensor& input) {
   const int tp = group_->size();
-  const int64_t width = out_features();
+  const int64_t rows = input.size(0), width = out_features();
   if (!sequence_parallel_ || tp == 1) {
-    cpu::linear_backward(d_input, accumulate_input, local.weight.grad.f32(),
-                         local.has_bias() ? local.bias.grad.f32() : nullptr, d_out, width, input,
-                         local.weight.value.f32(), rows, local_in_features(), width);
+    ops::linear_backward(d_input, accumulate_input, local.weight.grad,
+                         local.has_bias() ? local.bias.grad : Tensor{}, d_out, 0, input,
+                         local.weight.value);
     return;
   }
-  const int64_t local_rows = sequence_shard_rows(row_layer(name_), rows, tp);
-  float* gathered = reserve_f32(full_rows_, rows * width, MemCategory::Workspace);
-  WorkHandle gather = gather_sequence_rows(*group_, d_out, gathered, local_rows, width);
+  (void)sequence_shard_rows(row_layer(name_), rows, tp);
+  const Tensor gathered = reserve_like(full_rows_, rows, width, d_out);
+  WorkHandle gather = gather_sequence_rows(*group_, d_out, gathered);
   if (local.has_bias())  // this rank's rows only; summed over tp later (see the header)
-    cpu::linear_backward(nullptr, false, nullptr, local.bias.grad.f32(), d_out, width, nullptr,
-                         nullptr, local_rows, local_in_features(), width);
+    ops::bias_grad(local.bias.grad, d_out);
   gather->wait();
-  cpu::linear_backward(d_input, accumulate_input, local.weight.grad.f32(), nullptr, gathered, width,
-                       input, local.weight.value.f32(), rows, local_in_features(), width);
+  ops::linear_backward(d_input, accumulate_input, local.weight.grad, Tensor{}, gathered, 0, input,
+                       local.weight.value);
 }
 
 ParameterList RowParallelLinear::sequence_parallel_partial_grads() {

@@ -37,18 +37,18 @@ class ColumnParallelLinear {
                        bool hf_transposed = false);
 
   // input: [rows, in] (the same on every tp rank), or under sequence parallelism this rank's
-  // [rows/tp, in]. out: [rows, out/tp] with leading dimension out_ld. `rows` is always the
-  // whole count.
-  void forward(float* out, int64_t out_ld, const float* input, int64_t rows);
-  // d_out: [rows, out/tp] (leading dimension d_out_ld); input as given to forward. d_input,
+  // [rows/tp, in]. out: [rows, *], whose columns [out_col, out_col + out/tp) are written.
+  // Tensors of either device; activations F32, or BF16 on CUDA.
+  void forward(const Tensor& out, int64_t out_col, const Tensor& input);
+  // d_out: columns [d_out_col, + out/tp) of [rows, *]; input as given to forward. d_input,
   // shaped like input, gets the gradient summed over tp, written or added; weight and bias
   // gradients (complete, local) are accumulated. Under sequence parallelism the input is
   // gathered again here rather than kept from forward: keeping it would store [rows, in] per
   // layer instead of [rows/tp, in], the activation memory sequence parallelism exists to
   // save (Korthikanti et al. section 4.2.2 do the same). The gather is issued before the
   // d_input product and the d_input reduction before the weight product, so each can overlap.
-  void backward(float* d_input, bool accumulate_input, const float* d_out, int64_t d_out_ld,
-                const float* input, int64_t rows);
+  void backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                int64_t d_out_col, const Tensor& input);
 
   // Copies this rank's shard out of the full weight [out, in] and bias [out] (null if none).
   void load_full(const Tensor& full_weight, const Tensor* full_bias);
@@ -82,16 +82,16 @@ class ColumnParallelLinear {
 // gathered once under sequence parallelism and the d_input they sum to is reduced once.
 // ColumnParallelLinear::forward and backward are the one-layer case. Every layer must share
 // the group, the sequence-parallel setting and in_features.
-// out / d_out: [rows, sum of the layers' local widths] at leading dimension out_ld / d_out_ld.
-void column_parallel_forward(const std::vector<ColumnParallelLinear*>& layers, float* out, int64_t out_ld,
-                             const float* input, int64_t rows, ColumnParallelLinear::Scratch& scratch);
+// out / d_out: [rows, sum of the layers' local widths].
+void column_parallel_forward(const std::vector<ColumnParallelLinear*>& layers, const Tensor& out,
+                             const Tensor& input, ColumnParallelLinear::Scratch& scratch);
 // d_input (shaped like input) gets every layer's input gradient summed over tp, written or
 // added; weight and bias gradients are accumulated. The input gather is issued before the
 // input-gradient products and the d_input reduction before the weight-gradient products, so
 // each communication overlaps compute.
-void column_parallel_backward(const std::vector<ColumnParallelLinear*>& layers, float* d_input,
-                              bool accumulate_input, const float* d_out, int64_t d_out_ld, const float* input,
-                              int64_t rows, ColumnParallelLinear::Scratch& scratch);
+void column_parallel_backward(const std::vector<ColumnParallelLinear*>& layers, const Tensor& d_input,
+                              bool accumulate_input, const Tensor& d_out, int64_t d_out_col,
+                              const Tensor& input, ColumnParallelLinear::Scratch& scratch);
 
 class RowParallelLinear {
  public:
@@ -103,14 +103,14 @@ class RowParallelLinear {
 
   // input: [rows, in/tp] (the column-parallel side's output). out: [rows, out], the same on
   // every tp rank, or under sequence parallelism this rank's rows [rows/tp, out].
-  void forward(float* out, const float* input, int64_t rows);
+  void forward(const Tensor& out, const Tensor& input);
   // d_out shaped like forward's out; d_input [rows, in/tp] written or added; weight gradient
   // accumulated. Without sequence parallelism the bias gradient is complete on every rank;
   // with it, it comes from this rank's rows only and must be summed over tp once per step,
   // like a norm weight's: sequence_parallel_partial_grads() lists it for
   // all_reduce_sequence_parallel_grads.
-  void backward(float* d_input, bool accumulate_input, const float* d_out, const float* input,
-                int64_t rows);
+  void backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                const Tensor& input);
 
   // Parameters whose gradient is partial over tp: {bias} under sequence parallelism, else {}.
   ParameterList sequence_parallel_partial_grads();

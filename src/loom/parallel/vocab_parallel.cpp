@@ -1,15 +1,13 @@
 #include "loom/parallel/vocab_parallel.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "loom/core/error.hpp"
-#include "loom/kernels/cpu/fast_math.hpp"
-#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/dist/tensor_comm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/linear.hpp"
 #include "loom/model/tensor_shard.hpp"
 #include "loom/parallel/tensor_parallel.hpp"
@@ -39,62 +37,40 @@ VocabLookup VocabParallelEmbedding::lookup(const int32_t* tokens, int64_t rows) 
   return {tokens, rows, dim_, vocab_begin_, vocab_end(), sequence_parallel_};
 }
 
-void VocabParallelEmbedding::forward(float* out, const int32_t* tokens, int64_t rows) {
+void VocabParallelEmbedding::forward(const Tensor& out, const int32_t* tokens, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r)
     if (tokens[r] < 0 || tokens[r] >= vocab_)
       throw_error(layer_, ": token ", tokens[r], " at row ", r, " is outside [0, ", vocab_, ")");
   if (sequence_parallel_) (void)sequence_shard_rows(layer_, rows, group_->size());
-  vocab_parallel_lookup(out, weight.value.f32(), lookup(tokens, rows), *group_, full_rows_);
+  vocab_parallel_lookup(out, weight.value, lookup(tokens, rows), *group_, full_rows_);
 }
 
-void VocabParallelEmbedding::backward(const float* d_out, const int32_t* tokens, int64_t rows) {
-  vocab_parallel_lookup_backward(weight.grad.f32(), d_out, lookup(tokens, rows), *group_,
-                                 full_rows_);
+void VocabParallelEmbedding::backward(const Tensor& d_out, const int32_t* tokens, int64_t rows) {
+  vocab_parallel_lookup_backward(weight.grad, d_out, lookup(tokens, rows), *group_, full_rows_);
 }
 
-void vocab_parallel_lookup(float* out, const float* table, const VocabLookup& l, ProcessGroup& tp,
-                           Tensor& scratch) {
+void vocab_parallel_lookup(const Tensor& out, const Tensor& table, const VocabLookup& l,
+                           ProcessGroup& tp, Tensor& scratch) {
   const bool split_rows = l.sequence_parallel && tp.size() > 1;
-  const int64_t dim = l.dim, begin = l.vocab_begin, end = l.vocab_end;
-  float* lookups = split_rows ? reserve_f32(scratch, l.rows * dim, MemCategory::Workspace) : out;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < l.rows; ++r) {
-    float* dst = lookups + r * dim;
-    const int64_t t = l.tokens[r];
-    if (t >= begin && t < end)
-      std::copy_n(table + (t - begin) * dim, dim, dst);
-    else
-      std::fill_n(dst, dim, 0.0f);
-  }
+  LOOM_CHECK(table.size(0) == l.vocab_end - l.vocab_begin, "vocab_parallel_lookup: a table of ",
+             table.size(0), " rows for ids [", l.vocab_begin, ", ", l.vocab_end, ")");
+  const Tensor lookups = split_rows ? reserve_like(scratch, l.rows, l.dim, out) : out;
+  ops::embedding_shard_forward(lookups, l.tokens, table, l.vocab_begin);
   // Exactly one rank contributed each row, so the sum is that rank's lookup.
   if (split_rows)
-    reduce_scatter_sequence_rows(tp, lookups, out, l.rows / tp.size(), dim)->wait();
+    reduce_scatter_sequence_rows(tp, lookups, out)->wait();
   else
-    tp.all_reduce(out, l.rows * dim, ReduceOp::Sum)->wait();
+    comm::all_reduce(tp, out, ReduceOp::Sum)->wait();
 }
 
-void vocab_parallel_lookup_backward(float* table_grad, const float* d_out, const VocabLookup& l,
-                                    ProcessGroup& tp, Tensor& scratch) {
-  const int64_t dim = l.dim, begin = l.vocab_begin, end = l.vocab_end;
-  const float* full = d_out;
+void vocab_parallel_lookup_backward(const Tensor& table_grad, const Tensor& d_out,
+                                    const VocabLookup& l, ProcessGroup& tp, Tensor& scratch) {
+  Tensor full = d_out;
   if (l.sequence_parallel && tp.size() > 1) {
-    float* gathered = reserve_f32(scratch, l.rows * dim, MemCategory::Workspace);
-    gather_sequence_rows(tp, d_out, gathered, l.rows / tp.size(), dim)->wait();
-    full = gathered;
+    full = reserve_like(scratch, l.rows, l.dim, d_out);
+    gather_sequence_rows(tp, d_out, full)->wait();
   }
-  // As cpu::embedding_backward: threads split the channels, so repeated tokens never race.
-#pragma omp parallel
-  {
-    const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
-    const int64_t c0 = dim * thread / threads, c1 = dim * (thread + 1) / threads;
-    for (int64_t r = 0; r < l.rows; ++r) {
-      const int64_t t = l.tokens[r];
-      if (t < begin || t >= end) continue;
-      const float* src = full + r * dim;
-      float* dst = table_grad + (t - begin) * dim;
-      for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
-    }
-  }
+  ops::embedding_shard_backward(table_grad, full, l.tokens, l.vocab_begin);
 }
 
 void VocabParallelEmbedding::load_full(const Tensor& full_table) {
@@ -116,100 +92,66 @@ double vocab_parallel_cross_entropy(const VocabParallelCrossEntropyArgs& a, Proc
   const int ranks = tp.size();
   if (a.vocab < ranks) throw_error(layer, ": vocab = ", a.vocab, " is smaller than tp = ", ranks);
   const ShardRange owned = shard_range(a.vocab, tp.rank(), ranks);  // may be uneven
-  const int64_t shard = owned.length, v_begin = owned.begin, rows = a.rows, dim = a.dim;
+  const int64_t shard = owned.length, rows = a.rows, dim = a.hidden.size(1);
+  if (a.weight.size(0) != shard)
+    throw_error(layer, ": rank ", tp.rank(), "'s head has ", a.weight.size(0),
+                " rows, its share of ", a.vocab, " is ", shard);
   const bool split_rows = a.sequence_parallel && ranks > 1;
-  const int64_t local_rows = a.sequence_parallel ? sequence_shard_rows(layer, rows, ranks) : rows;
+  if (a.sequence_parallel) (void)sequence_shard_rows(layer, rows, ranks);
+  const Device device = a.hidden.device();
 
-  Tensor gathered;
-  const float* hidden = a.hidden;
+  ops::ShardLogitsArgs s;
+  s.hidden = a.hidden;
   if (split_rows) {
-    gathered = Tensor::empty({rows, dim}, DType::F32, MemCategory::Workspace);
-    gather_sequence_rows(tp, a.hidden, gathered.f32(), local_rows, dim)->wait();
-    hidden = gathered.f32();
+    s.hidden = Tensor::empty({rows, dim}, a.hidden.dtype(), MemCategory::Workspace, device);
+    gather_sequence_rows(tp, a.hidden, s.hidden)->wait();
   }
+  s.weight = a.weight;
+  s.targets = a.targets;
+  s.vocab_begin = owned.begin;
+  s.vocab_chunk = a.vocab_chunk;
   const int64_t chunk = std::max<int64_t>(std::min(a.vocab_chunk, shard), 1);
-  const int64_t chunks = (shard + chunk - 1) / chunk;
-  Tensor logits = Tensor::empty({rows, chunk}, DType::F32, MemCategory::Workspace);
-  float* z = logits.f32();
-  auto chunk_logits = [&](int64_t v0, int64_t width) {
-    cpu::sgemm(false, true, rows, width, dim, 1.0f, hidden, dim, a.weight + v0 * dim, dim, 0.0f, z,
-               chunk);
-  };
+  s.workspace = a.workspace;
+  if (!s.workspace.defined() || s.workspace.numel() < rows * chunk ||
+      s.workspace.device() != device || s.workspace.dtype() != DType::F32)
+    s.workspace = Tensor::empty({rows, chunk}, DType::F32, MemCategory::Workspace, device);
 
-  // Pass 1 over the shard: online max and sum of exp per row, and the owned target logits.
-  const auto n = static_cast<size_t>(rows);
-  std::vector<float> local_max(n, -std::numeric_limits<float>::infinity()), global_max(n);
-  std::vector<float> sums(2 * n, 0.0f);  // [sum of exp | target logit], one all-reduce for both
-  float* row_sum = sums.data();
-  float* target_logit = sums.data() + rows;
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t v0 = c * chunk, width = std::min(chunk, shard - v0);
-    chunk_logits(v0, width);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* zr = z + r * chunk;
-      float m = local_max[r];
-      for (int64_t j = 0; j < width; ++j) m = std::max(m, zr[j]);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < width; ++j) sum += cpu::fast_exp(zr[j] - m);
-      row_sum[r] = row_sum[r] * std::exp(local_max[r] - m) + sum;
-      local_max[r] = m;
-      const int64_t t = a.targets[r] - v_begin;  // negative targets never land in [v0, v0+width)
-      if (a.targets[r] >= 0 && t >= v0 && t < v0 + width) target_logit[r] = zr[t - v0];
-    }
-  }
-  std::copy(local_max.begin(), local_max.end(), global_max.begin());
-  tp.all_reduce(global_max.data(), rows, ReduceOp::Max)->wait();
-  for (int64_t r = 0; r < rows; ++r) row_sum[r] *= std::exp(local_max[r] - global_max[r]);
-  tp.all_reduce(sums.data(), 2 * rows, ReduceOp::Sum)->wait();
+  // Pass 1 over the shard: max and sum of exp per row, and the owned target logits; the row
+  // statistics are host tensors [rows] (comm stages them where the group needs).
+  Tensor local_max = Tensor::empty({rows}, DType::F32, MemCategory::Workspace);
+  Tensor global_max = Tensor::empty({rows}, DType::F32, MemCategory::Workspace);
+  Tensor sums = Tensor::empty({2 * rows}, DType::F32, MemCategory::Workspace);  // [sum | target]
+  float* row_sum = sums.f32();
+  float* target_logit = sums.f32() + rows;
+  ops::shard_logit_stats(s, local_max.f32(), row_sum, target_logit);
+  global_max.copy_from(local_max);
+  comm::all_reduce(tp, global_max, ReduceOp::Max)->wait();
+  const float* lmax = local_max.f32();
+  const float* gmax = global_max.f32();
+  for (int64_t r = 0; r < rows; ++r) row_sum[r] *= std::exp(lmax[r] - gmax[r]);
+  comm::all_reduce(tp, sums, ReduceOp::Sum)->wait();
 
-  std::vector<float> lse(n);
+  std::vector<float> lse(static_cast<size_t>(rows));
   double total = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
-    lse[r] = global_max[r] + std::log(row_sum[r]);
+    lse[r] = gmax[r] + std::log(row_sum[r]);
     const float loss = a.targets[r] >= 0 ? lse[r] - target_logit[r] : 0.0f;
     if (a.row_losses) a.row_losses[r] = loss;
     total += loss;
   }
-  if (!a.d_hidden && !a.d_weight) return total;
+  if (!a.d_hidden.defined() && !a.d_weight.defined()) return total;
 
   // Pass 2: this rank's columns of grad_scale * (softmax - onehot), chunk by chunk, into
   // d_hidden's partial sum (over the whole rows) and the shard's weight gradient.
-  Tensor partial_owned;
-  float* d_hidden = a.d_hidden;
-  if (a.d_hidden && split_rows) {
-    partial_owned = Tensor::empty({rows, dim}, DType::F32, MemCategory::Workspace);
-    d_hidden = partial_owned.f32();
-  }
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t v0 = c * chunk, width = std::min(chunk, shard - v0);
-    if (chunks > 1) chunk_logits(v0, width);  // one chunk: pass 1's logits are still in z
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      float* zr = z + r * chunk;
-      if (a.targets[r] < 0) {
-        std::fill(zr, zr + width, 0.0f);
-        continue;
-      }
-      const float row_lse = lse[r];
-#pragma omp simd
-      for (int64_t j = 0; j < width; ++j) zr[j] = a.grad_scale * cpu::fast_exp(zr[j] - row_lse);
-      const int64_t t = a.targets[r] - v_begin;
-      if (t >= v0 && t < v0 + width) zr[t - v0] -= a.grad_scale;
-    }
-    if (d_hidden)
-      cpu::sgemm(false, false, rows, dim, width, 1.0f, z, chunk, a.weight + v0 * dim, dim,
-                 c == 0 ? 0.0f : 1.0f, d_hidden, dim);
-    if (a.d_weight)
-      cpu::sgemm(true, false, width, dim, rows, 1.0f, z, chunk, hidden, dim, 1.0f,
-                 a.d_weight + v0 * dim, dim);
-  }
-  if (a.d_hidden) {
+  Tensor d_hidden = a.d_hidden;
+  if (a.d_hidden.defined() && split_rows)
+    d_hidden = Tensor::empty({rows, dim}, a.d_hidden.dtype(), MemCategory::Workspace, device);
+  ops::shard_logit_grad(s, lse.data(), a.grad_scale, d_hidden, a.d_weight);
+  if (a.d_hidden.defined()) {
     if (split_rows)
-      reduce_scatter_sequence_rows(tp, d_hidden, a.d_hidden, local_rows, dim)->wait();
+      reduce_scatter_sequence_rows(tp, d_hidden, a.d_hidden)->wait();
     else
-      tp.all_reduce(a.d_hidden, rows * dim, ReduceOp::Sum)->wait();
+      comm::all_reduce(tp, a.d_hidden, ReduceOp::Sum)->wait();
   }
   return total;
 }

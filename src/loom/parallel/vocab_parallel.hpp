@@ -27,10 +27,11 @@ struct VocabLookup {
   int64_t rows = 0, dim = 0, vocab_begin = 0, vocab_end = 0;
   bool sequence_parallel = false;
 };
-void vocab_parallel_lookup(float* out, const float* table, const VocabLookup& lookup,
+// Tensors of either device (activations F32, or BF16 on CUDA); the table gradient is F32.
+void vocab_parallel_lookup(const Tensor& out, const Tensor& table, const VocabLookup& lookup,
                            ProcessGroup& tp, Tensor& scratch);
 // Adds d_out (shaped like the lookup's out) into the gradient rows of the tokens in range.
-void vocab_parallel_lookup_backward(float* table_grad, const float* d_out,
+void vocab_parallel_lookup_backward(const Tensor& table_grad, const Tensor& d_out,
                                     const VocabLookup& lookup, ProcessGroup& tp, Tensor& scratch);
 
 class VocabParallelEmbedding {
@@ -41,10 +42,10 @@ class VocabParallelEmbedding {
   // tokens: [rows] ids in [0, vocab), the same on every tp rank. Each rank looks up the tokens
   // it owns (zeros for the others), then the rows are summed over tp: out is [rows, dim] on
   // every rank, or under sequence parallelism this rank's rows [rows/tp, dim].
-  void forward(float* out, const int32_t* tokens, int64_t rows);
+  void forward(const Tensor& out, const int32_t* tokens, int64_t rows);
   // d_out shaped like forward's out (under sequence parallelism gathered first); adds into the
   // gradient rows of the tokens this rank owns.
-  void backward(const float* d_out, const int32_t* tokens, int64_t rows);
+  void backward(const Tensor& d_out, const int32_t* tokens, int64_t rows);
 
   // Copies this rank's rows out of the full table [vocab, dim].
   void load_full(const Tensor& full_table);
@@ -67,20 +68,22 @@ class VocabParallelEmbedding {
   Tensor full_rows_;  // [rows, dim]: lookups before reduce-scatter / gathered d_out
 };
 
+// Tensors of one device: activations F32, or BF16 on CUDA; d_weight F32.
 struct VocabParallelCrossEntropyArgs {
-  const float* hidden = nullptr;     // [rows, dim], the same on every tp rank; under sequence
+  Tensor hidden;                     // [rows, dim], the same on every tp rank; under sequence
                                      // parallelism this rank's rows [rows/tp, dim]
-  const float* weight = nullptr;     // [vocab/tp, dim]: this rank's head rows
-  const int32_t* targets = nullptr;  // [rows] ids of the full vocabulary, the same on every
+  Tensor weight;                     // [vocab/tp, dim]: this rank's head rows
+  const int32_t* targets = nullptr;  // [rows] host ids of the full vocabulary, the same on every
                                      // rank; a negative target is ignored (no loss, no gradient)
-  int64_t rows = 0, dim = 0;
+  int64_t rows = 0;                          // the whole count (with or without SP)
   int64_t vocab = 0;                         // the full vocabulary
   int64_t vocab_chunk = kDefaultVocabChunk;  // logits per chunk of this rank's shard
   float grad_scale = 1.0f;                   // gradient of (grad_scale * sum of row losses)
-  float* d_hidden = nullptr;    // shaped like hidden, overwritten with the gradient summed
-                                // over tp, or null for loss only
-  float* d_weight = nullptr;    // [vocab/tp, dim] accumulated, or null
-  float* row_losses = nullptr;  // [rows] optional, every rank
+  Tensor d_hidden;              // shaped like hidden, overwritten with the gradient summed
+                                // over tp; undefined for loss only
+  Tensor d_weight;              // [vocab/tp, dim] accumulated; undefined to skip
+  Tensor workspace;             // F32 logits scratch on the device, reused if large enough
+  float* row_losses = nullptr;  // [rows] optional host array, every rank
   bool sequence_parallel = false;
 };
 

@@ -233,14 +233,10 @@ void check_cuda_available() {
 }
 
 void check_cuda_training(const TrainConfig& c) {
-  const char* instead = "; on CUDA the engine runs data parallelism only so far (tp, pp, sequence parallelism "
-                        "and ZeRO run with train.device = \"cpu\")";
-  if (c.tp != 1)
-    throw_error("config key 'parallel.tp' has value ", c.tp, " with train.device = \"cuda\", expected 1", instead);
+  const char* instead = "; on CUDA the engine runs data, tensor and sequence parallelism so far (pp and ZeRO "
+                        "run with train.device = \"cpu\")";
   if (c.pp != 1)
     throw_error("config key 'parallel.pp' has value ", c.pp, " with train.device = \"cuda\", expected 1", instead);
-  if (c.sequence_parallel)
-    throw_error("config key 'parallel.sequence_parallel' is on with train.device = \"cuda\", expected off", instead);
   if (c.zero_stage != 0)
     throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, " with train.device = \"cuda\", expected 0",
                 instead);

@@ -49,6 +49,7 @@ class NcclProcessGroup final : public ProcessGroup {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   int device() const { return device_; }
+  Device memory() const override { return Device::CUDA; }
 
   WorkHandle all_reduce(float* data, int64_t count, ReduceOp op) override;
   WorkHandle reduce_scatter(const float* in, float* out, int64_t count_per_rank,

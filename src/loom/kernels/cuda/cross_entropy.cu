@@ -212,7 +212,89 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
   return loss;
 }
 
+template <typename T>
+void shard_stats_impl(const ShardLogitsT<T>& a, float* row_max, float* row_sum,
+                      float* target_logit, cudaStream_t stream) {
+  if (a.rows <= 0) return;
+  init_row_stats<<<detail::grid_for(a.rows, kThreads), kThreads, 0, stream>>>(
+      row_max, row_sum, target_logit, a.rows);
+  LOOM_CUDA_CHECK_LAUNCH();
+  const unsigned row_blocks = static_cast<unsigned>(detail::ceil_div(a.rows, kRowsPerBlock));
+  for (int64_t v0 = 0; v0 < a.shard; v0 += a.chunk) {
+    const int64_t width = std::min(a.chunk, a.shard - v0);
+    gemm(false, true, a.rows, width, a.dim, 1.0f, a.hidden, a.dim, a.weight + v0 * a.dim, a.dim,
+         0.0f, a.logits, a.chunk, stream);
+    // Targets are full-vocabulary ids: this chunk holds ids [vocab_begin + v0, + width).
+    chunk_lse_update<<<row_blocks, kThreads, 0, stream>>>(row_max, row_sum, target_logit,
+                                                          a.logits, a.chunk, width,
+                                                          a.vocab_begin + v0, a.targets, a.rows);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <typename T>
+void shard_grad_impl(const ShardLogitsT<T>& a, const float* lse, float grad_scale, T* d_hidden,
+                     float* d_weight, cudaStream_t stream) {
+  constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  if (a.rows <= 0 || (!d_hidden && !d_weight)) return;
+  const bool one_chunk = a.chunk >= a.shard;
+  std::unique_ptr<detail::ScratchBuffer<bf16>> d_logits_b16;
+  std::unique_ptr<detail::ScratchBuffer<float>> d_hidden_acc;
+  if constexpr (kBf16) {
+    d_logits_b16 = std::make_unique<detail::ScratchBuffer<bf16>>(a.rows * a.chunk, stream);
+    if (d_hidden) d_hidden_acc = std::make_unique<detail::ScratchBuffer<float>>(a.rows * a.dim, stream);
+  }
+  float* d_hidden_f32 = nullptr;
+  if (d_hidden) {
+    if constexpr (kBf16)
+      d_hidden_f32 = d_hidden_acc->get();
+    else
+      d_hidden_f32 = d_hidden;
+  }
+  for (int64_t v0 = 0; v0 < a.shard; v0 += a.chunk) {
+    const int64_t width = std::min(a.chunk, a.shard - v0);
+    if (!one_chunk)
+      gemm(false, true, a.rows, width, a.dim, 1.0f, a.hidden, a.dim, a.weight + v0 * a.dim, a.dim,
+           0.0f, a.logits, a.chunk, stream);
+    T* d_logits;
+    if constexpr (kBf16)
+      d_logits = d_logits_b16->get();
+    else
+      d_logits = a.logits;  // in place
+    softmax_grad<<<detail::grid_for(a.rows * width, kThreads), kThreads, 0, stream>>>(
+        d_logits, a.logits, a.chunk, width, a.vocab_begin + v0, a.targets, lse, grad_scale,
+        a.rows);
+    LOOM_CUDA_CHECK_LAUNCH();
+    const T* chunk_weight = a.weight + v0 * a.dim;
+    if (d_hidden_f32)
+      gemm(false, false, a.rows, a.dim, width, 1.0f, d_logits, a.chunk, chunk_weight, a.dim,
+           v0 == 0 ? 0.0f : 1.0f, d_hidden_f32, a.dim, stream);
+    if (d_weight)
+      gemm(true, false, width, a.dim, a.rows, 1.0f, d_logits, a.chunk, a.hidden, a.dim, 1.0f,
+           d_weight + v0 * a.dim, a.dim, stream);
+  }
+  if constexpr (kBf16)
+    if (d_hidden) convert(d_hidden, d_hidden_f32, a.rows * a.dim, stream);
+}
+
 }  // namespace
+
+void shard_logit_stats(const ShardLogitsT<float>& args, float* row_max, float* row_sum,
+                       float* target_logit, cudaStream_t stream) {
+  shard_stats_impl(args, row_max, row_sum, target_logit, stream);
+}
+void shard_logit_stats(const ShardLogitsT<bf16>& args, float* row_max, float* row_sum,
+                       float* target_logit, cudaStream_t stream) {
+  shard_stats_impl(args, row_max, row_sum, target_logit, stream);
+}
+void shard_logit_grad(const ShardLogitsT<float>& args, const float* lse, float grad_scale,
+                      float* d_hidden, float* d_weight, cudaStream_t stream) {
+  shard_grad_impl(args, lse, grad_scale, d_hidden, d_weight, stream);
+}
+void shard_logit_grad(const ShardLogitsT<bf16>& args, const float* lse, float grad_scale,
+                      bf16* d_hidden, float* d_weight, cudaStream_t stream) {
+  shard_grad_impl(args, lse, grad_scale, d_hidden, d_weight, stream);
+}
 
 size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, int64_t vocab_chunk,
                                      bool bf16_variant) {

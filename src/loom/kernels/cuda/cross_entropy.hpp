@@ -47,4 +47,30 @@ size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, i
 double lm_head_cross_entropy(const CrossEntropyArgs& args, cudaStream_t stream = 0);
 double lm_head_cross_entropy(const CrossEntropyArgsBf16& args, cudaStream_t stream = 0);
 
+// The two passes over a vocabulary shard (tensor parallelism: the reductions over the ranks sit
+// between them). weight holds ids [vocab_begin, vocab_begin + shard); targets are device ids
+// of the full vocabulary; logits is [rows, chunk] f32 scratch that keeps a single chunk's
+// logits from pass 1 for pass 2.
+template <typename T>
+struct ShardLogitsT {
+  const T* hidden = nullptr;
+  const T* weight = nullptr;
+  const int32_t* targets = nullptr;
+  int64_t rows = 0, dim = 0, shard = 0, vocab_begin = 0, chunk = 0;
+  float* logits = nullptr;
+};
+// Device arrays [rows]: max logit, sum of exp(logit - max), the target's logit (0 when the
+// shard does not own it).
+void shard_logit_stats(const ShardLogitsT<float>& args, float* row_max, float* row_sum,
+                       float* target_logit, cudaStream_t stream = 0);
+void shard_logit_stats(const ShardLogitsT<bf16>& args, float* row_max, float* row_sum,
+                       float* target_logit, cudaStream_t stream = 0);
+// From device lse [rows]: d_hidden overwritten (null to skip), d_weight accumulated (null to
+// skip). bf16: the logit gradient is rounded to bf16 for the products and d_hidden accumulated
+// in f32 over the chunks, as in lm_head_cross_entropy.
+void shard_logit_grad(const ShardLogitsT<float>& args, const float* lse, float grad_scale,
+                      float* d_hidden, float* d_weight, cudaStream_t stream = 0);
+void shard_logit_grad(const ShardLogitsT<bf16>& args, const float* lse, float grad_scale,
+                      bf16* d_hidden, float* d_weight, cudaStream_t stream = 0);
+
 }  // namespace loom::cuda

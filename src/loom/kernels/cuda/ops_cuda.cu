@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <vector>
 
 #include "loom/core/cuda/cuda_check.hpp"
@@ -12,6 +13,7 @@
 #include "loom/kernels/cuda/norms.hpp"
 #include "loom/kernels/cuda/ops_cuda.hpp"
 #include "loom/kernels/cuda/rope.hpp"
+#include "loom/kernels/cuda/vocab_shard.hpp"
 
 namespace loom::ops::cuda_impl {
 
@@ -278,6 +280,129 @@ void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad
     working.copy_from(param);
     cuda::round_to_bf16_inplace(f32(working), working.numel());
   }
+}
+
+// ---- pieces of tensor-parallel layers ----------------------------------------------------
+
+void linear_input_grad(const Tensor& d_input, bool accumulate, const Tensor& d_out,
+                       int64_t d_out_col, const Tensor& weight) {
+  const int64_t rows = d_input.size(0), in = weight.size(1), n_out = weight.size(0),
+                ld = d_out.size(1);
+  if (is_bf16("linear_input_grad", {&d_input, &d_out, &weight}))
+    cuda::linear_backward(b16(d_input), accumulate, nullptr, nullptr, b16(d_out) + d_out_col, ld,
+                          nullptr, b16(weight), rows, in, n_out);
+  else
+    cuda::linear_backward(f32(d_input), accumulate, nullptr, nullptr, f32(d_out) + d_out_col, ld,
+                          nullptr, f32(weight), rows, in, n_out);
+}
+
+void bias_grad(const Tensor& d_bias, const Tensor& d_out) {
+  const int64_t rows = d_out.size(0), width = d_out.size(1);
+  if (d_out.dtype() == DType::BF16)
+    cuda::linear_backward(static_cast<bf16*>(nullptr), false, nullptr, f32(d_bias), b16(d_out),
+                          width, nullptr, nullptr, rows, 0, width);
+  else
+    cuda::linear_backward(static_cast<float*>(nullptr), false, nullptr, f32(d_bias), f32(d_out),
+                          width, nullptr, nullptr, rows, 0, width);
+}
+
+void add_row_vector(const Tensor& out, const Tensor& v) {
+  if (is_bf16("add_row_vector", {&out, &v}))
+    cuda::add_row_vector(b16(out), b16(v), out.size(0), out.size(1));
+  else
+    cuda::add_row_vector(f32(out), f32(v), out.size(0), out.size(1));
+}
+
+void embedding_shard_forward(const Tensor& out, const int32_t* tokens, const Tensor& table,
+                             int64_t vocab_begin) {
+  const int64_t dim = table.size(1), rows = out.numel() / dim;
+  const DeviceIds ids(tokens, rows);
+  const int64_t end = vocab_begin + table.size(0);
+  if (is_bf16("embedding_shard_forward", {&out, &table}))
+    cuda::embedding_shard_forward(b16(out), ids.get(), b16(table), rows, dim, vocab_begin, end);
+  else
+    cuda::embedding_shard_forward(f32(out), ids.get(), f32(table), rows, dim, vocab_begin, end);
+}
+
+void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const int32_t* tokens,
+                              int64_t vocab_begin) {
+  const int64_t dim = d_table.size(1), rows = d_out.numel() / dim;
+  const DeviceIds ids(tokens, rows);
+  const int64_t end = vocab_begin + d_table.size(0);
+  if (d_out.dtype() == DType::BF16)
+    cuda::embedding_shard_backward(f32(d_table), b16(d_out), ids.get(), rows, dim, vocab_begin, end);
+  else
+    cuda::embedding_shard_backward(f32(d_table), f32(d_out), ids.get(), rows, dim, vocab_begin, end);
+}
+
+void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row,
+                       int64_t seq_len) {
+  const int64_t dim = table.size(1), rows = out.numel() / dim;
+  if (is_bf16("add_position_rows", {&out, &table}))
+    cuda::add_position_rows(b16(out), b16(table), rows, dim, first_row, seq_len);
+  else
+    cuda::add_position_rows(f32(out), f32(table), rows, dim, first_row, seq_len);
+}
+
+void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
+                            int64_t seq_len) {
+  const int64_t dim = d_table.size(1), rows = d_out.numel() / dim;
+  if (d_out.dtype() == DType::BF16)
+    cuda::position_rows_backward(f32(d_table), b16(d_out), rows, dim, first_row, seq_len);
+  else
+    cuda::position_rows_backward(f32(d_table), f32(d_out), rows, dim, first_row, seq_len);
+}
+
+namespace {
+template <typename T, typename Pointer>
+cuda::ShardLogitsT<T> shard_args(const ShardLogitsArgs& args, const int32_t* targets,
+                                 Pointer pointer) {
+  cuda::ShardLogitsT<T> a;
+  a.hidden = pointer(args.hidden);
+  a.weight = pointer(args.weight);
+  a.targets = targets;
+  a.rows = args.hidden.size(0);
+  a.dim = args.hidden.size(1);
+  a.shard = args.weight.size(0);
+  a.vocab_begin = args.vocab_begin;
+  a.chunk = std::max<int64_t>(std::min(args.vocab_chunk, a.shard), 1);
+  a.logits = f32(args.workspace);
+  return a;
+}
+}  // namespace
+
+void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_sum,
+                       float* target_logit) {
+  const int64_t rows = args.hidden.size(0);
+  const DeviceIds targets(args.targets, rows);
+  Tensor stats = Tensor::empty({3, rows}, DType::F32, MemCategory::Workspace, Device::CUDA);
+  float* s = f32(stats);
+  if (is_bf16("shard_logit_stats", {&args.hidden, &args.weight}))
+    cuda::shard_logit_stats(shard_args<bf16>(args, targets.get(), [](const Tensor& t) { return b16(t); }),
+                            s, s + rows, s + 2 * rows);
+  else
+    cuda::shard_logit_stats(shard_args<float>(args, targets.get(), [](const Tensor& t) { return f32(t); }),
+                            s, s + rows, s + 2 * rows);
+  std::vector<float> host = stats.to_f32_vector();
+  std::copy_n(host.data(), rows, row_max);
+  std::copy_n(host.data() + rows, rows, row_sum);
+  std::copy_n(host.data() + 2 * rows, rows, target_logit);
+}
+
+void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
+                      const Tensor& d_hidden, const Tensor& d_weight) {
+  const int64_t rows = args.hidden.size(0);
+  const DeviceIds targets(args.targets, rows);
+  Tensor device_lse = Tensor::empty({rows}, DType::F32, MemCategory::Workspace, Device::CUDA);
+  LOOM_CUDA_CHECK(cudaMemcpy(device_lse.raw(), lse, static_cast<size_t>(rows) * sizeof(float),
+                             cudaMemcpyHostToDevice));
+  if (is_bf16("shard_logit_grad", {&args.hidden, &args.weight, &d_hidden}))
+    cuda::shard_logit_grad(shard_args<bf16>(args, targets.get(), [](const Tensor& t) { return b16(t); }),
+                           f32(device_lse), grad_scale, b16(d_hidden), f32(d_weight));
+  else
+    cuda::shard_logit_grad(shard_args<float>(args, targets.get(), [](const Tensor& t) { return f32(t); }),
+                           f32(device_lse), grad_scale, f32(d_hidden), f32(d_weight));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(0));  // device_lse and the scratch die here
 }
 
 }  // namespace loom::ops::cuda_impl

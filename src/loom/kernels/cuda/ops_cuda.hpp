@@ -48,4 +48,21 @@ int64_t max_attention_head_dim();
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step);
 
+void linear_input_grad(const Tensor& d_input, bool accumulate, const Tensor& d_out,
+                       int64_t d_out_col, const Tensor& weight);
+void bias_grad(const Tensor& d_bias, const Tensor& d_out);
+void add_row_vector(const Tensor& out, const Tensor& v);
+void embedding_shard_forward(const Tensor& out, const int32_t* tokens, const Tensor& table,
+                             int64_t vocab_begin);
+void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const int32_t* tokens,
+                              int64_t vocab_begin);
+void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row,
+                       int64_t seq_len);
+void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
+                            int64_t seq_len);
+void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_sum,
+                       float* target_logit);
+void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
+                      const Tensor& d_hidden, const Tensor& d_weight);
+
 }  // namespace loom::ops::cuda_impl

@@ -1,0 +1,142 @@
+#include "loom/dist/tensor_comm.hpp"
+
+#include <utility>
+
+#include "loom/core/device_memory.hpp"
+#include "loom/core/error.hpp"
+
+namespace loom::comm {
+namespace {
+
+// The group's operation on staged copies: the result goes back into `target` once, when the
+// operation is first seen complete. Dropping it unwaited waits for the transfer (the staged
+// buffers live here) but leaves `target` alone.
+class StagedWork final : public Work {
+ public:
+  StagedWork(WorkHandle inner, Tensor staged_result, Tensor target, Tensor staged_input)
+      : inner_(std::move(inner)),
+        staged_result_(std::move(staged_result)),
+        target_(std::move(target)),
+        staged_input_(std::move(staged_input)) {}
+  void wait() override {
+    inner_->wait();
+    finish();
+  }
+  bool test() override {
+    if (!inner_->test()) return false;
+    finish();
+    return true;
+  }
+
+ private:
+  void finish() {
+    if (done_) return;
+    done_ = true;
+    if (target_.defined()) target_.copy_from(staged_result_);
+  }
+  WorkHandle inner_;
+  Tensor staged_result_, target_, staged_input_;
+  bool done_ = false;
+};
+
+// A staged copy of `t` in the group's memory, in f32 (values copied when `with_values`).
+Tensor staged(const ProcessGroup& group, const Tensor& t, bool with_values) {
+  Tensor copy = Tensor::empty(t.shape(), DType::F32, MemCategory::CommBuffers, group.memory());
+  if (with_values) copy.copy_from(t);
+  return copy;
+}
+
+void check_defined(const char* op, const ProcessGroup& group, const Tensor& t, const char* what) {
+  if (!t.defined())
+    throw_error("comm::", op, " on group '", group.name(), "': ", what, " is undefined");
+}
+
+// Before a group reads a device tensor from its own stream, the kernels that wrote it finish.
+void ready(const Tensor& t) { device_memory::synchronize(t.device()); }
+
+void check_blocks(const char* op, const ProcessGroup& group, const Tensor& blocks,
+                  const Tensor& block) {
+  if (blocks.numel() != block.numel() * group.size())
+    throw_error("comm::", op, " on group '", group.name(), "': ", shape_to_string(blocks.shape()),
+                " is not ", group.size(), " blocks of ", shape_to_string(block.shape()));
+}
+
+}  // namespace
+
+bool takes_directly(const ProcessGroup& group, const Tensor& t) {
+  return t.dtype() == DType::F32 && t.device() == group.memory();
+}
+
+WorkHandle all_reduce(ProcessGroup& group, const Tensor& data, ReduceOp op) {
+  check_defined("all_reduce", group, data, "the tensor");
+  if (takes_directly(group, data)) {
+    ready(data);
+    return group.all_reduce(data.f32(), data.numel(), op);
+  }
+  Tensor buffer = staged(group, data, true);
+  WorkHandle work = group.all_reduce(buffer.f32(), buffer.numel(), op);
+  return std::make_shared<StagedWork>(std::move(work), buffer, data, Tensor{});
+}
+
+WorkHandle reduce_scatter(ProcessGroup& group, const Tensor& in, const Tensor& out, ReduceOp op) {
+  check_defined("reduce_scatter", group, in, "the input");
+  check_defined("reduce_scatter", group, out, "the output");
+  check_blocks("reduce_scatter", group, in, out);
+  if (takes_directly(group, in) && takes_directly(group, out)) {
+    ready(in);
+    return group.reduce_scatter(in.f32(), out.f32(), out.numel(), op);
+  }
+  Tensor staged_in = takes_directly(group, in) ? in : staged(group, in, true);
+  Tensor staged_out = staged(group, out, false);
+  WorkHandle work = group.reduce_scatter(staged_in.f32(), staged_out.f32(), out.numel(), op);
+  return std::make_shared<StagedWork>(std::move(work), staged_out, out, staged_in);
+}
+
+WorkHandle all_gather(ProcessGroup& group, const Tensor& in, const Tensor& out) {
+  check_defined("all_gather", group, in, "the input");
+  check_defined("all_gather", group, out, "the output");
+  check_blocks("all_gather", group, out, in);
+  if (takes_directly(group, in) && takes_directly(group, out)) {
+    ready(in);
+    return group.all_gather(in.f32(), out.f32(), in.numel());
+  }
+  Tensor staged_in = takes_directly(group, in) ? in : staged(group, in, true);
+  Tensor staged_out = staged(group, out, false);
+  WorkHandle work = group.all_gather(staged_in.f32(), staged_out.f32(), in.numel());
+  return std::make_shared<StagedWork>(std::move(work), staged_out, out, staged_in);
+}
+
+WorkHandle broadcast(ProcessGroup& group, const Tensor& data, int root) {
+  check_defined("broadcast", group, data, "the tensor");
+  if (takes_directly(group, data)) {
+    ready(data);
+    return group.broadcast(data.f32(), data.numel(), root);
+  }
+  Tensor buffer = staged(group, data, group.rank() == root);
+  WorkHandle work = group.broadcast(buffer.f32(), buffer.numel(), root);
+  return std::make_shared<StagedWork>(std::move(work), buffer, data, Tensor{});
+}
+
+WorkHandle send(ProcessGroup& group, const Tensor& data, int peer, int tag) {
+  check_defined("send", group, data, "the tensor");
+  if (takes_directly(group, data)) {
+    ready(data);
+    return group.send(data.f32(), data.numel(), peer, tag);
+  }
+  Tensor buffer = staged(group, data, true);
+  WorkHandle work = group.send(buffer.f32(), buffer.numel(), peer, tag);
+  return std::make_shared<StagedWork>(std::move(work), Tensor{}, Tensor{}, buffer);
+}
+
+WorkHandle recv(ProcessGroup& group, const Tensor& data, int peer, int tag) {
+  check_defined("recv", group, data, "the tensor");
+  if (takes_directly(group, data)) {
+    ready(data);  // nothing may still be reading the buffer it overwrites
+    return group.recv(data.f32(), data.numel(), peer, tag);
+  }
+  Tensor buffer = staged(group, data, false);
+  WorkHandle work = group.recv(buffer.f32(), buffer.numel(), peer, tag);
+  return std::make_shared<StagedWork>(std::move(work), buffer, data, Tensor{});
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,31 @@
+#pragma once
+// Collectives and transfers on Tensors of any device and dtype, over any ProcessGroup. A
+// tensor the group takes as it is (f32, in the group's memory(): the host for MPI, the group's
+// GPU for NCCL) goes straight to the group's call, so CPU training is exactly the float* path.
+// Any other tensor (a CUDA tensor over MPI, several ranks sharing one GPU; a bf16 activation)
+// is staged: copied into an f32 buffer in the group's memory before the call, and the result
+// copied back out when wait() returns or test() first says true. The staging copies wait for
+// the device (core/device_memory); pinned buffers and CUDA-aware MPI are the faster paths
+// still to come.
+//
+// Tensors handed to the group directly on a CUDA device are written by kernels on the default
+// stream; the call waits for that stream first, since the group reads them from its own.
+// Counts come from the tensors: a mismatch is a loom::Error naming the call and both shapes.
+#include "loom/core/tensor.hpp"
+#include "loom/dist/process_group.hpp"
+
+namespace loom::comm {
+
+WorkHandle all_reduce(ProcessGroup& group, const Tensor& data, ReduceOp op);
+// in: size() blocks of out.numel(); out gets the reduction of every rank's own block.
+WorkHandle reduce_scatter(ProcessGroup& group, const Tensor& in, const Tensor& out, ReduceOp op);
+// out: size() blocks of in.numel(), block r from rank r.
+WorkHandle all_gather(ProcessGroup& group, const Tensor& in, const Tensor& out);
+WorkHandle broadcast(ProcessGroup& group, const Tensor& data, int root);
+WorkHandle send(ProcessGroup& group, const Tensor& data, int peer, int tag);
+WorkHandle recv(ProcessGroup& group, const Tensor& data, int peer, int tag);
+
+// Whether `group` takes `t` without staging.
+bool takes_directly(const ProcessGroup& group, const Tensor& t);
+
+}  // namespace loom::comm

@@ -1,0 +1,85 @@
+// dist/tensor_comm on the MPI backend: host f32 tensors go straight to the group; bf16 tensors
+// (and, on a GPU build, device tensors) are staged through host f32 copies and written back
+// when the operation completes. Expected values are small integers, exact in bf16.
+#include <gtest/gtest.h>
+
+#include "dist_fixture.hpp"
+#include "loom/dist/tensor_comm.hpp"
+#include "tensor_parallel_fixture.hpp"
+
+namespace loom::test {
+namespace {
+
+// [n] values base + i, in `dtype` on the host.
+Tensor ramp(int64_t n, float base, DType dtype) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i);
+  Tensor t = Tensor::empty({n}, dtype, MemCategory::Workspace);
+  t.copy_from(tensor_of({n}, v));
+  return t;
+}
+
+TEST(TensorComm, StagesBf16TensorsAndWritesTheResultBackOnWait) {
+  const auto group = world();
+  const int n = group->size(), rank = group->rank();
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    EXPECT_EQ(comm::takes_directly(*group, ramp(1, 0, dtype)), dtype == DType::F32);
+    // all_reduce: sum over ranks of (rank + 1 + i) = n(n+1)/2 + n i.
+    const Tensor data = ramp(6, static_cast<float>(rank + 1), dtype);
+    comm::all_reduce(*group, data, ReduceOp::Sum)->wait();
+    const std::vector<float> sum = data.to_f32_vector();
+    for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(sum[i], n * (n + 1) / 2.0f + n * i) << i;
+
+    // all_gather: block r is rank r's [10 r, 10 r + 1, 10 r + 2].
+    const Tensor mine = ramp(3, 10.0f * rank, dtype);
+    const Tensor all = Tensor::empty({3 * n}, dtype, MemCategory::Workspace);
+    WorkHandle gather = comm::all_gather(*group, mine, all);
+    gather->wait();
+    const std::vector<float> gathered = all.to_f32_vector();
+    for (int r = 0; r < n; ++r)
+      for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(gathered[r * 3 + i], 10.0f * r + i);
+
+    // reduce_scatter of every rank's [0, 1, ..., 2n-1]: rank r keeps n * [2r, 2r + 1].
+    const Tensor blocks = ramp(2 * n, 0.0f, dtype);
+    const Tensor out = Tensor::empty({2}, dtype, MemCategory::Workspace);
+    comm::reduce_scatter(*group, blocks, out, ReduceOp::Sum)->wait();
+    const float first = static_cast<float>(2 * rank * n),
+                second = static_cast<float>((2 * rank + 1) * n);
+    EXPECT_EQ(out.to_f32_vector(), (std::vector<float>{first, second}));
+
+    // broadcast from the last rank.
+    const Tensor b = ramp(4, rank == n - 1 ? 100.0f : -1.0f, dtype);
+    comm::broadcast(*group, b, n - 1)->wait();
+    EXPECT_EQ(b.to_f32_vector(), (std::vector<float>{100, 101, 102, 103}));
+
+    // A ring of send / recv.
+    if (n > 1) {
+      const Tensor to_send = ramp(2, 7.0f * rank, dtype);
+      const Tensor received = Tensor::zeros({2}, dtype, MemCategory::Workspace);
+      WorkHandle recv = comm::recv(*group, received, (rank + n - 1) % n, 5);
+      WorkHandle send = comm::send(*group, to_send, (rank + 1) % n, 5);
+      send->wait();
+      recv->wait();
+      const float from = 7.0f * static_cast<float>((rank + n - 1) % n);
+      EXPECT_EQ(received.to_f32_vector(), (std::vector<float>{from, from + 1}));
+    }
+  }
+}
+
+TEST(TensorComm, MismatchedBlocksAreRefusedNamingTheCallAndShapes) {
+  const auto group = world();
+  const int n = group->size();
+  const Tensor in = Tensor::zeros({3}, DType::F32, MemCategory::Workspace);
+  const Tensor wrong = Tensor::zeros({3 * n + 1}, DType::F32, MemCategory::Workspace);
+  expect_contains(error_message([&] { (void)comm::all_gather(*group, in, wrong); }),
+                  {"comm::all_gather", "dp", "[" + std::to_string(3 * n + 1) + "]", "[3]"});
+  expect_contains(
+      error_message([&] { (void)comm::reduce_scatter(*group, wrong, in, ReduceOp::Sum); }),
+      {"comm::reduce_scatter", std::to_string(n) + " blocks of [3]"});
+  expect_contains(error_message([&] { (void)comm::all_reduce(*group, Tensor{}, ReduceOp::Sum); }),
+                  {"comm::all_reduce", "undefined"});
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -174,6 +174,33 @@ TEST(Cli, PlanValidateComparesPublishedRunsAndCalibratesFromGemmTimings) {
   EXPECT_GT(slow_rate, 0.40 * default_rate);
 }
 
+// What the search prints is a layout --layout reads back; one the engine does not run yet is
+// still predicted, and marked with what is missing.
+TEST(Cli, PlanLayoutsPasteBackAndAreMarkedWhenTheEngineLacksThem) {
+  CommandResult r = run_loom("plan --model llama-8b --gpus 64 --top 3 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json search = nlohmann::json::parse(r.output);
+  for (const nlohmann::json& candidate : search["top"]) {
+    const std::string printed = candidate["layout"].get<std::string>();
+    r = run_loom("plan --model llama-8b --layout \"" + printed + "\" --json");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const nlohmann::json again = nlohmann::json::parse(r.output);
+    EXPECT_EQ(again["layout"], printed);
+    EXPECT_EQ(again["engine_supported"], candidate["engine_supported"]);
+    EXPECT_NEAR(again["memory_bytes"]["total"].get<double>(), candidate["memory_bytes"]["total"].get<double>(), 1.0);
+  }
+  r = run_loom("plan --model llama-8b --layout \"tp=8 pp=2 dp=4 zero=3 mbs=1 recompute=selective sp 1f1b\"");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("engine: not yet supported: ZeRO-3 with pp"));
+  EXPECT_THAT(r.output, HasSubstr("use zero_stage 0 or 1"));
+  r = run_loom("plan --model llama-8b --layout \"tp=8 dp=8 zero=1 mbs=1 recompute=selective sp\" --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(nlohmann::json::parse(r.output)["engine_supported"].get<bool>());
+  r = run_loom("plan --model llama-8b --layout \"tp=8 dp=8 tensor=2\"");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("unknown key 'tensor'"));
+}
+
 // A plan file says what the flags say; flags given on the command line win; typos are errors.
 TEST(Cli, PlanReadsModelClusterAndTrainingFromATomlFile) {
   TempDir dir("cli_plan_file");

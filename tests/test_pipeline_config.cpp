@@ -77,19 +77,19 @@ TEST(PipelineConfig, BadPipelineSettingsAreRejectedWithWhatWorks) {
   };
   expect_contains(error_of({"parallel.pp=3"}),
                   {"'parallel.pp' has value 3", "model.n_layer = 2", "leaves a stage without a layer",
-                   "use pp x pp_chunks <= 2"});
+                   "use pp x v <= 2"});
   expect_contains(error_of({"parallel.pp=0"}), {"'parallel.pp' has value 0", "expected >= 1"});
   expect_contains(error_of({"parallel.pp=2", "train.grad_accum=1"}),
                   {"'train.grad_accum' has value 1", "1f1b", "set grad_accum >= 2", "afab"});
   expect_contains(error_of({"parallel.pp=2", "parallel.pp_schedule=\"interleaved\""}),
-                  {"'parallel.pp_schedule' is interleaved", "pp_chunks = 1", "set pp_chunks >= 2 or use 1f1b"});
+                  {"'parallel.pp_schedule' (layout schedule) has value interleaved", "v=1", "set v >= 2 or use 1f1b"});
   expect_contains(error_of({"parallel.pp=2", "parallel.pp_chunks=2"}),
-                  {"'parallel.pp_chunks' has value 2", "1f1b", "only interleaved"});
+                  {"'parallel.pp_chunks' (layout v) has value 2", "1f1b", "only interleaved"});
   expect_contains(error_of({"model.n_layer=4", "parallel.pp=2", "parallel.pp_schedule=\"interleaved\"",
                             "parallel.pp_chunks=2", "train.grad_accum=3"}),
                   {"'train.grad_accum' has value 3", "groups of parallel.pp = 2", "use a multiple of 2"});
   expect_contains(error_of({"parallel.pp=2", "parallel.zero_stage=2"}),
-                  {"'parallel.zero_stage' has value 2", "parallel.pp = 2", "use zero_stage 0 or 1"});
+                  {"'parallel.zero_stage' (layout zero) has value 2", "pp=2", "use zero_stage 0 or 1"});
   expect_contains(error_of({"parallel.pp=2", "parallel.pp_layers=[1, 2]"}),
                   {"'parallel.pp_layers'", "adds up to 3", "model.n_layer = 2"});
   expect_contains(error_of({"parallel.pp=2", "parallel.pp_layers=[2]"}),

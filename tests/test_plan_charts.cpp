@@ -25,7 +25,7 @@ plan::Candidate evaluate(const ModelConfig& m, const plan::PlanLayout& l, int64_
   job.seq_len = job.memory.seq_len = seq;
   job.global_batch = global_batch;
   job.memory.micro_batches = global_batch / (l.dp * l.micro_batch);
-  return {l, plan::predict_gpu_memory(m, l, job.memory), plan::predict_step_time(m, l, cluster, job)};
+  return {l, plan::predict_gpu_memory(m, l, job.memory), plan::predict_step_time(m, l, cluster, job), ""};
 }
 
 TEST(PlanCharts, TimelineHasEveryPassOfTheScheduleAndItsSimulatedBubble) {

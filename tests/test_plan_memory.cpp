@@ -5,6 +5,7 @@
 #include "loom/core/error.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/plan/memory_model.hpp"
+#include "loom/plan/rank_parameters.hpp"
 #include "loom/optim/adamw.hpp"
 #include "model_fixtures.hpp"
 #include "test_support.hpp"
@@ -141,6 +142,33 @@ TEST(PlanMemory, GpuPredictionShrinksWithEachShardingDimension) {
   // 8B parameters in mixed precision need 16 bytes each without sharding: about 128 GB.
   const MemoryBreakdown plain = plan::predict_gpu_memory(llama8b, plan::parse_layout("dp=8"), job);
   EXPECT_NEAR(model_states(plain) / 1e9, 16.0 * static_cast<double>(llama8b.parameter_count()) / 1e9, 1.0);
+}
+
+
+// Each rank's parameters come from the parameter list's placement: the ranks of a pipeline
+// hold the whole model once (plus the last stage's copy of a tied table), the first stages
+// take the extra layers of an uneven split, and tp splits all but norms and row-parallel biases.
+TEST(PlanMemory, RankParametersFollowEachParametersPlacement) {
+  const ModelConfig llama = model_preset("llama-8b");  // untied, 32 layers
+  const auto total = static_cast<double>(llama.parameter_count());
+  EXPECT_DOUBLE_EQ(plan::rank_parameters(llama, plan::parse_layout("dp=8"), 0).total(), total);
+  double sum = 0;
+  for (int64_t rank = 0; rank < 4; ++rank) sum += plan::rank_parameters(llama, plan::parse_layout("pp=4"), rank).total();
+  EXPECT_DOUBLE_EQ(sum, total);
+  const ModelConfig gpt2 = model_preset("gpt2-124m");  // tied: the last stage holds a copy
+  const double table = static_cast<double>(gpt2.vocab_size * gpt2.n_embd);
+  EXPECT_DOUBLE_EQ(plan::rank_parameters(gpt2, plan::parse_layout("pp=2"), 0).total() +
+                       plan::rank_parameters(gpt2, plan::parse_layout("pp=2"), 1).total(),
+                   static_cast<double>(gpt2.parameter_count()) + table);
+  // 12 layers over 5 stages: 3, 3, 2, 2, 2 (stage_layer_counts).
+  EXPECT_EQ(plan::rank_parameters(gpt2, plan::parse_layout("pp=5"), 0).layers, 3);
+  EXPECT_EQ(plan::rank_parameters(gpt2, plan::parse_layout("pp=5"), 4).layers, 2);
+  EXPECT_EQ(plan::heaviest_rank_parameters(gpt2, plan::parse_layout("pp=5")).layers, 3);
+  // tp = 4: a llama block is all linear weights but its two norms.
+  const plan::RankParameters one = plan::rank_parameters(llama, plan::parse_layout("pp=4"), 1);
+  const plan::RankParameters split = plan::rank_parameters(llama, plan::parse_layout("tp=4 pp=4"), 1);
+  const double norms = 2.0 * static_cast<double>(llama.n_embd) * static_cast<double>(one.layers);
+  EXPECT_DOUBLE_EQ(split.block, (one.block - norms) / 4 + norms);
 }
 
 }  // namespace

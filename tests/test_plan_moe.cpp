@@ -13,11 +13,14 @@ namespace {
 
 struct Split {
   double dense = 0, expert = 0, root = 0;
+  double whole = 0;  // of dense and root: on every tp rank (norms, routers)
 };
 Split split_of(const ModelConfig& m) {
   Split s;
-  for (const ParameterSpec& p : parameter_specs(m))
+  for (const ParameterSpec& p : parameter_specs(m)) {
     (p.unit == 0 ? s.root : p.expert ? s.expert : s.dense) += static_cast<double>(p.numel());
+    if (!p.expert && p.tp_dim < 0) s.whole += static_cast<double>(p.numel());
+  }
   return s;
 }
 
@@ -30,7 +33,8 @@ TEST(PlanMoe, ExpertsShardOverEpAndTheirOptimizerOverTheRemainingReplicas) {
   const plan::PlanLayout l = plan::parse_layout("tp=2,dp=16,ep=4,zero=1");
   plan::check_layout(l, m, job.seq_len);
   const plan::MemoryBreakdown mem = plan::predict_gpu_memory(m, l, job);
-  const double dense = (s.dense + s.root) / 2, experts = s.expert / (2 * 4);
+  // One pipeline stage: tp = 2 splits all but the norms and routers.
+  const double dense = (s.dense + s.root - s.whole) / 2 + s.whole, experts = s.expert / (2 * 4);
   EXPECT_DOUBLE_EQ(mem.parameters, 2 * (dense + experts));
   EXPECT_DOUBLE_EQ(mem.gradients, 2 * (dense + experts));
   // ZeRO-1: fp32 master + moments over 16 dense replicas, but over 16 / 4 for the experts.

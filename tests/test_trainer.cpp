@@ -179,7 +179,7 @@ TEST(TrainConfigTensorParallel, BadLayoutsAreRejectedWithWhatWorks) {
                   {"parallel.tp", "4", "model.n_kv_head = 2", "tp values that work: 1, 2"});
   expect_contains(error_message([&] { (void)parse(llama, {"parallel.tp=0"}); }), {"parallel.tp", "expected >= 1"});
   expect_contains(error_message([&] { (void)parse(llama, {"parallel.sequence_parallel=true"}); }),
-                  {"parallel.sequence_parallel", "parallel.tp = 1"});
+                  {"parallel.sequence_parallel", "needs tp > 1"});
   // A micro-batch of 3 x 15 = 45 rows does not split over 2 sequence-parallel ranks.
   expect_contains(error_message([&] {
                     (void)parse(llama, {"parallel.tp=2", "parallel.sequence_parallel=true", "train.batch_size=3",

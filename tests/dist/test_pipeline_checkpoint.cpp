@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "dist_fixture.hpp"
-#include "loom/model/parameter_specs.hpp"
 #include "loom/plan/pipeline_sim.hpp"
+#include "loom/plan/rank_parameters.hpp"
 #include "loom/train/checkpointing.hpp"
 
 namespace loom::test {
@@ -121,17 +121,12 @@ TEST(PipelineMemory, StagesHoldTheirShareAndTheScheduleDecidesActivations) {
     EXPECT_EQ(model.activation_sets_allocated(), simulated.peak_in_flight[static_cast<size_t>(world_group->rank())])
         << schedule << " on rank " << world_group->rank();
 
-    // Parameters: this stage's layers, embeddings on the first, final norm and head on the last.
+    // Parameters: this stage's layers, embeddings on the first, final norm and head (and the
+    // tied table's copy) on the last, as the planner places them from the parameter list.
     const ModelChunk& chunk = model.chunks().front();
-    int64_t expected = 0, held = 0;
-    for (const ParameterSpec& spec : parameter_specs(config.model)) {
-      const bool block = spec.unit > 0;
-      const bool mine = block ? spec.unit - 1 >= chunk.first_layer && spec.unit - 1 < chunk.end_layer
-                              : (spec.name.find("wte") != std::string::npos || spec.name.find("wpe") != std::string::npos)
-                                    ? chunk.first_stage() || (chunk.last_stage() && spec.name.find("wte") != std::string::npos)
-                                    : chunk.last_stage();
-      if (mine) expected += spec.numel();
-    }
+    const auto expected = static_cast<int64_t>(
+        plan::rank_parameters(config.model, config.layout(), chunk.stage).total());
+    int64_t held = 0;
     for (const Parameter* param : model.parameters()) held += param->value.numel();
     EXPECT_EQ(held, expected) << "rank " << world_group->rank();
     // Gradients and AdamW's two moments follow the stage's parameters (f32, no ZeRO).

@@ -16,6 +16,7 @@
 #include "loom/core/allocator.hpp"
 #include "loom/dist/device_mesh.hpp"
 #include "loom/model/tensor_shard.hpp"
+#include "loom/model/parameter_specs.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/plan/memory_model.hpp"
@@ -139,28 +140,13 @@ TEST(TensorParallelModelMemory, BytesPerRankMatchTheShardsAndThePlanner) {
           const auto i = static_cast<size_t>(category);
           return static_cast<double>(after.live_bytes[i] - before.live_bytes[i]);
         };
-        // Expected from the whole model's shapes, written out here: linear weights (and
-        // column-parallel biases) divide by tp, the vocabulary tables take their block, norms
-        // and row-parallel biases stay whole.
+        // Expected from the parameter list's placement (the planner's source): linear weights
+        // (and column-parallel biases) divide by tp, the vocabulary tables take their block,
+        // norms, row-parallel biases and the position table stay whole.
         const int t = tp->size(), r = tp->rank();
-        const int64_t vocab_block = (config.vocab_size + t - 1) / t;
-        const int64_t my_vocab = std::min<int64_t>(config.vocab_size, (r + 1) * vocab_block) -
-                                 std::min<int64_t>(config.vocab_size, r * vocab_block);
         double expected = 0;
-        Transformer whole(config);
-        for (const Parameter* p : whole.parameters()) {
-          const bool vocab_table = p->name.find("wte") != std::string::npos ||
-                                   p->name.find("embed_tokens") != std::string::npos ||
-                                   p->name.find("lm_head") != std::string::npos;
-          const bool replicated = p->value.dim() == 1 && (p->name.find("ln") != std::string::npos ||
-                                                          p->name.find("norm") != std::string::npos ||
-                                                          p->name.find("c_proj.bias") != std::string::npos);
-          const bool whole_table = p->name.find("wpe") != std::string::npos;
-          const double n = static_cast<double>(p->value.numel());
-          expected += vocab_table ? static_cast<double>(my_vocab * config.n_embd)
-                      : (replicated || whole_table) ? n
-                                                    : n / t;
-        }
+        for (const ParameterSpec& spec : parameter_specs(config))
+          expected += static_cast<double>(spec.numel_on_tp_rank(t, r));
         EXPECT_EQ(live(MemCategory::Parameters), 4 * expected) << what;
         EXPECT_EQ(live(MemCategory::Gradients), 4 * expected) << what;
         const plan::MemoryBreakdown predicted = plan::predict_engine_memory(

@@ -109,7 +109,8 @@ int run_search(const PlanArgs& args, const ModelConfig& model) {
     nlohmann::json top = nlohmann::json::array();
     for (size_t i = 0; i < r.ranked.size() && i < static_cast<size_t>(args.top); ++i)
       top.push_back({{"layout", r.ranked[i].layout.describe()}, {"memory_bytes", memory_json(r.ranked[i].memory)},
-                     {"time", time_json(r.ranked[i].time)}});
+                     {"time", time_json(r.ranked[i].time)}, {"engine_supported", r.ranked[i].engine_note.empty()},
+                     {"engine_note", r.ranked[i].engine_note}});
     std::printf("%s\n", nlohmann::json{{"valid", r.valid}, {"fitting", r.fitting}, {"batch_ok", r.batch_ok},
                                        {"gpus_needed", r.gpus_needed}, {"top", top},
                                        {"why", plan::explain_winner(r)}}.dump(2).c_str());
@@ -138,12 +139,14 @@ int run_search(const PlanArgs& args, const ModelConfig& model) {
               "step s", "compute", "comm", "bubble", "tokens/s", "MFU");
   for (size_t i = 0; i < r.ranked.size() && i < static_cast<size_t>(args.top); ++i) {
     const plan::Candidate& c = r.ranked[i];
-    std::printf("%-58s %7.1f %7.1f %7.1f %7.1f | %8.2f %8.2f %8.2f %8.2f | %10.0f %5.1f%%\n", c.layout.describe().c_str(),
+    std::printf("%-58s %7.1f %7.1f %7.1f %7.1f | %8.2f %8.2f %8.2f %8.2f | %10.0f %5.1f%%%s%s\n", c.layout.describe().c_str(),
                 c.memory.parameters / kGiB, c.memory.gradients / kGiB, c.memory.optimizer_state / kGiB,
                 c.memory.activations / kGiB, c.time.total_s, c.time.compute_s, c.time.exposed_comm_s, c.time.bubble_s,
-                c.time.tokens_per_s, 100 * c.time.mfu);
+                c.time.tokens_per_s, 100 * c.time.mfu, c.engine_note.empty() ? "" : "  ", c.engine_note.c_str());
   }
-  std::printf("(memory in GiB per GPU; comm = exposed communication)\n\nwhy: %s\n", plan::explain_winner(r).c_str());
+  std::printf("(memory in GiB per GPU; comm = exposed communication; paste a layout into --layout or the [parallel]\n"
+              "table's layout key; \"engine: not yet supported\" marks a layout loom's trainer refuses today)\n\n"
+              "why: %s\n", plan::explain_winner(r).c_str());
   print_cluster(model, cluster, r.ranked.front().time, args);
   write_charts(args, top_candidates(r, args.top), r.usable_bytes);
   return 0;
@@ -203,6 +206,7 @@ int run_plan(const PlanArgs& command_line) {
   if (args.layout.empty()) return run_search(args, model);
   const plan::PlanLayout layout = plan::parse_layout(args.layout);
   plan::check_layout(layout, model, args.seq_len);
+  const std::string engine_note = plan::engine_support_note(layout, model, args.seq_len);
   if (args.gpus != 0 && layout.gpus() != args.gpus)
     throw_error("plan: layout ", layout.describe(), " uses ", layout.gpus(), " GPUs, but --gpus (or cluster.gpus) is ", args.gpus);
   const int64_t per_step = layout.dp * layout.micro_batch;
@@ -220,9 +224,10 @@ int run_plan(const PlanArgs& command_line) {
     const nlohmann::json out = {
         {"model", args.model}, {"parameters", model.parameter_count()}, {"gpu", gpu.name}, {"layout", layout.describe()},
         {"seq_len", args.seq_len}, {"global_batch", args.global_batch}, {"micro_batches", job.memory.micro_batches},
-        {"memory_bytes", memory_json(mem)}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits}};
+        {"memory_bytes", memory_json(mem)}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits},
+        {"engine_supported", engine_note.empty()}, {"engine_note", engine_note}};
     std::printf("%s\n", out.dump(2).c_str());
-    write_charts(args, {{layout, mem, time}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
+    write_charts(args, {{layout, mem, time, engine_note}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
     return fits ? 0 : 1;
   }
   std::printf("model %s: %.2fB parameters | %s | %lld GPUs (%s) | seq %lld, global batch %lld, %lld micro-batches\n",
@@ -239,8 +244,14 @@ int run_plan(const PlanArgs& command_line) {
   std::printf("\nstep %.3f s = compute %.3f + exposed communication %.3f + bubble %.3f + optimizer %.3f | %.0f tokens/s | MFU %.1f%%\n",
               time.total_s, time.compute_s, time.exposed_comm_s, time.bubble_s, time.optimizer_s, time.tokens_per_s,
               100 * time.mfu);
+  if (!engine_note.empty()) {
+    // The planner predicts any engine; this one would refuse the layout, with these reasons.
+    std::printf("\n%s\n", engine_note.c_str());
+    for (const LayoutProblem& p : layout_problems(layout, model, args.seq_len))
+      if (p.level == LayoutRules::Engine) std::printf("  %s\n", p.message.c_str());
+  }
   print_cluster(model, cluster, time, args);
-  write_charts(args, {{layout, mem, time}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
+  write_charts(args, {{layout, mem, time, engine_note}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
   return fits ? 0 : 1;
 }
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "loom/core/error.hpp"
+#include "loom/core/key_values.hpp"
 
 namespace loom {
 namespace {
@@ -16,12 +17,6 @@ std::string valid_axes() {
     names += name;
   }
   return names;
-}
-
-std::string_view trim(std::string_view text) {
-  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
-  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
-  return text;
 }
 
 }  // namespace
@@ -49,28 +44,23 @@ std::string MeshShape::to_string() const {
 MeshShape MeshShape::parse(std::string_view spec) {
   std::array<int, kMeshAxisCount> axis_sizes{1, 1, 1, 1, 1};
   std::array<bool, kMeshAxisCount> seen{};
-  std::string_view rest = spec;
-  while (!trim(rest).empty()) {
-    const size_t comma = rest.find(',');
-    const std::string_view item = trim(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    const size_t equals = item.find('=');
-    if (equals == std::string_view::npos)
-      throw_error("mesh shape '", spec, "': item '", item, "' is not axis=size (e.g. dp=2,tp=2)");
-    const std::string_view axis = trim(item.substr(0, equals));
-    const std::string_view value = trim(item.substr(equals + 1));
+  for (const KeyValueItem& item : split_key_values(spec, "mesh shape")) {
+    if (item.bare)
+      throw_error("mesh shape '", spec, "': item '", item.key,
+                  "' is not axis=size (e.g. dp=2,tp=2)");
     int index = 0;
     try {
-      index = mesh_axis_index(axis);
+      index = mesh_axis_index(item.key);
     } catch (const Error& e) {
       throw_error("mesh shape '", spec, "': ", e.what());
     }
-    if (seen[index]) throw_error("mesh shape '", spec, "': axis '", axis, "' is given twice");
+    if (seen[index]) throw_error("mesh shape '", spec, "': axis '", item.key, "' is given twice");
     seen[index] = true;
     int size = 0;
+    const std::string& value = item.value;
     const auto [end, status] = std::from_chars(value.data(), value.data() + value.size(), size);
     if (status != std::errc() || end != value.data() + value.size() || size < 1)
-      throw_error("mesh shape '", spec, "': axis '", axis, "' has size '", value,
+      throw_error("mesh shape '", spec, "': axis '", item.key, "' has size '", value,
                   "', expected a positive integer");
     axis_sizes[index] = size;
   }

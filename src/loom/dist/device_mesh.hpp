@@ -30,7 +30,8 @@ struct MeshShape {
   std::array<int, kMeshAxisCount> sizes() const { return {pp, dp, cp, ep, tp}; }
   std::string to_string() const;  // "pp=1,dp=2,cp=1,ep=1,tp=2"
 
-  // "dp=2,tp=2": comma-separated axis=size in any order; axes not named have size 1.
+  // "dp=2,tp=2" or "dp=2 tp=2": axis=size items (core/key_values) in any order; axes not named
+  // have size 1.
   static MeshShape parse(std::string_view spec);
   // Every axis at least 1 and their product equal to the world size, else loom::Error naming
   // every axis size and the world size.

@@ -5,6 +5,7 @@
 #include "loom/core/error.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
+#include "loom/plan/rank_parameters.hpp"
 
 namespace loom::plan {
 
@@ -59,7 +60,10 @@ double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t
 }
 
 double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro_batches) {
-  const double layers = static_cast<double>(m.n_layer), p = static_cast<double>(l.pp);
+  // Uneven stages: the first stages take the extra layers (stage_layer_counts), so the first
+  // rank stashes as if every stage had as many.
+  const int64_t stages = l.pp * l.vp, stage_layers = (m.n_layer + stages - 1) / stages;
+  const double layers = static_cast<double>(stage_layers * stages), p = static_cast<double>(l.pp);
   const double mb = static_cast<double>(micro_batches), v = static_cast<double>(l.vp);
   switch (l.schedule) {
     case PipelineSchedule::AllForwardAllBackward: return layers / p * mb;
@@ -71,19 +75,15 @@ double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro
 }
 
 MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
-  // Parameters on the first pipeline stage: its share of the blocks, split by tp, plus the
-  // input embedding (vocabulary-parallel over tp); the head sits on the last stage.
-  // Expert weights are further split over ep and their ZeRO shards span the dp x cp / ep ranks
-  // holding the same experts (DeepSpeed-MoE, Rajbhandari et al. 2022, sec. 5).
-  double block_params = 0, expert_params = 0, embedding_params = 0;
-  for (const ParameterSpec& spec : parameter_specs(m))
-    (spec.unit == 0 ? embedding_params : spec.expert ? expert_params : block_params) += static_cast<double>(spec.numel());
-  const double per_rank = block_params / static_cast<double>(l.pp * l.tp) +
-                          (l.pp == 1 ? embedding_params : static_cast<double>(m.vocab_size * m.n_embd)) / static_cast<double>(l.tp);
-  const double experts_per_rank = expert_params / static_cast<double>(l.pp * l.tp * l.ep);
-  MemoryBreakdown mem = zero_model_states(per_rank, job.state, l.dp * l.cp, l.zero_stage);
-  if (experts_per_rank > 0) {
-    const MemoryBreakdown experts = zero_model_states(experts_per_rank, job.state, l.dp * l.cp / l.ep, l.zero_stage);
+  // Parameters on the first pipeline rank (it also stashes the most micro-batches): its blocks
+  // on one tp rank, plus the input embedding (vocabulary-parallel over tp), counted from each
+  // parameter's placement. Expert weights are further split over ep and their ZeRO shards span
+  // the dp x cp / ep ranks holding the same experts (DeepSpeed-MoE, Rajbhandari et al. 2022,
+  // sec. 5).
+  const RankParameters held = rank_parameters(m, l, 0);
+  MemoryBreakdown mem = zero_model_states(held.dense(), job.state, l.dp * l.cp, l.zero_stage);
+  if (held.experts > 0) {
+    const MemoryBreakdown experts = zero_model_states(held.experts, job.state, l.dp * l.cp / l.ep, l.zero_stage);
     mem.parameters += experts.parameters;
     mem.gradients += experts.gradients;
     mem.optimizer_state += experts.optimizer_state;
@@ -100,8 +100,7 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   // prefetched next one.
   mem.comm_buffers = l.dp * l.cp > 1 ? 2 * job.bucket_bytes : 0;
   if (l.zero_stage == 3)
-    mem.comm_buffers += 2 * (block_params / static_cast<double>(l.tp) + expert_params / static_cast<double>(l.tp * l.ep)) /
-                        static_cast<double>(m.n_layer) * job.state.parameter;
+    mem.comm_buffers += 2 * (held.block + held.experts) / static_cast<double>(held.layers) * job.state.parameter;
   mem.workspace = job.workspace_bytes;
   return mem;
 }

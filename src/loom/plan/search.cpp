@@ -85,7 +85,7 @@ SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, co
       const bool batch_ok = job.global_batch % (l.dp * mbs) == 0;
       mem.micro_batches = std::max<int64_t>(1, job.global_batch / (l.dp * mbs));
       const MemoryBreakdown memory = predict_gpu_memory(m, l, mem);
-      if (!have_least || memory.total() < result.least_memory.memory.total()) result.least_memory = {l, memory, {}};
+      if (!have_least || memory.total() < result.least_memory.memory.total()) result.least_memory = {l, memory, {}, ""};
       have_least = true;
       if (memory.total() > result.usable_bytes) continue;
       ++result.fitting;
@@ -94,7 +94,7 @@ SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, co
       ++result.batch_ok;
       TrainingJob j = job;
       j.memory = mem;
-      result.ranked.push_back({l, memory, predict_step_time(m, l, cluster, j, false)});
+      result.ranked.push_back({l, memory, predict_step_time(m, l, cluster, j, false), engine_support_note(l, m, job.seq_len)});
     }
   });
   // Fastest first; layouts within 0.1% of each other are a tie the model cannot resolve, so

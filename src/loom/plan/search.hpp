@@ -2,7 +2,8 @@
 // The playbook's three steps over every layout of a job: (1) fit the model in GPU memory,
 // (2) reach the global batch, (3) maximise throughput. Every valid (tp, pp, v, dp, cp, ZeRO
 // stage, micro-batch, recomputation) for the cluster's GPU count is enumerated, pruned by
-// memory, and ranked by predicted tokens/s.
+// memory, and ranked by predicted tokens/s. Layouts this engine does not run yet are ranked
+// too (the planner plans for any engine) and carry a note saying what is missing.
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@ struct Candidate {
   PlanLayout layout;
   MemoryBreakdown memory;
   StepTime time;
+  std::string engine_note;  // "" when loom's engine runs the layout (engine_support_note)
 };
 
 struct SearchResult {

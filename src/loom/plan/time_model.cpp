@@ -5,7 +5,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/model/flops.hpp"
-#include "loom/model/parameter_specs.hpp"
+#include "loom/plan/rank_parameters.hpp"
 #include "loom/plan/collectives.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 
@@ -132,7 +132,11 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const GpuSpec& gpu = cluster.gpu;
   const GemmEfficiency gemm = job.gemm.value_or(default_gemm_efficiency(gpu));
   const LayerCost layer = layer_cost(m, l, cluster, job, gemm);
-  const double layers_per_chunk = static_cast<double>(m.n_layer) / static_cast<double>(l.pp * l.vp);
+  // The slowest stage sets the pace of the uniform chunks simulated below: with uneven stages
+  // the first ones take an extra layer (stage_layer_counts).
+  const int64_t stages = l.pp * l.vp;
+  const double layers_per_chunk = static_cast<double>((m.n_layer + stages - 1) / stages);
+  const double layers_per_rank = layers_per_chunk * static_cast<double>(l.vp);
   const double chunks = static_cast<double>(l.pp * l.vp);
 
   // The output projection and loss (2 x tokens x h x V / tp forward, twice that backward) are
@@ -163,18 +167,16 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const double busy = static_cast<double>(micro * l.vp) * (t_f + t_b);
   out.bubble_s = makespan - busy;
   out.compute_s = static_cast<double>(micro) * compute_per_micro;
-  out.tp_comm_s = static_cast<double>(micro) * static_cast<double>(m.n_layer) / static_cast<double>(l.pp) * layer.tp_comm_s;
-  out.cp_comm_s = static_cast<double>(micro) * static_cast<double>(m.n_layer) / static_cast<double>(l.pp) * layer.cp_comm_s;
-  out.ep_comm_s = static_cast<double>(micro) * static_cast<double>(m.n_layer) / static_cast<double>(l.pp) * layer.ep_comm_s;
+  out.tp_comm_s = static_cast<double>(micro) * layers_per_rank * layer.tp_comm_s;
+  out.cp_comm_s = static_cast<double>(micro) * layers_per_rank * layer.cp_comm_s;
+  out.ep_comm_s = static_cast<double>(micro) * layers_per_rank * layer.ep_comm_s;
   double exposed = busy - out.compute_s;  // tp and the unhidden part of cp, inside the pipeline
 
   // Data parallelism over dp x cp ranks (both hold replicas of this rank's parameters); expert
-  // weights are replicated only over the dp x cp / ep ranks holding the same experts.
-  double block_params = 0, expert_params = 0, root_params = 0;
-  for (const ParameterSpec& s : parameter_specs(m))
-    (s.unit == 0 ? root_params : s.expert ? expert_params : block_params) += static_cast<double>(s.numel());
-  const double params_per_rank = (block_params + root_params) / static_cast<double>(l.pp * l.tp);
-  const double experts_per_rank = expert_params / static_cast<double>(l.pp * l.tp * l.ep);
+  // weights are replicated only over the dp x cp / ep ranks holding the same experts. The
+  // pipeline rank holding the most parameters reduces and updates the longest.
+  const RankParameters held = heaviest_rank_parameters(m, l);
+  const double params_per_rank = held.dense(), experts_per_rank = held.experts;
   const int64_t replicas = l.dp * l.cp, expert_replicas = replicas / l.ep;
   const GroupTopology dp_group = group_topology(cluster, replicas, l.tp);
   const GroupTopology expert_group = group_topology(cluster, expert_replicas, l.tp * l.ep);
@@ -201,12 +203,10 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
       // ZeRO-3: per micro-batch, each layer is gathered for forward and for backward and its
       // gradients reduce-scattered; prefetch hides each layer's traffic behind the previous
       // layer's compute, so only the excess is exposed.
-      const double layers_total = static_cast<double>(m.n_layer);
-      const double dense_layer = block_params / (layers_total * static_cast<double>(l.tp));
-      const double expert_layer = expert_params / (layers_total * static_cast<double>(l.tp * l.ep));
+      const double layers = static_cast<double>(held.layers);
+      const double dense_layer = held.block / layers, expert_layer = held.experts / layers;
       const double ag = both(Collective::AllGather, dense_layer, expert_layer, param);
       const double rs = both(Collective::ReduceScatter, dense_layer, expert_layer, grad);
-      const double layers = layers_total / static_cast<double>(l.pp);
       out.dp_comm_s = static_cast<double>(micro) * layers * (2 * ag + rs);
       exposed += static_cast<double>(micro) * layers *
                  (std::max(0.0, ag - layer.forward_s) + std::max(0.0, ag + rs - layer.backward_s));

@@ -1,5 +1,7 @@
 #include "loom/train/train_config.hpp"
 
+#include <algorithm>
+
 #include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/ops.hpp"
@@ -46,27 +48,105 @@ ModelConfig parse_model_config(ConfigReader& r) {
 }
 
 namespace {
-// Tensor parallelism splits heads, kv heads and MLP columns into equal shares and needs at
-// least one vocabulary row per rank; sequence parallelism splits each micro-batch's rows.
-void check_tensor_parallel(const TrainConfig& c) {
-  const ModelConfig& m = c.model;
-  if (c.tp < 1) throw_error("config key 'parallel.tp' has value ", c.tp, ", expected >= 1");
-  auto divides = [&](int tp) {
-    return m.n_head % tp == 0 && m.n_kv_head % tp == 0 && m.ffn_hidden % tp == 0 && m.vocab_size >= tp;
-  };
-  if (!divides(c.tp)) {
-    std::string working;
-    for (int tp = 1; tp <= m.n_head; ++tp)
-      if (divides(tp)) working += (working.empty() ? "" : ", ") + std::to_string(tp);
-    throw_error("config key 'parallel.tp' has value ", c.tp, ", which does not divide model.n_head = ",
-                m.n_head, ", model.n_kv_head = ", m.n_kv_head, " and model.ffn_hidden = ", m.ffn_hidden,
-                " into equal shares; tp values that work: ", working);
+
+// Where each key of a layout lives in the config ("" for cp and ep, which only the layout key
+// sets: the engine runs neither yet).
+const char* config_key_of(const std::string& layout_key) {
+  static const std::pair<const char*, const char*> keys[] = {
+      {"tp", "parallel.tp"},         {"pp", "parallel.pp"},           {"v", "parallel.pp_chunks"},
+      {"dp", "parallel.dp"},         {"zero", "parallel.zero_stage"}, {"mbs", "train.batch_size"},
+      {"recompute", "model.recompute"}, {"sp", "parallel.sequence_parallel"}, {"schedule", "parallel.pp_schedule"}};
+  for (const auto& [layout, config] : keys)
+    if (layout_key == layout) return config;
+  return "";
+}
+
+std::string layout_value(const ParallelLayout& l, const std::string& key) {
+  if (key == "tp") return std::to_string(l.tp);
+  if (key == "pp") return std::to_string(l.pp);
+  if (key == "v") return std::to_string(l.vp);
+  if (key == "dp") return std::to_string(l.dp);
+  if (key == "cp") return std::to_string(l.cp);
+  if (key == "ep") return std::to_string(l.ep);
+  if (key == "zero") return std::to_string(l.zero_stage);
+  if (key == "mbs") return std::to_string(l.micro_batch);
+  if (key == "recompute") return recompute_name(l.recompute);
+  if (key == "sp") return l.sequence_parallel ? "true" : "false";
+  if (key == "schedule") return schedule_name(l.schedule);
+  return "";
+}
+
+void copy_layout_key(ParallelLayout& to, const ParallelLayout& from, const std::string& key) {
+  if (key == "tp") to.tp = from.tp;
+  else if (key == "pp") to.pp = from.pp;
+  else if (key == "v") to.vp = from.vp;
+  else if (key == "dp") to.dp = from.dp;
+  else if (key == "cp") to.cp = from.cp;
+  else if (key == "ep") to.ep = from.ep;
+  else if (key == "zero") to.zero_stage = from.zero_stage;
+  else if (key == "mbs") to.micro_batch = from.micro_batch;
+  else if (key == "recompute") to.recompute = from.recompute;
+  else if (key == "sp") to.sequence_parallel = from.sequence_parallel;
+  else if (key == "schedule") to.schedule = from.schedule;
+}
+
+bool contains(const std::vector<std::string>& keys, const std::string& key) {
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
+}
+
+// The [parallel] table's layout key over the explicit keys: it sets what its text names, and
+// an explicit key that says otherwise is an error. Returns the keys the text set.
+std::vector<std::string> apply_layout_key(ConfigReader& r, TrainConfig& c, ParallelLayout& layout) {
+  if (!r.has("parallel.layout")) return {};
+  const std::string text = r.get_string("parallel.layout", "");
+  std::vector<std::string> given;
+  ParallelLayout from_text;
+  try {
+    from_text = parse_layout(text, &given);
+  } catch (const Error& e) {
+    throw_error("config key 'parallel.layout' has value '", text, "': ", e.what());
   }
-  if (!c.sequence_parallel) return;
-  if (c.tp == 1)
-    throw_error("config key 'parallel.sequence_parallel' is on with parallel.tp = 1: sequence parallelism "
-                "splits the tensor-parallel ranks' rows; set parallel.tp > 1 or turn it off");
-  if (c.batch_size * c.seq_len % c.tp != 0)
+  // A pasted v > 1 without a schedule means interleaved, unless pp_schedule says otherwise.
+  if (contains(given, "v") && !contains(given, "schedule") && !r.has("parallel.pp_schedule"))
+    given.push_back("schedule");
+  const ParallelLayout explicit_keys = layout;
+  for (const std::string& key : given) {
+    const std::string config_key = config_key_of(key);
+    if (!config_key.empty() && r.has(config_key) && layout_value(from_text, key) != layout_value(explicit_keys, key))
+      throw_error("config key 'parallel.layout' sets ", key, " = ", layout_value(from_text, key), " but config key '",
+                  config_key, "' is ", layout_value(explicit_keys, key), ": give one of them, or make them agree");
+    copy_layout_key(layout, from_text, key);
+  }
+  c.tp = static_cast<int>(layout.tp);
+  c.pp = static_cast<int>(layout.pp);
+  c.pp_chunks = static_cast<int>(layout.vp);
+  if (contains(given, "dp")) c.dp = static_cast<int>(layout.dp);
+  c.zero_stage = layout.zero_stage;
+  c.batch_size = layout.micro_batch;
+  c.recompute = layout.recompute;
+  c.sequence_parallel = layout.sequence_parallel;
+  c.pp_schedule = layout.schedule;
+  return given;
+}
+
+// The layout's rules, shared with the planner (parallel/parallel_layout), at the engine's
+// level: the first problem, named by the config key that set it.
+void check_parallel_layout(const TrainConfig& c, const ParallelLayout& l, const std::vector<std::string>& from_text) {
+  for (const LayoutProblem& p : layout_problems(l, c.model, c.seq_len)) {
+    if (p.key == "model") throw_error(p.message);
+    const std::string config_key = config_key_of(p.key);
+    if (contains(from_text, p.key) || config_key.empty())
+      throw_error("config key 'parallel.layout' sets ", p.key, " = ", layout_value(l, p.key), ": ", p.message);
+    const bool renamed = config_key != "parallel." + p.key;
+    throw_error("config key '", config_key, "'", renamed ? " (layout " + p.key + ")" : "", " has value ",
+                layout_value(l, p.key), ": ", p.message);
+  }
+}
+
+// What the layout does not say: sequence parallelism splits each micro-batch's rows, and the
+// pipeline's stages and micro-batches.
+void check_sequence_parallel_rows(const TrainConfig& c) {
+  if (c.sequence_parallel && c.batch_size * c.seq_len % c.tp != 0)
     throw_error("config key 'parallel.sequence_parallel' needs train.batch_size x train.seq_len = ",
                 c.batch_size * c.seq_len, " rows to divide by parallel.tp = ", c.tp,
                 "; change the batch size or sequence length");
@@ -79,40 +159,35 @@ PipelineSchedule parse_pipeline_schedule(const std::string& name) {
   throw_error("config key 'parallel.pp_schedule' has value '", name, "', expected afab, 1f1b or interleaved");
 }
 
-// Every stage gets a layer, the schedule has the micro-batches it needs, and the optimizer
-// keeps whole gradients per stage.
-void check_pipeline_parallel(const TrainConfig& c) {
-  if (c.pp < 1) throw_error("config key 'parallel.pp' has value ", c.pp, ", expected >= 1");
-  if (c.pp_chunks < 1) throw_error("config key 'parallel.pp_chunks' has value ", c.pp_chunks, ", expected >= 1");
-  const bool interleaved = c.pp_schedule == PipelineSchedule::Interleaved;
-  if (interleaved && c.pp_chunks < 2)
-    throw_error("config key 'parallel.pp_schedule' is interleaved with parallel.pp_chunks = ", c.pp_chunks,
-                ": interleaving needs at least 2 chunks per rank; set pp_chunks >= 2 or use 1f1b");
-  if (!interleaved && c.pp_chunks != 1)
-    throw_error("config key 'parallel.pp_chunks' has value ", c.pp_chunks, " with parallel.pp_schedule = ",
-                schedule_name(c.pp_schedule), ": only interleaved splits a rank's layers into chunks");
-  const int64_t stages = int64_t{c.pp} * c.pp_chunks;
-  if (stages > c.model.n_layer)
-    throw_error("config key 'parallel.pp' has value ", c.pp, " with ", c.pp_chunks, " chunk(s) per rank: ", stages,
-                " stages for model.n_layer = ", c.model.n_layer, " layers leaves a stage without a layer; use pp x "
-                "pp_chunks <= ", c.model.n_layer);
-  (void)stage_layer_counts(c.model.n_layer, stages, c.pp_layers, "parallel.pp_layers");
+// The schedule has the micro-batches it needs; pp_layers, when given, cuts the model into
+// pp x pp_chunks stages.
+void check_pipeline_micro_batches(const TrainConfig& c) {
+  (void)stage_layer_counts(c.model.n_layer, int64_t{c.pp} * c.pp_chunks, c.pp_layers, "parallel.pp_layers");
   if (c.pp == 1) return;
   const int64_t m = c.grad_accum;
   if (c.pp_schedule != PipelineSchedule::AllForwardAllBackward && m < c.pp)
     throw_error("config key 'train.grad_accum' has value ", m, ": ", schedule_name(c.pp_schedule), " over parallel.pp = ",
                 c.pp, " stages needs at least ", c.pp, " micro-batches (grad_accum) to fill the pipeline; set "
                 "grad_accum >= ", c.pp, " (or pp_schedule = \"afab\")");
-  if (interleaved && m % c.pp != 0)
+  if (c.pp_schedule == PipelineSchedule::Interleaved && m % c.pp != 0)
     throw_error("config key 'train.grad_accum' has value ", m, ": the interleaved schedule sends micro-batches "
                 "through each chunk in groups of parallel.pp = ", c.pp, "; use a multiple of ", c.pp);
-  if (c.zero_stage >= 2)
-    throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, " with parallel.pp = ", c.pp,
-                ": ZeRO-2/3 reduce-scatter (and ZeRO-3 re-gathers) per micro-batch and per whole-model unit, "
-                "which a pipeline stage running m micro-batches does not have; use zero_stage 0 or 1 with "
-                "pipeline parallelism (as DeepSpeed and Megatron-LM do)");
 }
 }  // namespace
+
+ParallelLayout TrainConfig::layout() const {
+  ParallelLayout l;
+  l.tp = tp;
+  l.pp = pp;
+  l.vp = pp_chunks;
+  l.dp = dp > 0 ? dp : 1;
+  l.zero_stage = zero_stage;
+  l.micro_batch = batch_size;
+  l.recompute = recompute;
+  l.sequence_parallel = sequence_parallel;
+  l.schedule = pp_schedule;
+  return l;
+}
 
 TrainConfig parse_train_config(ConfigReader& r) {
   TrainConfig c;
@@ -154,12 +229,15 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.grad_clip = r.get_double("optim.grad_clip", c.grad_clip);
   c.bucket_mb = r.get_double("parallel.bucket_mb", c.bucket_mb);
   c.zero_stage = static_cast<int>(r.get_int("parallel.zero_stage", c.zero_stage));
+  c.dp = static_cast<int>(r.get_int("parallel.dp", c.dp));
   c.tp = static_cast<int>(r.get_int("parallel.tp", c.tp));
   c.sequence_parallel = r.get_bool("parallel.sequence_parallel", c.sequence_parallel);
   c.pp = static_cast<int>(r.get_int("parallel.pp", c.pp));
   c.pp_schedule = parse_pipeline_schedule(r.get_string("parallel.pp_schedule", schedule_name(c.pp_schedule)));
   c.pp_chunks = static_cast<int>(r.get_int("parallel.pp_chunks", c.pp_chunks));
   c.pp_layers = r.get_int_list("parallel.pp_layers", c.pp_layers);
+  ParallelLayout layout = c.layout();
+  const std::vector<std::string> layout_keys = apply_layout_key(r, c, layout);
 
   c.eval_every = r.get_int("eval.every", c.eval_every);
   c.eval_batches = r.get_int("eval.batches", c.eval_batches);
@@ -201,10 +279,11 @@ TrainConfig parse_train_config(ConfigReader& r) {
   require_range("optim.weight_decay", c.adamw.weight_decay, 0.0, 1.0);
   require_range("optim.grad_clip", c.grad_clip, 0.0, 1e9);
   require_range("parallel.bucket_mb", c.bucket_mb, 1e-6, 1e6);
-  if (c.zero_stage < 0 || c.zero_stage > 3)
-    throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, ", expected 0, 1, 2 or 3");
-  check_tensor_parallel(c);
-  check_pipeline_parallel(c);
+  if (c.dp < 0)
+    throw_error("config key 'parallel.dp' has value ", c.dp, ", expected >= 1 (or 0: whatever the launch gives)");
+  check_parallel_layout(c, layout, layout_keys);
+  check_sequence_parallel_rows(c);
+  check_pipeline_micro_batches(c);
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);

@@ -6,8 +6,9 @@
 
 #include "loom/core/dtype.hpp"
 #include "loom/model/config.hpp"
-#include "loom/parallel/pipeline_schedule.hpp"
 #include "loom/optim/adamw.hpp"
+#include "loom/parallel/parallel_layout.hpp"
+#include "loom/parallel/pipeline_schedule.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/lr_schedule.hpp"
 
@@ -40,6 +41,7 @@ struct TrainConfig {
 
   double bucket_mb = 25.0;     // data-parallel gradient bucket size (PyTorch DDP's default)
   int zero_stage = 0;          // 0: replicated; 1: + moments sharded over dp; 2: + gradients; 3: + parameters
+  int dp = 0;                  // data-parallel replicas the launch must give (0: world / (tp x pp))
   int tp = 1;                  // tensor-parallel ranks (the launch's ranks are dp x tp, tp innermost)
   bool sequence_parallel = false;  // norms and residuals split over the tp ranks too
   int pp = 1;                  // pipeline stages over ranks (the launch's ranks are pp x dp x tp)
@@ -68,9 +70,17 @@ struct TrainConfig {
   int64_t sample_top_k = 40;
 
   int64_t tokens_per_step() const { return batch_size * seq_len * grad_accum; }
+  // The [parallel] table (with train.batch_size and model.recompute) as the layout `loom plan`
+  // prints; dp 0 (set by the launch) reads as 1.
+  ParallelLayout layout() const;
 };
 
-// Reads every key (unknown keys are an error) and validates ranges and consistency.
+// Reads every key (unknown keys are an error) and validates ranges and consistency. The
+// [parallel] table's layout key takes a layout as `loom plan` prints it ("tp=2 pp=2 dp=1 zero=1
+// mbs=4 recompute=selective sp 1f1b"); it sets parallel.tp, pp, pp_chunks (v), dp, zero_stage,
+// sequence_parallel, pp_schedule, train.batch_size (mbs) and model.recompute, and an explicit
+// key that says otherwise is an error. The layout is checked by check_layout at
+// LayoutRules::Engine: what the engine does not run yet is refused with the planner's message.
 TrainConfig parse_train_config(ConfigReader& reader);
 // The [model] section: a preset, then explicit dimensions override it.
 ModelConfig parse_model_config(ConfigReader& reader);

@@ -12,6 +12,10 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
     if (model_parallel > 1)
       throw_error("parallel.tp = ", config.tp, " and parallel.pp = ", config.pp, " need ",
                   model_parallel, " ranks: launch under mpirun -np ", model_parallel, " (or srun)");
+    if (config.dp > 1)
+      throw_error("parallel.dp = ", config.dp, " needs ", config.dp,
+                  " ranks: launch under mpirun -np ", config.dp,
+                  " (or srun), or set parallel.dp = 0 to take whatever the launch gives");
     return g;
   }
   g.world = std::move(world);
@@ -23,10 +27,18 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
                 " x ", config.pp, " = ", model_parallel, ": launch dp x ", model_parallel,
                 " ranks (", model_parallel, ", ", 2 * model_parallel,
                 ", ...) or change parallel.tp / parallel.pp");
+  if (config.dp > 0 && n != config.dp * model_parallel)
+    throw_error("launched with ", n,
+                " rank(s), but parallel.dp x parallel.tp x parallel.pp = ", config.dp, " x ",
+                config.tp, " x ", config.pp, " = ", config.dp * model_parallel,
+                ": launch mpirun -np ", config.dp * model_parallel,
+                ", or set parallel.dp = 0 to take whatever the launch gives");
   if (model_parallel == 1) {
     g.dp = g.world;
   } else {
-    DeviceMesh mesh(g.world, MeshShape{.pp = config.pp, .dp = n / model_parallel, .tp = config.tp});
+    ParallelLayout layout = config.layout();
+    layout.dp = n / model_parallel;
+    DeviceMesh mesh(g.world, layout.mesh_shape());
     g.dp = mesh.group({"dp"});
     if (config.tp > 1) g.tp = mesh.group({"tp"});
     if (config.pp > 1) {

@@ -17,9 +17,10 @@ struct TrainerGroups {
   int world_rank = 0, dp_rank = 0, dp_size = 1, tp_size = 1, pp_rank = 0, pp_size = 1;
 };
 
-// Lays `world` (null: one process) out as pp x dp x tp with tp = config.tp and pp = config.pp.
-// Throws loom::Error saying how to launch when the world size is not a multiple of tp x pp,
-// or when tp or pp exceed 1 without a launcher. Collective over `world`.
+// Lays `world` (null: one process) out as pp x dp x tp with tp = config.tp and pp = config.pp
+// (the mesh of config.layout()). Throws loom::Error saying how to launch when the world size is
+// not a multiple of tp x pp, not dp x tp x pp when parallel.dp is set, or when tp, pp or dp
+// exceed 1 without a launcher. Collective over `world`.
 TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<ProcessGroup> world);
 
 }  // namespace loom

@@ -1,0 +1,261 @@
+#include "loom/parallel/parallel_layout.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+
+#include "loom/core/error.hpp"
+#include "loom/core/key_values.hpp"
+
+namespace loom {
+
+std::string ParallelLayout::describe() const {
+  std::ostringstream out;
+  out << "tp=" << tp << " pp=" << pp;
+  if (vp > 1) out << " v=" << vp;
+  out << " dp=" << dp;
+  if (cp > 1) out << " cp=" << cp;
+  if (ep > 1) out << " ep=" << ep;
+  out << " zero=" << zero_stage << " mbs=" << micro_batch
+      << " recompute=" << recompute_name(recompute);
+  if (sequence_parallel) out << " sp";
+  if (pp > 1) out << " " << schedule_name(schedule);
+  return out.str();
+}
+
+MeshShape ParallelLayout::mesh_shape() const {
+  if (ep < 1 || dp % ep != 0)
+    throw_error("layout ", describe(), ": ep=", ep, " does not divide dp=", dp,
+                ", so it has no device mesh");
+  return MeshShape{.pp = static_cast<int>(pp),
+                   .dp = static_cast<int>(dp / ep),
+                   .cp = static_cast<int>(cp),
+                   .ep = static_cast<int>(ep),
+                   .tp = static_cast<int>(tp)};
+}
+
+namespace {
+
+constexpr const char* kKnownKeys = "tp, pp, v, dp, cp, ep, zero, mbs, recompute, sp, schedule";
+
+int64_t integer_at_least(const std::string& key, const std::string& value, int64_t minimum) {
+  size_t used = 0;
+  int64_t n = 0;
+  try {
+    n = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || n < minimum)
+    throw_error("layout: ", key, "=", value, " is not an integer >= ", minimum);
+  return n;
+}
+
+bool parse_schedule(const std::string& name, PipelineSchedule& out) {
+  for (PipelineSchedule s : {PipelineSchedule::AllForwardAllBackward, PipelineSchedule::OneFOneB,
+                             PipelineSchedule::Interleaved})
+    if (name == schedule_name(s)) {
+      out = s;
+      return true;
+    }
+  return false;
+}
+
+}  // namespace
+
+ParallelLayout parse_layout(const std::string& text, std::vector<std::string>* keys_given) {
+  ParallelLayout layout;
+  std::vector<std::string> given;
+  for (const KeyValueItem& item : split_key_values(text, "layout")) {
+    std::string key = item.key == "vp" ? "v" : item.key;
+    const std::string& value = item.value;
+    if (item.bare) {
+      if (key == "sp") {
+        layout.sequence_parallel = true;
+      } else if (parse_schedule(key, layout.schedule)) {
+        key = "schedule";
+      } else {
+        throw_error("layout: unknown word '", item.key,
+                    "' (bare words: sp, afab, 1f1b, interleaved; keys: ", kKnownKeys, ")");
+      }
+    } else if (key == "tp")
+      layout.tp = integer_at_least(key, value, 1);
+    else if (key == "pp")
+      layout.pp = integer_at_least(key, value, 1);
+    else if (key == "v")
+      layout.vp = integer_at_least(item.key, value, 1);
+    else if (key == "dp")
+      layout.dp = integer_at_least(key, value, 1);
+    else if (key == "cp")
+      layout.cp = integer_at_least(key, value, 1);
+    else if (key == "ep")
+      layout.ep = integer_at_least(key, value, 1);
+    else if (key == "mbs")
+      layout.micro_batch = integer_at_least(key, value, 1);
+    else if (key == "zero") {
+      layout.zero_stage = static_cast<int>(integer_at_least(key, value, 0));
+    } else if (key == "recompute") {
+      layout.recompute = parse_recompute(value);
+    } else if (key == "sp") {
+      if (value == "1" || value == "true" || value == "on")
+        layout.sequence_parallel = true;
+      else if (value == "0" || value == "false" || value == "off")
+        layout.sequence_parallel = false;
+      else
+        throw_error("layout: sp=", value, " is not one of 1, 0, true, false, on, off");
+    } else if (key == "schedule") {
+      if (!parse_schedule(value, layout.schedule))
+        throw_error("layout: schedule=", value, " is not one of afab, 1f1b, interleaved");
+    } else {
+      throw_error("layout: unknown key '", item.key, "' (known: ", kKnownKeys, ")");
+    }
+    if (std::find(given.begin(), given.end(), key) != given.end())
+      throw_error("layout '", text, "': ", key, " is given twice");
+    given.push_back(key);
+  }
+  const bool schedule_given = std::find(given.begin(), given.end(), "schedule") != given.end();
+  if (layout.vp > 1 && !schedule_given) layout.schedule = PipelineSchedule::Interleaved;
+  if (keys_given) *keys_given = std::move(given);
+  return layout;
+}
+
+namespace {
+
+// The tp degrees up to the head count that pass `fits`, as "1, 2, 4".
+std::string tp_values_that(const ModelConfig& m, const std::function<bool(int64_t)>& fits) {
+  std::string working;
+  for (int64_t tp = 1; tp <= m.n_head; ++tp)
+    if (fits(tp)) working += (working.empty() ? "" : ", ") + std::to_string(tp);
+  return working;
+}
+
+// Heads, MLP columns and vocabulary rows split over tp; KV heads split, or replicate when
+// there are fewer of them than ranks (Megatron-LM: each KV head on tp / n_kv_head ranks).
+bool tp_valid(const ModelConfig& m, int64_t tp) {
+  return m.n_head % tp == 0 && (m.n_kv_head % tp == 0 || tp % m.n_kv_head == 0) &&
+         m.ffn_hidden % tp == 0 && m.vocab_size >= tp;
+}
+// The engine's attention splits KV heads only (parallel/tensor_parallel_plan).
+bool tp_engine(const ModelConfig& m, int64_t tp) {
+  return tp_valid(m, tp) && m.n_kv_head % tp == 0;
+}
+
+}  // namespace
+
+std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelConfig& m,
+                                           int64_t seq_len) {
+  std::vector<LayoutProblem> out;
+  auto invalid = [&](const std::string& key, auto&&... parts) {
+    std::ostringstream text;
+    (text << ... << parts);
+    out.push_back({key, text.str(), LayoutRules::Valid, ""});
+  };
+  auto unsupported = [&](const std::string& key, const std::string& feature, auto&&... parts) {
+    std::ostringstream text;
+    (text << ... << parts);
+    out.push_back({key, text.str(), LayoutRules::Engine, feature});
+  };
+  // Ranges first: the rules below divide by these.
+  for (auto [key, value] : {std::pair<const char*, int64_t>{"tp", l.tp},
+                            {"pp", l.pp},
+                            {"v", l.vp},
+                            {"dp", l.dp},
+                            {"cp", l.cp},
+                            {"ep", l.ep},
+                            {"mbs", l.micro_batch}})
+    if (value < 1) invalid(key, key, "=", value, ", expected >= 1");
+  if (l.zero_stage < 0 || l.zero_stage > 3)
+    invalid("zero", "ZeRO stage zero=", l.zero_stage, " is not 0, 1, 2 or 3");
+  if (!out.empty()) return out;
+
+  // Can the layout run the model at all.
+  auto tp_valid_list = [&] {
+    return tp_values_that(m, [&](int64_t tp) { return tp_valid(m, tp); });
+  };
+  if (m.n_head % l.tp != 0)
+    invalid("tp", "model.n_head = ", m.n_head, " attention heads do not split over tp=", l.tp,
+            "; tp values that work: ", tp_valid_list());
+  else if (m.n_kv_head % l.tp != 0 && l.tp % m.n_kv_head != 0)
+    invalid("tp", "model.n_kv_head = ", m.n_kv_head,
+            " KV heads neither split over nor replicate evenly across tp=", l.tp,
+            "; tp values that work: ", tp_valid_list());
+  else if (m.ffn_hidden % l.tp != 0)
+    invalid("tp", "FFN width model.ffn_hidden = ", m.ffn_hidden, " does not split over tp=", l.tp,
+            "; tp values that work: ", tp_valid_list());
+  else if (m.vocab_size < l.tp)
+    invalid("tp", "model.vocab_size = ", m.vocab_size, " leaves a rank of tp=", l.tp,
+            " without a vocabulary row");
+  if (l.vp > 1 && l.pp == 1)
+    invalid("v", "interleaving (v=", l.vp, ") needs pipeline parallelism (pp > 1)");
+  else if (l.vp > 1 && l.schedule != PipelineSchedule::Interleaved)
+    invalid(
+        "v", "v=", l.vp, " model chunks per rank with schedule ", schedule_name(l.schedule),
+        ": only interleaved splits a rank's layers into chunks; use schedule interleaved or v=1");
+  if (l.vp == 1 && l.schedule == PipelineSchedule::Interleaved && l.pp > 1)
+    invalid("schedule",
+            "schedule interleaved with v=1: interleaving needs at least 2 model chunks per rank; "
+            "set v >= 2 or use 1f1b");
+  const int64_t stages = l.pp * l.vp;
+  if (stages > m.n_layer)
+    invalid("pp", "pp x v = ", stages, " stages for model.n_layer = ", m.n_layer,
+            " layers leaves a stage without a layer; use pp x v <= ", m.n_layer);
+  if (l.cp > 1 && seq_len % (2 * l.cp) != 0)
+    invalid("cp", "sequence ", seq_len, " does not split into 2 x cp = ", 2 * l.cp,
+            " chunks (load-balanced ring)");
+  if (l.sequence_parallel && l.tp == 1)
+    invalid("sp", "sequence parallelism needs tp > 1 (it splits the tensor-parallel ranks' rows); ",
+            "set tp > 1 or turn it off");
+  if (l.ep > 1 && !m.is_moe())
+    invalid("ep", "expert parallelism needs a mixture-of-experts model; this one is dense");
+  else if (l.ep > 1 && m.n_experts % l.ep != 0)
+    invalid("ep", "model.n_experts = ", m.n_experts, " experts do not split over ep=", l.ep);
+  // Experts are sharded over ranks that would otherwise be data-parallel replicas (Megatron-LM
+  // and DeepSpeed-MoE carve ep out of dp x cp), so ep must divide dp x cp.
+  if ((l.dp * l.cp) % l.ep != 0)
+    invalid("ep", "ep=", l.ep, " does not divide dp x cp = ", l.dp * l.cp,
+            " (experts shard over data-parallel ranks)");
+
+  // Valid, but not in this engine yet.
+  if (m.n_head % l.tp == 0 && m.n_kv_head % l.tp != 0 && l.tp % m.n_kv_head == 0)
+    unsupported("tp", "KV-head replication", "tp=", l.tp,
+                " replicates model.n_kv_head = ", m.n_kv_head, " KV heads over ",
+                l.tp / m.n_kv_head,
+                " ranks each, which the engine does not do yet; tp values that work: ",
+                tp_values_that(m, [&](int64_t tp) { return tp_engine(m, tp); }));
+  if (l.zero_stage >= 2 && l.pp > 1)
+    unsupported(
+        "zero", "ZeRO-" + std::to_string(l.zero_stage) + " with pp", "zero=", l.zero_stage,
+        " with pp=", l.pp,
+        ": ZeRO-2/3 reduce-scatter (and ZeRO-3 re-gathers) per micro-batch and per whole-model "
+        "unit, "
+        "which a pipeline stage running m micro-batches does not have; use zero_stage 0 or 1 with "
+        "pipeline parallelism (as DeepSpeed and Megatron-LM do)");
+  if (l.cp > 1)
+    unsupported("cp", "context parallelism", "context parallelism (cp=", l.cp,
+                ") is not in the engine yet; use cp=1");
+  if (l.ep > 1)
+    unsupported("ep", "expert parallelism", "expert parallelism (ep=", l.ep,
+                ") is not in the engine yet; use ep=1");
+  if (m.is_moe())
+    unsupported("model", "mixture-of-experts layers", "model.n_experts = ", m.n_experts,
+                ": the engine trains dense models only so far (mixture-of-experts layers are "
+                "planned, not run)");
+  return out;
+}
+
+void check_layout(const ParallelLayout& l, const ModelConfig& m, int64_t seq_len,
+                  LayoutRules rules) {
+  for (const LayoutProblem& p : layout_problems(l, m, seq_len))
+    if (p.level == LayoutRules::Valid || rules == LayoutRules::Engine)
+      throw_error("layout ", l.describe(), ": ", p.message);
+}
+
+std::string engine_support_note(const ParallelLayout& l, const ModelConfig& m, int64_t seq_len) {
+  std::string note;
+  for (const LayoutProblem& p : layout_problems(l, m, seq_len))
+    if (p.level == LayoutRules::Engine)
+      note += (note.empty() ? "engine: not yet supported: " : ", ") + p.feature;
+  return note;
+}
+
+}  // namespace loom

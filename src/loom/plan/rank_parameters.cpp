@@ -1,0 +1,80 @@
+#include "loom/plan/rank_parameters.hpp"
+
+#include <vector>
+
+#include "loom/model/parameter_specs.hpp"
+#include "loom/model/pipeline_layout.hpp"
+
+namespace loom::plan {
+
+namespace {
+
+// The parameter list on one tp (and ep) rank, summed by where it sits.
+struct Tally {
+  std::vector<double> block, experts;  // per layer
+  double token_table = 0, position_table = 0, final_norm = 0, head = 0;
+};
+
+Tally tally(const ModelConfig& m, const PlanLayout& l) {
+  Tally t;
+  t.block.assign(static_cast<size_t>(m.n_layer), 0);
+  t.experts.assign(static_cast<size_t>(m.n_layer), 0);
+  for (const ParameterSpec& s : parameter_specs(m)) {
+    const double n = static_cast<double>(s.numel_on_tp_rank(l.tp, 0));
+    switch (s.part) {
+      case ModelPart::Block: {
+        const auto layer = static_cast<size_t>(s.unit - 1);
+        if (s.expert)
+          t.experts[layer] += n / static_cast<double>(l.ep);
+        else
+          t.block[layer] += n;
+        break;
+      }
+      case ModelPart::TokenTable: t.token_table += n; break;
+      case ModelPart::PositionTable: t.position_table += n; break;
+      case ModelPart::FinalNorm: t.final_norm += n; break;
+      case ModelPart::OutputHead: t.head += n; break;
+    }
+  }
+  return t;
+}
+
+// Pipeline rank r holds its chunks' blocks; the first stage the tables, the last the final
+// norm and the head, and with tied embeddings its own copy of the token table.
+RankParameters on_rank(const ModelConfig& m, const PlanLayout& l, const Tally& t,
+                       const std::vector<int64_t>& stage_layers, int64_t pp_rank) {
+  RankParameters r;
+  bool first = false, last = false;
+  for (const ModelChunk& chunk : pipeline_chunks(stage_layers, l.pp, pp_rank)) {
+    first = first || chunk.first_stage();
+    last = last || chunk.last_stage();
+    r.layers += chunk.layers();
+    for (int64_t layer = chunk.first_layer; layer < chunk.end_layer; ++layer) {
+      r.block += t.block[static_cast<size_t>(layer)];
+      r.experts += t.experts[static_cast<size_t>(layer)];
+    }
+  }
+  if (first || (last && m.tied_embeddings)) r.outer += t.token_table;
+  if (first) r.outer += t.position_table;
+  if (last) r.outer += t.final_norm + t.head;
+  return r;
+}
+
+}  // namespace
+
+RankParameters rank_parameters(const ModelConfig& m, const PlanLayout& l, int64_t pp_rank) {
+  return on_rank(m, l, tally(m, l), stage_layer_counts(m.n_layer, l.pp * l.vp), pp_rank);
+}
+
+RankParameters heaviest_rank_parameters(const ModelConfig& m, const PlanLayout& l) {
+  const Tally t = tally(m, l);
+  const std::vector<int64_t> stage_layers = stage_layer_counts(m.n_layer, l.pp * l.vp);
+  RankParameters heaviest;
+  for (int64_t rank = 0; rank < l.pp; ++rank) {
+    const RankParameters r = on_rank(m, l, t, stage_layers, rank);
+    if (rank == 0 || r.total() > heaviest.total()) heaviest = r;
+  }
+  return heaviest;
+}
+
+}  // namespace loom::plan

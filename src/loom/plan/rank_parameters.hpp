@@ -1,0 +1,28 @@
+#pragma once
+// The parameters one rank holds under a layout, counted from the model's parameter list and
+// each parameter's placement (ParameterSpec: its part of the model, its block unit, the
+// dimension tp splits, whether it is an expert) over the engine's stage split
+// (model/pipeline_layout), rather than by dividing totals by tp x pp.
+#include <cstdint>
+
+#include "loom/model/config.hpp"
+#include "loom/plan/layout.hpp"
+
+namespace loom::plan {
+
+struct RankParameters {
+  double block = 0;    // dense weights of the rank's transformer blocks
+  double outer = 0;    // token and position tables, final norm and head on the rank's stages
+  double experts = 0;  // expert weights: the rank's 1/ep of them
+  int64_t layers = 0;  // blocks the rank holds
+  double dense() const { return block + outer; }
+  double total() const { return dense() + experts; }
+};
+
+// What tp rank 0 (which holds the largest vocabulary block) of pipeline rank `pp_rank` holds.
+RankParameters rank_parameters(const ModelConfig& model, const PlanLayout& layout, int64_t pp_rank);
+// The pipeline rank holding the most parameters: its gradient reduction and optimizer step are
+// the slowest of the step's.
+RankParameters heaviest_rank_parameters(const ModelConfig& model, const PlanLayout& layout);
+
+}  // namespace loom::plan

@@ -187,26 +187,18 @@ TEST(CudaTrainingConfig, RefusesWhatTheEngineCannotTrainOnCudaBeforeTouchingADev
   const std::string base = run.config("gpt2", kSteps);
   const std::string cuda = "train.device=\"cuda\"";
   expect_contains(error_message([&] {
-                    parse(base, {cuda, "parallel.pp=2"});
-                  }),
-                  {"parallel.pp", "2", "cuda"});
-  expect_contains(error_message([&] {
-                    parse(base, {cuda, "parallel.zero_stage=1"});
-                  }),
-                  {"parallel.zero_stage", "1"});
-  expect_contains(error_message([&] {
                     parse(base, {cuda, "model.n_embd=256", "model.n_head=1"});
                   }),
                   {"head_dim", "256", "128"});
   expect_contains(error_message([&] { parse(base, {"train.device=\"tpu\""}); }),
                   {"train.device", "tpu", "cpu or cuda"});
-  // Recomputation runs on CUDA now: the same model code.
+  // Recomputation and every layout run on CUDA now: the same model, plans and optimizers.
   EXPECT_EQ(parse(base, {cuda, "model.recompute=\"full\""}).recompute, Recompute::Full);
+  EXPECT_EQ(parse(base, {cuda, "parallel.zero_stage=3"}).zero_stage, 3);
   // The trainer checks whatever config it is handed again.
-  TrainConfig zero = parse(base, {"parallel.zero_stage=1"});
-  zero.device = Device::CUDA;
-  expect_contains(error_message([&] { Trainer trainer(zero); }),
-                  {"parallel.zero_stage", "1", "cuda"});
+  TrainConfig wide = parse(base, {"model.n_embd=256", "model.n_head=1"});
+  wide.device = Device::CUDA;
+  expect_contains(error_message([&] { Trainer trainer(wide); }), {"head_dim", "256"});
   // Where no device is visible, a config the GPU could train is refused for that reason, and
   // clearly.
   if (cuda::device_info().count == 0)

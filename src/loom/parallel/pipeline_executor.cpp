@@ -1,6 +1,7 @@
 #include "loom/parallel/pipeline_executor.hpp"
 
 #include "loom/core/error.hpp"
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/obs/trace.hpp"
 
 namespace loom {
@@ -19,9 +20,6 @@ PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGr
                   " of ", chunk.stages, ", expected stage ", c * p + pp_->rank(), " of ", stages_,
                   " (model/pipeline_layout)");
   }
-  if (model_.tied_across_stages() && model_.device() != Device::CPU)
-    throw_error("pipeline: tied embeddings across stages on ", device_name(model_.device()),
-                ": their gradients are summed over a host buffer so far; untie them or run on the CPU");
   if (model_.tied_across_stages() && (!embedding_ || embedding_->size() != 2))
     throw_error(
         "pipeline: tied embeddings span the first and last stage, which need an embedding group of "
@@ -103,7 +101,7 @@ double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
     // The first stage's embedding gradient plus the last stage's head gradient: the gradient
     // of the one tied matrix, which both copies then step with.
     Parameter& tied = model_.token_embedding;
-    embedding_->all_reduce(tied.grad.f32(), tied.grad.numel(), ReduceOp::Sum)->wait();
+    comm::all_reduce(*embedding_, tied.grad, ReduceOp::Sum)->wait();
     if (set_sync) set_sync(true);
     model_.report_grads_ready({&tied});
   }

@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "loom/core/error.hpp"
-#include "loom/kernels/cpu/adamw.hpp"
-#include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/dist/tensor_comm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
 #include "loom/optim/grad_clip.hpp"
@@ -17,9 +17,6 @@ ZeroOptimizer::ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> d
                              AdamWConfig adamw)
     : model_(model), dp_(std::move(dp)), zero_(zero), adamw_(adamw) {
   if (zero_.stage < 1 || zero_.stage > 3) throw_error("ZeRO stage ", zero_.stage, " is not one of 1, 2, 3");
-  if (model_.device() != Device::CPU)
-    throw_error("ZeRO stage ", zero_.stage, " on a ", device_name(model_.device()),
-                " model: its flat buffers are host memory so far; use parallel.zero_stage = 0 there");
   if (zero_.stage >= 2 && !model_.is_whole())
     throw_error("ZeRO stage ", zero_.stage, " acts per micro-batch and per model unit, which a pipeline stage "
                 "does not have: use stage 1 with pipeline parallelism");
@@ -32,8 +29,18 @@ ZeroOptimizer::~ZeroOptimizer() {
   model_.set_unit_hooks({});
 }
 
+Device ZeroOptimizer::device() const { return model_.device(); }
+
+DType ZeroOptimizer::working_dtype() const {
+  for (Parameter* p : model_.parameters())
+    if (p->value.defined()) return p->value.dtype();
+  return DType::F32;
+}
+
 void ZeroOptimizer::build_flats() {
   const int64_t ranks = dp_->size(), rank = dp_->rank();
+  const Device on = device();
+  const DType working = working_dtype();
   std::vector<ParameterList> groups;
   if (zero_.stage == 3) {
     for (int64_t u = 0; u < model_.unit_count(); ++u) groups.push_back(model_.unit_parameters(u));
@@ -60,35 +67,36 @@ void ZeroOptimizer::build_flats() {
       if (lo < hi) flat.segments.push_back({i, lo - p_begin, lo - begin, hi - lo});
     }
 
-    // Every rank built the same initial values, so each can take its slice locally.
-    Tensor full = Tensor::zeros({flat.padded}, DType::F32, MemCategory::Parameters);
+    // Every rank built the same initial values, so each can take its slice locally. The flats
+    // live where the model does, values in its working dtype, gradients and state in F32.
+    Tensor full = Tensor::zeros({flat.padded}, working, MemCategory::Parameters, on);
     for (size_t i = 0; i < flat.params.size(); ++i)
-      std::memcpy(full.f32() + flat.offsets[i], flat.params[i]->value.f32(), flat.params[i]->value.nbytes());
+      full.slice_as(flat.offsets[i], flat.shapes[i]).copy_from(flat.params[i]->value);
     if (zero_.master_weights) {
-      flat.master = Tensor::empty({flat.shard}, DType::F32, MemCategory::OptimizerState);
-      std::memcpy(flat.master.f32(), full.f32() + begin, flat.master.nbytes());
-      cpu::round_to_bf16_inplace(full.f32(), flat.padded);
+      flat.master = Tensor::empty({flat.shard}, DType::F32, MemCategory::OptimizerState, on);
+      flat.master.copy_from(full.slice_as(begin, {flat.shard}));
+      ops::round_to_bf16_(full);
     }
-    flat.exp_avg = Tensor::zeros({flat.shard}, DType::F32, MemCategory::OptimizerState);
-    flat.exp_avg_sq = Tensor::zeros({flat.shard}, DType::F32, MemCategory::OptimizerState);
-    flat.reduced = Tensor::zeros({flat.shard}, DType::F32, MemCategory::CommBuffers);
+    flat.exp_avg = Tensor::zeros({flat.shard}, DType::F32, MemCategory::OptimizerState, on);
+    flat.exp_avg_sq = Tensor::zeros({flat.shard}, DType::F32, MemCategory::OptimizerState, on);
+    flat.reduced = Tensor::zeros({flat.shard}, DType::F32, MemCategory::CommBuffers, on);
     for (size_t i = 0; i < flat.params.size(); ++i) flat.params[i]->grad = Tensor();
     if (zero_.stage == 3) {
-      flat.param_shard = Tensor::empty({flat.shard}, DType::F32, MemCategory::Parameters);
-      std::memcpy(flat.param_shard.f32(), full.f32() + begin, flat.param_shard.nbytes());
+      flat.param_shard = Tensor::empty({flat.shard}, working, MemCategory::Parameters, on);
+      flat.param_shard.copy_from(full.slice_as(begin, {flat.shard}));
       for (Parameter* p : flat.params) p->value = Tensor();
     } else {
       flat.param_full = full;
-      flat.send = Tensor::empty({flat.shard}, DType::F32, MemCategory::CommBuffers);
+      flat.send = Tensor::empty({flat.shard}, working, MemCategory::CommBuffers, on);
       for (size_t i = 0; i < flat.params.size(); ++i)
         flat.params[i]->value = full.slice_as(flat.offsets[i], flat.shapes[i]);
     }
     if (zero_.stage == 1) {
-      flat.grad_full = Tensor::zeros({flat.padded}, DType::F32, MemCategory::Gradients);
+      flat.grad_full = Tensor::zeros({flat.padded}, DType::F32, MemCategory::Gradients, on);
       for (size_t i = 0; i < flat.params.size(); ++i)
         flat.params[i]->grad = flat.grad_full.slice_as(flat.offsets[i], flat.shapes[i]);
     } else {
-      flat.grad_shard = Tensor::zeros({flat.shard}, DType::F32, MemCategory::Gradients);
+      flat.grad_shard = Tensor::zeros({flat.shard}, DType::F32, MemCategory::Gradients, on);
     }
   }
   if (zero_.stage == 1) return;  // units matter to the stages that act per unit
@@ -128,20 +136,18 @@ void ZeroOptimizer::install_hooks() {
   model_.set_unit_hooks(std::move(hooks));
 }
 
-float* ZeroOptimizer::shard_value(Flat& flat) {
-  return zero_.stage == 3 ? flat.param_shard.f32() : flat.param_full.f32() + dp_->rank() * flat.shard;
+Tensor ZeroOptimizer::shard_value(Flat& flat) {
+  return zero_.stage == 3 ? flat.param_shard : flat.param_full.slice_as(dp_->rank() * flat.shard, {flat.shard});
 }
 
-const float* ZeroOptimizer::shard_grad(Flat& flat) {
-  return zero_.stage == 1 ? flat.reduced.f32() : flat.grad_shard.f32();
-}
+Tensor ZeroOptimizer::shard_grad(Flat& flat) { return zero_.stage == 1 ? flat.reduced : flat.grad_shard; }
 
 // ---- gradients --------------------------------------------------------------------------
 
 void ZeroOptimizer::allocate_grads(Flat& flat) {
   if (flat.grad_full.defined() && !flat.reduce_work) return;  // already live this micro-batch
   if (flat.reduce_work) complete_reduce(flat);  // the previous micro-batch's, still in flight
-  flat.grad_full = Tensor::zeros({flat.padded}, DType::F32, MemCategory::Gradients);
+  flat.grad_full = Tensor::zeros({flat.padded}, DType::F32, MemCategory::Gradients, device());
   for (size_t i = 0; i < flat.params.size(); ++i)
     flat.params[i]->grad = flat.grad_full.slice_as(flat.offsets[i], flat.shapes[i]);
 }
@@ -157,7 +163,7 @@ void ZeroOptimizer::on_grad_ready(Parameter& param) {
 
 void ZeroOptimizer::issue_reduce(Flat& flat) {
   flat.ready = 0;
-  flat.reduce_work = dp_->reduce_scatter(flat.grad_full.f32(), flat.reduced.f32(), flat.shard, ReduceOp::Avg);
+  flat.reduce_work = comm::reduce_scatter(*dp_, flat.grad_full, flat.reduced, ReduceOp::Avg);
   // Stages 2-3: nothing may write these gradients again this micro-batch; the buffer itself
   // stays alive (held by grad_full) until the reduce-scatter has read it.
   if (zero_.stage >= 2)
@@ -170,8 +176,8 @@ void ZeroOptimizer::complete_reduce(Flat& flat) {
   const bool first = !flat.reduced_this_step;
   flat.reduced_this_step = true;
   if (zero_.stage == 1) return;
-  if (first) std::memcpy(flat.grad_shard.f32(), flat.reduced.f32(), flat.grad_shard.nbytes());
-  else cpu::add_into(flat.grad_shard.f32(), flat.reduced.f32(), flat.shard);
+  if (first) flat.grad_shard.copy_from(flat.reduced);
+  else ops::add_into(flat.grad_shard, flat.reduced);
   flat.grad_full = Tensor();  // "free after use": the full-size gradients are gone
 }
 
@@ -194,8 +200,8 @@ void ZeroOptimizer::zero_grad() {
 // ---- parameters (stage 3) ---------------------------------------------------------------
 
 void ZeroOptimizer::issue_gather(Flat& flat) {
-  flat.param_full = Tensor::empty({flat.padded}, DType::F32, MemCategory::Parameters);
-  flat.gather_work = dp_->all_gather(flat.param_shard.f32(), flat.param_full.f32(), flat.shard);
+  flat.param_full = Tensor::empty({flat.padded}, flat.param_shard.dtype(), MemCategory::Parameters, device());
+  flat.gather_work = comm::all_gather(*dp_, flat.param_shard, flat.param_full);
   flat.gather = GatherState::InFlight;
 }
 
@@ -238,11 +244,11 @@ double ZeroOptimizer::step(double lr, double max_norm) {
     if (!flat.reduced_this_step || flat.ready != 0)
       throw_error("zero: flat ", f, " was never reduced: ", flat.ready, " of ", flat.params.size(),
                   " gradients reported ready (first: '", flat.params.front()->name, "')");
-    const float* grads = shard_grad(flat);
+    const Tensor grads = shard_grad(flat);
     for (const Segment& s : flat.segments) {  // split by placement for tensor parallelism
       const Parameter& p = *flat.params[s.param_index];
       if (p.pipeline_copy) continue;  // its owning stage counts it
-      local_sum_sq[p.placement.replicated ? 1 : 0] += cpu::sum_of_squares(grads + s.shard_offset, s.count);
+      local_sum_sq[p.placement.replicated ? 1 : 0] += ops::sum_of_squares(grads.slice_as(s.shard_offset, {s.count}));
     }
   }
   // The global norm from every rank's shard: one small all-reduce over dp (f32 is enough for
@@ -253,21 +259,22 @@ double ZeroOptimizer::step(double lr, double max_norm) {
   const double factor = clip_factor(norm, max_norm);
   ++step_;
   for (Flat& flat : flats_) {
-    float* values = shard_value(flat);
-    const float* grads = shard_grad(flat);
+    const Tensor values = shard_value(flat), grads = shard_grad(flat);
     for (const Segment& s : flat.segments) {
       const Parameter& p = *flat.params[s.param_index];
-      const cpu::AdamWStep step{static_cast<float>(lr), static_cast<float>(adamw_.beta1),
+      const ops::AdamWStep step{static_cast<float>(lr), static_cast<float>(adamw_.beta1),
                                 static_cast<float>(adamw_.beta2), static_cast<float>(adamw_.eps),
                                 p.weight_decay ? static_cast<float>(adamw_.weight_decay) : 0.0f, step_,
                                 static_cast<float>(factor)};
-      float* target = zero_.master_weights ? flat.master.f32() + s.shard_offset : values + s.shard_offset;
-      cpu::adamw_update(target, grads + s.shard_offset, flat.exp_avg.f32() + s.shard_offset,
-                        flat.exp_avg_sq.f32() + s.shard_offset, s.count, step);
-      if (zero_.master_weights) {
-        std::memcpy(values + s.shard_offset, target, static_cast<size_t>(s.count) * sizeof(float));
-        cpu::round_to_bf16_inplace(values + s.shard_offset, s.count);
-      }
+      const auto piece = [&](const Tensor& t) { return t.slice_as(s.shard_offset, {s.count}); };
+      // With masters the update goes to the f32 master and rewrites the working values from it
+      // (bf16-rounded in f32 on the CPU, bf16 storage on CUDA); otherwise to the values.
+      if (zero_.master_weights)
+        ops::adamw_update(piece(flat.master), piece(values), piece(grads), piece(flat.exp_avg),
+                          piece(flat.exp_avg_sq), step);
+      else
+        ops::adamw_update(piece(values), Tensor{}, piece(grads), piece(flat.exp_avg), piece(flat.exp_avg_sq),
+                          step);
     }
   }
   publish_parameters();
@@ -283,8 +290,8 @@ void ZeroOptimizer::publish_parameters() {
   }
   for (Flat& flat : flats_) {
     // all_gather may not read and write the same buffer: send a copy of the updated slice.
-    std::memcpy(flat.send.f32(), shard_value(flat), flat.send.nbytes());
-    flat.gather_work = dp_->all_gather(flat.send.f32(), flat.param_full.f32(), flat.shard);
+    flat.send.copy_from(shard_value(flat));
+    flat.gather_work = comm::all_gather(*dp_, flat.send, flat.param_full);
   }
   for (Flat& flat : flats_) {
     flat.gather_work->wait();

@@ -108,8 +108,10 @@ class ZeroOptimizer final : public Optimizer {
 
   std::shared_ptr<ProcessGroup> tp_, pp_;
   void build_flats();
-  float* shard_value(Flat& flat);  // this rank's slice of the parameter values
-  const float* shard_grad(Flat& flat);
+  Tensor shard_value(Flat& flat);  // this rank's slice of the parameter values
+  Tensor shard_grad(Flat& flat);
+  Device device() const;           // where the model, and so every flat, lives
+  DType working_dtype() const;     // the values' dtype: F32, or BF16 on a bf16 CUDA model
   void on_grad_ready(Parameter& param);
   void allocate_grads(Flat& flat);
   void issue_reduce(Flat& flat);

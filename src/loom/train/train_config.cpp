@@ -312,13 +312,6 @@ void check_cuda_available() {
 }
 
 void check_cuda_training(const TrainConfig& c) {
-  const char* instead = "; on CUDA the engine runs data, tensor and sequence parallelism so far (pp and ZeRO "
-                        "run with train.device = \"cpu\")";
-  if (c.pp != 1)
-    throw_error("config key 'parallel.pp' has value ", c.pp, " with train.device = \"cuda\", expected 1", instead);
-  if (c.zero_stage != 0)
-    throw_error("config key 'parallel.zero_stage' has value ", c.zero_stage, " with train.device = \"cuda\", expected 0",
-                instead);
   const int64_t max_head_dim = ops::max_attention_head_dim(Device::CUDA);
   if (max_head_dim > 0 && c.model.head_dim() > max_head_dim)
     throw_error("model.n_embd / model.n_head = ", c.model.n_embd, " / ", c.model.n_head, " = head_dim ",

@@ -84,8 +84,8 @@ struct TrainConfig {
 TrainConfig parse_train_config(ConfigReader& reader);
 // The [model] section: a preset, then explicit dimensions override it.
 ModelConfig parse_model_config(ConfigReader& reader);
-// What the engine cannot train on CUDA yet (pipeline parallelism and ZeRO, whose buffers are
-// host ones so far; a head_dim above the CUDA attention kernel's): a loom::Error naming the key, its value and what to set instead.
+// What the engine cannot train on CUDA (a head_dim above the CUDA attention kernel's): a
+// loom::Error naming the key, its value and what to set instead.
 // parse_train_config calls it when train.device is cuda; the trainer calls it again before it
 // touches a device, since a caller may hand it any config.
 void check_cuda_training(const TrainConfig& config);

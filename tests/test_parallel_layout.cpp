@@ -191,5 +191,18 @@ TEST(ParallelLayout, DeviceMeshIsCutFromTheLayoutAndReadsBothForms) {
   expect_contains(error_message([] { (void)parse_layout("dp=2 cp=2 ep=4").mesh_shape(); }), {"ep=4 does not divide dp=2"});
 }
 
+// parallel.backend: who carries the collectives (the choice itself needs a launch; its parsing
+// and the refusals that need no launch are here).
+TEST(ParallelLayout, BackendKeyTakesAutoMpiOrNcclAndRefusesNcclOnTheCpu) {
+  TinyRun run("backend");
+  const std::string gpt2 = run.config("gpt2", 4);
+  EXPECT_EQ(parse(gpt2, {}).backend, CommBackend::Auto);
+  EXPECT_EQ(parse(gpt2, {"parallel.backend=\"mpi\""}).backend, CommBackend::Mpi);
+  expect_contains(error_message([&] { (void)parse(gpt2, {"parallel.backend=\"gloo\""}); }),
+                  {"parallel.backend", "gloo", "auto, mpi or nccl"});
+  expect_contains(error_message([&] { (void)parse(gpt2, {"parallel.backend=\"nccl\""}); }),
+                  {"parallel.backend", "nccl", "train.device = \"cpu\""});
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -10,7 +10,7 @@
 #         rounding; losses must agree to 1e-2 relative and each tensor's weights to 1e-2 of its
 #         largest weight (the bounds: a few bf16 roundings, 2^-9 each, per layer). The
 #         stream is learnable, so the loss must also fall: a bf16 path with zero gradients fails.
-# Exit 77 (ctest: Skipped) without a visible NVIDIA GPU. LOOM_LAYOUT_TEST_DEVICE=cpu runs the
+# Exit 77 (ctest: Skipped) without a visible NVIDIA GPU (or fewer than LOOM_LAYOUT_MIN_GPUS). LOOM_LAYOUT_TEST_DEVICE=cpu runs the
 # second side on the CPU too (a check of this script itself on a machine without a GPU).
 # Usage: layout_on_cuda.sh <mpiexec> <loom> <ranks> <arch> <precision> [parallel.key=value ...]
 set -u
@@ -25,6 +25,11 @@ parallel_keys=("$@")
 test_device=${LOOM_LAYOUT_TEST_DEVICE:-cuda}
 if [ "$test_device" = cuda ] && ! nvidia-smi -L >/dev/null 2>&1; then
   echo "no CUDA device: not run"
+  exit 77
+fi
+# LOOM_LAYOUT_MIN_GPUS: the GPUs a case needs (NCCL takes one per rank).
+if [ "$test_device" = cuda ] && [ "$(nvidia-smi -L | grep -c '^GPU')" -lt "${LOOM_LAYOUT_MIN_GPUS:-1}" ]; then
+  echo "fewer than ${LOOM_LAYOUT_MIN_GPUS} GPUs: not run"
   exit 77
 fi
 dir=$(mktemp -d)

@@ -62,6 +62,19 @@ void report_trained_model(const TrainConfig& config, const TrainSummary& summary
   }
 }
 
+// parallel.backend resolved for this launch: NCCL needs CUDA and a GPU per rank of the node
+// (NCCL refuses two ranks on one device); MPI carries device tensors through host memory.
+bool use_nccl(const TrainConfig& config, const DistRuntime& runtime) {
+  if (config.backend == CommBackend::Mpi || config.device != Device::CUDA) return false;
+  const int gpus = device_memory::cuda_device_count(), ranks = runtime.local_size();
+  if (config.backend == CommBackend::Auto) return DistRuntime::nccl_built() && ranks <= gpus;
+  if (ranks > gpus)
+    throw_error("parallel.backend = \"nccl\": ", ranks, " ranks on this node share ", gpus,
+                " GPU(s), and NCCL needs one GPU per rank; launch at most ", gpus,
+                " ranks per node or use parallel.backend = \"mpi\" (or \"auto\")");
+  return true;
+}
+
 }  // namespace
 
 int run_train(const TrainArgs& args) {
@@ -77,15 +90,17 @@ int run_train(const TrainArgs& args) {
     std::printf("config %s is valid\n", args.config_path.c_str());
     return 0;
   }
-  // Under a launcher every CUDA rank is a data-parallel replica on GPU local_rank % the node's
-  // GPUs (several ranks may share one); gradient buckets travel through host memory over MPI.
+  // Under a launcher every CUDA rank computes on GPU local_rank % the node's GPUs.
   if (config.device == Device::CUDA) check_cuda_available();
-  // Under mpirun or srun every rank is a data-parallel replica; alone, no MPI at all.
+  // Under mpirun or srun the ranks form the layout's mesh; alone, no MPI at all.
   std::unique_ptr<DistRuntime> runtime;
   if (DistRuntime::launched_by_mpi_or_slurm()) runtime = std::make_unique<DistRuntime>();
   const bool rank0 = !runtime || runtime->world_rank() == 0;
   if (config.device == Device::CUDA) (void)device_memory::select_cuda_device(runtime ? runtime->local_rank() : 0);
-  Trainer trainer(config, runtime && runtime->world_size() > 1 ? runtime->world() : nullptr);
+  std::shared_ptr<ProcessGroup> world;
+  if (runtime && runtime->world_size() > 1)
+    world = use_nccl(config, *runtime) ? runtime->nccl_world() : runtime->world();
+  Trainer trainer(config, world);
   const TrainSummary summary = trainer.run();
   if (!rank0) return 0;
   report_trained_model(config, summary, trainer.model());

@@ -7,6 +7,9 @@
 
 #include "loom/core/error.hpp"
 #include "loom/dist/mpi_process_group.hpp"
+#ifdef LOOM_HAVE_NCCL
+#include "loom/dist/nccl/nccl_process_group.hpp"
+#endif
 
 namespace loom {
 namespace {
@@ -51,6 +54,17 @@ int find_local_rank() {
   return local_rank;
 }
 
+// Ranks on this node: those that share memory with this one.
+int find_local_size() {
+  MPI_Comm node_comm = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_comm),
+            "MPI_Comm_split_type");
+  int size = 1;
+  MPI_Comm_size(node_comm, &size);
+  MPI_Comm_free(&node_comm);
+  return size;
+}
+
 }  // namespace
 
 DistRuntime::DistRuntime() {
@@ -78,6 +92,7 @@ DistRuntime::DistRuntime() {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
     local_rank_ = find_local_rank();
+    local_size_ = find_local_size();
     MPI_Comm world_copy = MPI_COMM_NULL;
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world_copy), "MPI_Comm_dup");
     world_ = std::make_shared<MpiProcessGroup>(world_copy, "world",
@@ -104,6 +119,23 @@ bool DistRuntime::launched_by_mpi_or_slurm() {
   // srun sets SLURM_PROCID even for one task inside an allocation; only several tasks need MPI.
   const char* tasks = env_or_null("SLURM_NTASKS");
   return env_or_null("SLURM_PROCID") != nullptr && tasks != nullptr && std::atoi(tasks) > 1;
+}
+
+bool DistRuntime::nccl_built() {
+#ifdef LOOM_HAVE_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::shared_ptr<ProcessGroup> DistRuntime::nccl_world() const {
+#ifdef LOOM_HAVE_NCCL
+  return std::make_shared<NcclProcessGroup>(MPI_COMM_WORLD, "world");
+#else
+  throw_error("parallel.backend = \"nccl\": this loom was built without NCCL (no CUDA toolkit or NCCL "
+              "at configure time, or -DLOOM_WITH_NCCL=OFF); use parallel.backend = \"mpi\"");
+#endif
 }
 
 }  // namespace loom

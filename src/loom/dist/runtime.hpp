@@ -21,9 +21,15 @@ class DistRuntime {
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
   int local_rank() const { return local_rank_; }
+  int local_size() const { return local_size_; }  // ranks on this node
   // A duplicate of MPI_COMM_WORLD named "world", so loom's traffic never matches messages the
   // application sends on MPI_COMM_WORLD itself.
   std::shared_ptr<ProcessGroup> world() const { return world_; }
+  // The world over NCCL instead (collective over every rank): rank r computes on its current
+  // CUDA device (see device_memory::select_cuda_device), every rank needs its own GPU. Throws
+  // loom::Error in a loom built without NCCL (nccl_built() says which).
+  std::shared_ptr<ProcessGroup> nccl_world() const;
+  static bool nccl_built();
 
   // True when a launcher (mpirun/OpenMPI, a PMIx or PMI launcher, or srun with more than one
   // task) started this process, so a plain single-process run can skip MPI entirely.
@@ -33,6 +39,7 @@ class DistRuntime {
   int world_rank_ = 0;
   int world_size_ = 1;
   int local_rank_ = 0;
+  int local_size_ = 1;
   std::shared_ptr<ProcessGroup> world_;
 };
 

@@ -13,11 +13,13 @@ namespace {
 // buffers live here) but leaves `target` alone.
 class StagedWork final : public Work {
  public:
-  StagedWork(WorkHandle inner, Tensor staged_result, Tensor target, Tensor staged_input)
+  StagedWork(WorkHandle inner, Tensor staged_result, Tensor target, Tensor staged_input,
+             float* host_target = nullptr)
       : inner_(std::move(inner)),
         staged_result_(std::move(staged_result)),
         target_(std::move(target)),
-        staged_input_(std::move(staged_input)) {}
+        staged_input_(std::move(staged_input)),
+        host_target_(host_target) {}
   void wait() override {
     inner_->wait();
     finish();
@@ -33,9 +35,13 @@ class StagedWork final : public Work {
     if (done_) return;
     done_ = true;
     if (target_.defined()) target_.copy_from(staged_result_);
+    if (host_target_)
+      device_memory::copy(host_target_, Device::CPU, staged_result_.raw(), staged_result_.device(),
+                          staged_result_.nbytes());
   }
   WorkHandle inner_;
   Tensor staged_result_, target_, staged_input_;
+  float* host_target_ = nullptr;
   bool done_ = false;
 };
 
@@ -137,6 +143,39 @@ WorkHandle recv(ProcessGroup& group, const Tensor& data, int peer, int tag) {
   Tensor buffer = staged(group, data, false);
   WorkHandle work = group.recv(buffer.f32(), buffer.numel(), peer, tag);
   return std::make_shared<StagedWork>(std::move(work), buffer, data, Tensor{});
+}
+
+namespace {
+// A copy of `count` host floats in the group's memory (values copied when `with_values`).
+Tensor staged_host(const ProcessGroup& group, const float* host, int64_t count, bool with_values) {
+  Tensor copy = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers, group.memory());
+  if (with_values)
+    device_memory::copy(copy.raw(), copy.device(), host, Device::CPU, copy.nbytes());
+  return copy;
+}
+}  // namespace
+
+WorkHandle all_reduce(ProcessGroup& group, float* host, int64_t count, ReduceOp op) {
+  if (group.memory() == Device::CPU) return group.all_reduce(host, count, op);
+  Tensor buffer = staged_host(group, host, count, true);
+  WorkHandle work = group.all_reduce(buffer.f32(), count, op);
+  return std::make_shared<StagedWork>(std::move(work), buffer, Tensor{}, Tensor{}, host);
+}
+
+WorkHandle broadcast(ProcessGroup& group, float* host, int64_t count, int root) {
+  if (group.memory() == Device::CPU) return group.broadcast(host, count, root);
+  Tensor buffer = staged_host(group, host, count, group.rank() == root);
+  WorkHandle work = group.broadcast(buffer.f32(), count, root);
+  return std::make_shared<StagedWork>(std::move(work), buffer, Tensor{}, Tensor{}, host);
+}
+
+WorkHandle all_gather(ProcessGroup& group, const float* host_in, float* host_out,
+                      int64_t count_per_rank) {
+  if (group.memory() == Device::CPU) return group.all_gather(host_in, host_out, count_per_rank);
+  Tensor in = staged_host(group, host_in, count_per_rank, true);
+  Tensor out = staged_host(group, host_out, count_per_rank * group.size(), false);
+  WorkHandle work = group.all_gather(in.f32(), out.f32(), count_per_rank);
+  return std::make_shared<StagedWork>(std::move(work), out, Tensor{}, in, host_out);
 }
 
 }  // namespace loom::comm

@@ -25,6 +25,14 @@ WorkHandle broadcast(ProcessGroup& group, const Tensor& data, int root);
 WorkHandle send(ProcessGroup& group, const Tensor& data, int peer, int tag);
 WorkHandle recv(ProcessGroup& group, const Tensor& data, int peer, int tag);
 
+// Host f32 arrays (scalars, small statistics) on any group: the group's own call on a host
+// group, staged through its memory otherwise (an NCCL group reads device memory only).
+WorkHandle all_reduce(ProcessGroup& group, float* host, int64_t count, ReduceOp op);
+WorkHandle broadcast(ProcessGroup& group, float* host, int64_t count, int root);
+// host_out: size() blocks of count_per_rank.
+WorkHandle all_gather(ProcessGroup& group, const float* host_in, float* host_out,
+                      int64_t count_per_rank);
+
 // Whether `group` takes `t` without staging.
 bool takes_directly(const ProcessGroup& group, const Tensor& t);
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/kernels/ops.hpp"
 
 namespace loom {
@@ -16,7 +17,7 @@ namespace {
 double sum_over(ProcessGroup* group, double value) {
   if (group == nullptr || group->size() == 1) return value;
   auto v = static_cast<float>(value);  // f32 is plenty for a norm
-  group->all_reduce(&v, 1, ReduceOp::Sum)->wait();
+  comm::all_reduce(*group, &v, 1, ReduceOp::Sum)->wait();
   return static_cast<double>(v);
 }
 }  // namespace

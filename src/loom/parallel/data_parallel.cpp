@@ -1,6 +1,7 @@
 #include "loom/parallel/data_parallel.hpp"
 
 #include "loom/core/error.hpp"
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
 #include "loom/obs/trace.hpp"
@@ -16,7 +17,9 @@ GradientBucketReducer::GradientBucketReducer(ParameterList params,
     Bucket& bucket = buckets_.emplace_back();
     bucket.params = std::move(planned.params);
     bucket.offsets = std::move(planned.offsets);
-    bucket.flat = Tensor::empty({planned.elements}, DType::F32, MemCategory::CommBuffers);
+    // In the group's memory (host for MPI, the GPU for NCCL), so the collective takes it as is.
+    bucket.flat = Tensor::empty({planned.elements}, DType::F32, MemCategory::CommBuffers,
+                                group_->memory());
   }
   bucket_of_ = std::move(plan.bucket_of);
   timings_.resize(buckets_.size());
@@ -37,16 +40,15 @@ void GradientBucketReducer::on_grad_ready(Parameter& param) {
 
 void GradientBucketReducer::issue(size_t index) {
   Bucket& bucket = buckets_[index];
-  float* flat = bucket.flat.f32();
-  // The bucket is host memory the collective reads: gradients on a device are copied out
-  // here, after the kernels that wrote them (the copy waits for them), and back in finish().
+  // Gradients are copied into the bucket here, after the kernels that wrote them (the copy
+  // waits for them), and back in finish(), whichever devices the two live on.
   for (size_t i = 0; i < bucket.params.size(); ++i) {
     const Tensor& grad = bucket.params[i]->grad;
     bucket.flat.slice_as(bucket.offsets[i], {grad.numel()}).copy_from(grad);
   }
   timings_[index].params_ready_before_issue = ready_count_;
   timings_[index].issued_s = TraceRecorder::now_s();
-  bucket.work = group_->all_reduce(flat, bucket.flat.numel(), ReduceOp::Avg);
+  bucket.work = comm::all_reduce(*group_, bucket.flat, ReduceOp::Avg);
 }
 
 int64_t GradientBucketReducer::expected_all_reduce_wire_bytes() const {

@@ -33,9 +33,9 @@ int PipelineExecutor::tag(int64_t micro, int64_t stage, Direction direction) con
 Tensor PipelineExecutor::receive(int64_t micro, int64_t stage, Direction direction) {
   const int64_t count = rows_elements();
   if (input_.numel() != count)
-    input_ = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers);
+    input_ = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers, pp_->memory());
   const int64_t from = direction == kActivation ? stage - 1 : stage + 1;
-  pp_->recv(input_.f32(), count, peer_of_stage(from), tag(micro, stage, direction))->wait();
+  comm::recv(*pp_, input_, peer_of_stage(from), tag(micro, stage, direction))->wait();
   return input_.view({rows_, model_.config().n_embd});
 }
 
@@ -48,12 +48,13 @@ void PipelineExecutor::send(const Tensor& data, int64_t micro, int64_t to_stage,
     if (!slot && !s.work && s.data.numel() == count) slot = &s;
   }
   if (!slot) {
-    sends_.push_back({Tensor::empty({count}, DType::F32, MemCategory::CommBuffers), nullptr});
+    sends_.push_back(
+        {Tensor::empty({count}, DType::F32, MemCategory::CommBuffers, pp_->memory()), nullptr});
     slot = &sends_.back();
   }
-  slot->data.copy_from(data);  // from the model's device and dtype into the host f32 buffer
-  slot->work =
-      pp_->send(slot->data.f32(), count, peer_of_stage(to_stage), tag(micro, to_stage, direction));
+  // From the model's device and dtype into the f32 message buffer in the group's memory.
+  slot->data.copy_from(data);
+  slot->work = comm::send(*pp_, slot->data, peer_of_stage(to_stage), tag(micro, to_stage, direction));
 }
 
 void PipelineExecutor::wait_sends() {

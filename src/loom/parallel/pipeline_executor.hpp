@@ -61,8 +61,9 @@ class PipelineExecutor {
   int peer_of_stage(int64_t stage) const { return static_cast<int>(stage % pp_->size()); }
   int tag(int64_t micro, int64_t stage, Direction direction) const;
   // Blocks until the activation (or gradient) of `micro` for `stage` has arrived in input_;
-  // returns input_ as [rows, C]. Messages travel as host f32 buffers (the model's tensors are
-  // copied in and out, from any device and dtype).
+  // returns input_ as [rows, C]. Messages travel as f32 buffers in the pp group's memory (the
+  // host for MPI, the GPU for NCCL); the model's tensors are copied in and out, from any device
+  // and dtype.
   Tensor receive(int64_t micro, int64_t stage, Direction direction);
   void send(const Tensor& data, int64_t micro, int64_t to_stage, Direction direction);
   void wait_sends();

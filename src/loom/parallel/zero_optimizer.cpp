@@ -254,7 +254,7 @@ double ZeroOptimizer::step(double lr, double max_norm) {
   // The global norm from every rank's shard: one small all-reduce over dp (f32 is enough for
   // a norm), then the sharded part over tp and every stage's over pp.
   float sum_sq[2] = {static_cast<float>(local_sum_sq[0]), static_cast<float>(local_sum_sq[1])};
-  dp_->all_reduce(sum_sq, 2, ReduceOp::Sum)->wait();
+  comm::all_reduce(*dp_, sum_sq, 2, ReduceOp::Sum)->wait();
   const double norm = std::sqrt(sum_squares_over_model_parallel(sum_sq[0], sum_sq[1], {tp_.get(), pp_.get()}));
   const double factor = clip_factor(norm, max_norm);
   ++step_;

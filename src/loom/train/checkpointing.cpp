@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/checkpoint_files.hpp"
 #include "loom/ckpt/hf_config.hpp"
@@ -88,7 +89,7 @@ int32_t float_as_bits(float f) {
 // rank that has given up. Returns rank 0's verdict.
 bool agree_on_rank0(ProcessGroup& group, bool ok) {
   float flag = ok ? 1.0f : 0.0f;
-  group.broadcast(&flag, 1, 0)->wait();
+  comm::broadcast(group, &flag, 1, 0)->wait();
   return flag != 0.0f;
 }
 
@@ -109,7 +110,7 @@ std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root
       error = e.what();
     }
   }
-  group.broadcast(&token, 1, 0)->wait();
+  comm::broadcast(group, &token, 1, 0)->wait();
   if (!agree_on_rank0(group, error.empty()))
     throw_error(rank == 0 ? error : context + ": rank 0 could not create the checkpoint directory");
   const ckpt_files::fs::path temp_dir =
@@ -136,7 +137,7 @@ std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root
     error = e.what();
   }
   float failed = error.empty() ? 0.0f : 1.0f;
-  group.all_reduce(&failed, 1, ReduceOp::Max)->wait();
+  comm::all_reduce(group, &failed, 1, ReduceOp::Max)->wait();
   std::string dir;
   if (failed == 0.0f && rank == 0) {
     try {

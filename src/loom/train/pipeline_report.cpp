@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/ckpt/atomic_file.hpp"
 #include "loom/core/error.hpp"
 #include "loom/obs/timeline_svg.hpp"
@@ -47,7 +48,7 @@ std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp,
                      static_cast<double>(t.chunk), t.start_s, t.end_s})
       packed.push_back(static_cast<float>(x));
   std::vector<float> all(packed.size() * static_cast<size_t>(pp.size()));
-  pp.all_gather(packed.data(), all.data(), actions * kFields)->wait();
+  comm::all_gather(pp, packed.data(), all.data(), actions * kFields)->wait();
   if (pp.rank() != 0) return std::nullopt;
 
   std::vector<std::vector<ActionTiming>> ranks(static_cast<size_t>(pp.size()));

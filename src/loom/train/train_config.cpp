@@ -228,6 +228,11 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.adamw.weight_decay = r.get_double("optim.weight_decay", c.adamw.weight_decay);
   c.grad_clip = r.get_double("optim.grad_clip", c.grad_clip);
   c.bucket_mb = r.get_double("parallel.bucket_mb", c.bucket_mb);
+  const std::string backend = r.get_string("parallel.backend", "auto");
+  if (backend == "auto") c.backend = CommBackend::Auto;
+  else if (backend == "mpi") c.backend = CommBackend::Mpi;
+  else if (backend == "nccl") c.backend = CommBackend::Nccl;
+  else throw_error("config key 'parallel.backend' has value '", backend, "', expected auto, mpi or nccl");
   c.zero_stage = static_cast<int>(r.get_int("parallel.zero_stage", c.zero_stage));
   c.dp = static_cast<int>(r.get_int("parallel.dp", c.dp));
   c.tp = static_cast<int>(r.get_int("parallel.tp", c.tp));
@@ -297,6 +302,9 @@ TrainConfig parse_train_config(ConfigReader& r) {
     throw_error("config key 'sample.prompt' is missing: sample.tokens > 0 needs a prompt to continue");
   if (c.sample_tokens > 0 && c.tokenizer_dir.empty())
     throw_error("config key 'data.tokenizer_dir' is missing: sample.tokens > 0 needs the tokenizer");
+  if (c.backend == CommBackend::Nccl && c.device != Device::CUDA)
+    throw_error("config key 'parallel.backend' is \"nccl\" with train.device = \"cpu\": NCCL carries GPU "
+                "memory only; use \"mpi\" or \"auto\" on the CPU");
   if (c.device == Device::CUDA) check_cuda_training(c);
   c.schedule.total_steps = c.steps;
   return c;

@@ -16,6 +16,12 @@ namespace loom {
 
 enum class Precision { F32, BF16 };
 
+// Who carries a launch's collectives. Auto: NCCL when training on CUDA with a loom built with
+// NCCL and a GPU for every rank of the node, else MPI (which stages device tensors through
+// host memory, so ranks may share a GPU). NCCL: required (refused, saying why, where it cannot
+// run). MPI: always MPI.
+enum class CommBackend { Auto, Mpi, Nccl };
+
 struct TrainConfig {
   ModelConfig model;
   Recompute recompute = Recompute::None;
@@ -40,6 +46,7 @@ struct TrainConfig {
   double grad_clip = 1.0;
 
   double bucket_mb = 25.0;     // data-parallel gradient bucket size (PyTorch DDP's default)
+  CommBackend backend = CommBackend::Auto;  // parallel.backend: who carries the collectives
   int zero_stage = 0;          // 0: replicated; 1: + moments sharded over dp; 2: + gradients; 3: + parameters
   int dp = 0;                  // data-parallel replicas the launch must give (0: world / (tp x pp))
   int tp = 1;                  // tensor-parallel ranks (the launch's ranks are dp x tp, tp innermost)

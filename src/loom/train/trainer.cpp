@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/checkpoint.hpp"
 #include "loom/data/unigram.hpp"
@@ -243,7 +244,7 @@ double Trainer::from_last_stage(double value) const {
   const auto high = static_cast<float>(value);
   float parts[2] = {high, static_cast<float>(value - static_cast<double>(high))};
   if (!model_->holds_head()) parts[0] = parts[1] = 0.0f;
-  groups_.pp->all_reduce(parts, 2, ReduceOp::Sum)->wait();
+  comm::all_reduce(*groups_.pp, parts, 2, ReduceOp::Sum)->wait();
   return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
 }
 
@@ -251,7 +252,7 @@ double Trainer::mean_loss_over_ranks(double local_sum, double tokens) const {
   const double mean = from_last_stage(local_sum / tokens);
   if (groups_.dp_size == 1) return mean;
   auto v = static_cast<float>(mean);
-  groups_.dp->all_reduce(&v, 1, ReduceOp::Avg)->wait();
+  comm::all_reduce(*groups_.dp, &v, 1, ReduceOp::Avg)->wait();
   return v;
 }
 

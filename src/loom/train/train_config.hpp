@@ -18,8 +18,9 @@ enum class Precision { F32, BF16 };
 
 // Who carries a launch's collectives. Auto: NCCL when training on CUDA with a loom built with
 // NCCL and a GPU for every rank of the node, else MPI (which stages device tensors through
-// host memory, so ranks may share a GPU). NCCL: required (refused, saying why, where it cannot
-// run). MPI: always MPI.
+// host memory, so ranks may share a GPU); pipelines (pp > 1) always take MPI, whose tagged
+// transfers the executor's send/recv order relies on. NCCL: required (refused, saying why,
+// where it cannot run). MPI: always MPI.
 enum class CommBackend { Auto, Mpi, Nccl };
 
 struct TrainConfig {

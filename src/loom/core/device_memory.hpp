@@ -26,9 +26,6 @@ void* allocate(Device device, size_t bytes, MemCategory category);
 void release(Device device, void* ptr, size_t bytes, MemCategory category);
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void fill_zero(void* dst, Device device, size_t bytes);
-// Waits until the work queued on `device`'s compute stream has finished (nothing on the CPU):
-// before another stream or another process (a communication backend) reads what it wrote.
-void synchronize(Device device);
 // This device's live and peak bytes per category.
 MemStats stats(Device device);
 // Peaks back to the live bytes (a training step measures its own peak).

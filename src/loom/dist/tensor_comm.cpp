@@ -57,9 +57,6 @@ void check_defined(const char* op, const ProcessGroup& group, const Tensor& t, c
     throw_error("comm::", op, " on group '", group.name(), "': ", what, " is undefined");
 }
 
-// Before a group reads a device tensor from its own stream, the kernels that wrote it finish.
-void ready(const Tensor& t) { device_memory::synchronize(t.device()); }
-
 void check_blocks(const char* op, const ProcessGroup& group, const Tensor& blocks,
                   const Tensor& block) {
   if (blocks.numel() != block.numel() * group.size())
@@ -76,7 +73,6 @@ bool takes_directly(const ProcessGroup& group, const Tensor& t) {
 WorkHandle all_reduce(ProcessGroup& group, const Tensor& data, ReduceOp op) {
   check_defined("all_reduce", group, data, "the tensor");
   if (takes_directly(group, data)) {
-    ready(data);
     return group.all_reduce(data.f32(), data.numel(), op);
   }
   Tensor buffer = staged(group, data, true);
@@ -89,7 +85,6 @@ WorkHandle reduce_scatter(ProcessGroup& group, const Tensor& in, const Tensor& o
   check_defined("reduce_scatter", group, out, "the output");
   check_blocks("reduce_scatter", group, in, out);
   if (takes_directly(group, in) && takes_directly(group, out)) {
-    ready(in);
     return group.reduce_scatter(in.f32(), out.f32(), out.numel(), op);
   }
   Tensor staged_in = takes_directly(group, in) ? in : staged(group, in, true);
@@ -103,7 +98,6 @@ WorkHandle all_gather(ProcessGroup& group, const Tensor& in, const Tensor& out) 
   check_defined("all_gather", group, out, "the output");
   check_blocks("all_gather", group, out, in);
   if (takes_directly(group, in) && takes_directly(group, out)) {
-    ready(in);
     return group.all_gather(in.f32(), out.f32(), in.numel());
   }
   Tensor staged_in = takes_directly(group, in) ? in : staged(group, in, true);
@@ -115,7 +109,6 @@ WorkHandle all_gather(ProcessGroup& group, const Tensor& in, const Tensor& out) 
 WorkHandle broadcast(ProcessGroup& group, const Tensor& data, int root) {
   check_defined("broadcast", group, data, "the tensor");
   if (takes_directly(group, data)) {
-    ready(data);
     return group.broadcast(data.f32(), data.numel(), root);
   }
   Tensor buffer = staged(group, data, group.rank() == root);
@@ -126,7 +119,6 @@ WorkHandle broadcast(ProcessGroup& group, const Tensor& data, int root) {
 WorkHandle send(ProcessGroup& group, const Tensor& data, int peer, int tag) {
   check_defined("send", group, data, "the tensor");
   if (takes_directly(group, data)) {
-    ready(data);
     return group.send(data.f32(), data.numel(), peer, tag);
   }
   Tensor buffer = staged(group, data, true);
@@ -137,7 +129,6 @@ WorkHandle send(ProcessGroup& group, const Tensor& data, int peer, int tag) {
 WorkHandle recv(ProcessGroup& group, const Tensor& data, int peer, int tag) {
   check_defined("recv", group, data, "the tensor");
   if (takes_directly(group, data)) {
-    ready(data);  // nothing may still be reading the buffer it overwrites
     return group.recv(data.f32(), data.numel(), peer, tag);
   }
   Tensor buffer = staged(group, data, false);

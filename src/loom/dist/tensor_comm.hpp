@@ -8,8 +8,8 @@
 // the device (core/device_memory); pinned buffers and CUDA-aware MPI are the faster paths
 // still to come.
 //
-// Tensors handed to the group directly on a CUDA device are written by kernels on the default
-// stream; the call waits for that stream first, since the group reads them from its own.
+// Tensors handed to the group directly on a CUDA device (NCCL) are written by kernels on the
+// default stream; the group orders its stream after them (an event, no host wait).
 // Counts come from the tensors: a mismatch is a loom::Error naming the call and both shapes.
 #include "loom/core/tensor.hpp"
 #include "loom/dist/process_group.hpp"

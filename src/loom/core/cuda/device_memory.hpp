@@ -18,8 +18,6 @@ void device_release(void* ptr, size_t bytes, MemCategory category);
 // kind: 0 host to device, 1 device to host, 2 device to device.
 void device_copy(void* dst, const void* src, size_t bytes, int kind);
 void device_fill_zero(void* dst, size_t bytes);
-// The legacy default stream, where loom's kernels run, drained.
-void device_synchronize();
 MemStats device_stats();
 void device_reset_peaks();
 

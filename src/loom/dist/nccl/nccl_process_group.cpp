@@ -22,12 +22,14 @@ struct NcclCommunicator {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   float* barrier_scratch = nullptr;  // device memory for barrier()'s one-float all-reduce
+  cudaEvent_t compute_done = nullptr;  // recorded on the compute stream before each operation
 
   ~NcclCommunicator() {
     // Destroying a communicator with operations in flight is undefined; they are all on `stream`.
     if (stream != nullptr) cudaStreamSynchronize(stream);
     if (comm != nullptr) ncclCommDestroy(comm);
     if (barrier_scratch != nullptr) cudaFree(barrier_scratch);
+    if (compute_done != nullptr) cudaEventDestroy(compute_done);
     if (stream != nullptr) cudaStreamDestroy(stream);
     // A group that outlives the runtime must not touch MPI after MPI_Finalize.
     int finalized = 0;
@@ -181,8 +183,18 @@ void open_device(NcclCommunicator& nccl, int device, const std::string& context)
   check_cuda(cudaSetDevice(device), "cudaSetDevice", context);
   check_cuda(cudaStreamCreateWithFlags(&nccl.stream, cudaStreamNonBlocking),
              "cudaStreamCreateWithFlags", context);
+  check_cuda(cudaEventCreateWithFlags(&nccl.compute_done, cudaEventDisableTiming),
+             "cudaEventCreateWithFlags", context);
   check_cuda(cudaMalloc(&nccl.barrier_scratch, sizeof(float)), "cudaMalloc", context);
   check_cuda(cudaMemset(nccl.barrier_scratch, 0, sizeof(float)), "cudaMemset", context);
+}
+
+// Stream order instead of host synchronisation: the group's stream waits for everything the
+// compute stream (the legacy default stream, where loom's kernels run) has queued so far, so
+// an operation reads buffers only after the kernels that wrote them, and the host never waits.
+void after_compute(NcclCommunicator& nccl, const std::string& context) {
+  check_cuda(cudaEventRecord(nccl.compute_done, cudaStreamLegacy), "cudaEventRecord", context);
+  check_cuda(cudaStreamWaitEvent(nccl.stream, nccl.compute_done, 0), "cudaStreamWaitEvent", context);
 }
 
 int node_local_rank(MPI_Comm comm, const std::string& context) {
@@ -274,6 +286,7 @@ WorkHandle NcclProcessGroup::all_reduce(float* data, int64_t count, ReduceOp op)
   const std::string context = describe("all_reduce");
   check_buffer(data, count, context, "data");
   stats_.record(CommOp::AllReduce, ring_all_reduce_wire_bytes(count * kFloatBytes, size_));
+  after_compute(*nccl_, context);
   check_nccl(ncclAllReduce(data, data, n, ncclFloat, to_nccl_op(op), nccl_->comm, nccl_->stream),
              "ncclAllReduce", context);
   return enqueued(context);
@@ -288,6 +301,7 @@ WorkHandle NcclProcessGroup::reduce_scatter(const float* in, float* out, int64_t
   check_disjoint(in, count_per_rank * size_, out, count_per_rank, context);
   stats_.record(CommOp::ReduceScatter,
                 ring_reduce_scatter_wire_bytes(count_per_rank * kFloatBytes, size_));
+  after_compute(*nccl_, context);
   check_nccl(ncclReduceScatter(in, out, n, ncclFloat, to_nccl_op(op), nccl_->comm, nccl_->stream),
              "ncclReduceScatter", context);
   return enqueued(context);
@@ -300,6 +314,7 @@ WorkHandle NcclProcessGroup::all_gather(const float* in, float* out, int64_t cou
   check_buffer(out, count_per_rank, context, "out");
   check_disjoint(in, count_per_rank, out, count_per_rank * size_, context);
   stats_.record(CommOp::AllGather, ring_all_gather_wire_bytes(count_per_rank * kFloatBytes, size_));
+  after_compute(*nccl_, context);
   check_nccl(ncclAllGather(in, out, n, ncclFloat, nccl_->comm, nccl_->stream), "ncclAllGather",
              context);
   return enqueued(context);
@@ -312,6 +327,7 @@ WorkHandle NcclProcessGroup::broadcast(float* data, int64_t count, int root) {
   check_buffer(data, count, context, "data");
   stats_.record(CommOp::Broadcast,
                 chain_broadcast_wire_bytes(count * kFloatBytes, size_, rank_, root));
+  after_compute(*nccl_, context);
   check_nccl(ncclBroadcast(data, data, n, ncclFloat, root, nccl_->comm, nccl_->stream),
              "ncclBroadcast", context);
   return enqueued(context);
@@ -325,6 +341,7 @@ WorkHandle NcclProcessGroup::all_to_all(const float* in, float* out, int64_t cou
   check_disjoint(in, count_per_rank * size_, out, count_per_rank * size_, context);
   const int64_t bytes_to_others = (size_ - 1) * count_per_rank * kFloatBytes;
   stats_.record(CommOp::AllToAll, pairwise_all_to_all_wire_bytes(bytes_to_others, bytes_to_others));
+  after_compute(*nccl_, context);
   const std::vector<int64_t> counts(static_cast<size_t>(size_), count_per_rank);
   enqueue_all_to_allv(*nccl_, in, counts, out, counts, context);
   return enqueued(context);
@@ -348,6 +365,7 @@ WorkHandle NcclProcessGroup::all_to_allv(const float* in, const std::vector<int6
   stats_.record(CommOp::AllToAll,
                 pairwise_all_to_all_wire_bytes((send_total - send_counts[self]) * kFloatBytes,
                                                (recv_total - recv_counts[self]) * kFloatBytes));
+  after_compute(*nccl_, context);
   enqueue_all_to_allv(*nccl_, in, send_counts, out, recv_counts, context);
   return enqueued(context);
 }
@@ -359,6 +377,7 @@ WorkHandle NcclProcessGroup::send(const float* data, int64_t count, int peer, in
   context << describe("send") << " to rank " << peer << " (tag " << tag << ")";
   check_buffer(data, count, context.str(), "data");
   stats_.record(CommOp::Send, {count * kFloatBytes, 0});
+  after_compute(*nccl_, context.str());
   check_nccl(ncclSend(data, n, ncclFloat, peer, nccl_->comm, nccl_->stream), "ncclSend",
              context.str());
   return enqueued(context.str());
@@ -371,6 +390,7 @@ WorkHandle NcclProcessGroup::recv(float* data, int64_t count, int peer, int tag)
   context << describe("recv") << " from rank " << peer << " (tag " << tag << ")";
   check_buffer(data, count, context.str(), "data");
   stats_.record(CommOp::Recv, {0, count * kFloatBytes});
+  after_compute(*nccl_, context.str());
   check_nccl(ncclRecv(data, n, ncclFloat, peer, nccl_->comm, nccl_->stream), "ncclRecv",
              context.str());
   return enqueued(context.str());

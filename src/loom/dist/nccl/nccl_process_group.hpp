@@ -1,9 +1,11 @@
 #pragma once
 // ProcessGroup over NCCL (the GPU backend): buffers are float* in the memory of this group's
-// CUDA device. Every operation is enqueued on the group's own non-blocking stream, so it
-// neither waits for nor delays work on the legacy default stream; the caller's writes to the
-// buffers must therefore be complete (its stream synchronized) before the call, and the
-// results may be used from any stream once wait() returns or test() is true. MPI carries the
+// CUDA device. Every operation is enqueued on the group's own non-blocking stream after an
+// event recorded on the legacy default stream (where loom's kernels run): it reads the buffers
+// only after the kernels queued before the call have written them, with no host
+// synchronisation, and compute queued after the call overlaps it. Results may be used from any
+// stream once wait() returns or test() is true; the caller must not overwrite a buffer before
+// then. MPI carries the
 // setup (the NCCL unique id, split) and the abort; NCCL carries the data.
 //
 // Built only when CMake finds CUDA and NCCL (LOOM_HAVE_NCCL); CPU-only builds lack this file.

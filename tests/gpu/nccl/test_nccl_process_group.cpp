@@ -10,7 +10,10 @@
 #include <vector>
 
 #include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
 #include "loom/dist/nccl/nccl_process_group.hpp"
+#include "loom/dist/tensor_comm.hpp"
+#include "loom/kernels/ops.hpp"
 
 namespace loom {
 namespace {
@@ -73,6 +76,43 @@ TEST_F(NcclTest, AllReduceSumAvgMax) {
       const double expected = op == ReduceOp::Sum ? sum : op == ReduceOp::Avg ? sum / n : max;
       EXPECT_FLOAT_EQ(got[static_cast<size_t>(i)], static_cast<float>(expected)) << "element " << i;
     }
+  }
+}
+
+// dist/tensor_comm over NCCL: an f32 device tensor goes straight to the group, and the group's
+// stream is ordered after the kernel that wrote it (no synchronisation in between: scale_ runs
+// on the default stream and the all-reduce must see its result); bf16 device tensors and host
+// arrays are staged through f32 device buffers and written back on wait().
+TEST_F(NcclTest, TensorCommIsStreamOrderedAndStagesBf16AndHostArrays) {
+  const int n = g_size, r = g_rank;
+  constexpr int64_t kCount = 1 << 20;  // large enough that an unordered read would see old values
+  std::vector<float> mine(kCount, static_cast<float>(r + 1));
+  Tensor host = Tensor::empty({kCount}, DType::F32, MemCategory::Workspace);
+  std::copy(mine.begin(), mine.end(), host.f32());
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Tensor t = Tensor::empty({kCount}, dtype, MemCategory::Workspace, loom::Device::CUDA);
+    t.copy_from(host);
+    EXPECT_EQ(comm::takes_directly(*group_, t), dtype == DType::F32);
+    ops::scale_(t, 2.0f);  // queued on the default stream, not waited for
+    comm::all_reduce(*group_, t, ReduceOp::Sum)->wait();
+    const std::vector<float> got = t.to_f32_vector();
+    const float expected = static_cast<float>(n * (n + 1));  // sum of 2 (q + 1)
+    for (int64_t i = 0; i < kCount; i += 4099) ASSERT_EQ(got[static_cast<size_t>(i)], expected) << i;
+  }
+  float scalars[2] = {static_cast<float>(r), 1.0f};
+  comm::all_reduce(*group_, scalars, 2, ReduceOp::Sum)->wait();
+  EXPECT_EQ(scalars[0], static_cast<float>(n * (n - 1) / 2));
+  EXPECT_EQ(scalars[1], static_cast<float>(n));
+  float flag = r == 0 ? 7.0f : 0.0f;
+  comm::broadcast(*group_, &flag, 1, 0)->wait();
+  EXPECT_EQ(flag, 7.0f);
+  std::vector<float> all(static_cast<size_t>(2 * n), -1.0f);
+  const float pair[2] = {static_cast<float>(10 * r), static_cast<float>(10 * r + 1)};
+  comm::all_gather(*group_, pair, all.data(), 2)->wait();
+  for (int q = 0; q < n; ++q) {
+    EXPECT_EQ(all[static_cast<size_t>(2 * q)], static_cast<float>(10 * q));
+    EXPECT_EQ(all[static_cast<size_t>(2 * q + 1)], static_cast<float>(10 * q + 1));
   }
 }
 

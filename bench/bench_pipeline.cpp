@@ -53,7 +53,7 @@ Run run_schedule(const loom::ModelConfig& config, loom::PipelineSchedule schedul
   }
   if (auto bubble = loom::report_pipeline_step(*world, executor.last_timings(), schedule, m, v, ""))
     run.bubble = *bubble;
-  run.activation_sets = stage.activation_sets_allocated();
+  run.activation_sets = executor.activations().sets_allocated();
   return run;
 }
 

@@ -14,6 +14,8 @@
 
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/parallel/pipeline_activations.hpp"
+#include "loom/parallel/pipeline_executor.hpp"
 #include "loom/parallel/pipeline_schedule.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 #include "model_fixtures.hpp"
@@ -151,7 +153,7 @@ TEST_P(PipelineStages, EachStageBuildsItsShareOfTheWholeModelsWeights) {
       EXPECT_EQ(rank->has_position_embedding(), first && GetParam() == Architecture::GPT2);
       EXPECT_EQ(rank->final_norm != nullptr, last);
       EXPECT_EQ(!rank->lm_head.name.empty(), last && !config.tied_embeddings);
-      EXPECT_EQ(rank->tied_across_stages(), config.tied_embeddings && first != last);
+      EXPECT_EQ(!split_tied_embedding(*rank).empty(), config.tied_embeddings && first != last);
       int64_t layers = 0;
       for (const ModelChunk& c : rank->chunks()) layers += c.layers();
       EXPECT_EQ(static_cast<int64_t>(rank->blocks.size()), layers);
@@ -184,10 +186,11 @@ struct Batches {
 };
 
 // Runs every rank's actions in order, each as soon as its input exists (as the executor's
-// blocking receives would), handing activations and gradients between stages by copy. Returns
-// the summed loss; `peak[r]` gets the most micro-batch-chunks rank r had in flight at once.
-double run_schedule(Ranks& ranks, const Layout& layout, const Batches& mb, float grad_scale,
-                    std::vector<int64_t>& peak) {
+// blocking receives would), handing activations and gradients between stages by copy; rank r's
+// activation sets are `pools[r]`'s. Returns the summed loss; `peak[r]` gets the most
+// micro-batch-chunks rank r had in flight at once.
+double run_schedule(std::vector<PipelineActivations>& pools, const Layout& layout, const Batches& mb,
+                    float grad_scale, std::vector<int64_t>& peak) {
   const int64_t pp = layout.pp, v = layout.v(), stages = pp * v;
   const auto actions = pipeline_actions(layout.schedule, pp, kMicro, v);
   std::map<std::pair<int64_t, int64_t>, Tensor> activation, gradient;  // by (micro, stage)
@@ -198,7 +201,7 @@ double run_schedule(Ranks& ranks, const Layout& layout, const Batches& mb, float
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (int64_t r = 0; r < pp; ++r) {
-      Transformer& model = *ranks[static_cast<size_t>(r)];
+      PipelineActivations& pool = pools[static_cast<size_t>(r)];
       const auto& mine = actions[static_cast<size_t>(r)];
       for (size_t& i = next[static_cast<size_t>(r)]; i < mine.size(); ++i, progressed = true) {
         const PipeAction& a = mine[i];
@@ -211,11 +214,11 @@ double run_schedule(Ranks& ranks, const Layout& layout, const Batches& mb, float
             if (it == activation.end()) break;  // the previous stage has not run it yet
             input = it->second;
           }
-          loss += model.forward_chunk(a.chunk, micro, stage == 0 ? mb.tokens_of(micro) : nullptr,
+          loss += pool.forward(a.chunk, micro, stage == 0 ? mb.tokens_of(micro) : nullptr,
                                       stage == stages - 1 ? mb.targets_of(micro) : nullptr, input, kBatch, kSeq,
                                       {true, grad_scale});
           if (stage < stages - 1) {
-            activation[{micro, stage}] = model.chunk_output(a.chunk, micro).clone(MemCategory::Workspace);
+            activation[{micro, stage}] = pool.output(a.chunk, micro).clone(MemCategory::Workspace);
           }
           auto& top = peak[static_cast<size_t>(r)];
           top = std::max(top, ++held);
@@ -226,7 +229,7 @@ double run_schedule(Ranks& ranks, const Layout& layout, const Batches& mb, float
             if (it == gradient.end()) break;  // the next stage has not run it yet
             d_output = it->second;
           }
-          const Tensor d_input = model.backward_chunk(a.chunk, micro, d_output);
+          const Tensor d_input = pool.backward(a.chunk, micro, d_output);
           if (stage > 0) {
             EXPECT_TRUE(d_input.defined());
             gradient[{micro, stage}] = d_input.clone(MemCategory::Workspace);
@@ -275,12 +278,15 @@ TEST_P(PipelineStages, ScheduledMicroBatchesGiveTheWholeModelsLossAndGradients) 
     SCOPED_TRACE(layout.name());
     Ranks ranks = build_ranks(config, layout);
     std::map<std::string, int> reported;  // grad-ready reports per parameter (copy included)
+    std::vector<PipelineActivations> pools;
     for (auto& rank : ranks) {
       rank->zero_grad();
       rank->set_grad_ready_hook([&](Parameter& p) { ++reported[p.name]; });
+      rank->defer_grads_ready(split_tied_embedding(*rank));  // as the executor does
+      pools.emplace_back(*rank);
     }
     std::vector<int64_t> peak;
-    const double loss = run_schedule(ranks, layout, mb, grad_scale, peak);
+    const double loss = run_schedule(pools, layout, mb, grad_scale, peak);
     EXPECT_NEAR(loss, whole_loss, 1e-6 * std::fabs(whole_loss));
 
     // Memory: one activation set per micro-batch-chunk in flight at once, reused afterwards:
@@ -288,7 +294,7 @@ TEST_P(PipelineStages, ScheduledMicroBatchesGiveTheWholeModelsLossAndGradients) 
     const auto sim = plan::simulate_pipeline(pipeline_actions(layout.schedule, layout.pp, kMicro, layout.v()),
                                              layout.pp, layout.v(), 1, 1, 0);
     for (int64_t r = 0; r < layout.pp; ++r) {
-      const int64_t sets = ranks[static_cast<size_t>(r)]->activation_sets_allocated();
+      const int64_t sets = pools[static_cast<size_t>(r)].sets_allocated();
       EXPECT_EQ(sets, peak[static_cast<size_t>(r)]) << "rank " << r;
       EXPECT_EQ(sets, layout.sets[static_cast<size_t>(r)]) << "rank " << r;
       EXPECT_EQ(sets, sim.peak_in_flight[static_cast<size_t>(r)]) << "rank " << r;
@@ -301,7 +307,7 @@ TEST_P(PipelineStages, ScheduledMicroBatchesGiveTheWholeModelsLossAndGradients) 
     for (const auto& rank : ranks)
       for (const Parameter* p : rank->parameters()) {
         if (p->pipeline_copy) copy = p;
-        else if (p->name == wte && rank->tied_across_stages()) owner = p;
+        else if (p->name == wte && !split_tied_embedding(*rank).empty()) owner = p;
         else expect_close(p->grad.to_f32_vector(), whole_params.at(p->name)->grad.to_f32_vector(), p->name);
       }
     ASSERT_EQ(copy != nullptr, config.tied_embeddings);
@@ -316,8 +322,7 @@ TEST_P(PipelineStages, ScheduledMicroBatchesGiveTheWholeModelsLossAndGradients) 
     // only whoever sums its parts knows it is final.
     for (const auto& [name, p] : whole_params)
       EXPECT_EQ(reported[name], copy && name == wte ? 0 : kMicro) << name;
-    for (auto& rank : ranks)
-      if (rank->tied_across_stages()) rank->report_grads_ready({&rank->token_embedding});
+    for (auto& rank : ranks) rank->report_grads_ready(split_tied_embedding(*rank));
     if (copy) {
       EXPECT_EQ(reported[wte], 2);
     }
@@ -338,16 +343,21 @@ TEST(PipelineStageErrors, MisuseSaysWhatIsMissing) {
   std::fill_n(input.f32(), input.numel(), 0.1f);
   const Tensor none;
   const ForwardOptions train{true, 1.0f};
+  // The model runs one chunk on a set its caller holds; the pool keeps them by micro-batch.
+  PipelineActivations first_sets(first), last_sets(last);
+  ChunkActivations never_forwarded;
+  expect_contains(error_message([&] { last.backward_chunk(0, never_forwarded, none); }),
+                  {"backward of chunk 0", "needs its forward with compute_grad first"});
 
-  expect_contains(error_message([&] { last.backward_chunk(0, 0, none); }),
+  expect_contains(error_message([&] { last_sets.backward(0, 0, none); }),
                   {"backward of micro-batch 0", "needs its forward with compute_grad first"});
-  expect_contains(error_message([&] { last.forward_chunk(0, 0, nullptr, targets.data(), none, kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { last_sets.forward(0, 0, nullptr, targets.data(), none, kBatch, kSeq, train); }),
                   {"pipeline stage 1 needs the previous stage's output"});
-  expect_contains(error_message([&] { last.forward_chunk(0, 0, nullptr, nullptr, input, kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { last_sets.forward(0, 0, nullptr, nullptr, input, kBatch, kSeq, train); }),
                   {"last pipeline stage needs targets"});
-  expect_contains(error_message([&] { last.forward_chunk(0, 0, nullptr, targets.data(), input.narrow_rows(0, 1), kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { last_sets.forward(0, 0, nullptr, targets.data(), input.narrow_rows(0, 1), kBatch, kSeq, train); }),
                   {"pipeline stage 1: input [1, " + std::to_string(config.n_embd) + "]", std::to_string(kBatch * kSeq) + " rows"});
-  expect_contains(error_message([&] { first.forward_chunk(0, 0, nullptr, nullptr, none, kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { first_sets.forward(0, 0, nullptr, nullptr, none, kBatch, kSeq, train); }),
                   {"first pipeline stage needs tokens"});
   expect_contains(error_message([&] { first.forward(tokens.data(), targets.data(), kBatch, kSeq); }),
                   {"forward() runs the whole model", "forward_chunk()"});
@@ -355,20 +365,20 @@ TEST(PipelineStageErrors, MisuseSaysWhatIsMissing) {
   expect_contains(error_message([&] { (void)last.last_logits(tokens.data(), kBatch, kSeq); }), {"whole model"});
   expect_contains(error_message([&] { (void)first.unit_parameters(1); }), {"ZeRO-3"});
 
-  first.forward_chunk(0, 0, tokens.data(), nullptr, none, kBatch, kSeq, train);
-  expect_contains(error_message([&] { first.forward_chunk(0, 0, tokens.data(), nullptr, none, kBatch, kSeq, train); }),
+  first_sets.forward(0, 0, tokens.data(), nullptr, none, kBatch, kSeq, train);
+  expect_contains(error_message([&] { first_sets.forward(0, 0, tokens.data(), nullptr, none, kBatch, kSeq, train); }),
                   {"micro-batch 0 of chunk 0 ran forward twice without a backward"});
-  expect_contains(error_message([&] { first.backward_chunk(0, 0, none); }),
+  expect_contains(error_message([&] { first_sets.backward(0, 0, none); }),
                   {"pipeline stage 0 needs the gradient of its output from the next stage"});
-  expect_contains(error_message([&] { first.forward_chunk(0, 1, tokens.data(), nullptr, none, 1, kSeq, train); }),
+  expect_contains(error_message([&] { first_sets.forward(0, 1, tokens.data(), nullptr, none, 1, kSeq, train); }),
                   {"1 micro-batch(es) of 2 x 8 await their backward"});
   // A forward without gradients keeps nothing for a backward.
-  last.forward_chunk(0, 3, nullptr, targets.data(), input, kBatch, kSeq, {false, 1.0f});
-  expect_contains(error_message([&] { last.backward_chunk(0, 3, none); }), {"micro-batch 3", "compute_grad first"});
+  last_sets.forward(0, 3, nullptr, targets.data(), input, kBatch, kSeq, {false, 1.0f});
+  expect_contains(error_message([&] { last_sets.backward(0, 3, none); }), {"micro-batch 3", "compute_grad first"});
   // A chunk this rank does not hold, and an output of a micro-batch that never ran.
-  expect_contains(error_message([&] { first.forward_chunk(1, 0, tokens.data(), nullptr, none, kBatch, kSeq, train); }),
+  expect_contains(error_message([&] { first_sets.forward(1, 0, tokens.data(), nullptr, none, kBatch, kSeq, train); }),
                   {"chunk 1 is outside this rank's 1 chunk(s)"});
-  expect_contains(error_message([&] { (void)last.chunk_output(0, 7); }),
+  expect_contains(error_message([&] { (void)last_sets.output(0, 7); }),
                   {"no output for micro-batch 7", "run its forward first"});
   // A chunk list that leaves the model's layers is refused when the stage is built.
   expect_contains(error_message([&] {

@@ -118,7 +118,9 @@ TEST(PipelineMemory, StagesHoldTheirShareAndTheScheduleDecidesActivations) {
 
     const auto simulated = plan::simulate_pipeline(
         pipeline_actions(config.pp_schedule, p, m, 1), p, 1, 1.0, 2.0, 0.0);
-    EXPECT_EQ(model.activation_sets_allocated(), simulated.peak_in_flight[static_cast<size_t>(world_group->rank())])
+    ASSERT_NE(trainer.pipeline(), nullptr);
+    EXPECT_EQ(trainer.pipeline()->activations().sets_allocated(),
+              simulated.peak_in_flight[static_cast<size_t>(world_group->rank())])
         << schedule << " on rank " << world_group->rank();
 
     // Parameters: this stage's layers, embeddings on the first, final norm and head (and the

@@ -162,14 +162,18 @@ TEST_F(CudaTest, PipelineStagesOnCudaGiveTheWholeCpuModelsLossAndGradients) {
       whole.forward(batch.tokens.data(), batch.targets.data(), kBatch, kSeq, {true, scale});
   whole.backward();
 
-  first.forward_chunk(0, 0, batch.tokens.data(), nullptr, Tensor(), kBatch, kSeq, {true, scale});
-  const Tensor hand_over = first.chunk_output(0, 0);
+  ChunkActivations first_acts = first.make_activations(0, kBatch, kSeq);
+  ChunkActivations last_acts = last.make_activations(0, kBatch, kSeq);
+  EXPECT_EQ(first_acts.residuals.device(), Device::CUDA);
+  first.forward_chunk(0, first_acts, batch.tokens.data(), nullptr, Tensor(), kBatch, kSeq,
+                      {true, scale});
+  const Tensor hand_over = first_acts.output();
   EXPECT_EQ(hand_over.device(), Device::CUDA);
-  const double got = last.forward_chunk(0, 0, nullptr, batch.targets.data(), hand_over, kBatch,
-                                        kSeq, {true, scale});
-  const Tensor d_input = last.backward_chunk(0, 0, Tensor());
+  const double got = last.forward_chunk(0, last_acts, nullptr, batch.targets.data(), hand_over,
+                                        kBatch, kSeq, {true, scale});
+  const Tensor d_input = last.backward_chunk(0, last_acts, Tensor());
   ASSERT_TRUE(d_input.defined());
-  EXPECT_FALSE(first.backward_chunk(0, 0, d_input).defined());
+  EXPECT_FALSE(first.backward_chunk(0, first_acts, d_input).defined());
   EXPECT_NEAR(got, want, 1e-5 * std::abs(want));
 
   std::map<std::string, const Parameter*> by_name;

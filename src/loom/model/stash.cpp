@@ -65,6 +65,11 @@ BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPla
   return g;
 }
 
+Tensor ChunkActivations::residual(int64_t index) const {
+  const int64_t rows = residuals.size(1), c = residuals.size(2);
+  return residuals.slice_as(index * rows * c, {rows, c});
+}
+
 void add_last_stage_activations(const ModelConfig& c, const ParallelPlan& plan,
                                 const ActivationFormat& format, int64_t batch, int64_t seq_len,
                                 ChunkActivations& a) {
@@ -82,6 +87,9 @@ ChunkActivations make_chunk_activations(const ModelConfig& c, const ParallelPlan
                                         BlockStash& selective_shared) {
   const int64_t local_rows = plan.local_rows(batch * seq_len);
   ChunkActivations a;
+  a.format = format;
+  a.batch = batch;
+  a.seq_len = seq_len;
   a.residuals = Allocate{format}({chunk.layers() + 1, local_rows, c.n_embd});
   if (chunk.last_stage()) add_last_stage_activations(c, plan, format, batch, seq_len, a);
   if (recompute == Recompute::Full) return a;

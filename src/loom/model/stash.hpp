@@ -19,6 +19,7 @@ namespace loom {
 struct ActivationFormat {
   Device device = Device::CPU;
   DType dtype = DType::F32;
+  bool operator==(const ActivationFormat&) const = default;
 };
 
 // Shapes are one rank's: `local_rows` is rows / tp under sequence parallelism (else rows), and
@@ -50,9 +51,11 @@ BlockGradScratch make_block_grad_scratch(const ModelConfig& config, const Parall
                                          const ActivationFormat& format, int64_t rows);
 
 // What one model chunk (pipeline stage) keeps of one micro-batch from its forward to its
-// backward. A pipeline holds several at once (one per micro-batch in flight), which is the
-// activation memory a schedule costs.
+// backward. Whoever runs the chunk holds it (the whole model keeps one; a pipeline one per
+// micro-batch in flight, which is the activation memory a schedule costs).
 struct ChunkActivations {
+  ActivationFormat format;         // where it was made
+  int64_t batch = 0, seq_len = 0;  // the micro-batch shape it was made for
   std::vector<int32_t> tokens;  // first stage: the embedding backward reads them
   Tensor residuals;             // [layers + 1, local_rows, C]: each block's input, then the output
   Tensor final_norm_out;        // last stage: [local_rows, C]
@@ -60,7 +63,12 @@ struct ChunkActivations {
   Tensor d_hidden;              // last stage: gradient of final_norm_out from the fused loss
   std::vector<BlockStash> stashes;  // one per block; none under full recomputation, whose
                                     // blocks share the model's single stash
-  bool grad_ready = false;      // forward ran with compute_grad
+  bool grad_ready = false;          // forward ran with compute_grad and its backward has not
+
+  bool allocated() const { return residuals.defined(); }
+  int64_t layers() const { return allocated() ? residuals.size(0) - 1 : 0; }
+  Tensor residual(int64_t index) const;  // [local_rows, C] view: block `index`'s input
+  Tensor output() const { return residual(layers()); }  // the chunk's output, a view
 };
 
 // Adds what the last stage keeps besides the residual stream (final norm output and stash,

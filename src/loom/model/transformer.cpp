@@ -136,8 +136,6 @@ void Transformer::to_device(Device device, DType compute_dtype) {
   if (device == Device::CPU && compute_dtype != DType::F32)
     throw_error("the CPU computes in f32 and emulates bf16 by rounding (set_bf16_activations); "
                 "bf16 storage is for CUDA");
-  if (!in_flight_.empty())
-    throw_error("to_device with ", in_flight_.size(), " micro-batch(es) awaiting their backward");
   // Everything is allocated and copied before any parameter changes, so a failure (no device,
   // out of memory) leaves the model as it was.
   std::vector<Tensor> values, grads;
@@ -157,10 +155,9 @@ void Transformer::to_device(Device device, DType compute_dtype) {
     parameters_[i]->grad = grads[i];
   }
   format_ = {device, compute_dtype};
-  // Activations are made again, on the device, at the next forward.
+  // Scratch and activation sets are made again, on the device, at the next forward.
   batch_ = seq_len_ = 0;
-  idle_.clear();
-  last_released_ = {-1, -1};
+  whole_ = ChunkActivations{};
 }
 
 void Transformer::set_bf16_activations(bool on) {
@@ -176,14 +173,17 @@ ParameterList Transformer::parameters_in_grad_ready_order() {
   }
   for (auto it = block_parameters_.rbegin(); it != block_parameters_.rend(); ++it)
     for (Parameter* p : *it) order.push_back(p);
-  if (holds_embedding_ || tied_across_stages()) order.push_back(&token_embedding);
+  if (holds_embedding_ || (holds_head_ && config_.tied_embeddings))
+    order.push_back(&token_embedding);
   if (has_position_embedding()) order.push_back(&position_embedding);
   return order;
 }
 
 void Transformer::grads_ready(const ParameterList& params) {
-  if (grad_ready_hook_)
-    for (Parameter* p : params) grad_ready_hook_(*p);
+  if (!grad_ready_hook_) return;
+  for (Parameter* p : params)
+    if (std::find(deferred_grads_.begin(), deferred_grads_.end(), p) == deferred_grads_.end())
+      grad_ready_hook_(*p);
 }
 
 void Transformer::zero_grad() {
@@ -208,13 +208,10 @@ ParameterList Transformer::unit_parameters(int64_t unit) {
 
 void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
   if (batch == batch_ && seq_len == seq_len_) return;
-  if (!in_flight_.empty())
-    throw_error("batch ", batch, " x sequence ", seq_len, " while ", in_flight_.size(), " micro-batch(es) of ",
-                batch_, " x ", seq_len_, " await their backward: finish them first");
   // No shape until everything is allocated: a failed allocation (out of device memory) must not
-  // leave a shape whose buffers are missing.
+  // leave a shape whose buffers are missing. Sets made for the old shape keep their own handles
+  // to the Selective shared tensors, so they stay whole.
   batch_ = seq_len_ = 0;
-  idle_.clear();
   full_recompute_stash_ = BlockStash{};
   selective_shared_ = BlockStash{};
   if (recompute_ == Recompute::Full)
@@ -233,44 +230,33 @@ void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
   seq_len_ = seq_len;
 }
 
-const ModelChunk& Transformer::chunk_at(int64_t chunk) const {
-  if (chunk < 0 || chunk >= static_cast<int64_t>(chunks_.size()))
-    throw_error("chunk ", chunk, " is outside this rank's ", chunks_.size(), " chunk(s)");
-  return chunks_[static_cast<size_t>(chunk)];
+const ModelChunk& Transformer::chunk(int64_t index) const {
+  if (index < 0 || index >= static_cast<int64_t>(chunks_.size()))
+    throw_error("chunk ", index, " is outside this rank's ", chunks_.size(), " chunk(s)");
+  return chunks_[static_cast<size_t>(index)];
 }
 
-ChunkActivations& Transformer::acquire(int64_t chunk_index, int64_t micro) {
-  const ModelChunk& chunk = chunk_at(chunk_index);
-  const auto key = std::make_pair(chunk_index, micro);
-  if (in_flight_.count(key))
-    throw_error("micro-batch ", micro, " of chunk ", chunk_index, " ran forward twice without a backward");
-  last_released_ = {-1, -1};
-  // Any idle set of as many layers will do; the last stage's extras are added on first use.
-  auto fits = [&](const ChunkActivations& a) { return a.residuals.shape()[0] == chunk.layers() + 1; };
-  auto it = std::find_if(idle_.rbegin(), idle_.rend(), fits);
-  ChunkActivations set;
-  if (it == idle_.rend()) {
-    set = make_chunk_activations(config_, *plan_, format_, chunk, recompute_, batch_, seq_len_,
-                                 selective_shared_);
-  } else {
-    set = std::move(*it);
-    idle_.erase(std::next(it).base());
-    if (chunk.last_stage() && !set.final_norm_out.defined())
-      add_last_stage_activations(config_, *plan_, format_, batch_, seq_len_, set);
+ChunkActivations Transformer::make_activations(int64_t chunk_index, int64_t batch,
+                                               int64_t seq_len) {
+  const ModelChunk& c = chunk(chunk_index);
+  ensure_shape(batch, seq_len);  // the Selective shared tensors are the current shape's
+  return make_chunk_activations(config_, *plan_, format_, c, recompute_, batch, seq_len,
+                                selective_shared_);
+}
+
+void Transformer::fit_activations(int64_t chunk_index, ChunkActivations& a) {
+  const ModelChunk& c = chunks_[static_cast<size_t>(chunk_index)];
+  a.grad_ready = false;
+  if (a.allocated() && a.layers() == c.layers() && a.batch == batch_ && a.seq_len == seq_len_ &&
+      a.format == format_) {
+    // Made for another chunk of as many layers: the last stage adds its extras on first use.
+    if (c.last_stage() && !a.final_norm_out.defined())
+      add_last_stage_activations(config_, *plan_, format_, batch_, seq_len_, a);
+    return;
   }
-  return in_flight_.emplace(key, std::move(set)).first->second;
-}
-
-void Transformer::release(int64_t chunk, int64_t micro) {
-  auto it = in_flight_.find({chunk, micro});
-  it->second.grad_ready = false;
-  idle_.push_back(std::move(it->second));
-  in_flight_.erase(it);
-  last_released_ = {chunk, micro};
-}
-
-int64_t Transformer::activation_sets_allocated() const {
-  return static_cast<int64_t>(in_flight_.size() + idle_.size());
+  a = ChunkActivations{};  // the old set's memory goes before the new one is taken
+  a = make_chunk_activations(config_, *plan_, format_, c, recompute_, batch_, seq_len_,
+                             selective_shared_);
 }
 
 BlockStash& Transformer::stash_of(ChunkActivations& a, int64_t block_in_chunk) {
@@ -297,8 +283,8 @@ EmbeddingArgs Transformer::embedding_args(const ChunkActivations& a) const {
   args.tokens = a.tokens.data();
   args.token_table = &token_embedding;
   args.position_table = has_position_embedding() ? &position_embedding : nullptr;
-  args.batch = batch_;
-  args.seq_len = seq_len_;
+  args.batch = a.batch;
+  args.seq_len = a.seq_len;
   args.dim = config_.n_embd;
   args.vocab = config_.vocab_size;
   return args;
@@ -325,36 +311,32 @@ void Transformer::with_partial_grads(const ParameterList& params, Run run) {
 
 // ---- forward ----------------------------------------------------------------------------
 
-Tensor Transformer::residual(const ChunkActivations& a, int64_t index) const {
-  const int64_t rows = a.residuals.size(1), c = a.residuals.size(2);
-  return a.residuals.slice_as(index * rows * c, {rows, c});
-}
-
 void Transformer::forward_layers(int64_t chunk_index, ChunkActivations& a, const Tensor& input) {
   const ModelChunk& chunk = chunks_[static_cast<size_t>(chunk_index)];
   if (chunk.first_stage()) {
     fire(unit_hooks_.before_forward, 0);
-    plan_->embed(residual(a, 0), embedding_args(a));
-    if (bf16_activations_) ops::round_to_bf16_(residual(a, 0));
+    plan_->embed(a.residual(0), embedding_args(a));
+    if (bf16_activations_) ops::round_to_bf16_(a.residual(0));
   } else {
-    residual(a, 0).copy_from(input);
+    a.residual(0).copy_from(input);
   }
   const int64_t first_block = chunk_first_block_[static_cast<size_t>(chunk_index)];
   for (int64_t i = 0; i < chunk.layers(); ++i) {
     const int64_t unit = chunk.first_layer + i + 1;
     fire(unit_hooks_.before_forward, unit);
-    blocks[static_cast<size_t>(first_block + i)]->forward(residual(a, i + 1), residual(a, i),
-                                                          stash_of(a, i), batch_, seq_len_);
+    blocks[static_cast<size_t>(first_block + i)]->forward(a.residual(i + 1), a.residual(i),
+                                                          stash_of(a, i), a.batch, a.seq_len);
     fire(unit_hooks_.after_forward, unit);
   }
   if (!chunk.last_stage()) return;
-  final_norm->forward(a.final_norm_out, a.final_norm_stash, residual(a, chunk.layers()));
+  final_norm->forward(a.final_norm_out, a.final_norm_stash, a.residual(chunk.layers()));
   if (bf16_activations_) ops::round_to_bf16_(a.final_norm_out);
 }
 
-double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int32_t* tokens, const int32_t* targets,
-                                  const Tensor& input, int64_t batch, int64_t seq_len, const ForwardOptions& options) {
-  const ModelChunk& chunk = chunk_at(chunk_index);
+double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, const int32_t* tokens,
+                                  const int32_t* targets, const Tensor& input, int64_t batch,
+                                  int64_t seq_len, const ForwardOptions& options) {
+  const ModelChunk& chunk = this->chunk(chunk_index);
   if (chunk.first_stage() && !tokens) throw_error("the first pipeline stage needs tokens");
   if (!chunk.first_stage() && !input.defined())
     throw_error("pipeline stage ", chunk.stage, " needs the previous stage's output");
@@ -364,12 +346,11 @@ double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int3
     throw_error("pipeline stage ", chunk.stage, ": input ", shape_to_string(input.shape()), " for ",
                 plan_->local_rows(batch * seq_len), " rows of ", config_.n_embd);
   ensure_shape(batch, seq_len);
-  ChunkActivations& a = acquire(chunk_index, micro);
+  fit_activations(chunk_index, a);
   if (chunk.first_stage()) a.tokens.assign(tokens, tokens + batch * seq_len);
   forward_layers(chunk_index, a, input);
   if (!chunk.last_stage()) {
     a.grad_ready = options.compute_grad;
-    if (!options.compute_grad) release(chunk_index, micro);
     return 0.0;
   }
   // The fused loss writes the head's gradient, so with compute_grad the root's backward
@@ -389,39 +370,30 @@ double Transformer::forward_chunk(int64_t chunk_index, int64_t micro, const int3
   args.workspace = logits_chunk_;
   const double loss = plan_->head_loss(args, batch * seq_len, config_.vocab_size);
   a.grad_ready = options.compute_grad;
-  if (!options.compute_grad) {
-    fire(unit_hooks_.after_forward, 0);
-    release(chunk_index, micro);
-  }
+  if (!options.compute_grad) fire(unit_hooks_.after_forward, 0);
   return loss;
-}
-
-Tensor Transformer::chunk_output(int64_t chunk_index, int64_t micro) const {
-  const ModelChunk& chunk = chunk_at(chunk_index);
-  const auto key = std::make_pair(chunk_index, micro);
-  const ChunkActivations* a = nullptr;
-  if (auto it = in_flight_.find(key); it != in_flight_.end()) a = &it->second;
-  else if (last_released_ == key && !idle_.empty()) a = &idle_.back();
-  if (!a) throw_error("chunk ", chunk_index, " has no output for micro-batch ", micro, ": run its forward first");
-  return residual(*a, chunk.layers());
 }
 
 double Transformer::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len,
                             const ForwardOptions& options) {
   if (!is_whole()) throw_error("forward() runs the whole model; a pipeline stage runs forward_chunk()");
   // A forward without the backward of the previous one simply replaces it.
-  if (in_flight_.count({0, 0})) release(0, 0);
-  return forward_chunk(0, 0, tokens, targets, Tensor(), batch, seq_len, options);
+  return forward_chunk(0, whole_, tokens, targets, Tensor(), batch, seq_len, options);
 }
 
 // ---- backward ---------------------------------------------------------------------------
 
-Tensor Transformer::backward_chunk(int64_t chunk_index, int64_t micro, const Tensor& d_output) {
-  auto it = in_flight_.find({chunk_index, micro});
-  if (it == in_flight_.end() || !it->second.grad_ready)
-    throw_error("backward of micro-batch ", micro, " (chunk ", chunk_index, ") needs its forward with compute_grad first");
-  ChunkActivations& a = it->second;
-  const ModelChunk& chunk = chunks_[static_cast<size_t>(chunk_index)];
+Tensor Transformer::backward_chunk(int64_t chunk_index, ChunkActivations& a,
+                                   const Tensor& d_output) {
+  const ModelChunk& chunk = this->chunk(chunk_index);
+  if (!a.grad_ready || a.layers() != chunk.layers())
+    throw_error("backward of chunk ", chunk_index, " needs its forward with compute_grad first");
+  if (a.format != format_)
+    throw_error("backward of chunk ", chunk_index, ": its activations are on ",
+                device_name(a.format.device), " ", dtype_name(a.format.dtype),
+                ", the model now on ", device_name(format_.device), " ", dtype_name(format_.dtype),
+                " (to_device ran between this forward and its backward)");
+  ensure_shape(a.batch, a.seq_len);  // the scratch of this set's shape
   if (!chunk.last_stage() && !d_output.defined())
     throw_error("pipeline stage ", chunk.stage, " needs the gradient of its output from the next stage");
   if (!chunk.last_stage() && d_output.numel() != d_residual_a_.numel())
@@ -435,7 +407,7 @@ Tensor Transformer::backward_chunk(int64_t chunk_index, int64_t micro, const Ten
     ParameterList final_norm_params;
     if (sequence_parallel) final_norm->collect(final_norm_params);
     with_partial_grads(final_norm_params, [&] {
-      final_norm->backward(d_out, a.d_hidden, residual(a, chunk.layers()), a.final_norm_stash);
+      final_norm->backward(d_out, a.d_hidden, a.residual(chunk.layers()), a.final_norm_stash);
     });
     ParameterList head;
     if (!config_.tied_embeddings) head.push_back(&lm_head);
@@ -450,48 +422,49 @@ Tensor Transformer::backward_chunk(int64_t chunk_index, int64_t micro, const Ten
     fire(unit_hooks_.before_backward, unit);
     TransformerBlock& block = *blocks[static_cast<size_t>(first_block + i)];
     with_partial_grads(block.partial_grads(), [&] {
-      block.backward(d_in, d_out, residual(a, i), stash_of(a, i), scratch_, recompute_, batch_, seq_len_);
+      block.backward(d_in, d_out, a.residual(i), stash_of(a, i), scratch_, recompute_, a.batch,
+                     a.seq_len);
     });
     grads_ready(block_parameters_[static_cast<size_t>(first_block + i)]);
     fire(unit_hooks_.after_backward, unit);
     std::swap(d_in, d_out);
   }
   if (!chunk.first_stage()) {
-    release(chunk_index, micro);
+    a.grad_ready = false;
+    // A copy of the tied token embedding (held with the head, without the embeddings) has its
+    // gradient from the head alone.
+    if (chunk.last_stage() && config_.tied_embeddings && !holds_embedding_)
+      grads_ready({&token_embedding});
     return d_out;
   }
   // Under sequence parallelism the position table meets this rank's rows only.
   ParameterList position_params;
   if (sequence_parallel && has_position_embedding()) position_params.push_back(&position_embedding);
   with_partial_grads(position_params, [&] { plan_->embed_backward(d_out, embedding_args(a)); });
-  ParameterList embeddings;
-  if (!tied_across_stages()) embeddings.push_back(&token_embedding);
+  ParameterList embeddings{&token_embedding};
   if (has_position_embedding()) embeddings.push_back(&position_embedding);
   grads_ready(embeddings);
   fire(unit_hooks_.after_backward, 0);
-  release(chunk_index, micro);
+  a.grad_ready = false;
   return Tensor();
 }
 
 void Transformer::backward() {
   if (!is_whole()) throw_error("backward() runs the whole model; a pipeline stage runs backward_chunk()");
-  if (!in_flight_.count({0, 0}) || !in_flight_.at({0, 0}).grad_ready)
-    throw_error("backward() needs a forward() with compute_grad first");
-  backward_chunk(0, 0, Tensor());
+  if (!whole_.grad_ready) throw_error("backward() needs a forward() with compute_grad first");
+  backward_chunk(0, whole_, Tensor());
 }
 
 std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len) {
   if (!is_whole()) throw_error("last_logits() needs the whole model, not one pipeline stage");
   check_inputs(tokens, nullptr, batch, seq_len);
   ensure_shape(batch, seq_len);
-  if (in_flight_.count({0, 0})) release(0, 0);
-  ChunkActivations& a = acquire(0, 0);
-  a.tokens.assign(tokens, tokens + batch * seq_len);
-  forward_layers(0, a, Tensor());
-  std::vector<float> logits = plan_->last_position_logits(a.final_norm_out, output_weight().value, batch,
-                                                          seq_len, config_.vocab_size);
+  fit_activations(0, whole_);  // a forward awaiting its backward is replaced
+  whole_.tokens.assign(tokens, tokens + batch * seq_len);
+  forward_layers(0, whole_, Tensor());
+  std::vector<float> logits = plan_->last_position_logits(
+      whole_.final_norm_out, output_weight().value, batch, seq_len, config_.vocab_size);
   fire(unit_hooks_.after_forward, 0);
-  release(0, 0);
   return logits;
 }
 

@@ -1,9 +1,10 @@
 #pragma once
 // The whole language model: embeddings, blocks, final norm and the fused output projection
-// with cross-entropy. Forward and backward are explicit; the model owns its activation stash
-// and decides, per recomputation mode, what the stash keeps.
+// with cross-entropy. Forward and backward are explicit; the model decides, per recomputation
+// mode, what an activation set keeps. The whole model keeps its own set; a chunk's forward and
+// backward run on a set the caller holds, so whoever runs several micro-batches at once
+// (parallel/pipeline_activations) keeps their sets.
 #include <functional>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -45,31 +46,37 @@ class Transformer {
   // Accumulates every parameter's gradient (call after forward with compute_grad).
   void backward();
 
-  // One pipeline stage's part of micro-batch `micro`: chunk `chunk` (index into chunks()).
-  // The first stage embeds `tokens`; any other takes `input`, the previous stage's output
-  // [local_rows, C]. The last stage returns the summed loss over `targets` (others 0) and,
-  // with compute_grad, its head gradient. Other stages' output is chunk_output(chunk, micro):
-  // with compute_grad valid until backward_chunk, else until the chunk's next forward. Several
-  // micro-batches may be in flight per chunk; each keeps its own activations until its backward.
-  // `input` may live on any device and in either float dtype: it is copied in.
-  double forward_chunk(int64_t chunk, int64_t micro, const int32_t* tokens, const int32_t* targets,
-                       const Tensor& input, int64_t batch, int64_t seq_len, const ForwardOptions& options);
-  Tensor chunk_output(int64_t chunk, int64_t micro) const;  // [local_rows, C], a view
-  // `d_output` is the next stage's gradient of this chunk's output (undefined on the last
-  // stage; any device and float dtype). Returns the gradient of the chunk's input
-  // [local_rows, C], a view valid until the next backward_chunk, or undefined on the first stage.
-  Tensor backward_chunk(int64_t chunk, int64_t micro, const Tensor& d_output);
+  // An activation set for chunk `chunk` (index into chunks()) of batch x seq_len tokens, on the
+  // model's device and in its dtype.
+  ChunkActivations make_activations(int64_t chunk, int64_t batch, int64_t seq_len);
+  // One micro-batch through chunk `chunk`, keeping what its backward needs in `acts`. The
+  // first stage embeds `tokens`; any other takes `input`, the previous stage's output
+  // [local_rows, C] (any device, either float dtype: it is copied in). The last stage returns
+  // the summed loss over `targets` (others 0) and, with compute_grad, its head gradient. The
+  // chunk's output is acts.output(). `acts` may be empty or made for another chunk, shape or
+  // device: it is made again then (a set made for a chunk of as many layers is kept, with what
+  // the last stage adds), so a caller can reuse its sets.
+  double forward_chunk(int64_t chunk, ChunkActivations& acts, const int32_t* tokens,
+                       const int32_t* targets, const Tensor& input, int64_t batch, int64_t seq_len,
+                       const ForwardOptions& options);
+  // `acts` from this chunk's forward with compute_grad; `d_output` is the next stage's gradient
+  // of the chunk's output (undefined on the last stage; any device and float dtype). Returns the
+  // gradient of the chunk's input [local_rows, C], a view valid until the next backward_chunk,
+  // or undefined on the first stage. `acts` may then serve another forward.
+  Tensor backward_chunk(int64_t chunk, ChunkActivations& acts, const Tensor& d_output);
   const std::vector<ModelChunk>& chunks() const { return chunks_; }
+  const ModelChunk& chunk(int64_t index) const;  // checks the index
   bool is_whole() const { return holds_embedding_ && holds_head_ && chunks_.size() == 1; }
   bool holds_embedding() const { return holds_embedding_; }
   bool holds_head() const { return holds_head_; }
-  // Tied embeddings split over pipeline stages: the first stage's token embedding and the last
-  // stage's copy each get part of the gradient. backward never reports that gradient ready:
-  // whoever sums the two parts calls report_grads_ready for it.
-  bool tied_across_stages() const { return config_.tied_embeddings && holds_embedding_ != holds_head_; }
-  void report_grads_ready(const ParameterList& params) { grads_ready(params); }
-  // Activation sets held now, in flight or idle for reuse: the memory a schedule costs.
-  int64_t activation_sets_allocated() const;
+  // Parameters whose gradient backward leaves for the caller to report ready
+  // (report_grads_ready), because the caller completes it: a pipeline sums the parts of a tied
+  // embedding that two stages hold.
+  void defer_grads_ready(ParameterList params) { deferred_grads_ = std::move(params); }
+  void report_grads_ready(const ParameterList& params) {
+    if (grad_ready_hook_)
+      for (Parameter* p : params) grad_ready_hook_(*p);
+  }
 
   // Logits of the last position of each sequence: [batch, vocab] (no targets needed).
   std::vector<float> last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len);
@@ -101,11 +108,12 @@ class Transformer {
   const ParameterList& parameters() const { return parameters_; }
   const ModelConfig& config() const { return config_; }
   const ParallelPlan& plan() const { return *plan_; }
-  // Moves the parameters (values in `compute_dtype`, gradients F32) and every activation onto
-  // `device`. The CPU computes in F32 (bf16 is emulated there: set_bf16_activations); CUDA in
-  // F32 or BF16, whose parameter values are then the bf16 working copies of masters the
-  // optimizer keeps. Parameter values are converted, gradients zeroed. Call before anything
-  // holds the parameters' tensors (optimizers, data parallelism).
+  // Moves the parameters (values in `compute_dtype`, gradients F32) onto `device`; activation
+  // sets are made again there at their next forward (a set awaiting its backward is refused). The
+  // CPU computes in F32 (bf16 is emulated there: set_bf16_activations); CUDA in F32 or BF16, whose
+  // parameter values are then the bf16 working copies of masters the optimizer keeps. Parameter
+  // values are converted, gradients zeroed. Call before anything holds the parameters' tensors
+  // (optimizers, data parallelism).
   void to_device(Device device, DType compute_dtype);
   Device device() const { return format_.device; }
   DType compute_dtype() const { return format_.dtype; }
@@ -114,7 +122,9 @@ class Transformer {
   // Output projection: the token embedding when tied, else lm_head.
   const Parameter& output_weight() const { return config_.tied_embeddings ? token_embedding : lm_head; }
 
-  // Parameters a stage does not hold are left empty (no name, no storage).
+  // Parameters a stage does not hold are left empty (no name, no storage). With tied
+  // embeddings a stage that holds the head but not the embeddings holds a copy of the token
+  // embedding (`pipeline_copy`), its output projection.
   Parameter token_embedding;     // this rank's vocabulary rows under tensor parallelism
   Parameter position_embedding;  // GPT-2 only
   bool has_position_embedding() const { return config_.arch == Architecture::GPT2 && holds_embedding_; }
@@ -123,14 +133,13 @@ class Transformer {
   Parameter lm_head;  // untied models only; the same vocabulary rows as token_embedding
 
  private:
+  // Sizes the scratch every activation set shares (gradient buffers, recomputation stashes).
   void ensure_shape(int64_t batch, int64_t seq_len);
-  const ModelChunk& chunk_at(int64_t chunk) const;
-  ChunkActivations& acquire(int64_t chunk, int64_t micro);
-  void release(int64_t chunk, int64_t micro);
+  // Makes `a` fit chunk `chunk` of the current shape and format (see forward_chunk).
+  void fit_activations(int64_t chunk, ChunkActivations& a);
   void check_inputs(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq_len) const;
   // Embeds or copies the input, runs the chunk's blocks and, on the last stage, the final norm.
   void forward_layers(int64_t chunk, ChunkActivations& a, const Tensor& input);
-  Tensor residual(const ChunkActivations& a, int64_t index) const;  // [local_rows, C] view
   EmbeddingArgs embedding_args(const ChunkActivations& a) const;
   BlockStash& stash_of(ChunkActivations& a, int64_t block_in_chunk);
   // Runs `run` with the gradients of `params` pointed at zeroed scratch, then sums that over
@@ -155,20 +164,17 @@ class Transformer {
   std::vector<int64_t> init_index_;
   std::vector<ParameterList> block_parameters_;
   GradReadyHook grad_ready_hook_;
+  ParameterList deferred_grads_;
   UnitHooks unit_hooks_;
   void grads_ready(const ParameterList& params);
   static void fire(const std::function<void(int64_t)>& hook, int64_t unit) {
     if (hook) hook(unit);
   }
 
-  // Activations for the current (batch, seq_len). Rows are this rank's
-  // (ParallelPlan::local_rows).
+  // Scratch for the current (batch, seq_len), shared by every activation set. Rows are this
+  // rank's (ParallelPlan::local_rows).
   int64_t batch_ = 0, seq_len_ = 0;
-  std::map<std::pair<int64_t, int64_t>, ChunkActivations> in_flight_;  // by (chunk, micro)
-  // Sets not in use, for any chunk of as many layers: a rank's peak is then the most
-  // micro-batch-chunks it has in flight at once, what the planner's replay predicts.
-  std::vector<ChunkActivations> idle_;
-  std::pair<int64_t, int64_t> last_released_{-1, -1};  // idle_.back(), after a no-grad forward
+  ChunkActivations whole_;           // forward(), backward() and last_logits() of the whole model
   BlockStash full_recompute_stash_;  // Full: the one stash every block recomputes into
   BlockStash selective_shared_;      // Selective: the recomputables every block shares
   BlockGradScratch scratch_;

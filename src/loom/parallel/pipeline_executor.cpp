@@ -6,10 +6,21 @@
 
 namespace loom {
 
+ParameterList split_tied_embedding(Transformer& model) {
+  if (model.config().tied_embeddings && model.holds_embedding() != model.holds_head())
+    return {&model.token_embedding};
+  return {};
+}
+
 PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGroup> pp,
                                    PipelineSchedule schedule,
                                    std::shared_ptr<ProcessGroup> embedding)
-    : model_(model), pp_(std::move(pp)), embedding_(std::move(embedding)), schedule_(schedule) {
+    : model_(model),
+      activations_(model),
+      tied_(split_tied_embedding(model)),
+      pp_(std::move(pp)),
+      embedding_(std::move(embedding)),
+      schedule_(schedule) {
   const auto& chunks = model_.chunks();
   const int64_t p = pp_->size(), v = static_cast<int64_t>(chunks.size());
   stages_ = p * v;
@@ -20,10 +31,11 @@ PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGr
                   " of ", chunk.stages, ", expected stage ", c * p + pp_->rank(), " of ", stages_,
                   " (model/pipeline_layout)");
   }
-  if (model_.tied_across_stages() && (!embedding_ || embedding_->size() != 2))
+  if (!tied_.empty() && (!embedding_ || embedding_->size() != 2))
     throw_error(
         "pipeline: tied embeddings span the first and last stage, which need an embedding group of "
         "those two ranks");
+  model_.defer_grads_ready(tied_);
 }
 
 int PipelineExecutor::tag(int64_t micro, int64_t stage, Direction direction) const {
@@ -83,28 +95,27 @@ double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
     if (action.op == PipeOp::Forward) {
       const Tensor input = chunk.first_stage() ? Tensor() : receive(mb, chunk.stage, kActivation);
       start = TraceRecorder::now_s();
-      loss += model_.forward_chunk(action.chunk, mb, tokens, targets, input, micro.batch,
+      loss += activations_.forward(action.chunk, mb, tokens, targets, input, micro.batch,
                                    micro.seq_len, {true, grad_scale});
       if (!chunk.last_stage())
-        send(model_.chunk_output(action.chunk, mb), mb, chunk.stage + 1, kActivation);
+        send(activations_.output(action.chunk, mb), mb, chunk.stage + 1, kActivation);
     } else {
       const Tensor d_output = chunk.last_stage() ? Tensor() : receive(mb, chunk.stage, kGradient);
       if (set_sync) set_sync(mb == micro.count - 1);
       start = TraceRecorder::now_s();
-      const Tensor d_input = model_.backward_chunk(action.chunk, mb, d_output);
+      const Tensor d_input = activations_.backward(action.chunk, mb, d_output);
       if (!chunk.first_stage()) send(d_input, mb, chunk.stage - 1, kGradient);
     }
     timings_.push_back(
         {action.op, mb, action.chunk, start - step_start, TraceRecorder::now_s() - step_start});
   }
   wait_sends();
-  if (model_.tied_across_stages()) {
+  if (!tied_.empty()) {
     // The first stage's embedding gradient plus the last stage's head gradient: the gradient
     // of the one tied matrix, which both copies then step with.
-    Parameter& tied = model_.token_embedding;
-    comm::all_reduce(*embedding_, tied.grad, ReduceOp::Sum)->wait();
+    comm::all_reduce(*embedding_, tied_.front()->grad, ReduceOp::Sum)->wait();
     if (set_sync) set_sync(true);
-    model_.report_grads_ready({&tied});
+    model_.report_grads_ready(tied_);
   }
   return loss;
 }
@@ -119,11 +130,11 @@ double PipelineExecutor::forward_only(const MicroBatches& micro) {
     for (size_t c = 0; c < chunks.size(); ++c) {
       const ModelChunk& chunk = chunks[c];
       const Tensor input = chunk.first_stage() ? Tensor() : receive(mb, chunk.stage, kActivation);
-      loss += model_.forward_chunk(static_cast<int64_t>(c), mb, micro.tokens + mb * micro.stride,
+      loss += activations_.forward(static_cast<int64_t>(c), mb, micro.tokens + mb * micro.stride,
                                    micro.targets + mb * micro.stride, input, micro.batch,
                                    micro.seq_len, {false, 1.0f});
       if (!chunk.last_stage())
-        send(model_.chunk_output(static_cast<int64_t>(c), mb), mb, chunk.stage + 1, kActivation);
+        send(activations_.output(static_cast<int64_t>(c), mb), mb, chunk.stage + 1, kActivation);
     }
   }
   wait_sends();

@@ -15,6 +15,7 @@
 
 #include "loom/dist/process_group.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/parallel/pipeline_activations.hpp"
 #include "loom/parallel/pipeline_schedule.hpp"
 
 namespace loom {
@@ -33,11 +34,18 @@ struct ActionTiming {
   double start_s, end_s;
 };
 
+// Tied embeddings cut over pipeline stages: the first stage's token embedding and the last
+// stage's copy (Parameter::pipeline_copy) each get part of the gradient, whole only once the two
+// are summed (Megatron-LM's embedding group). Returns this rank's part (empty when it holds none,
+// or holds both ends).
+ParameterList split_tied_embedding(Transformer& model);
+
 class PipelineExecutor {
  public:
   // `model` holds this rank's chunks (pipeline_chunks of the pp group's rank; the chunk count
   // is v). `embedding` is the group of the first and last stage (the pp group's ranks 0 and
-  // pp - 1), needed when the model's tied embeddings span stages, else null.
+  // pp - 1), needed when the model's tied embeddings span stages, else null. The model's
+  // backward then leaves the tied embedding's gradient for this executor to report ready.
   PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGroup> pp, PipelineSchedule schedule,
                    std::shared_ptr<ProcessGroup> embedding = nullptr);
 
@@ -53,6 +61,7 @@ class PipelineExecutor {
   double forward_only(const MicroBatches& micro);
 
   const std::vector<ActionTiming>& last_timings() const { return timings_; }
+  const PipelineActivations& activations() const { return activations_; }
   PipelineSchedule schedule() const { return schedule_; }
   int64_t stages() const { return stages_; }
 
@@ -70,6 +79,8 @@ class PipelineExecutor {
   int64_t rows_elements() const { return rows_ * model_.config().n_embd; }
 
   Transformer& model_;
+  PipelineActivations activations_;
+  ParameterList tied_;  // split_tied_embedding(model_)
   std::shared_ptr<ProcessGroup> pp_, embedding_;
   PipelineSchedule schedule_;
   int64_t stages_ = 1;

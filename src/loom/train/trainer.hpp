@@ -45,6 +45,7 @@ class Trainer {
   // Mean per-token loss over `batches` batches from a fresh pass of `pattern` (deterministic).
   double evaluate(const std::string& pattern, int64_t batches);
   Transformer& model() { return *model_; }
+  const PipelineExecutor* pipeline() const { return pipeline_.get(); }  // null without pp
   // Loads weights, optimizer state and data position from a checkpoint of any layout (a
   // directory or a root's latest); returns its step. Collective under data parallelism.
   int64_t restore(const std::string& dir_or_root);

@@ -4,6 +4,8 @@
 #include <climits>
 #include <cstdlib>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "loom/core/error.hpp"
 #include "loom/dist/mpi_process_group.hpp"
@@ -40,29 +42,21 @@ void check_mpi(int rc, const char* call) {
     throw_error("starting the distributed runtime: ", call, " failed with MPI error ", rc);
 }
 
-// The launcher knows the node-local rank; without one, ask MPI which ranks share memory.
-int find_local_rank() {
-  if (const char* text = env_or_null("OMPI_COMM_WORLD_LOCAL_RANK"))
-    return env_int("OMPI_COMM_WORLD_LOCAL_RANK", text);
-  if (const char* text = env_or_null("SLURM_LOCALID")) return env_int("SLURM_LOCALID", text);
+// This rank's index among the ranks on its node, and their count: MPI's shared-memory split
+// (the launcher's local rank, where it gives one, takes precedence for the index).
+std::pair<int, int> find_node_place() {
   MPI_Comm node_comm = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_comm),
             "MPI_Comm_split_type");
-  int local_rank = 0;
+  int local_rank = 0, local_size = 1;
   MPI_Comm_rank(node_comm, &local_rank);
+  MPI_Comm_size(node_comm, &local_size);
   MPI_Comm_free(&node_comm);
-  return local_rank;
-}
-
-// Ranks on this node: those that share memory with this one.
-int find_local_size() {
-  MPI_Comm node_comm = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_comm),
-            "MPI_Comm_split_type");
-  int size = 1;
-  MPI_Comm_size(node_comm, &size);
-  MPI_Comm_free(&node_comm);
-  return size;
+  if (const char* text = env_or_null("OMPI_COMM_WORLD_LOCAL_RANK"))
+    local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", text);
+  else if (const char* text = env_or_null("SLURM_LOCALID"))
+    local_rank = env_int("SLURM_LOCALID", text);
+  return {local_rank, local_size};
 }
 
 }  // namespace
@@ -91,8 +85,7 @@ DistRuntime::DistRuntime() {
   try {
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
-    local_rank_ = find_local_rank();
-    local_size_ = find_local_size();
+    std::tie(local_rank_, local_size_) = find_node_place();
     MPI_Comm world_copy = MPI_COMM_NULL;
     check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &world_copy), "MPI_Comm_dup");
     world_ = std::make_shared<MpiProcessGroup>(world_copy, "world",

@@ -237,5 +237,92 @@ TEST(PipelineSim, DeadlockAndIncompleteListsAreRefused) {
   expect_contains(error_message([] { simulate_pipeline(Actions(2), 2, 1, 1, 2, 0); }), {"empty"});
 }
 
+// Hand-derived from stage = chunk * p + rank: with p = 2 and v = 2, rank 1's chunk 0 is stage 1,
+// whose output activation goes to stage 2 on rank 0 (the ring closes) and whose gradient comes
+// back from there; rank 1's chunk 1 is the last stage, which sends no activation and receives
+// no gradient; rank 0's chunk 0 is the first stage.
+TEST(PipelineTransfers, FollowTheStagesAroundTheRing) {
+  using T = PipeTransfer;
+  const auto out_f = transfer_out_of({PipeOp::Forward, 3, 0}, 1, 2, 2);
+  ASSERT_TRUE(out_f.has_value());
+  EXPECT_EQ(*out_f, (T{PipeMessage::Activation, 3, 2, 1, 0}));
+  const auto in_b = transfer_into({PipeOp::Backward, 3, 0}, 1, 2, 2);
+  ASSERT_TRUE(in_b.has_value());
+  EXPECT_EQ(*in_b, (T{PipeMessage::Gradient, 3, 1, 0, 1}));
+  const auto out_b = transfer_out_of({PipeOp::Backward, 5, 1}, 0, 2, 2);  // stage 2 -> stage 1
+  ASSERT_TRUE(out_b.has_value());
+  EXPECT_EQ(*out_b, (T{PipeMessage::Gradient, 5, 1, 0, 1}));
+  EXPECT_FALSE(transfer_out_of({PipeOp::Forward, 0, 1}, 1, 2, 2).has_value());
+  EXPECT_FALSE(transfer_into({PipeOp::Backward, 0, 1}, 1, 2, 2).has_value());
+  EXPECT_FALSE(transfer_into({PipeOp::Forward, 0, 0}, 0, 2, 2).has_value());
+  EXPECT_FALSE(transfer_out_of({PipeOp::Backward, 0, 0}, 0, 2, 2).has_value());
+  const auto in_f = transfer_into({PipeOp::Forward, 4, 0}, 2, 4, 1);  // stage 2 from stage 1
+  ASSERT_TRUE(in_f.has_value());
+  EXPECT_EQ(*in_f, (T{PipeMessage::Activation, 4, 2, 1, 2}));
+}
+
+// The order NCCL needs (parallel/pipeline_channels): every schedule the engine runs, over a
+// range of shapes, agrees on each channel's order and completes with blocking receives.
+TEST(PipelineTransfers, EveryScheduleMatchesInOrderAndCannotDeadlock) {
+  int checked = 0;
+  for (int64_t p = 2; p <= 8; ++p)
+    for (int64_t m = 1; m <= 16; ++m) {
+      for (Schedule s : {Schedule::AllForwardAllBackward, Schedule::OneFOneB}) {
+        EXPECT_EQ(pipeline_transfer_problem(pipeline_actions(s, p, m, 1), p, 1), "")
+            << schedule_name(s) << " p=" << p << " m=" << m;
+        ++checked;
+      }
+      for (int64_t v = 1; v <= 4; ++v) {
+        EXPECT_EQ(pipeline_transfer_problem(forward_only_actions(p, m, v), p, v), "")
+            << "forward-only p=" << p << " m=" << m << " v=" << v;
+        if (v >= 2 && m % p == 0) {
+          EXPECT_EQ(pipeline_transfer_problem(pipeline_actions(Schedule::Interleaved, p, m, v), p, v), "")
+              << "interleaved p=" << p << " m=" << m << " v=" << v;
+          ++checked;
+        }
+      }
+    }
+  EXPECT_GT(checked, 200);
+}
+
+TEST(PipelineTransfers, ForwardOnlyVisitsMicroBatchesThenChunksOnEveryRank) {
+  const Actions a = forward_only_actions(3, 2, 2);
+  ASSERT_EQ(a.size(), 3u);
+  for (const auto& rank : a) {
+    std::string order;
+    for (const PipeAction& x : rank) order += show(x) + " ";
+    EXPECT_EQ(order, "F0c0 F0c1 F1c0 F1c1 ");
+  }
+}
+
+TEST(PipelineTransfers, CrossedOrdersAndDeadlocksAreFound) {
+  // Rank 1 forwards micro-batch 1 before 0: with tags that would still match, but on a channel
+  // that matches in order, micro-batch 0's activation would land in micro-batch 1's forward.
+  const Actions crossed = {{{PipeOp::Forward, 0, 0},
+                            {PipeOp::Forward, 1, 0},
+                            {PipeOp::Backward, 0, 0},
+                            {PipeOp::Backward, 1, 0}},
+                           {{PipeOp::Forward, 1, 0},
+                            {PipeOp::Forward, 0, 0},
+                            {PipeOp::Backward, 0, 0},
+                            {PipeOp::Backward, 1, 0}}};
+  expect_contains(pipeline_transfer_problem(crossed, 2, 1),
+                  {"activations from rank 0 to rank 1", "transfer 0",
+                   "sent as activation of micro-batch 0 for stage 1",
+                   "received as activation of micro-batch 1 for stage 1"});
+  // Rank 0 waits for micro-batch 0's gradient before it has sent the activation that makes it.
+  const Actions deadlocked = {{{PipeOp::Backward, 0, 0}, {PipeOp::Forward, 0, 0}},
+                              {{PipeOp::Forward, 0, 0}, {PipeOp::Backward, 0, 0}}};
+  expect_contains(pipeline_transfer_problem(deadlocked, 2, 1),
+                  {"deadlock", "rank 0 waits for gradient of micro-batch 0 for stage 0",
+                   "rank 1 waits for activation of micro-batch 0 for stage 1"});
+  // A message nobody receives: rank 1 skips micro-batch 1.
+  Actions missing = pipeline_actions(Schedule::OneFOneB, 2, 2, 1);
+  missing[1] = {{PipeOp::Forward, 0, 0}, {PipeOp::Backward, 0, 0}};
+  expect_contains(pipeline_transfer_problem(missing, 2, 1),
+                  {"transfer 1", "sent as activation of micro-batch 1", "received as nothing"});
+  expect_contains(pipeline_transfer_problem(missing, 3, 1), {"2 action lists for 3"});
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -65,8 +65,7 @@ void report_trained_model(const TrainConfig& config, const TrainSummary& summary
 // parallel.backend resolved for this launch: NCCL needs CUDA and a GPU per rank of the node
 // (NCCL refuses two ranks on one device); MPI carries device tensors through host memory.
 bool use_nccl(const TrainConfig& config, const DistRuntime& runtime) {
-  // Pipelines stay on MPI (tagged transfers): see parse_train_config's parallel.backend check.
-  if (config.backend == CommBackend::Mpi || config.device != Device::CUDA || config.pp > 1) return false;
+  if (config.backend == CommBackend::Mpi || config.device != Device::CUDA) return false;
   const int gpus = device_memory::cuda_device_count(), ranks = runtime.local_size();
   if (config.backend == CommBackend::Auto) return DistRuntime::nccl_built() && ranks <= gpus;
   if (ranks > gpus)

@@ -20,6 +20,7 @@ PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGr
       tied_(split_tied_embedding(model)),
       pp_(std::move(pp)),
       embedding_(std::move(embedding)),
+      channels_(*pp_),
       schedule_(schedule) {
   const auto& chunks = model_.chunks();
   const int64_t p = pp_->size(), v = static_cast<int64_t>(chunks.size());
@@ -38,21 +39,28 @@ PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGr
   model_.defer_grads_ready(tied_);
 }
 
-int PipelineExecutor::tag(int64_t micro, int64_t stage, Direction direction) const {
-  return static_cast<int>((micro * stages_ + stage) * 2 + direction);
+void PipelineExecutor::check_transfers(const std::vector<std::vector<PipeAction>>& actions,
+                                       bool train, int64_t m) {
+  for (const auto& seen : checked_)
+    if (seen == std::pair{train, m}) return;
+  const std::string problem =
+      pipeline_transfer_problem(actions, pp_->size(), static_cast<int64_t>(model_.chunks().size()));
+  if (!problem.empty())
+    throw_error("pipeline ", train ? schedule_name(schedule_) : "forward-only", " schedule with ",
+                pp_->size(), " ranks and ", m, " micro-batches: ", problem,
+                " (parallel/pipeline_schedule)");
+  checked_.emplace_back(train, m);
 }
 
-Tensor PipelineExecutor::receive(int64_t micro, int64_t stage, Direction direction) {
+Tensor PipelineExecutor::receive(const PipeTransfer& transfer) {
   const int64_t count = rows_elements();
   if (input_.numel() != count)
     input_ = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers, pp_->memory());
-  const int64_t from = direction == kActivation ? stage - 1 : stage + 1;
-  comm::recv(*pp_, input_, peer_of_stage(from), tag(micro, stage, direction))->wait();
+  channels_.recv(transfer.kind, input_, static_cast<int>(transfer.from_rank))->wait();
   return input_.view({rows_, model_.config().n_embd});
 }
 
-void PipelineExecutor::send(const Tensor& data, int64_t micro, int64_t to_stage,
-                            Direction direction) {
+void PipelineExecutor::send(const Tensor& data, const PipeTransfer& transfer) {
   const int64_t count = rows_elements();
   PendingSend* slot = nullptr;
   for (PendingSend& s : sends_) {
@@ -66,7 +74,7 @@ void PipelineExecutor::send(const Tensor& data, int64_t micro, int64_t to_stage,
   }
   // From the model's device and dtype into the f32 message buffer in the group's memory.
   slot->data.copy_from(data);
-  slot->work = comm::send(*pp_, slot->data, peer_of_stage(to_stage), tag(micro, to_stage, direction));
+  slot->work = channels_.send(transfer.kind, slot->data, static_cast<int>(transfer.to_rank));
 }
 
 void PipelineExecutor::wait_sends() {
@@ -77,39 +85,46 @@ void PipelineExecutor::wait_sends() {
     }
 }
 
-double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
-                                    const std::function<void(bool)>& set_sync) {
+double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions,
+                             const MicroBatches& micro, bool train, float grad_scale,
+                             const std::function<void(bool)>& set_sync) {
+  check_transfers(actions, train, micro.count);
   const auto& chunks = model_.chunks();
-  const auto actions =
-      pipeline_actions(schedule_, pp_->size(), micro.count, static_cast<int64_t>(chunks.size()));
+  const int64_t p = pp_->size(), rank = pp_->rank(), v = static_cast<int64_t>(chunks.size());
   rows_ = model_.plan().local_rows(micro.batch * micro.seq_len);
-  timings_.clear();
+  if (train) timings_.clear();
   const double step_start = TraceRecorder::now_s();
   double loss = 0.0;
-  for (const PipeAction& action : actions[static_cast<size_t>(pp_->rank())]) {
-    const ModelChunk& chunk = chunks[static_cast<size_t>(action.chunk)];
+  for (const PipeAction& action : actions[static_cast<size_t>(rank)]) {
     const int64_t mb = action.micro_batch;
     const int32_t* tokens = micro.tokens + mb * micro.stride;
     const int32_t* targets = micro.targets + mb * micro.stride;
-    double start = 0;
+    const auto in = transfer_into(action, rank, p, v);
+    const Tensor received = in ? receive(*in) : Tensor();
+    const double start = TraceRecorder::now_s();
+    Tensor out;
     if (action.op == PipeOp::Forward) {
-      const Tensor input = chunk.first_stage() ? Tensor() : receive(mb, chunk.stage, kActivation);
-      start = TraceRecorder::now_s();
-      loss += activations_.forward(action.chunk, mb, tokens, targets, input, micro.batch,
-                                   micro.seq_len, {true, grad_scale});
-      if (!chunk.last_stage())
-        send(activations_.output(action.chunk, mb), mb, chunk.stage + 1, kActivation);
+      loss += activations_.forward(action.chunk, mb, tokens, targets, received, micro.batch,
+                                   micro.seq_len, {train, grad_scale});
+      if (transfer_out_of(action, rank, p, v)) out = activations_.output(action.chunk, mb);
     } else {
-      const Tensor d_output = chunk.last_stage() ? Tensor() : receive(mb, chunk.stage, kGradient);
       if (set_sync) set_sync(mb == micro.count - 1);
-      start = TraceRecorder::now_s();
-      const Tensor d_input = activations_.backward(action.chunk, mb, d_output);
-      if (!chunk.first_stage()) send(d_input, mb, chunk.stage - 1, kGradient);
+      out = activations_.backward(action.chunk, mb, received);
     }
-    timings_.push_back(
-        {action.op, mb, action.chunk, start - step_start, TraceRecorder::now_s() - step_start});
+    if (const auto to = transfer_out_of(action, rank, p, v)) send(out, *to);
+    if (train)
+      timings_.push_back(
+          {action.op, mb, action.chunk, start - step_start, TraceRecorder::now_s() - step_start});
   }
   wait_sends();
+  return loss;
+}
+
+double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
+                                    const std::function<void(bool)>& set_sync) {
+  const double loss = run(pipeline_actions(schedule_, pp_->size(), micro.count,
+                                           static_cast<int64_t>(model_.chunks().size())),
+                          micro, true, grad_scale, set_sync);
   if (!tied_.empty()) {
     // The first stage's embedding gradient plus the last stage's head gradient: the gradient
     // of the one tied matrix, which both copies then step with.
@@ -121,24 +136,9 @@ double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
 }
 
 double PipelineExecutor::forward_only(const MicroBatches& micro) {
-  const auto& chunks = model_.chunks();
-  rows_ = model_.plan().local_rows(micro.batch * micro.seq_len);
-  double loss = 0.0;
-  // Every rank goes through (micro-batch, chunk) in increasing order, which is each stage's
-  // order of dependence on the one before: no rank waits on one that waits on it.
-  for (int64_t mb = 0; mb < micro.count; ++mb) {
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      const ModelChunk& chunk = chunks[c];
-      const Tensor input = chunk.first_stage() ? Tensor() : receive(mb, chunk.stage, kActivation);
-      loss += activations_.forward(static_cast<int64_t>(c), mb, micro.tokens + mb * micro.stride,
-                                   micro.targets + mb * micro.stride, input, micro.batch,
-                                   micro.seq_len, {false, 1.0f});
-      if (!chunk.last_stage())
-        send(activations_.output(static_cast<int64_t>(c), mb), mb, chunk.stage + 1, kActivation);
-    }
-  }
-  wait_sends();
-  return loss;
+  return run(forward_only_actions(pp_->size(), micro.count,
+                                  static_cast<int64_t>(model_.chunks().size())),
+             micro, false, 1.0f, {});
 }
 
 }  // namespace loom

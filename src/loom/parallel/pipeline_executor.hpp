@@ -6,16 +6,19 @@
 // interleaved 1F1B differ here only in their data.
 //
 // Sends are asynchronous and receives block, so a rank waits only for the data its next
-// action needs; every schedule's lists are ordered so that this never deadlocks (each rank
-// handles a stage's micro-batches in the order the previous stage produced them). Messages
-// carry a tag per (micro-batch, stage, direction), so their order on the wire does not matter.
+// action needs. Messages travel on parallel/pipeline_channels' one-way channels, which match
+// in issue order on MPI as on NCCL; before a step runs, pipeline_transfer_problem checks that
+// its lists agree on every channel's order and cannot deadlock, so a schedule that breaks
+// either is refused by name instead of hanging or swapping micro-batches.
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "loom/dist/process_group.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/parallel/pipeline_activations.hpp"
+#include "loom/parallel/pipeline_channels.hpp"
 #include "loom/parallel/pipeline_schedule.hpp"
 
 namespace loom {
@@ -66,15 +69,16 @@ class PipelineExecutor {
   int64_t stages() const { return stages_; }
 
  private:
-  enum Direction { kActivation = 0, kGradient = 1 };
-  int peer_of_stage(int64_t stage) const { return static_cast<int>(stage % pp_->size()); }
-  int tag(int64_t micro, int64_t stage, Direction direction) const;
-  // Blocks until the activation (or gradient) of `micro` for `stage` has arrived in input_;
-  // returns input_ as [rows, C]. Messages travel as f32 buffers in the pp group's memory (the
-  // host for MPI, the GPU for NCCL); the model's tensors are copied in and out, from any device
-  // and dtype.
-  Tensor receive(int64_t micro, int64_t stage, Direction direction);
-  void send(const Tensor& data, int64_t micro, int64_t to_stage, Direction direction);
+  // Runs `actions` (this rank's list is actions[pp rank]) after checking the whole set with
+  // pipeline_transfer_problem (once per distinct shape).
+  double run(const std::vector<std::vector<PipeAction>>& actions, const MicroBatches& micro,
+             bool train, float grad_scale, const std::function<void(bool)>& set_sync);
+  void check_transfers(const std::vector<std::vector<PipeAction>>& actions, bool train, int64_t m);
+  // Blocks until `transfer` has arrived in input_; returns input_ as [rows, C]. Messages travel
+  // as f32 buffers in the pp group's memory (the host for MPI, the GPU for NCCL); the model's
+  // tensors are copied in and out, from any device and dtype.
+  Tensor receive(const PipeTransfer& transfer);
+  void send(const Tensor& data, const PipeTransfer& transfer);
   void wait_sends();
   int64_t rows_elements() const { return rows_ * model_.config().n_embd; }
 
@@ -82,6 +86,8 @@ class PipelineExecutor {
   PipelineActivations activations_;
   ParameterList tied_;  // split_tied_embedding(model_)
   std::shared_ptr<ProcessGroup> pp_, embedding_;
+  PipelineChannels channels_;
+  std::vector<std::pair<bool, int64_t>> checked_;  // (train, micro-batches) already checked
   PipelineSchedule schedule_;
   int64_t stages_ = 1;
   int64_t rows_ = 0;  // this rank's rows of a micro-batch

@@ -1,6 +1,10 @@
 #include "loom/parallel/pipeline_schedule.hpp"
 
 #include <algorithm>
+#include <map>
+#include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "loom/core/error.hpp"
 
@@ -96,6 +100,137 @@ std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule,
     }
   }
   return ranks;
+}
+
+std::vector<std::vector<PipeAction>> forward_only_actions(int64_t p, int64_t m, int64_t v) {
+  if (p < 1 || m < 1 || v < 1)
+    throw_error("forward-only pipeline: p = ", p, ", m = ", m, ", v = ", v, ", expected each >= 1");
+  std::vector<std::vector<PipeAction>> ranks(static_cast<size_t>(p));
+  for (auto& actions : ranks)
+    for (int64_t mb = 0; mb < m; ++mb)
+      for (int64_t c = 0; c < v; ++c) actions.push_back({PipeOp::Forward, mb, c});
+  return ranks;
+}
+
+std::optional<PipeTransfer> transfer_into(const PipeAction& action, int64_t rank, int64_t p,
+                                          int64_t v) {
+  const int64_t stage = action.chunk * p + rank, stages = p * v;
+  if (action.op == PipeOp::Forward) {
+    if (stage == 0) return std::nullopt;
+    return PipeTransfer{PipeMessage::Activation, action.micro_batch, stage, (stage - 1) % p, rank};
+  }
+  if (stage == stages - 1) return std::nullopt;
+  return PipeTransfer{PipeMessage::Gradient, action.micro_batch, stage, (stage + 1) % p, rank};
+}
+
+std::optional<PipeTransfer> transfer_out_of(const PipeAction& action, int64_t rank, int64_t p,
+                                            int64_t v) {
+  const int64_t stage = action.chunk * p + rank, stages = p * v;
+  if (action.op == PipeOp::Forward) {
+    if (stage == stages - 1) return std::nullopt;
+    return PipeTransfer{PipeMessage::Activation, action.micro_batch, stage + 1, rank, (stage + 1) % p};
+  }
+  if (stage == 0) return std::nullopt;
+  return PipeTransfer{PipeMessage::Gradient, action.micro_batch, stage - 1, rank, (stage - 1) % p};
+}
+
+namespace {
+
+const char* message_name(PipeMessage kind) {
+  return kind == PipeMessage::Activation ? "activation" : "gradient";
+}
+
+std::string describe(const PipeTransfer& t) {
+  std::ostringstream out;
+  out << message_name(t.kind) << " of micro-batch " << t.micro_batch << " for stage " << t.stage
+      << " (rank " << t.from_rank << " -> " << t.to_rank << ")";
+  return out.str();
+}
+
+// A channel: one message kind from one rank to the other.
+using Channel = std::tuple<PipeMessage, int64_t, int64_t>;
+Channel channel_of(const PipeTransfer& t) { return {t.kind, t.from_rank, t.to_rank}; }
+
+struct Step {
+  bool receive;
+  PipeTransfer transfer;
+};
+
+}  // namespace
+
+std::string pipeline_transfer_problem(const std::vector<std::vector<PipeAction>>& actions,
+                                      int64_t p, int64_t v) {
+  if (static_cast<int64_t>(actions.size()) != p) {
+    std::ostringstream out;
+    out << actions.size() << " action lists for " << p << " pipeline ranks";
+    return out.str();
+  }
+  // Each rank's transfers in the order it issues them: an action's input, then its output.
+  std::vector<std::vector<Step>> program(static_cast<size_t>(p));
+  std::map<Channel, std::vector<PipeTransfer>> sent, received;
+  for (int64_t rank = 0; rank < p; ++rank) {
+    for (const PipeAction& action : actions[static_cast<size_t>(rank)]) {
+      if (action.chunk < 0 || action.chunk >= v) {
+        std::ostringstream out;
+        out << "rank " << rank << " runs chunk " << action.chunk << " of " << v;
+        return out.str();
+      }
+      if (const auto in = transfer_into(action, rank, p, v)) {
+        program[static_cast<size_t>(rank)].push_back({true, *in});
+        received[channel_of(*in)].push_back(*in);
+      }
+      if (const auto out = transfer_out_of(action, rank, p, v)) {
+        program[static_cast<size_t>(rank)].push_back({false, *out});
+        sent[channel_of(*out)].push_back(*out);
+      }
+    }
+  }
+  // 1. Same order on both ends of every channel (and nothing sent that is never received).
+  std::map<Channel, bool> channels;
+  for (const auto& [channel, list] : sent) channels[channel] = true;
+  for (const auto& [channel, list] : received) channels[channel] = true;
+  for (const auto& [channel, unused] : channels) {
+    const std::vector<PipeTransfer>& s = sent[channel];
+    const std::vector<PipeTransfer>& r = received[channel];
+    for (size_t i = 0; i < std::max(s.size(), r.size()); ++i) {
+      if (i < s.size() && i < r.size() && s[i] == r[i]) continue;
+      std::ostringstream out;
+      out << "on the channel of " << message_name(std::get<0>(channel)) << "s from rank "
+          << std::get<1>(channel) << " to rank " << std::get<2>(channel) << ", transfer " << i
+          << " is sent as ";
+      out << (i < s.size() ? describe(s[i]) : std::string("nothing"));
+      out << " but received as " << (i < r.size() ? describe(r[i]) : std::string("nothing"));
+      return out.str();
+    }
+  }
+  // 2. Run the ranks: sends are posted without blocking, a receive blocks until the send it
+  // matches (the next one on its channel) has been posted.
+  std::map<Channel, size_t> posted, taken;
+  std::vector<size_t> cursor(static_cast<size_t>(p), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t rank = 0; rank < program.size(); ++rank) {
+      for (size_t& i = cursor[rank]; i < program[rank].size(); ++i) {
+        const Step& step = program[rank][i];
+        const Channel channel = channel_of(step.transfer);
+        if (!step.receive) {
+          ++posted[channel];
+        } else if (posted[channel] > taken[channel]) {
+          ++taken[channel];
+        } else {
+          break;
+        }
+        progress = true;
+      }
+    }
+  }
+  std::ostringstream stuck;
+  for (size_t rank = 0; rank < program.size(); ++rank)
+    if (cursor[rank] < program[rank].size())
+      stuck << (stuck.tellp() > 0 ? "; " : "") << "rank " << rank << " waits for "
+            << describe(program[rank][cursor[rank]].transfer);
+  if (stuck.tellp() > 0) return "the ranks deadlock: " + stuck.str();
+  return "";
 }
 
 }  // namespace loom

@@ -305,11 +305,6 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (c.backend == CommBackend::Nccl && c.device != Device::CUDA)
     throw_error("config key 'parallel.backend' is \"nccl\" with train.device = \"cpu\": NCCL carries GPU "
                 "memory only; use \"mpi\" or \"auto\" on the CPU");
-  if (c.backend == CommBackend::Nccl && c.pp > 1)
-    throw_error("config key 'parallel.backend' is \"nccl\" with parallel.pp = ", c.pp,
-                ": NCCL's point-to-point transfers have no tags and hold the stream until matched, and the "
-                "pipeline executor does not pair its sends and receives in NCCL groups yet; use \"auto\" "
-                "(MPI for pipelines) or \"mpi\"");
   if (c.device == Device::CUDA) check_cuda_training(c);
   c.schedule.total_steps = c.steps;
   return c;

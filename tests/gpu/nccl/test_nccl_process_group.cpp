@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "loom/dist/nccl/nccl_process_group.hpp"
 #include "loom/dist/tensor_comm.hpp"
 #include "loom/kernels/ops.hpp"
+#include "loom/parallel/pipeline_channels.hpp"
 
 namespace loom {
 namespace {
@@ -179,6 +181,44 @@ TEST_F(NcclTest, SendRecvAroundARing) {
   b->wait();
   const auto got = received.host();
   for (int i = 0; i < 256; ++i) EXPECT_FLOAT_EQ(got[static_cast<size_t>(i)], value_at(previous, 2, i));
+}
+
+// The pipeline's channels over NCCL: every rank posts all its sends (4 MiB each, more than
+// NCCL buffers without a posted receive) before any receive, both kinds, then receives the
+// gradients first. On one shared stream the first send would hold the stream, and the peer's
+// send would hold its own, for good; on the one-way channels each kind arrives, in order.
+TEST_F(NcclTest, PipelineChannelsNeverPutASendInFrontOfAReceive) {
+  const int n = g_size, r = g_rank;
+  if (n < 2) GTEST_SKIP() << "a pipeline needs 2 ranks (2 GPUs)";
+  PipelineChannels channels(*group_);
+  const int next = (r + 1) % n, previous = (r + n - 1) % n;
+  constexpr int64_t kCount = int64_t{1} << 20;
+  auto filled = [&](int sender, int kind, int k) {
+    std::vector<float> v(static_cast<size_t>(kCount));
+    for (int64_t i = 0; i < kCount; i += 4096) v[static_cast<size_t>(i)] = value_at(sender, 10 * kind + k, static_cast<int>(i / 4096));
+    return v;
+  };
+  std::vector<Tensor> out;
+  std::vector<WorkHandle> sends;
+  for (int k = 0; k < 2; ++k)
+    for (int kind = 0; kind < 2; ++kind) {
+      const Tensor host = Tensor::empty({kCount}, DType::F32, MemCategory::Workspace);
+      const std::vector<float> v = filled(r, kind, k);
+      std::copy(v.begin(), v.end(), host.f32());
+      out.push_back(host.to(loom::Device::CUDA, MemCategory::CommBuffers));
+      const auto message = kind == 0 ? PipeMessage::Activation : PipeMessage::Gradient;
+      sends.push_back(channels.send(message, out.back(), kind == 0 ? next : previous));
+    }
+  for (int kind : {1, 0})
+    for (int k = 0; k < 2; ++k) {
+      const Tensor in = Tensor::zeros({kCount}, DType::F32, MemCategory::Workspace, loom::Device::CUDA);
+      const int from = kind == 0 ? previous : next;
+      channels.recv(kind == 0 ? PipeMessage::Activation : PipeMessage::Gradient, in, from)->wait();
+      const std::vector<float> got = in.to_f32_vector(), want = filled(from, kind, k);
+      for (int64_t i = 0; i < kCount; i += 4096)
+        ASSERT_EQ(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)]) << "kind " << kind << " message " << k;
+    }
+  for (const WorkHandle& s : sends) s->wait();
 }
 
 // Several operations in flight, completed in reverse order; test() polls without blocking.

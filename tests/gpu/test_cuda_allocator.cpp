@@ -1,9 +1,11 @@
-// DeviceAllocator accounting (live/peak per category, like HostAllocator), block reuse and
+// Pinned host communication buffers (the MPI backend's staging of device tensors); DeviceAllocator accounting (live/peak per category, like HostAllocator), block reuse and
 // empty_cache; and device_info's view of the GPU the other tests run on.
 #include <gtest/gtest.h>
 
 #include "gpu_test_support.hpp"
 #include "loom/core/cuda/device_allocator.hpp"
+#include "loom/core/device_memory.hpp"
+#include "loom/core/tensor.hpp"
 
 namespace loom::cuda::test {
 namespace {
@@ -18,6 +20,35 @@ TEST_F(CudaAllocatorTest, DeviceInfoDescribesTheDevice) {
   EXPECT_FALSE(info.devices[0].name.empty());
   EXPECT_GE(info.devices[0].compute_major, 8) << "built for sm_80 and sm_90 only";
   EXPECT_GT(info.devices[0].total_memory_bytes, 0);
+}
+
+// Once a process computes on a GPU, its host communication buffers are page-locked (CUDA
+// reports them as host memory it registered), still counted as comm_buffers, and reused.
+TEST_F(CudaAllocatorTest, HostCommBuffersArePinnedCountedAndReused) {
+  ASSERT_GE(device_memory::select_cuda_device(0), 0);
+  const int64_t before = HostAllocator::instance().live_bytes(MemCategory::CommBuffers);
+  void* first = nullptr;
+  {
+    const Tensor staging = Tensor::empty({1000}, DType::F32, MemCategory::CommBuffers);
+    first = staging.raw();
+    cudaPointerAttributes attributes{};
+    LOOM_CUDA_CHECK(cudaPointerGetAttributes(&attributes, staging.raw()));
+    EXPECT_EQ(attributes.type, cudaMemoryTypeHost) << "not page-locked";
+    EXPECT_EQ(HostAllocator::instance().live_bytes(MemCategory::CommBuffers) - before, 4000);
+    // A device round trip through it.
+    const Tensor values = Tensor::zeros({1000}, DType::F32, MemCategory::Workspace);
+    values.f32()[999] = 7.0f;
+    staging.copy_from(values.to(Device::CUDA, MemCategory::Workspace));
+    EXPECT_EQ(staging.f32()[999], 7.0f);
+  }
+  EXPECT_EQ(HostAllocator::instance().live_bytes(MemCategory::CommBuffers), before);
+  const Tensor again = Tensor::empty({900}, DType::F32, MemCategory::CommBuffers);
+  EXPECT_EQ(again.raw(), first) << "the freed block is taken again";
+  // Other host categories stay pageable.
+  const Tensor workspace = Tensor::empty({1000}, DType::F32, MemCategory::Workspace);
+  cudaPointerAttributes attributes{};
+  LOOM_CUDA_CHECK(cudaPointerGetAttributes(&attributes, workspace.raw()));
+  EXPECT_EQ(attributes.type, cudaMemoryTypeUnregistered);
 }
 
 TEST_F(CudaAllocatorTest, SizeClassesRoundUp) {

@@ -33,16 +33,24 @@ void* HostAllocator::allocate(size_t bytes, MemCategory category) {
   const size_t rounded = (bytes + kAlignmentBytes - 1) / kAlignmentBytes * kAlignmentBytes;
   void* ptr = std::aligned_alloc(kAlignmentBytes, rounded == 0 ? kAlignmentBytes : rounded);
   if (!ptr) throw std::bad_alloc();
+  count_allocated(bytes, category);
+  return ptr;
+}
+
+void HostAllocator::count_allocated(size_t bytes, MemCategory category) {
   const auto index = static_cast<size_t>(category);
   const int64_t live = live_[index].fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
   raise_peak(peak_[index], live);
   const int64_t total = total_live_.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
   raise_peak(total_peak_, total);
-  return ptr;
 }
 
 void HostAllocator::release(void* ptr, size_t bytes, MemCategory category) {
   std::free(ptr);
+  count_released(bytes, category);
+}
+
+void HostAllocator::count_released(size_t bytes, MemCategory category) {
   live_[static_cast<size_t>(category)].fetch_sub(static_cast<int64_t>(bytes));
   total_live_.fetch_sub(static_cast<int64_t>(bytes));
 }

@@ -35,6 +35,9 @@ class HostAllocator {
   static HostAllocator& instance();
   void* allocate(size_t bytes, MemCategory category);
   void release(void* ptr, size_t bytes, MemCategory category);
+  // The accounting alone, for host bytes that come from elsewhere (CUDA's pinned memory).
+  void count_allocated(size_t bytes, MemCategory category);
+  void count_released(size_t bytes, MemCategory category);
 
   MemStats stats() const;
   int64_t live_bytes(MemCategory category) const;

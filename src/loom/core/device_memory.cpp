@@ -47,6 +47,15 @@ int select_cuda_device(int local_rank) {
 }
 
 void* allocate(Device device, size_t bytes, MemCategory category) {
+#ifdef LOOM_HAVE_CUDA
+  // Host communication buffers of a process that computes on a GPU are what the MPI backend
+  // stages device tensors through: page-locked, so those copies run at full bus speed.
+  if (device == Device::CPU && category == MemCategory::CommBuffers)
+    if (void* pinned = cuda::pinned_host_allocate(bytes)) {
+      HostAllocator::instance().count_allocated(bytes, category);
+      return pinned;
+    }
+#endif
   if (device == Device::CPU) return HostAllocator::instance().allocate(bytes, category);
 #ifdef LOOM_HAVE_CUDA
   return cuda::device_allocate(bytes, category);
@@ -56,6 +65,10 @@ void* allocate(Device device, size_t bytes, MemCategory category) {
 }
 
 void release(Device device, void* ptr, size_t bytes, MemCategory category) {
+#ifdef LOOM_HAVE_CUDA
+  if (device == Device::CPU && category == MemCategory::CommBuffers && cuda::pinned_host_release(ptr))
+    return HostAllocator::instance().count_released(bytes, category);
+#endif
   if (device == Device::CPU) return HostAllocator::instance().release(ptr, bytes, category);
 #ifdef LOOM_HAVE_CUDA
   cuda::device_release(ptr, bytes, category);

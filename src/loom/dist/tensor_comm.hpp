@@ -5,8 +5,9 @@
 // Any other tensor (a CUDA tensor over MPI, several ranks sharing one GPU; a bf16 activation)
 // is staged: copied into an f32 buffer in the group's memory before the call, and the result
 // copied back out when wait() returns or test() first says true. The staging copies wait for
-// the device (core/device_memory); pinned buffers and CUDA-aware MPI are the faster paths
-// still to come.
+// the device (core/device_memory); in a process that computes on a GPU the host staging
+// buffers (comm_buffers) are page-locked and cached, so they move at full bus speed.
+// CUDA-aware MPI, which would skip the host, is still to come.
 //
 // Tensors handed to the group directly on a CUDA device (NCCL) are written by kernels on the
 // default stream; the group orders its stream after them (an event, no host wait).

@@ -2,6 +2,10 @@
 #include "loom/core/cuda/device_allocator.hpp"
 #include "loom/core/cuda/device_memory.hpp"
 
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
 namespace loom::cuda {
 
 namespace {
@@ -19,6 +23,18 @@ const Visible& visible() {
   }();
   return v;
 }
+
+// The pinned host blocks: free ones by size, and the size of every block handed out.
+struct PinnedCache {
+  std::mutex mutex;
+  bool device_selected = false;
+  std::multimap<size_t, void*> free_blocks;
+  std::unordered_map<void*, size_t> in_use;
+};
+PinnedCache& pinned() {
+  static PinnedCache* cache = new PinnedCache;  // outlives every static Tensor at exit
+  return *cache;
+}
 }  // namespace
 
 int visible_device_count() { return visible().count; }
@@ -28,7 +44,41 @@ int select_device(int local_rank) {
   if (count == 0) return -1;
   const int device = local_rank % count;
   LOOM_CUDA_CHECK(cudaSetDevice(device));
+  std::lock_guard<std::mutex> lock(pinned().mutex);
+  pinned().device_selected = true;
   return device;
+}
+
+void* pinned_host_allocate(size_t bytes) {
+  PinnedCache& cache = pinned();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  if (!cache.device_selected) return nullptr;
+  // Blocks are 64 KiB multiples; a free block up to twice the request is taken as it is.
+  constexpr size_t kGranule = size_t{64} << 10;
+  const size_t size = (bytes + kGranule - 1) / kGranule * kGranule + (bytes == 0 ? kGranule : 0);
+  auto it = cache.free_blocks.lower_bound(size);
+  void* ptr = nullptr;
+  size_t block = size;
+  if (it != cache.free_blocks.end() && it->first <= 2 * size) {
+    block = it->first;
+    ptr = it->second;
+    cache.free_blocks.erase(it);
+  } else if (cudaHostAlloc(&ptr, size, cudaHostAllocDefault) != cudaSuccess) {
+    (void)cudaGetLastError();  // out of page-locked memory: the caller falls back to pageable
+    return nullptr;
+  }
+  cache.in_use.emplace(ptr, block);
+  return ptr;
+}
+
+bool pinned_host_release(void* ptr) {
+  PinnedCache& cache = pinned();
+  std::lock_guard<std::mutex> lock(cache.mutex);
+  const auto it = cache.in_use.find(ptr);
+  if (it == cache.in_use.end()) return false;
+  cache.free_blocks.emplace(it->second, ptr);
+  cache.in_use.erase(it);
+  return true;
 }
 
 void* device_allocate(size_t bytes, MemCategory category) {

@@ -19,6 +19,13 @@ void device_release(void* ptr, size_t bytes, MemCategory category);
 void device_copy(void* dst, const void* src, size_t bytes, int kind);
 void device_fill_zero(void* dst, size_t bytes);
 MemStats device_stats();
+// Page-locked host memory from a cache (cudaHostAlloc once per block; blocks are reused, never
+// given back before exit), so staging copies to and from the device run at full bus speed
+// instead of through the driver's own bounce buffers. Only once select_device has chosen a
+// device: returns nullptr before that, and on a machine without one.
+void* pinned_host_allocate(size_t bytes);
+// true when `ptr` came from pinned_host_allocate (it goes back to the cache), else false.
+bool pinned_host_release(void* ptr);
 void device_reset_peaks();
 
 }  // namespace loom::cuda

@@ -129,25 +129,30 @@ TEST(KernelGrad, RopeIsOrthogonalAndInvertible) {
   EXPECT_NEAR(z[ld], a * std::cos(1.0f) - b * std::sin(1.0f), 1e-5f);
 }
 
-// Naive causal attention with explicit softmax, for reference.
-std::vector<float> naive_attention(const std::vector<float>& qkv, const cpu::AttentionShape& s) {
+// Naive attention with explicit softmax, for reference: causal, or over each row's key range
+// [begin, end) when `ranges` is given.
+std::vector<float> naive_attention(const std::vector<float>& qkv, const cpu::AttentionShape& s,
+                                   const std::vector<int32_t>& ranges = {}) {
   std::vector<float> out(s.batch * s.seq_len * s.out_ld(), 0.0f);
   const int64_t d = s.head_dim, ld = s.qkv_ld();
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t kvh = h / (s.heads / s.kv_heads);
       for (int64_t i = 0; i < s.seq_len; ++i) {
-        std::vector<double> p(i + 1);
+        const int64_t row = b * s.seq_len + i;
+        const int64_t begin = ranges.empty() ? 0 : ranges[2 * row];
+        const int64_t end = ranges.empty() ? i + 1 : ranges[2 * row + 1];
+        std::vector<double> p(i + 1, 0.0);
         double mx = -1e30, sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = begin; j < end; ++j) {
           double sc = 0;
           for (int64_t c = 0; c < d; ++c)
             sc += qkv[(b * s.seq_len + i) * ld + h * d + c] * qkv[(b * s.seq_len + j) * ld + (s.heads + kvh) * d + c];
           p[j] = sc / std::sqrt(static_cast<double>(d));
           mx = std::max(mx, p[j]);
         }
-        for (auto& v : p) sum += (v = std::exp(v - mx));
-        for (int64_t j = 0; j <= i; ++j)
+        for (int64_t j = begin; j < end; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int64_t j = begin; j < end; ++j)
           for (int64_t c = 0; c < d; ++c)
             out[(b * s.seq_len + i) * s.out_ld() + h * d + c] += static_cast<float>(
                 p[j] / sum * qkv[(b * s.seq_len + j) * ld + (s.heads + s.kv_heads + kvh) * d + c]);
@@ -183,6 +188,91 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionKernel,
                          ::testing::Values(std::make_tuple(5, 2, 2), std::make_tuple(9, 4, 2),
                                            std::make_tuple(7, 4, 1), std::make_tuple(70, 2, 1),
                                            std::make_tuple(150, 2, 2)));
+
+// Key ranges (0, i + 1) are the causal mask: the same bits as no ranges, forward and backward.
+TEST(AttentionKeyRanges, CausalRangesGiveTheCausalKernelsBits) {
+  const cpu::AttentionShape s{2, 150, 4, 2, 8};
+  const auto qkv = random_vector(s.batch * s.seq_len * s.qkv_ld(), 40);
+  const auto d_out = random_vector(s.batch * s.seq_len * s.out_ld(), 41);
+  std::vector<int32_t> causal;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int32_t i = 0; i < s.seq_len; ++i) causal.insert(causal.end(), {0, i + 1});
+  std::vector<float> out(d_out.size()), lse(s.batch * s.heads * s.seq_len), dqkv(qkv.size());
+  std::vector<float> out_r(out.size()), lse_r(lse.size()), dqkv_r(qkv.size());
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), s);
+  cpu::attention_forward(out_r.data(), lse_r.data(), qkv.data(), s, causal.data());
+  cpu::attention_backward(dqkv.data(), d_out.data(), qkv.data(), out.data(), lse.data(), s);
+  cpu::attention_backward(dqkv_r.data(), d_out.data(), qkv.data(), out.data(), lse.data(), s,
+                          causal.data());
+  EXPECT_EQ(out, out_r);
+  EXPECT_EQ(lse, lse_r);
+  EXPECT_EQ(dqkv, dqkv_r);
+}
+
+// Documents packed into one sequence, each row seeing only its own document's earlier tokens:
+// every document's rows equal the causal kernel run on that document alone (a sequence of its
+// own length), against the naive formula too, and the gradient checks. Boundaries fall inside
+// and on the 64-row tiles, and differ between the two sequences.
+TEST(AttentionKeyRanges, PackedDocumentsEqualEachDocumentAloneAndGradCheck) {
+  const cpu::AttentionShape s{2, 150, 4, 2, 8};
+  const std::vector<std::vector<int32_t>> starts = {{0, 37, 64, 100}, {0, 1, 65, 149}};
+  const auto qkv = random_vector(s.batch * s.seq_len * s.qkv_ld(), 42);
+  std::vector<int32_t> ranges;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int32_t i = 0; i < s.seq_len; ++i) {
+      int32_t begin = 0;
+      for (int32_t start : starts[static_cast<size_t>(b)])
+        if (start <= i) begin = start;
+      ranges.insert(ranges.end(), {begin, i + 1});
+    }
+  std::vector<float> out(s.batch * s.seq_len * s.out_ld()), lse(s.batch * s.heads * s.seq_len);
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), s, ranges.data());
+  const auto naive = naive_attention(qkv, s, ranges);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], naive[i], 1e-5f) << i;
+
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const auto& doc_starts = starts[static_cast<size_t>(b)];
+    for (size_t k = 0; k < doc_starts.size(); ++k) {
+      const int64_t first = doc_starts[k];
+      const int64_t length = (k + 1 < doc_starts.size() ? doc_starts[k + 1] : s.seq_len) - first;
+      const cpu::AttentionShape alone{1, length, s.heads, s.kv_heads, s.head_dim};
+      const auto row0 = qkv.begin() + (b * s.seq_len + first) * s.qkv_ld();
+      const std::vector<float> doc_qkv(row0, row0 + length * s.qkv_ld());
+      std::vector<float> doc_out(length * s.out_ld()), doc_lse(s.heads * length);
+      cpu::attention_forward(doc_out.data(), doc_lse.data(), doc_qkv.data(), alone);
+      for (int64_t i = 0; i < length * s.out_ld(); ++i)
+        ASSERT_NEAR(out[(b * s.seq_len + first) * s.out_ld() + i], doc_out[i], 1e-6f)
+            << "sequence " << b << " document " << k << " element " << i;
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t i = 0; i < length; ++i)
+          ASSERT_NEAR(lse[(b * s.heads + h) * s.seq_len + first + i], doc_lse[h * length + i], 1e-5f);
+    }
+  }
+
+  auto x = qkv;
+  const auto probe = random_vector(out.size(), 43);
+  auto loss = [&] {
+    std::vector<float> o(out.size()), l(lse.size());
+    cpu::attention_forward(o.data(), l.data(), x.data(), s, ranges.data());
+    return dot(o, probe);
+  };
+  std::vector<float> dqkv(qkv.size());
+  cpu::attention_backward(dqkv.data(), probe.data(), qkv.data(), out.data(), lse.data(), s,
+                          ranges.data());
+  EXPECT_LT(max_gradient_error(x, dqkv, loss, 300), kGradCheckTolerance);
+}
+
+// A sliding window of 20 keys (begin = i - 19) against the naive formula.
+TEST(AttentionKeyRanges, SlidingWindowMatchesNaive) {
+  const cpu::AttentionShape s{1, 130, 2, 1, 8};
+  const auto qkv = random_vector(s.seq_len * s.qkv_ld(), 44);
+  std::vector<int32_t> ranges;
+  for (int32_t i = 0; i < s.seq_len; ++i) ranges.insert(ranges.end(), {std::max(0, i - 19), i + 1});
+  std::vector<float> out(s.seq_len * s.out_ld()), lse(s.heads * s.seq_len);
+  cpu::attention_forward(out.data(), lse.data(), qkv.data(), s, ranges.data());
+  const auto naive = naive_attention(qkv, s, ranges);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], naive[i], 1e-5f) << i;
+}
 
 TEST(KernelGrad, CrossEntropyChunkedMatchesNaiveAndGradChecks) {
   const int64_t rows = 6, dim = 8, vocab = 37;

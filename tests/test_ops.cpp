@@ -3,7 +3,9 @@
 // a bad call. The same ops on CUDA are checked against these in tests/gpu/test_cuda_ops.cpp.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "gradcheck.hpp"
 #include "loom/core/device_memory.hpp"
@@ -96,6 +98,27 @@ TEST(Ops, BadCallsNameTheOpAndTheShapes) {
             std::string::npos);
   EXPECT_NE(error_message([&] { ops::swiglu_forward(y, x); }).find("expected [rows, 2 dim]"),
             std::string::npos);
+}
+
+// Key ranges must give each of the B*T query rows a non-empty causal range.
+TEST(Ops, AttentionKeyRangesAreCheckedRowByRow) {
+  const ops::AttentionShape shape{1, 3, 1, 1, 4};
+  const Tensor qkv = Tensor::zeros({3, 12}, DType::F32, MemCategory::Workspace);
+  const Tensor out = Tensor::zeros({3, 4}, DType::F32, MemCategory::Workspace);
+  const Tensor lse = Tensor::zeros({1, 1, 3}, DType::F32, MemCategory::Workspace);
+  const std::vector<int32_t> short_list = {0, 1, 0, 2};
+  expect_contains(error_message([&] { ops::attention_forward(out, lse, qkv, shape, short_list); }),
+                  {"ops::attention_forward", "4 key-range values for 3 query rows", "(6)"});
+  const std::vector<int32_t> future = {0, 1, 0, 3, 0, 3};  // row 1 would see key 2
+  expect_contains(error_message([&] { ops::attention_forward(out, lse, qkv, shape, future); }),
+                  {"query row 1 of sequence 0 sees keys [0, 3)", "0 <= begin < end <= 2"});
+  const std::vector<int32_t> empty_row = {0, 1, 1, 2, 2, 2};
+  expect_contains(error_message([&] { ops::attention_backward(qkv, out, qkv, out, lse, shape, empty_row); }),
+                  {"ops::attention_backward", "query row 2", "[2, 2)"});
+  const std::vector<int32_t> fine = {0, 1, 1, 2, 0, 3};
+  ops::attention_forward(out, lse, qkv, shape, fine);  // zero q: uniform over the range
+  EXPECT_FLOAT_EQ(lse.to_f32_vector()[2], std::log(3.0f));
+  EXPECT_FLOAT_EQ(lse.to_f32_vector()[1], 0.0f);  // one key
 }
 
 TEST(Ops, CudaTensorsWithoutCudaAreRefusedByName) {

@@ -167,8 +167,31 @@ void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& f
                        fused.f32() + dim, d_out.size(0), dim, 2 * dim);
 }
 
+namespace {
+// Key ranges fit the rows and keep every row causal and non-empty; they run on the CPU only.
+const int32_t* checked_key_ranges(const char* op, std::span<const int32_t> ranges,
+                                  const AttentionShape& shape, Device device) {
+  if (ranges.empty()) return nullptr;
+  if (device != Device::CPU)
+    throw_error("ops::", op, ": key ranges (packed documents, windows) run on the CPU only so far; ",
+                "this call is on ", device_name(device));
+  const int64_t rows = shape.batch * shape.seq_len;
+  if (static_cast<int64_t>(ranges.size()) != 2 * rows)
+    throw_error("ops::", op, ": ", ranges.size(), " key-range values for ", rows,
+                " query rows, expected 2 per row (", 2 * rows, ")");
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t i = row % shape.seq_len, begin = ranges[2 * row], end = ranges[2 * row + 1];
+    if (begin < 0 || begin >= end || end > i + 1)
+      throw_error("ops::", op, ": query row ", i, " of sequence ", row / shape.seq_len,
+                  " sees keys [", begin, ", ", end, "), expected 0 <= begin < end <= ", i + 1,
+                  " (causal and not empty)");
+  }
+  return ranges.data();
+}
+}  // namespace
+
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                       const AttentionShape& shape) {
+                       const AttentionShape& shape, std::span<const int32_t> key_ranges) {
   const Device device = device_of("attention_forward", {&out, &lse, &qkv});
   const int64_t rows = shape.batch * shape.seq_len;
   if (qkv.numel() != rows * shape.qkv_ld() || out.numel() != rows * shape.out_ld() ||
@@ -177,21 +200,24 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                 shape_to_string(out.shape()), ", lse ", shape_to_string(lse.shape()),
                 " do not fit batch ", shape.batch, " x ", shape.seq_len, ", ", shape.heads,
                 " heads, ", shape.kv_heads, " kv heads of ", shape.head_dim);
+  const int32_t* ranges = checked_key_ranges("attention_forward", key_ranges, shape, device);
   LOOM_OPS_ON_CUDA(device, attention_forward(out, lse, qkv, shape))
   require_cpu_f32("attention_forward", {&out, &qkv});
-  cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), shape);
+  cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), shape, ranges);
 }
 
 void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
-                        const Tensor& out, const Tensor& lse, const AttentionShape& shape) {
+                        const Tensor& out, const Tensor& lse, const AttentionShape& shape,
+                        std::span<const int32_t> key_ranges) {
   const Device device = device_of("attention_backward", {&d_qkv, &d_out, &qkv, &out, &lse});
   LOOM_CHECK(d_qkv.numel() == qkv.numel() && d_out.numel() == out.numel(),
              "ops::attention_backward: d_qkv ", shape_to_string(d_qkv.shape()), " / d_out ",
              shape_to_string(d_out.shape()), " for qkv ", shape_to_string(qkv.shape()), " / out ",
              shape_to_string(out.shape()));
+  const int32_t* ranges = checked_key_ranges("attention_backward", key_ranges, shape, device);
   LOOM_OPS_ON_CUDA(device, attention_backward(d_qkv, d_out, qkv, out, lse, shape))
   require_cpu_f32("attention_backward", {&d_qkv, &d_out, &qkv, &out});
-  cpu::attention_backward(d_qkv.f32(), d_out.f32(), qkv.f32(), out.f32(), lse.f32(), shape);
+  cpu::attention_backward(d_qkv.f32(), d_out.f32(), qkv.f32(), out.f32(), lse.f32(), shape, ranges);
 }
 
 int64_t max_attention_head_dim(Device device) {

@@ -13,6 +13,7 @@
 // it takes the tensor and the block's first column.
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cpu/adamw.hpp"
@@ -57,12 +58,14 @@ void swiglu_backward(const Tensor& d_fused, const Tensor& d_out,
 
 // ---- attention --------------------------------------------------------------------------
 // Causal GQA flash attention over the fused qkv [B*T, (H + 2 KV) D]; out [B*T, H D]; lse
-// [B, H, T] F32.
+// [B, H, T] F32. `key_ranges` (host, 2 per query row of the B*T, empty for causal) narrows
+// what each query row i sees to the keys [begin, end), 0 <= begin < end <= i + 1: packed
+// documents (begin = the document's first token) or a sliding window. CPU only so far.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                       const AttentionShape& shape);
+                       const AttentionShape& shape, std::span<const int32_t> key_ranges = {});
 void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
-                        const Tensor& out, const Tensor& lse,
-                        const AttentionShape& shape);  // d_qkv written
+                        const Tensor& out, const Tensor& lse, const AttentionShape& shape,
+                        std::span<const int32_t> key_ranges = {});  // d_qkv written
 
 // The largest head_dim the attention ops take on `device` (the CPU has no limit; 0 for a
 // device this loom was built without).

@@ -34,9 +34,36 @@ HeadColumns head_columns(const AttentionShape& s, int64_t h) {
   const int64_t kvh = h / (s.heads / s.kv_heads);
   return {h * s.head_dim, (s.heads + kvh) * s.head_dim, (s.heads + s.kv_heads + kvh) * s.head_dim};
 }
+
+// The keys query row `row` (of the flattened batch * seq rows) sees: [begin, end).
+struct KeyRange {
+  int64_t begin, end;
+};
+inline KeyRange key_range(const int32_t* ranges, int64_t row, int64_t i) {
+  if (!ranges) return {0, i + 1};
+  return {ranges[2 * row], ranges[2 * row + 1]};
+}
+
+// The keys any row of a query tile sees: the tile's key tiles start at `begin`, so a causal
+// tile (every begin 0) walks the same tiles as before ranges existed.
+KeyRange tile_keys(const int32_t* ranges, int64_t first_row, int64_t i0, int64_t rows) {
+  KeyRange all = key_range(ranges, first_row, i0);
+  for (int64_t r = 1; r < rows; ++r) {
+    const KeyRange k = key_range(ranges, first_row + r, i0 + r);
+    all.begin = std::min(all.begin, k.begin);
+    all.end = std::max(all.end, k.end);
+  }
+  return all;
+}
+
+// The columns [start, stop) of a key tile at j0 (cols wide) that a row with keys `k` sees.
+inline KeyRange visible_columns(const KeyRange& k, int64_t j0, int64_t cols) {
+  return {std::clamp<int64_t>(k.begin - j0, 0, cols), std::clamp<int64_t>(k.end - j0, 0, cols)};
+}
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s) {
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
+                       const int32_t* ranges) {
   const int64_t ld = s.qkv_ld(), d = s.head_dim, out_ld = s.out_ld();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t query_tiles = (s.seq_len + kQueryTile - 1) / kQueryTile;
@@ -52,26 +79,33 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
       const int64_t b = task / (query_tiles * s.heads);
       const HeadColumns col = head_columns(s, h);
       const int64_t i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.seq_len - i0);
+      const int64_t first_row = b * s.seq_len + i0;
+      const KeyRange keys = tile_keys(ranges, first_row, i0, rows);
       const float* base = qkv + b * s.seq_len * ld;
       const float* q = base + i0 * ld + col.q;
       std::fill(acc.begin(), acc.begin() + rows * d, 0.0f);
       std::fill(row_max.begin(), row_max.end(), kNegInf);
       std::fill(row_sum.begin(), row_sum.end(), 0.0f);
-      for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyTile) {
-        const int64_t cols = std::min(kKeyTile, i0 + rows - j0);
+      for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kKeyTile) {
+        const int64_t cols = std::min(kKeyTile, keys.end - j0);
         float* sc = scores.data();
         sgemm(false, true, rows, cols, d, scale, q, ld, base + j0 * ld + col.k, ld, 0.0f, sc, kKeyTile);
         for (int64_t r = 0; r < rows; ++r) {
           float* srow = sc + r * kKeyTile;
-          const int64_t visible = std::clamp<int64_t>(i0 + r - j0 + 1, 0, cols);  // causal: j <= i
+          const KeyRange seen = visible_columns(key_range(ranges, first_row + r, i0 + r), j0, cols);
+          if (seen.begin >= seen.end) {  // none of this tile: the row's running state stands
+            std::fill(srow, srow + cols, 0.0f);
+            continue;
+          }
           float tile_max = kNegInf;
-          for (int64_t c = 0; c < visible; ++c) tile_max = std::max(tile_max, srow[c]);
+          for (int64_t c = seen.begin; c < seen.end; ++c) tile_max = std::max(tile_max, srow[c]);
           const float new_max = std::max(row_max[r], tile_max);
           const float correction = std::exp(row_max[r] - new_max);  // exp(-inf) = 0 first time
           float sum = 0.0f;
+          for (int64_t c = 0; c < seen.begin; ++c) srow[c] = 0.0f;
 #pragma omp simd reduction(+ : sum)
-          for (int64_t c = 0; c < visible; ++c) sum += (srow[c] = fast_exp(srow[c] - new_max));
-          for (int64_t c = visible; c < cols; ++c) srow[c] = 0.0f;
+          for (int64_t c = seen.begin; c < seen.end; ++c) sum += (srow[c] = fast_exp(srow[c] - new_max));
+          for (int64_t c = seen.end; c < cols; ++c) srow[c] = 0.0f;
           row_sum[r] = row_sum[r] * correction + sum;
           row_max[r] = new_max;
           if (correction != 1.0f)
@@ -91,7 +125,7 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
 }
 
 void attention_backward(float* d_qkv, const float* d_out, const float* qkv, const float* out,
-                        const float* lse, const AttentionShape& s) {
+                        const float* lse, const AttentionShape& s, const int32_t* ranges) {
   const int64_t ld = s.qkv_ld(), d = s.head_dim, out_ld = s.out_ld();
   const int64_t group = s.heads / s.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -118,11 +152,13 @@ void attention_backward(float* d_qkv, const float* d_out, const float* qkv, cons
           const float* q = base + i0 * ld + col.q;
           const float* dout = d_out + (b * s.seq_len + i0) * out_ld + h * d;
           const float* row_lse = lse + (b * s.heads + h) * s.seq_len + i0;
+          const int64_t first_row = b * s.seq_len + i0;
+          const KeyRange keys = tile_keys(ranges, first_row, i0, rows);
           for (int64_t r = 0; r < rows; ++r)  // D_i = dO_i . O_i = sum_j P_ij dP_ij
             delta[r] = dot(dout + r * out_ld, out + (b * s.seq_len + i0 + r) * out_ld + h * d, d);
           std::fill(d_query.begin(), d_query.begin() + rows * d, 0.0f);
-          for (int64_t j0 = 0; j0 < i0 + rows; j0 += kKeyTile) {
-            const int64_t cols = std::min(kKeyTile, i0 + rows - j0);
+          for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kKeyTile) {
+            const int64_t cols = std::min(kKeyTile, keys.end - j0);
             const float* k = base + j0 * ld + col.k;
             const float* v = base + j0 * ld + col.v;
             float* p = probs.data();
@@ -130,16 +166,18 @@ void attention_backward(float* d_qkv, const float* d_out, const float* qkv, cons
             sgemm(false, true, rows, cols, d, scale, q, ld, k, ld, 0.0f, p, kKeyTile);
             sgemm(false, true, rows, cols, d, 1.0f, dout, out_ld, v, ld, 0.0f, ds, kKeyTile);
             for (int64_t r = 0; r < rows; ++r) {
-              const int64_t visible = std::clamp<int64_t>(i0 + r - j0 + 1, 0, cols);
+              const KeyRange seen =
+                  visible_columns(key_range(ranges, first_row + r, i0 + r), j0, cols);
               float* prow = p + r * kKeyTile;
               float* dsrow = ds + r * kKeyTile;
               const float l = row_lse[r], dl = delta[r];
+              for (int64_t c = 0; c < seen.begin; ++c) prow[c] = dsrow[c] = 0.0f;
 #pragma omp simd
-              for (int64_t c = 0; c < visible; ++c) {
+              for (int64_t c = seen.begin; c < seen.end; ++c) {
                 prow[c] = fast_exp(prow[c] - l);
                 dsrow[c] = prow[c] * (dsrow[c] - dl) * scale;
               }
-              for (int64_t c = visible; c < cols; ++c) prow[c] = dsrow[c] = 0.0f;
+              for (int64_t c = std::max(seen.begin, seen.end); c < cols; ++c) prow[c] = dsrow[c] = 0.0f;
             }
             // dV += P^T dO; dK += dS^T Q; dQ += dS K
             sgemm(true, false, cols, d, rows, 1.0f, p, kKeyTile, dout, out_ld, 1.0f,

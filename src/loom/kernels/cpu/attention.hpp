@@ -7,6 +7,11 @@
 // Layout: qkv is [batch * seq, (heads + 2 * kv_heads) * head_dim] with q | k | v side by
 // side in each row (the fused projection's output); out is [batch * seq, heads * head_dim];
 // lse is [batch, heads, seq].
+//
+// Key ranges generalise the causal mask: query row i of sequence b sees exactly the keys
+// [begin, end) given for it, which must hold i (so no row is empty) and lie within [0, i].
+// Causal attention is (0, i + 1); packed documents are (first token of i's document, i + 1).
+// Without ranges the kernels are the causal ones (and give the same bits as ranges (0, i + 1)).
 #include <cstdint>
 
 namespace loom::cpu {
@@ -17,10 +22,13 @@ struct AttentionShape {
   int64_t out_ld() const { return heads * head_dim; }
 };
 
-void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape);
+// key_ranges: null (causal), or [batch * seq, 2] int32 (begin, end) per query row.
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape,
+                       const int32_t* key_ranges = nullptr);
 
 // Writes (overwrites) d_qkv in the same fused layout as qkv.
 void attention_backward(float* d_qkv, const float* d_out, const float* qkv, const float* out,
-                        const float* lse, const AttentionShape& shape);
+                        const float* lse, const AttentionShape& shape,
+                        const int32_t* key_ranges = nullptr);
 
 }  // namespace loom::cpu

@@ -150,6 +150,81 @@ TEST(Model, MixtureOfExpertsCountsSpecsAndActiveFlops) {
   }
 }
 
+// Packed documents (set_document_mask): one sequence of three documents gives the summed loss
+// and every parameter's gradient of the three documents run one by one. Llama: RoPE scores
+// see relative positions only, so a document's offset changes nothing but rounding.
+TEST(Model, PackedDocumentsEqualTheirDocumentsAlone) {
+  constexpr int32_t kEot = 3;
+  constexpr int64_t kLength = 16;
+  const std::vector<int64_t> starts = {0, 5, 12, kLength};  // documents of 5, 7 and 4 tokens
+  std::vector<int32_t> tokens = random_tokens(kLength, 64, 30);
+  for (int32_t& t : tokens)
+    if (t == kEot) t = kEot + 1;
+  tokens[4] = tokens[11] = kEot;  // the first two documents end with the end token
+  const std::vector<int32_t> targets = random_tokens(kLength, 64, 31);
+
+  Transformer packed(tiny_llama());
+  packed.init_weights(32);
+  packed.set_document_mask(kEot);
+  packed.zero_grad();
+  const double packed_loss = packed.forward(tokens.data(), targets.data(), 1, kLength);
+  packed.backward();
+
+  Transformer alone(tiny_llama());
+  alone.init_weights(32);
+  alone.zero_grad();
+  double alone_loss = 0;
+  for (size_t d = 0; d + 1 < starts.size(); ++d) {
+    const int64_t first = starts[d], length = starts[d + 1] - first;
+    alone_loss += alone.forward(tokens.data() + first, targets.data() + first, 1, length);
+    alone.backward();  // gradients accumulate over the documents
+  }
+  EXPECT_NEAR(packed_loss, alone_loss, 1e-5 * alone_loss);
+  for (size_t i = 0; i < packed.parameters().size(); ++i) {
+    const std::vector<float> got = packed.parameters()[i]->grad.to_f32_vector();
+    const std::vector<float> want = alone.parameters()[i]->grad.to_f32_vector();
+    float scale = 0;
+    for (float g : want) scale = std::max(scale, std::fabs(g));
+    for (size_t k = 0; k < want.size(); ++k)
+      ASSERT_NEAR(got[k], want[k], 1e-5f * scale) << packed.parameters()[i]->name << " [" << k << "]";
+  }
+  // Without the mask the later documents see the earlier ones: the test can fail.
+  Transformer unmasked(tiny_llama());
+  unmasked.init_weights(32);
+  EXPECT_GT(std::fabs(unmasked.forward(tokens.data(), targets.data(), 1, kLength, {false, 1.0f}) - alone_loss),
+            1e-3);
+}
+
+// GPT-2 (learned positions) with the mask: the loss of the second document's tokens (the first
+// one's targets ignored) does not depend on what the first document says; without the mask it
+// does. Bad end tokens are refused.
+TEST(Model, DocumentMaskHidesEarlierDocuments) {
+  constexpr int32_t kEot = 0;
+  std::vector<int32_t> tokens = random_tokens(kSeq, 64, 33);
+  for (int32_t& t : tokens) t = t == kEot ? 1 : t;
+  tokens[3] = kEot;  // document one: positions 0-3
+  std::vector<int32_t> targets = random_tokens(kSeq, 64, 34);
+  for (int i = 0; i <= 3; ++i) targets[static_cast<size_t>(i)] = -1;
+  std::vector<int32_t> changed = tokens;
+  changed[0] = (changed[0] + 7) % 64 == kEot ? 9 : (changed[0] + 7) % 64;
+  changed[2] = (changed[2] + 5) % 64 == kEot ? 9 : (changed[2] + 5) % 64;
+  Transformer model(tiny_gpt2());
+  model.init_weights(35);
+  auto loss = [&](const std::vector<int32_t>& t) {
+    return model.forward(t.data(), targets.data(), 1, kSeq, {false, 1.0f});
+  };
+  EXPECT_GT(std::fabs(loss(tokens) - loss(changed)), 1e-4);
+  model.set_document_mask(kEot);
+  EXPECT_EQ(model.document_mask_token(), kEot);
+  EXPECT_EQ(loss(tokens), loss(changed));
+  expect_contains(error_message([&] { model.set_document_mask(64); }),
+                  {"end-of-document token 64", "[0, 64)"});
+  // The ranges themselves: each token's document up to itself, the end token closing its own.
+  const std::vector<int32_t> two_docs = {5, 0, 6, 7};
+  EXPECT_EQ(Transformer::document_key_ranges(two_docs.data(), 1, 4, 0),
+            (std::vector<int32_t>{0, 1, 0, 2, 2, 3, 2, 4}));
+}
+
 TEST(Model, RejectsBadInputs) {
   Transformer model(tiny_gpt2());
   std::vector<int32_t> tokens(kBatch * kSeq, 1);

@@ -172,6 +172,29 @@ INSTANTIATE_TEST_SUITE_P(Archs, TrainerBf16, ::testing::Values("gpt2", "llama"))
 
 // Bad tensor-parallel layouts are refused when the config is read, before any work, with the
 // values that would work.
+// Packed documents through the config: documents of the repeating pattern separated by an end
+// token train with data.document_mask (the loss falls well below ln 64), the trainer's model
+// has the mask, and a missing end token or the GPU are refused before any work.
+TEST(Trainer, PackedDocumentsTrainWithTheDocumentMask) {
+  TinyRun run("packed");
+  std::vector<int32_t> documents;
+  for (int i = 0; i < 6000; ++i) documents.push_back(i % 23 == 22 ? 63 : (i * 7) % 61);
+  write_token_shard(run.dir + "/data/tiny_train_000000.bin", documents);
+  write_token_shard(run.dir + "/data/tiny_train_000001.bin", documents);
+  const std::string base = run.config("llama", 60);
+  Trainer trainer(parse(base, {"checkpoint.dir=\"\"", "optim.lr=1e-2", "data.document_mask=true",
+                               "data.eot_token=63"}));
+  EXPECT_EQ(trainer.model().document_mask_token(), 63);
+  EXPECT_LT(trainer.run().last_train_loss, 1.0);
+  expect_contains(error_message([&] { (void)parse(base, {"data.document_mask=true"}); }),
+                  {"data.eot_token", "50256", "[0, 64)"});
+  EXPECT_EQ(parse(base, {"data.eot_token=70"}).document_mask, false);  // unused without the mask
+  expect_contains(error_message([&] {
+                    (void)parse(base, {"data.document_mask=true", "data.eot_token=63", "train.device=\"cuda\""});
+                  }),
+                  {"data.document_mask", "CPU only"});
+}
+
 TEST(TrainConfigTensorParallel, BadLayoutsAreRejectedWithWhatWorks) {
   TinyRun run("tp_config");
   const std::string llama = run.config("llama", 4);  // 4 heads, 2 kv heads, ffn 48

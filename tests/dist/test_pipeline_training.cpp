@@ -23,6 +23,7 @@ struct Case {
   std::string pp_layers = "";  // layers per stage as a TOML array ("": even split)
   std::string recompute = "none";
   std::string precision = "f32";
+  bool documents = false;  // packed documents: data.document_mask on token 5 (random data holds ~1 in 64)
 };
 
 std::string case_name(const Case& c) {
@@ -30,7 +31,7 @@ std::string case_name(const Case& c) {
          "_dp" + std::to_string(c.dp) + (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") + "_zero" +
          std::to_string(c.zero_stage) + (c.sequence_parallel ? "_sp" : "") + (c.pp_layers.empty() ? "" : "_uneven") +
          (c.recompute == "none" ? "" : "_" + c.recompute) + (c.precision == "f32" ? "" : "_" + c.precision) +
-         "_np" + std::to_string(c.ranks);
+         (c.documents ? "_documents" : "") + "_np" + std::to_string(c.ranks);
 }
 
 // Four layers (so 4 stages, or 2 ranks x 2 chunks, each get one), 4 micro-batches (grad_accum)
@@ -67,6 +68,7 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
   std::vector<std::string> shared = pipeline_overrides(c.arch);
   shared.push_back("model.recompute=\"" + c.recompute + "\"");
   shared.push_back("train.precision=\"" + c.precision + "\"");
+  if (c.documents) shared.insert(shared.end(), {"data.document_mask=true", "data.eot_token=5"});
   auto with = [&](std::vector<std::string> extra) { return plus(std::move(extra), shared); };
   Trainer reference(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch),
                                       "log.dir=\"" + run.dir + "/ref\""})));
@@ -110,6 +112,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2, "", "selective"},
                       Case{"llama", "interleaved", 1, 1, 2, 0, false, 2, "", "full"},
                       Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4, "", "none", "bf16"},
+                      // Every stage finds the documents from the tokens (later stages too).
+                      Case{"llama", "interleaved", 1, 1, 2, 0, false, 2, "", "selective", "f32", true},
+                      Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4, "", "none", "f32", true},
                       Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 4}, Case{"llama", "afab", 1, 1, 1, 0, false, 4},
                       Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4}, Case{"llama", "interleaved", 1, 2, 2, 0, false, 4},
                       Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4}, Case{"llama", "1f1b", 2, 1, 1, 0, false, 4},

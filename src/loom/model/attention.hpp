@@ -3,7 +3,9 @@
 // separate q/k/v projections without bias writing side by side), RoPE for Llama, the
 // flash-style attention kernel, and the output projection. The projections come from the
 // model's ParallelPlan, so under tensor parallelism this rank computes its own heads.
+#include <cstdint>
 #include <memory>
+#include <span>
 
 #include "loom/kernels/ops.hpp"
 #include "loom/model/config.hpp"
@@ -11,6 +13,14 @@
 #include "loom/model/stash.hpp"
 
 namespace loom {
+
+// What every block's attention reads for the micro-batch being run: each query row's key range
+// (packed documents: the row's document up to itself), or none (plain causal). The Transformer
+// owns one, shared by its blocks, and points it at the micro-batch's ranges before running a
+// chunk's forward or backward.
+struct AttentionMask {
+  std::span<const int32_t> key_ranges;
+};
 
 class CausalSelfAttention {
  public:
@@ -26,6 +36,7 @@ class CausalSelfAttention {
   void collect(ParameterList& out);
   ParameterList partial_grads() { return output_projection->partial_grads(); }
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
+  void set_mask(std::shared_ptr<const AttentionMask> mask) { mask_ = std::move(mask); }
 
   std::unique_ptr<FanOutProjection> input_projection;  // GPT-2: c_attn; Llama: q, k, v
   std::unique_ptr<FanInProjection> output_projection;
@@ -35,6 +46,10 @@ class CausalSelfAttention {
   LocalDims dims_;
   bool bf16_activations_ = false;  // round stored activations to bf16 values
   std::shared_ptr<const ops::Rope> rope_;
+  std::shared_ptr<const AttentionMask> mask_;  // null or empty ranges: causal
+  std::span<const int32_t> key_ranges() const {
+    return mask_ ? mask_->key_ranges : std::span<const int32_t>();
+  }
 };
 
 }  // namespace loom

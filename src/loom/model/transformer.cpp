@@ -65,6 +65,7 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
     for (int64_t l = chunk.first_layer; l < chunk.end_layer; ++l) {
       const std::string prefix = (gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l);
       blocks.push_back(std::make_unique<TransformerBlock>(config_, *plan_, prefix, rope_));
+      blocks.back()->attention.set_mask(mask_);
       ParameterList& mine = block_parameters_.emplace_back();
       blocks.back()->collect(mine);
       per_block = static_cast<int64_t>(mine.size());
@@ -333,6 +334,40 @@ void Transformer::forward_layers(int64_t chunk_index, ChunkActivations& a, const
   if (bf16_activations_) ops::round_to_bf16_(a.final_norm_out);
 }
 
+void Transformer::set_document_mask(int32_t eot_token) {
+  if (eot_token < -1 || eot_token >= config_.vocab_size)
+    throw_error("document mask: end-of-document token ", eot_token, " is outside the vocabulary [0, ",
+                config_.vocab_size, ") (-1 turns the mask off)");
+  eot_token_ = eot_token;
+}
+
+std::vector<int32_t> Transformer::document_key_ranges(const int32_t* tokens, int64_t batch,
+                                                      int64_t seq_len, int32_t eot_token) {
+  std::vector<int32_t> ranges(static_cast<size_t>(2 * batch * seq_len));
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t begin = 0;  // the current document's first position
+    for (int64_t t = 0; t < seq_len; ++t) {
+      const int64_t row = b * seq_len + t;
+      ranges[static_cast<size_t>(2 * row)] = begin;
+      ranges[static_cast<size_t>(2 * row + 1)] = static_cast<int32_t>(t + 1);
+      if (tokens[row] == eot_token) begin = static_cast<int32_t>(t + 1);
+    }
+  }
+  return ranges;
+}
+
+void Transformer::fill_key_ranges(ChunkActivations& a, const int32_t* tokens, int64_t batch,
+                                  int64_t seq_len) const {
+  if (eot_token_ < 0) {
+    a.key_ranges.clear();
+    return;
+  }
+  if (!tokens)
+    throw_error("packed documents (document mask on end-of-document token ", eot_token_,
+                ") need the tokens on every pipeline stage, to find the documents");
+  a.key_ranges = document_key_ranges(tokens, batch, seq_len, eot_token_);
+}
+
 double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, const int32_t* tokens,
                                   const int32_t* targets, const Tensor& input, int64_t batch,
                                   int64_t seq_len, const ForwardOptions& options) {
@@ -348,6 +383,8 @@ double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, cons
   ensure_shape(batch, seq_len);
   fit_activations(chunk_index, a);
   if (chunk.first_stage()) a.tokens.assign(tokens, tokens + batch * seq_len);
+  fill_key_ranges(a, tokens, batch, seq_len);
+  use_mask_of(a);
   forward_layers(chunk_index, a, input);
   if (!chunk.last_stage()) {
     a.grad_ready = options.compute_grad;
@@ -417,6 +454,7 @@ Tensor Transformer::backward_chunk(int64_t chunk_index, ChunkActivations& a,
     d_out.copy_from(d_output);
   }
   const int64_t first_block = chunk_first_block_[static_cast<size_t>(chunk_index)];
+  use_mask_of(a);  // recomputation and the attention backward see this micro-batch's documents
   for (int64_t i = chunk.layers() - 1; i >= 0; --i) {
     const int64_t unit = chunk.first_layer + i + 1;
     fire(unit_hooks_.before_backward, unit);
@@ -461,6 +499,8 @@ std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch
   ensure_shape(batch, seq_len);
   fit_activations(0, whole_);  // a forward awaiting its backward is replaced
   whole_.tokens.assign(tokens, tokens + batch * seq_len);
+  fill_key_ranges(whole_, tokens, batch, seq_len);
+  use_mask_of(whole_);
   forward_layers(0, whole_, Tensor());
   std::vector<float> logits = plan_->last_position_logits(
       whole_.final_norm_out, output_weight().value, batch, seq_len, config_.vocab_size);

@@ -198,6 +198,8 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.val_data = r.get_string("data.val", "");
   c.tokenizer_dir = r.get_string("data.tokenizer_dir", "");
   c.shuffle = r.get_bool("data.shuffle", c.shuffle);
+  c.document_mask = r.get_bool("data.document_mask", c.document_mask);
+  c.eot_token = static_cast<int32_t>(r.get_int("data.eot_token", c.eot_token));
 
   c.batch_size = r.get_int("train.batch_size", c.batch_size);
   c.seq_len = r.get_int("train.seq_len", c.seq_len);
@@ -305,6 +307,9 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (c.backend == CommBackend::Nccl && c.device != Device::CUDA)
     throw_error("config key 'parallel.backend' is \"nccl\" with train.device = \"cpu\": NCCL carries GPU "
                 "memory only; use \"mpi\" or \"auto\" on the CPU");
+  if (c.document_mask && (c.eot_token < 0 || c.eot_token >= c.model.vocab_size))
+    throw_error("config key 'data.eot_token' is ", c.eot_token, ", outside model.vocab_size's [0, ",
+                c.model.vocab_size, "): data.document_mask = true needs the end-of-document token id");
   if (c.device == Device::CUDA) check_cuda_training(c);
   c.schedule.total_steps = c.steps;
   return c;
@@ -320,6 +325,10 @@ void check_cuda_available() {
 }
 
 void check_cuda_training(const TrainConfig& c) {
+  if (c.document_mask)
+    throw_error("data.document_mask = true (packed documents) runs on the CPU only so far; the CUDA "
+                "attention kernel is causal over whole sequences: set train.device = \"cpu\" or drop "
+                "the document mask");
   const int64_t max_head_dim = ops::max_attention_head_dim(Device::CUDA);
   if (max_head_dim > 0 && c.model.head_dim() > max_head_dim)
     throw_error("model.n_embd / model.n_head = ", c.model.n_embd, " / ", c.model.n_head, " = head_dim ",

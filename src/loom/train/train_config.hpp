@@ -31,6 +31,8 @@ struct TrainConfig {
   std::string val_data;        // glob of token shards (optional)
   std::string tokenizer_dir;   // holds encoder.json and vocab.bpe (for samples)
   bool shuffle = true;         // train batches from shuffled sequence slots (seeded)
+  bool document_mask = false;  // packed documents: attention stops at each eot_token
+  int32_t eot_token = 50256;   // the end-of-document token (GPT-2's <|endoftext|>)
 
   int64_t batch_size = 4;      // sequences per micro-batch
   int64_t seq_len = 64;

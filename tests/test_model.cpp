@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "gradcheck.hpp"
 #include "loom/core/device_memory.hpp"
@@ -151,9 +152,17 @@ TEST(Model, MixtureOfExpertsCountsSpecsAndActiveFlops) {
 }
 
 // Packed documents (set_document_mask): one sequence of three documents gives the summed loss
-// and every parameter's gradient of the three documents run one by one. Llama: RoPE scores
-// see relative positions only, so a document's offset changes nothing but rounding.
-TEST(Model, PackedDocumentsEqualTheirDocumentsAlone) {
+// and every parameter's gradient of the three documents run one by one. With positions
+// restarting per document that holds for GPT-2's learned positions too; without, for Llama only
+// (RoPE scores see relative positions, so a document's offset changes nothing but rounding).
+struct PackedCase {
+  Architecture arch;
+  bool restart_positions;
+};
+class PackedDocuments : public ::testing::TestWithParam<PackedCase> {};
+
+TEST_P(PackedDocuments, EqualTheirDocumentsAlone) {
+  const auto [arch, restart] = GetParam();
   constexpr int32_t kEot = 3;
   constexpr int64_t kLength = 16;
   const std::vector<int64_t> starts = {0, 5, 12, kLength};  // documents of 5, 7 and 4 tokens
@@ -163,14 +172,15 @@ TEST(Model, PackedDocumentsEqualTheirDocumentsAlone) {
   tokens[4] = tokens[11] = kEot;  // the first two documents end with the end token
   const std::vector<int32_t> targets = random_tokens(kLength, 64, 31);
 
-  Transformer packed(tiny_llama());
+  Transformer packed(tiny(arch));
   packed.init_weights(32);
-  packed.set_document_mask(kEot);
+  packed.set_document_mask(kEot, restart);
+  EXPECT_EQ(packed.restarts_positions(), restart);
   packed.zero_grad();
   const double packed_loss = packed.forward(tokens.data(), targets.data(), 1, kLength);
   packed.backward();
 
-  Transformer alone(tiny_llama());
+  Transformer alone(tiny(arch));
   alone.init_weights(32);
   alone.zero_grad();
   double alone_loss = 0;
@@ -189,9 +199,35 @@ TEST(Model, PackedDocumentsEqualTheirDocumentsAlone) {
       ASSERT_NEAR(got[k], want[k], 1e-5f * scale) << packed.parameters()[i]->name << " [" << k << "]";
   }
   // Without the mask the later documents see the earlier ones: the test can fail.
-  Transformer unmasked(tiny_llama());
+  Transformer unmasked(tiny(arch));
   unmasked.init_weights(32);
   EXPECT_GT(std::fabs(unmasked.forward(tokens.data(), targets.data(), 1, kLength, {false, 1.0f}) - alone_loss),
+            1e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, PackedDocuments,
+                         ::testing::Values(PackedCase{Architecture::Llama, false},
+                                           PackedCase{Architecture::Llama, true},
+                                           PackedCase{Architecture::GPT2, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.arch == Architecture::GPT2 ? "gpt2" : "llama") +
+                                  (info.param.restart_positions ? "_restarting_positions" : "");
+                         });
+
+// Positions that do not restart: GPT-2's later documents sit at other position rows than they
+// would alone, so the sum differs (what document_positions is for).
+TEST(Model, Gpt2PackedDocumentsNeedRestartingPositions) {
+  std::vector<int32_t> tokens = random_tokens(16, 64, 30);
+  for (int32_t& t : tokens) t = t == 3 ? 4 : t;
+  tokens[4] = 3;
+  const std::vector<int32_t> targets = random_tokens(16, 64, 31);
+  Transformer restarting(tiny_gpt2()), fixed(tiny_gpt2());
+  restarting.init_weights(32);
+  fixed.init_weights(32);
+  restarting.set_document_mask(3, true);
+  fixed.set_document_mask(3, false);
+  EXPECT_GT(std::fabs(restarting.forward(tokens.data(), targets.data(), 1, 16, {false, 1.0f}) -
+                      fixed.forward(tokens.data(), targets.data(), 1, 16, {false, 1.0f})),
             1e-3);
 }
 

@@ -121,6 +121,31 @@ TEST(Ops, AttentionKeyRangesAreCheckedRowByRow) {
   EXPECT_FLOAT_EQ(lse.to_f32_vector()[1], 0.0f);  // one key
 }
 
+// Position ids replace each row's index: a row at position 0 is not rotated and takes table
+// row 0; ids past the table are refused by name.
+TEST(Ops, PositionIdsPickTheRowsAndAreChecked) {
+  const Tensor table = Tensor::zeros({4, 2}, DType::F32, MemCategory::Workspace);
+  for (int i = 0; i < 8; ++i) table.f32()[i] = static_cast<float>(i);
+  const Tensor token_table = Tensor::zeros({3, 2}, DType::F32, MemCategory::Workspace);
+  const Tensor out = Tensor::zeros({3, 2}, DType::F32, MemCategory::Workspace);
+  const std::vector<int32_t> tokens = {0, 1, 2}, positions = {3, 0, 1};
+  ops::embedding_forward(out, tokens.data(), token_table, &table, 1, 3, positions);
+  EXPECT_EQ(out.to_f32_vector(), (std::vector<float>{6, 7, 0, 1, 2, 3}));
+  const std::vector<int32_t> past = {0, 4, 1};
+  expect_contains(error_message([&] { ops::embedding_forward(out, tokens.data(), token_table, &table, 1, 3, past); }),
+                  {"ops::embedding_forward", "position 4 of row 1", "[0, 4)"});
+  ops::Rope rope(2, 4, 10000.0);
+  const Tensor x = Tensor::zeros({3, 2}, DType::F32, MemCategory::Workspace);
+  for (int i = 0; i < 6; ++i) x.f32()[i] = 1.0f;
+  rope.apply(x, 1, 3, 1, false, std::vector<int32_t>{1, 0, 0});
+  const std::vector<float> rotated = x.to_f32_vector();
+  EXPECT_FLOAT_EQ(rotated[2], 1.0f);  // rows 1 and 2 at position 0: unrotated
+  EXPECT_FLOAT_EQ(rotated[5], 1.0f);
+  EXPECT_NEAR(rotated[0], std::cos(1.0f) - std::sin(1.0f), 1e-6);  // row 0 at position 1
+  expect_contains(error_message([&] { rope.apply(x, 1, 3, 1, false, std::vector<int32_t>{0, 1}); }),
+                  {"ops::rope_apply", "2 position ids for rows up to 3"});
+}
+
 TEST(Ops, CudaTensorsWithoutCudaAreRefusedByName) {
   // Without CUDA in the build, or without a visible GPU, a CUDA tensor is refused with the cause.
   if (device_memory::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is visible";

@@ -189,6 +189,10 @@ TEST(Trainer, PackedDocumentsTrainWithTheDocumentMask) {
   expect_contains(error_message([&] { (void)parse(base, {"data.document_mask=true"}); }),
                   {"data.eot_token", "50256", "[0, 64)"});
   EXPECT_EQ(parse(base, {"data.eot_token=70"}).document_mask, false);  // unused without the mask
+  expect_contains(error_message([&] { (void)parse(base, {"data.document_positions=true"}); }),
+                  {"data.document_positions", "without data.document_mask"});
+  EXPECT_TRUE(parse(base, {"data.document_mask=true", "data.eot_token=63", "data.document_positions=true"})
+                  .document_positions);
   expect_contains(error_message([&] {
                     (void)parse(base, {"data.document_mask=true", "data.eot_token=63", "train.device=\"cuda\""});
                   }),

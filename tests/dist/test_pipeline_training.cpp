@@ -23,7 +23,7 @@ struct Case {
   std::string pp_layers = "";  // layers per stage as a TOML array ("": even split)
   std::string recompute = "none";
   std::string precision = "f32";
-  bool documents = false;  // packed documents: data.document_mask on token 5 (random data holds ~1 in 64)
+  bool documents = false;  // packed documents on token 5 (random data holds ~1 in 64), positions restarting
 };
 
 std::string case_name(const Case& c) {
@@ -68,7 +68,8 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
   std::vector<std::string> shared = pipeline_overrides(c.arch);
   shared.push_back("model.recompute=\"" + c.recompute + "\"");
   shared.push_back("train.precision=\"" + c.precision + "\"");
-  if (c.documents) shared.insert(shared.end(), {"data.document_mask=true", "data.eot_token=5"});
+  if (c.documents)  // positions restart per document: the position rows and RoPE angles too
+    shared.insert(shared.end(), {"data.document_mask=true", "data.eot_token=5", "data.document_positions=true"});
   auto with = [&](std::vector<std::string> extra) { return plus(std::move(extra), shared); };
   Trainer reference(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch),
                                       "log.dir=\"" + run.dir + "/ref\""})));

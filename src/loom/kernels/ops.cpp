@@ -19,6 +19,7 @@
 
 namespace loom::ops {
 
+using detail::checked_positions;
 using detail::device_of;
 using detail::f32_or_null;
 using detail::require_2d;
@@ -244,7 +245,7 @@ Rope::Rope(int64_t head_dim, int64_t max_positions, double theta)
 Rope::~Rope() = default;
 
 void Rope::apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
-                 bool inverse) const {
+                 bool inverse, std::span<const int32_t> positions) const {
   require_2d("rope_apply", "x", x);
   if (x.size(0) != batch * seq_len || heads * table_.head_dim > x.size(1))
     throw_error("ops::rope_apply: ", heads, " heads of ", table_.head_dim, " in rows of ",
@@ -252,6 +253,8 @@ void Rope::apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
   if (seq_len > table_.max_positions)
     throw_error("ops::rope_apply: sequence ", seq_len, " is longer than the table's ",
                 table_.max_positions);
+  const int32_t* ids = checked_positions("rope_apply", positions, 0, batch * seq_len,
+                                         table_.max_positions, x.device());
 #ifdef LOOM_HAVE_CUDA
   if (x.device() == Device::CUDA) {
     if (!device_)
@@ -261,14 +264,18 @@ void Rope::apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
   }
 #endif
   require_cpu_f32("rope_apply", {&x});
-  cpu::rope_apply(x.f32(), batch, seq_len, heads, x.size(1), table_, inverse);
+  cpu::rope_apply(x.f32(), batch, seq_len, heads, x.size(1), table_, inverse, ids);
 }
 
 // ---- embeddings, head -------------------------------------------------------------------
 
 void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
-                       const Tensor* position_table, int64_t batch, int64_t seq_len) {
+                       const Tensor* position_table, int64_t batch, int64_t seq_len,
+                       std::span<const int32_t> positions) {
   const Device device = device_of("embedding_forward", {&out, &token_table, position_table});
+  const int32_t* ids = position_table ? checked_positions("embedding_forward", positions, 0, batch * seq_len,
+                                                          position_table->size(0), device)
+                                      : nullptr;
   const int64_t dim = token_table.size(1);
   LOOM_CHECK(out.numel() == batch * seq_len * dim, "ops::embedding_forward: out ",
              shape_to_string(out.shape()), " for ", batch, " x ", seq_len, " tokens of ", dim);
@@ -276,18 +283,21 @@ void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& t
                    embedding_forward(out, tokens, token_table, position_table, batch, seq_len))
   require_cpu_f32("embedding_forward", {&out, &token_table, position_table});
   cpu::embedding_forward(out.f32(), tokens, token_table.f32(), f32_or_null(position_table), batch,
-                         seq_len, dim);
+                         seq_len, dim, ids);
 }
 
 void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
                         const Tensor& d_out, const int32_t* tokens, int64_t batch,
-                        int64_t seq_len) {
+                        int64_t seq_len, std::span<const int32_t> positions) {
   const Device device = device_of("embedding_backward", {&d_token_table, d_position_table, &d_out});
+  const int32_t* ids = d_position_table ? checked_positions("embedding_backward", positions, 0, batch * seq_len,
+                                                            d_position_table->size(0), device)
+                                        : nullptr;
   LOOM_OPS_ON_CUDA(
       device, embedding_backward(d_token_table, d_position_table, d_out, tokens, batch, seq_len))
   require_cpu_f32("embedding_backward", {&d_token_table, d_position_table, &d_out});
   cpu::embedding_backward(f32_or_null(d_token_table), f32_or_null(d_position_table), d_out.f32(),
-                          tokens, batch, seq_len, d_out.numel() / (batch * seq_len));
+                          tokens, batch, seq_len, d_out.numel() / (batch * seq_len), ids);
 }
 
 double lm_head_cross_entropy(const CrossEntropyArgs& args) {

@@ -80,8 +80,10 @@ class Rope {
   Rope(const Rope&) = delete;
   Rope& operator=(const Rope&) = delete;
   // In place on the first `heads` heads of each row of x [B*T, *] (q and k side by side);
-  // inverse rotates back (the backward).
-  void apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads, bool inverse) const;
+  // inverse rotates back (the backward). `positions` (host, one per row; CPU only so far)
+  // replace each row's index in its sequence.
+  void apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads, bool inverse,
+             std::span<const int32_t> positions = {}) const;
   const cpu::RopeTable& table() const { return table_; }
 
  private:
@@ -94,10 +96,14 @@ class Rope {
 // out[b*t] = token_table[tokens[b*t]] (+ position_table[t]). Token ids are the data loader's,
 // on the host, and are checked there; the op uploads them when the tables are on a device.
 // Table gradients are F32 and accumulated.
+// `positions` (host, one per token; CPU only so far) replace each token's index t in its
+// sequence as the position-table row.
 void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
-                       const Tensor* position_table, int64_t batch, int64_t seq_len);
+                       const Tensor* position_table, int64_t batch, int64_t seq_len,
+                       std::span<const int32_t> positions = {});
 void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
-                        const Tensor& d_out, const int32_t* tokens, int64_t batch, int64_t seq_len);
+                        const Tensor& d_out, const int32_t* tokens, int64_t batch, int64_t seq_len,
+                        std::span<const int32_t> positions = {});
 
 // ---- output head + cross-entropy --------------------------------------------------------
 // Fused projection, softmax and cross-entropy, one vocabulary chunk of logits at a time
@@ -136,10 +142,12 @@ void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const 
                               int64_t vocab_begin);
 // out[r] += table[(first_row + r) % seq_len]: learned positions for a block of rows starting at
 // row first_row of the whole batch; the backward adds into d_table (F32).
+// `positions` (host, one per row of the whole batch; CPU only so far) replace (first_row + r) %
+// seq_len.
 void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row,
-                       int64_t seq_len);
+                       int64_t seq_len, std::span<const int32_t> positions = {});
 void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
-                            int64_t seq_len);
+                            int64_t seq_len, std::span<const int32_t> positions = {});
 
 // The output head over a vocabulary shard, logits one chunk at a time in `workspace` (F32,
 // at least rows x min(vocab_chunk, shard) elements, on the model's device; a single chunk's

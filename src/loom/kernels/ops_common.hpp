@@ -2,6 +2,7 @@
 // What the op implementations (ops.cpp, ops_shard.cpp) share: the argument checks and the
 // dispatch to the CUDA implementation. Internal to kernels/.
 #include <initializer_list>
+#include <span>
 
 #include "loom/core/error.hpp"
 #include "loom/core/tensor.hpp"
@@ -42,6 +43,24 @@ inline void require_2d(const char* op, const char* what, const Tensor& t) {
 }
 
 inline float* f32_or_null(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
+
+// Position ids for `rows` rows (from `first` of the whole batch), each below `table_rows`; on
+// the CPU only so far. Returns the pointer the CPU kernels take (null: each row's index).
+inline const int32_t* checked_positions(const char* op, std::span<const int32_t> positions,
+                                        int64_t first, int64_t rows, int64_t table_rows,
+                                        Device device) {
+  if (positions.empty()) return nullptr;
+  if (device != Device::CPU)
+    throw_error("ops::", op, ": position ids (packed documents) run on the CPU only so far; this call is on ",
+                device_name(device));
+  if (static_cast<int64_t>(positions.size()) < first + rows)
+    throw_error("ops::", op, ": ", positions.size(), " position ids for rows up to ", first + rows);
+  for (int64_t r = first; r < first + rows; ++r)
+    if (positions[static_cast<size_t>(r)] < 0 || positions[static_cast<size_t>(r)] >= table_rows)
+      throw_error("ops::", op, ": position ", positions[static_cast<size_t>(r)], " of row ", r,
+                  " is outside the table's [0, ", table_rows, ")");
+  return positions.data();
+}
 inline float* f32_or_null(const Tensor* t) {
   return t != nullptr && t->defined() ? t->f32() : nullptr;
 }

@@ -9,6 +9,7 @@
 
 namespace loom::ops {
 
+using detail::checked_positions;
 using detail::device_of;
 using detail::f32_or_null;
 using detail::require_2d;
@@ -85,28 +86,33 @@ void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const 
                                 vocab_begin, vocab_begin + d_table.size(0));
 }
 
-void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row, int64_t seq_len) {
+void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row, int64_t seq_len,
+                       std::span<const int32_t> positions) {
   const Device device = device_of("add_position_rows", {&out, &table});
   check_rows("add_position_rows", out, table);
+  const int32_t* ids = checked_positions("add_position_rows", positions, first_row,
+                                         out.numel() / table.size(1), table.size(0), device);
   LOOM_CHECK(seq_len > 0 && seq_len <= table.size(0), "ops::add_position_rows: sequence ", seq_len,
              " for a table of ", table.size(0), " positions");
   LOOM_OPS_ON_CUDA(device, add_position_rows(out, table, first_row, seq_len))
   require_cpu_f32("add_position_rows", {&out, &table});
   const int64_t dim = table.size(1);
-  cpu::add_position_rows(out.f32(), table.f32(), out.numel() / dim, dim, first_row, seq_len);
+  cpu::add_position_rows(out.f32(), table.f32(), out.numel() / dim, dim, first_row, seq_len, ids);
 }
 
 void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
-                            int64_t seq_len) {
+                            int64_t seq_len, std::span<const int32_t> positions) {
   const Device device = device_of("position_rows_backward", {&d_table, &d_out});
   check_rows("position_rows_backward", d_out, d_table);
+  const int32_t* ids = checked_positions("position_rows_backward", positions, first_row,
+                                         d_out.numel() / d_table.size(1), d_table.size(0), device);
   LOOM_CHECK(seq_len > 0 && seq_len <= d_table.size(0), "ops::position_rows_backward: sequence ",
              seq_len, " for a table of ", d_table.size(0), " positions");
   LOOM_OPS_ON_CUDA(device, position_rows_backward(d_table, d_out, first_row, seq_len))
   require_cpu_f32("position_rows_backward", {&d_table, &d_out});
   const int64_t dim = d_table.size(1);
   cpu::position_rows_backward(d_table.f32(), d_out.f32(), d_out.numel() / dim, dim, first_row,
-                              seq_len);
+                              seq_len, ids);
 }
 
 namespace {

@@ -34,7 +34,7 @@ void CausalSelfAttention::forward(const Tensor& out, BlockStash& stash, int64_t 
                                   int64_t seq_len) const {
   input_projection->forward(stash.qkv, stash.norm1_out);
   // Rotate q and k heads (adjacent in the row), leave v alone.
-  if (rope_) rope_->apply(stash.qkv, batch, seq_len, dims_.heads + dims_.kv_heads, false);
+  if (rope_) rope_->apply(stash.qkv, batch, seq_len, dims_.heads + dims_.kv_heads, false, positions());
   if (bf16_activations_) ops::round_to_bf16_(stash.qkv);
   recompute_core(stash, batch, seq_len);
   output_projection->forward(out, stash.attn_out);
@@ -52,7 +52,7 @@ void CausalSelfAttention::backward(const Tensor& d_out, const BlockStash& stash,
   ops::attention_backward(scratch.d_qkv, scratch.d_attn_out, stash.qkv, stash.attn_out,
                           stash.attn_lse, shape(batch, seq_len), key_ranges());
   // The rotation is orthogonal: its backward rotates by the negative angle.
-  if (rope_) rope_->apply(scratch.d_qkv, batch, seq_len, dims_.heads + dims_.kv_heads, true);
+  if (rope_) rope_->apply(scratch.d_qkv, batch, seq_len, dims_.heads + dims_.kv_heads, true, positions());
   input_projection->backward(scratch.d_norm_out, scratch.d_qkv, stash.norm1_out);
 }
 

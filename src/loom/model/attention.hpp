@@ -14,12 +14,14 @@
 
 namespace loom {
 
-// What every block's attention reads for the micro-batch being run: each query row's key range
-// (packed documents: the row's document up to itself), or none (plain causal). The Transformer
-// owns one, shared by its blocks, and points it at the micro-batch's ranges before running a
-// chunk's forward or backward.
-struct AttentionMask {
+// How the tokens of the micro-batch being run sit in their documents, as every block's
+// attention reads it: each query row's key range (packed documents: the row's document up to
+// itself) and each token's position (RoPE's angle), or empty for plain causal attention over
+// positions 0..T-1. The Transformer owns one, shared by its blocks, and points it at the
+// micro-batch's own before running a chunk's forward or backward.
+struct SequenceLayout {
   std::span<const int32_t> key_ranges;
+  std::span<const int32_t> positions;
 };
 
 class CausalSelfAttention {
@@ -36,7 +38,7 @@ class CausalSelfAttention {
   void collect(ParameterList& out);
   ParameterList partial_grads() { return output_projection->partial_grads(); }
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
-  void set_mask(std::shared_ptr<const AttentionMask> mask) { mask_ = std::move(mask); }
+  void set_layout(std::shared_ptr<const SequenceLayout> layout) { layout_ = std::move(layout); }
 
   std::unique_ptr<FanOutProjection> input_projection;  // GPT-2: c_attn; Llama: q, k, v
   std::unique_ptr<FanInProjection> output_projection;
@@ -46,9 +48,12 @@ class CausalSelfAttention {
   LocalDims dims_;
   bool bf16_activations_ = false;  // round stored activations to bf16 values
   std::shared_ptr<const ops::Rope> rope_;
-  std::shared_ptr<const AttentionMask> mask_;  // null or empty ranges: causal
+  std::shared_ptr<const SequenceLayout> layout_;  // null or empty ranges: causal
   std::span<const int32_t> key_ranges() const {
-    return mask_ ? mask_->key_ranges : std::span<const int32_t>();
+    return layout_ ? layout_->key_ranges : std::span<const int32_t>();
+  }
+  std::span<const int32_t> positions() const {
+    return layout_ ? layout_->positions : std::span<const int32_t>();
   }
 };
 

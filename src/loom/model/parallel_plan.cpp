@@ -104,13 +104,13 @@ Placement ParallelPlan::vocab_placement(int64_t vocab, int64_t dim) const {
 void ParallelPlan::embed(const Tensor& out, const EmbeddingArgs& a) const {
   ops::embedding_forward(out, a.tokens, a.token_table->value,
                          a.position_table ? &a.position_table->value : nullptr, a.batch,
-                         a.seq_len);
+                         a.seq_len, a.positions);
 }
 
 void ParallelPlan::embed_backward(const Tensor& d_out, const EmbeddingArgs& a) const {
   ops::embedding_backward(a.token_table->grad,
                           a.position_table ? &a.position_table->grad : nullptr, d_out, a.tokens,
-                          a.batch, a.seq_len);
+                          a.batch, a.seq_len, a.positions);
 }
 
 double ParallelPlan::head_loss(const ops::CrossEntropyArgs& args, int64_t rows,

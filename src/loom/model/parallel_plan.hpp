@@ -8,6 +8,7 @@
 // from the plan, the stash shapes (heads and MLP columns per rank, rows of the residual
 // stream per rank) come from it too.
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,8 @@ struct EmbeddingArgs {
                                             // tp rank
   const Parameter* token_table = nullptr;   // this rank's rows of [vocab, dim]
   const Parameter* position_table = nullptr;  // [max_seq_len, dim] (GPT-2) or null
+  std::span<const int32_t> positions;         // per token (positions restarting per document),
+                                              // or empty: each token's index in its sequence
   int64_t batch = 0, seq_len = 0, dim = 0, vocab = 0;
 };
 

@@ -65,7 +65,7 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
     for (int64_t l = chunk.first_layer; l < chunk.end_layer; ++l) {
       const std::string prefix = (gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l);
       blocks.push_back(std::make_unique<TransformerBlock>(config_, *plan_, prefix, rope_));
-      blocks.back()->attention.set_mask(mask_);
+      blocks.back()->attention.set_layout(layout_);
       ParameterList& mine = block_parameters_.emplace_back();
       blocks.back()->collect(mine);
       per_block = static_cast<int64_t>(mine.size());
@@ -284,6 +284,7 @@ EmbeddingArgs Transformer::embedding_args(const ChunkActivations& a) const {
   args.tokens = a.tokens.data();
   args.token_table = &token_embedding;
   args.position_table = has_position_embedding() ? &position_embedding : nullptr;
+  args.positions = a.positions;
   args.batch = a.batch;
   args.seq_len = a.seq_len;
   args.dim = config_.n_embd;
@@ -334,11 +335,12 @@ void Transformer::forward_layers(int64_t chunk_index, ChunkActivations& a, const
   if (bf16_activations_) ops::round_to_bf16_(a.final_norm_out);
 }
 
-void Transformer::set_document_mask(int32_t eot_token) {
+void Transformer::set_document_mask(int32_t eot_token, bool restart_positions) {
   if (eot_token < -1 || eot_token >= config_.vocab_size)
     throw_error("document mask: end-of-document token ", eot_token, " is outside the vocabulary [0, ",
                 config_.vocab_size, ") (-1 turns the mask off)");
   eot_token_ = eot_token;
+  restart_positions_ = eot_token >= 0 && restart_positions;
 }
 
 std::vector<int32_t> Transformer::document_key_ranges(const int32_t* tokens, int64_t batch,
@@ -360,12 +362,20 @@ void Transformer::fill_key_ranges(ChunkActivations& a, const int32_t* tokens, in
                                   int64_t seq_len) const {
   if (eot_token_ < 0) {
     a.key_ranges.clear();
+    a.positions.clear();
     return;
   }
   if (!tokens)
     throw_error("packed documents (document mask on end-of-document token ", eot_token_,
                 ") need the tokens on every pipeline stage, to find the documents");
   a.key_ranges = document_key_ranges(tokens, batch, seq_len, eot_token_);
+  a.positions.clear();
+  if (!restart_positions_) return;
+  // A token's position is its distance from its document's first token: row - begin.
+  a.positions.resize(static_cast<size_t>(batch * seq_len));
+  for (int64_t row = 0; row < batch * seq_len; ++row)
+    a.positions[static_cast<size_t>(row)] =
+        static_cast<int32_t>(row % seq_len) - a.key_ranges[static_cast<size_t>(2 * row)];
 }
 
 double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, const int32_t* tokens,
@@ -384,7 +394,7 @@ double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, cons
   fit_activations(chunk_index, a);
   if (chunk.first_stage()) a.tokens.assign(tokens, tokens + batch * seq_len);
   fill_key_ranges(a, tokens, batch, seq_len);
-  use_mask_of(a);
+  use_layout_of(a);
   forward_layers(chunk_index, a, input);
   if (!chunk.last_stage()) {
     a.grad_ready = options.compute_grad;
@@ -454,7 +464,7 @@ Tensor Transformer::backward_chunk(int64_t chunk_index, ChunkActivations& a,
     d_out.copy_from(d_output);
   }
   const int64_t first_block = chunk_first_block_[static_cast<size_t>(chunk_index)];
-  use_mask_of(a);  // recomputation and the attention backward see this micro-batch's documents
+  use_layout_of(a);  // recomputation and the attention backward see this micro-batch's documents
   for (int64_t i = chunk.layers() - 1; i >= 0; --i) {
     const int64_t unit = chunk.first_layer + i + 1;
     fire(unit_hooks_.before_backward, unit);
@@ -500,7 +510,7 @@ std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch
   fit_activations(0, whole_);  // a forward awaiting its backward is replaced
   whole_.tokens.assign(tokens, tokens + batch * seq_len);
   fill_key_ranges(whole_, tokens, batch, seq_len);
-  use_mask_of(whole_);
+  use_layout_of(whole_);
   forward_layers(0, whole_, Tensor());
   std::vector<float> logits = plan_->last_position_logits(
       whole_.final_norm_out, output_weight().value, batch, seq_len, config_.vocab_size);

@@ -121,9 +121,12 @@ class Transformer {
   Recompute recompute() const { return recompute_; }
   // Packed documents: with an end-of-document token, every token attends only to its own
   // document (the tokens after the last `eot_token` before it, up to itself; the end token
-  // closes its document). Needs the tokens on every pipeline stage. -1 (the default) turns it
-  // off: plain causal attention over the whole sequence.
-  void set_document_mask(int32_t eot_token);
+  // closes its document). With `restart_positions` each token's position (RoPE's angle, GPT-2's
+  // position row) counts from its document's first token instead of the sequence's. Needs the
+  // tokens on every pipeline stage. -1 (the default) turns it off: plain causal attention over
+  // the whole sequence.
+  void set_document_mask(int32_t eot_token, bool restart_positions = false);
+  bool restarts_positions() const { return restart_positions_; }
   int32_t document_mask_token() const { return eot_token_; }
   // The key ranges set_document_mask gives batch x seq_len tokens: (begin, end) per token.
   static std::vector<int32_t> document_key_ranges(const int32_t* tokens, int64_t batch,
@@ -166,10 +169,14 @@ class Transformer {
   std::vector<int64_t> chunk_first_block_;  // index into `blocks` of each chunk's first layer
   bool holds_embedding_ = true, holds_head_ = true;
   std::shared_ptr<const ops::Rope> rope_;
-  std::shared_ptr<AttentionMask> mask_ = std::make_shared<AttentionMask>();  // every block's
+  std::shared_ptr<SequenceLayout> layout_ = std::make_shared<SequenceLayout>();  // every block's
   int32_t eot_token_ = -1;
+  bool restart_positions_ = false;
   // Points the blocks' mask at `a`'s ranges (empty: causal) for the chunk about to run.
-  void use_mask_of(const ChunkActivations& a) { mask_->key_ranges = a.key_ranges; }
+  void use_layout_of(const ChunkActivations& a) {
+    layout_->key_ranges = a.key_ranges;
+    layout_->positions = a.positions;
+  }
   void fill_key_ranges(ChunkActivations& a, const int32_t* tokens, int64_t batch, int64_t seq_len) const;
   ActivationFormat format_;
   ParameterList parameters_;

@@ -99,13 +99,13 @@ void TensorParallelPlan::embed(const Tensor& out, const EmbeddingArgs& a) const 
   // Position rows after the sum: every rank adds them to the rows it holds, once.
   if (a.position_table)
     ops::add_position_rows(out, a.position_table->value, first_local_row(a.batch * a.seq_len),
-                           a.seq_len);
+                           a.seq_len, a.positions);
 }
 
 void TensorParallelPlan::embed_backward(const Tensor& d_out, const EmbeddingArgs& a) const {
   if (a.position_table)  // this rank's rows only under sequence parallelism: a partial sum
     ops::position_rows_backward(a.position_table->grad, d_out, first_local_row(a.batch * a.seq_len),
-                                a.seq_len);
+                                a.seq_len, a.positions);
   vocab_parallel_lookup_backward(a.token_table->grad, d_out,
                                  vocab_lookup(a, tp_rank(), tp(), sequence_parallel_), *group_,
                                  lookup_scratch_);

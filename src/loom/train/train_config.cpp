@@ -200,6 +200,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.shuffle = r.get_bool("data.shuffle", c.shuffle);
   c.document_mask = r.get_bool("data.document_mask", c.document_mask);
   c.eot_token = static_cast<int32_t>(r.get_int("data.eot_token", c.eot_token));
+  c.document_positions = r.get_bool("data.document_positions", c.document_positions);
 
   c.batch_size = r.get_int("train.batch_size", c.batch_size);
   c.seq_len = r.get_int("train.seq_len", c.seq_len);
@@ -307,6 +308,9 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (c.backend == CommBackend::Nccl && c.device != Device::CUDA)
     throw_error("config key 'parallel.backend' is \"nccl\" with train.device = \"cpu\": NCCL carries GPU "
                 "memory only; use \"mpi\" or \"auto\" on the CPU");
+  if (c.document_positions && !c.document_mask)
+    throw_error("config key 'data.document_positions' is true without data.document_mask: positions "
+                "restart per document only when documents are masked; set data.document_mask = true");
   if (c.document_mask && (c.eot_token < 0 || c.eot_token >= c.model.vocab_size))
     throw_error("config key 'data.eot_token' is ", c.eot_token, ", outside model.vocab_size's [0, ",
                 c.model.vocab_size, "): data.document_mask = true needs the end-of-document token id");

@@ -33,6 +33,7 @@ struct TrainConfig {
   bool shuffle = true;         // train batches from shuffled sequence slots (seeded)
   bool document_mask = false;  // packed documents: attention stops at each eot_token
   int32_t eot_token = 50256;   // the end-of-document token (GPT-2's <|endoftext|>)
+  bool document_positions = false;  // positions restart at each document's first token
 
   int64_t batch_size = 4;      // sequences per micro-batch
   int64_t seq_len = 64;

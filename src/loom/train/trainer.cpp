@@ -70,7 +70,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan, chunks);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(bf16);
-  if (config_.document_mask) model_->set_document_mask(config_.eot_token);
+  if (config_.document_mask) model_->set_document_mask(config_.eot_token, config_.document_positions);
   // The same model on the device: bf16 storage for activations and working weights there.
   if (config_.device == Device::CUDA) model_->to_device(Device::CUDA, bf16 ? DType::BF16 : DType::F32);
   train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(

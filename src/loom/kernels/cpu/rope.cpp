@@ -27,14 +27,14 @@ RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta)
 }
 
 void rope_apply(float* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
-                const RopeTable& table, bool inverse) {
+                const RopeTable& table, bool inverse, const int32_t* positions) {
   LOOM_CHECK(seq_len <= table.max_positions, "sequence ", seq_len, " longer than RoPE table ",
              table.max_positions);
   const int64_t half = table.head_dim / 2;
   const float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < batch * seq_len; ++row) {
-    const int64_t pos = row % seq_len;
+    const int64_t pos = positions ? positions[row] : row % seq_len;
     const float* c = table.cos.data() + pos * half;
     const float* s = table.sin.data() + pos * half;
     for (int64_t h = 0; h < heads; ++h) {

@@ -14,9 +14,10 @@ struct RopeTable {
 };
 RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta);
 
-// x: rows of `tokens` (b*t, position = index % seq_len), each with `heads` heads of head_dim,
-// at stride `row_ld`. inverse=true rotates by -angle (the backward of the forward rotation).
+// x: rows of `tokens` (b*t, position = positions[row], or row % seq_len without them), each
+// with `heads` heads of head_dim, at stride `row_ld`. inverse=true rotates by -angle (the
+// backward of the forward rotation).
 void rope_apply(float* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
-                const RopeTable& table, bool inverse);
+                const RopeTable& table, bool inverse, const int32_t* positions = nullptr);
 
 }  // namespace loom::cpu

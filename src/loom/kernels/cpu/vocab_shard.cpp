@@ -40,24 +40,26 @@ void embedding_shard_backward(float* d_table, const float* d_out, const int32_t*
 }
 
 void add_position_rows(float* out, const float* table, int64_t rows, int64_t dim, int64_t first_row,
-                       int64_t seq_len) {
+                       int64_t seq_len, const int32_t* positions) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* p = table + ((first_row + r) % seq_len) * dim;
+    const float* p =
+        table + (positions ? positions[first_row + r] : (first_row + r) % seq_len) * dim;
     float* o = out + r * dim;
     for (int64_t c = 0; c < dim; ++c) o[c] += p[c];
   }
 }
 
 void position_rows_backward(float* d_table, const float* d_out, int64_t rows, int64_t dim,
-                            int64_t first_row, int64_t seq_len) {
+                            int64_t first_row, int64_t seq_len, const int32_t* positions) {
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
     const int64_t c0 = dim * thread / threads, c1 = dim * (thread + 1) / threads;
     for (int64_t r = 0; r < rows; ++r) {
       const float* src = d_out + r * dim;
-      float* dst = d_table + ((first_row + r) % seq_len) * dim;
+      float* dst =
+          d_table + (positions ? positions[first_row + r] : (first_row + r) % seq_len) * dim;
       for (int64_t c = c0; c < c1; ++c) dst[c] += src[c];
     }
   }

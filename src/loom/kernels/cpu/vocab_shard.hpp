@@ -14,13 +14,14 @@ void embedding_shard_forward(float* out, const int32_t* tokens, const float* tab
 // so repeated tokens never race.
 void embedding_shard_backward(float* d_table, const float* d_out, const int32_t* tokens,
                               int64_t rows, int64_t dim, int64_t vocab_begin, int64_t vocab_end);
-// out[r] += table[(first_row + r) % seq_len] for rows [0, rows): the learned positions of a
-// block of rows that starts at row first_row of the whole [batch * seq_len].
+// out[r] += table[p] for rows [0, rows), p = positions[first_row + r] or (first_row + r) %
+// seq_len without them: the learned positions of a block of rows that starts at row first_row
+// of the whole [batch * seq_len].
 void add_position_rows(float* out, const float* table, int64_t rows, int64_t dim, int64_t first_row,
-                       int64_t seq_len);
-// d_table[(first_row + r) % seq_len] += d_out[r], rows in order.
+                       int64_t seq_len, const int32_t* positions = nullptr);
+// d_table[p] += d_out[r], rows in order, p as above.
 void position_rows_backward(float* d_table, const float* d_out, int64_t rows, int64_t dim,
-                            int64_t first_row, int64_t seq_len);
+                            int64_t first_row, int64_t seq_len, const int32_t* positions = nullptr);
 // out[r, :] += v for every row.
 void add_row_vector(float* out, const float* v, int64_t rows, int64_t width);
 

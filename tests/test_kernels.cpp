@@ -274,6 +274,83 @@ TEST(AttentionKeyRanges, SlidingWindowMatchesNaive) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], naive[i], 1e-5f) << i;
 }
 
+// Context parallelism's attention: the queries of chunks 0 and 3 of a sequence cut into 4 (what
+// cp rank 0 of 2 holds) over the keys and values of the whole sequence, with causal ranges from
+// the queries' global positions, equal the rows of self-attention over the whole sequence; so
+// do their query gradients, and the key/value gradients equal self-attention's when only those
+// rows carry an output gradient. Both buffers grad-check.
+TEST(CrossAttention, LocalQueriesOverGatheredKeysEqualSelfAttentionRows) {
+  const cpu::AttentionShape s{2, 144, 4, 2, 8};  // chunks of 36 rows: tiles of 64 straddle them
+  const int64_t chunk = s.seq_len / 4, q_len = 2 * chunk, kv_ld = 2 * s.kv_heads * s.head_dim;
+  const auto qkv = random_vector(s.batch * s.seq_len * s.qkv_ld(), 45);
+  std::vector<int64_t> rows;  // positions of the local queries in their sequence
+  for (int64_t t = 0; t < chunk; ++t) rows.push_back(t);
+  for (int64_t t = 3 * chunk; t < 4 * chunk; ++t) rows.push_back(t);
+  std::vector<float> q(s.batch * q_len * s.qkv_ld()), kv(s.batch * s.seq_len * kv_ld);
+  std::vector<int32_t> ranges;
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t i = 0; i < q_len; ++i) {
+      const float* src = &qkv[(b * s.seq_len + rows[i]) * s.qkv_ld()];
+      std::copy(src, src + s.qkv_ld(), &q[(b * q_len + i) * s.qkv_ld()]);
+      ranges.insert(ranges.end(), {0, static_cast<int32_t>(rows[i] + 1)});
+    }
+    for (int64_t t = 0; t < s.seq_len; ++t) {
+      const float* src = &qkv[(b * s.seq_len + t) * s.qkv_ld() + s.heads * s.head_dim];
+      std::copy(src, src + kv_ld, &kv[(b * s.seq_len + t) * kv_ld]);
+    }
+  }
+  const cpu::CrossAttentionShape cs{s.batch, q_len, s.seq_len, s.heads, s.kv_heads, s.head_dim};
+  std::vector<float> out(s.batch * q_len * s.out_ld()), lse(s.batch * s.heads * q_len);
+  cpu::cross_attention_forward(out.data(), lse.data(), q.data(), s.qkv_ld(), kv.data(), kv_ld, cs,
+                               ranges.data());
+  std::vector<float> full_out(s.batch * s.seq_len * s.out_ld()), full_lse(s.batch * s.heads * s.seq_len);
+  cpu::attention_forward(full_out.data(), full_lse.data(), qkv.data(), s);
+  auto local = [&](int64_t b, int64_t i) { return b * q_len + i; };
+  auto whole = [&](int64_t b, int64_t i) { return b * s.seq_len + rows[i]; };
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < q_len; ++i) {
+      for (int64_t c = 0; c < s.out_ld(); ++c)
+        ASSERT_NEAR(out[local(b, i) * s.out_ld() + c], full_out[whole(b, i) * s.out_ld() + c], 1e-6f);
+      for (int64_t h = 0; h < s.heads; ++h)
+        ASSERT_NEAR(lse[(b * s.heads + h) * q_len + i], full_lse[(b * s.heads + h) * s.seq_len + rows[i]], 1e-5f);
+    }
+
+  // Gradients: an output gradient on the local rows only.
+  const auto probe = random_vector(out.size(), 46);
+  std::vector<float> full_probe(full_out.size(), 0.0f);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t i = 0; i < q_len; ++i)
+      std::copy(&probe[local(b, i) * s.out_ld()], &probe[local(b, i) * s.out_ld()] + s.out_ld(),
+                &full_probe[whole(b, i) * s.out_ld()]);
+  std::vector<float> d_q(q.size(), 0.0f), d_kv(kv.size()), d_full(qkv.size());
+  cpu::cross_attention_backward(d_q.data(), d_kv.data(), probe.data(), q.data(), s.qkv_ld(), kv.data(),
+                                kv_ld, out.data(), lse.data(), cs, ranges.data());
+  cpu::attention_backward(d_full.data(), full_probe.data(), qkv.data(), full_out.data(), full_lse.data(), s);
+  double scale = 0;
+  for (float g : d_full) scale = std::max(scale, static_cast<double>(std::fabs(g)));
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t i = 0; i < q_len; ++i)
+      for (int64_t c = 0; c < s.heads * s.head_dim; ++c)
+        ASSERT_NEAR(d_q[local(b, i) * s.qkv_ld() + c], d_full[whole(b, i) * s.qkv_ld() + c], 1e-5 * scale);
+    for (int64_t t = 0; t < s.seq_len; ++t)
+      for (int64_t c = 0; c < kv_ld; ++c)
+        ASSERT_NEAR(d_kv[(b * s.seq_len + t) * kv_ld + c],
+                    d_full[(b * s.seq_len + t) * s.qkv_ld() + s.heads * s.head_dim + c], 1e-5 * scale);
+  }
+
+  auto loss = [&] {
+    std::vector<float> o(out.size()), l(lse.size());
+    cpu::cross_attention_forward(o.data(), l.data(), q.data(), s.qkv_ld(), kv.data(), kv_ld, cs,
+                                 ranges.data());
+    return dot(o, probe);
+  };
+  auto q_only = d_q;  // the key/value columns of q are unused: their gradient is 0
+  for (int64_t r = 0; r < s.batch * q_len; ++r)
+    for (int64_t c = s.heads * s.head_dim; c < s.qkv_ld(); ++c) q_only[r * s.qkv_ld() + c] = 0.0f;
+  EXPECT_LT(max_gradient_error(q, q_only, loss, 200), kGradCheckTolerance);
+  EXPECT_LT(max_gradient_error(kv, d_kv, loss, 200), kGradCheckTolerance);
+}
+
 TEST(KernelGrad, CrossEntropyChunkedMatchesNaiveAndGradChecks) {
   const int64_t rows = 6, dim = 8, vocab = 37;
   auto h = random_vector(rows * dim, 20), w = random_vector(vocab * dim, 21);

@@ -146,6 +146,28 @@ TEST(Ops, PositionIdsPickTheRowsAndAreChecked) {
                   {"ops::rope_apply", "2 position ids for rows up to 3"});
 }
 
+// Cross-attention through the op layer: one query over two keys with zero scores averages the
+// two values; shapes and ranges outside the keys are refused by name.
+TEST(Ops, CrossAttentionAveragesVisibleValuesAndChecksItsArguments) {
+  const ops::CrossAttentionShape shape{1, 1, 2, 1, 1, 2};
+  const Tensor q = Tensor::zeros({1, 2}, DType::F32, MemCategory::Workspace);
+  const Tensor kv = Tensor::zeros({2, 4}, DType::F32, MemCategory::Workspace);
+  kv.f32()[2] = 1.0f, kv.f32()[3] = 2.0f;  // value of key 0
+  kv.f32()[6] = 3.0f, kv.f32()[7] = 6.0f;  // value of key 1
+  const Tensor out = Tensor::zeros({1, 2}, DType::F32, MemCategory::Workspace);
+  const Tensor lse = Tensor::zeros({1, 1, 1}, DType::F32, MemCategory::Workspace);
+  ops::cross_attention_forward(out, lse, q, kv, shape, std::vector<int32_t>{0, 2});
+  EXPECT_EQ(out.to_f32_vector(), (std::vector<float>{2.0f, 4.0f}));
+  EXPECT_FLOAT_EQ(lse.to_f32_vector()[0], std::log(2.0f));
+  ops::cross_attention_forward(out, lse, q, kv, shape, std::vector<int32_t>{1, 2});
+  EXPECT_EQ(out.to_f32_vector(), (std::vector<float>{3.0f, 6.0f}));
+  expect_contains(error_message([&] { ops::cross_attention_forward(out, lse, q, kv, shape, std::vector<int32_t>{0, 3}); }),
+                  {"ops::cross_attention_forward", "sees keys [0, 3)", "<= 2"});
+  const ops::CrossAttentionShape wrong{1, 1, 3, 1, 1, 2};
+  expect_contains(error_message([&] { ops::cross_attention_forward(out, lse, q, kv, wrong, std::vector<int32_t>{0, 1}); }),
+                  {"kv [2, 4]", "1 queries over 3 keys"});
+}
+
 TEST(Ops, CudaTensorsWithoutCudaAreRefusedByName) {
   // Without CUDA in the build, or without a visible GPU, a CUDA tensor is refused with the cause.
   if (device_memory::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is visible";

@@ -221,6 +221,58 @@ void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& 
   cpu::attention_backward(d_qkv.f32(), d_out.f32(), qkv.f32(), out.f32(), lse.f32(), shape, ranges);
 }
 
+namespace {
+// Shapes and ranges of a cross-attention call; returns the ranges' pointer.
+const int32_t* checked_cross(const char* op, const Tensor& out, const Tensor& lse, const Tensor& q,
+                             const Tensor& kv, const CrossAttentionShape& s,
+                             std::span<const int32_t> ranges) {
+  require_2d(op, "q", q);
+  require_2d(op, "kv", kv);
+  const int64_t hd = s.heads * s.head_dim;
+  if (s.heads % s.kv_heads != 0 || q.size(0) != s.batch * s.q_len || q.size(1) < hd ||
+      kv.size(0) != s.batch * s.kv_len || kv.size(1) != 2 * s.kv_heads * s.head_dim ||
+      out.numel() != s.batch * s.q_len * hd || lse.numel() != s.batch * s.heads * s.q_len)
+    throw_error("ops::", op, ": q ", shape_to_string(q.shape()), ", kv ", shape_to_string(kv.shape()),
+                ", out ", shape_to_string(out.shape()), ", lse ", shape_to_string(lse.shape()),
+                " do not fit batch ", s.batch, " x (", s.q_len, " queries over ", s.kv_len, " keys), ",
+                s.heads, " heads, ", s.kv_heads, " kv heads of ", s.head_dim);
+  const int64_t rows = s.batch * s.q_len;
+  if (static_cast<int64_t>(ranges.size()) != 2 * rows)
+    throw_error("ops::", op, ": ", ranges.size(), " key-range values for ", rows,
+                " query rows, expected 2 per row (", 2 * rows, ")");
+  for (int64_t row = 0; row < rows; ++row)
+    if (ranges[2 * row] < 0 || ranges[2 * row] >= ranges[2 * row + 1] || ranges[2 * row + 1] > s.kv_len)
+      throw_error("ops::", op, ": query row ", row % s.q_len, " of sequence ", row / s.q_len,
+                  " sees keys [", ranges[2 * row], ", ", ranges[2 * row + 1],
+                  "), expected 0 <= begin < end <= ", s.kv_len);
+  return ranges.data();
+}
+}  // namespace
+
+void cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                             const CrossAttentionShape& shape, std::span<const int32_t> key_ranges) {
+  (void)device_of("cross_attention_forward", {&out, &lse, &q, &kv});
+  require_cpu_f32("cross_attention_forward", {&out, &lse, &q, &kv});
+  const int32_t* ranges = checked_cross("cross_attention_forward", out, lse, q, kv, shape, key_ranges);
+  cpu::cross_attention_forward(out.f32(), lse.f32(), q.f32(), q.size(1), kv.f32(), kv.size(1), shape,
+                               ranges);
+}
+
+void cross_attention_backward(const Tensor& d_q, const Tensor& d_kv, const Tensor& d_out,
+                              const Tensor& q, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                              const CrossAttentionShape& shape, std::span<const int32_t> key_ranges) {
+  (void)device_of("cross_attention_backward", {&d_q, &d_kv, &d_out, &q, &kv, &out, &lse});
+  require_cpu_f32("cross_attention_backward", {&d_q, &d_kv, &d_out, &q, &kv, &out, &lse});
+  const int32_t* ranges = checked_cross("cross_attention_backward", out, lse, q, kv, shape, key_ranges);
+  LOOM_CHECK(d_q.numel() == q.numel() && d_kv.numel() == kv.numel() && d_out.numel() == out.numel(),
+             "ops::cross_attention_backward: d_q ", shape_to_string(d_q.shape()), " / d_kv ",
+             shape_to_string(d_kv.shape()), " / d_out ", shape_to_string(d_out.shape()), " for q ",
+             shape_to_string(q.shape()), " / kv ", shape_to_string(kv.shape()), " / out ",
+             shape_to_string(out.shape()));
+  cpu::cross_attention_backward(d_q.f32(), d_kv.f32(), d_out.f32(), q.f32(), q.size(1), kv.f32(),
+                                kv.size(1), out.f32(), lse.f32(), shape, ranges);
+}
+
 int64_t max_attention_head_dim(Device device) {
   if (device == Device::CPU) return std::numeric_limits<int64_t>::max();
 #ifdef LOOM_HAVE_CUDA

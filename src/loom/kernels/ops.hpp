@@ -23,6 +23,7 @@
 namespace loom::ops {
 
 using AttentionShape = cpu::AttentionShape;
+using CrossAttentionShape = cpu::CrossAttentionShape;
 
 // ---- linear layers: y = x W^T (+ b), W stored [out, in] ---------------------------------
 // out[:, out_col : out_col + W.rows] = input @ W^T (+ bias). input [rows, in], out [rows, *].
@@ -66,6 +67,17 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
 void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
                         const Tensor& out, const Tensor& lse, const AttentionShape& shape,
                         std::span<const int32_t> key_ranges = {});  // d_qkv written
+
+// Queries over keys and values held elsewhere (context parallelism: this rank's queries over
+// the keys and values gathered from the whole sequence). q [B*q_len, >= H D] (heads in its
+// first H D columns, as in a fused qkv row), kv [B*kv_len, 2 KV D] (k | v), key_ranges (host, 2
+// per query row, required) in kv rows: 0 <= begin < end <= kv_len. out [B*q_len, H D], lse
+// [B, H, q_len] F32. The backward writes d_q's first H D columns and all of d_kv. CPU, f32.
+void cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                             const CrossAttentionShape& shape, std::span<const int32_t> key_ranges);
+void cross_attention_backward(const Tensor& d_q, const Tensor& d_kv, const Tensor& d_out,
+                              const Tensor& q, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                              const CrossAttentionShape& shape, std::span<const int32_t> key_ranges);
 
 // The largest head_dim the attention ops take on `device` (the CPU has no limit; 0 for a
 // device this loom was built without).

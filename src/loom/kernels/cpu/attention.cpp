@@ -26,16 +26,33 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// Column offsets of query head h and of its key / value head in a fused qkv row.
-struct HeadColumns {
-  int64_t q, k, v;
+// Where every operand lives: query rows of one buffer, key and value rows of another (the same
+// fused qkv buffer for self-attention), each with its own leading dimension and length per
+// sequence, and the gradients' buffers laid out alike.
+struct Operands {
+  const float* q;
+  int64_t q_ld, q_len;
+  const float* kv;
+  int64_t kv_ld, kv_len, k_col, v_col;  // key head g at column k_col + g * d, value at v_col + g * d
+  int64_t batch, heads, kv_heads, d;
+  int64_t group() const { return heads / kv_heads; }
+  const float* q_row(int64_t b, int64_t i, int64_t h) const { return q + (b * q_len + i) * q_ld + h * d; }
+  int64_t k_offset(int64_t b, int64_t j, int64_t g) const { return (b * kv_len + j) * kv_ld + k_col + g * d; }
+  int64_t v_offset(int64_t b, int64_t j, int64_t g) const { return (b * kv_len + j) * kv_ld + v_col + g * d; }
 };
-HeadColumns head_columns(const AttentionShape& s, int64_t h) {
-  const int64_t kvh = h / (s.heads / s.kv_heads);
-  return {h * s.head_dim, (s.heads + kvh) * s.head_dim, (s.heads + s.kv_heads + kvh) * s.head_dim};
+
+Operands fused(const float* qkv, const AttentionShape& s) {
+  const int64_t ld = s.qkv_ld(), d = s.head_dim;
+  return {qkv, ld, s.seq_len, qkv, ld, s.seq_len, s.heads * d, (s.heads + s.kv_heads) * d,
+          s.batch, s.heads, s.kv_heads, d};
 }
 
-// The keys query row `row` (of the flattened batch * seq rows) sees: [begin, end).
+Operands separate(const float* q, int64_t q_ld, const float* kv, int64_t kv_ld, const CrossAttentionShape& s) {
+  return {q, q_ld, s.q_len, kv, kv_ld, s.kv_len, 0, s.kv_heads * s.head_dim,
+          s.batch, s.heads, s.kv_heads, s.head_dim};
+}
+
+// The keys query row `row` (of the flattened batch * q_len rows) sees: [begin, end).
 struct KeyRange {
   int64_t begin, end;
 };
@@ -60,14 +77,12 @@ KeyRange tile_keys(const int32_t* ranges, int64_t first_row, int64_t i0, int64_t
 inline KeyRange visible_columns(const KeyRange& k, int64_t j0, int64_t cols) {
   return {std::clamp<int64_t>(k.begin - j0, 0, cols), std::clamp<int64_t>(k.end - j0, 0, cols)};
 }
-}  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
-                       const int32_t* ranges) {
-  const int64_t ld = s.qkv_ld(), d = s.head_dim, out_ld = s.out_ld();
+void forward_impl(float* out, float* lse, const Operands& o, const int32_t* ranges) {
+  const int64_t d = o.d, out_ld = o.heads * d;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int64_t query_tiles = (s.seq_len + kQueryTile - 1) / kQueryTile;
-  const int64_t tasks = s.batch * s.heads * query_tiles;
+  const int64_t query_tiles = (o.q_len + kQueryTile - 1) / kQueryTile;
+  const int64_t tasks = o.batch * o.heads * query_tiles;
 #pragma omp parallel
   {
     std::vector<float> scores(kQueryTile * kKeyTile), acc(kQueryTile * d);
@@ -75,21 +90,20 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
     // Later query tiles see more keys: dynamic scheduling evens out the causal triangle.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = tasks - 1; task >= 0; --task) {
-      const int64_t tile = task % query_tiles, h = (task / query_tiles) % s.heads;
-      const int64_t b = task / (query_tiles * s.heads);
-      const HeadColumns col = head_columns(s, h);
-      const int64_t i0 = tile * kQueryTile, rows = std::min(kQueryTile, s.seq_len - i0);
-      const int64_t first_row = b * s.seq_len + i0;
+      const int64_t tile = task % query_tiles, h = (task / query_tiles) % o.heads;
+      const int64_t b = task / (query_tiles * o.heads), g = h / o.group();
+      const int64_t i0 = tile * kQueryTile, rows = std::min(kQueryTile, o.q_len - i0);
+      const int64_t first_row = b * o.q_len + i0;
       const KeyRange keys = tile_keys(ranges, first_row, i0, rows);
-      const float* base = qkv + b * s.seq_len * ld;
-      const float* q = base + i0 * ld + col.q;
+      const float* q = o.q_row(b, i0, h);
       std::fill(acc.begin(), acc.begin() + rows * d, 0.0f);
       std::fill(row_max.begin(), row_max.end(), kNegInf);
       std::fill(row_sum.begin(), row_sum.end(), 0.0f);
       for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kKeyTile) {
         const int64_t cols = std::min(kKeyTile, keys.end - j0);
         float* sc = scores.data();
-        sgemm(false, true, rows, cols, d, scale, q, ld, base + j0 * ld + col.k, ld, 0.0f, sc, kKeyTile);
+        sgemm(false, true, rows, cols, d, scale, q, o.q_ld, o.kv + o.k_offset(b, j0, g), o.kv_ld, 0.0f,
+              sc, kKeyTile);
         for (int64_t r = 0; r < rows; ++r) {
           float* srow = sc + r * kKeyTile;
           const KeyRange seen = visible_columns(key_range(ranges, first_row + r, i0 + r), j0, cols);
@@ -111,23 +125,24 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
           if (correction != 1.0f)
             for (int64_t c = 0; c < d; ++c) acc[r * d + c] *= correction;
         }
-        sgemm(false, false, rows, d, cols, 1.0f, sc, kKeyTile, base + j0 * ld + col.v, ld, 1.0f,
+        sgemm(false, false, rows, d, cols, 1.0f, sc, kKeyTile, o.kv + o.v_offset(b, j0, g), o.kv_ld, 1.0f,
               acc.data(), d);
       }
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = 1.0f / row_sum[r];
-        float* o = out + (b * s.seq_len + i0 + r) * out_ld + h * d;
-        for (int64_t c = 0; c < d; ++c) o[c] = acc[r * d + c] * inv;
-        lse[(b * s.heads + h) * s.seq_len + i0 + r] = row_max[r] + std::log(row_sum[r]);
+        float* dst = out + (b * o.q_len + i0 + r) * out_ld + h * d;
+        for (int64_t c = 0; c < d; ++c) dst[c] = acc[r * d + c] * inv;
+        lse[(b * o.heads + h) * o.q_len + i0 + r] = row_max[r] + std::log(row_sum[r]);
       }
     }
   }
 }
 
-void attention_backward(float* d_qkv, const float* d_out, const float* qkv, const float* out,
-                        const float* lse, const AttentionShape& s, const int32_t* ranges) {
-  const int64_t ld = s.qkv_ld(), d = s.head_dim, out_ld = s.out_ld();
-  const int64_t group = s.heads / s.kv_heads;
+// d_q and d_kv are laid out as o.q and o.kv (the same buffer for self-attention, whose query
+// and key/value columns never overlap).
+void backward_impl(float* d_q, float* d_kv, const float* d_out, const Operands& o, const float* out,
+                   const float* lse, const int32_t* ranges) {
+  const int64_t d = o.d, out_ld = o.heads * d, group = o.group();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   // One task per (batch, kv head): it owns dK and dV of that head (shared by `group` query
   // heads) and dQ of those query heads, so no two threads write the same gradient.
@@ -136,35 +151,31 @@ void attention_backward(float* d_qkv, const float* d_out, const float* qkv, cons
     std::vector<float> probs(kQueryTile * kKeyTile), d_scores(kQueryTile * kKeyTile);
     std::vector<float> d_query(kQueryTile * d), delta(kQueryTile);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < s.batch * s.kv_heads; ++task) {
-      const int64_t b = task / s.kv_heads, kvh = task % s.kv_heads;
-      const float* base = qkv + b * s.seq_len * ld;
-      float* d_base = d_qkv + b * s.seq_len * ld;
-      const HeadColumns first = head_columns(s, kvh * group);
-      for (int64_t t = 0; t < s.seq_len; ++t) {
-        std::memset(d_base + t * ld + first.k, 0, static_cast<size_t>(d) * sizeof(float));
-        std::memset(d_base + t * ld + first.v, 0, static_cast<size_t>(d) * sizeof(float));
+    for (int64_t task = 0; task < o.batch * o.kv_heads; ++task) {
+      const int64_t b = task / o.kv_heads, g = task % o.kv_heads;
+      for (int64_t t = 0; t < o.kv_len; ++t) {
+        std::memset(d_kv + o.k_offset(b, t, g), 0, static_cast<size_t>(d) * sizeof(float));
+        std::memset(d_kv + o.v_offset(b, t, g), 0, static_cast<size_t>(d) * sizeof(float));
       }
-      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-        const HeadColumns col = head_columns(s, h);
-        for (int64_t i0 = 0; i0 < s.seq_len; i0 += kQueryTile) {
-          const int64_t rows = std::min(kQueryTile, s.seq_len - i0);
-          const float* q = base + i0 * ld + col.q;
-          const float* dout = d_out + (b * s.seq_len + i0) * out_ld + h * d;
-          const float* row_lse = lse + (b * s.heads + h) * s.seq_len + i0;
-          const int64_t first_row = b * s.seq_len + i0;
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        for (int64_t i0 = 0; i0 < o.q_len; i0 += kQueryTile) {
+          const int64_t rows = std::min(kQueryTile, o.q_len - i0);
+          const float* q = o.q_row(b, i0, h);
+          const float* dout = d_out + (b * o.q_len + i0) * out_ld + h * d;
+          const float* row_lse = lse + (b * o.heads + h) * o.q_len + i0;
+          const int64_t first_row = b * o.q_len + i0;
           const KeyRange keys = tile_keys(ranges, first_row, i0, rows);
           for (int64_t r = 0; r < rows; ++r)  // D_i = dO_i . O_i = sum_j P_ij dP_ij
-            delta[r] = dot(dout + r * out_ld, out + (b * s.seq_len + i0 + r) * out_ld + h * d, d);
+            delta[r] = dot(dout + r * out_ld, out + (b * o.q_len + i0 + r) * out_ld + h * d, d);
           std::fill(d_query.begin(), d_query.begin() + rows * d, 0.0f);
           for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kKeyTile) {
             const int64_t cols = std::min(kKeyTile, keys.end - j0);
-            const float* k = base + j0 * ld + col.k;
-            const float* v = base + j0 * ld + col.v;
+            const float* k = o.kv + o.k_offset(b, j0, g);
+            const float* v = o.kv + o.v_offset(b, j0, g);
             float* p = probs.data();
             float* ds = d_scores.data();
-            sgemm(false, true, rows, cols, d, scale, q, ld, k, ld, 0.0f, p, kKeyTile);
-            sgemm(false, true, rows, cols, d, 1.0f, dout, out_ld, v, ld, 0.0f, ds, kKeyTile);
+            sgemm(false, true, rows, cols, d, scale, q, o.q_ld, k, o.kv_ld, 0.0f, p, kKeyTile);
+            sgemm(false, true, rows, cols, d, 1.0f, dout, out_ld, v, o.kv_ld, 0.0f, ds, kKeyTile);
             for (int64_t r = 0; r < rows; ++r) {
               const KeyRange seen =
                   visible_columns(key_range(ranges, first_row + r, i0 + r), j0, cols);
@@ -181,18 +192,40 @@ void attention_backward(float* d_qkv, const float* d_out, const float* qkv, cons
             }
             // dV += P^T dO; dK += dS^T Q; dQ += dS K
             sgemm(true, false, cols, d, rows, 1.0f, p, kKeyTile, dout, out_ld, 1.0f,
-                  d_base + j0 * ld + col.v, ld);
-            sgemm(true, false, cols, d, rows, 1.0f, ds, kKeyTile, q, ld, 1.0f,
-                  d_base + j0 * ld + col.k, ld);
-            sgemm(false, false, rows, d, cols, 1.0f, ds, kKeyTile, k, ld, 1.0f, d_query.data(), d);
+                  d_kv + o.v_offset(b, j0, g), o.kv_ld);
+            sgemm(true, false, cols, d, rows, 1.0f, ds, kKeyTile, q, o.q_ld, 1.0f,
+                  d_kv + o.k_offset(b, j0, g), o.kv_ld);
+            sgemm(false, false, rows, d, cols, 1.0f, ds, kKeyTile, k, o.kv_ld, 1.0f, d_query.data(), d);
           }
+          float* dq = d_q + (q - o.q);  // the same row and column in d_q's layout
           for (int64_t r = 0; r < rows; ++r)
-            std::memcpy(d_base + (i0 + r) * ld + col.q, d_query.data() + r * d,
-                        static_cast<size_t>(d) * sizeof(float));
+            std::memcpy(dq + r * o.q_ld, d_query.data() + r * d, static_cast<size_t>(d) * sizeof(float));
         }
       }
     }
   }
+}
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& s,
+                       const int32_t* ranges) {
+  forward_impl(out, lse, fused(qkv, s), ranges);
+}
+
+void attention_backward(float* d_qkv, const float* d_out, const float* qkv, const float* out,
+                        const float* lse, const AttentionShape& s, const int32_t* ranges) {
+  backward_impl(d_qkv, d_qkv, d_out, fused(qkv, s), out, lse, ranges);
+}
+
+void cross_attention_forward(float* out, float* lse, const float* q, int64_t q_ld, const float* kv,
+                             int64_t kv_ld, const CrossAttentionShape& s, const int32_t* key_ranges) {
+  forward_impl(out, lse, separate(q, q_ld, kv, kv_ld, s), key_ranges);
+}
+
+void cross_attention_backward(float* d_q, float* d_kv, const float* d_out, const float* q, int64_t q_ld,
+                              const float* kv, int64_t kv_ld, const float* out, const float* lse,
+                              const CrossAttentionShape& s, const int32_t* key_ranges) {
+  backward_impl(d_q, d_kv, d_out, separate(q, q_ld, kv, kv_ld, s), out, lse, key_ranges);
 }
 
 }  // namespace loom::cpu

@@ -31,4 +31,21 @@ void attention_backward(float* d_qkv, const float* d_out, const float* qkv, cons
                         const float* lse, const AttentionShape& shape,
                         const int32_t* key_ranges = nullptr);
 
+// Queries over keys and values held elsewhere: q_len query rows per sequence (head h at column
+// h * head_dim of a row of q, stride q_ld) over kv_len key/value rows per sequence (key head g at
+// column g * head_dim of a row of kv, value head g at (kv_heads + g) * head_dim, stride kv_ld):
+// context parallelism's local queries over the keys and values gathered from the whole
+// sequence. key_ranges ([batch * q_len, 2], required) are in kv rows: 0 <= begin < end <=
+// kv_len. out [batch * q_len, heads * head_dim], lse [batch, heads, q_len]. Self-attention is the
+// case q = kv rows; the arithmetic is the same code.
+struct CrossAttentionShape {
+  int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
+};
+void cross_attention_forward(float* out, float* lse, const float* q, int64_t q_ld, const float* kv,
+                             int64_t kv_ld, const CrossAttentionShape& shape, const int32_t* key_ranges);
+// Writes (overwrites) the query columns of d_q's rows and all of d_kv's key and value columns.
+void cross_attention_backward(float* d_q, float* d_kv, const float* d_out, const float* q, int64_t q_ld,
+                              const float* kv, int64_t kv_ld, const float* out, const float* lse,
+                              const CrossAttentionShape& shape, const int32_t* key_ranges);
+
 }  // namespace loom::cpu

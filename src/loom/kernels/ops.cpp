@@ -170,23 +170,32 @@ void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& f
 
 namespace {
 // Key ranges fit the rows and keep every row causal and non-empty; they run on the CPU only.
+// Key ranges: 2 per query row of batch x q_len, each 0 <= begin < end <= limit, where the limit
+// is the row's own index + 1 (causal self-attention) or kv_len (queries over other keys).
+void check_key_ranges(const char* op, std::span<const int32_t> ranges, int64_t batch, int64_t q_len,
+                      bool causal, int64_t kv_len) {
+  const int64_t rows = batch * q_len;
+  if (static_cast<int64_t>(ranges.size()) != 2 * rows)
+    throw_error("ops::", op, ": ", ranges.size(), " key-range values for ", rows,
+                " query rows, expected 2 per row (", 2 * rows, ")");
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t i = row % q_len, begin = ranges[2 * row], end = ranges[2 * row + 1];
+    const int64_t limit = causal ? i + 1 : kv_len;
+    if (begin < 0 || begin >= end || end > limit)
+      throw_error("ops::", op, ": query row ", i, " of sequence ", row / q_len, " sees keys [", begin,
+                  ", ", end, "), expected 0 <= begin < end <= ", limit,
+                  causal ? " (causal and not empty)" : "");
+  }
+}
+
+// Key ranges fit the rows and keep every row causal and non-empty; they run on the CPU only.
 const int32_t* checked_key_ranges(const char* op, std::span<const int32_t> ranges,
                                   const AttentionShape& shape, Device device) {
   if (ranges.empty()) return nullptr;
   if (device != Device::CPU)
     throw_error("ops::", op, ": key ranges (packed documents, windows) run on the CPU only so far; ",
                 "this call is on ", device_name(device));
-  const int64_t rows = shape.batch * shape.seq_len;
-  if (static_cast<int64_t>(ranges.size()) != 2 * rows)
-    throw_error("ops::", op, ": ", ranges.size(), " key-range values for ", rows,
-                " query rows, expected 2 per row (", 2 * rows, ")");
-  for (int64_t row = 0; row < rows; ++row) {
-    const int64_t i = row % shape.seq_len, begin = ranges[2 * row], end = ranges[2 * row + 1];
-    if (begin < 0 || begin >= end || end > i + 1)
-      throw_error("ops::", op, ": query row ", i, " of sequence ", row / shape.seq_len,
-                  " sees keys [", begin, ", ", end, "), expected 0 <= begin < end <= ", i + 1,
-                  " (causal and not empty)");
-  }
+  check_key_ranges(op, ranges, shape.batch, shape.seq_len, true, shape.seq_len);
   return ranges.data();
 }
 }  // namespace
@@ -236,15 +245,7 @@ const int32_t* checked_cross(const char* op, const Tensor& out, const Tensor& ls
                 ", out ", shape_to_string(out.shape()), ", lse ", shape_to_string(lse.shape()),
                 " do not fit batch ", s.batch, " x (", s.q_len, " queries over ", s.kv_len, " keys), ",
                 s.heads, " heads, ", s.kv_heads, " kv heads of ", s.head_dim);
-  const int64_t rows = s.batch * s.q_len;
-  if (static_cast<int64_t>(ranges.size()) != 2 * rows)
-    throw_error("ops::", op, ": ", ranges.size(), " key-range values for ", rows,
-                " query rows, expected 2 per row (", 2 * rows, ")");
-  for (int64_t row = 0; row < rows; ++row)
-    if (ranges[2 * row] < 0 || ranges[2 * row] >= ranges[2 * row + 1] || ranges[2 * row + 1] > s.kv_len)
-      throw_error("ops::", op, ": query row ", row % s.q_len, " of sequence ", row / s.q_len,
-                  " sees keys [", ranges[2 * row], ", ", ranges[2 * row + 1],
-                  "), expected 0 <= begin < end <= ", s.kv_len);
+  check_key_ranges(op, ranges, s.batch, s.q_len, false, s.kv_len);
   return ranges.data();
 }
 }  // namespace

@@ -358,7 +358,7 @@ std::vector<int32_t> Transformer::document_key_ranges(const int32_t* tokens, int
   return ranges;
 }
 
-void Transformer::fill_key_ranges(ChunkActivations& a, const int32_t* tokens, int64_t batch,
+void Transformer::fill_sequence_layout(ChunkActivations& a, const int32_t* tokens, int64_t batch,
                                   int64_t seq_len) const {
   if (eot_token_ < 0) {
     a.key_ranges.clear();
@@ -393,7 +393,7 @@ double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, cons
   ensure_shape(batch, seq_len);
   fit_activations(chunk_index, a);
   if (chunk.first_stage()) a.tokens.assign(tokens, tokens + batch * seq_len);
-  fill_key_ranges(a, tokens, batch, seq_len);
+  fill_sequence_layout(a, tokens, batch, seq_len);
   use_layout_of(a);
   forward_layers(chunk_index, a, input);
   if (!chunk.last_stage()) {
@@ -509,7 +509,7 @@ std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch
   ensure_shape(batch, seq_len);
   fit_activations(0, whole_);  // a forward awaiting its backward is replaced
   whole_.tokens.assign(tokens, tokens + batch * seq_len);
-  fill_key_ranges(whole_, tokens, batch, seq_len);
+  fill_sequence_layout(whole_, tokens, batch, seq_len);
   use_layout_of(whole_);
   forward_layers(0, whole_, Tensor());
   std::vector<float> logits = plan_->last_position_logits(

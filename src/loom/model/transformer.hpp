@@ -177,7 +177,7 @@ class Transformer {
     layout_->key_ranges = a.key_ranges;
     layout_->positions = a.positions;
   }
-  void fill_key_ranges(ChunkActivations& a, const int32_t* tokens, int64_t batch, int64_t seq_len) const;
+  void fill_sequence_layout(ChunkActivations& a, const int32_t* tokens, int64_t batch, int64_t seq_len) const;
   ActivationFormat format_;
   ParameterList parameters_;
   // Position of each parameter in the whole model's list: its initialisation stream, so every

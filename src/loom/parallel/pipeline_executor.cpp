@@ -100,18 +100,19 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
     const int32_t* tokens = micro.tokens + mb * micro.stride;
     const int32_t* targets = micro.targets + mb * micro.stride;
     const auto in = transfer_into(action, rank, p, v);
+    const auto to = transfer_out_of(action, rank, p, v);
     const Tensor received = in ? receive(*in) : Tensor();
     const double start = TraceRecorder::now_s();
     Tensor out;
     if (action.op == PipeOp::Forward) {
       loss += activations_.forward(action.chunk, mb, tokens, targets, received, micro.batch,
                                    micro.seq_len, {train, grad_scale});
-      if (transfer_out_of(action, rank, p, v)) out = activations_.output(action.chunk, mb);
+      if (to) out = activations_.output(action.chunk, mb);
     } else {
       if (set_sync) set_sync(mb == micro.count - 1);
       out = activations_.backward(action.chunk, mb, received);
     }
-    if (const auto to = transfer_out_of(action, rank, p, v)) send(out, *to);
+    if (to) send(out, *to);
     if (train)
       timings_.push_back(
           {action.op, mb, action.chunk, start - step_start, TraceRecorder::now_s() - step_start});

@@ -2,6 +2,7 @@
 // against naive reference formulas (attention, cross-entropy).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -349,6 +350,68 @@ TEST(CrossAttention, LocalQueriesOverGatheredKeysEqualSelfAttentionRows) {
     for (int64_t c = s.heads * s.head_dim; c < s.qkv_ld(); ++c) q_only[r * s.qkv_ld() + c] = 0.0f;
   EXPECT_LT(max_gradient_error(q, q_only, loss, 200), kGradCheckTolerance);
   EXPECT_LT(max_gradient_error(kv, d_kv, loss, 200), kGradCheckTolerance);
+}
+
+// Ring attention's arithmetic: keys split into two blocks, each attended to alone (rows that
+// see none of a block get out 0 and lse -inf) and merged through the log-sum-exps, equal
+// attention over all keys; the blocks' backwards with the merged out and lse add up to the
+// whole backward.
+TEST(CrossAttention, BlocksMergedThroughTheirLogSumExpsEqualTheWholeAndSoDoTheirGradients) {
+  const int64_t batch = 2, q_len = 40, kv_len = 96, heads = 4, kv_heads = 2, d = 8, split = 60;
+  const int64_t q_ld = heads * d, kv_ld = 2 * kv_heads * d;
+  const auto q = random_vector(batch * q_len * q_ld, 51), kv = random_vector(batch * kv_len * kv_ld, 52);
+  std::vector<int32_t> ranges, first, second;
+  for (int64_t row = 0; row < batch * q_len; ++row) {
+    // Rows end in either block; some start in the second (none of the first), some end in the
+    // first (none of the second).
+    const auto begin = static_cast<int32_t>((row * 7) % 70), end = static_cast<int32_t>(begin + 1 + (row * 13) % 26);
+    ranges.insert(ranges.end(), {begin, end});
+    auto clip = [](int64_t x, int64_t lo, int64_t hi) { return static_cast<int32_t>(std::clamp(x, lo, hi) - lo); };
+    first.insert(first.end(), {clip(begin, 0, split), clip(end, 0, split)});
+    second.insert(second.end(), {clip(begin, split, kv_len), clip(end, split, kv_len)});
+  }
+  std::vector<float> kv1(kv.size()), kv2(kv.size());  // the two blocks, [batch * rows, kv_ld] each
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < kv_len; ++t) {
+      float* dst = t < split ? &kv1[(b * split + t) * kv_ld] : &kv2[(b * (kv_len - split) + t - split) * kv_ld];
+      std::copy(&kv[(b * kv_len + t) * kv_ld], &kv[(b * kv_len + t) * kv_ld] + kv_ld, dst);
+    }
+  const cpu::CrossAttentionShape whole{batch, q_len, kv_len, heads, kv_heads, d};
+  const cpu::CrossAttentionShape s1{batch, q_len, split, heads, kv_heads, d};
+  const cpu::CrossAttentionShape s2{batch, q_len, kv_len - split, heads, kv_heads, d};
+  std::vector<float> out(batch * q_len * q_ld), lse(batch * heads * q_len);
+  cpu::cross_attention_forward(out.data(), lse.data(), q.data(), q_ld, kv.data(), kv_ld, whole, ranges.data());
+  std::vector<float> merged(out.size()), merged_lse(lse.size()), part(out.size()), part_lse(lse.size());
+  cpu::cross_attention_forward(merged.data(), merged_lse.data(), q.data(), q_ld, kv1.data(), kv_ld, s1, first.data());
+  for (int64_t row = 0; row < batch * q_len; ++row)
+    if (first[2 * row] == first[2 * row + 1])  // sees none of the first block
+      for (int64_t h = 0; h < heads; ++h) {
+        ASSERT_EQ(merged_lse[((row / q_len) * heads + h) * q_len + row % q_len], -INFINITY);
+        ASSERT_EQ(merged[row * q_ld + h * d], 0.0f);
+      }
+  cpu::cross_attention_forward(part.data(), part_lse.data(), q.data(), q_ld, kv2.data(), kv_ld, s2, second.data());
+  cpu::merge_attention_partials(merged.data(), merged_lse.data(), part.data(), part_lse.data(), batch, q_len, heads, d);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(merged[i], out[i], 1e-6f) << i;
+  for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(merged_lse[i], lse[i], 1e-5f) << i;
+
+  const auto probe = random_vector(out.size(), 53);
+  std::vector<float> d_q(q.size()), d_kv(kv.size());
+  cpu::cross_attention_backward(d_q.data(), d_kv.data(), probe.data(), q.data(), q_ld, kv.data(), kv_ld, out.data(),
+                                lse.data(), whole, ranges.data());
+  std::vector<float> d_q1(q.size()), d_q2(q.size()), d_kv1(kv.size()), d_kv2(kv.size());
+  cpu::cross_attention_backward(d_q1.data(), d_kv1.data(), probe.data(), q.data(), q_ld, kv1.data(), kv_ld,
+                                merged.data(), merged_lse.data(), s1, first.data());
+  cpu::cross_attention_backward(d_q2.data(), d_kv2.data(), probe.data(), q.data(), q_ld, kv2.data(), kv_ld,
+                                merged.data(), merged_lse.data(), s2, second.data());
+  double scale = 0;
+  for (float g : d_kv) scale = std::max(scale, static_cast<double>(std::fabs(g)));
+  for (size_t i = 0; i < d_q.size(); ++i) ASSERT_NEAR(d_q1[i] + d_q2[i], d_q[i], 1e-5 * scale) << i;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < kv_len; ++t)
+      for (int64_t c = 0; c < kv_ld; ++c) {
+        const float got = t < split ? d_kv1[(b * split + t) * kv_ld + c] : d_kv2[(b * (kv_len - split) + t - split) * kv_ld + c];
+        ASSERT_NEAR(got, d_kv[(b * kv_len + t) * kv_ld + c], 1e-5 * scale) << b << " " << t << " " << c;
+      }
 }
 
 TEST(KernelGrad, CrossEntropyChunkedMatchesNaiveAndGradChecks) {

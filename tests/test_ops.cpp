@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "gradcheck.hpp"
@@ -161,8 +162,22 @@ TEST(Ops, CrossAttentionAveragesVisibleValuesAndChecksItsArguments) {
   EXPECT_FLOAT_EQ(lse.to_f32_vector()[0], std::log(2.0f));
   ops::cross_attention_forward(out, lse, q, kv, shape, std::vector<int32_t>{1, 2});
   EXPECT_EQ(out.to_f32_vector(), (std::vector<float>{3.0f, 6.0f}));
+  // A row may see none of the keys (a ring block outside its range): zero output, lse -inf.
+  ops::cross_attention_forward(out, lse, q, kv, shape, std::vector<int32_t>{1, 1});
+  EXPECT_EQ(out.to_f32_vector(), (std::vector<float>{0.0f, 0.0f}));
+  EXPECT_EQ(lse.to_f32_vector()[0], -std::numeric_limits<float>::infinity());
   expect_contains(error_message([&] { ops::cross_attention_forward(out, lse, q, kv, shape, std::vector<int32_t>{0, 3}); }),
                   {"ops::cross_attention_forward", "sees keys [0, 3)", "<= 2"});
+  expect_contains(error_message([&] { ops::cross_attention_forward(out, lse, q, kv, shape, std::vector<int32_t>{2, 1}); }),
+                  {"sees keys [2, 1)", "0 <= begin <= end <= 2"});
+  // Merging the two one-key results (each lse 0 for a zero query) gives their average.
+  const Tensor other = Tensor::zeros({1, 2}, DType::F32, MemCategory::Workspace);
+  const Tensor other_lse = Tensor::zeros({1, 1, 1}, DType::F32, MemCategory::Workspace);
+  ops::cross_attention_forward(out, lse, q, kv, shape, std::vector<int32_t>{0, 1});
+  ops::cross_attention_forward(other, other_lse, q, kv, shape, std::vector<int32_t>{1, 2});
+  ops::merge_attention_partials(out, lse, other, other_lse, 1, 1);
+  EXPECT_EQ(out.to_f32_vector(), (std::vector<float>{2.0f, 4.0f}));
+  EXPECT_FLOAT_EQ(lse.to_f32_vector()[0], std::log(2.0f));
   const ops::CrossAttentionShape wrong{1, 1, 3, 1, 1, 2};
   expect_contains(error_message([&] { ops::cross_attention_forward(out, lse, q, kv, wrong, std::vector<int32_t>{0, 1}); }),
                   {"kv [2, 4]", "1 queries over 3 keys"});

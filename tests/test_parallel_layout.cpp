@@ -98,7 +98,8 @@ TEST(ParallelLayout, ChecksSayWhetherTheLayoutIsValidAndWhetherTheEngineRunsIt) 
   // ZeRO-2/3 under a pipeline: valid, not in this engine.
   EXPECT_NO_THROW(check_layout(parse_layout("pp=2 zero=3"), llama, 16));
   expect_contains(engine("pp=2 zero=3"), {"zero=3 with pp=2", "use zero_stage 0 or 1"});
-  EXPECT_EQ(note("pp=2 zero=2 cp=2"), "engine: not yet supported: ZeRO-2 with pp, context parallelism");
+  EXPECT_EQ(note("pp=2 zero=2 cp=2"), "engine: not yet supported: ZeRO-2 with pp");
+  EXPECT_EQ(note("dp=2 cp=4"), "");  // context parallelism runs
   // Uneven stages: the engine gives the first stages the extra layers (stage_layer_counts).
   ModelConfig three = llama;
   three.n_layer = 3;
@@ -111,7 +112,7 @@ TEST(ParallelLayout, ChecksSayWhetherTheLayoutIsValidAndWhetherTheEngineRunsIt) 
   expect_contains(valid("pp=2 interleaved"), {"schedule interleaved with v=1"});
   expect_contains(valid("sp"), {"sequence parallelism needs tp > 1"});
   expect_contains(valid("dp=2 ep=2"), {"mixture-of-experts"});
-  expect_contains(valid("cp=3"), {"does not split into 2 x cp = 6"});
+  expect_contains(valid("cp=3"), {"sequence 16 does not split into 2 x cp = 6", "multiple of 6 (12 or 18)"});
   EXPECT_EQ(layout_problems(parse_layout("tp=2 sp"), llama, 16).size(), 0u);
 }
 
@@ -130,7 +131,7 @@ TEST(ParallelLayout, PlannerAndParallelTableAgreeOnWhatTheEngineRuns) {
       {"tp=1 pp=2 dp=1 zero=2 mbs=4 recompute=none 1f1b", {}, false},                       // ZeRO-2 with pp
       {"tp=1 pp=2 dp=1 zero=1 mbs=4 recompute=none 1f1b", {"model.n_layer=3"}, true},       // uneven stages
       {"tp=2 pp=2 dp=1 zero=1 mbs=4 recompute=selective sp 1f1b", {}, true},
-      {"tp=1 pp=1 dp=2 cp=2 zero=0 mbs=4 recompute=none", {}, false},                       // context parallelism
+      {"tp=1 pp=1 dp=2 cp=2 zero=1 mbs=4 recompute=none", {}, true},                        // context parallelism
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.layout);

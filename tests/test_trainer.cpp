@@ -220,5 +220,64 @@ TEST(TrainConfigTensorParallel, BadLayoutsAreRejectedWithWhatWorks) {
   expect_contains(error_message([&] { Trainer trainer(ok); }), {"parallel.tp = 2", "mpirun -np 2"});
 }
 
+// parallel.cp: sequences that do not split into 2 x cp chunks, Ulysses with heads that do not
+// go round, an unknown cp_comm, cp on CUDA, and cp without a launcher are refused before any
+// work, saying what would work.
+TEST(TrainConfigContextParallel, BadLayoutsAreRejectedWithWhatWorks) {
+  TinyRun run("cp_config");
+  const std::string llama = run.config("llama", 4);  // seq_len 16, 4 heads, 2 kv heads
+  const TrainConfig ok = parse(llama, {"parallel.cp=4", "parallel.cp_comm=\"allgather\""});
+  EXPECT_EQ(ok.cp, 4);
+  EXPECT_EQ(ok.cp_comm, CpComm::AllGather);
+  EXPECT_EQ(parse(llama, {"parallel.cp=2"}).cp_comm, CpComm::P2P);  // ring attention by default
+  EXPECT_EQ(parse(llama, {"parallel.layout=\"cp=2 mbs=4\""}).cp, 2);
+  // 16 tokens do not cut into 2 x 3 = 6 equal chunks; 12 or 18 would.
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.cp=3"}); }),
+                  {"config key 'parallel.cp' has value 3", "sequence 16 does not split into 2 x cp = 6",
+                   "multiple of 6 (12 or 18)"});
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.cp=0"}); }), {"parallel.cp", "expected >= 1"});
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.cp_comm=\"ring\""}); }),
+                  {"parallel.cp_comm", "'ring'", "p2p", "allgather", "a2a"});
+  EXPECT_EQ(parse(llama, {"parallel.cp=2", "parallel.cp_comm=\"a2a\""}).cp_comm, CpComm::AllToAll);
+  // Ulysses splits each rank's heads over cp: 2 kv heads do not split over 4.
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.cp=4", "parallel.cp_comm=\"a2a\""}); }),
+                  {"\"a2a\"", "2 kv heads must split over cp", "a cp that divides 2"});
+  // With sequence parallelism a cp rank's rows split over tp: 1 x 12 / 2 = 6 rows over tp 4 do not.
+  expect_contains(error_message([&] {
+                    (void)parse(run.config("gpt2", 4), {"parallel.cp=2", "parallel.tp=4", "parallel.sequence_parallel=true",
+                                                        "train.batch_size=1", "train.seq_len=12"});
+                  }),
+                  {"parallel.sequence_parallel", "/ parallel.cp = 6 rows", "parallel.tp = 4"});
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.cp=2", "train.device=\"cuda\""}); }),
+                  {"parallel.cp = 2", "CPU only so far"});
+  // One process cannot be two cp ranks.
+  expect_contains(error_message([&] { Trainer trainer(parse(llama, {"parallel.cp=2"})); }),
+                  {"parallel.tp = 1, parallel.pp = 1 and parallel.cp = 2 need 2 ranks", "mpirun -np 2"});
+}
+
+// The load-balanced split, by hand: 16 tokens in 2 x 2 chunks of 4; rank 0 holds chunks 0 and
+// 3, rank 1 chunks 1 and 2. Key ranges map to a rank's block rows.
+TEST(ContextSplit, EachRankHoldsChunksRAndTwoCMinusOneMinusR) {
+  const ContextSplit r0{0, 2}, r1{1, 2};
+  std::vector<int64_t> p0, p1;
+  for (int64_t t = 0; t < 8; ++t) {
+    p0.push_back(r0.global_position(t, 16));
+    p1.push_back(r1.global_position(t, 16));
+  }
+  EXPECT_EQ(p0, (std::vector<int64_t>{0, 1, 2, 3, 12, 13, 14, 15}));
+  EXPECT_EQ(p1, (std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11}));
+  // Keys [2, 13) on rank 0's block (positions 0-3, 12-15) are its rows [2, 5); on rank 1's
+  // block (4-11), all 8 rows.
+  EXPECT_EQ(r0.rows_below(2, 16, 0), 2);
+  EXPECT_EQ(r0.rows_below(13, 16, 0), 5);
+  EXPECT_EQ(r0.rows_below(2, 16, 1), 0);
+  EXPECT_EQ(r0.rows_below(13, 16, 1), 8);
+  const std::vector<int32_t> tokens = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  std::vector<int32_t> mine(8);
+  r1.take_local(tokens.data(), mine.data(), 1, 16);
+  EXPECT_EQ(mine, (std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11}));
+  expect_contains(error_message([&] { r0.check(10); }), {"sequence length 10", "2 x cp = 4", "8 or 12"});
+}
+
 }  // namespace
 }  // namespace loom::test

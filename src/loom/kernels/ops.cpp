@@ -1,6 +1,7 @@
 #include "loom/kernels/ops.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 
@@ -169,9 +170,9 @@ void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& f
 }
 
 namespace {
-// Key ranges fit the rows and keep every row causal and non-empty; they run on the CPU only.
-// Key ranges: 2 per query row of batch x q_len, each 0 <= begin < end <= limit, where the limit
-// is the row's own index + 1 (causal self-attention) or kv_len (queries over other keys).
+// Key ranges: 2 per query row of batch x q_len. Causal self-attention: 0 <= begin < end <= the
+// row's own index + 1 (every row sees itself). Queries over other keys: 0 <= begin <= end <=
+// kv_len (a row may see none of a block).
 void check_key_ranges(const char* op, std::span<const int32_t> ranges, int64_t batch, int64_t q_len,
                       bool causal, int64_t kv_len) {
   const int64_t rows = batch * q_len;
@@ -181,9 +182,9 @@ void check_key_ranges(const char* op, std::span<const int32_t> ranges, int64_t b
   for (int64_t row = 0; row < rows; ++row) {
     const int64_t i = row % q_len, begin = ranges[2 * row], end = ranges[2 * row + 1];
     const int64_t limit = causal ? i + 1 : kv_len;
-    if (begin < 0 || begin >= end || end > limit)
+    if (begin < 0 || end > limit || (causal ? begin >= end : begin > end))
       throw_error("ops::", op, ": query row ", i, " of sequence ", row / q_len, " sees keys [", begin,
-                  ", ", end, "), expected 0 <= begin < end <= ", limit,
+                  ", ", end, "), expected 0 <= begin ", causal ? "<" : "<=", " end <= ", limit,
                   causal ? " (causal and not empty)" : "");
   }
 }
@@ -272,6 +273,37 @@ void cross_attention_backward(const Tensor& d_q, const Tensor& d_kv, const Tenso
              shape_to_string(out.shape()));
   cpu::cross_attention_backward(d_q.f32(), d_kv.f32(), d_out.f32(), q.f32(), q.size(1), kv.f32(),
                                 kv.size(1), out.f32(), lse.f32(), shape, ranges);
+}
+
+void merge_attention_partials(const Tensor& out, const Tensor& lse, const Tensor& part,
+                              const Tensor& part_lse, int64_t batch, int64_t heads) {
+  (void)device_of("merge_attention_partials", {&out, &lse, &part, &part_lse});
+  require_cpu_f32("merge_attention_partials", {&out, &lse, &part, &part_lse});
+  require_2d("merge_attention_partials", "out", out);
+  const int64_t rows = out.size(0);
+  if (batch <= 0 || heads <= 0 || rows % batch != 0 || out.size(1) % heads != 0 ||
+      part.numel() != out.numel() || lse.numel() != rows * heads || part_lse.numel() != lse.numel())
+    throw_error("ops::merge_attention_partials: out ", shape_to_string(out.shape()), ", part ",
+                shape_to_string(part.shape()), ", lse ", shape_to_string(lse.shape()), ", part_lse ",
+                shape_to_string(part_lse.shape()), " do not fit batch ", batch, " x ", heads, " heads");
+  cpu::merge_attention_partials(out.f32(), lse.f32(), part.f32(), part_lse.f32(), batch, rows / batch,
+                                heads, out.size(1) / heads);
+}
+
+void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) {
+  (void)device_of("copy_columns", {&dst, &src});
+  require_cpu_f32("copy_columns", {&dst, &src});
+  require_2d("copy_columns", "dst", dst);
+  require_2d("copy_columns", "src", src);
+  if (dst.size(0) != src.size(0) || cols < 0 || dst_col < 0 || src_col < 0 || dst_col + cols > dst.size(1) ||
+      src_col + cols > src.size(1))
+    throw_error("ops::copy_columns: ", cols, " columns from ", src_col, " of ", shape_to_string(src.shape()),
+                " to ", dst_col, " of ", shape_to_string(dst.shape()));
+  const int64_t rows = dst.size(0), dst_ld = dst.size(1), src_ld = src.size(1);
+  float* d = dst.f32();
+  const float* s = src.f32();
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(d + r * dst_ld + dst_col, s + r * src_ld + src_col, static_cast<size_t>(cols) * sizeof(float));
 }
 
 int64_t max_attention_head_dim(Device device) {

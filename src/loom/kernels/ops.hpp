@@ -79,6 +79,18 @@ void cross_attention_backward(const Tensor& d_q, const Tensor& d_kv, const Tenso
                               const Tensor& q, const Tensor& kv, const Tensor& out, const Tensor& lse,
                               const CrossAttentionShape& shape, std::span<const int32_t> key_ranges);
 
+// Ring attention's merge of two partial results over disjoint sets of keys, exact in f32
+// through their log-sum-exps: lse' = log(e^lse + e^part_lse), out' = out e^(lse - lse') +
+// part e^(part_lse - lse'). out, part [batch * T, heads * D]; lse, part_lse [batch, heads, T]
+// F32. A -inf log-sum-exp (no key seen) weighs 0; two of them leave out and lse as they are.
+// CPU, f32.
+void merge_attention_partials(const Tensor& out, const Tensor& lse, const Tensor& part,
+                              const Tensor& part_lse, int64_t batch, int64_t heads);
+
+// dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols], both 2-D with as many
+// rows (the k|v columns of a fused qkv and a k|v block). CPU.
+void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols);
+
 // The largest head_dim the attention ops take on `device` (the CPU has no limit; 0 for a
 // device this loom was built without).
 int64_t max_attention_head_dim(Device device);

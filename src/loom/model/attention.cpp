@@ -41,16 +41,23 @@ void CausalSelfAttention::forward(const Tensor& out, BlockStash& stash, int64_t 
 }
 
 void CausalSelfAttention::recompute_core(BlockStash& stash, int64_t batch, int64_t seq_len) const {
-  ops::attention_forward(stash.attn_out, stash.attn_lse, stash.qkv, shape(batch, seq_len),
-                         key_ranges());
+  if (cp_)
+    cp_->forward(stash.attn_out, stash.attn_lse, stash.qkv, shape(batch, seq_len), key_ranges());
+  else
+    ops::attention_forward(stash.attn_out, stash.attn_lse, stash.qkv, shape(batch, seq_len),
+                           key_ranges());
   if (bf16_activations_) ops::round_to_bf16_(stash.attn_out);
 }
 
 void CausalSelfAttention::backward(const Tensor& d_out, const BlockStash& stash,
                                    BlockGradScratch& scratch, int64_t batch, int64_t seq_len) {
   output_projection->backward(scratch.d_attn_out, d_out, stash.attn_out);
-  ops::attention_backward(scratch.d_qkv, scratch.d_attn_out, stash.qkv, stash.attn_out,
-                          stash.attn_lse, shape(batch, seq_len), key_ranges());
+  if (cp_)
+    cp_->backward(scratch.d_qkv, scratch.d_attn_out, stash.qkv, stash.attn_out, stash.attn_lse,
+                  shape(batch, seq_len), key_ranges());
+  else
+    ops::attention_backward(scratch.d_qkv, scratch.d_attn_out, stash.qkv, stash.attn_out,
+                            stash.attn_lse, shape(batch, seq_len), key_ranges());
   // The rotation is orthogonal: its backward rotates by the negative angle.
   if (rope_) rope_->apply(scratch.d_qkv, batch, seq_len, dims_.heads + dims_.kv_heads, true, positions());
   input_projection->backward(scratch.d_norm_out, scratch.d_qkv, stash.norm1_out);

@@ -9,6 +9,7 @@
 
 #include "loom/kernels/ops.hpp"
 #include "loom/model/config.hpp"
+#include "loom/model/context_parallel.hpp"
 #include "loom/model/parallel_plan.hpp"
 #include "loom/model/stash.hpp"
 
@@ -39,6 +40,9 @@ class CausalSelfAttention {
   ParameterList partial_grads() { return output_projection->partial_grads(); }
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
   void set_layout(std::shared_ptr<const SequenceLayout> layout) { layout_ = std::move(layout); }
+  // Context parallelism: this rank's rows are its chunks of each sequence, and the attention
+  // core reaches the other ranks' keys through `cp` (null: the whole sequence is here).
+  void set_context_parallel(std::shared_ptr<ContextAttention> cp) { cp_ = std::move(cp); }
 
   std::unique_ptr<FanOutProjection> input_projection;  // GPT-2: c_attn; Llama: q, k, v
   std::unique_ptr<FanInProjection> output_projection;
@@ -49,6 +53,7 @@ class CausalSelfAttention {
   bool bf16_activations_ = false;  // round stored activations to bf16 values
   std::shared_ptr<const ops::Rope> rope_;
   std::shared_ptr<const SequenceLayout> layout_;  // null or empty ranges: causal
+  std::shared_ptr<ContextAttention> cp_;
   std::span<const int32_t> key_ranges() const {
     return layout_ ? layout_->key_ranges : std::span<const int32_t>();
   }

@@ -358,24 +358,51 @@ std::vector<int32_t> Transformer::document_key_ranges(const int32_t* tokens, int
   return ranges;
 }
 
+void Transformer::set_context_parallel(std::shared_ptr<ContextAttention> cp) {
+  cp_split_ = cp ? cp->split() : ContextSplit{};
+  cp_ = cp_split_.size > 1 ? std::move(cp) : nullptr;
+  for (auto& block : blocks) block->attention.set_context_parallel(cp_);
+}
+
 void Transformer::fill_sequence_layout(ChunkActivations& a, const int32_t* tokens, int64_t batch,
                                   int64_t seq_len) const {
-  if (eot_token_ < 0) {
-    a.key_ranges.clear();
-    a.positions.clear();
-    return;
-  }
-  if (!tokens)
+  a.key_ranges.clear();
+  a.positions.clear();
+  const bool documents = eot_token_ >= 0, split = cp_split_.size > 1;
+  if (!documents && !split) return;
+  if (documents && !tokens)
     throw_error("packed documents (document mask on end-of-document token ", eot_token_,
                 ") need the tokens on every pipeline stage, to find the documents");
-  a.key_ranges = document_key_ranges(tokens, batch, seq_len, eot_token_);
-  a.positions.clear();
-  if (!restart_positions_) return;
-  // A token's position is its distance from its document's first token: row - begin.
-  a.positions.resize(static_cast<size_t>(batch * seq_len));
-  for (int64_t row = 0; row < batch * seq_len; ++row)
-    a.positions[static_cast<size_t>(row)] =
-        static_cast<int32_t>(row % seq_len) - a.key_ranges[static_cast<size_t>(2 * row)];
+  // Key ranges over the whole sequences: each token's document (or all before it) up to itself.
+  std::vector<int32_t> ranges;
+  if (documents) {
+    ranges = document_key_ranges(tokens, batch, seq_len, eot_token_);
+  } else {
+    ranges.resize(static_cast<size_t>(2 * batch * seq_len));
+    for (int64_t row = 0; row < batch * seq_len; ++row) {
+      ranges[static_cast<size_t>(2 * row)] = 0;
+      ranges[static_cast<size_t>(2 * row + 1)] = static_cast<int32_t>(row % seq_len + 1);
+    }
+  }
+  // Positions: the token's place in its sequence, or in its document when they restart. A cp
+  // rank's tokens are not consecutive, so it always carries them.
+  std::vector<int32_t> positions;
+  if (restart_positions_ || split) {
+    positions.resize(static_cast<size_t>(batch * seq_len));
+    for (int64_t row = 0; row < batch * seq_len; ++row)
+      positions[static_cast<size_t>(row)] =
+          static_cast<int32_t>(row % seq_len) - (restart_positions_ ? ranges[static_cast<size_t>(2 * row)] : 0);
+  }
+  if (!split) {
+    a.key_ranges = std::move(ranges);
+    a.positions = std::move(positions);
+    return;
+  }
+  const int64_t local = cp_split_.local_len(seq_len);
+  a.key_ranges.resize(static_cast<size_t>(2 * batch * local));
+  a.positions.resize(static_cast<size_t>(batch * local));
+  cp_split_.take_local(ranges.data(), a.key_ranges.data(), batch, seq_len, 2);
+  cp_split_.take_local(positions.data(), a.positions.data(), batch, seq_len);
 }
 
 double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, const int32_t* tokens,
@@ -387,12 +414,22 @@ double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, cons
     throw_error("pipeline stage ", chunk.stage, " needs the previous stage's output");
   if (chunk.last_stage() && !targets) throw_error("the last pipeline stage needs targets");
   check_inputs(chunk.first_stage() ? tokens : nullptr, chunk.last_stage() ? targets : nullptr, batch, seq_len);
-  if (!chunk.first_stage() && input.numel() != plan_->local_rows(batch * seq_len) * config_.n_embd)
+  if (cp_) cp_split_.check(seq_len);
+  const int64_t local_len = cp_split_.local_len(seq_len);  // this cp rank's tokens per sequence
+  if (!chunk.first_stage() && input.numel() != local_rows(batch, seq_len) * config_.n_embd)
     throw_error("pipeline stage ", chunk.stage, ": input ", shape_to_string(input.shape()), " for ",
-                plan_->local_rows(batch * seq_len), " rows of ", config_.n_embd);
-  ensure_shape(batch, seq_len);
+                local_rows(batch, seq_len), " rows of ", config_.n_embd);
+  ensure_shape(batch, local_len);
   fit_activations(chunk_index, a);
-  if (chunk.first_stage()) a.tokens.assign(tokens, tokens + batch * seq_len);
+  if (chunk.first_stage()) {
+    a.tokens.resize(static_cast<size_t>(batch * local_len));
+    cp_split_.take_local(tokens, a.tokens.data(), batch, seq_len);
+  }
+  if (chunk.last_stage() && cp_) {
+    local_targets_.resize(static_cast<size_t>(batch * local_len));
+    cp_split_.take_local(targets, local_targets_.data(), batch, seq_len);
+    targets = local_targets_.data();
+  }
   fill_sequence_layout(a, tokens, batch, seq_len);
   use_layout_of(a);
   forward_layers(chunk_index, a, input);
@@ -415,7 +452,7 @@ double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, cons
     args.d_weight = head.grad;
   }
   args.workspace = logits_chunk_;
-  const double loss = plan_->head_loss(args, batch * seq_len, config_.vocab_size);
+  const double loss = plan_->head_loss(args, batch * local_len, config_.vocab_size);
   a.grad_ready = options.compute_grad;
   if (!options.compute_grad) fire(unit_hooks_.after_forward, 0);
   return loss;
@@ -505,6 +542,9 @@ void Transformer::backward() {
 
 std::vector<float> Transformer::last_logits(const int32_t* tokens, int64_t batch, int64_t seq_len) {
   if (!is_whole()) throw_error("last_logits() needs the whole model, not one pipeline stage");
+  if (cp_)
+    throw_error("last_logits() under context parallelism: generation runs the whole sequence on one rank; "
+                "load the checkpoint into a model without cp");
   check_inputs(tokens, nullptr, batch, seq_len);
   ensure_shape(batch, seq_len);
   fit_activations(0, whole_);  // a forward awaiting its backward is replaced

@@ -10,6 +10,7 @@
 
 #include "loom/model/block.hpp"
 #include "loom/model/config.hpp"
+#include "loom/model/context_parallel.hpp"
 #include "loom/model/parallel_plan.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/model/stash.hpp"
@@ -131,6 +132,17 @@ class Transformer {
   // The key ranges set_document_mask gives batch x seq_len tokens: (begin, end) per token.
   static std::vector<int32_t> document_key_ranges(const int32_t* tokens, int64_t batch,
                                                   int64_t seq_len, int32_t eot_token);
+  // Context parallelism: every cp rank of the model is given the same whole sequences and keeps
+  // its two chunks of each (model/context_parallel): its tokens, targets, global positions and
+  // key ranges; `cp` carries attention across the ranks (null: off). The summed loss forward
+  // returns is over this rank's tokens. Sequence lengths must split into 2 x cp chunks.
+  void set_context_parallel(std::shared_ptr<ContextAttention> cp);
+  const ContextSplit& context_split() const { return cp_split_; }
+  // Rows of a chunk's input and output on this rank for batch x seq_len tokens of whole
+  // sequences: this rank's chunks, and its share of them under sequence parallelism.
+  int64_t local_rows(int64_t batch, int64_t seq_len) const {
+    return plan_->local_rows(batch * cp_split_.local_len(seq_len));
+  }
   // Output projection: the token embedding when tied, else lm_head.
   const Parameter& output_weight() const { return config_.tied_embeddings ? token_embedding : lm_head; }
 
@@ -172,11 +184,16 @@ class Transformer {
   std::shared_ptr<SequenceLayout> layout_ = std::make_shared<SequenceLayout>();  // every block's
   int32_t eot_token_ = -1;
   bool restart_positions_ = false;
+  std::shared_ptr<ContextAttention> cp_;
+  ContextSplit cp_split_;  // size 1 without context parallelism
+  std::vector<int32_t> local_targets_;  // this cp rank's targets of the micro-batch in hand
   // Points the blocks' mask at `a`'s ranges (empty: causal) for the chunk about to run.
   void use_layout_of(const ChunkActivations& a) {
     layout_->key_ranges = a.key_ranges;
     layout_->positions = a.positions;
   }
+  // Fills a's key ranges and positions for batch x seq_len tokens of whole sequences (this cp
+  // rank's rows of them; empty for plain causal attention on one rank).
   void fill_sequence_layout(ChunkActivations& a, const int32_t* tokens, int64_t batch, int64_t seq_len) const;
   ActivationFormat format_;
   ParameterList parameters_;

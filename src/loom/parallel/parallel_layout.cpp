@@ -199,9 +199,14 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
   if (stages > m.n_layer)
     invalid("pp", "pp x v = ", stages, " stages for model.n_layer = ", m.n_layer,
             " layers leaves a stage without a layer; use pp x v <= ", m.n_layer);
-  if (l.cp > 1 && seq_len % (2 * l.cp) != 0)
-    invalid("cp", "sequence ", seq_len, " does not split into 2 x cp = ", 2 * l.cp,
-            " chunks (load-balanced ring)");
+  if (l.cp > 1 && seq_len % (2 * l.cp) != 0) {
+    const int64_t chunks = 2 * l.cp, below = seq_len / chunks * chunks;
+    invalid("cp", "sequence ", seq_len, " does not split into 2 x cp = ", chunks,
+            " equal chunks (each cp rank holds two, for equal causal work); use a sequence length that is a "
+            "multiple of ", chunks, below > 0 ? " (" + std::to_string(below) + " or " + std::to_string(below + chunks) + ")"
+                                              : " (" + std::to_string(chunks) + ")",
+            " or a cp whose 2 x cp divides ", seq_len);
+  }
   if (l.sequence_parallel && l.tp == 1)
     invalid("sp", "sequence parallelism needs tp > 1 (it splits the tensor-parallel ranks' rows); ",
             "set tp > 1 or turn it off");
@@ -230,9 +235,6 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
         "unit, "
         "which a pipeline stage running m micro-batches does not have; use zero_stage 0 or 1 with "
         "pipeline parallelism (as DeepSpeed and Megatron-LM do)");
-  if (l.cp > 1)
-    unsupported("cp", "context parallelism", "context parallelism (cp=", l.cp,
-                ") is not in the engine yet; use cp=1");
   if (l.ep > 1)
     unsupported("ep", "expert parallelism", "expert parallelism (ep=", l.ep,
                 ") is not in the engine yet; use ep=1");

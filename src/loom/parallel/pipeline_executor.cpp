@@ -91,7 +91,7 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
   check_transfers(actions, train, micro.count);
   const auto& chunks = model_.chunks();
   const int64_t p = pp_->size(), rank = pp_->rank(), v = static_cast<int64_t>(chunks.size());
-  rows_ = model_.plan().local_rows(micro.batch * micro.seq_len);
+  rows_ = model_.local_rows(micro.batch, micro.seq_len);
   if (train) timings_.clear();
   const double step_start = TraceRecorder::now_s();
   double loss = 0.0;

@@ -49,12 +49,13 @@ ModelConfig parse_model_config(ConfigReader& r) {
 
 namespace {
 
-// Where each key of a layout lives in the config ("" for cp and ep, which only the layout key
-// sets: the engine runs neither yet).
+// Where each key of a layout lives in the config ("" for ep, which only the layout key sets:
+// the engine does not run it yet).
 const char* config_key_of(const std::string& layout_key) {
   static const std::pair<const char*, const char*> keys[] = {
       {"tp", "parallel.tp"},         {"pp", "parallel.pp"},           {"v", "parallel.pp_chunks"},
-      {"dp", "parallel.dp"},         {"zero", "parallel.zero_stage"}, {"mbs", "train.batch_size"},
+      {"dp", "parallel.dp"},         {"cp", "parallel.cp"},           {"zero", "parallel.zero_stage"},
+      {"mbs", "train.batch_size"},
       {"recompute", "model.recompute"}, {"sp", "parallel.sequence_parallel"}, {"schedule", "parallel.pp_schedule"}};
   for (const auto& [layout, config] : keys)
     if (layout_key == layout) return config;
@@ -120,6 +121,7 @@ std::vector<std::string> apply_layout_key(ConfigReader& r, TrainConfig& c, Paral
   c.tp = static_cast<int>(layout.tp);
   c.pp = static_cast<int>(layout.pp);
   c.pp_chunks = static_cast<int>(layout.vp);
+  c.cp = static_cast<int>(layout.cp);
   if (contains(given, "dp")) c.dp = static_cast<int>(layout.dp);
   c.zero_stage = layout.zero_stage;
   c.batch_size = layout.micro_batch;
@@ -146,10 +148,23 @@ void check_parallel_layout(const TrainConfig& c, const ParallelLayout& l, const 
 // What the layout does not say: sequence parallelism splits each micro-batch's rows, and the
 // pipeline's stages and micro-batches.
 void check_sequence_parallel_rows(const TrainConfig& c) {
-  if (c.sequence_parallel && c.batch_size * c.seq_len % c.tp != 0)
-    throw_error("config key 'parallel.sequence_parallel' needs train.batch_size x train.seq_len = ",
-                c.batch_size * c.seq_len, " rows to divide by parallel.tp = ", c.tp,
+  const int64_t rows = c.batch_size * c.seq_len / c.cp;  // a cp rank's share of a micro-batch
+  if (c.sequence_parallel && rows % c.tp != 0)
+    throw_error("config key 'parallel.sequence_parallel' needs train.batch_size x train.seq_len",
+                c.cp > 1 ? " / parallel.cp" : "", " = ", rows, " rows to divide by parallel.tp = ", c.tp,
                 "; change the batch size or sequence length");
+}
+
+// Context parallelism: its split is the layout's rule; Ulysses needs the heads to go round.
+void check_context_parallel(const TrainConfig& c) {
+  if (c.cp == 1) return;
+  if (c.cp_comm == CpComm::AllToAll) {
+    const int64_t heads = c.model.n_head / c.tp, kv_heads = c.model.n_kv_head / c.tp;
+    if (heads % c.cp != 0 || kv_heads % c.cp != 0)
+      throw_error("config key 'parallel.cp_comm' is \"a2a\" (Ulysses) with parallel.cp = ", c.cp, ": each tp rank's ",
+                  heads, " attention heads and ", kv_heads, " kv heads must split over cp; use cp_comm = \"p2p\" "
+                  "or \"allgather\", or a cp that divides ", kv_heads);
+  }
 }
 
 PipelineSchedule parse_pipeline_schedule(const std::string& name) {
@@ -180,6 +195,7 @@ ParallelLayout TrainConfig::layout() const {
   l.tp = tp;
   l.pp = pp;
   l.vp = pp_chunks;
+  l.cp = cp;
   l.dp = dp > 0 ? dp : 1;
   l.zero_stage = zero_stage;
   l.micro_batch = batch_size;
@@ -244,6 +260,8 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.pp_schedule = parse_pipeline_schedule(r.get_string("parallel.pp_schedule", schedule_name(c.pp_schedule)));
   c.pp_chunks = static_cast<int>(r.get_int("parallel.pp_chunks", c.pp_chunks));
   c.pp_layers = r.get_int_list("parallel.pp_layers", c.pp_layers);
+  c.cp = static_cast<int>(r.get_int("parallel.cp", c.cp));
+  c.cp_comm = parse_cp_comm(r.get_string("parallel.cp_comm", cp_comm_name(c.cp_comm)));
   ParallelLayout layout = c.layout();
   const std::vector<std::string> layout_keys = apply_layout_key(r, c, layout);
 
@@ -291,6 +309,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
     throw_error("config key 'parallel.dp' has value ", c.dp, ", expected >= 1 (or 0: whatever the launch gives)");
   check_parallel_layout(c, layout, layout_keys);
   check_sequence_parallel_rows(c);
+  check_context_parallel(c);
   check_pipeline_micro_batches(c);
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
@@ -329,6 +348,9 @@ void check_cuda_available() {
 }
 
 void check_cuda_training(const TrainConfig& c) {
+  if (c.cp > 1)
+    throw_error("parallel.cp = ", c.cp, " (context parallelism) runs on the CPU only so far; its attention "
+                "over key blocks is not on CUDA yet: set train.device = \"cpu\" or parallel.cp = 1");
   if (c.document_mask)
     throw_error("data.document_mask = true (packed documents) runs on the CPU only so far; the CUDA "
                 "attention kernel is causal over whole sequences: set train.device = \"cpu\" or drop "

@@ -7,6 +7,7 @@
 #include "loom/core/dtype.hpp"
 #include "loom/model/config.hpp"
 #include "loom/optim/adamw.hpp"
+#include "loom/parallel/context_parallel.hpp"
 #include "loom/parallel/parallel_layout.hpp"
 #include "loom/parallel/pipeline_schedule.hpp"
 #include "loom/train/config_reader.hpp"
@@ -59,6 +60,8 @@ struct TrainConfig {
   PipelineSchedule pp_schedule = PipelineSchedule::OneFOneB;  // its micro-batches are grad_accum's
   int pp_chunks = 1;           // model chunks per pipeline rank (v; > 1 only for interleaved)
   std::vector<int64_t> pp_layers;  // layers of each of pp x pp_chunks stages (empty: even split)
+  int cp = 1;                  // context-parallel ranks: each holds 2 of 2 x cp chunks of every sequence
+  CpComm cp_comm = CpComm::P2P;  // how attention reaches the other chunks: ring, all-gather, all-to-all
   bool print_schedule = false;     // `loom train --print-schedule`: draw the last step's pipeline
 
   int64_t eval_every = 0;      // 0: only at the end

@@ -20,6 +20,7 @@
 #include "loom/obs/metrics_log.hpp"
 #include "loom/obs/progress.hpp"
 #include "loom/obs/step_line.hpp"
+#include "loom/parallel/context_parallel.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
 #include "loom/train/device_peak.hpp"
@@ -87,14 +88,24 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     trace_ = std::make_unique<TraceRecorder>(
         groups_.world && groups_.world->size() > 1 ? config_.trace_path + ".rank" + std::to_string(groups_.world_rank) : config_.trace_path,
         groups_.world_rank);
-  if (groups_.dp_size > 1 && config_.zero_stage > 0) {
+  // Gradients are averaged, and ZeRO shards, over every rank that holds the same parameters:
+  // dp x cp.
+  if (groups_.cp) {
+    cp_attention_ = make_context_attention(groups_.cp, config_.cp_comm);
+    if (trace_)
+      cp_attention_->set_span_hook([this](const std::string& name, const char* lane, double start, double end) {
+        trace_->span(name, lane, start, end);
+      });
+    model_->set_context_parallel(cp_attention_);
+  }
+  if (groups_.replica_size > 1 && config_.zero_stage > 0) {
     optimizer_ = std::make_unique<ZeroOptimizer>(
-        *model_, groups_.dp, ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), bf16},
+        *model_, groups_.replicas, ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), bf16},
         config_.adamw);
   } else {
     optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw, bf16);
-    if (groups_.dp_size > 1) {
-      reducer_ = std::make_unique<GradientBucketReducer>(model_->parameters_in_grad_ready_order(), groups_.dp,
+    if (groups_.replica_size > 1) {
+      reducer_ = std::make_unique<GradientBucketReducer>(model_->parameters_in_grad_ready_order(), groups_.replicas,
                                                          static_cast<int64_t>(config_.bucket_mb * 1e6));
       reducer_->attach(*model_);
     }
@@ -122,7 +133,7 @@ std::vector<OwnedSlice> Trainer::owned_state() {
   // embedding by the first stage, which owns it.
   const bool write_replicated = !groups_.tp || groups_.tp->rank() == 0;
   std::vector<OwnedSlice> owned;
-  if (optimizer_->shards_state_over_data_parallel() || groups_.dp_rank == 0)  // replicas hold the same state
+  if (optimizer_->shards_state_over_data_parallel() || groups_.replica_rank == 0)  // replicas hold the same state
     owned = optimizer_->owned_slices();
   std::erase_if(owned, [](const OwnedSlice& slice) { return slice.param->pipeline_copy; });
   return in_whole_tensor_coordinates(owned, write_replicated);
@@ -197,9 +208,11 @@ void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
 
 double Trainer::train_step(int64_t step) {
   optimizer_->zero_grad();
-  const int64_t tokens = config_.batch_size * config_.seq_len;
-  // Mean over every token of every micro-batch: each micro-batch's summed loss is scaled so
-  // the accumulated gradient equals the gradient of the mean.
+  // This rank's tokens of a micro-batch: its cp chunks of each sequence.
+  const int64_t tokens = config_.batch_size * config_.seq_len / groups_.cp_size;
+  // Mean over this rank's tokens of every micro-batch: each micro-batch's summed loss is scaled
+  // so the accumulated gradient equals the gradient of the mean; averaging over dp x cp (equal
+  // token counts) then gives the gradient of the global batch's mean.
   const float grad_scale = 1.0f / static_cast<float>(tokens * config_.grad_accum);
   double loss_sum = 0.0;
   run_micro_batches(loss_sum, grad_scale);
@@ -232,9 +245,15 @@ nlohmann::json Trainer::step_record(const StepReport& report) const {
           {"calls", comm.calls[i]}, {"bytes_sent", comm.bytes_sent[i]}, {"bytes_received", comm.bytes_received[i]}};
     }
   };
-  if (groups_.dp) comm_record(*groups_.dp, "comm");
+  if (groups_.replicas) comm_record(*groups_.replicas, "comm");
   if (groups_.tp) comm_record(*groups_.tp, "comm_tp");
   if (groups_.pp) comm_record(*groups_.pp, "comm_pp");
+  if (groups_.cp) {
+    comm_record(*groups_.cp, "comm_cp");
+    // Attention over the split sequence: its compute, and the communication it did not hide.
+    record["cp_attention_ms"] = 1e3 * cp_attention_->timing().compute_s;
+    record["cp_exposed_comm_ms"] = 1e3 * cp_attention_->timing().exposed_comm_s;
+  }
   return record;
 }
 
@@ -251,9 +270,9 @@ double Trainer::from_last_stage(double value) const {
 
 double Trainer::mean_loss_over_ranks(double local_sum, double tokens) const {
   const double mean = from_last_stage(local_sum / tokens);
-  if (groups_.dp_size == 1) return mean;
+  if (groups_.replica_size == 1) return mean;
   auto v = static_cast<float>(mean);
-  comm::all_reduce(*groups_.dp, &v, 1, ReduceOp::Avg)->wait();
+  comm::all_reduce(*groups_.replicas, &v, 1, ReduceOp::Avg)->wait();
   return v;
 }
 
@@ -270,7 +289,13 @@ double Trainer::evaluate(const std::string& pattern, int64_t batches) {
                        : model_->forward(inputs_.data(), targets_.data(), config_.batch_size, config_.seq_len,
                                          {false, 1.0f});
   }
-  // Every dp replica evaluated the same batches.
+  // Every dp replica evaluated the same batches; the cp ranks each summed their chunks.
+  if (groups_.cp) {
+    const auto high = static_cast<float>(total);
+    float parts[2] = {high, static_cast<float>(total - static_cast<double>(high))};
+    comm::all_reduce(*groups_.cp, parts, 2, ReduceOp::Sum)->wait();
+    total = static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+  }
   return from_last_stage(total / static_cast<double>(batches * tokens));
 }
 
@@ -325,15 +350,16 @@ TrainSummary Trainer::run() {
   // Per-rank FLOPs over the per-rank peak: MFU of one rank (a tp rank does 1/tp of its
   // replica's work, a pipeline stage 1/pp of it, evenly split).
   const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
-                                static_cast<double>(config_.tokens_per_step()) / (groups_.tp_size * groups_.pp_size);
+                                static_cast<double>(config_.tokens_per_step()) /
+                                (groups_.tp_size * groups_.pp_size * groups_.cp_size);
   if (is_rank0())
     std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
-              "%s | dp %d x tp %d%s x pp %d%s\n",
+              "%s | dp %d x cp %d x tp %d%s x pp %d%s\n",
               architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
               static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
               static_cast<long long>(global_tokens_per_step()),
               config_.precision == Precision::BF16 ? "bf16 (fp32 master)" : "f32",
-              recompute_name(config_.recompute), where, groups_.dp_size, groups_.tp_size,
+              recompute_name(config_.recompute), where, groups_.dp_size, groups_.cp_size, groups_.tp_size,
               config_.sequence_parallel ? " (sequence parallel)" : "", groups_.pp_size,
               groups_.pp ? (std::string(" (") + schedule_name(config_.pp_schedule) + ", " +
                             std::to_string(config_.grad_accum) + " micro-batches)").c_str() : "");
@@ -344,7 +370,11 @@ TrainSummary Trainer::run() {
   double compute_seconds = 0.0;
   for (int64_t step = start_step; step < config_.steps; ++step) {
     device_memory::reset_peaks(model_->device());
-    if (groups_.dp) groups_.dp->reset_stats();
+    if (groups_.replicas) groups_.replicas->reset_stats();
+    if (groups_.cp) {
+      groups_.cp->reset_stats();
+      cp_attention_->reset_timing();
+    }
     if (groups_.tp) groups_.tp->reset_stats();
     if (groups_.pp) groups_.pp->reset_stats();
     const bool draw_pipeline = config_.print_schedule && step + 1 == config_.steps;

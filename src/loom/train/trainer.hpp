@@ -73,6 +73,7 @@ class Trainer {
   TrainerGroups groups_;  // world, dp, tp, pp and embedding groups, this rank's coordinates
   std::unique_ptr<GradientBucketReducer> reducer_;  // plain data parallelism (ZeRO reduces itself)
   std::unique_ptr<PipelineExecutor> pipeline_;  // pp > 1
+  std::shared_ptr<ContextAttention> cp_attention_;  // cp > 1
   int64_t optimizer_steps() const;
   // The loss of this step, from the stages that compute it, the same on every rank.
   double mean_loss_over_ranks(double local_sum, double tokens) const;

@@ -7,11 +7,16 @@ namespace loom {
 
 TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<ProcessGroup> world) {
   TrainerGroups g;
-  const int model_parallel = config.tp * config.pp;
+  const int model_parallel = config.tp * config.pp * config.cp;  // the ranks of one data-parallel replica
+  const std::string axes = config.cp > 1 ? "parallel.tp x parallel.pp x parallel.cp" : "parallel.tp x parallel.pp";
+  const std::string degrees = config.cp > 1 ? std::to_string(config.tp) + " x " + std::to_string(config.pp) + " x " +
+                                                  std::to_string(config.cp)
+                                            : std::to_string(config.tp) + " x " + std::to_string(config.pp);
   if (!world) {
     if (model_parallel > 1)
-      throw_error("parallel.tp = ", config.tp, " and parallel.pp = ", config.pp, " need ",
-                  model_parallel, " ranks: launch under mpirun -np ", model_parallel, " (or srun)");
+      throw_error("parallel.tp = ", config.tp, config.cp > 1 ? ", " : " and ", "parallel.pp = ", config.pp,
+                  config.cp > 1 ? " and parallel.cp = " + std::to_string(config.cp) : "", " need ", model_parallel,
+                  " ranks: launch under mpirun -np ", model_parallel, " (or srun)");
     if (config.dp > 1)
       throw_error("parallel.dp = ", config.dp, " needs ", config.dp,
                   " ranks: launch under mpirun -np ", config.dp,
@@ -22,24 +27,22 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
   g.world_rank = g.world->rank();
   const int n = g.world->size();
   if (n % model_parallel != 0)
-    throw_error("launched with ", n,
-                " rank(s), which is not a multiple of parallel.tp x parallel.pp = ", config.tp,
-                " x ", config.pp, " = ", model_parallel, ": launch dp x ", model_parallel,
-                " ranks (", model_parallel, ", ", 2 * model_parallel,
-                ", ...) or change parallel.tp / parallel.pp");
+    throw_error("launched with ", n, " rank(s), which is not a multiple of ", axes, " = ", degrees, " = ",
+                model_parallel, ": launch dp x ", model_parallel, " ranks (", model_parallel, ", ", 2 * model_parallel,
+                ", ...) or change ", config.cp > 1 ? "parallel.tp / parallel.pp / parallel.cp" : "parallel.tp / parallel.pp");
   if (config.dp > 0 && n != config.dp * model_parallel)
-    throw_error("launched with ", n,
-                " rank(s), but parallel.dp x parallel.tp x parallel.pp = ", config.dp, " x ",
-                config.tp, " x ", config.pp, " = ", config.dp * model_parallel,
-                ": launch mpirun -np ", config.dp * model_parallel,
+    throw_error("launched with ", n, " rank(s), but parallel.dp x ", axes, " = ", config.dp, " x ", degrees, " = ",
+                config.dp * model_parallel, ": launch mpirun -np ", config.dp * model_parallel,
                 ", or set parallel.dp = 0 to take whatever the launch gives");
   if (model_parallel == 1) {
-    g.dp = g.world;
+    g.dp = g.replicas = g.world;
   } else {
     ParallelLayout layout = config.layout();
     layout.dp = n / model_parallel;
     DeviceMesh mesh(g.world, layout.mesh_shape());
     g.dp = mesh.group({"dp"});
+    g.replicas = config.cp > 1 ? mesh.group({"dp", "cp"}) : g.dp;
+    if (config.cp > 1) g.cp = mesh.group({"cp"});
     if (config.tp > 1) g.tp = mesh.group({"tp"});
     if (config.pp > 1) {
       g.pp = mesh.group({"pp"});
@@ -56,6 +59,9 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
   }
   g.dp_rank = g.dp->rank();
   g.dp_size = g.dp->size();
+  g.replica_rank = g.replicas->rank();
+  g.replica_size = g.replicas->size();
+  g.cp_size = config.cp;
   return g;
 }
 

@@ -63,14 +63,16 @@ inline KeyRange key_range(const int32_t* ranges, int64_t row, int64_t i) {
 
 // The keys any row of a query tile sees: the tile's key tiles start at `begin`, so a causal
 // tile (every begin 0) walks the same tiles as before ranges existed.
+// Rows that see no key (cross-attention over a block outside their range) add nothing.
 KeyRange tile_keys(const int32_t* ranges, int64_t first_row, int64_t i0, int64_t rows) {
-  KeyRange all = key_range(ranges, first_row, i0);
-  for (int64_t r = 1; r < rows; ++r) {
+  KeyRange all{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+  for (int64_t r = 0; r < rows; ++r) {
     const KeyRange k = key_range(ranges, first_row + r, i0 + r);
+    if (k.begin >= k.end) continue;
     all.begin = std::min(all.begin, k.begin);
     all.end = std::max(all.end, k.end);
   }
-  return all;
+  return all.begin < all.end ? all : KeyRange{0, 0};
 }
 
 // The columns [start, stop) of a key tile at j0 (cols wide) that a row with keys `k` sees.
@@ -129,10 +131,12 @@ void forward_impl(float* out, float* lse, const Operands& o, const int32_t* rang
               acc.data(), d);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        const float inv = 1.0f / row_sum[r];
+        // A row that saw no key: zero output and a log-sum-exp of -inf, which a merge of
+        // partial results weighs by exp(-inf) = 0.
+        const float inv = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
         float* dst = out + (b * o.q_len + i0 + r) * out_ld + h * d;
         for (int64_t c = 0; c < d; ++c) dst[c] = acc[r * d + c] * inv;
-        lse[(b * o.heads + h) * o.q_len + i0 + r] = row_max[r] + std::log(row_sum[r]);
+        lse[(b * o.heads + h) * o.q_len + i0 + r] = row_sum[r] > 0.0f ? row_max[r] + std::log(row_sum[r]) : kNegInf;
       }
     }
   }
@@ -226,6 +230,26 @@ void cross_attention_backward(float* d_q, float* d_kv, const float* d_out, const
                               const float* kv, int64_t kv_ld, const float* out, const float* lse,
                               const CrossAttentionShape& s, const int32_t* key_ranges) {
   backward_impl(d_q, d_kv, d_out, separate(q, q_ld, kv, kv_ld, s), out, lse, key_ranges);
+}
+
+void merge_attention_partials(float* out, float* lse, const float* part, const float* part_lse,
+                              int64_t batch, int64_t seq_len, int64_t heads, int64_t head_dim) {
+  const int64_t out_ld = heads * head_dim;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < seq_len; ++t) {
+        float& l = lse[(b * heads + h) * seq_len + t];
+        const float p = part_lse[(b * heads + h) * seq_len + t];
+        const float m = std::max(l, p);
+        if (m == kNegInf) continue;  // neither saw a key
+        const float w_old = std::exp(l - m), w_new = std::exp(p - m), sum = w_old + w_new;
+        const float a = w_old / sum, c = w_new / sum;
+        float* o = out + (b * seq_len + t) * out_ld + h * head_dim;
+        const float* q = part + (b * seq_len + t) * out_ld + h * head_dim;
+        for (int64_t k = 0; k < head_dim; ++k) o[k] = a * o[k] + c * q[k];
+        l = m + std::log(sum);
+      }
 }
 
 }  // namespace loom::cpu

@@ -35,9 +35,11 @@ void attention_backward(float* d_qkv, const float* d_out, const float* qkv, cons
 // h * head_dim of a row of q, stride q_ld) over kv_len key/value rows per sequence (key head g at
 // column g * head_dim of a row of kv, value head g at (kv_heads + g) * head_dim, stride kv_ld):
 // context parallelism's local queries over the keys and values gathered from the whole
-// sequence. key_ranges ([batch * q_len, 2], required) are in kv rows: 0 <= begin < end <=
-// kv_len. out [batch * q_len, heads * head_dim], lse [batch, heads, q_len]. Self-attention is the
-// case q = kv rows; the arithmetic is the same code.
+// sequence, or over one block of them (ring attention). key_ranges ([batch * q_len, 2],
+// required) are in kv rows: 0 <= begin <= end <= kv_len; a row with begin == end sees no key
+// here: its output is 0 and its lse -inf, and its backward adds nothing. out [batch * q_len,
+// heads * head_dim], lse [batch, heads, q_len]. Self-attention is the case q = kv rows; the
+// arithmetic is the same code.
 struct CrossAttentionShape {
   int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
 };
@@ -47,5 +49,10 @@ void cross_attention_forward(float* out, float* lse, const float* q, int64_t q_l
 void cross_attention_backward(float* d_q, float* d_kv, const float* d_out, const float* q, int64_t q_ld,
                               const float* kv, int64_t kv_ld, const float* out, const float* lse,
                               const CrossAttentionShape& shape, const int32_t* key_ranges);
+
+// out, lse += part, part_lse as partial softmaxes over disjoint keys (ops::merge_attention_
+// partials): out [batch * seq, heads * head_dim], lse [batch, heads, seq].
+void merge_attention_partials(float* out, float* lse, const float* part, const float* part_lse,
+                              int64_t batch, int64_t seq_len, int64_t heads, int64_t head_dim);
 
 }  // namespace loom::cpu

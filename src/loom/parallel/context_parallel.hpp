@@ -1,0 +1,35 @@
+#pragma once
+// Attention over a sequence split across the ranks of a cp group (model/context_parallel's
+// load-balanced chunks), three ways:
+//   p2p (ring attention; the default): the key/value block of each rank travels once around the
+//     ring, sent asynchronously while the block in hand is computed; partial outputs merge
+//     exactly through their log-sum-exps. Each block asks only for the causal part it holds
+//     (key ranges mapped to the block's rows), so a rank's earlier neighbours cost it half a
+//     block and its later ones the other half. Backward sends the blocks round again with their
+//     key/value gradients, which arrive at their owner after C - 1 hops. Wire per layer and
+//     rank: (C - 1) blocks forward, 2 (C - 1) backward. GQA sends the kv heads only.
+//   allgather (Llama 3): all-gather the key/value blocks once per layer, attend over the whole
+//     sequence; backward gathers again and reduce-scatters the key/value gradients.
+//   a2a (Ulysses): an all-to-all gives rank j head group j (H/C heads, KV/C kv heads) over the
+//     whole sequence; attention runs as on one process; an all-to-all brings the output back
+//     (and, in backward, the operands go round again). Needs heads and kv heads divisible by
+//     C. Host f32 tensors so far.
+// Blocks are this rank's [batch * T/C, 2 KV D] k | v columns of the fused qkv.
+#include <memory>
+#include <string>
+
+#include "loom/dist/process_group.hpp"
+#include "loom/model/context_parallel.hpp"
+
+namespace loom {
+
+enum class CpComm { P2P, AllGather, AllToAll };
+
+const char* cp_comm_name(CpComm comm);  // "p2p", "allgather", "a2a"
+// Throws loom::Error naming `config_key`, the value and the choices.
+CpComm parse_cp_comm(const std::string& name, const std::string& config_key = "parallel.cp_comm");
+
+// Over `group` (its ranks in cp order).
+std::shared_ptr<ContextAttention> make_context_attention(std::shared_ptr<ProcessGroup> group, CpComm comm);
+
+}  // namespace loom

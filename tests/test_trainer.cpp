@@ -178,14 +178,38 @@ INSTANTIATE_TEST_SUITE_P(Archs, TrainerBf16, ::testing::Values("gpt2", "llama"))
 TEST(Trainer, PackedDocumentsTrainWithTheDocumentMask) {
   TinyRun run("packed");
   std::vector<int32_t> documents;
-  for (int i = 0; i < 6000; ++i) documents.push_back(i % 23 == 22 ? 63 : (i * 7) % 61);
+  for (int i = 0; i < 6000; ++i) documents.push_back(i % 13 == 12 ? 63 : (i * 7) % 61);  // 13 tokens each
   write_token_shard(run.dir + "/data/tiny_train_000000.bin", documents);
   write_token_shard(run.dir + "/data/tiny_train_000001.bin", documents);
-  const std::string base = run.config("llama", 60);
+  write_token_shard(run.dir + "/data/tiny_val_000000.bin", documents);
+  const std::string base = run.config("llama", 60);  // seq_len 16
   Trainer trainer(parse(base, {"checkpoint.dir=\"\"", "optim.lr=1e-2", "data.document_mask=true",
                                "data.eot_token=63"}));
   EXPECT_EQ(trainer.model().document_mask_token(), 63);
   EXPECT_LT(trainer.run().last_train_loss, 1.0);
+  // A document longer than the sequence is refused before any work, with where it is and what
+  // works: here the second shard's 20-token document starting at token 26.
+  std::vector<int32_t> long_document = documents;
+  for (int i = 26; i < 46; ++i) long_document[static_cast<size_t>(i)] = i == 45 ? 63 : (i * 7) % 61;
+  write_token_shard(run.dir + "/data/tiny_train_000001.bin", long_document);
+  const std::vector<std::string> masked = {"checkpoint.dir=\"\"", "data.document_mask=true", "data.eot_token=63"};
+  expect_contains(error_message([&] { Trainer refused(parse(base, masked)); }),
+                  {"data.train", "tiny_train_000001.bin", "20 tokens", "from token 26", "data.seq_len = 16",
+                   "at least 20", "data.split_long_documents = true"});
+  std::vector<std::string> split = masked;
+  split.push_back("data.split_long_documents=true");
+  Trainer pieces(parse(base, split));
+  EXPECT_TRUE(std::isfinite(pieces.run().last_train_loss));
+  // The last document of a shard needs no end token, and the check reads the validation shards.
+  write_token_shard(run.dir + "/data/tiny_train_000001.bin", documents);
+  std::vector<int32_t> open_end = documents;
+  open_end.resize(5990);
+  for (int i = 0; i < 17; ++i) open_end.push_back(1);
+  write_token_shard(run.dir + "/data/tiny_val_000000.bin", open_end);
+  expect_contains(error_message([&] { Trainer refused(parse(base, masked)); }),
+                  {"data.val", "tiny_val_000000.bin", "27 tokens", "from token 5980"});
+  expect_contains(error_message([&] { (void)parse(base, {"data.split_long_documents=true"}); }),
+                  {"data.split_long_documents", "without data.document_mask"});
   expect_contains(error_message([&] { (void)parse(base, {"data.document_mask=true"}); }),
                   {"data.eot_token", "50256", "[0, 64)"});
   EXPECT_EQ(parse(base, {"data.eot_token=70"}).document_mask, false);  // unused without the mask
@@ -241,7 +265,18 @@ TEST(TrainConfigContextParallel, BadLayoutsAreRejectedWithWhatWorks) {
   EXPECT_EQ(parse(llama, {"parallel.cp=2", "parallel.cp_comm=\"a2a\""}).cp_comm, CpComm::AllToAll);
   // Ulysses splits each rank's heads over cp: 2 kv heads do not split over 4.
   expect_contains(error_message([&] { (void)parse(llama, {"parallel.cp=4", "parallel.cp_comm=\"a2a\""}); }),
-                  {"\"a2a\"", "2 kv heads must split over cp", "a cp that divides 2"});
+                  {"config key 'parallel.cp_comm' has value a2a", "each tp rank's 4 attention heads and 2 kv heads",
+                   "do not split over cp=4", "use cp_comm=p2p or allgather, or a cp in 2"});
+  // The same rule through the layout key, which names cp_comm too (the planner's rule).
+  const TrainConfig ulysses = parse(llama, {"parallel.layout=\"cp=2 cp_comm=a2a mbs=4\""});
+  EXPECT_EQ(ulysses.cp_comm, CpComm::AllToAll);
+  EXPECT_EQ(ulysses.layout().describe(), "tp=1 pp=1 dp=1 cp=2 cp_comm=a2a zero=0 mbs=4 recompute=none");
+  expect_contains(error_message([&] { (void)parse(llama, {"parallel.layout=\"cp=4 cp_comm=a2a\""}); }),
+                  {"config key 'parallel.layout' sets cp_comm = a2a", "do not split over cp=4"});
+  expect_contains(error_message([&] {
+                    (void)parse(llama, {"parallel.layout=\"cp=2 cp_comm=a2a\"", "parallel.cp_comm=\"p2p\""});
+                  }),
+                  {"sets cp_comm = a2a but config key 'parallel.cp_comm' is p2p"});
   // With sequence parallelism a cp rank's rows split over tp: 1 x 12 / 2 = 6 rows over tp 4 do not.
   expect_contains(error_message([&] {
                     (void)parse(run.config("gpt2", 4), {"parallel.cp=2", "parallel.tp=4", "parallel.sequence_parallel=true",

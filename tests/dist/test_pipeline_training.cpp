@@ -69,7 +69,8 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
   shared.push_back("model.recompute=\"" + c.recompute + "\"");
   shared.push_back("train.precision=\"" + c.precision + "\"");
   if (c.documents)  // positions restart per document: the position rows and RoPE angles too
-    shared.insert(shared.end(), {"data.document_mask=true", "data.eot_token=5", "data.document_positions=true"});
+    shared.insert(shared.end(), {"data.document_mask=true", "data.eot_token=5", "data.document_positions=true",
+                 "data.split_long_documents=true"});
   auto with = [&](std::vector<std::string> extra) { return plus(std::move(extra), shared); };
   Trainer reference(parse(base, with({"train.batch_size=" + std::to_string(kGlobalBatch),
                                       "log.dir=\"" + run.dir + "/ref\""})));

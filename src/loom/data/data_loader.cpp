@@ -26,6 +26,21 @@ std::vector<std::string> expand_shard_pattern(const std::string& glob_pattern) {
   return paths;
 }
 
+void check_documents_fit(const std::vector<std::string>& shard_paths, int32_t eot_token, int64_t seq_len,
+                         const std::string& key) {
+  for (const std::string& path : shard_paths) {
+    const LongestDocument longest = longest_document(path, eot_token);
+    if (longest.tokens <= seq_len) continue;
+    throw_error(key, ": shard '", path, "' has a document of ", longest.tokens, " tokens (from token ",
+                longest.offset, ", end token ", eot_token, " included), longer than data.seq_len = ", seq_len,
+                ": no sequence holds it whole, so with data.document_mask it would be cut at row "
+                "boundaries and never computed as it is alone. Raise data.seq_len to at least ",
+                longest.tokens, ", or set data.split_long_documents = true to train on its pieces "
+                "(Llama 3's packing), or check data.eot_token (",
+                eot_token, ") is the end-of-document token these shards were made with");
+  }
+}
+
 DataLoader::DataLoader(std::vector<std::string> shard_paths, int64_t batch_size, int64_t seq_len,
                        int64_t vocab_size)
     : shard_paths_(std::move(shard_paths)),

@@ -26,6 +26,12 @@ std::vector<std::string> expand_shard_pattern(const std::string& glob_pattern);
 // covers the whole held-out set and every evaluation (trainer or `loom eval`) sees the same.
 inline constexpr uint64_t kEvalShuffleSeed = 0xe7a1;
 
+// Packed documents: refuses, naming the shard, offset and length, the first document in
+// `shard_paths` longer than seq_len, which no row could hold whole (it would be cut at row
+// boundaries). One pass over every shard; `key` names the config key of the shards.
+void check_documents_fit(const std::vector<std::string>& shard_paths, int32_t eot_token, int64_t seq_len,
+                         const std::string& key);
+
 class DataLoader {
  public:
   DataLoader(std::vector<std::string> shard_paths, int64_t batch_size, int64_t seq_len, int64_t vocab_size);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
@@ -158,6 +159,29 @@ std::vector<uint16_t> read_token_shard(const std::string& path, int64_t vocab_si
 int64_t token_shard_size(const std::string& path) {
   std::ifstream in;
   return read_checked_header(in, path);
+}
+
+LongestDocument longest_document(const std::string& path, int32_t eot_token) {
+  std::ifstream in;
+  const int64_t count = read_checked_header(in, path);
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<uint16_t> piece(static_cast<size_t>(std::min(count, kPiece)));
+  LongestDocument longest;
+  int64_t start = 0;  // first token of the current document
+  for (int64_t done = 0; done < count;) {
+    const int64_t n = std::min(kPiece, count - done);
+    if (!in.read(reinterpret_cast<char*>(piece.data()), n * static_cast<int64_t>(sizeof(uint16_t))))
+      throw_error("cannot read the ", count, " tokens of token shard '", path, "' (file changed while reading?)");
+    for (int64_t i = 0; i < n; ++i) {
+      if (piece[static_cast<size_t>(i)] != eot_token) continue;
+      const int64_t end = done + i + 1;  // one past the end token
+      if (end - start > longest.tokens) longest = {end - start, start};
+      start = end;
+    }
+    done += n;
+  }
+  if (count - start > longest.tokens) longest = {count - start, start};
+  return longest;
 }
 
 }  // namespace loom

@@ -25,4 +25,14 @@ std::vector<uint16_t> read_token_shard(const std::string& path, int64_t vocab_si
 // to call on every shard of a large dataset.
 int64_t token_shard_size(const std::string& path);
 
+// The longest document of a shard, as packed-document attention sees documents: the tokens
+// after one `eot_token` up to and including the next (the end token closes its document; the
+// first document starts at the shard's first token, the last may have no end token). Reads the
+// shard in pieces, so it costs one pass over the file and little memory.
+struct LongestDocument {
+  int64_t tokens = 0;  // its length, end token included
+  int64_t offset = 0;  // its first token's position in the shard
+};
+LongestDocument longest_document(const std::string& path, int32_t eot_token);
+
 }  // namespace loom

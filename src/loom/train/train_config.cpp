@@ -54,7 +54,8 @@ namespace {
 const char* config_key_of(const std::string& layout_key) {
   static const std::pair<const char*, const char*> keys[] = {
       {"tp", "parallel.tp"},         {"pp", "parallel.pp"},           {"v", "parallel.pp_chunks"},
-      {"dp", "parallel.dp"},         {"cp", "parallel.cp"},           {"zero", "parallel.zero_stage"},
+      {"dp", "parallel.dp"},         {"cp", "parallel.cp"},           {"cp_comm", "parallel.cp_comm"},
+      {"zero", "parallel.zero_stage"},
       {"mbs", "train.batch_size"},
       {"recompute", "model.recompute"}, {"sp", "parallel.sequence_parallel"}, {"schedule", "parallel.pp_schedule"}};
   for (const auto& [layout, config] : keys)
@@ -68,6 +69,7 @@ std::string layout_value(const ParallelLayout& l, const std::string& key) {
   if (key == "v") return std::to_string(l.vp);
   if (key == "dp") return std::to_string(l.dp);
   if (key == "cp") return std::to_string(l.cp);
+  if (key == "cp_comm") return cp_comm_name(l.cp_comm);
   if (key == "ep") return std::to_string(l.ep);
   if (key == "zero") return std::to_string(l.zero_stage);
   if (key == "mbs") return std::to_string(l.micro_batch);
@@ -83,6 +85,7 @@ void copy_layout_key(ParallelLayout& to, const ParallelLayout& from, const std::
   else if (key == "v") to.vp = from.vp;
   else if (key == "dp") to.dp = from.dp;
   else if (key == "cp") to.cp = from.cp;
+  else if (key == "cp_comm") to.cp_comm = from.cp_comm;
   else if (key == "ep") to.ep = from.ep;
   else if (key == "zero") to.zero_stage = from.zero_stage;
   else if (key == "mbs") to.micro_batch = from.micro_batch;
@@ -122,6 +125,7 @@ std::vector<std::string> apply_layout_key(ConfigReader& r, TrainConfig& c, Paral
   c.pp = static_cast<int>(layout.pp);
   c.pp_chunks = static_cast<int>(layout.vp);
   c.cp = static_cast<int>(layout.cp);
+  c.cp_comm = layout.cp_comm;
   if (contains(given, "dp")) c.dp = static_cast<int>(layout.dp);
   c.zero_stage = layout.zero_stage;
   c.batch_size = layout.micro_batch;
@@ -155,18 +159,6 @@ void check_sequence_parallel_rows(const TrainConfig& c) {
                 "; change the batch size or sequence length");
 }
 
-// Context parallelism: its split is the layout's rule; Ulysses needs the heads to go round.
-void check_context_parallel(const TrainConfig& c) {
-  if (c.cp == 1) return;
-  if (c.cp_comm == CpComm::AllToAll) {
-    const int64_t heads = c.model.n_head / c.tp, kv_heads = c.model.n_kv_head / c.tp;
-    if (heads % c.cp != 0 || kv_heads % c.cp != 0)
-      throw_error("config key 'parallel.cp_comm' is \"a2a\" (Ulysses) with parallel.cp = ", c.cp, ": each tp rank's ",
-                  heads, " attention heads and ", kv_heads, " kv heads must split over cp; use cp_comm = \"p2p\" "
-                  "or \"allgather\", or a cp that divides ", kv_heads);
-  }
-}
-
 PipelineSchedule parse_pipeline_schedule(const std::string& name) {
   for (PipelineSchedule s : {PipelineSchedule::AllForwardAllBackward, PipelineSchedule::OneFOneB,
                              PipelineSchedule::Interleaved})
@@ -196,6 +188,7 @@ ParallelLayout TrainConfig::layout() const {
   l.pp = pp;
   l.vp = pp_chunks;
   l.cp = cp;
+  l.cp_comm = cp_comm;
   l.dp = dp > 0 ? dp : 1;
   l.zero_stage = zero_stage;
   l.micro_batch = batch_size;
@@ -217,6 +210,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.document_mask = r.get_bool("data.document_mask", c.document_mask);
   c.eot_token = static_cast<int32_t>(r.get_int("data.eot_token", c.eot_token));
   c.document_positions = r.get_bool("data.document_positions", c.document_positions);
+  c.split_long_documents = r.get_bool("data.split_long_documents", c.split_long_documents);
 
   c.batch_size = r.get_int("train.batch_size", c.batch_size);
   c.seq_len = r.get_int("train.seq_len", c.seq_len);
@@ -309,7 +303,6 @@ TrainConfig parse_train_config(ConfigReader& r) {
     throw_error("config key 'parallel.dp' has value ", c.dp, ", expected >= 1 (or 0: whatever the launch gives)");
   check_parallel_layout(c, layout, layout_keys);
   check_sequence_parallel_rows(c);
-  check_context_parallel(c);
   check_pipeline_micro_batches(c);
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
@@ -330,6 +323,9 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (c.document_positions && !c.document_mask)
     throw_error("config key 'data.document_positions' is true without data.document_mask: positions "
                 "restart per document only when documents are masked; set data.document_mask = true");
+  if (c.split_long_documents && !c.document_mask)
+    throw_error("config key 'data.split_long_documents' is true without data.document_mask: only masked "
+                "documents are checked against the sequence; set data.document_mask = true or drop the key");
   if (c.document_mask && (c.eot_token < 0 || c.eot_token >= c.model.vocab_size))
     throw_error("config key 'data.eot_token' is ", c.eot_token, ", outside model.vocab_size's [0, ",
                 c.model.vocab_size, "): data.document_mask = true needs the end-of-document token id");

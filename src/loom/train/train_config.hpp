@@ -35,6 +35,9 @@ struct TrainConfig {
   bool document_mask = false;  // packed documents: attention stops at each eot_token
   int32_t eot_token = 50256;   // the end-of-document token (GPT-2's <|endoftext|>)
   bool document_positions = false;  // positions restart at each document's first token
+  // With document_mask, a document longer than seq_len is refused before training unless this
+  // is set: then it is cut at row boundaries and its pieces train apart (Llama 3's packing).
+  bool split_long_documents = false;
 
   int64_t batch_size = 4;      // sequences per micro-batch
   int64_t seq_len = 64;

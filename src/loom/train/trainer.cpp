@@ -46,11 +46,19 @@ std::string cuda_device_name() {
 }  // namespace
 
 namespace {
-// What the engine cannot train on a device is refused before anything is built.
+// What the engine cannot train on a device, and data it cannot train as asked, are refused
+// before anything is built.
 TrainConfig checked_for_device(TrainConfig config) {
-  if (config.device != Device::CUDA) return config;
-  check_cuda_training(config);
-  check_cuda_available();
+  if (config.device == Device::CUDA) {
+    check_cuda_training(config);
+    check_cuda_available();
+  }
+  // Packed documents a row cannot hold are refused before anything is built.
+  if (config.document_mask && !config.split_long_documents) {
+    check_documents_fit(expand_shard_pattern(config.train_data), config.eot_token, config.seq_len, "data.train");
+    if (!config.val_data.empty())
+      check_documents_fit(expand_shard_pattern(config.val_data), config.eot_token, config.seq_len, "data.val");
+  }
   return config;
 }
 }  // namespace

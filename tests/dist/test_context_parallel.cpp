@@ -12,10 +12,13 @@
 #include <map>
 
 #include "../gradcheck.hpp"
+#include "../model_fixtures.hpp"
 #include "dist_fixture.hpp"
 #include "loom/ckpt/checkpoint_files.hpp"
 #include "loom/dist/tensor_comm.hpp"
 #include "loom/parallel/context_parallel.hpp"
+#include "loom/plan/memory_model.hpp"
+#include "loom/plan/time_model.hpp"
 #include "tensor_parallel_fixture.hpp"
 
 namespace loom::test {
@@ -125,6 +128,22 @@ TEST_P(ContextAttentionParity, EqualsAttentionOverTheWholeSequence) {
     EXPECT_EQ(total.sent(CommOp::ReduceScatter), (n - 1) * block);
     EXPECT_EQ(total.sent(CommOp::Send), 0);
   }
+  // The planner's figures (plan::context_parallel_wire_bytes, which its step time charges) are
+  // these bytes: the engine's sends, all ops together.
+  ModelConfig as_model;
+  as_model.n_embd = heads * d, as_model.n_head = heads, as_model.n_kv_head = kv_heads;
+  plan::PlanLayout as_layout;
+  as_layout.cp = n, as_layout.cp_comm = c.comm;
+  const plan::CpWireBytes planned =
+      plan::context_parallel_wire_bytes(as_model, as_layout, static_cast<double>(rows), 4.0);
+  auto all_sent = [](const CommStats& stats) {
+    int64_t sum = 0;
+    for (CommOp op : {CommOp::Send, CommOp::AllGather, CommOp::ReduceScatter, CommOp::AllToAll})
+      sum += stats.sent(op);
+    return static_cast<double>(sum);
+  };
+  EXPECT_EQ(all_sent(forward_stats), planned.forward);
+  EXPECT_EQ(all_sent(total) - all_sent(forward_stats), planned.backward);
   // Attention FLOPs: causal, every rank is asked for the same, and together for one process's
   // 4 D H per (query, visible key) pair: T (T + 1) / 2 pairs per sequence.
   if (!c.documents) {
@@ -177,8 +196,10 @@ std::vector<std::string> shared_overrides(const TrainCase& c) {
   std::vector<std::string> o = {"data.val=\"\"", "optim.eps=1e-5", "optim.lr=1e-3", "optim.grad_clip=0.05",
                                 "parallel.bucket_mb=0.002", "checkpoint.dir=\"\""};
   if (c.arch == "llama") o.insert(o.end(), {"model.n_head=8", "model.n_kv_head=4"});
-  // Token 5 ends documents (random data holds about 1 in 64); positions restart in each.
-  if (c.documents) o.insert(o.end(), {"data.document_mask=true", "data.eot_token=5", "data.document_positions=true"});
+  // Token 5 ends documents (random data holds about 1 in 64, so most run past a 16-token row and
+  // are split there); positions restart in each.
+  if (c.documents) o.insert(o.end(), {"data.document_mask=true", "data.eot_token=5", "data.document_positions=true",
+                 "data.split_long_documents=true"});
   return o;
 }
 
@@ -254,6 +275,39 @@ INSTANTIATE_TEST_SUITE_P(
         TrainCase{"llama", "p2p", 2, 1, 1, 2, 1}, TrainCase{"gpt2", "allgather", 2, 1, 1, 2, 3},
         TrainCase{"llama", "p2p", 2, 1, 1, 2, 3, false, true}),
     [](const auto& info) { return train_case_name(info.param); });
+
+// Activation bytes per rank: a cp rank keeps seq / cp tokens of every sequence, so what the
+// allocator counts falls by cp from one process's and equals the planner's engine figure for
+// that cp (plan::predict_engine_memory), for each way attention travels and each recompute.
+TEST(ContextParallelMemory, ActivationsPerRankFallByCpAsThePlannerSays) {
+  const auto group = world();
+  const int n = group->size();
+  constexpr int64_t batch = 2, seq = 16;
+  if (seq % (2 * n) != 0) GTEST_SKIP() << "seq_len 16 does not split for cp " << n;
+  for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
+    for (const CpComm comm : {CpComm::P2P, CpComm::AllGather, CpComm::AllToAll}) {
+      if (comm == CpComm::AllToAll && (config.n_head % n != 0 || config.n_kv_head % n != 0)) continue;
+      for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+        const std::string what = std::string(architecture_name(config.arch)) + " " + cp_comm_name(comm) + " " +
+                                 recompute_name(recompute);
+        const int64_t before = HostAllocator::instance().stats().live_bytes[static_cast<size_t>(MemCategory::Activations)];
+        Transformer model(config, recompute);
+        model.set_context_parallel(make_context_attention(group, comm));
+        const auto tokens = random_tokens(batch * seq, config.vocab_size, 5);
+        model.forward(tokens.data(), tokens.data(), batch, seq, {true, 1.0f});
+        const double live = static_cast<double>(
+            HostAllocator::instance().stats().live_bytes[static_cast<size_t>(MemCategory::Activations)] - before);
+        const double one_process =
+            plan::predict_engine_memory(config, 1, 0, 25'000'000, false, batch, seq, recompute).activations;
+        EXPECT_EQ(live, plan::predict_engine_memory(config, 1, 0, 25'000'000, false, batch, seq, recompute, 1, false, n)
+                            .activations)
+            << what;
+        EXPECT_EQ(live * n, one_process) << what;
+        model.backward();
+      }
+    }
+  }
+}
 
 // A cp run's checkpoint (whole tensors: cp shards no parameter) resumed by one process continues
 // as one process that ran from the start.

@@ -11,22 +11,6 @@
 
 namespace loom {
 
-const char* cp_comm_name(CpComm comm) {
-  switch (comm) {
-    case CpComm::P2P: return "p2p";
-    case CpComm::AllGather: return "allgather";
-    case CpComm::AllToAll: return "a2a";
-  }
-  return "unknown";
-}
-
-CpComm parse_cp_comm(const std::string& name, const std::string& config_key) {
-  for (CpComm c : {CpComm::P2P, CpComm::AllGather, CpComm::AllToAll})
-    if (name == cp_comm_name(c)) return c;
-  throw_error("config key '", config_key, "' has value '", name,
-              "', expected p2p (ring attention), allgather or a2a (Ulysses)");
-}
-
 namespace {
 
 // What every way of attending over the split sequence shares: the group, this rank's place in

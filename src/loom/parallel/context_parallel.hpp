@@ -20,14 +20,9 @@
 
 #include "loom/dist/process_group.hpp"
 #include "loom/model/context_parallel.hpp"
+#include "loom/parallel/parallel_layout.hpp"  // CpComm
 
 namespace loom {
-
-enum class CpComm { P2P, AllGather, AllToAll };
-
-const char* cp_comm_name(CpComm comm);  // "p2p", "allgather", "a2a"
-// Throws loom::Error naming `config_key`, the value and the choices.
-CpComm parse_cp_comm(const std::string& name, const std::string& config_key = "parallel.cp_comm");
 
 // Over `group` (its ranks in cp order).
 std::shared_ptr<ContextAttention> make_context_attention(std::shared_ptr<ProcessGroup> group, CpComm comm);

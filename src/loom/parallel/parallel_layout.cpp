@@ -9,12 +9,29 @@
 
 namespace loom {
 
+const char* cp_comm_name(CpComm comm) {
+  switch (comm) {
+    case CpComm::P2P: return "p2p";
+    case CpComm::AllGather: return "allgather";
+    case CpComm::AllToAll: return "a2a";
+  }
+  return "unknown";
+}
+
+CpComm parse_cp_comm(const std::string& name, const std::string& config_key) {
+  for (CpComm c : {CpComm::P2P, CpComm::AllGather, CpComm::AllToAll})
+    if (name == cp_comm_name(c)) return c;
+  throw_error("config key '", config_key, "' has value '", name,
+              "', expected p2p (ring attention), allgather or a2a (Ulysses)");
+}
+
 std::string ParallelLayout::describe() const {
   std::ostringstream out;
   out << "tp=" << tp << " pp=" << pp;
   if (vp > 1) out << " v=" << vp;
   out << " dp=" << dp;
   if (cp > 1) out << " cp=" << cp;
+  if (cp > 1 && cp_comm != CpComm::P2P) out << " cp_comm=" << cp_comm_name(cp_comm);
   if (ep > 1) out << " ep=" << ep;
   out << " zero=" << zero_stage << " mbs=" << micro_batch
       << " recompute=" << recompute_name(recompute);
@@ -36,7 +53,7 @@ MeshShape ParallelLayout::mesh_shape() const {
 
 namespace {
 
-constexpr const char* kKnownKeys = "tp, pp, v, dp, cp, ep, zero, mbs, recompute, sp, schedule";
+constexpr const char* kKnownKeys = "tp, pp, v, dp, cp, cp_comm, ep, zero, mbs, recompute, sp, schedule";
 
 int64_t integer_at_least(const std::string& key, const std::string& value, int64_t minimum) {
   size_t used = 0;
@@ -88,6 +105,8 @@ ParallelLayout parse_layout(const std::string& text, std::vector<std::string>* k
       layout.dp = integer_at_least(key, value, 1);
     else if (key == "cp")
       layout.cp = integer_at_least(key, value, 1);
+    else if (key == "cp_comm")
+      layout.cp_comm = parse_cp_comm(value, "cp_comm");
     else if (key == "ep")
       layout.ep = integer_at_least(key, value, 1);
     else if (key == "mbs")
@@ -206,6 +225,18 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
             "multiple of ", chunks, below > 0 ? " (" + std::to_string(below) + " or " + std::to_string(below + chunks) + ")"
                                               : " (" + std::to_string(chunks) + ")",
             " or a cp whose 2 x cp divides ", seq_len);
+  }
+  if (l.cp > 1 && l.cp_comm == CpComm::AllToAll && m.n_head % l.tp == 0 && m.n_kv_head % l.tp == 0) {
+    const int64_t heads = m.n_head / l.tp, kv_heads = m.n_kv_head / l.tp;
+    if (heads % l.cp != 0 || kv_heads % l.cp != 0) {
+      std::string works;
+      for (int64_t c = 2; c <= kv_heads; ++c)
+        if (heads % c == 0 && kv_heads % c == 0) works += (works.empty() ? "" : ", ") + std::to_string(c);
+      invalid("cp_comm", "cp_comm=a2a (Ulysses) gives each cp rank whole heads, but each tp rank's ", heads,
+              " attention heads and ", kv_heads, " kv heads (model.n_head = ", m.n_head, ", model.n_kv_head = ",
+              m.n_kv_head, " over tp=", l.tp, ") do not split over cp=", l.cp, "; use cp_comm=p2p or allgather",
+              works.empty() ? std::string(", which take any cp") : ", or a cp in " + works);
+    }
   }
   if (l.sequence_parallel && l.tp == 1)
     invalid("sp", "sequence parallelism needs tp > 1 (it splits the tensor-parallel ranks' rows); ",

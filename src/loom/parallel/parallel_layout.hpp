@@ -20,8 +20,17 @@
 
 namespace loom {
 
+// How attention reaches the chunks of the sequence other cp ranks hold (parallel/
+// context_parallel): the ring of key/value blocks, an all-gather of them, or Ulysses's
+// all-to-all from sequence-sharded to head-sharded.
+enum class CpComm { P2P, AllGather, AllToAll };
+const char* cp_comm_name(CpComm comm);  // "p2p", "allgather", "a2a"
+// Throws loom::Error naming `config_key`, the value and the choices.
+CpComm parse_cp_comm(const std::string& name, const std::string& config_key = "parallel.cp_comm");
+
 struct ParallelLayout {
   int64_t tp = 1, pp = 1, vp = 1, dp = 1, cp = 1, ep = 1;  // vp: model chunks per pp rank (v)
+  CpComm cp_comm = CpComm::P2P;  // with cp > 1
   int zero_stage = 0;
   int64_t micro_batch = 1;  // sequences per micro-batch per dp rank
   Recompute recompute = Recompute::None;
@@ -39,7 +48,7 @@ struct ParallelLayout {
 
 // Reads a layout as describe() prints it ("tp=2 pp=4 v=2 dp=8 zero=1 mbs=1 recompute=selective
 // sp interleaved") or comma-separated ("tp=2,pp=4,v=2,sp=1,schedule=interleaved"): any subset,
-// any order. Keys: tp, pp, v (or vp), dp, cp, ep, zero, mbs, recompute, sp, schedule; bare
+// any order. Keys: tp, pp, v (or vp), dp, cp, cp_comm, ep, zero, mbs, recompute, sp, schedule; bare
 // words: sp, afab, 1f1b, interleaved. v > 1 without a schedule means interleaved. Unknown keys,
 // keys given twice and bad values are errors naming them. `keys_given`, when not null, receives
 // the keys the text sets (bare words under their key: "sp", "schedule").
@@ -52,7 +61,7 @@ enum class LayoutRules {
 };
 
 struct LayoutProblem {
-  std::string key;      // the layout key at fault: tp, pp, v, dp, cp, ep, zero, mbs, sp, schedule
+  std::string key;      // the layout key at fault: tp, pp, v, dp, cp, cp_comm, ep, zero, mbs, sp, schedule
   std::string message;  // what is wrong and what would work, naming layout and model keys
   LayoutRules level = LayoutRules::Valid;  // Engine: valid, but not supported yet
   std::string feature;  // Engine: what the engine lacks, in a few words ("KV-head replication")

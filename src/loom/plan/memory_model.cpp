@@ -101,13 +101,29 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   mem.comm_buffers = l.dp * l.cp > 1 ? 2 * job.bucket_bytes : 0;
   if (l.zero_stage == 3)
     mem.comm_buffers += 2 * (held.block + held.experts) / static_cast<double>(held.layers) * job.state.parameter;
+  // Context parallelism's buffers for the one layer attending at a time
+  // (parallel/context_parallel): the ring holds up to four k|v blocks in backward (the one in
+  // hand, the next, the gradient travelling, the one arriving); all-gather the gathered blocks
+  // and the whole sequence's k|v in order (their gradients backward), 2 cp blocks; Ulysses its
+  // q|k|v, output and output gradient re-laid by heads and the q|k|v gradient, the size of its
+  // own.
+  if (l.cp > 1) {
+    const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp), t = static_cast<double>(l.tp);
+    const double kv = static_cast<double>(m.kv_dim()), h = static_cast<double>(m.n_embd);
+    const double block = tokens * 2 * kv / t * bytes;
+    switch (l.cp_comm) {
+      case CpComm::P2P: mem.comm_buffers += 4 * block; break;
+      case CpComm::AllGather: mem.comm_buffers += 2 * static_cast<double>(l.cp) * block; break;
+      case CpComm::AllToAll: mem.comm_buffers += tokens * (2 * (h + 2 * kv) + 2 * h) / t * bytes; break;
+    }
+  }
   mem.workspace = job.workspace_bytes;
   return mem;
 }
 
 MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
                                       int64_t batch, int64_t seq_len, Recompute recompute,
-                                      int64_t tp, bool sequence_parallel) {
+                                      int64_t tp, bool sequence_parallel, int64_t cp) {
   const std::vector<ParameterSpec> specs = parameter_specs(m);
   const StateBytes state{4, 4, bf16 ? 4.0 : 0.0, 8};  // f32 storage even for bf16 values on the CPU
   MemoryBreakdown mem;
@@ -142,7 +158,7 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
   // output and statistics, and the block stashes per recomputation mode (stash.cpp).
   // Per token: `rowwise` elements sit in the residual-stream region (split by tp only under
   // sequence parallelism), the rest in the tensor-parallel region (always split by tp).
-  const double tokens = static_cast<double>(batch * seq_len), h = static_cast<double>(m.n_embd);
+  const double tokens = static_cast<double>(batch * seq_len / cp), h = static_cast<double>(m.n_embd);
   const double t = static_cast<double>(tp), row_split = sequence_parallel ? t : 1.0;
   const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;
   const LayerElements e = layer_elements(m);

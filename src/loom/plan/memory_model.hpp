@@ -65,9 +65,10 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& l
 // engine's bucket size and flat padding; `bf16` adds the fp32 masters. Activations: what
 // Transformer::forward allocates for (batch, seq_len) under `recompute`, on one rank of `tp`
 // (heads and MLP columns divide by tp; with `sequence_parallel` the residual stream, norms and
-// their outputs divide by tp too). Model states are figured for tp = 1.
+// their outputs divide by tp too), holding seq_len / `cp` tokens of each sequence (context
+// parallelism). Model states are figured for tp = 1.
 MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
                                       int64_t batch, int64_t seq_len, Recompute recompute,
-                                      int64_t tp = 1, bool sequence_parallel = false);
+                                      int64_t tp = 1, bool sequence_parallel = false, int64_t cp = 1);
 
 }  // namespace loom::plan

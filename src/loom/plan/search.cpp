@@ -34,17 +34,22 @@ void for_each_layout(const ModelConfig& m, int64_t gpus, int64_t gpus_per_node, 
             for (int zero = 0; zero <= 3; ++zero) {
               if (zero > 0 && dp * cp == 1) continue;  // nothing to shard over
               for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
-                PlanLayout l;
-                l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.ep = ep, l.zero_stage = zero;
-                l.recompute = recompute;
-                l.sequence_parallel = tp > 1;  // same traffic as plain TP, less activation memory
-                l.schedule = vp > 1 ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
-                try {
-                  check_layout(l, m, seq_len);
-                } catch (const Error&) {
-                  continue;
+                // The three ways attention reaches the other cp ranks' chunks.
+                for (CpComm cp_comm : {CpComm::P2P, CpComm::AllGather, CpComm::AllToAll}) {
+                  if (cp == 1 && cp_comm != CpComm::P2P) continue;
+                  PlanLayout l;
+                  l.tp = tp, l.cp = cp, l.pp = pp, l.dp = dp, l.vp = vp, l.ep = ep, l.zero_stage = zero;
+                  l.cp_comm = cp_comm;
+                  l.recompute = recompute;
+                  l.sequence_parallel = tp > 1;  // same traffic as plain TP, less activation memory
+                  l.schedule = vp > 1 ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
+                  try {
+                    check_layout(l, m, seq_len);
+                  } catch (const Error&) {
+                    continue;
+                  }
+                  visit(l);
                 }
-                visit(l);
               }
             }
           }

@@ -35,7 +35,8 @@ struct LayerCost {
   double attention_core_s = 0;            // forward QK^T and PV (recomputed by selective)
   double tp_comm_s = 0;                   // forward + backward, not overlapped (Megatron TP)
   double ep_comm_s = 0;                   // expert dispatch and combine all-to-alls, forward + backward
-  double cp_exposed_s = 0, cp_comm_s = 0;  // ring attention, overlapped with the attention core
+  double cp_comm_s = 0;                   // context parallelism, forward + backward
+  double cp_exposed_forward_s = 0, cp_exposed_backward_s = 0;  // what the attention core does not hide
 };
 
 LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
@@ -106,20 +107,75 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     c.tp_comm_s = 4 * collective_time(Collective::AllReduce, tokens * h * job.memory.activation_bytes, tp_group).seconds;
   }
   if (l.cp > 1) {
-    // Ring attention (Liu et al. 2023): cp - 1 passes of this rank's K and V forward, K, V and
-    // their gradients backward, each hidden behind the attention on the block already held.
-    const Link link = l.tp * l.cp <= cluster.gpus_per_node ? nvlink_of(cluster) : network_of(cluster);
-    const double kv_bytes = tokens * 2 * kv / t * job.memory.activation_bytes;
-    const double step_fwd = p2p_time(kv_bytes, link), step_bwd = p2p_time(2 * kv_bytes, link);
-    const double hops = static_cast<double>(l.cp - 1);
-    const double core_per_hop = c.attention_core_s / static_cast<double>(l.cp);
-    c.cp_comm_s = hops * (step_fwd + step_bwd);
-    c.cp_exposed_s = hops * (std::max(0.0, step_fwd - core_per_hop) + std::max(0.0, step_bwd - 2 * core_per_hop));
+    const double hops = static_cast<double>(l.cp - 1), core = c.attention_core_s;
+    const CpWireBytes wire = context_parallel_wire_bytes(m, l, tokens, job.memory.activation_bytes);
+    const GroupTopology cp_group = group_topology(cluster, l.cp, l.tp * l.ep);
+    switch (l.cp_comm) {
+      case CpComm::P2P: {
+        // Ring attention (Liu et al. 2023): each hop's block travels while the attention core
+        // on the block in hand runs (1/cp of the core forward, twice that backward).
+        const Link link = l.tp * l.ep * l.cp <= cluster.gpus_per_node ? nvlink_of(cluster) : network_of(cluster);
+        const double step_fwd = p2p_time(wire.forward / hops, link), step_bwd = p2p_time(wire.backward / hops, link);
+        const double core_per_hop = core / static_cast<double>(l.cp);
+        c.cp_comm_s = hops * (step_fwd + step_bwd);
+        c.cp_exposed_forward_s = hops * std::max(0.0, step_fwd - core_per_hop);
+        c.cp_exposed_backward_s = hops * std::max(0.0, step_bwd - 2 * core_per_hop);
+        break;
+      }
+      case CpComm::AllGather: {
+        // Llama 3 (Dubey et al. 2024, sec. 3.3.2): the gather comes before attention can start,
+        // so it is exposed; backward gathers again and reduce-scatters the k|v gradients.
+        const double gathered = wire.forward / hops * static_cast<double>(l.cp);
+        const double gather_s = collective_time(Collective::AllGather, gathered, cp_group).seconds;
+        const double scatter_s = collective_time(Collective::ReduceScatter, gathered, cp_group).seconds;
+        c.cp_comm_s = 2 * gather_s + scatter_s;
+        c.cp_exposed_forward_s = gather_s;
+        c.cp_exposed_backward_s = gather_s + scatter_s;
+        break;
+      }
+      case CpComm::AllToAll: {
+        // Ulysses (Jacobs et al. 2023): all-to-alls before and after attention, exposed. Each
+        // moves (C-1)/C of its buffer; collective_time takes the whole send buffer.
+        const double whole = static_cast<double>(l.cp) / hops;
+        const double fwd = collective_time(Collective::AllToAll, wire.forward * whole, cp_group).seconds;
+        const double bwd = collective_time(Collective::AllToAll, wire.backward * whole, cp_group).seconds;
+        c.cp_comm_s = fwd + bwd;
+        c.cp_exposed_forward_s = fwd;
+        c.cp_exposed_backward_s = bwd;
+        break;
+      }
+    }
   }
   return c;
 }
 
 }  // namespace
+
+CpWireBytes context_parallel_wire_bytes(const ModelConfig& m, const PlanLayout& l, double tokens,
+                                        double activation_bytes) {
+  CpWireBytes wire;
+  if (l.cp <= 1) return wire;
+  const double t = static_cast<double>(l.tp), hops = static_cast<double>(l.cp - 1);
+  const double kv = static_cast<double>(m.kv_dim()), h = static_cast<double>(m.n_embd);
+  switch (l.cp_comm) {
+    case CpComm::P2P:
+    case CpComm::AllGather: {
+      const double block = tokens * 2 * kv / t * activation_bytes;
+      wire.forward = hops * block;
+      wire.backward = 2 * hops * block;
+      break;
+    }
+    case CpComm::AllToAll: {
+      const double share = hops / static_cast<double>(l.cp);
+      const double qkv = tokens * (h + 2 * kv) / t * activation_bytes, out = tokens * h / t * activation_bytes;
+      const double lse = tokens * static_cast<double>(m.n_head) / t * 4, ranges = hops * tokens * 2 * 4;
+      wire.forward = share * (qkv + out + lse) + ranges;
+      wire.backward = share * (2 * qkv + 2 * out + lse) + ranges;
+      break;
+    }
+  }
+  return wire;
+}
 
 StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
                            bool simulate) {
@@ -146,8 +202,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
                           static_cast<double>(l.tp) /
                           (gpu.bf16_tflops * 1e12 * gemm.efficiency(tokens, static_cast<double>(m.vocab_size / l.tp), static_cast<double>(m.n_embd)));
   const double blocking = (layer.tp_comm_s + layer.ep_comm_s) / 2;  // per direction
-  const double t_f = layers_per_chunk * (layer.forward_s + blocking + layer.cp_exposed_s / 3) + head_fwd / chunks;
-  const double t_b = layers_per_chunk * (layer.backward_s + blocking + 2 * layer.cp_exposed_s / 3) + 2 * head_fwd / chunks;
+  const double t_f = layers_per_chunk * (layer.forward_s + blocking + layer.cp_exposed_forward_s) + head_fwd / chunks;
+  const double t_b = layers_per_chunk * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + 2 * head_fwd / chunks;
   const double compute_per_micro = static_cast<double>(l.vp) * (layers_per_chunk * (layer.forward_s + layer.backward_s) + 3 * head_fwd / chunks);
 
   out.chunk_forward_s = t_f;

@@ -45,6 +45,23 @@ struct StepTime {
   double chunk_forward_s = 0, chunk_backward_s = 0, p2p_s = 0;
 };
 
+// Bytes one rank of the cp group sends per layer and micro-batch, forward and backward, for
+// `tokens` local tokens (micro-batch x seq / cp) of `activation_bytes`-byte elements, as the
+// engine's context attention sends them (parallel/context_parallel, counted in CommStats). A
+// k|v block is tokens x 2 kv_dim / tp elements.
+//   p2p: C-1 blocks forward (ring); the blocks again and their gradients backward, 2 (C-1).
+//   allgather: a ring all-gather of the blocks forward (C-1 sent); backward gathers again and
+//     reduce-scatters the gradients, 2 (C-1).
+//   a2a: (C-1)/C of this rank's q|k|v, output and fp32 log-sum-exps forward, plus the gathered
+//     key ranges (2 int32 per token, C-1 sent); backward (C-1)/C of q|k|v, output, its gradient
+//     and the log-sum-exps out and the q|k|v gradient back (the engine keeps no head-sharded
+//     copies), plus the ranges again.
+struct CpWireBytes {
+  double forward = 0, backward = 0;
+};
+CpWireBytes context_parallel_wire_bytes(const ModelConfig& model, const PlanLayout& layout, double tokens,
+                                        double activation_bytes);
+
 // Throws loom::Error when the global batch does not split into dp x micro_batch sequences.
 // `simulate` false replaces the pipeline simulation by the closed form (m v + p - 1)(t_f + t_b)
 // (Narayanan et al. 2021), which the search uses to rank before simulating its best.

@@ -75,3 +75,22 @@ import json
 for line in open('$OUT/pipeline_np2.json'):
     d = json.loads(line)
     print(f\"| {d['schedule']}{' v=' + str(d['chunks_per_rank']) if d['chunks_per_rank'] > 1 else ''} | {d['ranks']} | {d['ms_per_step']:.0f} | {d['one_rank_ms_per_step']:.0f} | {d['speedup_vs_one_rank']:.2f}x | {d['tokens_per_s']:.0f} | {100*d['mfu']:.0f}% | {100*d['bubble_measured']:.1f}% | {100*d['bubble_textbook']:.1f}% | {d['activation_sets_rank0']} |\")"
+
+# Context parallelism on 2 ranks (one core each) at 8K and 16K tokens per sequence, against
+# one process holding the whole sequence with both cores (its best settings, a separate
+# launch): ring (p2p), all-gather and Ulysses (a2a).
+echo
+echo "| tokens/seq | cp_comm | ranks | ms/step | tokens/s | vs one process | MFU | attention ms | exposed comm ms | wire MB/rank | activation peak MB/rank |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for seq in 8192 16384; do
+  OMP_NUM_THREADS=1 "$BUILD/bench/bench_context_parallel" --seq "$seq" --steps "$STEPS" --threads 2 > "$OUT/cp_seq${seq}_np1.json"
+  OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 \
+    "$BUILD/bench/bench_context_parallel" --seq "$seq" --steps "$STEPS" > "$OUT/cp_seq${seq}_np2.json"
+  /usr/bin/python3 -c "
+import json
+base = json.loads(open('$OUT/cp_seq${seq}_np1.json').readline())
+for line in [json.dumps(base)] + open('$OUT/cp_seq${seq}_np2.json').read().splitlines():
+    d = json.loads(line)
+    ranks = '1 (2 threads)' if d['cp'] == 1 else str(d['cp'])
+    print(f\"| {d['seq']} | {d['cp_comm']} | {ranks} | {d['ms_per_step']:.0f} | {d['tokens_per_s']:.0f} | {base['ms_per_step']/d['ms_per_step']:.2f}x | {100*d['mfu']:.0f}% | {d['attention_ms_per_step']:.0f} | {d['exposed_comm_ms_per_step']:.0f} | {d['wire_mb_sent_per_step_per_rank']:.1f} | {d['activation_peak_mb_per_rank']:.1f} |\")"
+done

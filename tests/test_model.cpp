@@ -3,6 +3,7 @@
 // memory, parameter counts, and input validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -128,8 +129,9 @@ TEST(Model, ParameterCountMatchesConfigAndAllocator) {
   EXPECT_NEAR(static_cast<double>(model_preset("llama-8b").parameter_count()), 8.03e9, 0.01e9);
 }
 
-// Mixture of experts is described (for the planner) before the engine trains it: the counts
-// follow the published totals, the specs add up to them, and the engine says it cannot build one.
+// Mixture of experts: the counts follow the published totals, the specs add up to them, the
+// engine builds a Llama-style MoE model with exactly those parameters (Mixtral's names), and
+// says it cannot build GPT-2-style experts.
 TEST(Model, MixtureOfExpertsCountsSpecsAndActiveFlops) {
   const ModelConfig mixtral = model_preset("mixtral-8x7b");
   EXPECT_NEAR(static_cast<double>(mixtral.parameter_count()), 46.70e9, 0.01e9);  // Jiang et al. 2024: 46.7B
@@ -145,7 +147,19 @@ TEST(Model, MixtureOfExpertsCountsSpecsAndActiveFlops) {
     }
     EXPECT_EQ(total, config.parameter_count());
     EXPECT_EQ(expert, config.n_layer * 4 * config.expert_parameter_count());
-    expect_contains(error_message([&] { Transformer model(config); }), {"n_experts = 4", "dense models only"});
+    if (config.arch == Architecture::GPT2) {
+      expect_contains(error_message([&] { Transformer model(config); }), {"n_experts = 4", "Llama-style"});
+    } else {  // the engine builds exactly the parameters the specs list
+      const int64_t before = HostAllocator::instance().live_bytes(MemCategory::Parameters);
+      Transformer model(config);
+      EXPECT_EQ(HostAllocator::instance().live_bytes(MemCategory::Parameters) - before, 4 * total);
+      std::vector<std::string> names, spec_names;
+      for (const Parameter* p : model.parameters()) names.push_back(p->name);
+      for (const ParameterSpec& spec : parameter_specs(config)) spec_names.push_back(spec.name);
+      std::sort(names.begin(), names.end());
+      std::sort(spec_names.begin(), spec_names.end());
+      EXPECT_EQ(names, spec_names);
+    }
     config.experts_per_token = 5;
     expect_contains(error_message([&] { config.validate(); }), {"experts_per_token: got 5, expected 1 to n_experts = 4"});
   }

@@ -41,9 +41,10 @@ void write_parity_dump(const std::string& dir, const ModelConfig& config) {
   const float grad_scale = 1.0f / (kBatch * kSeq);
   auto step_grads = [&] {
     model.zero_grad();
+    model.reset_moe_totals();
     const double loss = model.forward(tokens.data(), targets.data(), kBatch, kSeq, {true, grad_scale});
     model.backward();
-    return loss * grad_scale;
+    return loss * grad_scale + model.moe_totals().loss;  // a MoE model's objective adds its router losses
   };
   const double loss = step_grads();
   ParameterList params = model.parameters();
@@ -98,6 +99,38 @@ TEST_P(ParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Archs, ParityWithPyTorch, ::testing::Values(Architecture::GPT2, Architecture::Llama),
                          [](const auto& info) { return std::string(architecture_name(info.param)); });
+
+// A tiny Mixtral (Llama attention, 4 SwiGLU experts per block, 2 per token) with its balancing
+// and z losses in the objective: softmax routing dropless (Mixtral's), and the sigmoid router
+// with a capacity that drops slots, against models.py's MixtralSparseMoeBlock.
+struct MoeParityCase {
+  MoeRouter router;
+  double capacity_factor;
+  const char* label;
+};
+class MoeParityWithPyTorch : public ::testing::TestWithParam<MoeParityCase> {};
+
+TEST_P(MoeParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
+  ModelConfig config = tiny_llama();
+  config.n_experts = 4;
+  config.experts_per_token = 2;
+  config.ffn_hidden = 24;
+  config.moe_aux_loss_coef = 0.05;
+  config.moe_z_loss_coef = 0.01;
+  config.moe_router = GetParam().router;
+  config.moe_capacity_factor = GetParam().capacity_factor;
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("loom_parity_moe_" + std::string(GetParam().label) + "_" + std::to_string(::getpid())))
+                              .string();
+  write_parity_dump(dir, config);
+  EXPECT_EQ(run_checker(dir), 0) << "check_parity.py found a mismatch in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Routers, MoeParityWithPyTorch,
+                         ::testing::Values(MoeParityCase{MoeRouter::Softmax, 0.0, "softmax"},
+                                           MoeParityCase{MoeRouter::Sigmoid, 0.75, "sigmoid_capacity"}),
+                         [](const auto& info) { return std::string(info.param.label); });
 
 }  // namespace
 }  // namespace loom::test

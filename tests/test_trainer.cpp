@@ -223,6 +223,62 @@ TEST(Trainer, PackedDocumentsTrainWithTheDocumentMask) {
                   {"data.document_mask", "CPU only"});
 }
 
+// A mixture-of-experts Llama through the config: it learns the markov stream (well under
+// ln 64 = 4.16; kLearnableSteps take a dense model to about 1.2-1.4 nats), logs its experts'
+// metrics, and the sigmoid router's selection bias moves with the loads; GPT-2-style experts,
+// a bias rate for the softmax router, MoE under tp and on CUDA are refused before any work.
+TEST(Trainer, MixtureOfExpertsLearnsLogsAndBalances) {
+  TinyRun run("moe");
+  run.write_learnable_shards();
+  const std::string base = run.config("llama", kLearnableSteps);
+  const std::vector<std::string> moe = {"checkpoint.dir=\"\"", kLearnableLr, "model.n_experts=4",
+                                        "model.experts_per_token=2", "model.moe_z_loss_coef=0.001"};
+  auto with_moe = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), moe.begin(), moe.end());
+    return extra;
+  };
+  Trainer trainer(parse(base, moe));
+  EXPECT_LT(trainer.run().last_train_loss, 2.0);
+  const auto records = MetricsLog::read_all(run.dir + "/run/metrics.jsonl");
+  int moe_lines = 0;
+  for (const auto& r : records) {
+    if (r["kind"] != "train") continue;
+    ++moe_lines;
+    // Balanced routing gives aux = k = 2 (every f_i = k / E, P_i = 1 / E); any routing gives >= 0.
+    EXPECT_GT(r["moe_aux_loss"].get<double>(), 0.0);
+    EXPECT_GE(r["moe_load_max_over_mean"].get<double>(), 1.0);
+    EXPECT_EQ(r["moe_dropped_fraction"].get<double>(), 0.0);  // dropless
+  }
+  EXPECT_EQ(moe_lines, kLearnableSteps);
+
+  std::vector<std::string> sigmoid = moe;
+  sigmoid.insert(sigmoid.end(), {"model.moe_router=\"sigmoid\"", "model.moe_bias_rate=0.01", "train.steps=3",
+                                 "log.dir=\"" + run.dir + "/sigmoid\""});
+  Trainer balanced(parse(base, sigmoid));
+  balanced.run();
+  // Each step moves every bias by -0.01, 0 or +0.01: after 3 steps a multiple of 0.01 in
+  // [-0.03, 0.03], and some expert was off the mean load.
+  double moved = 0;
+  for (const auto& block : balanced.model().blocks)
+    for (float b : block->moe->bias()) {
+      EXPECT_LE(std::fabs(b), 0.03f + 1e-6f);
+      EXPECT_NEAR(b * 100.0f, std::round(b * 100.0f), 1e-4);
+      moved = std::max(moved, static_cast<double>(std::fabs(b)));
+    }
+  EXPECT_GT(moved, 0.0);
+
+  expect_contains(error_message([&] { (void)parse(run.config("gpt2", 4), {"model.n_experts=4", "model.experts_per_token=2"}); }),
+                  {"model.n_experts = 4", "Llama-style"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_bias_rate=0.01"})); }),
+                  {"model.moe_bias_rate", "sigmoid router"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"parallel.tp=2"})); }),
+                  {"parallel.tp", "mixture-of-experts layers run unsharded"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"train.device=\"cuda\""})); }),
+                  {"n_experts = 4", "CPU only"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_router=\"topk\""})); }),
+                  {"model.moe_router", "'topk'", "softmax", "sigmoid"});
+}
+
 TEST(TrainConfigTensorParallel, BadLayoutsAreRejectedWithWhatWorks) {
   TinyRun run("tp_config");
   const std::string llama = run.config("llama", 4);  // 4 heads, 2 kv heads, ffn 48

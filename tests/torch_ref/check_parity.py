@@ -237,7 +237,7 @@ def _train_cfg(path: str, param_names: List[str]) -> dict:
 # ----------------------------------------------------------------------------------------------
 def reference_grads(model, inputs, targets):
     model.zero_grad(set_to_none=True)
-    loss = models.lm_loss(model(inputs), targets)
+    loss = models.training_loss(model, inputs, targets)
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     return loss.detach(), grads
@@ -258,7 +258,7 @@ def reference_train(model, inputs, targets, tc, on_grads: Optional[Callable] = N
     norms = []
     for _ in range(tc["steps"]):
         opt.zero_grad(set_to_none=True)
-        models.lm_loss(model(inputs), targets).backward()
+        models.training_loss(model, inputs, targets).backward()
         norm = float(torch.norm(torch.stack([p.grad.detach().norm() for p in params])))
         norms.append(norm)
         if on_grads is not None:
@@ -283,7 +283,7 @@ def noisy_gradient_mask(cfg, init, inputs, targets, tc) -> Tuple[Dict[str, torch
     def probe(named64, coef):
         models.load_state(m32, {n: p.detach() for n, p in named64})
         m32.zero_grad(set_to_none=True)
-        models.lm_loss(m32(inputs), targets).backward()
+        models.training_loss(m32, inputs, targets).backward()
         g32 = dict(m32.named_parameters())
         for n, p in named64:
             g = p.grad.detach()

@@ -75,6 +75,14 @@ class LlamaConfig:
     rope_theta: float
     tie_word_embeddings: bool
     model_type: str = "llama"
+    # Mixtral (model_type "mixtral"): every MLP is a sparse MoE block of num_local_experts
+    # SwiGLU experts, num_experts_per_tok per token; 0 experts is plain Llama.
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
+    router_aux_loss_coef: float = 0.0
+    router_z_loss_coef: float = 0.0
+    moe_router: str = "softmax"
+    moe_capacity_factor: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -122,7 +130,7 @@ def config_from_dict(d: dict) -> Config:
         if c % cfg.n_head:
             raise ConfigError(f"gpt2: n_embd {c} is not divisible by n_head {cfg.n_head}")
         return cfg
-    if mt == "llama":
+    if mt in ("llama", "mixtral"):
         if d.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"llama hidden_act {d.get('hidden_act')!r} unsupported (want silu)")
         if d.get("rope_scaling") is not None:
@@ -141,7 +149,24 @@ def config_from_dict(d: dict) -> Config:
             num_key_value_heads=kv,
             max_position_embeddings=_int(d, "max_position_embeddings", 2048),
             rms_norm_eps=_float(d, "rms_norm_eps", 1e-6), rope_theta=_float(d, "rope_theta", 10000.0),
-            tie_word_embeddings=tie)
+            tie_word_embeddings=tie, model_type=mt)
+        if mt == "mixtral":
+            if d.get("sliding_window") is not None:
+                raise ConfigError("mixtral: sliding_window is not supported by this reference")
+            cfg.num_local_experts = _int(d, "num_local_experts")
+            cfg.num_experts_per_tok = _int(d, "num_experts_per_tok")
+            if cfg.num_experts_per_tok > cfg.num_local_experts:
+                raise ConfigError("mixtral: num_experts_per_tok > num_local_experts")
+            # transformers adds the balancing loss only with output_router_logits.
+            if d.get("output_router_logits", False):
+                cfg.router_aux_loss_coef = float(d.get("router_aux_loss_coef", 0.001))
+            cfg.router_z_loss_coef = float(d.get("router_z_loss_coef", 0.0))
+            cfg.moe_router = d.get("loom_moe_router", "softmax")
+            if cfg.moe_router not in ("softmax", "sigmoid"):
+                raise ConfigError(f"mixtral: loom_moe_router {cfg.moe_router!r} (want softmax or sigmoid)")
+            cfg.moe_capacity_factor = float(d.get("loom_moe_capacity_factor", 0.0))
+            if float(d.get("loom_moe_bias_rate", 0.0)) != 0.0:
+                raise ConfigError("mixtral: loom_moe_bias_rate (selection-bias updates) is not in this reference")
         if c % h:
             raise ConfigError(f"llama: hidden_size {c} is not divisible by num_attention_heads {h}")
         if h % kv:
@@ -151,7 +176,7 @@ def config_from_dict(d: dict) -> Config:
         if d.get("head_dim") is not None and d["head_dim"] != cfg.head_dim:
             raise ConfigError(f"llama: head_dim {d['head_dim']} != hidden_size/num_attention_heads")
         return cfg
-    raise ConfigError(f"unknown model_type {mt!r} (want 'gpt2' or 'llama')")
+    raise ConfigError(f"unknown model_type {mt!r} (want 'gpt2', 'llama' or 'mixtral')")
 
 
 def load_config(path: str) -> Config:
@@ -201,6 +226,14 @@ def expected_parameter_shapes(cfg: Config) -> Dict[str, Tuple[int, ...]]:
             out[p + "self_attn.v_proj.weight"] = (KV * D, C)
             out[p + "self_attn.o_proj.weight"] = (C, H * D)
             out[p + "post_attention_layernorm.weight"] = (C,)
+            if cfg.num_local_experts:
+                out[p + "block_sparse_moe.gate.weight"] = (cfg.num_local_experts, C)
+                for e in range(cfg.num_local_experts):
+                    x = p + f"block_sparse_moe.experts.{e}."
+                    out[x + "w1.weight"] = (Fi, C)
+                    out[x + "w3.weight"] = (Fi, C)
+                    out[x + "w2.weight"] = (C, Fi)
+                continue
             out[p + "mlp.gate_proj.weight"] = (Fi, C)
             out[p + "mlp.up_proj.weight"] = (Fi, C)
             out[p + "mlp.down_proj.weight"] = (C, Fi)
@@ -231,6 +264,16 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over all B*T positions (callers validate 0 <= targets < V)."""
     V = logits.shape[-1]
     return F.cross_entropy(logits.reshape(-1, V), targets.reshape(-1).long(), reduction="mean")
+
+
+def training_loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The objective loom trains: the mean cross-entropy plus, for a mixture of experts, every
+    MoE layer's weighted balancing and z losses of this forward."""
+    loss = lm_loss(model(inputs), targets)
+    for module in model.modules():
+        if getattr(module, "router_loss", None) is not None:
+            loss = loss + module.router_loss
+    return loss
 
 
 # ----------------------------------------------------------------------------------------------
@@ -411,17 +454,85 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class MixtralExpert(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        C, Fi = cfg.hidden_size, cfg.intermediate_size
+        self.w1 = nn.Linear(C, Fi, bias=False)  # gate
+        self.w3 = nn.Linear(C, Fi, bias=False)  # up
+        self.w2 = nn.Linear(Fi, C, bias=False)  # down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    """HF MixtralSparseMoeBlock: softmax over the experts, top-k, weights renormalised over the
+    chosen k. Options beyond Mixtral: the sigmoid router (DeepSeek-V3: sigmoid scores, top-k,
+    normalised; no bias here), a capacity factor (an expert keeps its first ceil(c k T / E)
+    (token, slot) pairs in token order), and the balancing and z losses per call:
+      aux = E sum_i (slots routed to i / T) mean_t affinity_ti  (HF load_balancing_loss_func;
+            affinity p for softmax, s / sum s for sigmoid; counts carry no gradient)
+      z = mean_t logsumexp(logits_t)^2                        (ST-MoE eq. 5)"""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=False)
+        self.experts = nn.ModuleList(MixtralExpert(cfg) for _ in range(cfg.num_local_experts))
+        self.router_loss = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        tokens, experts, k = x.shape[0], self.cfg.num_local_experts, self.cfg.num_experts_per_tok
+        logits = self.gate(x)
+        if self.cfg.moe_router == "softmax":
+            probs = torch.softmax(logits, dim=-1)
+            affinity = probs
+        else:
+            probs = torch.sigmoid(logits)
+            affinity = probs / probs.sum(dim=-1, keepdim=True)
+        selected = torch.topk(probs.detach(), k, dim=-1).indices
+        chosen = probs.gather(1, selected)
+        weights = chosen / chosen.sum(dim=-1, keepdim=True)
+        cf = self.cfg.moe_capacity_factor
+        capacity = tokens * k if cf == 0 else math.ceil(cf * k * tokens / experts)
+        out = torch.zeros_like(x)
+        counts = torch.zeros(experts, dtype=x.dtype)
+        for i, expert in enumerate(self.experts):
+            slots = [(t, q) for t in range(tokens) for q in range(k) if int(selected[t, q]) == i]
+            counts[i] = len(slots)
+            slots = slots[:capacity]
+            if not slots:
+                continue
+            rows = torch.tensor([t for t, _ in slots])
+            cols = torch.tensor([q for _, q in slots])
+            out = out.index_add(0, rows, expert(x[rows]) * weights[rows, cols].unsqueeze(1))
+        aux = experts * ((counts / tokens) * affinity.mean(dim=0)).sum()
+        z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
+        self.router_loss = self.cfg.router_aux_loss_coef * aux + self.cfg.router_z_loss_coef * z
+        return out.reshape(shape)
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        if cfg.num_local_experts:
+            self.block_sparse_moe = MixtralSparseMoeBlock(cfg)
+        else:
+            self.mlp = LlamaMLP(cfg)
 
     def forward(self, x, cos, sin):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        ffn = self.block_sparse_moe if self.cfg_moe() else self.mlp
+        return x + ffn(self.post_attention_layernorm(x))
+
+    def cfg_moe(self) -> bool:
+        return hasattr(self, "block_sparse_moe")
 
 
 class LlamaModel(nn.Module):

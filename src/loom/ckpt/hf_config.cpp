@@ -105,6 +105,22 @@ ModelConfig llama_from_hf(const HfConfigReader& hf) {
   return config;
 }
 
+// Mixtral: Llama's attention and norms, a sparse MoE block of num_local_experts SwiGLU experts.
+ModelConfig mixtral_from_hf(const HfConfigReader& hf) {
+  ModelConfig config = llama_from_hf(hf);
+  config.n_experts = hf.integer("num_local_experts");
+  config.experts_per_token = hf.integer("num_experts_per_tok");
+  config.moe_aux_loss_coef = hf.number_or("router_aux_loss_coef", 0.001);  // MixtralConfig default
+  if (!hf.boolean_or("output_router_logits", false)) config.moe_aux_loss_coef = 0;  // transformers adds it only then
+  config.moe_z_loss_coef = hf.number_or("router_z_loss_coef", 0.0);
+  config.moe_router = parse_moe_router(hf.string_or("loom_moe_router", "softmax"));
+  config.moe_capacity_factor = hf.number_or("loom_moe_capacity_factor", 0.0);
+  config.moe_bias_rate = hf.number_or("loom_moe_bias_rate", 0.0);
+  if (hf.has("sliding_window") && !hf.raw("sliding_window").is_null())
+    hf.fail("sliding_window", hf.raw("sliding_window"), "null (loom attends to the whole causal context)");
+  return config;
+}
+
 }  // namespace
 
 json hf_config_json(const ModelConfig& config) {
@@ -123,7 +139,7 @@ json hf_config_json(const ModelConfig& config) {
             {"tie_word_embeddings", config.tied_embeddings},
             {"torch_dtype", "float32"}};
   }
-  return {{"architectures", {"LlamaForCausalLM"}},
+  json llama = {{"architectures", {"LlamaForCausalLM"}},
           {"model_type", "llama"},
           {"vocab_size", config.vocab_size},
           {"hidden_size", config.n_embd},
@@ -137,13 +153,28 @@ json hf_config_json(const ModelConfig& config) {
           {"tie_word_embeddings", config.tied_embeddings},
           {"hidden_act", "silu"},
           {"torch_dtype", "float32"}};
+  if (!config.is_moe()) return llama;
+  // Mixtral's config (transformers' MixtralConfig), plus loom's router options under names
+  // of their own; Mixtral has no sliding window here.
+  llama["architectures"] = {"MixtralForCausalLM"};
+  llama["model_type"] = "mixtral";
+  llama["num_local_experts"] = config.n_experts;
+  llama["num_experts_per_tok"] = config.experts_per_token;
+  llama["router_aux_loss_coef"] = config.moe_aux_loss_coef;
+  llama["output_router_logits"] = config.moe_aux_loss_coef > 0;
+  llama["sliding_window"] = nullptr;
+  llama["router_z_loss_coef"] = config.moe_z_loss_coef;
+  llama["loom_moe_router"] = moe_router_name(config.moe_router);
+  llama["loom_moe_capacity_factor"] = config.moe_capacity_factor;
+  llama["loom_moe_bias_rate"] = config.moe_bias_rate;
+  return llama;
 }
 
 ModelConfig model_config_from_hf_json(const json& hf) {
   if (!hf.is_object()) throw_error("HF config: got ", hf.type_name(), ", expected a JSON object");
   const auto model_type = hf.find("model_type");
   if (model_type == hf.end() || !model_type->is_string())
-    throw_error("HF config: missing string key 'model_type' (expected \"gpt2\" or \"llama\")");
+    throw_error("HF config: missing string key 'model_type' (expected \"gpt2\", \"llama\" or \"mixtral\")");
   const std::string type = model_type->get<std::string>();
   const HfConfigReader reader(hf, type);
   ModelConfig config;
@@ -151,8 +182,10 @@ ModelConfig model_config_from_hf_json(const json& hf) {
     config = gpt2_from_hf(reader);
   else if (type == "llama")
     config = llama_from_hf(reader);
+  else if (type == "mixtral")
+    config = mixtral_from_hf(reader);
   else
-    throw_error("HF config key 'model_type': got \"", type, "\", expected \"gpt2\" or \"llama\"");
+    throw_error("HF config key 'model_type': got \"", type, "\", expected \"gpt2\", \"llama\" or \"mixtral\"");
   try {
     config.validate();
   } catch (const Error& e) {

@@ -1,5 +1,6 @@
 #include "loom/model/block.hpp"
 
+#include "loom/core/error.hpp"
 #include "loom/kernels/ops.hpp"
 
 namespace loom {
@@ -20,8 +21,28 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, const ParallelPlan& pla
     : norm1(norm_kind(c), norm_name(c, prefix, 1), c.n_embd, static_cast<float>(c.norm_eps)),
       attention(c, plan, prefix, std::move(rope)),
       norm2(norm_kind(c), norm_name(c, prefix, 2), c.n_embd, static_cast<float>(c.norm_eps)),
-      mlp(c, plan, prefix),
-      sequence_parallel_(plan.sequence_parallel() && plan.tp() > 1) {}
+      sequence_parallel_(plan.sequence_parallel() && plan.tp() > 1) {
+  if (!c.is_moe()) {
+    mlp = std::make_unique<Mlp>(c, plan, prefix);
+    return;
+  }
+  if (c.arch != Architecture::Llama)
+    throw_error("model.n_experts = ", c.n_experts, " with model.arch = gpt2: mixture-of-experts layers are "
+                "Llama-style (SwiGLU experts, Mixtral's layout) so far; use arch = \"llama\"");
+  if (plan.tp() > 1)
+    throw_error("model.n_experts = ", c.n_experts, " with tensor parallelism (tp = ", plan.tp(),
+                "): mixture-of-experts layers run unsharded so far; use parallel.tp = 1");
+  MoeSpec spec;
+  spec.dim = c.n_embd;
+  spec.experts = c.n_experts;
+  spec.top_k = c.experts_per_token;
+  spec.ffn_hidden = c.ffn_hidden;
+  spec.router = c.moe_router;
+  spec.capacity_factor = c.moe_capacity_factor;
+  moe = std::make_unique<MoeLayer>(spec, prefix + ".block_sparse_moe");
+  aux_loss_coef_ = static_cast<float>(c.moe_aux_loss_coef);
+  z_loss_coef_ = static_cast<float>(c.moe_z_loss_coef);
+}
 
 void TransformerBlock::forward(const Tensor& x_out, const Tensor& x_in, BlockStash& stash,
                                int64_t batch, int64_t seq_len) const {
@@ -34,7 +55,11 @@ void TransformerBlock::forward(const Tensor& x_out, const Tensor& x_in, BlockSta
   round_if_bf16(stash.residual_mid);
   norm2.forward(stash.norm2_out, stash.norm2, stash.residual_mid);
   round_if_bf16(stash.norm2_out);
-  mlp.forward(x_out, stash);
+  if (moe) {
+    moe->forward(x_out, stash.norm2_out, stash.moe);
+  } else {
+    mlp->forward(x_out, stash);
+  }
   ops::add_into(x_out, stash.residual_mid);
   round_if_bf16(x_out);
 }
@@ -46,7 +71,7 @@ void TransformerBlock::round_if_bf16(const Tensor& x) const {
 void TransformerBlock::set_bf16_activations(bool on) {
   bf16_activations_ = on;
   attention.set_bf16_activations(on);
-  mlp.set_bf16_activations(on);
+  if (mlp) mlp->set_bf16_activations(on);
 }
 
 void TransformerBlock::backward(const Tensor& d_x_in, const Tensor& d_x_out, const Tensor& x_in,
@@ -56,11 +81,16 @@ void TransformerBlock::backward(const Tensor& d_x_in, const Tensor& d_x_out, con
     forward(scratch.d_norm_out, x_in, stash, batch, seq_len);  // output itself unused
   } else if (recompute == Recompute::Selective) {
     attention.recompute_core(stash, batch, seq_len);
-    mlp.recompute_activation(stash);
+    if (mlp) mlp->recompute_activation(stash);  // a MoE block keeps its experts' activations
   }
   const Tensor& d_mid = scratch.d_residual_mid;
   d_mid.copy_from(d_x_out);  // the residual passes the gradient through
-  mlp.backward(d_x_out, stash, scratch);
+  if (moe) {
+    moe->backward(scratch.d_norm_out, d_x_out, stash.norm2_out, stash.moe, aux_loss_coef_ * stash.moe_loss_scale,
+                  z_loss_coef_ * stash.moe_loss_scale);
+  } else {
+    mlp->backward(d_x_out, stash, scratch);
+  }
   norm2.backward(d_mid, scratch.d_norm_out, stash.residual_mid, stash.norm2);
   attention.backward(d_mid, stash, scratch, batch, seq_len);
   d_x_in.copy_from(d_mid);
@@ -73,7 +103,8 @@ ParameterList TransformerBlock::partial_grads() {
   norm1.collect(out);
   norm2.collect(out);
   for (Parameter* p : attention.partial_grads()) out.push_back(p);
-  for (Parameter* p : mlp.partial_grads()) out.push_back(p);
+  if (mlp)
+    for (Parameter* p : mlp->partial_grads()) out.push_back(p);
   return out;
 }
 
@@ -81,7 +112,10 @@ void TransformerBlock::collect(ParameterList& out) {
   norm1.collect(out);
   attention.collect(out);
   norm2.collect(out);
-  mlp.collect(out);
+  if (moe)
+    moe->collect(out);
+  else
+    mlp->collect(out);
 }
 
 }  // namespace loom

@@ -1,7 +1,9 @@
 #pragma once
-// A pre-norm transformer block: x + attn(norm1(x)), then + mlp(norm2(.)).
+// A pre-norm transformer block: x + attn(norm1(x)), then + mlp(norm2(.)), where the MLP may
+// be a mixture of experts.
 #include "loom/model/attention.hpp"
 #include "loom/model/mlp.hpp"
+#include "loom/model/moe.hpp"
 #include "loom/model/norm.hpp"
 
 namespace loom {
@@ -29,12 +31,15 @@ class TransformerBlock {
   Norm norm1;
   CausalSelfAttention attention;
   Norm norm2;
-  Mlp mlp;
+  // The feed-forward: a dense MLP, or a mixture of experts (model.n_experts > 0).
+  std::unique_ptr<Mlp> mlp;
+  std::unique_ptr<MoeLayer> moe;
 
  private:
   void round_if_bf16(const Tensor& x) const;
   bool bf16_activations_ = false;
   bool sequence_parallel_;
+  float aux_loss_coef_ = 0.0f, z_loss_coef_ = 0.0f;  // MoE blocks
 };
 
 }  // namespace loom

@@ -1,5 +1,8 @@
 #include "loom/model/config.hpp"
 
+#include <cmath>
+#include <utility>
+
 #include "loom/core/error.hpp"
 
 namespace loom {
@@ -20,6 +23,14 @@ Recompute parse_recompute(const std::string& text) {
   if (text == "selective") return Recompute::Selective;
   if (text == "full") return Recompute::Full;
   throw_error("recompute: got '", text, "', expected one of none, selective, full");
+}
+
+const char* moe_router_name(MoeRouter router) { return router == MoeRouter::Sigmoid ? "sigmoid" : "softmax"; }
+
+MoeRouter parse_moe_router(const std::string& text) {
+  if (text == "softmax") return MoeRouter::Softmax;
+  if (text == "sigmoid") return MoeRouter::Sigmoid;
+  throw_error("model.moe_router: got '", text, "', expected softmax (Mixtral) or sigmoid (DeepSeek-V3)");
 }
 
 int64_t ModelConfig::expert_parameter_count() const {
@@ -77,6 +88,15 @@ void ModelConfig::validate() const {
     throw_error("model.experts_per_token: got ", experts_per_token, " for a dense model (n_experts = 0)");
   if (n_experts > 0 && (experts_per_token < 1 || experts_per_token > n_experts))
     throw_error("model.experts_per_token: got ", experts_per_token, ", expected 1 to n_experts = ", n_experts);
+  for (const auto& [key, value] : {std::pair<const char*, double>{"moe_aux_loss_coef", moe_aux_loss_coef},
+                                   {"moe_z_loss_coef", moe_z_loss_coef},
+                                   {"moe_capacity_factor", moe_capacity_factor},
+                                   {"moe_bias_rate", moe_bias_rate}})
+    if (!(value >= 0) || !std::isfinite(value)) throw_error("model.", key, ": got ", value, ", expected a finite value >= 0");
+  if (moe_bias_rate > 0 && moe_router != MoeRouter::Sigmoid)
+    throw_error("model.moe_bias_rate: got ", moe_bias_rate, " with model.moe_router = softmax; the selection bias "
+                "(auxiliary-loss-free balancing) belongs to the sigmoid router: set moe_router = \"sigmoid\" or the "
+                "rate to 0");
 }
 
 namespace {

@@ -14,10 +14,15 @@ constexpr int64_t kDefaultVocabChunk = 8192;
 
 enum class Architecture { GPT2, Llama };
 enum class Recompute { None, Selective, Full };
+// How a mixture-of-experts router scores experts (model/moe.hpp): softmax over the experts
+// (Mixtral) or a sigmoid per expert with a selection bias (DeepSeek-V3).
+enum class MoeRouter { Softmax, Sigmoid };
 
 const char* architecture_name(Architecture arch);
 const char* recompute_name(Recompute mode);
 Recompute parse_recompute(const std::string& text);  // "none" | "selective" | "full"
+const char* moe_router_name(MoeRouter router);       // "softmax" | "sigmoid"
+MoeRouter parse_moe_router(const std::string& text);
 
 struct ModelConfig {
   Architecture arch = Architecture::GPT2;
@@ -33,10 +38,15 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   // Mixture of experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024): each block's MLP
   // becomes n_experts MLPs of ffn_hidden each plus a router, and every token runs through
-  // experts_per_token of them. 0 experts is a dense model. Planned by `loom plan`; the engine
-  // trains dense models only so far.
+  // experts_per_token of them. 0 experts is a dense model. The engine trains Llama-style
+  // (SwiGLU) MoE models on one process so far; `loom plan` plans them at any scale.
   int64_t n_experts = 0;
   int64_t experts_per_token = 0;
+  MoeRouter moe_router = MoeRouter::Softmax;
+  double moe_aux_loss_coef = 0.01;   // weight of each MoE layer's switch balancing loss
+  double moe_z_loss_coef = 0.0;      // weight of each MoE layer's router z-loss
+  double moe_capacity_factor = 0.0;  // 0: dropless; else rows per expert <= c k tokens / E
+  double moe_bias_rate = 0.0;        // sigmoid router: selection-bias step per optimizer step
 
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t kv_dim() const { return n_kv_head * head_dim(); }

@@ -9,8 +9,6 @@
 
 namespace loom {
 
-const char* moe_router_name(MoeRouter router) { return router == MoeRouter::Sigmoid ? "sigmoid" : "softmax"; }
-
 void MoeSpec::validate() const {
   if (dim < 1) throw_error("mixture of experts: model.n_embd = ", dim, ", expected >= 1");
   if (experts < 1) throw_error("mixture of experts: model.n_experts = ", experts, ", expected >= 1");

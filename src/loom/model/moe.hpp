@@ -20,12 +20,10 @@
 
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cpu/moe.hpp"
+#include "loom/model/config.hpp"
 #include "loom/model/parameter.hpp"
 
 namespace loom {
-
-enum class MoeRouter { Softmax, Sigmoid };
-const char* moe_router_name(MoeRouter router);  // "softmax", "sigmoid"
 
 struct MoeSpec {
   int64_t dim = 0, experts = 0, top_k = 0, ffn_hidden = 0;

@@ -37,7 +37,9 @@ BlockStash make_block_stash(const ModelConfig& c, const ParallelPlan& plan,
   s.norm2_out = activation({local_rows, c.n_embd});
   s.norm2.rstd = activation.f32({local_rows});
   if (layer_norm) s.norm2.mean = activation.f32({local_rows});
-  s.mlp_pre = activation({rows, mlp_pre_width(c, dims)});
+  // A mixture-of-experts block keeps its MLP's activations in s.moe, sized by its routing.
+  const bool dense = !c.is_moe();
+  if (dense) s.mlp_pre = activation({rows, mlp_pre_width(c, dims)});
   if (shared) {
     s.attn_out = shared->attn_out;
     s.attn_lse = shared->attn_lse;
@@ -45,7 +47,7 @@ BlockStash make_block_stash(const ModelConfig& c, const ParallelPlan& plan,
   } else {
     s.attn_out = activation({rows, dims.heads * dims.head_dim});
     s.attn_lse = activation.f32({batch, dims.heads, seq_len});
-    s.mlp_act = activation({rows, dims.ffn_hidden});
+    if (dense) s.mlp_act = activation({rows, dims.ffn_hidden});
   }
   return s;
 }
@@ -60,8 +62,10 @@ BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPla
   g.d_norm_out = scratch({local_rows, c.n_embd});
   g.d_qkv = scratch({rows, dims.qkv_width()});
   g.d_attn_out = scratch({rows, dims.heads * dims.head_dim});
-  g.d_mlp_pre = scratch({rows, mlp_pre_width(c, dims)});
-  g.d_mlp_act = scratch({rows, dims.ffn_hidden});
+  if (!c.is_moe()) {
+    g.d_mlp_pre = scratch({rows, mlp_pre_width(c, dims)});
+    g.d_mlp_act = scratch({rows, dims.ffn_hidden});
+  }
   return g;
 }
 

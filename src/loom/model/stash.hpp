@@ -7,6 +7,7 @@
 
 #include "loom/core/tensor.hpp"
 #include "loom/model/config.hpp"
+#include "loom/model/moe.hpp"
 #include "loom/model/norm.hpp"
 #include "loom/model/parallel_plan.hpp"
 #include "loom/model/pipeline_layout.hpp"
@@ -33,8 +34,13 @@ struct BlockStash {
   Tensor residual_mid;  // [local_rows, C] x + attention(x)
   Tensor norm2_out;   // [local_rows, C]
   NormStash norm2;
-  Tensor mlp_pre;     // [rows, F] (GELU input) or [rows, 2F] (gate | up)
-  Tensor mlp_act;     // [rows, F]          (recomputed under selective)
+  Tensor mlp_pre;     // [rows, F] (GELU input) or [rows, 2F] (gate | up); dense blocks
+  Tensor mlp_act;     // [rows, F]          (recomputed under selective); dense blocks
+  MoeStash moe;       // mixture-of-experts blocks: routing and the experts' activations
+  // What multiplies the MoE layer's balancing and z-loss coefficients in backward: the
+  // gradient scale of the summed token losses x this micro-batch's rows, so the losses weigh
+  // as means over the micro-batch, like the cross-entropy.
+  float moe_loss_scale = 0.0f;
 };
 
 // Allocates a stash for batch x seq_len tokens laid out by `plan`. `shared` (may be null)
@@ -66,6 +72,7 @@ struct ChunkActivations {
   std::vector<BlockStash> stashes;  // one per block; none under full recomputation, whose
                                     // blocks share the model's single stash
   bool grad_ready = false;          // forward ran with compute_grad and its backward has not
+  float moe_loss_scale = 0.0f;      // the forward's gradient scale x its rows (BlockStash's)
 
   bool allocated() const { return residuals.defined(); }
   int64_t layers() const { return allocated() ? residuals.size(0) - 1 : 0; }

@@ -30,9 +30,6 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
       vocab_chunk_(vocab_chunk),
       chunks_(chunks.empty() ? whole_model(config.n_layer) : std::move(chunks)) {
   config_.validate();
-  if (config_.is_moe())
-    throw_error("model.n_experts = ", config_.n_experts, ": the engine trains dense models only so far; "
-                "`loom plan` plans Mixture-of-Experts models");
   if (vocab_chunk_ <= 0) throw_error("vocab_chunk: got ", vocab_chunk_, ", expected a positive count");
   holds_embedding_ = holds_head_ = false;
   for (const ModelChunk& chunk : chunks_) {
@@ -88,6 +85,28 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
   }
 }
 
+void Transformer::add_moe_totals(int64_t block, const MoeStash& s) {
+  moe_totals_.aux += s.losses.aux;
+  moe_totals_.z += s.losses.z;
+  moe_totals_.dropped += s.dropped;
+  moe_totals_.routed += s.rows * config_.experts_per_token;
+  moe_totals_.loss += config_.moe_aux_loss_coef * s.losses.aux + config_.moe_z_loss_coef * s.losses.z;
+  if (moe_totals_.counts.size() != s.counts.size()) moe_totals_.counts.assign(s.counts.size(), 0);
+  for (size_t e = 0; e < s.counts.size(); ++e) moe_totals_.counts[e] += s.counts[e];
+  ++moe_totals_.layer_calls;
+  if (moe_totals_.block_counts.size() != blocks.size()) moe_totals_.block_counts.assign(blocks.size(), {});
+  std::vector<int64_t>& mine = moe_totals_.block_counts[static_cast<size_t>(block)];
+  if (mine.size() != s.counts.size()) mine.assign(s.counts.size(), 0);
+  for (size_t e = 0; e < s.counts.size(); ++e) mine[e] += s.counts[e];
+}
+
+void Transformer::update_moe_bias() {
+  if (config_.moe_bias_rate <= 0 || moe_totals_.block_counts.size() != blocks.size()) return;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    if (blocks[b]->moe && !moe_totals_.block_counts[b].empty())
+      blocks[b]->moe->update_bias(moe_totals_.block_counts[b], static_cast<float>(config_.moe_bias_rate));
+}
+
 void Transformer::add_parameter(Parameter& p, int64_t init_index) {
   parameters_.push_back(&p);
   init_index_.push_back(init_index);
@@ -99,7 +118,8 @@ void Transformer::init_weights(uint64_t seed) {
   auto is_residual_output = [](const std::string& name) {
     return name.find("c_proj.weight") != std::string::npos ||
            name.find("o_proj.weight") != std::string::npos ||
-           name.find("down_proj.weight") != std::string::npos;
+           name.find("down_proj.weight") != std::string::npos ||
+           name.find(".w2.weight") != std::string::npos;  // a Mixtral expert's down projection
   };
   for (size_t index = 0; index < parameters_.size(); ++index) {
     Parameter& p = *parameters_[index];
@@ -326,8 +346,11 @@ void Transformer::forward_layers(int64_t chunk_index, ChunkActivations& a, const
   for (int64_t i = 0; i < chunk.layers(); ++i) {
     const int64_t unit = chunk.first_layer + i + 1;
     fire(unit_hooks_.before_forward, unit);
-    blocks[static_cast<size_t>(first_block + i)]->forward(a.residual(i + 1), a.residual(i),
-                                                          stash_of(a, i), a.batch, a.seq_len);
+    BlockStash& stash = stash_of(a, i);
+    stash.moe_loss_scale = a.moe_loss_scale;
+    blocks[static_cast<size_t>(first_block + i)]->forward(a.residual(i + 1), a.residual(i), stash, a.batch,
+                                                          a.seq_len);
+    if (config_.is_moe()) add_moe_totals(first_block + i, stash.moe);
     fire(unit_hooks_.after_forward, unit);
   }
   if (!chunk.last_stage()) return;
@@ -432,6 +455,7 @@ double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, cons
   }
   fill_sequence_layout(a, tokens, batch, seq_len);
   use_layout_of(a);
+  a.moe_loss_scale = options.grad_scale * static_cast<float>(local_rows(batch, seq_len));
   forward_layers(chunk_index, a, input);
   if (!chunk.last_stage()) {
     a.grad_ready = options.compute_grad;

@@ -109,6 +109,24 @@ class Transformer {
   const ParameterList& parameters() const { return parameters_; }
   const ModelConfig& config() const { return config_; }
   const ParallelPlan& plan() const { return *plan_; }
+
+  // Mixture of experts: what the forwards since the last reset saw, summed over MoE layers
+  // and micro-batches (recomputation does not count twice). `loss` is the objective's share,
+  // sum of moe_aux_loss_coef x aux + moe_z_loss_coef x z per layer call; counts are the slots
+  // routed to each expert (over all layers).
+  struct MoeTotals {
+    double aux = 0, z = 0, loss = 0;
+    int64_t dropped = 0, routed = 0, layer_calls = 0;
+    std::vector<int64_t> counts;                     // per expert, all layers
+    std::vector<std::vector<int64_t>> block_counts;  // per block of this rank, per expert
+  };
+  const MoeTotals& moe_totals() const { return moe_totals_; }
+  void reset_moe_totals() { moe_totals_ = MoeTotals{}; }
+  // The trainer sums block_counts over replicas here before update_moe_bias().
+  MoeTotals& moe_totals_for_update() { return moe_totals_; }
+  // The sigmoid router's auxiliary-loss-free balancing: every MoE layer's selection bias steps
+  // by model.moe_bias_rate against the loads in moe_totals() (call once per optimizer step).
+  void update_moe_bias();
   // Moves the parameters (values in `compute_dtype`, gradients F32) onto `device`; activation
   // sets are made again there at their next forward (a set awaiting its backward is refused). The
   // CPU computes in F32 (bf16 is emulated there: set_bf16_activations); CUDA in F32 or BF16, whose
@@ -172,6 +190,8 @@ class Transformer {
   template <typename Run>
   void with_partial_grads(const ParameterList& params, Run run);
   void add_parameter(Parameter& p, int64_t init_index);
+  void add_moe_totals(int64_t block, const MoeStash& stash);
+  MoeTotals moe_totals_;
 
   ModelConfig config_;
   std::shared_ptr<const ParallelPlan> plan_;

@@ -269,10 +269,13 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
   if (l.ep > 1)
     unsupported("ep", "expert parallelism", "expert parallelism (ep=", l.ep,
                 ") is not in the engine yet; use ep=1");
-  if (m.is_moe())
-    unsupported("model", "mixture-of-experts layers", "model.n_experts = ", m.n_experts,
-                ": the engine trains dense models only so far (mixture-of-experts layers are "
-                "planned, not run)");
+  if (m.is_moe() && m.arch != Architecture::Llama)
+    unsupported("model", "GPT-2-style experts", "model.n_experts = ", m.n_experts,
+                " with model.arch = gpt2: the engine's mixture-of-experts layers are Llama-style (SwiGLU "
+                "experts, Mixtral's layout) so far; use arch = \"llama\"");
+  if (m.is_moe() && l.tp > 1)
+    unsupported("tp", "mixture of experts with tp", "tp=", l.tp, " with model.n_experts = ", m.n_experts,
+                ": the engine's mixture-of-experts layers run unsharded so far; use tp=1");
   return out;
 }
 

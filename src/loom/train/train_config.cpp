@@ -43,6 +43,11 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.rope_theta = r.get_double("model.rope_theta", m.rope_theta);
   m.n_experts = r.get_int("model.n_experts", m.n_experts);
   m.experts_per_token = r.get_int("model.experts_per_token", m.experts_per_token);
+  m.moe_router = parse_moe_router(r.get_string("model.moe_router", moe_router_name(m.moe_router)));
+  m.moe_aux_loss_coef = r.get_double("model.moe_aux_loss_coef", m.moe_aux_loss_coef);
+  m.moe_z_loss_coef = r.get_double("model.moe_z_loss_coef", m.moe_z_loss_coef);
+  m.moe_capacity_factor = r.get_double("model.moe_capacity_factor", m.moe_capacity_factor);
+  m.moe_bias_rate = r.get_double("model.moe_bias_rate", m.moe_bias_rate);
   m.validate();
   return m;
 }
@@ -347,6 +352,9 @@ void check_cuda_training(const TrainConfig& c) {
   if (c.cp > 1)
     throw_error("parallel.cp = ", c.cp, " (context parallelism) runs on the CPU only so far; its attention "
                 "over key blocks is not on CUDA yet: set train.device = \"cpu\" or parallel.cp = 1");
+  if (c.model.is_moe())
+    throw_error("model.n_experts = ", c.model.n_experts, " (mixture of experts) runs on the CPU only so far: set "
+                "train.device = \"cpu\"");
   if (c.document_mask)
     throw_error("data.document_mask = true (packed documents) runs on the CPU only so far; the CUDA "
                 "attention kernel is causal over whole sequences: set train.device = \"cpu\" or drop "

@@ -216,6 +216,7 @@ void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
 
 double Trainer::train_step(int64_t step) {
   optimizer_->zero_grad();
+  model_->reset_moe_totals();
   // This rank's tokens of a micro-batch: its cp chunks of each sequence.
   const int64_t tokens = config_.batch_size * config_.seq_len / groups_.cp_size;
   // Mean over this rank's tokens of every micro-batch: each micro-batch's summed loss is scaled
@@ -234,6 +235,7 @@ double Trainer::train_step(int64_t step) {
   const double optimizer_start = TraceRecorder::now_s();
   last_grad_norm_ = optimizer_->step(config_.schedule.at(step), config_.grad_clip);
   if (trace_) trace_->span("clip + AdamW", "compute", optimizer_start, TraceRecorder::now_s());
+  update_moe_bias();
   return mean_loss_over_ranks(loss_sum, static_cast<double>(tokens * config_.grad_accum));
 }
 
@@ -253,6 +255,23 @@ nlohmann::json Trainer::step_record(const StepReport& report) const {
           {"calls", comm.calls[i]}, {"bytes_sent", comm.bytes_sent[i]}, {"bytes_received", comm.bytes_received[i]}};
     }
   };
+  if (config_.model.is_moe()) {
+    // This rank's experts over the step: balancing and z losses (mean per MoE layer and
+    // micro-batch), dropped slots, and the load of the busiest expert over the mean.
+    const Transformer::MoeTotals& moe = model_->moe_totals();
+    const double calls = std::max<double>(1.0, static_cast<double>(moe.layer_calls));
+    record["moe_aux_loss"] = moe.aux / calls;
+    record["moe_z_loss"] = moe.z / calls;
+    record["moe_dropped_fraction"] = moe.routed > 0 ? static_cast<double>(moe.dropped) / static_cast<double>(moe.routed) : 0.0;
+    if (!moe.counts.empty()) {
+      double sum = 0, most = 0, squares = 0;
+      for (int64_t c : moe.counts) sum += static_cast<double>(c), most = std::max(most, static_cast<double>(c));
+      const double mean = sum / static_cast<double>(moe.counts.size());
+      for (int64_t c : moe.counts) squares += (static_cast<double>(c) - mean) * (static_cast<double>(c) - mean);
+      record["moe_load_max_over_mean"] = mean > 0 ? most / mean : 0.0;
+      record["moe_load_cv"] = mean > 0 ? std::sqrt(squares / static_cast<double>(moe.counts.size())) / mean : 0.0;
+    }
+  }
   if (groups_.replicas) comm_record(*groups_.replicas, "comm");
   if (groups_.tp) comm_record(*groups_.tp, "comm_tp");
   if (groups_.pp) comm_record(*groups_.pp, "comm_pp");
@@ -274,6 +293,21 @@ double Trainer::from_last_stage(double value) const {
   if (!model_->holds_head()) parts[0] = parts[1] = 0.0f;
   comm::all_reduce(*groups_.pp, parts, 2, ReduceOp::Sum)->wait();
   return static_cast<double>(parts[0]) + static_cast<double>(parts[1]);
+}
+
+// DeepSeek-V3's auxiliary-loss-free balancing: each MoE layer's selection bias follows the
+// step's loads, counted over every replica (dp x cp), so all replicas keep the same bias.
+void Trainer::update_moe_bias() {
+  if (config_.model.moe_bias_rate <= 0) return;
+  Transformer::MoeTotals& totals = model_->moe_totals_for_update();
+  if (groups_.replica_size > 1)
+    for (std::vector<int64_t>& counts : totals.block_counts) {
+      if (counts.empty()) continue;
+      std::vector<float> values(counts.begin(), counts.end());  // exact below 2^24 slots
+      comm::all_reduce(*groups_.replicas, values.data(), static_cast<int64_t>(values.size()), ReduceOp::Sum)->wait();
+      for (size_t e = 0; e < counts.size(); ++e) counts[e] = static_cast<int64_t>(values[e]);
+    }
+  model_->update_moe_bias();
 }
 
 double Trainer::mean_loss_over_ranks(double local_sum, double tokens) const {

@@ -76,6 +76,7 @@ class Trainer {
   std::shared_ptr<ContextAttention> cp_attention_;  // cp > 1
   int64_t optimizer_steps() const;
   // The loss of this step, from the stages that compute it, the same on every rank.
+  void update_moe_bias();
   double mean_loss_over_ranks(double local_sum, double tokens) const;
   // What the last pipeline stage holds of `value`, on every pp rank (no pipeline: `value`).
   double from_last_stage(double value) const;

@@ -94,3 +94,16 @@ for line in [json.dumps(base)] + open('$OUT/cp_seq${seq}_np2.json').read().split
     ranks = '1 (2 threads)' if d['cp'] == 1 else str(d['cp'])
     print(f\"| {d['seq']} | {d['cp_comm']} | {ranks} | {d['ms_per_step']:.0f} | {d['tokens_per_s']:.0f} | {base['ms_per_step']/d['ms_per_step']:.2f}x | {100*d['mfu']:.0f}% | {d['attention_ms_per_step']:.0f} | {d['exposed_comm_ms_per_step']:.0f} | {d['wire_mb_sent_per_step_per_rank']:.1f} | {d['activation_peak_mb_per_rank']:.1f} |\")"
 done
+
+# Mixture of experts: the MoE layer (8 experts of width 1024, top-2, d = 512, 2048 tokens)
+# against a dense SwiGLU MLP of width 2 x 1024 (the same active FLOPs), forward + backward,
+# both in one process on 2 threads, best of STEPS.
+echo
+echo "| layer | ms fwd+bwd | tokens/s | GFLOP/s | busiest expert / mean |"
+echo "|---|---|---|---|---|"
+OMP_WAIT_POLICY=ACTIVE OMP_NUM_THREADS=2 "$BUILD/bench/bench_moe" --steps "$STEPS" --threads 2 > "$OUT/moe.json"
+/usr/bin/python3 -c "
+import json; d = json.load(open('$OUT/moe.json'))
+print(f\"| MoE {d['experts']} x {d['expert_ffn']}, top-{d['top_k']} | {d['moe_ms']:.0f} | {d['moe_tokens_per_s']:.0f} | {d['moe_gflops']:.0f} | {d['busiest_expert_over_mean']:.2f} |\")
+print(f\"| dense SwiGLU {d['top_k'] * d['expert_ffn']} | {d['dense_ms']:.0f} | {d['dense_tokens_per_s']:.0f} | {d['dense_gflops']:.0f} | |\")
+print(f\"MoE / dense time: {d['moe_over_dense_time']:.2f}; SGEMM peak {d['sgemm_peak_gflops']:.0f} GFLOP/s\")"

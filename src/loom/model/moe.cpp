@@ -49,7 +49,10 @@ void require_host(const char* what, const Tensor& t) {
                 "; MoE layers run on host f32 tensors so far");
 }
 
-Tensor activations(const Shape& shape) { return Tensor::zeros(shape, DType::F32, MemCategory::Activations); }
+// Every buffer below is written whole before it is read (routing, GEMMs with beta 0, the
+// gather of every kept slot), so none needs clearing.
+Tensor activations(const Shape& shape) { return Tensor::empty(shape, DType::F32, MemCategory::Activations); }
+Tensor workspace(const Shape& shape) { return Tensor::empty(shape, DType::F32, MemCategory::Workspace); }
 
 }  // namespace
 
@@ -137,8 +140,8 @@ void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x,
   const int64_t total = s.offsets.back();
   // Combine backward: each kept slot's output gradient is its weight x the token's, and each
   // weight's gradient the dot of the token's output gradient with its expert's output.
-  const Tensor d_expert_out = Tensor::zeros(s.expert_out.shape(), DType::F32, MemCategory::Workspace);
-  const Tensor d_weights = Tensor::zeros({rows, k}, DType::F32, MemCategory::Workspace);
+  const Tensor d_expert_out = workspace(s.expert_out.shape());  // every kept row is some slot's
+  const Tensor d_weights = Tensor::zeros({rows, k}, DType::F32, MemCategory::Workspace);  // dropped slots stay 0
   {
     const float* g = d_out.f32();
     const float* eo = s.expert_out.f32();
@@ -159,9 +162,9 @@ void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x,
       }
   }
   // Experts backward, one GEMM each.
-  const Tensor d_act = Tensor::zeros(s.act.shape(), DType::F32, MemCategory::Workspace);
-  const Tensor d_pre = Tensor::zeros(s.pre.shape(), DType::F32, MemCategory::Workspace);
-  const Tensor d_routed = Tensor::zeros(s.routed_input.shape(), DType::F32, MemCategory::Workspace);
+  const Tensor d_act = workspace(s.act.shape());
+  const Tensor d_pre = workspace(s.pre.shape());
+  const Tensor d_routed = workspace(s.routed_input.shape());
   for (int64_t e = 0; e < n; ++e) {
     const int64_t begin = s.offsets[static_cast<size_t>(e)], end = s.offsets[static_cast<size_t>(e + 1)];
     if (begin == end) continue;
@@ -175,7 +178,7 @@ void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x,
     ops::linear_backward(din, true, up[i].grad, Tensor(), dp, f, in, up[i].value);
   }
   // The router: d_logits from the weights' gradient and the two losses, then into x.
-  const Tensor d_logits = Tensor::zeros({rows, n}, DType::F32, MemCategory::Workspace);
+  const Tensor d_logits = workspace({rows, n});
   const cpu::MoeRouteArgs args{rows, n, k, spec_.router == MoeRouter::Sigmoid};
   cpu::moe_route_backward(args, d_logits.f32(), d_weights.f32(), s.logits.f32(), s.probs.f32(), s.selected.data(),
                           s.weights.f32(), s.counts.data(), aux_scale, z_scale);

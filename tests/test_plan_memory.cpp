@@ -100,7 +100,10 @@ TEST(PlanMemory, LayoutsParseAndImpossibleOnesSayWhy) {
 // One process: the planner's engine figures equal the allocator's bytes, to the byte.
 TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
   for (const bool bf16 : {false, true}) {
-    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
+    ModelConfig mixtral = tiny_llama();  // 4 experts, 2 per token: the MoE stash as well
+    mixtral.n_experts = 4;
+    mixtral.experts_per_token = 2;
+    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama(), mixtral}) {
       for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
         const MemStats before = HostAllocator::instance().stats();
         Transformer model(config, recompute);
@@ -112,7 +115,8 @@ TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
           return static_cast<double>(after.live_bytes[static_cast<size_t>(c)] - before.live_bytes[static_cast<size_t>(c)]);
         };
         const MemoryBreakdown predicted = plan::predict_engine_memory(config, 1, 0, 25'000'000, bf16, 3, 16, recompute);
-        const std::string what = std::string(architecture_name(config.arch)) + " " + recompute_name(recompute) + (bf16 ? " bf16" : "");
+        const std::string what = std::string(architecture_name(config.arch)) + (config.is_moe() ? " moe " : " ") +
+                                 recompute_name(recompute) + (bf16 ? " bf16" : "");
         EXPECT_EQ(predicted.parameters, live(MemCategory::Parameters)) << what;
         EXPECT_EQ(predicted.gradients, live(MemCategory::Gradients)) << what;
         EXPECT_EQ(predicted.optimizer_state, live(MemCategory::OptimizerState)) << what;

@@ -33,9 +33,11 @@ LayerElements layer_elements(const ModelConfig& m) {
   const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;  // LayerNorm: mean and rstd
   const double mlp_pre = m.arch == Architecture::GPT2 ? f : 2 * f;  // SwiGLU keeps gate | up
   // A mixture of experts runs each token through k experts: k copies of the MLP interior, the
-  // k dispatched copies of its input, and the router's scores over the experts.
+  // k dispatched copies of its input and the k expert outputs the combine's backward reads,
+  // the router's logits and probabilities over the experts, and the k routing weights
+  // (model/moe's MoeStash).
   const double k = m.is_moe() ? static_cast<double>(m.experts_per_token) : 1;
-  const double moe_extra = m.is_moe() ? k * h + static_cast<double>(m.n_experts) : 0;
+  const double moe_extra = m.is_moe() ? 2 * k * h + 2 * static_cast<double>(m.n_experts) + k : 0;
   LayerElements e;
   e.replicated_by_tp = h /*input*/ + 2 * (h + norm_stats) /*two norms*/ + h /*mid residual*/;
   e.split_by_tp = (h + 2.0 * static_cast<double>(m.kv_dim())) + k * mlp_pre + moe_extra;
@@ -163,7 +165,15 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
   const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;
   const LayerElements e = layer_elements(m);
   const double stash_rowwise = e.replicated_by_tp - h;  // the input lives in the residual stream
-  const double stash_split = e.split_by_tp / t, recomputable = e.recomputable / t;
+  double stash_split = e.split_by_tp / t, recomputable = e.recomputable / t;
+  if (m.is_moe()) {
+    // A MoE block keeps its experts' activations with the rest of its stash (MoeStash, f32),
+    // none in the recomputable set, which holds the attention output and log-sum-exps only.
+    const double k = static_cast<double>(m.experts_per_token), f = static_cast<double>(m.ffn_hidden);
+    stash_split = h + 2 * static_cast<double>(m.kv_dim()) + 2 * static_cast<double>(m.n_experts) + k +
+                  k * (2 * h + 3 * f);
+    recomputable = h + static_cast<double>(m.n_head);
+  }
   const double layers = static_cast<double>(m.n_layer);
   double rowwise = (layers + 1) * h + h + norm_stats, split = 0;
   switch (recompute) {

@@ -267,6 +267,26 @@ TEST(Trainer, MixtureOfExpertsLearnsLogsAndBalances) {
     }
   EXPECT_GT(moved, 0.0);
 
+  // The biases are checkpointed: a run resumed at step 2 ends step 4 with the biases of the run
+  // that went through.
+  std::vector<std::string> saved = sigmoid;
+  saved.erase(std::remove(saved.begin(), saved.end(), std::string("checkpoint.dir=\"\"")), saved.end());
+  saved.insert(saved.end(), {"train.steps=4", "checkpoint.every=2", "checkpoint.dir=\"" + run.dir + "/moe_ckpt\"",
+                             "log.dir=\"" + run.dir + "/through\""});
+  Trainer through(parse(base, saved));
+  through.run();
+  std::filesystem::create_directories(run.dir + "/moe_half");
+  for (const auto& dir : ckpt_files::list_step_dirs(run.dir + "/moe_ckpt"))
+    if (dir.step == 2)
+      std::filesystem::copy(dir.path, run.dir + "/moe_half/" + dir.path.filename().string(),
+                            std::filesystem::copy_options::recursive);
+  saved.insert(saved.end(), {"checkpoint.dir=\"" + run.dir + "/moe_half\"", "checkpoint.resume=true",
+                             "log.dir=\"" + run.dir + "/resumed\""});
+  Trainer resumed(parse(base, saved));
+  resumed.run();
+  EXPECT_EQ(resumed.model().moe_biases(), through.model().moe_biases());
+  EXPECT_NE(resumed.model().moe_biases(), std::vector<float>(resumed.model().moe_biases().size(), 0.0f));
+
   expect_contains(error_message([&] { (void)parse(run.config("gpt2", 4), {"model.n_experts=4", "model.experts_per_token=2"}); }),
                   {"model.n_experts = 4", "Llama-style"});
   expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_bias_rate=0.01"})); }),

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "dist_fixture.hpp"
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/parallel/zero_optimizer.hpp"
 
 namespace loom::test {
@@ -76,6 +77,36 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeTraining,
                                            MoeCase{.dp = 2, .pp = 2, .zero_stage = 1},
                                            MoeCase{.dp = 2, .cp = 2, .recompute = "selective"}),
                          [](const auto& info) { return moe_case_name(info.param); });
+
+// The sigmoid router's selection biases live on the pipeline stage of their layer; a pp=2
+// checkpoint carries every layer's, so one process resuming from it holds all of them.
+TEST(MoeCheckpoint, EveryStagesBiasesResumeInOneProcess) {
+  const auto world_group = world();
+  if (world_group->size() != 2) GTEST_SKIP() << "pp = 2";
+  TinyRun run("moe_ckpt");
+  const std::string root = shared_path("moe_ckpt");
+  const std::string base = run.config("llama", 4);
+  const std::vector<std::string> shared = {"data.val=\"\"", "model.n_experts=4", "model.experts_per_token=2",
+                                           "model.moe_router=\"sigmoid\"", "model.moe_bias_rate=0.01",
+                                           "train.batch_size=" + std::to_string(kGlobalBatch), "checkpoint.every=4"};
+  Trainer parallel(parse(base, plus({"parallel.pp=2", "checkpoint.dir=\"" + root + "/pp\"",
+                                     "log.dir=\"" + root + "/pp_log\""},
+                                    shared)),
+                   world_group);
+  parallel.run();
+  std::vector<float> biases = parallel.model().moe_biases();  // this stage's layers, zeros elsewhere
+  comm::all_reduce(*world_group, biases.data(), static_cast<int64_t>(biases.size()), ReduceOp::Sum)->wait();
+  world_group->barrier();
+  if (world_group->rank() == 0) {
+    Trainer one(parse(base, plus({"checkpoint.dir=\"" + root + "/pp\"", "checkpoint.resume=true", "train.steps=4",
+                                  "log.dir=\"" + root + "/one_log\""},
+                                 shared)));
+    one.run();  // resumes at step 4 of 4: nothing left to train
+    EXPECT_EQ(one.model().moe_biases(), biases);
+    EXPECT_NE(biases, std::vector<float>(biases.size(), 0.0f));
+  }
+  world_group->barrier();
+}
 
 }  // namespace
 }  // namespace loom::test

@@ -205,6 +205,12 @@ void MoeLayer::collect(ParameterList& out) {
   }
 }
 
+void MoeLayer::set_bias(const std::vector<float>& bias) {
+  if (bias.size() != bias_.size())
+    throw_error("mixture of experts: a selection bias of ", bias.size(), " values for ", bias_.size(), " experts");
+  bias_ = bias;
+}
+
 void MoeLayer::update_bias(const std::vector<int64_t>& counts, float rate) {
   if (spec_.router != MoeRouter::Sigmoid)
     throw_error("mixture of experts: the selection bias (auxiliary-loss-free balancing) needs the sigmoid router, "

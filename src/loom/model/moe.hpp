@@ -70,6 +70,8 @@ class MoeLayer {
   // are routed slots per expert (summed over the step's micro-batches). Sigmoid router only.
   void update_bias(const std::vector<int64_t>& counts, float rate);
   const std::vector<float>& bias() const { return bias_; }
+  // Restores a bias saved with a checkpoint; throws loom::Error on a size mismatch.
+  void set_bias(const std::vector<float>& bias);
 
   Parameter router;                        // [E, C]
   std::vector<Parameter> gate, up, down;   // per expert: [F, C], [F, C], [C, F]

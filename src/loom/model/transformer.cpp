@@ -107,6 +107,33 @@ void Transformer::update_moe_bias() {
       blocks[b]->moe->update_bias(moe_totals_.block_counts[b], static_cast<float>(config_.moe_bias_rate));
 }
 
+std::vector<float> Transformer::moe_biases() const {
+  const auto experts = static_cast<size_t>(config_.n_experts);
+  std::vector<float> out(static_cast<size_t>(config_.n_layer) * experts, 0.0f);
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int64_t i = 0; i < chunks_[c].layers(); ++i) {
+      const auto& block = blocks[static_cast<size_t>(chunk_first_block_[c] + i)];
+      if (!block->moe) continue;
+      const std::vector<float>& bias = block->moe->bias();
+      std::copy(bias.begin(), bias.end(), out.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(chunks_[c].first_layer + i) * experts));
+    }
+  return out;
+}
+
+void Transformer::set_moe_biases(const std::vector<float>& biases) {
+  const auto experts = static_cast<size_t>(config_.n_experts);
+  if (biases.size() != static_cast<size_t>(config_.n_layer) * experts)
+    throw_error("MoE selection biases: ", biases.size(), " values for ", config_.n_layer, " layers x ", experts,
+                " experts");
+  for (size_t c = 0; c < chunks_.size(); ++c)
+    for (int64_t i = 0; i < chunks_[c].layers(); ++i) {
+      const auto& block = blocks[static_cast<size_t>(chunk_first_block_[c] + i)];
+      if (!block->moe) continue;
+      const auto first = biases.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(chunks_[c].first_layer + i) * experts);
+      block->moe->set_bias(std::vector<float>(first, first + static_cast<std::ptrdiff_t>(experts)));
+    }
+}
+
 void Transformer::add_parameter(Parameter& p, int64_t init_index) {
   parameters_.push_back(&p);
   init_index_.push_back(init_index);

@@ -127,6 +127,10 @@ class Transformer {
   // The sigmoid router's auxiliary-loss-free balancing: every MoE layer's selection bias steps
   // by model.moe_bias_rate against the loads in moe_totals() (call once per optimizer step).
   void update_moe_bias();
+  // Every MoE layer's selection bias, [n_layer x n_experts] by global layer (zeros for layers
+  // this rank does not hold), and the inverse, which sets the held layers'.
+  std::vector<float> moe_biases() const;
+  void set_moe_biases(const std::vector<float>& biases);
   // Moves the parameters (values in `compute_dtype`, gradients F32) onto `device`; activation
   // sets are made again there at their next forward (a set awaiting its backward is refused). The
   // CPU computes in F32 (bf16 is emulated there: set_bf16_activations); CUDA in F32 or BF16, whose

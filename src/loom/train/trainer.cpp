@@ -125,13 +125,22 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
 
 nlohmann::json Trainer::trainer_state(int64_t step) const {
   const LoaderState loader = train_loader_->state();
-  return {{"step", step},
+  nlohmann::json state = {{"step", step},
           {"optimizer_steps", optimizer_steps()},
           {"seed", config_.seed},
           {"tokens_seen", step * config_.tokens_per_step()},
           {"loader", {{"epoch", loader.epoch}, {"shard_index", loader.shard_index}, {"position", loader.position}}},
           {"tokens_per_step", global_tokens_per_step()},
           {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"}};
+  // The sigmoid router's selection biases are state, not parameters: every layer's, gathered
+  // from the pipeline stages holding them (each layer lives on one pp rank; the rest add 0).
+  if (config_.model.is_moe() && config_.model.moe_router == MoeRouter::Sigmoid) {
+    std::vector<float> biases = model_->moe_biases();
+    if (groups_.pp)
+      comm::all_reduce(*groups_.pp, biases.data(), static_cast<int64_t>(biases.size()), ReduceOp::Sum)->wait();
+    state["moe_bias"] = biases;
+  }
+  return state;
 }
 
 int64_t Trainer::optimizer_steps() const { return optimizer_->steps_taken(); }
@@ -169,6 +178,7 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
   load_owned_state(reader, in_whole_tensor_coordinates(optimizer_->owned_slices()));
   optimizer_->set_steps_taken(optimizer_steps);
   optimizer_->publish_parameters();
+  if (state.contains("moe_bias")) model_->set_moe_biases(state.at("moe_bias").get<std::vector<float>>());
   const auto& loader = state.at("loader");
   train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
                           loader.at("position").get<int64_t>()});

@@ -189,6 +189,13 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.tied_embeddings, b.tied_embeddings);
   EXPECT_EQ(a.norm_eps, b.norm_eps);
   EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.n_experts, b.n_experts);
+  EXPECT_EQ(a.experts_per_token, b.experts_per_token);
+  EXPECT_EQ(a.moe_router, b.moe_router);
+  EXPECT_EQ(a.moe_aux_loss_coef, b.moe_aux_loss_coef);
+  EXPECT_EQ(a.moe_z_loss_coef, b.moe_z_loss_coef);
+  EXPECT_EQ(a.moe_capacity_factor, b.moe_capacity_factor);
+  EXPECT_EQ(a.moe_bias_rate, b.moe_bias_rate);
 }
 
 TEST(HfConfig, Gpt2RoundTripsThroughTransformersKeys) {
@@ -226,6 +233,46 @@ TEST(HfConfig, LlamaWithGroupedQueryAttentionRoundTrips) {
   EXPECT_EQ(hf["tie_word_embeddings"], false);
   EXPECT_EQ(hf["hidden_act"], "silu");
   expect_same_config(model_config_from_hf_json(json::parse(hf.dump())), config);
+}
+
+// A mixture of experts is written as transformers' Mixtral config (and read back with loom's
+// router options); a Mixtral config.json as published (no output_router_logits, so no
+// balancing loss in transformers' training) reads as that model.
+TEST(HfConfig, MixtralRoundTripsAndReadsAsPublished) {
+  ModelConfig config = gqa_llama();
+  config.n_experts = 8;
+  config.experts_per_token = 2;
+  config.moe_router = MoeRouter::Sigmoid;
+  config.moe_aux_loss_coef = 0.02;
+  config.moe_z_loss_coef = 0.001;
+  config.moe_capacity_factor = 1.25;
+  config.moe_bias_rate = 0.001;
+  const json hf = hf_config_json(config);
+  EXPECT_EQ(hf["architectures"], json::array({"MixtralForCausalLM"}));
+  EXPECT_EQ(hf["model_type"], "mixtral");
+  EXPECT_EQ(hf["num_local_experts"], 8);
+  EXPECT_EQ(hf["num_experts_per_tok"], 2);
+  EXPECT_EQ(hf["router_aux_loss_coef"], 0.02);
+  EXPECT_EQ(hf["output_router_logits"], true);
+  expect_same_config(model_config_from_hf_json(json::parse(hf.dump())), config);
+
+  json published = hf_config_json(gqa_llama());
+  published["model_type"] = "mixtral";
+  published["num_local_experts"] = 8;
+  published["num_experts_per_tok"] = 2;
+  published["router_aux_loss_coef"] = 0.02;
+  published["sliding_window"] = nullptr;
+  const ModelConfig mixtral = model_config_from_hf_json(published);
+  EXPECT_EQ(mixtral.n_experts, 8);
+  EXPECT_EQ(mixtral.experts_per_token, 2);
+  EXPECT_EQ(mixtral.moe_router, MoeRouter::Softmax);
+  EXPECT_EQ(mixtral.moe_aux_loss_coef, 0.0);  // output_router_logits absent (false)
+  published["sliding_window"] = 4096;
+  expect_contains(error_message([&] { (void)model_config_from_hf_json(published); }), {"sliding_window", "4096"});
+  published["sliding_window"] = nullptr;
+  published["num_experts_per_tok"] = 9;
+  expect_contains(error_message([&] { (void)model_config_from_hf_json(published); }),
+                  {"experts_per_token: got 9", "1 to n_experts = 8"});
 }
 
 TEST(HfConfig, HfDefaultsApplyWhenOptionalKeysAreAbsent) {

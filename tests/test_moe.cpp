@@ -33,6 +33,11 @@ void fill(Parameter& p, uint64_t seed, float scale) {
 
 void fill_layer(MoeLayer& layer, uint64_t seed) {
   fill(layer.router, seed, 0.5f);
+  if (layer.spec().shared_experts > 0) {
+    fill(layer.shared_gate, seed + 101, 0.3f);
+    fill(layer.shared_up, seed + 102, 0.3f);
+    fill(layer.shared_down, seed + 103, 0.3f);
+  }
   for (size_t e = 0; e < layer.gate.size(); ++e) {
     fill(layer.gate[e], seed + 10 * e + 1, 0.3f);
     fill(layer.up[e], seed + 10 * e + 2, 0.3f);
@@ -118,6 +123,7 @@ struct MoeCase {
   MoeRouter router;
   double capacity_factor;
   const char* label;
+  int64_t shared_experts = 0;
 };
 
 class MoeLayerCases : public ::testing::TestWithParam<MoeCase> {};
@@ -128,7 +134,7 @@ class MoeLayerCases : public ::testing::TestWithParam<MoeCase> {};
 TEST_P(MoeLayerCases, GradientsMatchFiniteDifferences) {
   const MoeCase c = GetParam();
   constexpr int64_t rows = 6, dim = 5, experts = 4, k = 2, ffn = 3;
-  MoeLayer layer({dim, experts, k, ffn, c.router, c.capacity_factor}, "moe");
+  MoeLayer layer({dim, experts, k, ffn, c.shared_experts, c.router, c.capacity_factor}, "moe");
   fill_layer(layer, 17);
   if (c.router == MoeRouter::Sigmoid) layer.update_bias({3, 0, 6, 3}, 0.05f);  // bias [0, 0.05, -0.05, 0]
   std::vector<float> xv = random_vector(rows * dim, 7);
@@ -186,7 +192,7 @@ TEST_P(MoeLayerCases, GradientsMatchFiniteDifferences) {
 TEST_P(MoeLayerCases, MatchesPyTorch) {
   const MoeCase c = GetParam();
   constexpr int64_t rows = 12, dim = 8, experts = 4, k = 2, ffn = 6;
-  MoeLayer layer({dim, experts, k, ffn, c.router, c.capacity_factor}, "moe");
+  MoeLayer layer({dim, experts, k, ffn, c.shared_experts, c.router, c.capacity_factor}, "moe");
   fill_layer(layer, 23);
   if (c.router == MoeRouter::Sigmoid) layer.update_bias({1, 9, 4, 2}, 0.1f);  // bias [0.1, -0.1, 0, 0.1]
   const Tensor x = host({rows, dim}, random_vector(rows * dim, 5));
@@ -236,7 +242,8 @@ TEST_P(MoeLayerCases, MatchesPyTorch) {
 INSTANTIATE_TEST_SUITE_P(Routers, MoeLayerCases,
                          ::testing::Values(MoeCase{MoeRouter::Softmax, 0.0, "softmax"},
                                            MoeCase{MoeRouter::Sigmoid, 0.0, "sigmoid_bias"},
-                                           MoeCase{MoeRouter::Softmax, 0.75, "softmax_capacity"}),
+                                           MoeCase{MoeRouter::Softmax, 0.75, "softmax_capacity"},
+                                           MoeCase{MoeRouter::Softmax, 0.0, "softmax_shared", 1}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 // DeepSeek-V3's bias update: experts above the mean load lose `rate`, below gain it; the

@@ -101,12 +101,14 @@ INSTANTIATE_TEST_SUITE_P(Archs, ParityWithPyTorch, ::testing::Values(Architectur
                          [](const auto& info) { return std::string(architecture_name(info.param)); });
 
 // A tiny Mixtral (Llama attention, 4 SwiGLU experts per block, 2 per token) with its balancing
-// and z losses in the objective: softmax routing dropless (Mixtral's), and the sigmoid router
-// with a capacity that drops slots, against models.py's MixtralSparseMoeBlock.
+// and z losses in the objective: softmax routing dropless (Mixtral's), the sigmoid router with a
+// capacity that drops slots, and with a shared expert (DeepSeekMoE), against models.py's
+// MixtralSparseMoeBlock.
 struct MoeParityCase {
   MoeRouter router;
   double capacity_factor;
   const char* label;
+  int64_t shared_experts = 0;
 };
 class MoeParityWithPyTorch : public ::testing::TestWithParam<MoeParityCase> {};
 
@@ -119,6 +121,7 @@ TEST_P(MoeParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
   config.moe_z_loss_coef = 0.01;
   config.moe_router = GetParam().router;
   config.moe_capacity_factor = GetParam().capacity_factor;
+  config.n_shared_experts = GetParam().shared_experts;
   const std::string dir = (std::filesystem::temp_directory_path() /
                            ("loom_parity_moe_" + std::string(GetParam().label) + "_" + std::to_string(::getpid())))
                               .string();
@@ -129,7 +132,8 @@ TEST_P(MoeParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Routers, MoeParityWithPyTorch,
                          ::testing::Values(MoeParityCase{MoeRouter::Softmax, 0.0, "softmax"},
-                                           MoeParityCase{MoeRouter::Sigmoid, 0.75, "sigmoid_capacity"}),
+                                           MoeParityCase{MoeRouter::Sigmoid, 0.75, "sigmoid_capacity"},
+                                           MoeParityCase{MoeRouter::Sigmoid, 0.0, "sigmoid_shared", 1}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 }  // namespace

@@ -100,9 +100,10 @@ TEST(PlanMemory, LayoutsParseAndImpossibleOnesSayWhy) {
 // One process: the planner's engine figures equal the allocator's bytes, to the byte.
 TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
   for (const bool bf16 : {false, true}) {
-    ModelConfig mixtral = tiny_llama();  // 4 experts, 2 per token: the MoE stash as well
+    ModelConfig mixtral = tiny_llama();  // 4 experts, 2 per token, 1 shared: the MoE stash as well
     mixtral.n_experts = 4;
     mixtral.experts_per_token = 2;
+    mixtral.n_shared_experts = 1;  // and a shared expert
     for (const ModelConfig& config : {tiny_gpt2(), tiny_llama(), mixtral}) {
       for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
         const MemStats before = HostAllocator::instance().stats();

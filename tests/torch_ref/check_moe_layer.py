@@ -18,6 +18,7 @@ The reference:
   softmax router (HF MixtralSparseMoeBlock): p = softmax(logits); top-k of p; weights = p_sel / sum
   sigmoid router (DeepSeek-V3 sec. 2.1.2): s = sigmoid(logits); top-k of s + bias; weights = s_sel / sum
   expert i: w2(silu(w1 x) * w3 x); out_t = sum over its kept slots of weight * expert(x_t)
+  shared experts (when "shared_experts.w1.weight" is given): + w2(silu(w1 x) * w3 x) for every token
   capacity c > 0: expert i keeps its first ceil(c k T / E) slots in (token, slot) order
   aux = E * sum_i (slots routed to i / T) * mean_t affinity_ti   (HF load_balancing_loss_func;
         affinity: p for softmax, s / sum_e s for sigmoid; the counts carry no gradient)
@@ -54,6 +55,9 @@ def main(directory: str) -> int:
     w1 = [inputs[f"experts.{i}.w1.weight"].to(d).requires_grad_(True) for i in range(experts)]
     w3 = [inputs[f"experts.{i}.w3.weight"].to(d).requires_grad_(True) for i in range(experts)]
     w2 = [inputs[f"experts.{i}.w2.weight"].to(d).requires_grad_(True) for i in range(experts)]
+    shared = None
+    if "shared_experts.w1.weight" in inputs:  # DeepSeekMoE's always-on MLP
+        shared = [inputs[f"shared_experts.{n}.weight"].to(d).requires_grad_(True) for n in ("w1", "w3", "w2")]
     k, cf = int(config["top_k"]), float(config["capacity_factor"])
     tokens = x.shape[0]
 
@@ -83,6 +87,8 @@ def main(directory: str) -> int:
         h = x[rows]
         y = (torch.nn.functional.silu(h @ w1[i].T) * (h @ w3[i].T)) @ w2[i].T
         out = out.index_add(0, rows, y * weights[rows, cols].unsqueeze(1))
+    if shared is not None:
+        out = out + (torch.nn.functional.silu(x @ shared[0].T) * (x @ shared[1].T)) @ shared[2].T
     aux = experts * ((counts / tokens) * affinity.mean(dim=0)).sum()
     z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
     loss = (out * probe).sum() + config["aux_scale"] * aux + config["z_scale"] * z
@@ -109,6 +115,9 @@ def main(directory: str) -> int:
             for name, w in (("w1", w1[i]), ("w3", w3[i]), ("w2", w2[i])):
                 grad = w.grad if w.grad is not None else torch.zeros_like(w)
                 check(f"experts.{i}.{name}.weight", loom[f"experts.{i}.{name}.weight"], grad, 1e-4)
+        if shared is not None:
+            for name, w in zip(("w1", "w3", "w2"), shared):
+                check(f"shared_experts.{name}.weight", loom[f"shared_experts.{name}.weight"], w.grad, 1e-4)
     except KeyError as e:
         print(f"bad dump: missing {e}")
         return 2

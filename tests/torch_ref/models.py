@@ -83,6 +83,7 @@ class LlamaConfig:
     router_z_loss_coef: float = 0.0
     moe_router: str = "softmax"
     moe_capacity_factor: float = 0.0
+    n_shared_experts: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -165,6 +166,7 @@ def config_from_dict(d: dict) -> Config:
             if cfg.moe_router not in ("softmax", "sigmoid"):
                 raise ConfigError(f"mixtral: loom_moe_router {cfg.moe_router!r} (want softmax or sigmoid)")
             cfg.moe_capacity_factor = float(d.get("loom_moe_capacity_factor", 0.0))
+            cfg.n_shared_experts = int(d.get("n_shared_experts", 0) or 0)
             if float(d.get("loom_moe_bias_rate", 0.0)) != 0.0:
                 raise ConfigError("mixtral: loom_moe_bias_rate (selection-bias updates) is not in this reference")
         if c % h:
@@ -233,6 +235,12 @@ def expected_parameter_shapes(cfg: Config) -> Dict[str, Tuple[int, ...]]:
                     out[x + "w1.weight"] = (Fi, C)
                     out[x + "w3.weight"] = (Fi, C)
                     out[x + "w2.weight"] = (C, Fi)
+                if cfg.n_shared_experts:
+                    x = p + "block_sparse_moe.shared_experts."
+                    W = cfg.n_shared_experts * Fi
+                    out[x + "w1.weight"] = (W, C)
+                    out[x + "w3.weight"] = (W, C)
+                    out[x + "w2.weight"] = (C, W)
                 continue
             out[p + "mlp.gate_proj.weight"] = (Fi, C)
             out[p + "mlp.up_proj.weight"] = (Fi, C)
@@ -455,9 +463,9 @@ class LlamaMLP(nn.Module):
 
 
 class MixtralExpert(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, width_multiple: int = 1):
         super().__init__()
-        C, Fi = cfg.hidden_size, cfg.intermediate_size
+        C, Fi = cfg.hidden_size, width_multiple * cfg.intermediate_size
         self.w1 = nn.Linear(C, Fi, bias=False)  # gate
         self.w3 = nn.Linear(C, Fi, bias=False)  # up
         self.w2 = nn.Linear(Fi, C, bias=False)  # down
@@ -480,6 +488,9 @@ class MixtralSparseMoeBlock(nn.Module):
         self.cfg = cfg
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_local_experts, bias=False)
         self.experts = nn.ModuleList(MixtralExpert(cfg) for _ in range(cfg.num_local_experts))
+        # DeepSeekMoE's shared experts: one MLP n_shared x as wide, for every token, unweighted.
+        if cfg.n_shared_experts:
+            self.shared_experts = MixtralExpert(cfg, cfg.n_shared_experts)
         self.router_loss = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -509,6 +520,8 @@ class MixtralSparseMoeBlock(nn.Module):
             rows = torch.tensor([t for t, _ in slots])
             cols = torch.tensor([q for _, q in slots])
             out = out.index_add(0, rows, expert(x[rows]) * weights[rows, cols].unsqueeze(1))
+        if self.cfg.n_shared_experts:
+            out = out + self.shared_experts(x)
         aux = experts * ((counts / tokens) * affinity.mean(dim=0)).sum()
         z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
         self.router_loss = self.cfg.router_aux_loss_coef * aux + self.cfg.router_z_loss_coef * z

@@ -113,6 +113,7 @@ ModelConfig mixtral_from_hf(const HfConfigReader& hf) {
   config.moe_aux_loss_coef = hf.number_or("router_aux_loss_coef", 0.001);  // MixtralConfig default
   if (!hf.boolean_or("output_router_logits", false)) config.moe_aux_loss_coef = 0;  // transformers adds it only then
   config.moe_z_loss_coef = hf.number_or("router_z_loss_coef", 0.0);
+  config.n_shared_experts = hf.integer_or("n_shared_experts", 0);
   config.moe_router = parse_moe_router(hf.string_or("loom_moe_router", "softmax"));
   config.moe_capacity_factor = hf.number_or("loom_moe_capacity_factor", 0.0);
   config.moe_bias_rate = hf.number_or("loom_moe_bias_rate", 0.0);
@@ -164,6 +165,7 @@ json hf_config_json(const ModelConfig& config) {
   llama["output_router_logits"] = config.moe_aux_loss_coef > 0;
   llama["sliding_window"] = nullptr;
   llama["router_z_loss_coef"] = config.moe_z_loss_coef;
+  llama["n_shared_experts"] = config.n_shared_experts;
   llama["loom_moe_router"] = moe_router_name(config.moe_router);
   llama["loom_moe_capacity_factor"] = config.moe_capacity_factor;
   llama["loom_moe_bias_rate"] = config.moe_bias_rate;

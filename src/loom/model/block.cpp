@@ -39,6 +39,7 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, const ParallelPlan& pla
   spec.ffn_hidden = c.ffn_hidden;
   spec.router = c.moe_router;
   spec.capacity_factor = c.moe_capacity_factor;
+  spec.shared_experts = c.n_shared_experts;
   moe = std::make_unique<MoeLayer>(spec, prefix + ".block_sparse_moe");
   aux_loss_coef_ = static_cast<float>(c.moe_aux_loss_coef);
   z_loss_coef_ = static_cast<float>(c.moe_z_loss_coef);

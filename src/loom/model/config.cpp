@@ -54,6 +54,7 @@ int64_t ModelConfig::parameter_count() const {
   }
   // The MLP, or the experts and their router.
   per_layer += is_moe() ? n_experts * expert_parameter_count() + n_experts * c : expert_parameter_count();
+  if (is_moe()) per_layer += n_shared_experts * expert_parameter_count();  // one MLP n_shared x as wide
   int64_t total = vocab_size * c + n_layer * per_layer;
   total += arch == Architecture::GPT2 ? 2 * c : c;              // final norm
   if (arch == Architecture::GPT2) total += max_seq_len * c;     // wpe
@@ -88,6 +89,10 @@ void ModelConfig::validate() const {
     throw_error("model.experts_per_token: got ", experts_per_token, " for a dense model (n_experts = 0)");
   if (n_experts > 0 && (experts_per_token < 1 || experts_per_token > n_experts))
     throw_error("model.experts_per_token: got ", experts_per_token, ", expected 1 to n_experts = ", n_experts);
+  if (n_shared_experts < 0 || (n_shared_experts > 0 && n_experts == 0))
+    throw_error("model.n_shared_experts: got ", n_shared_experts, ", expected 0, or a count with model.n_experts > 0");
+  if (n_shared_experts > 0 && arch != Architecture::Llama)
+    throw_error("model.n_shared_experts: shared experts are Llama-style (SwiGLU) MLPs; model.arch is gpt2");
   for (const auto& [key, value] : {std::pair<const char*, double>{"moe_aux_loss_coef", moe_aux_loss_coef},
                                    {"moe_z_loss_coef", moe_z_loss_coef},
                                    {"moe_capacity_factor", moe_capacity_factor},

@@ -42,6 +42,9 @@ struct ModelConfig {
   // (SwiGLU) MoE models on one process so far; `loom plan` plans them at any scale.
   int64_t n_experts = 0;
   int64_t experts_per_token = 0;
+  // Shared experts (DeepSeekMoE, Dai et al. 2024): every token also runs through one SwiGLU MLP
+  // of n_shared_experts x ffn_hidden, unweighted, beside its routed experts.
+  int64_t n_shared_experts = 0;
   MoeRouter moe_router = MoeRouter::Softmax;
   double moe_aux_loss_coef = 0.01;   // weight of each MoE layer's switch balancing loss
   double moe_z_loss_coef = 0.0;      // weight of each MoE layer's router z-loss

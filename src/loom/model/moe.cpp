@@ -15,6 +15,7 @@ void MoeSpec::validate() const {
   if (top_k < 1 || top_k > experts)
     throw_error("mixture of experts: model.experts_per_token = ", top_k, ", expected 1 to model.n_experts = ", experts);
   if (ffn_hidden < 1) throw_error("mixture of experts: expert width ", ffn_hidden, ", expected >= 1");
+  if (shared_experts < 0) throw_error("mixture of experts: model.n_shared_experts = ", shared_experts, ", expected >= 0");
   if (!(capacity_factor >= 0) || !std::isfinite(capacity_factor))
     throw_error("mixture of experts: capacity factor ", capacity_factor,
                 ", expected > 0 (tokens per expert at most factor x k x tokens / experts) or 0 (dropless)");
@@ -39,6 +40,12 @@ MoeLayer::MoeLayer(const MoeSpec& spec, const std::string& prefix) : spec_(spec)
     allocate_parameter(down[static_cast<size_t>(e)], x + ".w2.weight", {spec.dim, spec.ffn_hidden}, true, false);
   }
   bias_.assign(static_cast<size_t>(spec.experts), 0.0f);
+  if (spec.shared_experts > 0) {
+    const int64_t w = spec.shared_experts * spec.ffn_hidden;
+    allocate_parameter(shared_gate, prefix + ".shared_experts.w1.weight", {w, spec.dim}, true, false);
+    allocate_parameter(shared_up, prefix + ".shared_experts.w3.weight", {w, spec.dim}, true, false);
+    allocate_parameter(shared_down, prefix + ".shared_experts.w2.weight", {spec.dim, w}, true, false);
+  }
 }
 
 namespace {
@@ -114,6 +121,15 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
     ops::linear_forward(s.expert_out.narrow_rows(begin, end), 0, act, down[i].value, nullptr);
   }
 
+  // The shared experts, for every token: their output starts the sum.
+  if (spec_.shared_experts > 0) {
+    const int64_t w = spec_.shared_experts * f;
+    s.shared_pre = activations({rows, 2 * w});
+    s.shared_act = activations({rows, w});
+    ops::linear_forward(s.shared_pre, 0, x, shared_gate.value, nullptr);
+    ops::linear_forward(s.shared_pre, w, x, shared_up.value, nullptr);
+    ops::swiglu_forward(s.shared_act, s.shared_pre);
+  }
   // Combine: each token's kept slots, weighted, in slot order.
   float* o = out.f32();
   const float* eo = s.expert_out.f32();
@@ -121,7 +137,7 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; ++t) {
     float* row = o + t * c;
-    std::fill(row, row + c, 0.0f);
+    std::fill(row, row + c, 0.0f);  // (the shared experts' output is added after)
     for (int64_t q = 0; q < k; ++q) {
       const int32_t p = s.position[static_cast<size_t>(t * k + q)];
       if (p < 0) continue;
@@ -129,6 +145,11 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
       const float* src = eo + int64_t{p} * c;
       for (int64_t j = 0; j < c; ++j) row[j] += weight * src[j];
     }
+  }
+  if (spec_.shared_experts > 0) {
+    const Tensor shared_out = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
+    ops::linear_forward(shared_out, 0, s.shared_act, shared_down.value, nullptr);
+    ops::add_into(out, shared_out);
   }
 }
 
@@ -183,6 +204,15 @@ void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x,
   cpu::moe_route_backward(args, d_logits.f32(), d_weights.f32(), s.logits.f32(), s.probs.f32(), s.selected.data(),
                           s.weights.f32(), s.counts.data(), aux_scale, z_scale);
   ops::linear_backward(d_x, false, router.grad, Tensor(), d_logits, 0, x, router.value);
+  // The shared experts' input gradient, added to the router's.
+  if (spec_.shared_experts > 0) {
+    const int64_t w = spec_.shared_experts * f;
+    const Tensor d_shared_act = workspace({rows, w}), d_shared_pre = workspace({rows, 2 * w});
+    ops::linear_backward(d_shared_act, false, shared_down.grad, Tensor(), d_out, 0, s.shared_act, shared_down.value);
+    ops::swiglu_backward(d_shared_pre, d_shared_act, s.shared_pre);
+    ops::linear_backward(d_x, true, shared_gate.grad, Tensor(), d_shared_pre, 0, x, shared_gate.value);
+    ops::linear_backward(d_x, true, shared_up.grad, Tensor(), d_shared_pre, w, x, shared_up.value);
+  }
   // Gather backward: every kept copy's gradient back to its token, in slot order.
   float* dx = d_x.f32();
   const float* dr = d_routed.f32();
@@ -202,6 +232,11 @@ void MoeLayer::collect(ParameterList& out) {
     out.push_back(&gate[e]);
     out.push_back(&up[e]);
     out.push_back(&down[e]);
+  }
+  if (spec_.shared_experts > 0) {
+    out.push_back(&shared_gate);
+    out.push_back(&shared_up);
+    out.push_back(&shared_down);
   }
 }
 

@@ -13,7 +13,8 @@
 // are not renormalised).
 //
 // Parameters under Mixtral's Hugging Face names, with `prefix` = "model.layers.N.block_sparse_moe":
-// gate.weight [E, C] (the router), experts.i.w1 (gate) and w3 (up) [F, C], w2 (down) [C, F].
+// gate.weight [E, C] (the router), experts.i.w1 (gate) and w3 (up) [F, C], w2 (down) [C, F];
+// shared experts (DeepSeekMoE) as shared_experts.w1 / w3 / w2, one MLP of S x F for every token.
 // Host f32 tensors so far.
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@ namespace loom {
 
 struct MoeSpec {
   int64_t dim = 0, experts = 0, top_k = 0, ffn_hidden = 0;
+  int64_t shared_experts = 0;  // one always-on SwiGLU MLP of shared_experts x ffn_hidden
   MoeRouter router = MoeRouter::Softmax;
   double capacity_factor = 0;  // 0: dropless
   // Throws loom::Error naming the field at fault.
@@ -49,6 +51,7 @@ struct MoeStash {
   Tensor pre;                      // [kept, 2F] gate | up
   Tensor act;                      // [kept, F]
   Tensor expert_out;               // [kept, C]
+  Tensor shared_pre, shared_act;   // shared experts: [rows, 2 S F] gate | up, [rows, S F]
   cpu::MoeRouterLosses losses;     // the balancing (aux) and z losses of these tokens
 };
 
@@ -75,6 +78,7 @@ class MoeLayer {
 
   Parameter router;                        // [E, C]
   std::vector<Parameter> gate, up, down;   // per expert: [F, C], [F, C], [C, F]
+  Parameter shared_gate, shared_up, shared_down;  // with shared experts: [S F, C], [S F, C], [C, S F]
 
  private:
   MoeSpec spec_;

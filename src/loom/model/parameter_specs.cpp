@@ -64,6 +64,13 @@ void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t la
       add(x + ".w3.weight", {f, h}, kColumns, true);
       add(x + ".w2.weight", {h, f}, kRows, true);
     }
+    if (c.n_shared_experts > 0) {  // one MLP for every token, held whole by every ep rank
+      const std::string x = p + ".block_sparse_moe.shared_experts";
+      const int64_t w = c.n_shared_experts * f;
+      add(x + ".w1.weight", {w, h}, kColumns);
+      add(x + ".w3.weight", {w, h}, kColumns);
+      add(x + ".w2.weight", {h, w}, kRows);
+    }
     return;
   }
   add(p + ".mlp.gate_proj.weight", {f, h}, kColumns);

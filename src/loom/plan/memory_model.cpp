@@ -37,7 +37,9 @@ LayerElements layer_elements(const ModelConfig& m) {
   // the router's logits and probabilities over the experts, and the k routing weights
   // (model/moe's MoeStash).
   const double k = m.is_moe() ? static_cast<double>(m.experts_per_token) : 1;
-  const double moe_extra = m.is_moe() ? 2 * k * h + 2 * static_cast<double>(m.n_experts) + k : 0;
+  // Shared experts add one always-on MLP of n_shared x f: its pre-activation and activation.
+  const double shared = m.is_moe() ? static_cast<double>(m.n_shared_experts) : 0;
+  const double moe_extra = m.is_moe() ? 2 * k * h + 2 * static_cast<double>(m.n_experts) + k + shared * (mlp_pre + f) : 0;
   LayerElements e;
   e.replicated_by_tp = h /*input*/ + 2 * (h + norm_stats) /*two norms*/ + h /*mid residual*/;
   e.split_by_tp = (h + 2.0 * static_cast<double>(m.kv_dim())) + k * mlp_pre + moe_extra;
@@ -171,7 +173,7 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
     // none in the recomputable set, which holds the attention output and log-sum-exps only.
     const double k = static_cast<double>(m.experts_per_token), f = static_cast<double>(m.ffn_hidden);
     stash_split = h + 2 * static_cast<double>(m.kv_dim()) + 2 * static_cast<double>(m.n_experts) + k +
-                  k * (2 * h + 3 * f);
+                  k * (2 * h + 3 * f) + static_cast<double>(m.n_shared_experts) * 3 * f;
     recomputable = h + static_cast<double>(m.n_head);
   }
   const double layers = static_cast<double>(m.n_layer);

@@ -43,6 +43,7 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.rope_theta = r.get_double("model.rope_theta", m.rope_theta);
   m.n_experts = r.get_int("model.n_experts", m.n_experts);
   m.experts_per_token = r.get_int("model.experts_per_token", m.experts_per_token);
+  m.n_shared_experts = r.get_int("model.n_shared_experts", m.n_shared_experts);
   m.moe_router = parse_moe_router(r.get_string("model.moe_router", moe_router_name(m.moe_router)));
   m.moe_aux_loss_coef = r.get_double("model.moe_aux_loss_coef", m.moe_aux_loss_coef);
   m.moe_z_loss_coef = r.get_double("model.moe_z_loss_coef", m.moe_z_loss_coef);

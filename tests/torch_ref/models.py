@@ -476,8 +476,8 @@ class MixtralExpert(nn.Module):
 
 class MixtralSparseMoeBlock(nn.Module):
     """HF MixtralSparseMoeBlock: softmax over the experts, top-k, weights renormalised over the
-    chosen k. Options beyond Mixtral: the sigmoid router (DeepSeek-V3: sigmoid scores, top-k,
-    normalised; no bias here), a capacity factor (an expert keeps its first ceil(c k T / E)
+    chosen k. Options beyond Mixtral: the sigmoid router (DeepSeek-V3: sigmoid scores, top-k of
+    scores + the `bias` buffer, which steers selection only; weights normalised), a capacity factor (an expert keeps its first ceil(c k T / E)
     (token, slot) pairs in token order), and the balancing and z losses per call:
       aux = E sum_i (slots routed to i / T) mean_t affinity_ti  (HF load_balancing_loss_func;
             affinity p for softmax, s / sum s for sigmoid; counts carry no gradient)
@@ -491,7 +491,8 @@ class MixtralSparseMoeBlock(nn.Module):
         # DeepSeekMoE's shared experts: one MLP n_shared x as wide, for every token, unweighted.
         if cfg.n_shared_experts:
             self.shared_experts = MixtralExpert(cfg, cfg.n_shared_experts)
-        self.router_loss = None
+        self.register_buffer("bias", torch.zeros(cfg.num_local_experts), persistent=False)
+        self.router_loss = self.aux = self.z = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -504,7 +505,8 @@ class MixtralSparseMoeBlock(nn.Module):
         else:
             probs = torch.sigmoid(logits)
             affinity = probs / probs.sum(dim=-1, keepdim=True)
-        selected = torch.topk(probs.detach(), k, dim=-1).indices
+        score = probs.detach() + (self.bias if self.cfg.moe_router == "sigmoid" else 0)
+        selected = torch.topk(score, k, dim=-1).indices
         chosen = probs.gather(1, selected)
         weights = chosen / chosen.sum(dim=-1, keepdim=True)
         cf = self.cfg.moe_capacity_factor
@@ -522,9 +524,9 @@ class MixtralSparseMoeBlock(nn.Module):
             out = out.index_add(0, rows, expert(x[rows]) * weights[rows, cols].unsqueeze(1))
         if self.cfg.n_shared_experts:
             out = out + self.shared_experts(x)
-        aux = experts * ((counts / tokens) * affinity.mean(dim=0)).sum()
-        z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
-        self.router_loss = self.cfg.router_aux_loss_coef * aux + self.cfg.router_z_loss_coef * z
+        self.aux = experts * ((counts / tokens) * affinity.mean(dim=0)).sum()
+        self.z = (torch.logsumexp(logits, dim=-1) ** 2).mean()
+        self.router_loss = self.cfg.router_aux_loss_coef * self.aux + self.cfg.router_z_loss_coef * self.z
         return out.reshape(shape)
 
 

@@ -158,7 +158,6 @@ void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x,
   require_host("the input gradient", d_x);
   require_host("the output gradient", d_out);
   const int64_t rows = s.rows, c = spec_.dim, n = spec_.experts, k = spec_.top_k, f = spec_.ffn_hidden;
-  const int64_t total = s.offsets.back();
   // Combine backward: each kept slot's output gradient is its weight x the token's, and each
   // weight's gradient the dot of the token's output gradient with its expert's output.
   const Tensor d_expert_out = workspace(s.expert_out.shape());  // every kept row is some slot's
@@ -216,7 +215,6 @@ void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x,
   // Gather backward: every kept copy's gradient back to its token, in slot order.
   float* dx = d_x.f32();
   const float* dr = d_routed.f32();
-  (void)total;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < rows; ++t)
     for (int64_t q = 0; q < k; ++q) {

@@ -117,16 +117,15 @@ class Transformer {
   struct MoeTotals {
     double aux = 0, z = 0, loss = 0;
     int64_t dropped = 0, routed = 0, layer_calls = 0;
-    std::vector<int64_t> counts;                     // per expert, all layers
     std::vector<std::vector<int64_t>> block_counts;  // per block of this rank, per expert
+    std::vector<int64_t> expert_counts() const;      // per expert, summed over the blocks
   };
   const MoeTotals& moe_totals() const { return moe_totals_; }
   void reset_moe_totals() { moe_totals_ = MoeTotals{}; }
-  // The trainer sums block_counts over replicas here before update_moe_bias().
-  MoeTotals& moe_totals_for_update() { return moe_totals_; }
-  // The sigmoid router's auxiliary-loss-free balancing: every MoE layer's selection bias steps
-  // by model.moe_bias_rate against the loads in moe_totals() (call once per optimizer step).
-  void update_moe_bias();
+  // The sigmoid router's auxiliary-loss-free balancing: every MoE block's selection bias steps
+  // by model.moe_bias_rate against its loads, `block_counts` as moe_totals() gives them (the
+  // trainer sums them over replicas first); call once per optimizer step.
+  void update_moe_bias(const std::vector<std::vector<int64_t>>& block_counts);
   // Every MoE layer's selection bias, [n_layer x n_experts] by global layer (zeros for layers
   // this rank does not hold), and the inverse, which sets the held layers'.
   std::vector<float> moe_biases() const;

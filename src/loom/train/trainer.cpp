@@ -273,13 +273,14 @@ nlohmann::json Trainer::step_record(const StepReport& report) const {
     record["moe_aux_loss"] = moe.aux / calls;
     record["moe_z_loss"] = moe.z / calls;
     record["moe_dropped_fraction"] = moe.routed > 0 ? static_cast<double>(moe.dropped) / static_cast<double>(moe.routed) : 0.0;
-    if (!moe.counts.empty()) {
+    const std::vector<int64_t> counts = moe.expert_counts();
+    if (!counts.empty()) {
       double sum = 0, most = 0, squares = 0;
-      for (int64_t c : moe.counts) sum += static_cast<double>(c), most = std::max(most, static_cast<double>(c));
-      const double mean = sum / static_cast<double>(moe.counts.size());
-      for (int64_t c : moe.counts) squares += (static_cast<double>(c) - mean) * (static_cast<double>(c) - mean);
+      for (int64_t c : counts) sum += static_cast<double>(c), most = std::max(most, static_cast<double>(c));
+      const double mean = sum / static_cast<double>(counts.size());
+      for (int64_t c : counts) squares += (static_cast<double>(c) - mean) * (static_cast<double>(c) - mean);
       record["moe_load_max_over_mean"] = mean > 0 ? most / mean : 0.0;
-      record["moe_load_cv"] = mean > 0 ? std::sqrt(squares / static_cast<double>(moe.counts.size())) / mean : 0.0;
+      record["moe_load_cv"] = mean > 0 ? std::sqrt(squares / static_cast<double>(counts.size())) / mean : 0.0;
     }
   }
   if (groups_.replicas) comm_record(*groups_.replicas, "comm");
@@ -309,15 +310,15 @@ double Trainer::from_last_stage(double value) const {
 // step's loads, counted over every replica (dp x cp), so all replicas keep the same bias.
 void Trainer::update_moe_bias() {
   if (config_.model.moe_bias_rate <= 0) return;
-  Transformer::MoeTotals& totals = model_->moe_totals_for_update();
+  std::vector<std::vector<int64_t>> block_counts = model_->moe_totals().block_counts;
   if (groups_.replica_size > 1)
-    for (std::vector<int64_t>& counts : totals.block_counts) {
+    for (std::vector<int64_t>& counts : block_counts) {
       if (counts.empty()) continue;
       std::vector<float> values(counts.begin(), counts.end());  // exact below 2^24 slots
       comm::all_reduce(*groups_.replicas, values.data(), static_cast<int64_t>(values.size()), ReduceOp::Sum)->wait();
       for (size_t e = 0; e < counts.size(); ++e) counts[e] = static_cast<int64_t>(values[e]);
     }
-  model_->update_moe_bias();
+  model_->update_moe_bias(block_counts);
 }
 
 double Trainer::mean_loss_over_ranks(double local_sum, double tokens) const {

@@ -107,3 +107,16 @@ import json; d = json.load(open('$OUT/moe.json'))
 print(f\"| MoE {d['experts']} x {d['expert_ffn']}, top-{d['top_k']} | {d['moe_ms']:.0f} | {d['moe_tokens_per_s']:.0f} | {d['moe_gflops']:.0f} | {d['busiest_expert_over_mean']:.2f} |\")
 print(f\"| dense SwiGLU {d['top_k'] * d['expert_ffn']} | {d['dense_ms']:.0f} | {d['dense_tokens_per_s']:.0f} | {d['dense_gflops']:.0f} | |\")
 print(f\"MoE / dense time: {d['moe_over_dense_time']:.2f}; SGEMM peak {d['sgemm_peak_gflops']:.0f} GFLOP/s\")"
+
+# Expert parallelism on 2 ranks (one core each, 2048 tokens per rank, the same MoE layer): every
+# expert on every rank (ep = 1, no all-to-all) against the experts spread (ep = 2), in one launch.
+echo
+echo "| ep | ranks | ms fwd+bwd | vs ep=1 | GFLOP/s per rank | all-to-all ms | all-to-all MB sent/rank | expert weights MB/rank |"
+echo "|---|---|---|---|---|---|---|---|"
+OMP_NUM_THREADS=1 mpirun --oversubscribe --allow-run-as-root -np 2 \
+  "$BUILD/bench/bench_expert_parallel" --steps "$STEPS" > "$OUT/ep_np2.json"
+/usr/bin/python3 -c "
+import json
+for line in open('$OUT/ep_np2.json'):
+    d = json.loads(line)
+    print(f\"| {d['ep']} | {d['ranks']} | {d['ms_per_step']:.0f} | {d['vs_ep1']:.2f}x | {d['gflops_per_rank']:.0f} | {d['a2a_ms_per_step']:.0f} | {d['a2a_mb_sent_per_rank']:.1f} | {d['expert_param_mb_per_rank']:.1f} |\")"

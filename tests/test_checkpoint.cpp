@@ -272,7 +272,7 @@ TEST(HfConfig, MixtralRoundTripsAndReadsAsPublished) {
   published["sliding_window"] = nullptr;
   published["num_experts_per_tok"] = 9;
   expect_contains(error_message([&] { (void)model_config_from_hf_json(published); }),
-                  {"experts_per_token: got 9", "1 to n_experts = 8"});
+                  {"experts_per_token: got 9", "1 to model.n_experts = 8"});
 }
 
 TEST(HfConfig, HfDefaultsApplyWhenOptionalKeysAreAbsent) {

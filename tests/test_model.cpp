@@ -161,7 +161,7 @@ TEST(Model, MixtureOfExpertsCountsSpecsAndActiveFlops) {
       EXPECT_EQ(names, spec_names);
     }
     config.experts_per_token = 5;
-    expect_contains(error_message([&] { config.validate(); }), {"experts_per_token: got 5, expected 1 to n_experts = 4"});
+    expect_contains(error_message([&] { config.validate(); }), {"experts_per_token: got 5, expected 1 to model.n_experts = 4"});
   }
 }
 

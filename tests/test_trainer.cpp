@@ -297,6 +297,23 @@ TEST(Trainer, MixtureOfExpertsLearnsLogsAndBalances) {
                   {"n_experts = 4", "CPU only"});
   expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_router=\"topk\""})); }),
                   {"model.moe_router", "'topk'", "softmax", "sigmoid"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"model.experts_per_token=5"})); }),
+                  {"model.experts_per_token: got 5", "1 to model.n_experts = 4"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_capacity_factor=-1"})); }),
+                  {"model.moe_capacity_factor: got -1", "0 (dropless"});
+  // Expert parallelism: before any rank is launched or anything built.
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"parallel.ep=3"})); }),
+                  {"parallel.ep", "4 experts do not split over ep=3"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"parallel.ep=2", "parallel.dp=3"})); }),
+                  {"parallel.ep", "ep=2 does not divide dp x cp = 3"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"parallel.ep=2", "parallel.dp=2", "parallel.zero_stage=3"})); }),
+                  {"parallel.zero_stage", "ZeRO-3", "use zero_stage 0, 1 or 2 with ep"});
+  expect_contains(error_message([&] { (void)parse(base, with_moe({"parallel.ep=2", "parallel.cp=2", "parallel.dp=1"})); }),
+                  {"parallel.ep", "ep=2 does not divide dp=1", "context-parallel"});
+  expect_contains(error_message([&] { (void)parse(base, {"parallel.ep=2"}); }),
+                  {"parallel.ep", "needs a mixture-of-experts model"});
+  expect_contains(error_message([&] { Trainer one(parse(base, with_moe({"parallel.ep=2"}))); }),
+                  {"parallel.ep = 2", "mpirun -np 2"});
 }
 
 TEST(TrainConfigTensorParallel, BadLayoutsAreRejectedWithWhatWorks) {

@@ -47,9 +47,10 @@ void report_trained_model(const TrainConfig& config, const TrainSummary& summary
     std::printf("validation loss %.4f vs unigram baseline %.4f nats/token (%.1f%% below)\n",
                 *summary.last_val_loss, unigram, 100.0 * (1.0 - *summary.last_val_loss / unigram));
   }
-  const bool partial_model = !model.is_whole() || model.plan().tp() > 1;
+  const bool partial_model = !model.is_whole() || model.plan().tp() > 1 || model.plan().expert_exchange() != nullptr;
   if (config.sample_tokens > 0 && !config.sample_prompt.empty() && partial_model) {
-    // Sampling runs on rank 0 alone, which holds a pipeline stage or a tensor-parallel shard.
+    // Sampling runs on rank 0 alone, which holds a pipeline stage, a tensor-parallel shard or
+    // some of the experts.
     std::printf("no samples: this rank holds part of the model; run `loom generate` on the last checkpoint\n");
   } else if (config.sample_tokens > 0 && !config.sample_prompt.empty()) {
     const Gpt2Tokenizer tokenizer = load_tokenizer(config.tokenizer_dir);

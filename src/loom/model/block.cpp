@@ -40,7 +40,15 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, const ParallelPlan& pla
   spec.router = c.moe_router;
   spec.capacity_factor = c.moe_capacity_factor;
   spec.shared_experts = c.n_shared_experts;
-  moe = std::make_unique<MoeLayer>(spec, prefix + ".block_sparse_moe");
+  ExpertExchange* exchange = plan.expert_exchange();
+  if (exchange != nullptr) {
+    spec.ep_rank = exchange->rank();
+    spec.ep_size = exchange->size();
+    if (c.n_experts % spec.ep_size != 0)
+      throw_error("model.n_experts = ", c.n_experts, " experts do not split over ep = ", spec.ep_size,
+                  ": use an ep that divides them");
+  }
+  moe = std::make_unique<MoeLayer>(spec, prefix + ".block_sparse_moe", exchange);
   aux_loss_coef_ = static_cast<float>(c.moe_aux_loss_coef);
   z_loss_coef_ = static_cast<float>(c.moe_z_loss_coef);
 }
@@ -107,6 +115,26 @@ ParameterList TransformerBlock::partial_grads() {
   if (mlp)
     for (Parameter* p : mlp->partial_grads()) out.push_back(p);
   return out;
+}
+
+std::vector<int64_t> TransformerBlock::parameter_slots() {
+  ParameterList mine;
+  collect(mine);
+  std::vector<int64_t> slots(mine.size());
+  for (size_t k = 0; k < slots.size(); ++k) slots[k] = static_cast<int64_t>(k);
+  if (!moe) return slots;
+  const int64_t before = static_cast<int64_t>(mine.size()) - static_cast<int64_t>(moe->parameter_slots().size());
+  const std::vector<int64_t> moe_slots = moe->parameter_slots();
+  for (size_t k = 0; k < moe_slots.size(); ++k) slots[static_cast<size_t>(before) + k] = before + moe_slots[k];
+  return slots;
+}
+
+int64_t TransformerBlock::whole_parameter_count() {
+  ParameterList mine;
+  collect(mine);
+  if (!moe) return static_cast<int64_t>(mine.size());
+  return static_cast<int64_t>(mine.size()) - static_cast<int64_t>(moe->parameter_slots().size()) +
+         moe->whole_parameter_count();
 }
 
 void TransformerBlock::collect(ParameterList& out) {

@@ -21,6 +21,11 @@ class TransformerBlock {
                 BlockStash& stash, BlockGradScratch& scratch, Recompute recompute, int64_t batch,
                 int64_t seq_len);
   void collect(ParameterList& out);
+  // Where each collected parameter sits in the whole block's order, and how many the whole
+  // block has: they differ under expert parallelism, where a rank holds some experts only.
+  // The initialisation streams follow the whole block's order, so every ep draws the same.
+  std::vector<int64_t> parameter_slots();
+  int64_t whole_parameter_count();
   // Under sequence parallelism, the parameters applied to this rank's rows only (norms,
   // row-parallel biases), whose gradients the model sums over tp; else none.
   ParameterList partial_grads();

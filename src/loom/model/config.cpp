@@ -88,14 +88,18 @@ void ModelConfig::validate() const {
   if (n_experts == 0 && experts_per_token != 0)
     throw_error("model.experts_per_token: got ", experts_per_token, " for a dense model (n_experts = 0)");
   if (n_experts > 0 && (experts_per_token < 1 || experts_per_token > n_experts))
-    throw_error("model.experts_per_token: got ", experts_per_token, ", expected 1 to n_experts = ", n_experts);
+    throw_error("model.experts_per_token: got ", experts_per_token, ", expected 1 to model.n_experts = ", n_experts,
+                " (a token goes to that many distinct experts)");
+  if (!(moe_capacity_factor >= 0) || !std::isfinite(moe_capacity_factor))
+    throw_error("model.moe_capacity_factor: got ", moe_capacity_factor, ", expected > 0 (an expert takes at most "
+                "factor x experts_per_token x tokens / n_experts of a micro-batch's tokens, the rest are dropped) or "
+                "0 (dropless, the default)");
   if (n_shared_experts < 0 || (n_shared_experts > 0 && n_experts == 0))
     throw_error("model.n_shared_experts: got ", n_shared_experts, ", expected 0, or a count with model.n_experts > 0");
   if (n_shared_experts > 0 && arch != Architecture::Llama)
     throw_error("model.n_shared_experts: shared experts are Llama-style (SwiGLU) MLPs; model.arch is gpt2");
   for (const auto& [key, value] : {std::pair<const char*, double>{"moe_aux_loss_coef", moe_aux_loss_coef},
                                    {"moe_z_loss_coef", moe_z_loss_coef},
-                                   {"moe_capacity_factor", moe_capacity_factor},
                                    {"moe_bias_rate", moe_bias_rate}})
     if (!(value >= 0) || !std::isfinite(value)) throw_error("model.", key, ": got ", value, ", expected a finite value >= 0");
   if (moe_bias_rate > 0 && moe_router != MoeRouter::Sigmoid)

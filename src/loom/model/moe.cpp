@@ -27,17 +27,25 @@ int64_t MoeSpec::capacity(int64_t rows) const {
       std::ceil(capacity_factor * static_cast<double>(top_k * rows) / static_cast<double>(experts)));
 }
 
-MoeLayer::MoeLayer(const MoeSpec& spec, const std::string& prefix) : spec_(spec) {
+MoeLayer::MoeLayer(const MoeSpec& spec, const std::string& prefix, ExpertExchange* exchange)
+    : spec_(spec), exchange_(exchange) {
   spec_.validate();
+  if (spec_.ep_size > 1 && (exchange_ == nullptr || exchange_->size() != spec_.ep_size ||
+                            exchange_->rank() != spec_.ep_rank))
+    throw_error("mixture of experts: expert parallelism over ", spec_.ep_size,
+                " ranks needs an exchange over that group (rank ", spec_.ep_rank, ")");
   allocate_parameter(router, prefix + ".gate.weight", {spec.experts, spec.dim}, true, false);
-  gate.resize(static_cast<size_t>(spec.experts));
+  const int64_t local = spec_.local_experts();
+  gate.resize(static_cast<size_t>(local));
   up.resize(gate.size());
   down.resize(gate.size());
-  for (int64_t e = 0; e < spec.experts; ++e) {
-    const std::string x = prefix + ".experts." + std::to_string(e);
-    allocate_parameter(gate[static_cast<size_t>(e)], x + ".w1.weight", {spec.ffn_hidden, spec.dim}, true, false);
-    allocate_parameter(up[static_cast<size_t>(e)], x + ".w3.weight", {spec.ffn_hidden, spec.dim}, true, false);
-    allocate_parameter(down[static_cast<size_t>(e)], x + ".w2.weight", {spec.dim, spec.ffn_hidden}, true, false);
+  for (int64_t i = 0; i < local; ++i) {
+    const auto l = static_cast<size_t>(i);
+    const std::string x = prefix + ".experts." + std::to_string(spec_.first_expert() + i);
+    allocate_parameter(gate[l], x + ".w1.weight", {spec.ffn_hidden, spec.dim}, true, false);
+    allocate_parameter(up[l], x + ".w3.weight", {spec.ffn_hidden, spec.dim}, true, false);
+    allocate_parameter(down[l], x + ".w2.weight", {spec.dim, spec.ffn_hidden}, true, false);
+    gate[l].expert_sharded = up[l].expert_sharded = down[l].expert_sharded = spec_.ep_size > 1;
   }
   bias_.assign(static_cast<size_t>(spec.experts), 0.0f);
   if (spec.shared_experts > 0) {
@@ -46,6 +54,17 @@ MoeLayer::MoeLayer(const MoeSpec& spec, const std::string& prefix) : spec_(spec)
     allocate_parameter(shared_up, prefix + ".shared_experts.w3.weight", {w, spec.dim}, true, false);
     allocate_parameter(shared_down, prefix + ".shared_experts.w2.weight", {spec.dim, w}, true, false);
   }
+}
+
+int64_t MoeLayer::whole_parameter_count() const { return 1 + 3 * spec_.experts + (spec_.shared_experts > 0 ? 3 : 0); }
+
+std::vector<int64_t> MoeLayer::parameter_slots() const {
+  std::vector<int64_t> slots{0};
+  for (int64_t i = 0; i < spec_.local_experts(); ++i)
+    for (int64_t w = 0; w < 3; ++w) slots.push_back(1 + 3 * (spec_.first_expert() + i) + w);
+  if (spec_.shared_experts > 0)
+    for (int64_t w = 0; w < 3; ++w) slots.push_back(1 + 3 * spec_.experts + w);
+  return slots;
 }
 
 namespace {
@@ -60,6 +79,25 @@ void require_host(const char* what, const Tensor& t) {
 // gather of every kept slot), so none needs clearing.
 Tensor activations(const Shape& shape) { return Tensor::empty(shape, DType::F32, MemCategory::Activations); }
 Tensor workspace(const Shape& shape) { return Tensor::empty(shape, DType::F32, MemCategory::Workspace); }
+
+// Under expert parallelism the rows a rank received arrive source rank by source rank (and,
+// within a source, expert by expert); the experts want them expert by expert. Moves rows of
+// `width` floats between the two orders: source-major to expert-major, or back.
+void regroup(const float* in, float* out, const MoeStash& s, int64_t width, bool to_expert_major) {
+  const auto ranks = static_cast<int64_t>(s.recv_rows.size());
+  const int64_t local = static_cast<int64_t>(s.local_offsets.size()) - 1;
+  int64_t source_row = 0;
+  for (int64_t src = 0; src < ranks; ++src)
+    for (int64_t e = 0; e < local; ++e) {
+      int64_t expert_row = s.local_offsets[static_cast<size_t>(e)];
+      for (int64_t before = 0; before < src; ++before) expert_row += s.recv_counts[static_cast<size_t>(e * ranks + before)];
+      const int64_t n = s.recv_counts[static_cast<size_t>(e * ranks + src)];
+      const float* from = in + (to_expert_major ? source_row : expert_row) * width;
+      float* to = out + (to_expert_major ? expert_row : source_row) * width;
+      std::copy(from, from + n * width, to);
+      source_row += n;
+    }
+}
 
 }  // namespace
 
@@ -98,27 +136,26 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
     if (next[e] < s.offsets[e + 1]) s.position[static_cast<size_t>(slot)] = static_cast<int32_t>(next[e]++);
   }
 
-  s.routed_input = activations({std::max<int64_t>(total, 1), c});
-  s.pre = activations({std::max<int64_t>(total, 1), 2 * f});
-  s.act = activations({std::max<int64_t>(total, 1), f});
-  s.expert_out = activations({std::max<int64_t>(total, 1), c});
+  // The tokens' kept copies, expert by expert.
+  const bool parallel = spec_.ep_size > 1;
+  const Tensor gathered = parallel ? workspace({std::max<int64_t>(total, 1), c}) : activations({std::max<int64_t>(total, 1), c});
   const float* xs = x.f32();
-  float* routed = s.routed_input.f32();
+  float* routed = gathered.f32();
   for (int64_t slot = 0; slot < rows * k; ++slot)
     if (const int32_t p = s.position[static_cast<size_t>(slot)]; p >= 0)
       std::copy(xs + (slot / k) * c, xs + (slot / k + 1) * c, routed + p * c);
-
-  // One GEMM per expert over its rows: gate | up, SwiGLU, down.
-  for (int64_t e = 0; e < n; ++e) {
-    const int64_t begin = s.offsets[static_cast<size_t>(e)], end = s.offsets[static_cast<size_t>(e + 1)];
-    if (begin == end) continue;
-    const auto i = static_cast<size_t>(e);
-    const Tensor in = s.routed_input.narrow_rows(begin, end), pre = s.pre.narrow_rows(begin, end);
-    ops::linear_forward(pre, 0, in, gate[i].value, nullptr);
-    ops::linear_forward(pre, f, in, up[i].value, nullptr);
-    const Tensor act = s.act.narrow_rows(begin, end);
-    ops::swiglu_forward(act, pre);
-    ops::linear_forward(s.expert_out.narrow_rows(begin, end), 0, act, down[i].value, nullptr);
+  s.expert_out = activations({std::max<int64_t>(total, 1), c});
+  if (!parallel) {
+    s.routed_input = gathered;
+    s.local_offsets = s.offsets;
+    run_experts(s.expert_out, s);
+  } else {
+    plan_exchange(s, kept);
+    s.routed_input = activations({std::max<int64_t>(s.local_offsets.back(), 1), c});
+    dispatch(gathered, s.routed_input, s);
+    const Tensor local_out = workspace(s.routed_input.shape());
+    run_experts(local_out, s);
+    bring_home(local_out, s.expert_out, s);
   }
 
   // The shared experts, for every token: their output starts the sum.
@@ -153,6 +190,76 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
   }
 }
 
+void MoeLayer::plan_exchange(MoeStash& s, const std::vector<int64_t>& kept) const {
+  const int ranks = spec_.ep_size;
+  const int64_t local = spec_.local_experts();
+  s.send_rows.assign(static_cast<size_t>(ranks), 0);
+  for (int j = 0; j < ranks; ++j)
+    s.send_rows[static_cast<size_t>(j)] =
+        s.offsets[static_cast<size_t>((j + 1) * local)] - s.offsets[static_cast<size_t>(j * local)];
+  const std::vector<int64_t> received = exchange_->exchange_counts(kept, local);  // [source][local expert]
+  s.recv_counts.assign(static_cast<size_t>(local * ranks), 0);
+  s.recv_rows.assign(static_cast<size_t>(ranks), 0);
+  s.local_offsets.assign(static_cast<size_t>(local + 1), 0);
+  for (int src = 0; src < ranks; ++src)
+    for (int64_t e = 0; e < local; ++e) {
+      const int64_t rows_in = received[static_cast<size_t>(src * local + e)];
+      s.recv_counts[static_cast<size_t>(e * ranks + src)] = rows_in;
+      s.recv_rows[static_cast<size_t>(src)] += rows_in;
+      s.local_offsets[static_cast<size_t>(e + 1)] += rows_in;
+    }
+  for (int64_t e = 0; e < local; ++e)
+    s.local_offsets[static_cast<size_t>(e + 1)] += s.local_offsets[static_cast<size_t>(e)];
+}
+
+void MoeLayer::dispatch(const Tensor& home, const Tensor& at_experts, const MoeStash& s) const {
+  const int64_t c = home.size(1);
+  const Tensor inbox = workspace(at_experts.shape());
+  exchange_->exchange_rows(home.f32(), s.send_rows, inbox.f32(), s.recv_rows, c);
+  regroup(inbox.f32(), at_experts.f32(), s, c, true);
+}
+
+void MoeLayer::bring_home(const Tensor& at_experts, const Tensor& home, const MoeStash& s) const {
+  const int64_t c = home.size(1);
+  const Tensor outbox = workspace(at_experts.shape());
+  regroup(at_experts.f32(), outbox.f32(), s, c, false);
+  exchange_->exchange_rows(outbox.f32(), s.recv_rows, home.f32(), s.send_rows, c);
+}
+
+void MoeLayer::run_experts(const Tensor& out, MoeStash& s) const {
+  const int64_t f = spec_.ffn_hidden, rows = s.routed_input.size(0);
+  s.pre = activations({rows, 2 * f});
+  s.act = activations({rows, f});
+  // One GEMM per expert over its rows: gate | up, SwiGLU, down.
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const int64_t begin = s.local_offsets[i], end = s.local_offsets[i + 1];
+    if (begin == end) continue;
+    const Tensor in = s.routed_input.narrow_rows(begin, end), pre = s.pre.narrow_rows(begin, end);
+    ops::linear_forward(pre, 0, in, gate[i].value, nullptr);
+    ops::linear_forward(pre, f, in, up[i].value, nullptr);
+    const Tensor act = s.act.narrow_rows(begin, end);
+    ops::swiglu_forward(act, pre);
+    ops::linear_forward(out.narrow_rows(begin, end), 0, act, down[i].value, nullptr);
+  }
+}
+
+void MoeLayer::run_experts_backward(const Tensor& d_in, const Tensor& d_out, const MoeStash& s) {
+  const int64_t f = spec_.ffn_hidden;
+  const Tensor d_act = workspace(s.act.shape());
+  const Tensor d_pre = workspace(s.pre.shape());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const int64_t begin = s.local_offsets[i], end = s.local_offsets[i + 1];
+    if (begin == end) continue;
+    const Tensor da = d_act.narrow_rows(begin, end), dp = d_pre.narrow_rows(begin, end);
+    const Tensor in = s.routed_input.narrow_rows(begin, end), din = d_in.narrow_rows(begin, end);
+    ops::linear_backward(da, false, down[i].grad, Tensor(), d_out.narrow_rows(begin, end), 0,
+                         s.act.narrow_rows(begin, end), down[i].value);
+    ops::swiglu_backward(dp, da, s.pre.narrow_rows(begin, end));
+    ops::linear_backward(din, false, gate[i].grad, Tensor(), dp, 0, in, gate[i].value);
+    ops::linear_backward(din, true, up[i].grad, Tensor(), dp, f, in, up[i].value);
+  }
+}
+
 void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x, const MoeStash& s, float aux_scale,
                         float z_scale) {
   require_host("the input gradient", d_x);
@@ -181,21 +288,16 @@ void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x,
         dw[t * k + q] = static_cast<float>(dot);
       }
   }
-  // Experts backward, one GEMM each.
-  const Tensor d_act = workspace(s.act.shape());
-  const Tensor d_pre = workspace(s.pre.shape());
-  const Tensor d_routed = workspace(s.routed_input.shape());
-  for (int64_t e = 0; e < n; ++e) {
-    const int64_t begin = s.offsets[static_cast<size_t>(e)], end = s.offsets[static_cast<size_t>(e + 1)];
-    if (begin == end) continue;
-    const auto i = static_cast<size_t>(e);
-    const Tensor da = d_act.narrow_rows(begin, end), dp = d_pre.narrow_rows(begin, end);
-    const Tensor in = s.routed_input.narrow_rows(begin, end), din = d_routed.narrow_rows(begin, end);
-    ops::linear_backward(da, false, down[i].grad, Tensor(), d_expert_out.narrow_rows(begin, end), 0,
-                         s.act.narrow_rows(begin, end), down[i].value);
-    ops::swiglu_backward(dp, da, s.pre.narrow_rows(begin, end));
-    ops::linear_backward(din, false, gate[i].grad, Tensor(), dp, 0, in, gate[i].value);
-    ops::linear_backward(din, true, up[i].grad, Tensor(), dp, f, in, up[i].value);
+  // Experts backward, one GEMM each; under expert parallelism on the experts' holders, the
+  // output gradients sent there and the input gradients brought back as the forward did.
+  const Tensor d_routed = workspace(s.expert_out.shape());
+  if (spec_.ep_size == 1) {
+    run_experts_backward(d_routed, d_expert_out, s);
+  } else {
+    const Tensor d_local_out = workspace(s.routed_input.shape()), d_local_in = workspace(s.routed_input.shape());
+    dispatch(d_expert_out, d_local_out, s);
+    run_experts_backward(d_local_in, d_local_out, s);
+    bring_home(d_local_in, d_routed, s);
   }
   // The router: d_logits from the weights' gradient and the two losses, then into x.
   const Tensor d_logits = workspace({rows, n});

@@ -16,6 +16,18 @@
 // gate.weight [E, C] (the router), experts.i.w1 (gate) and w3 (up) [F, C], w2 (down) [C, F];
 // shared experts (DeepSeekMoE) as shared_experts.w1 / w3 / w2, one MLP of S x F for every token.
 // Host f32 tensors so far.
+//
+// Expert parallelism (GShard, Lepikhin et al. 2020; Megatron-Core's token dispatcher): the ep
+// ranks of a group each hold E / ep consecutive experts (rank r: experts r E/ep ...) and their
+// own tokens. Every rank routes its tokens against all E experts (the router is replicated),
+// applies the capacity to its own tokens, and sends each expert's rows to the rank holding it
+// with an all-to-all(v) (the per-expert row counts are exchanged first); the holder regroups
+// what it received expert by expert, runs each expert once over all its rows, and the reverse
+// all-to-all brings the outputs home, where the router's weights combine them. Backward runs
+// the same exchanges the other way. An expert's parameters exist on its holder only
+// (Parameter::expert).
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,15 +38,33 @@
 
 namespace loom {
 
+// The all-to-all of expert parallelism as the MoE layer sees it; parallel/expert_parallel
+// runs it over the ep process group. Every rank of the group calls each method in the same order.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // send[j] values go to rank j; returns what each rank j sent here (all equal length).
+  virtual std::vector<int64_t> exchange_counts(std::span<const int64_t> send, int64_t per_rank) = 0;
+  // Rows of `width` floats: the first send_rows[0] rows of `in` go to rank 0, the next
+  // send_rows[1] to rank 1, ...; `out` receives recv_rows[j] rows from rank j, in rank order.
+  virtual void exchange_rows(const float* in, std::span<const int64_t> send_rows, float* out,
+                             std::span<const int64_t> recv_rows, int64_t width) = 0;
+};
+
 struct MoeSpec {
   int64_t dim = 0, experts = 0, top_k = 0, ffn_hidden = 0;
   int64_t shared_experts = 0;  // one always-on SwiGLU MLP of shared_experts x ffn_hidden
   MoeRouter router = MoeRouter::Softmax;
   double capacity_factor = 0;  // 0: dropless
+  int ep_rank = 0, ep_size = 1;  // expert parallelism: this rank holds experts [first, first + local)
   // Throws loom::Error naming the field at fault.
   void validate() const;
   // Rows one expert takes at most for `rows` tokens (rows x k when dropless).
   int64_t capacity(int64_t rows) const;
+  int64_t local_experts() const { return experts / ep_size; }
+  int64_t first_expert() const { return ep_rank * local_experts(); }
 };
 
 // What the forward keeps for the backward, and what it saw.
@@ -47,18 +77,30 @@ struct MoeStash {
   std::vector<int64_t> offsets;    // [E + 1] kept rows of each expert in the routed buffers
   std::vector<int32_t> position;   // [rows, k] row of slot (t, s) in the routed buffers, -1 dropped
   int64_t dropped = 0;             // slots dropped by the capacity
-  Tensor routed_input;             // [kept, C] the tokens' copies, expert by expert
-  Tensor pre;                      // [kept, 2F] gate | up
-  Tensor act;                      // [kept, F]
-  Tensor expert_out;               // [kept, C]
+  // The experts' inputs, expert by expert: the tokens' kept copies [kept, C]; under expert
+  // parallelism the rows this rank's experts received [received, C], regrouped by expert.
+  Tensor routed_input;
+  Tensor pre;                      // [rows of routed_input, 2F] gate | up
+  Tensor act;                      // [rows of routed_input, F]
+  Tensor expert_out;               // [kept, C], back home in the routed order
+  // Expert parallelism: rows sent to / received from each ep rank, and for every local expert
+  // and source rank how many rows it received (local expert major: [local experts][ep]).
+  std::vector<int64_t> send_rows, recv_rows, recv_counts;
+  std::vector<int64_t> local_offsets;  // [local experts + 1] rows of each in routed_input
   Tensor shared_pre, shared_act;   // shared experts: [rows, 2 S F] gate | up, [rows, S F]
   cpu::MoeRouterLosses losses;     // the balancing (aux) and z losses of these tokens
 };
 
 class MoeLayer {
  public:
-  MoeLayer(const MoeSpec& spec, const std::string& prefix);
+  // Under expert parallelism (spec.ep_size > 1) only this rank's experts are built, and
+  // `exchange` moves the rows; it must outlive the layer.
+  MoeLayer(const MoeSpec& spec, const std::string& prefix, ExpertExchange* exchange = nullptr);
   const MoeSpec& spec() const { return spec_; }
+  // Where each collected parameter sits in the whole layer's collect order (router, every
+  // expert's w1 w3 w2, the shared experts): its initialisation stream, the same on every ep.
+  std::vector<int64_t> parameter_slots() const;
+  int64_t whole_parameter_count() const;
 
   // out [rows, C] = sum over each token's kept slots of weight x expert(x). x [rows, C].
   void forward(const Tensor& out, const Tensor& x, MoeStash& stash) const;
@@ -67,6 +109,15 @@ class MoeLayer {
   void backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x, const MoeStash& stash, float aux_scale,
                 float z_scale);
   void collect(ParameterList& out);
+
+  // Expert parallelism's three steps, which forward and backward use (public for tests):
+  // plan_exchange sends every holder the counts of the rows it will get (`kept` per expert, the
+  // routed order of s.offsets) and fills s's send/receive layout; dispatch moves rows in the
+  // routed order ([kept, C], home) to the holders, expert by expert ([received, C]);
+  // bring_home moves such rows back to the routed order. Collective over the ep group.
+  void plan_exchange(MoeStash& s, const std::vector<int64_t>& kept) const;
+  void dispatch(const Tensor& home, const Tensor& at_experts, const MoeStash& s) const;
+  void bring_home(const Tensor& at_experts, const Tensor& home, const MoeStash& s) const;
 
   // Auxiliary-loss-free balancing (DeepSeek-V3, sec. 2.1.2): the selection bias of an expert
   // that got more than the mean load falls by `rate`, one that got less rises by it. `counts`
@@ -77,11 +128,17 @@ class MoeLayer {
   void set_bias(const std::vector<float>& bias);
 
   Parameter router;                        // [E, C]
-  std::vector<Parameter> gate, up, down;   // per expert: [F, C], [F, C], [C, F]
+  std::vector<Parameter> gate, up, down;   // per local expert: [F, C], [F, C], [C, F]
   Parameter shared_gate, shared_up, shared_down;  // with shared experts: [S F, C], [S F, C], [C, S F]
 
  private:
+  // The experts over their routed rows, in place in the stash: s.pre, s.act and `out`, one
+  // GEMM each over s.local_offsets.
+  void run_experts(const Tensor& out, MoeStash& s) const;
+  void run_experts_backward(const Tensor& d_in, const Tensor& d_out, const MoeStash& s);
+
   MoeSpec spec_;
+  ExpertExchange* exchange_ = nullptr;
   std::vector<float> bias_;  // [E] selection bias (sigmoid router), not a trained parameter
 };
 

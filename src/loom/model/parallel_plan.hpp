@@ -18,6 +18,8 @@
 
 namespace loom {
 
+class ExpertExchange;  // model/moe.hpp
+
 // One projection of a fan-out layer: its HF name (without ".weight") and its output width, as
 // the widths of the tensors it fuses (GPT-2's c_attn = {C, C, C} for q|k|v), each of which
 // tensor parallelism splits on its own.
@@ -114,6 +116,15 @@ class ParallelPlan {
   // rank's rows only (norms, row-parallel biases, the position table) gets a partial gradient;
   // the model calls this once per backward on gradients holding that backward's part alone.
   virtual void sum_partial_grads(const ParameterList& params) const { (void)params; }
+
+  // Expert parallelism, on any plan: the exchange over the ep group that mixture-of-experts
+  // layers dispatch their tokens through (null: every expert on this rank). Set before the
+  // model is built.
+  void set_expert_exchange(std::shared_ptr<ExpertExchange> exchange) { expert_exchange_ = std::move(exchange); }
+  ExpertExchange* expert_exchange() const { return expert_exchange_.get(); }
+
+ private:
+  std::shared_ptr<ExpertExchange> expert_exchange_;
 };
 
 // The one-process plan, shared by every model that is not given another.

@@ -38,6 +38,10 @@ struct Parameter {
   // token embedding): its gradient is summed with the owner's, and the owner alone counts it
   // in the gradient norm and writes it to checkpoints.
   bool pipeline_copy = false;
+  // A routed expert's weight under expert parallelism: held by one rank of the ep group (the
+  // others hold other experts), so its gradient is averaged over the expert-data-parallel
+  // ranks (dp x cp) instead of every replica, and its square counts once per ep rank in the norm.
+  bool expert_sharded = false;
 };
 
 using ParameterList = std::vector<Parameter*>;

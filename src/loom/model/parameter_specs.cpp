@@ -19,8 +19,8 @@ constexpr int kColumns = 0, kRows = 1, kWhole = -1;
 
 void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t layer) {
   const int64_t unit = layer + 1, h = c.n_embd, f = c.ffn_hidden;
-  auto add = [&](const std::string& name, Shape shape, int tp_dim, bool expert = false) {
-    out.push_back({name, std::move(shape), unit, expert, tp_dim, ModelPart::Block});
+  auto add = [&](const std::string& name, Shape shape, int tp_dim, int64_t expert = -1) {
+    out.push_back({name, std::move(shape), unit, expert >= 0, tp_dim, ModelPart::Block, expert});
   };
   if (c.arch == Architecture::GPT2) {
     const std::string p = "transformer.h." + std::to_string(layer);
@@ -36,10 +36,10 @@ void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t la
       add(p + ".mlp.router.weight", {c.n_experts, h}, kWhole);
       for (int64_t e = 0; e < c.n_experts; ++e) {
         const std::string x = p + ".mlp.experts." + std::to_string(e);
-        add(x + ".c_fc.weight", {f, h}, kColumns, true);
-        add(x + ".c_fc.bias", {f}, kColumns, true);
-        add(x + ".c_proj.weight", {h, f}, kRows, true);
-        add(x + ".c_proj.bias", {h}, kWhole, true);
+        add(x + ".c_fc.weight", {f, h}, kColumns, e);
+        add(x + ".c_fc.bias", {f}, kColumns, e);
+        add(x + ".c_proj.weight", {h, f}, kRows, e);
+        add(x + ".c_proj.bias", {h}, kWhole, e);
       }
       return;
     }
@@ -60,9 +60,9 @@ void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t la
     add(p + ".block_sparse_moe.gate.weight", {c.n_experts, h}, kWhole);
     for (int64_t e = 0; e < c.n_experts; ++e) {
       const std::string x = p + ".block_sparse_moe.experts." + std::to_string(e);
-      add(x + ".w1.weight", {f, h}, kColumns, true);
-      add(x + ".w3.weight", {f, h}, kColumns, true);
-      add(x + ".w2.weight", {h, f}, kRows, true);
+      add(x + ".w1.weight", {f, h}, kColumns, e);
+      add(x + ".w3.weight", {f, h}, kColumns, e);
+      add(x + ".w2.weight", {h, f}, kRows, e);
     }
     if (c.n_shared_experts > 0) {  // one MLP for every token, held whole by every ep rank
       const std::string x = p + ".block_sparse_moe.shared_experts";

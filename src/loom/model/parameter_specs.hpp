@@ -29,6 +29,8 @@ struct ParameterSpec {
   // GPT-2's position table, a router).
   int tp_dim = -1;
   ModelPart part = ModelPart::Block;
+  int64_t expert_index = -1;  // which expert of its layer (expert weights only); ep rank
+                              // e holds experts [e E/ep, (e + 1) E/ep)
 
   int64_t numel() const { return shape_numel(shape); }
   // Elements tp rank `rank` of `tp` holds: its block of tp_dim (the last block may be short).

@@ -65,9 +65,9 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
       blocks.back()->attention.set_layout(layout_);
       ParameterList& mine = block_parameters_.emplace_back();
       blocks.back()->collect(mine);
-      per_block = static_cast<int64_t>(mine.size());
-      for (size_t k = 0; k < mine.size(); ++k)
-        add_parameter(*mine[k], first_block_index + l * per_block + static_cast<int64_t>(k));
+      per_block = blocks.back()->whole_parameter_count();
+      const std::vector<int64_t> slots = blocks.back()->parameter_slots();
+      for (size_t k = 0; k < mine.size(); ++k) add_parameter(*mine[k], first_block_index + l * per_block + slots[k]);
     }
   }
   if (holds_head_) {

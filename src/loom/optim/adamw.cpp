@@ -30,7 +30,7 @@ void AdamW::zero_grad() {
 }
 
 double AdamW::step(double lr, double max_norm) {
-  const double norm = global_grad_norm(params_, {tp_.get(), pp_.get()});
+  const double norm = global_grad_norm(params_, {tp_.get(), pp_.get(), ep_.get()});
   update(lr, clip_factor(norm, max_norm));
   return norm;
 }

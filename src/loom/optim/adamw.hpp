@@ -30,6 +30,7 @@ class AdamW final : public Optimizer {
     tp_ = std::move(tp);
     pp_ = std::move(pp);
   }
+  void set_expert_parallel_group(std::shared_ptr<ProcessGroup> ep) override { ep_ = std::move(ep); }
   void zero_grad() override;
   // Clips to the global norm over this rank's parameters and the model-parallel groups.
   double step(double lr, double max_norm) override;
@@ -49,7 +50,7 @@ class AdamW final : public Optimizer {
  private:
   ParameterList params_;
   AdamWConfig config_;
-  std::shared_ptr<ProcessGroup> tp_, pp_;
+  std::shared_ptr<ProcessGroup> tp_, pp_, ep_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_, master_;
   int64_t step_ = 0;
 };

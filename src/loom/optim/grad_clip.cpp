@@ -22,16 +22,18 @@ double sum_over(ProcessGroup* group, double value) {
 }
 }  // namespace
 
-double sum_squares_over_model_parallel(double sharded, double replicated, ModelParallelGroups groups) {
-  return sum_over(groups.pp, sum_over(groups.tp, sharded) + replicated);
+double sum_squares_over_model_parallel(double sharded, double replicated, ModelParallelGroups groups,
+                                       double experts) {
+  const double stage = sum_over(groups.tp, sharded) + replicated + (groups.ep ? sum_over(groups.ep, experts) : experts);
+  return sum_over(groups.pp, stage);
 }
 
 double global_grad_norm(const ParameterList& params, ModelParallelGroups groups) {
-  double sharded = 0.0, replicated = 0.0;
+  double sharded = 0.0, replicated = 0.0, experts = 0.0;
   for (const Parameter* p : params)
     if (!p->pipeline_copy)
-      (p->placement.replicated ? replicated : sharded) += ops::sum_of_squares(p->grad);
-  return std::sqrt(sum_squares_over_model_parallel(sharded, replicated, groups));
+      (p->expert_sharded ? experts : p->placement.replicated ? replicated : sharded) += ops::sum_of_squares(p->grad);
+  return std::sqrt(sum_squares_over_model_parallel(sharded, replicated, groups, experts));
 }
 
 double clip_factor(double norm, double max_norm) {

@@ -33,6 +33,9 @@ class Optimizer {
   // and every stage's over `pp`. Either may be null (one rank on that axis).
   virtual void set_model_parallel_groups(std::shared_ptr<ProcessGroup> tp,
                                          std::shared_ptr<ProcessGroup> pp) = 0;
+  // Under expert parallelism each rank of `ep` holds other experts; their squares are summed
+  // over it in the clipping norm (Parameter::expert_sharded).
+  virtual void set_expert_parallel_group(std::shared_ptr<ProcessGroup> ep) { (void)ep; }
   // Before a step's first micro-batch: gradients to zero (or, where they are sharded and
   // allocated on demand, released).
   virtual void zero_grad() = 0;

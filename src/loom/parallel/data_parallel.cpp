@@ -2,6 +2,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/dist/tensor_comm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
 #include "loom/obs/trace.hpp"
@@ -10,18 +11,28 @@ namespace loom {
 
 GradientBucketReducer::GradientBucketReducer(ParameterList params,
                                              std::shared_ptr<ProcessGroup> group,
-                                             int64_t bucket_bytes)
-    : params_(std::move(params)), group_(std::move(group)) {
-  BucketPlan plan = plan_gradient_buckets(params_, bucket_bytes);
-  for (BucketPlan::Bucket& planned : plan.buckets) {
-    Bucket& bucket = buckets_.emplace_back();
-    bucket.params = std::move(planned.params);
-    bucket.offsets = std::move(planned.offsets);
-    // In the group's memory (host for MPI, the GPU for NCCL), so the collective takes it as is.
-    bucket.flat = Tensor::empty({planned.elements}, DType::F32, MemCategory::CommBuffers,
-                                group_->memory());
+                                             int64_t bucket_bytes,
+                                             std::shared_ptr<ProcessGroup> experts)
+    : params_(std::move(params)), group_(std::move(group)), experts_(std::move(experts)) {
+  ParameterList dense, expert;
+  for (Parameter* p : params_) (experts_ && p->expert_sharded ? expert : dense).push_back(p);
+  for (const ParameterList* list : {&dense, &expert}) {
+    if (list->empty()) continue;
+    const bool is_expert = list == &expert;
+    BucketPlan plan = plan_gradient_buckets(*list, bucket_bytes);
+    const size_t first = buckets_.size();
+    for (BucketPlan::Bucket& planned : plan.buckets) {
+      Bucket& bucket = buckets_.emplace_back();
+      bucket.group = is_expert ? experts_.get() : group_.get();
+      bucket.expert = is_expert;
+      bucket.params = std::move(planned.params);
+      bucket.offsets = std::move(planned.offsets);
+      // In the group's memory (host for MPI, the GPU for NCCL), so the collective takes it as is.
+      bucket.flat = Tensor::empty({planned.elements}, DType::F32, MemCategory::CommBuffers,
+                                  bucket.group->memory());
+    }
+    for (const auto& [param, index] : plan.bucket_of) bucket_of_[param] = first + index;
   }
-  bucket_of_ = std::move(plan.bucket_of);
   timings_.resize(buckets_.size());
 }
 
@@ -48,13 +59,13 @@ void GradientBucketReducer::issue(size_t index) {
   }
   timings_[index].params_ready_before_issue = ready_count_;
   timings_[index].issued_s = TraceRecorder::now_s();
-  bucket.work = comm::all_reduce(*group_, bucket.flat, ReduceOp::Avg);
+  bucket.work = comm::all_reduce(*bucket.group, bucket.flat, bucket.expert ? ReduceOp::Sum : ReduceOp::Avg);
 }
 
 int64_t GradientBucketReducer::expected_all_reduce_wire_bytes() const {
   int64_t total = 0;
   for (const Bucket& bucket : buckets_)
-    total += ring_all_reduce_wire_bytes(static_cast<int64_t>(bucket.flat.nbytes()), group_->size()).sent;
+    total += ring_all_reduce_wire_bytes(static_cast<int64_t>(bucket.flat.nbytes()), bucket.group->size()).sent;
   return total;
 }
 
@@ -68,6 +79,7 @@ void GradientBucketReducer::finish() {
     }
     bucket.work->wait();
     timings_[b].finished_s = TraceRecorder::now_s();
+    if (bucket.expert) ops::scale_(bucket.flat, 1.0f / static_cast<float>(group_->size()));
     for (size_t i = 0; i < bucket.params.size(); ++i) {
       const Tensor& grad = bucket.params[i]->grad;
       grad.copy_from(bucket.flat.slice_as(bucket.offsets[i], {grad.numel()}));

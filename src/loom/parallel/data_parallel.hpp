@@ -27,8 +27,13 @@ struct BucketTiming {
 class GradientBucketReducer {
  public:
   // `params` in the order their gradients become ready (Transformer::parameters_in_grad_ready_order).
+  // Under expert parallelism `experts` is the expert-data-parallel group: the experts'
+  // gradients (Parameter::expert_sharded) are bucketed apart and summed over it, then divided
+  // by `group`'s size, which gives the mean over every replica's tokens, since an expert's
+  // gradient already holds every ep rank's tokens routed to it.
   GradientBucketReducer(ParameterList params, std::shared_ptr<ProcessGroup> group,
-                        int64_t bucket_bytes = kDefaultBucketBytes);
+                        int64_t bucket_bytes = kDefaultBucketBytes,
+                        std::shared_ptr<ProcessGroup> experts = nullptr);
   // Installs the gradient-ready hook on the model.
   void attach(Transformer& model);
   // false for all but the last micro-batch of a step: gradients then just accumulate locally.
@@ -46,6 +51,8 @@ class GradientBucketReducer {
 
  private:
   struct Bucket {
+    ProcessGroup* group = nullptr;
+    bool expert = false;  // summed over the expert group, then divided by group_'s size
     std::vector<Parameter*> params;
     std::vector<int64_t> offsets;  // element offset of each parameter in `flat`
     Tensor flat;                   // CommBuffers: the packed gradients
@@ -55,7 +62,7 @@ class GradientBucketReducer {
   void issue(size_t bucket_index);
 
   ParameterList params_;
-  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<ProcessGroup> group_, experts_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Parameter*, size_t> bucket_of_;
   std::vector<BucketTiming> timings_;

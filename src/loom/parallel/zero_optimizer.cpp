@@ -14,9 +14,15 @@
 namespace loom {
 
 ZeroOptimizer::ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> dp, ZeroConfig zero,
-                             AdamWConfig adamw)
-    : model_(model), dp_(std::move(dp)), zero_(zero), adamw_(adamw) {
+                             AdamWConfig adamw, std::shared_ptr<ProcessGroup> experts)
+    : model_(model), dp_(std::move(dp)), experts_(std::move(experts)), zero_(zero), adamw_(adamw) {
   if (zero_.stage < 1 || zero_.stage > 3) throw_error("ZeRO stage ", zero_.stage, " is not one of 1, 2, 3");
+  if (experts_ && zero_.stage == 3)
+    throw_error("ZeRO-3 gathers a block's parameters as one unit, and under expert parallelism its experts shard "
+                "over other ranks than its dense parts: use stage 1 or 2 with expert parallelism");
+  if (experts_ && dp_->size() % experts_->size() != 0)
+    throw_error("zero: the expert-data-parallel group (", experts_->size(), " ranks) does not divide dp (",
+                dp_->size(), ")");
   if (zero_.stage >= 2 && !model_.is_whole())
     throw_error("ZeRO stage ", zero_.stage, " acts per micro-batch and per model unit, which a pipeline stage "
                 "does not have: use stage 1 with pipeline parallelism");
@@ -38,18 +44,31 @@ DType ZeroOptimizer::working_dtype() const {
 }
 
 void ZeroOptimizer::build_flats() {
-  const int64_t ranks = dp_->size(), rank = dp_->rank();
   const Device on = device();
   const DType working = working_dtype();
   std::vector<ParameterList> groups;
+  std::vector<bool> expert_flat;
   if (zero_.stage == 3) {
     for (int64_t u = 0; u < model_.unit_count(); ++u) groups.push_back(model_.unit_parameters(u));
+    expert_flat.assign(groups.size(), false);
   } else {
-    for (BucketPlan::Bucket& b : plan_gradient_buckets(model_.parameters_in_grad_ready_order(), zero_.bucket_bytes).buckets)
-      groups.push_back(std::move(b.params));
+    // Experts' gradients reduce over another group than the dense ones: separate flats.
+    ParameterList dense, experts;
+    for (Parameter* p : model_.parameters_in_grad_ready_order()) (experts_ && p->expert_sharded ? experts : dense).push_back(p);
+    for (const ParameterList* list : {&dense, &experts}) {
+      if (list->empty()) continue;
+      for (BucketPlan::Bucket& b : plan_gradient_buckets(*list, zero_.bucket_bytes).buckets) {
+        groups.push_back(std::move(b.params));
+        expert_flat.push_back(list == &experts);
+      }
+    }
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     Flat& flat = flats_.emplace_back();
+    flat.group = expert_flat[g] ? experts_.get() : dp_.get();
+    if (expert_flat[g])
+      flat.grad_scale = static_cast<float>(experts_->size()) / static_cast<float>(dp_->size());
+    const int64_t ranks = flat.group->size(), rank = flat.group->rank();
     flat.params = groups[g];
     if (zero_.stage == 3) flat.unit = static_cast<int64_t>(g);
     for (Parameter* p : flat.params) {
@@ -137,7 +156,7 @@ void ZeroOptimizer::install_hooks() {
 }
 
 Tensor ZeroOptimizer::shard_value(Flat& flat) {
-  return zero_.stage == 3 ? flat.param_shard : flat.param_full.slice_as(dp_->rank() * flat.shard, {flat.shard});
+  return zero_.stage == 3 ? flat.param_shard : flat.param_full.slice_as(flat.group->rank() * flat.shard, {flat.shard});
 }
 
 Tensor ZeroOptimizer::shard_grad(Flat& flat) { return zero_.stage == 1 ? flat.reduced : flat.grad_shard; }
@@ -163,7 +182,7 @@ void ZeroOptimizer::on_grad_ready(Parameter& param) {
 
 void ZeroOptimizer::issue_reduce(Flat& flat) {
   flat.ready = 0;
-  flat.reduce_work = comm::reduce_scatter(*dp_, flat.grad_full, flat.reduced, ReduceOp::Avg);
+  flat.reduce_work = comm::reduce_scatter(*flat.group, flat.grad_full, flat.reduced, ReduceOp::Avg);
   // Stages 2-3: nothing may write these gradients again this micro-batch; the buffer itself
   // stays alive (held by grad_full) until the reduce-scatter has read it.
   if (zero_.stage >= 2)
@@ -173,6 +192,7 @@ void ZeroOptimizer::issue_reduce(Flat& flat) {
 void ZeroOptimizer::complete_reduce(Flat& flat) {
   flat.reduce_work->wait();
   flat.reduce_work.reset();
+  if (flat.grad_scale != 1.0f) ops::scale_(flat.reduced, flat.grad_scale);
   const bool first = !flat.reduced_this_step;
   flat.reduced_this_step = true;
   if (zero_.stage == 1) return;
@@ -201,7 +221,7 @@ void ZeroOptimizer::zero_grad() {
 
 void ZeroOptimizer::issue_gather(Flat& flat) {
   flat.param_full = Tensor::empty({flat.padded}, flat.param_shard.dtype(), MemCategory::Parameters, device());
-  flat.gather_work = comm::all_gather(*dp_, flat.param_shard, flat.param_full);
+  flat.gather_work = comm::all_gather(*flat.group, flat.param_shard, flat.param_full);
   flat.gather = GatherState::InFlight;
 }
 
@@ -252,7 +272,9 @@ double ZeroOptimizer::step(double lr, double max_norm) {
     }
   }
   // The global norm from every rank's shard: one small all-reduce over dp (f32 is enough for
-  // a norm), then the sharded part over tp and every stage's over pp.
+  // a norm), then the sharded part over tp and every stage's over pp. An expert's flat shards
+  // over the expert-data-parallel group and other ep ranks hold other experts, so summing over
+  // dp (which holds both) counts every expert element once too.
   float sum_sq[2] = {static_cast<float>(local_sum_sq[0]), static_cast<float>(local_sum_sq[1])};
   comm::all_reduce(*dp_, sum_sq, 2, ReduceOp::Sum)->wait();
   const double norm = std::sqrt(sum_squares_over_model_parallel(sum_sq[0], sum_sq[1], {tp_.get(), pp_.get()}));
@@ -291,7 +313,7 @@ void ZeroOptimizer::publish_parameters() {
   for (Flat& flat : flats_) {
     // all_gather may not read and write the same buffer: send a copy of the updated slice.
     flat.send.copy_from(shard_value(flat));
-    flat.gather_work = comm::all_gather(*dp_, flat.send, flat.param_full);
+    flat.gather_work = comm::all_gather(*flat.group, flat.send, flat.param_full);
   }
   for (Flat& flat : flats_) {
     flat.gather_work->wait();
@@ -304,7 +326,7 @@ void ZeroOptimizer::publish_parameters() {
 std::vector<OwnedSlice> ZeroOptimizer::owned_slices() {
   std::vector<OwnedSlice> out;
   for (Flat& flat : flats_) {
-    const Tensor values = zero_.stage == 3 ? flat.param_shard : flat.param_full.slice_as(dp_->rank() * flat.shard, {flat.shard});
+    const Tensor values = shard_value(flat);
     for (const Segment& s : flat.segments) {
       OwnedSlice slice;
       slice.param = flat.params[s.param_index];

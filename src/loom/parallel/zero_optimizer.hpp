@@ -39,8 +39,11 @@ struct ZeroConfig {
 class ZeroOptimizer final : public Optimizer {
  public:
   // Takes over the model's parameter and gradient storage and installs its hooks on `model`,
-  // which must outlive this object.
-  ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> dp, ZeroConfig zero, AdamWConfig adamw);
+  // which must outlive this object. Under expert parallelism (stages 1-2) `experts` is the
+  // expert-data-parallel group: the experts' flats (Parameter::expert_sharded) shard over it,
+  // and their gradients, summed there over every ep rank's tokens, are scaled to dp's mean.
+  ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> dp, ZeroConfig zero, AdamWConfig adamw,
+                std::shared_ptr<ProcessGroup> experts = nullptr);
   ~ZeroOptimizer() override;
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
@@ -86,6 +89,8 @@ class ZeroOptimizer final : public Optimizer {
   };
   enum class GatherState { Released, InFlight, Ready };
   struct Flat {
+    ProcessGroup* group = nullptr;  // dp, or the expert-data-parallel group for experts' flats
+    float grad_scale = 1.0f;        // applied to the reduced gradients (experts: 1 / ep)
     std::vector<Parameter*> params;
     std::vector<Shape> shapes;
     std::vector<int64_t> offsets;
@@ -124,7 +129,7 @@ class ZeroOptimizer final : public Optimizer {
   void install_hooks();
 
   Transformer& model_;
-  std::shared_ptr<ProcessGroup> dp_;
+  std::shared_ptr<ProcessGroup> dp_, experts_;
   ZeroConfig zero_;
   AdamWConfig adamw_;
   std::vector<Flat> flats_;

@@ -127,33 +127,53 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
 
 MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
                                       int64_t batch, int64_t seq_len, Recompute recompute,
-                                      int64_t tp, bool sequence_parallel, int64_t cp) {
-  const std::vector<ParameterSpec> specs = parameter_specs(m);
+                                      int64_t tp, bool sequence_parallel, int64_t cp, int64_t ep) {
+  if (ep < 1 || dp % ep != 0 || (m.is_moe() ? m.n_experts % ep != 0 : ep != 1))
+    throw_error("predict_engine_memory: ep = ", ep, " with dp = ", dp, " and ", m.n_experts, " experts");
+  // This rank's parameters: every dense one, and the experts of ep rank 0 (all ranks hold as
+  // many), in gradient-ready order; the engine buckets (or, under ZeRO, flattens) the two apart.
+  std::vector<ParameterSpec> all, dense, experts;
+  for (ParameterSpec& s : parameter_specs(m)) {
+    if (s.expert && s.expert_index >= m.n_experts / ep) continue;
+    all.push_back(s);
+    (s.expert ? experts : dense).push_back(std::move(s));
+  }
   const StateBytes state{4, 4, bf16 ? 4.0 : 0.0, 8};  // f32 storage even for bf16 values on the CPU
   MemoryBreakdown mem;
   if (dp == 1 || stage == 0) {
     double params = 0;
-    for (const ParameterSpec& s : specs) params += static_cast<double>(s.numel());
+    for (const ParameterSpec& s : all) params += static_cast<double>(s.numel());
     mem = zero_model_states(params, state, 1, 0);
   } else {
     // ZeroOptimizer's flats: size-capped buckets in gradient-ready order (stages 1-2) or one
-    // per unit (stage 3), each padded to a multiple of dp.
-    std::vector<int64_t> flats;
-    if (stage == 3) {
-      flats.assign(static_cast<size_t>(m.n_layer + 1), 0);
-      for (const ParameterSpec& s : specs) flats[static_cast<size_t>(s.unit)] += s.numel();
-    } else {
-      std::vector<int64_t> numels;
-      for (const ParameterSpec& s : specs) numels.push_back(s.numel());
-      for (const std::vector<size_t>& bucket : group_into_buckets(numels, bucket_bytes)) {
-        int64_t n = 0;
-        for (size_t i : bucket) n += numels[i];
-        flats.push_back(n);
+    // per unit (stage 3), each padded to a multiple of its group: dp, or dp / ep for experts.
+    double shard = 0, padded = 0;
+    auto add_flats = [&](const std::vector<ParameterSpec>& specs, int64_t ranks) {
+      std::vector<int64_t> flats;
+      if (stage == 3) {
+        flats.assign(static_cast<size_t>(m.n_layer + 1), 0);
+        for (const ParameterSpec& s : specs) flats[static_cast<size_t>(s.unit)] += s.numel();
+      } else {
+        std::vector<int64_t> numels;
+        for (const ParameterSpec& s : specs) numels.push_back(s.numel());
+        for (const std::vector<size_t>& bucket : group_into_buckets(numels, bucket_bytes)) {
+          int64_t n = 0;
+          for (size_t i : bucket) n += numels[i];
+          flats.push_back(n);
+        }
       }
+      for (int64_t n : flats) {
+        const int64_t piece = (n + ranks - 1) / ranks;
+        shard += static_cast<double>(piece);
+        padded += static_cast<double>(piece * ranks);
+      }
+    };
+    if (ep == 1) {
+      add_flats(all, dp);
+    } else {
+      add_flats(dense, dp);
+      add_flats(experts, dp / ep);
     }
-    double shard = 0;
-    for (int64_t n : flats) shard += static_cast<double>((n + dp - 1) / dp);
-    const double padded = shard * static_cast<double>(dp);
     mem.parameters = state.parameter * (stage >= 3 ? shard : padded);
     mem.gradients = state.gradient * (stage >= 2 ? shard : padded);
     mem.optimizer_state = (state.master + state.moments) * shard;

@@ -66,9 +66,13 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& l
 // Transformer::forward allocates for (batch, seq_len) under `recompute`, on one rank of `tp`
 // (heads and MLP columns divide by tp; with `sequence_parallel` the residual stream, norms and
 // their outputs divide by tp too), holding seq_len / `cp` tokens of each sequence (context
-// parallelism). Model states are figured for tp = 1.
+// parallelism). Model states are figured for tp = 1. Under expert parallelism (`ep` dividing
+// `dp`, which counts every replica of the dense parameters) a rank holds E / ep experts of each
+// layer, in flats of their own over the dp / ep expert-data-parallel ranks; activations are
+// figured for ep = 1 (under ep the experts' rows depend on the routing).
 MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
                                       int64_t batch, int64_t seq_len, Recompute recompute,
-                                      int64_t tp = 1, bool sequence_parallel = false, int64_t cp = 1);
+                                      int64_t tp = 1, bool sequence_parallel = false, int64_t cp = 1,
+                                      int64_t ep = 1);
 
 }  // namespace loom::plan

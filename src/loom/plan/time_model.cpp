@@ -177,6 +177,20 @@ CpWireBytes context_parallel_wire_bytes(const ModelConfig& m, const PlanLayout& 
   return wire;
 }
 
+EpWireBytes expert_parallel_wire_bytes(const ModelConfig& m, const PlanLayout& l, double tokens,
+                                       double activation_bytes, double home_fraction) {
+  EpWireBytes wire;
+  if (l.ep <= 1 || !m.is_moe()) return wire;
+  const double ep = static_cast<double>(l.ep);
+  const double away = 1.0 - (home_fraction < 0 ? 1.0 / ep : home_fraction);
+  const double rows = tokens * static_cast<double>(m.experts_per_token) * away;
+  const double row_bytes = static_cast<double>(m.n_embd) / static_cast<double>(l.tp) * activation_bytes;
+  const double counts = (ep - 1) * static_cast<double>(m.n_experts) / ep * 4;
+  wire.forward = counts + 2 * rows * row_bytes;
+  wire.backward = 2 * rows * row_bytes;
+  return wire;
+}
+
 StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
                            bool simulate) {
   const int64_t per_micro = l.dp * l.micro_batch;

@@ -62,6 +62,20 @@ struct CpWireBytes {
 CpWireBytes context_parallel_wire_bytes(const ModelConfig& model, const PlanLayout& layout, double tokens,
                                         double activation_bytes);
 
+// Bytes one rank of the ep group sends per MoE layer and micro-batch under expert parallelism,
+// as the engine's exchange sends them (model/moe, parallel/expert_parallel; CommStats'
+// all_to_all): forward, the per-expert row counts (E/ep f32 to each other rank), the dispatch
+// of the routed rows bound for other ranks' experts and the combine of as many coming back;
+// backward, the same two for the gradients. `tokens` is this rank's (micro-batch x seq / cp),
+// each with k routed rows of hidden / tp elements; `home_fraction` of the routed rows go to this
+// rank's own experts and never leave (1/ep with balanced routing, the default; a rank receives
+// as many as it sends on average, which is what this figures).
+struct EpWireBytes {
+  double forward = 0, backward = 0;
+};
+EpWireBytes expert_parallel_wire_bytes(const ModelConfig& model, const PlanLayout& layout, double tokens,
+                                       double activation_bytes, double home_fraction = -1);
+
 // Throws loom::Error when the global batch does not split into dp x micro_batch sequences.
 // `simulate` false replaces the pipeline simulation by the closed form (m v + p - 1)(t_f + t_b)
 // (Narayanan et al. 2021), which the search uses to rank before simulating its best.

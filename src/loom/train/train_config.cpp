@@ -55,13 +55,12 @@ ModelConfig parse_model_config(ConfigReader& r) {
 
 namespace {
 
-// Where each key of a layout lives in the config ("" for ep, which only the layout key sets:
-// the engine does not run it yet).
+// Where each key of a layout lives in the config.
 const char* config_key_of(const std::string& layout_key) {
   static const std::pair<const char*, const char*> keys[] = {
       {"tp", "parallel.tp"},         {"pp", "parallel.pp"},           {"v", "parallel.pp_chunks"},
       {"dp", "parallel.dp"},         {"cp", "parallel.cp"},           {"cp_comm", "parallel.cp_comm"},
-      {"zero", "parallel.zero_stage"},
+      {"ep", "parallel.ep"},         {"zero", "parallel.zero_stage"},
       {"mbs", "train.batch_size"},
       {"recompute", "model.recompute"}, {"sp", "parallel.sequence_parallel"}, {"schedule", "parallel.pp_schedule"}};
   for (const auto& [layout, config] : keys)
@@ -132,6 +131,7 @@ std::vector<std::string> apply_layout_key(ConfigReader& r, TrainConfig& c, Paral
   c.pp_chunks = static_cast<int>(layout.vp);
   c.cp = static_cast<int>(layout.cp);
   c.cp_comm = layout.cp_comm;
+  c.ep = static_cast<int>(layout.ep);
   if (contains(given, "dp")) c.dp = static_cast<int>(layout.dp);
   c.zero_stage = layout.zero_stage;
   c.batch_size = layout.micro_batch;
@@ -195,7 +195,8 @@ ParallelLayout TrainConfig::layout() const {
   l.vp = pp_chunks;
   l.cp = cp;
   l.cp_comm = cp_comm;
-  l.dp = dp > 0 ? dp : 1;
+  l.ep = ep;
+  l.dp = dp > 0 ? dp : ep;
   l.zero_stage = zero_stage;
   l.micro_batch = batch_size;
   l.recompute = recompute;
@@ -257,6 +258,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.tp = static_cast<int>(r.get_int("parallel.tp", c.tp));
   c.sequence_parallel = r.get_bool("parallel.sequence_parallel", c.sequence_parallel);
   c.pp = static_cast<int>(r.get_int("parallel.pp", c.pp));
+  c.ep = static_cast<int>(r.get_int("parallel.ep", c.ep));
   c.pp_schedule = parse_pipeline_schedule(r.get_string("parallel.pp_schedule", schedule_name(c.pp_schedule)));
   c.pp_chunks = static_cast<int>(r.get_int("parallel.pp_chunks", c.pp_chunks));
   c.pp_layers = r.get_int_list("parallel.pp_layers", c.pp_layers);

@@ -65,6 +65,7 @@ struct TrainConfig {
   std::vector<int64_t> pp_layers;  // layers of each of pp x pp_chunks stages (empty: even split)
   int cp = 1;                  // context-parallel ranks: each holds 2 of 2 x cp chunks of every sequence
   CpComm cp_comm = CpComm::P2P;  // how attention reaches the other chunks: ring, all-gather, all-to-all
+  int ep = 1;                  // expert-parallel ranks, carved out of dp: each holds n_experts / ep experts
   bool print_schedule = false;     // `loom train --print-schedule`: draw the last step's pipeline
 
   int64_t eval_every = 0;      // 0: only at the end
@@ -88,7 +89,7 @@ struct TrainConfig {
 
   int64_t tokens_per_step() const { return batch_size * seq_len * grad_accum; }
   // The [parallel] table (with train.batch_size and model.recompute) as the layout `loom plan`
-  // prints; dp 0 (set by the launch) reads as 1.
+  // prints; dp 0 (set by the launch) reads as ep, the smallest data parallelism ep can shard.
   ParallelLayout layout() const;
 };
 

@@ -21,6 +21,7 @@
 #include "loom/obs/progress.hpp"
 #include "loom/obs/step_line.hpp"
 #include "loom/parallel/context_parallel.hpp"
+#include "loom/parallel/expert_parallel.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
 #include "loom/train/device_peak.hpp"
@@ -65,8 +66,14 @@ TrainConfig checked_for_device(TrainConfig config) {
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     : config_(checked_for_device(std::move(config))), groups_(make_trainer_groups(config_, std::move(world))) {
-  std::shared_ptr<const ParallelPlan> plan;
+  std::shared_ptr<ParallelPlan> plan;
   if (groups_.tp) plan = std::make_shared<TensorParallelPlan>(groups_.tp, config_.sequence_parallel);
+  if (groups_.ep) {
+    // The MoE layers build only this rank's experts and dispatch through the ep group.
+    if (!plan) plan = std::make_shared<ParallelPlan>();
+    expert_exchange_ = std::make_shared<GroupExpertExchange>(groups_.ep);
+    plan->set_expert_exchange(expert_exchange_);
+  }
   std::vector<ModelChunk> chunks;
   if (groups_.pp)
     chunks = pipeline_chunks(stage_layer_counts(config_.model.n_layer, int64_t{config_.pp} * config_.pp_chunks,
@@ -97,7 +104,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
         groups_.world && groups_.world->size() > 1 ? config_.trace_path + ".rank" + std::to_string(groups_.world_rank) : config_.trace_path,
         groups_.world_rank);
   // Gradients are averaged, and ZeRO shards, over every rank that holds the same parameters:
-  // dp x cp.
+  // dp x cp (x ep) for the dense ones, dp x cp for an expert's.
   if (groups_.cp) {
     cp_attention_ = make_context_attention(groups_.cp, config_.cp_comm);
     if (trace_)
@@ -109,16 +116,18 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (groups_.replica_size > 1 && config_.zero_stage > 0) {
     optimizer_ = std::make_unique<ZeroOptimizer>(
         *model_, groups_.replicas, ZeroConfig{config_.zero_stage, static_cast<int64_t>(config_.bucket_mb * 1e6), bf16},
-        config_.adamw);
+        config_.adamw, groups_.expert_replicas);
   } else {
     optimizer_ = std::make_unique<AdamW>(model_->parameters(), config_.adamw, bf16);
     if (groups_.replica_size > 1) {
       reducer_ = std::make_unique<GradientBucketReducer>(model_->parameters_in_grad_ready_order(), groups_.replicas,
-                                                         static_cast<int64_t>(config_.bucket_mb * 1e6));
+                                                         static_cast<int64_t>(config_.bucket_mb * 1e6),
+                                                         groups_.expert_replicas);
       reducer_->attach(*model_);
     }
   }
   optimizer_->set_model_parallel_groups(groups_.tp, groups_.pp);
+  optimizer_->set_expert_parallel_group(groups_.ep);
   if (groups_.pp)
     pipeline_ = std::make_unique<PipelineExecutor>(*model_, groups_.pp, config_.pp_schedule, groups_.embedding);
 }
@@ -149,9 +158,12 @@ std::vector<OwnedSlice> Trainer::owned_state() {
   // Tensors every tp rank holds whole are written by tp rank 0; a pipeline copy of the tied
   // embedding by the first stage, which owns it.
   const bool write_replicated = !groups_.tp || groups_.tp->rank() == 0;
-  std::vector<OwnedSlice> owned;
-  if (optimizer_->shards_state_over_data_parallel() || groups_.replica_rank == 0)  // replicas hold the same state
-    owned = optimizer_->owned_slices();
+  std::vector<OwnedSlice> owned = optimizer_->owned_slices();
+  // Replicas hold the same state: the first writes it (an expert's, the first of its holders).
+  if (!optimizer_->shards_state_over_data_parallel())
+    std::erase_if(owned, [&](const OwnedSlice& slice) {
+      return slice.param->expert_sharded ? groups_.expert_replica_rank != 0 : groups_.replica_rank != 0;
+    });
   std::erase_if(owned, [](const OwnedSlice& slice) { return slice.param->pipeline_copy; });
   return in_whole_tensor_coordinates(owned, write_replicated);
 }
@@ -160,7 +172,7 @@ std::string Trainer::save(int64_t step) {
   // Under ZeRO or tensor parallelism every rank writes what it owns (collective), in
   // whole-tensor coordinates; otherwise rank 0 writes the single-file format, whose
   // model.safetensors Hugging Face loads as is.
-  if (optimizer_->shards_state_over_data_parallel() || groups_.tp || groups_.pp)
+  if (optimizer_->shards_state_over_data_parallel() || groups_.tp || groups_.pp || groups_.ep)
     return save_sharded_checkpoint(*groups_.world, config_.checkpoint_dir, step, config_.model, trainer_state(step),
                                    owned_state(), static_cast<int>(config_.keep_last));
   if (!is_rank0()) return "";
@@ -279,12 +291,29 @@ nlohmann::json Trainer::step_record(const StepReport& report) const {
       for (int64_t c : counts) sum += static_cast<double>(c), most = std::max(most, static_cast<double>(c));
       const double mean = sum / static_cast<double>(counts.size());
       for (int64_t c : counts) squares += (static_cast<double>(c) - mean) * (static_cast<double>(c) - mean);
+      const double least = static_cast<double>(*std::min_element(counts.begin(), counts.end()));
       record["moe_load_max_over_mean"] = mean > 0 ? most / mean : 0.0;
+      record["moe_load_min_over_mean"] = mean > 0 ? least / mean : 0.0;
       record["moe_load_cv"] = mean > 0 ? std::sqrt(squares / static_cast<double>(counts.size())) / mean : 0.0;
     }
   }
+  if (config_.model.is_moe() && config_.model.moe_router == MoeRouter::Sigmoid) {
+    const std::vector<float> bias = model_->moe_biases();  // this stage's layers (others 0)
+    if (!bias.empty()) {
+      record["moe_bias_min"] = *std::min_element(bias.begin(), bias.end());
+      record["moe_bias_max"] = *std::max_element(bias.begin(), bias.end());
+    }
+  }
+  if (expert_exchange_) {
+    // Expert parallelism: the dispatch and combine all-to-alls' rows this rank sent, and the
+    // time it waited for them.
+    comm_record(expert_exchange_->group(), "comm_ep");
+    record["moe_a2a_bytes_sent"] = expert_exchange_->row_bytes_sent();
+    record["moe_a2a_ms"] = 1e3 * expert_exchange_->seconds();
+  }
   if (groups_.replicas) comm_record(*groups_.replicas, "comm");
   if (groups_.tp) comm_record(*groups_.tp, "comm_tp");
+  if (groups_.expert_replicas) comm_record(*groups_.expert_replicas, "comm_experts");
   if (groups_.pp) comm_record(*groups_.pp, "comm_pp");
   if (groups_.cp) {
     comm_record(*groups_.cp, "comm_cp");
@@ -407,12 +436,13 @@ TrainSummary Trainer::run() {
                                 (groups_.tp_size * groups_.pp_size * groups_.cp_size);
   if (is_rank0())
     std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
-              "%s | dp %d x cp %d x tp %d%s x pp %d%s\n",
+              "%s | dp %d%s x cp %d x tp %d%s x pp %d%s\n",
               architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
               static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
               static_cast<long long>(global_tokens_per_step()),
               config_.precision == Precision::BF16 ? "bf16 (fp32 master)" : "f32",
-              recompute_name(config_.recompute), where, groups_.dp_size, groups_.cp_size, groups_.tp_size,
+              recompute_name(config_.recompute), where, groups_.dp_size,
+              groups_.ep ? (" (ep " + std::to_string(groups_.ep_size) + ")").c_str() : "", groups_.cp_size, groups_.tp_size,
               config_.sequence_parallel ? " (sequence parallel)" : "", groups_.pp_size,
               groups_.pp ? (std::string(" (") + schedule_name(config_.pp_schedule) + ", " +
                             std::to_string(config_.grad_accum) + " micro-batches)").c_str() : "");
@@ -430,6 +460,11 @@ TrainSummary Trainer::run() {
     }
     if (groups_.tp) groups_.tp->reset_stats();
     if (groups_.pp) groups_.pp->reset_stats();
+    if (expert_exchange_) {
+      groups_.ep->reset_stats();
+      expert_exchange_->reset_counters();
+    }
+    if (groups_.expert_replicas) groups_.expert_replicas->reset_stats();
     const bool draw_pipeline = config_.print_schedule && step + 1 == config_.steps;
     if (draw_pipeline) groups_.pp->barrier();  // one start for every stage's clock
     const auto step_start = Clock::now();

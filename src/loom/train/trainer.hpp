@@ -19,6 +19,8 @@
 
 namespace loom {
 
+class GroupExpertExchange;  // parallel/expert_parallel.hpp
+
 struct TrainSummary {
   int64_t first_step = 0;  // > 0 when resumed
   int64_t steps_done = 0;
@@ -74,6 +76,7 @@ class Trainer {
   std::unique_ptr<GradientBucketReducer> reducer_;  // plain data parallelism (ZeRO reduces itself)
   std::unique_ptr<PipelineExecutor> pipeline_;  // pp > 1
   std::shared_ptr<ContextAttention> cp_attention_;  // cp > 1
+  std::shared_ptr<GroupExpertExchange> expert_exchange_;  // ep > 1
   int64_t optimizer_steps() const;
   // The loss of this step, from the stages that compute it, the same on every rank.
   void update_moe_bias();

@@ -17,6 +17,9 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
       throw_error("parallel.tp = ", config.tp, config.cp > 1 ? ", " : " and ", "parallel.pp = ", config.pp,
                   config.cp > 1 ? " and parallel.cp = " + std::to_string(config.cp) : "", " need ", model_parallel,
                   " ranks: launch under mpirun -np ", model_parallel, " (or srun)");
+    if (config.ep > 1)
+      throw_error("parallel.ep = ", config.ep, " places the experts on ", config.ep,
+                  " data-parallel ranks: launch under mpirun -np ", config.ep, " (or srun)");
     if (config.dp > 1)
       throw_error("parallel.dp = ", config.dp, " needs ", config.dp,
                   " ranks: launch under mpirun -np ", config.dp,
@@ -34,14 +37,28 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
     throw_error("launched with ", n, " rank(s), but parallel.dp x ", axes, " = ", config.dp, " x ", degrees, " = ",
                 config.dp * model_parallel, ": launch mpirun -np ", config.dp * model_parallel,
                 ", or set parallel.dp = 0 to take whatever the launch gives");
-  if (model_parallel == 1) {
+  if ((n / model_parallel) % config.ep != 0)
+    throw_error("launched with ", n, " rank(s), which gives dp = ", n / model_parallel, " data-parallel rank(s)",
+                model_parallel > 1 ? " of " + axes + " = " + std::to_string(model_parallel) : std::string(),
+                ", not a multiple of parallel.ep = ", config.ep, " (expert parallelism shards the experts over "
+                "data-parallel ranks): launch a multiple of ", config.ep * model_parallel, " ranks");
+  if (model_parallel == 1 && config.ep == 1) {
     g.dp = g.replicas = g.world;
   } else {
     ParallelLayout layout = config.layout();
     layout.dp = n / model_parallel;
     DeviceMesh mesh(g.world, layout.mesh_shape());
-    g.dp = mesh.group({"dp"});
-    g.replicas = config.cp > 1 ? mesh.group({"dp", "cp"}) : g.dp;
+    if (config.ep > 1) {
+      g.dp = mesh.group({"dp", "ep"});
+      g.replicas = mesh.group({"dp", "cp", "ep"});
+      g.ep = mesh.group({"ep"});
+      g.expert_replicas = mesh.group({"dp", "cp"});
+      g.ep_size = config.ep;
+      g.expert_replica_rank = g.expert_replicas->rank();
+    } else {
+      g.dp = mesh.group({"dp"});
+      g.replicas = config.cp > 1 ? mesh.group({"dp", "cp"}) : g.dp;
+    }
     if (config.cp > 1) g.cp = mesh.group({"cp"});
     if (config.tp > 1) g.tp = mesh.group({"tp"});
     if (config.pp > 1) {

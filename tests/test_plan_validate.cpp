@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <map>
 #include <fstream>
 
 #include "loom/core/error.hpp"
@@ -196,6 +198,42 @@ TEST(PublishedRuns, EveryMeasuredKindIsPredictedAndUnpredictableRunsAreRefused) 
   EXPECT_EQ(s.runs, 2);
   EXPECT_EQ(s.answered, 1);
   EXPECT_EQ(s.verdicts, 1);
+}
+
+// The README's "Planner against published runs" figures, exactly as printed there (one
+// decimal of a percent): if the planner moves, the README moves with it.
+TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
+  const std::vector<plan::PublishedRun> runs = plan::read_published_runs(kPublished);  // the checks point into it
+  const std::vector<plan::RunCheck> checks = check_all(runs);
+  const plan::ValidationSummary s = plan::summarize(checks);
+  auto pct = [](double e) {
+    char text[16];
+    std::snprintf(text, sizeof text, "%.1f", 100 * e);
+    return std::string(text);
+  };
+  EXPECT_EQ(s.runs, 57);
+  EXPECT_EQ(s.answered, 53);
+  EXPECT_EQ(s.rates.count, 45);
+  EXPECT_EQ(pct(s.rates.median), "7.1");
+  EXPECT_EQ(pct(s.rates.p90), "24.7");
+  EXPECT_EQ(pct(s.rates.worst), "298.6");
+  EXPECT_EQ(s.memory.count, 8);
+  EXPECT_EQ(pct(s.memory.median), "1.7");
+  EXPECT_EQ(pct(s.memory.worst), "27.9");
+  EXPECT_EQ(s.verdicts, 4);
+  EXPECT_EQ(s.verdicts_right, 4);
+  std::map<std::string, std::string> medians;
+  for (const plan::SourceCoverage& src : s.by_source)
+    if (src.rates.count > 0) medians[src.label] = pct(src.rates.median);
+  EXPECT_EQ(medians["Narayanan et al. 2021"], "5.4");
+  EXPECT_EQ(medians["MosaicML llm-foundry"], "6.8");
+  EXPECT_EQ(medians["Hagemann et al. 2023"], "4.7");
+  EXPECT_EQ(medians["Korthikanti et al. 2022"], "13.9");
+  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "28.3");
+  EXPECT_EQ(medians["Megatron-LM README (H100)"], "8.7");
+  EXPECT_EQ(medians["NeMo 24.07"], "17.4");
+  EXPECT_EQ(medians["Megatron-Bridge 25.11"], "21.6");
+  EXPECT_EQ(medians["torchtitan"], "6.3");
 }
 
 // Runs loom added after choosing the defaults (out of sample): Korthikanti et al.'s 530B with

@@ -67,7 +67,7 @@ TEST(GpuPresets, MatchDatasheetsHalvedForSparsity) {
 
   EXPECT_EQ(&gpu_preset("H100-SXM"), &h100) << "names match case-insensitively";
   EXPECT_EQ(plan::gpu_preset_names(),
-            (std::vector<std::string>{"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200"}));
+            (std::vector<std::string>{"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h200", "b200"}));
 }
 
 TEST(GpuPresets, UnknownNameListsValidOnes) {

@@ -152,41 +152,89 @@ int run_search(const PlanArgs& args, const ModelConfig& model) {
   return 0;
 }
 
-// Published runs: every prediction against its source's figure, then the summary the README
-// quotes. Exit code 1 when fewer than half the utilisation figures are within 15%.
+// Published runs: every figure each run measured against the planner's prediction in the
+// source's convention, the rules applied to what the run leaves out, the runs refused and
+// why, then the coverage and errors the README quotes. Exit code 1 when a run is malformed
+// (a field of the wrong type), so a broken file does not pass unnoticed.
 int run_validate(const PlanArgs& args) {
   const std::vector<plan::PublishedRun> runs = plan::read_published_runs(args.validate);
   std::vector<plan::RunCheck> checks;
   for (const plan::PublishedRun& run : runs) checks.push_back(plan::check_published_run(run));
   const plan::ValidationSummary summary = plan::summarize(checks);
-  const bool good = 2 * summary.within_15_percent >= summary.throughput_runs;
+  auto stats_json = [](const plan::ErrorStats& e) {
+    return nlohmann::json{{"count", e.count}, {"median_abs_error", e.median}, {"p90_abs_error", e.p90}, {"worst_abs_error", e.worst}};
+  };
   if (args.json) {
     nlohmann::json rows = nlohmann::json::array();
-    for (const plan::RunCheck& c : checks)
-      rows.push_back({{"id", c.run->id}, {"metric", plan::published_metric_name(c.run->metric)},
-                      {"layout", c.layout.describe()}, {"published", c.run->published}, {"predicted", c.predicted},
-                      {"relative_error", c.relative_error}, {"fits", c.fits}, {"source", c.run->source}});
-    std::printf("%s\n", nlohmann::json{{"runs", rows},
-                                       {"throughput_runs", summary.throughput_runs},
-                                       {"within_15_percent", summary.within_15_percent},
-                                       {"median_abs_error", summary.median_abs_error},
-                                       {"memory_runs", summary.memory_runs},
-                                       {"worst_memory_abs_error", summary.worst_memory_abs_error}}.dump(2).c_str());
-    return good ? 0 : 1;
+    for (const plan::RunCheck& c : checks) {
+      nlohmann::json figures = nlohmann::json::array();
+      for (const plan::FigureCheck& f : c.figures)
+        figures.push_back({{"figure", plan::figure_name(f.measured.figure)}, {"convention", f.measured.convention},
+                           {"published", f.measured.value}, {"predicted", f.predicted}, {"relative_error", f.relative_error}});
+      rows.push_back({{"id", c.run->id}, {"source", c.run->source_label}, {"answered", c.answered},
+                      {"refused", c.run->refused}, {"malformed", c.run->malformed},
+                      {"layout", c.answered ? c.layout.describe() : ""}, {"figures", figures},
+                      {"assumptions", c.run->assumptions}, {"picks", c.picks}, {"fits", c.fits},
+                      {"allocated_gib", c.allocated_gib}, {"reserved_gib", c.reserved_gib}});
+    }
+    nlohmann::json sources = nlohmann::json::array();
+    for (const plan::SourceCoverage& src : summary.by_source)
+      sources.push_back({{"source", src.label}, {"runs", src.runs}, {"answered", src.answered}, {"rates", stats_json(src.rates)}});
+    nlohmann::json kinds = nlohmann::json::object();
+    for (const auto& [name, stats] : summary.by_figure) kinds[name] = stats_json(stats);
+    std::printf("%s\n", nlohmann::json{{"runs", rows}, {"total", summary.runs}, {"answered", summary.answered},
+                                       {"malformed", summary.malformed}, {"rates", stats_json(summary.rates)},
+                                       {"memory", stats_json(summary.memory)}, {"verdicts", summary.verdicts},
+                                       {"verdicts_right", summary.verdicts_right}, {"by_source", sources},
+                                       {"by_figure", kinds}}.dump(2).c_str());
+    return summary.malformed > 0 ? 1 : 0;
   }
-  std::printf("%-36s %-22s %-52s %9s %9s %7s\n", "run", "metric", "layout (planner's picks for unstated fields)",
-              "published", "predicted", "error");
   for (const plan::RunCheck& c : checks) {
-    const bool gb = c.run->metric == plan::PublishedMetric::ModelStateGigabytes;
-    std::printf("%-36s %-22s %-52s %9.3f %9.3f %+6.1f%%%s\n", c.run->id.c_str(), plan::published_metric_name(c.run->metric),
-                gb ? "-" : c.layout.describe().c_str(), c.run->published, c.predicted, 100 * c.relative_error,
-                c.fits ? "" : " (does not fit)");
+    if (!c.answered) {
+      std::printf("%s\n  %s: %s\n", c.run->id.c_str(), c.run->malformed ? "MALFORMED" : "refused",
+                  c.run->refused.empty() && !c.picks.empty() ? c.picks.front().c_str() : c.run->refused.c_str());
+      continue;
+    }
+    std::printf("%s [%s] %s%s\n", c.run->id.c_str(), c.run->source_label.c_str(),
+                c.run->kind == "analytic_memory_reference" ? "-" : c.layout.describe().c_str(), c.fits ? "" : " (does not fit)");
+    for (const plan::FigureCheck& f : c.figures) {
+      const bool verdict = f.measured.figure == plan::Figure::Fits;
+      char error[32];
+      if (verdict)
+        std::snprintf(error, sizeof error, "%s", f.relative_error == 0 ? "right" : "WRONG");
+      else
+        std::snprintf(error, sizeof error, "%+6.1f%%", 100 * f.relative_error);
+      std::printf("  %-20s %-44s published %10.4g predicted %10.4g  %s\n", plan::figure_name(f.measured.figure),
+                  f.measured.convention.c_str(), f.measured.value, f.predicted, error);
+    }
+    std::string notes;
+    for (const std::string& a : c.run->assumptions) notes += (notes.empty() ? "" : "; ") + a;
+    for (const std::string& p : c.picks) notes += (notes.empty() ? "" : "; ") + p + " (fastest that fits)";
+    if (!notes.empty()) std::printf("  assumed: %s\n", notes.c_str());
   }
-  std::printf("\n%lld utilisation figures: median |error| %.1f%%, %lld within 15%%; %lld memory figures: worst |error| %.2f%%\n",
-              static_cast<long long>(summary.throughput_runs), 100 * summary.median_abs_error,
-              static_cast<long long>(summary.within_15_percent), static_cast<long long>(summary.memory_runs),
-              100 * summary.worst_memory_abs_error);
-  return good ? 0 : 1;
+  std::printf("\ncoverage: %lld of %lld runs answered, %lld refused with a reason%s\n", static_cast<long long>(summary.answered),
+              static_cast<long long>(summary.runs), static_cast<long long>(summary.runs - summary.answered),
+              summary.malformed > 0 ? " (some MALFORMED)" : "");
+  std::printf("%-32s %5s %9s %8s %8s %8s\n", "source", "runs", "answered", "median", "p90", "worst");
+  for (const plan::SourceCoverage& src : summary.by_source) {
+    if (src.rates.count > 0)
+      std::printf("%-32s %5lld %9lld %7.1f%% %7.1f%% %7.1f%%\n", src.label.c_str(), static_cast<long long>(src.runs),
+                  static_cast<long long>(src.answered), 100 * src.rates.median, 100 * src.rates.p90, 100 * src.rates.worst);
+    else
+      std::printf("%-32s %5lld %9lld %8s %8s %8s\n", src.label.c_str(), static_cast<long long>(src.runs),
+                  static_cast<long long>(src.answered), "-", "-", "-");
+  }
+  std::printf("\n%-32s %5s %8s %8s %8s\n", "measured kind", "count", "median", "p90", "worst");
+  for (const auto& [name, e] : summary.by_figure)
+    std::printf("%-32s %5lld %7.1f%% %7.1f%% %7.1f%%\n", name.c_str(), static_cast<long long>(e.count), 100 * e.median,
+                100 * e.p90, 100 * e.worst);
+  std::printf("\nutilisation and throughput (one headline figure per run): %lld figures, median |error| %.1f%%, p90 %.1f%%, "
+              "worst %.1f%%\nmemory: %lld figures, median |error| %.1f%%, worst %.1f%%\nOOM/fits verdicts: %lld of %lld right\n",
+              static_cast<long long>(summary.rates.count), 100 * summary.rates.median, 100 * summary.rates.p90,
+              100 * summary.rates.worst, static_cast<long long>(summary.memory.count), 100 * summary.memory.median,
+              100 * summary.memory.worst, static_cast<long long>(summary.verdicts_right),
+              static_cast<long long>(summary.verdicts));
+  return summary.malformed > 0 ? 1 : 0;
 }
 
 }  // namespace

@@ -14,6 +14,10 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 // number can be checked against its source as printed.
 const std::vector<GpuSpec>& presets() {
   static const std::vector<GpuSpec> table = {
+      // NVIDIA Tesla V100 datasheet (SXM2, 32 GB; DGX-2 holds 16 on NVSwitch): 125 TF FP16
+      // tensor-core peak (Volta has no BF16; the "bf16" field holds the 16-bit tensor peak),
+      // HBM2 900 GB/s, NVLink 300 GB/s, 300 W.
+      {"v100-32gb", 125.0, 0, 32 * kGiB, 900e9, 300e9 / 2, 300},
       // NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf),
       // SXM column: BF16 624 TF sparse, HBM2 1,555 GB/s, NVLink 600 GB/s, max TDP 400 W.
       // Ampere has no FP8 tensor cores.
@@ -23,6 +27,10 @@ const std::vector<GpuSpec>& presets() {
       // NVIDIA H100 Tensor Core GPU datasheet (h100-datasheet), SXM column: BF16 1,979 TF and
       // FP8 3,958 TF sparse, HBM3 3.35 TB/s, NVLink 900 GB/s, max TDP 700 W.
       {"h100-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 900e9 / 2, 700},
+      // NVIDIA H800 SXM5 (the export variant of the H100 SXM, product brief): H100 SXM compute
+      // and HBM3 (BF16 1,979 TF, FP8 3,958 TF sparse, 80 GB, 3.35 TB/s, 700 W), NVLink cut to
+      // 400 GB/s.
+      {"h800-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 400e9 / 2, 700},
       // NVIDIA H200 Tensor Core GPU datasheet, SXM column: same compute as H100 SXM (BF16
       // 1,979 TF, FP8 3,958 TF sparse), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, up to 700 W.
       {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700},
@@ -72,6 +80,8 @@ std::vector<std::string> gpu_preset_names() {
 }
 
 double default_inter_node_bytes_per_s(const GpuSpec& gpu) {
+  // NVIDIA DGX-2: eight 100 Gb/s EDR InfiniBand ports for 16 V100s (6.25 GB/s per GPU).
+  if (gpu.name.rfind("v100", 0) == 0) return 8 * 100e9 / 8 / 16;
   return gpu.name.rfind("a100", 0) == 0 ? 25e9 : 50e9;
 }
 

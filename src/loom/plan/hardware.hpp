@@ -23,7 +23,7 @@ struct GpuSpec {
   double tdp_watts = 0;
 };
 
-// Presets: "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200". The name is matched
+// Presets: "v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h200", "b200". The name is matched
 // case-insensitively; an unknown name throws a loom::Error that lists the valid ones.
 const GpuSpec& gpu_preset(const std::string& name);
 std::vector<std::string> gpu_preset_names();
@@ -31,7 +31,8 @@ std::vector<std::string> gpu_preset_names();
 // Inter-node bandwidth per GPU, one direction, of the reference server of the GPU's
 // generation: DGX A100 has eight 200 Gb/s HDR compute NICs (25 GB/s per GPU; also MosaicML's
 // "1600 Gbps node-node" A100 clusters and Selene in Narayanan et al. 2021); DGX H100/H200 and
-// DGX B200 have eight 400 Gb/s NDR NICs (50 GB/s per GPU).
+// DGX B200 have eight 400 Gb/s NDR NICs (50 GB/s per GPU); DGX-2 (V100) eight 100 Gb/s EDR
+// ports for 16 GPUs.
 double default_inter_node_bytes_per_s(const GpuSpec& gpu);
 
 // Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", §3.3.4): 419 unexpected

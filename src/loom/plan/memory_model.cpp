@@ -4,6 +4,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/model/parameter_specs.hpp"
+#include "loom/model/pipeline_layout.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
 #include "loom/plan/rank_parameters.hpp"
 
@@ -49,6 +50,20 @@ LayerElements layer_elements(const ModelConfig& m) {
 
 }  // namespace
 
+// Korthikanti et al. 2022, eqs. 1-6 (16-bit: 2 bytes per element, 1 per dropout mask).
+double korthikanti_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const PlanLayout& l,
+                               bool flash_attention) {
+  const double sbh = static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp) *
+                     static_cast<double>(m.n_embd);
+  const double t = static_cast<double>(l.tp), h = static_cast<double>(m.n_embd);
+  if (l.recompute == Recompute::Full) return 2 * sbh / (l.sequence_parallel ? t : 1.0);
+  const double split = 8 + 4 * static_cast<double>(m.ffn_hidden) / h;  // 24 for f = 4h
+  double per = (l.sequence_parallel ? 10 / t : 10.0) + split / t;
+  if (l.recompute == Recompute::None && !flash_attention)
+    per += 5 * static_cast<double>(m.n_head) * static_cast<double>(seq_len) / (h * t);
+  return sbh * per;
+}
+
 double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const PlanLayout& l,
                               double bytes_per_element, bool flash_attention) {
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp);
@@ -78,27 +93,65 @@ double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro
   return layers;
 }
 
+std::vector<int64_t> planner_stage_layers(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
+  if (!job.stage_layers.empty()) {
+    if (static_cast<int64_t>(job.stage_layers.size()) != l.pp * l.vp)
+      throw_error("planner: ", job.stage_layers.size(), " stage layer counts for pp x vp = ", l.pp * l.vp, " stages");
+    return job.stage_layers;
+  }
+  return stage_layer_counts(m.n_layer, l.pp * l.vp);
+}
+
+int64_t chunks_in_flight(const PlanLayout& l, int64_t micro_batches, int64_t rank) {
+  switch (l.schedule) {
+    case PipelineSchedule::AllForwardAllBackward: return micro_batches * l.vp;
+    case PipelineSchedule::OneFOneB: return std::min(micro_batches, l.pp - rank);
+    case PipelineSchedule::Interleaved:
+      return std::min(micro_batches * l.vp, 2 * (l.pp - rank - 1) + (l.vp - 1) * l.pp + 1);
+  }
+  return micro_batches * l.vp;
+}
+
 MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
-  // Parameters on the first pipeline rank (it also stashes the most micro-batches): its blocks
-  // on one tp rank, plus the input embedding (vocabulary-parallel over tp), counted from each
+  // Parameters on each pipeline rank: its blocks on one tp rank, plus the input embedding
+  // (vocabulary-parallel over tp) on the first and the head on the last, counted from each
   // parameter's placement. Expert weights are further split over ep and their ZeRO shards span
   // the dp x cp / ep ranks holding the same experts (DeepSpeed-MoE, Rajbhandari et al. 2022,
   // sec. 5).
-  const RankParameters held = rank_parameters(m, l, 0);
-  MemoryBreakdown mem = zero_model_states(held.dense(), job.state, l.dp * l.cp, l.zero_stage);
-  if (held.experts > 0) {
-    const MemoryBreakdown experts = zero_model_states(held.experts, job.state, l.dp * l.cp / l.ep, l.zero_stage);
-    mem.parameters += experts.parameters;
-    mem.gradients += experts.gradients;
-    mem.optimizer_state += experts.optimizer_state;
-  }
+  const std::vector<int64_t> stage_layers = planner_stage_layers(m, l, job);
   const double bytes = job.activation_bytes;
-  mem.activations = layer_activation_bytes(m, l.micro_batch, job.seq_len, l, bytes, job.flash_attention) *
-                    layers_in_flight(m, l, job.micro_batches);
-  if (l.recompute == Recompute::Full) {  // one layer's full stash is rebuilt during its backward
-    PlanLayout none = l;
-    none.recompute = Recompute::None;
-    mem.activations += layer_activation_bytes(m, l.micro_batch, job.seq_len, none, bytes, job.flash_attention);
+  auto layer_bytes = [&](const PlanLayout& layout) {
+    return job.accounting == ActivationAccounting::Korthikanti
+               ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout, job.flash_attention)
+               : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes, job.flash_attention);
+  };
+  MemoryBreakdown mem;
+  RankParameters held;
+  for (int64_t rank = 0; rank < l.pp; ++rank) {
+    const RankParameters r = rank_parameters(m, l, rank, stage_layers);
+    MemoryBreakdown here = zero_model_states(r.dense(), job.state, l.dp * l.cp, l.zero_stage);
+    if (r.experts > 0) {
+      const MemoryBreakdown experts = zero_model_states(r.experts, job.state, l.dp * l.cp / l.ep, l.zero_stage);
+      here.parameters += experts.parameters;
+      here.gradients += experts.gradients;
+      here.optimizer_state += experts.optimizer_state;
+    }
+    // The rank's chunks hold chunks_in_flight micro-batch-chunks at the peak; with uneven
+    // stages each counts as the rank's average chunk.
+    const double chunk_layers = static_cast<double>(r.layers) / static_cast<double>(l.vp);
+    here.activations = layer_bytes(l) * chunk_layers * static_cast<double>(chunks_in_flight(l, job.micro_batches, rank));
+    if (l.recompute == Recompute::Full) {  // one layer's full stash is rebuilt during its backward
+      PlanLayout none = l;
+      none.recompute = Recompute::None;
+      here.activations += layer_bytes(none);
+    }
+    if (rank == l.pp - 1 && job.logits_bytes_per_element > 0)
+      here.activations += static_cast<double>(l.micro_batch * job.seq_len / l.cp) * static_cast<double>(m.vocab_size) /
+                          static_cast<double>(l.tp) * job.logits_bytes_per_element;
+    if (rank == 0 || here.total() > mem.total()) {
+      mem = here;
+      held = r;
+    }
   }
   // Two buckets in flight for data parallelism; ZeRO-3 also holds a gathered layer and the
   // prefetched next one.

@@ -48,6 +48,13 @@ double layer_activation_bytes(const ModelConfig& model, int64_t micro_batch, int
 // interleaved holds L (1 + (p - 1) / (p v)).
 double layers_in_flight(const ModelConfig& model, const PlanLayout& layout, int64_t micro_batches);
 
+// How a layer's stash is counted: as loom's engine keeps it (layer_activation_bytes), or as
+// Korthikanti et al. 2022 count Megatron-LM's GPT layers with dropout (sec. 4.1, eqs. 1-6:
+// sbh (10 + 24/t + 5as/(ht)) bytes without sequence parallelism, sbh (34/t + 5as/(ht)) with
+// it, the 5as/h scores term dropped by selective recomputation or by flash attention, 2sbh with
+// full recomputation; the 24 generalised to 8 + 4f/h for an MLP of width f).
+enum class ActivationAccounting { Engine, Korthikanti };
+
 struct GpuJob {
   int64_t seq_len = 2048;
   int64_t micro_batches = 1;        // per step per pipeline (gradient accumulation steps)
@@ -56,8 +63,28 @@ struct GpuJob {
   double bucket_bytes = 25e6;       // data-parallel gradient buckets, two in flight
   double workspace_bytes = 2.0 * (1 << 30);  // CUDA context, cuBLAS/NCCL workspaces (Playbook: 1-2 GB)
   bool flash_attention = true;      // false: the s x s scores are materialised (pre-2022 stacks)
+  ActivationAccounting accounting = ActivationAccounting::Engine;
+  // Loss buffers on the last stage, bytes per logit of one micro-batch (tokens x V / tp): 0 for
+  // loom's engine (a fused, vocabulary-chunked cross-entropy never holds the whole row).
+  // PyTorch's unfused `cross_entropy(logits.float())` holds the bf16 logits (2), their fp32
+  // copy (4) and the fp32 log-softmax it saves (4): 10; Megatron-LM's vocab-parallel
+  // cross-entropy the bf16 logits (2) and the fp32 softmax it saves for backward (4): 6.
+  double logits_bytes_per_element = 0;
+  // Layers per pipeline stage (pp x vp entries); empty: the engine's split (stage_layer_counts).
+  std::vector<int64_t> stage_layers;
 };
-// Memory of the most loaded rank (the first pipeline stage, which also holds the embedding).
+
+// The split the planner uses: job.stage_layers when given, else the engine's.
+std::vector<int64_t> planner_stage_layers(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
+
+// Micro-batch-chunks pipeline rank `rank` holds at its peak (forwarded, not yet backwarded),
+// from the schedule's warm-up (Narayanan et al. 2021 sec. 2.2; Megatron-LM's
+// forward_backward_pipelining_*): AFAB all m; 1F1B min(m, p - rank); interleaved
+// min(m v, 2 (p - rank - 1) + (v - 1) p + 1).
+int64_t chunks_in_flight(const PlanLayout& layout, int64_t micro_batches, int64_t rank);
+// Memory of the most loaded pipeline rank: each rank's model states (the first also holds the
+// embedding, the last the head) plus the activations it holds at its peak (the first stage
+// holds the most micro-batches under 1F1B) plus, on the last, the loss buffers.
 MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
 
 // The CPU engine as built, exactly: bytes of parameters, gradients and optimizer state on one

@@ -1,3 +1,6 @@
+// Reading published runs: every field checked for its type (a wrong one names the run and the
+// field), what the source leaves out filled by a rule that is recorded, and a run that cannot
+// be predicted refused with its reason. The checking itself is in published_check.cpp.
 #include "loom/plan/published_runs.hpp"
 
 #include <algorithm>
@@ -5,203 +8,390 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
 
 #include "loom/core/error.hpp"
-#include "loom/plan/memory_model.hpp"
-#include "loom/plan/search.hpp"
-#include "loom/plan/time_model.hpp"
+#include "loom/plan/published_models.hpp"
 
 namespace loom::plan {
 
-const char* published_metric_name(PublishedMetric metric) {
-  switch (metric) {
-    case PublishedMetric::HfuNarayananEq3: return "HFU (Narayanan eq. 3)";
-    case PublishedMetric::MfuSixN: return "MFU (6N + 12Lds)";
-    case PublishedMetric::ModelStateGigabytes: return "model states GB";
+const char* figure_name(Figure figure) {
+  switch (figure) {
+    case Figure::Mfu: return "MFU";
+    case Figure::Hfu: return "HFU";
+    case Figure::TflopsPerGpu: return "TFLOP/s per GPU";
+    case Figure::TokensPerSecond: return "tokens/s per GPU";
+    case Figure::StepTime: return "step time s";
+    case Figure::MemoryPerGpu: return "memory GiB per GPU";
+    case Figure::ModelStates: return "model states GB";
+    case Figure::Fits: return "fits (1) / OOM (0)";
+    case Figure::LayerForwardMs: return "layer forward ms";
+    case Figure::LayerBackwardMs: return "layer backward ms";
   }
   return "unknown";
+}
+
+FigureClass figure_class(Figure figure) {
+  switch (figure) {
+    case Figure::MemoryPerGpu:
+    case Figure::ModelStates: return FigureClass::Memory;
+    case Figure::Fits: return FigureClass::Verdict;
+    default: return FigureClass::Rate;
+  }
 }
 
 namespace {
 
 using nlohmann::json;
 
+// A run the planner cannot predict, and why (not a fault of the file).
+struct Refusal {
+  std::string why;
+};
+
 std::string lowercase(std::string text) {
   for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return text;
 }
 
-// Reads fields of one run, naming the run and the field in every error.
+std::string contains_any(const std::string& text, std::initializer_list<const char*> words) {
+  for (const char* w : words)
+    if (text.find(w) != std::string::npos) return w;
+  return "";
+}
+
+// Reads fields of one run, naming the run and the field in every error. A path is
+// "section.key" or "section.sub.key".
 class RunFields {
  public:
   RunFields(const json& run, std::string id) : run_(run), id_(std::move(id)) {}
 
-  const json* find(const std::string& section, const std::string& key) const {
-    const json* parent = section.empty() ? &run_ : nullptr;
-    if (!section.empty()) {
-      auto it = run_.find(section);
-      if (it == run_.end() || !it->is_object()) return nullptr;
-      parent = &*it;
+  const json* find(const std::string& path) const {
+    const json* node = &run_;
+    std::stringstream parts(path);
+    std::string part;
+    while (std::getline(parts, part, '.')) {
+      if (!node->is_object()) return nullptr;
+      auto it = node->find(part);
+      if (it == node->end() || it->is_null()) return nullptr;
+      node = &*it;
     }
-    auto it = parent->find(key);
-    if (it == parent->end() || it->is_null()) return nullptr;
-    return &*it;
+    return node;
   }
-  std::optional<double> number(const std::string& section, const std::string& key) const {
-    const json* v = find(section, key);
+  std::optional<double> number(const std::string& path) const {
+    const json* v = find(path);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) throw_error("published run '", id_, "': ", path(section, key), " is not a number");
+    if (!v->is_number()) throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not a number");
     return v->get<double>();
   }
-  double required(const std::string& section, const std::string& key) const {
-    const std::optional<double> v = number(section, key);
-    if (!v) throw_error("published run '", id_, "': ", path(section, key), " is missing");
-    return *v;
-  }
-  int64_t integer(const std::string& section, const std::string& key, int64_t fallback) const {
-    const std::optional<double> v = number(section, key);
-    if (!v) return fallback;
+  std::optional<int64_t> integer(const std::string& path) const {
+    const std::optional<double> v = number(path);
+    if (!v) return std::nullopt;
     if (*v < 0 || *v != std::floor(*v))
-      throw_error("published run '", id_, "': ", path(section, key), " = ", *v, " is not a non-negative integer");
+      throw_error("published run '", id_, "': ", path, " = ", *v, " is not a non-negative integer");
     return static_cast<int64_t>(*v);
   }
-  std::string text(const std::string& section, const std::string& key) const {
-    const json* v = find(section, key);
+  std::string text(const std::string& path) const {
+    const json* v = find(path);
     if (v == nullptr) return "";
-    if (!v->is_string()) throw_error("published run '", id_, "': ", path(section, key), " is not a string");
+    if (!v->is_string()) throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not a string");
     return v->get<std::string>();
   }
-  bool flag(const std::string& section, const std::string& key) const {
-    const json* v = find(section, key);
-    return v != nullptr && v->is_boolean() && v->get<bool>();
+  std::optional<bool> flag(const std::string& path) const {
+    const json* v = find(path);
+    if (v == nullptr) return std::nullopt;
+    if (!v->is_boolean()) throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not true or false");
+    return v->get<bool>();
   }
-  const std::string& id() const { return id_; }
+  // Sections must be objects when present.
+  void require_object(const std::string& path) const {
+    const json* v = find(path);
+    if (v != nullptr && !v->is_object()) throw_error("published run '", id_, "': ", path, " is not an object");
+  }
 
  private:
-  static std::string path(const std::string& section, const std::string& key) {
-    return section.empty() ? key : section + "." + key;
-  }
   const json& run_;
   std::string id_;
 };
 
-// The file names GPUs as their sources print them ("A100-SXM4-80GB", "H100 80GB").
-std::string preset_of_gpu(const std::string& printed, const std::string& id) {
+// The file names GPUs as their sources print them ("A100-SXM4-80GB", "H100 80GB", "V100 32GB
+// (DGX-2)"). TPUs and unknown GPUs are refused.
+std::string preset_of_gpu(const std::string& printed) {
   const std::string g = lowercase(printed);
+  if (g.find("tpu") != std::string::npos) throw Refusal{"hardware.gpu '" + printed + "' is a TPU: the planner models GPUs only"};
   if (g.find("a100") != std::string::npos) return g.find("40") != std::string::npos ? "a100-40gb" : "a100-80gb";
-  for (const char* name : {"h100", "h200", "b200"})
-    if (g.find(name) != std::string::npos) return name == std::string("h100") ? "h100-sxm" : name;
-  throw_error("published run '", id, "': no GPU preset matches hardware.gpu '", printed, "'; known: ",
-              "A100 40/80GB, H100, H200, B200");
+  if (g.find("v100") != std::string::npos) return "v100-32gb";
+  if (g.find("h800") != std::string::npos) return "h800-sxm";
+  if (g.find("h100") != std::string::npos) return "h100-sxm";
+  for (const char* name : {"h200", "b200"})
+    if (g.find(name) != std::string::npos) return name;
+  throw Refusal{"no GPU preset matches hardware.gpu '" + printed + "' (known: V100, A100 40/80GB, H100, H800, H200, B200)"};
 }
 
-Recompute recompute_of(const std::string& printed) {
-  const std::string r = lowercase(printed);
-  if (r.rfind("full", 0) == 0) return Recompute::Full;
-  if (r.find("selective") != std::string::npos) return Recompute::Selective;
-  return Recompute::None;
+// The measured figures, in the order the summary picks its headline from.
+void read_measured(const RunFields& f, PublishedRun& run) {
+  f.require_object("measured");
+  f.require_object("measured.other");
+  const SourceConventions& c = run.conventions;
+  auto add = [&](Figure figure, std::optional<double> value, std::string convention) {
+    if (value) run.measured.push_back({figure, *value, std::move(convention)});
+  };
+  add(Figure::Mfu, f.number("measured.mfu"), flop_count_name(c.mfu));
+  add(Figure::Hfu, f.number("measured.hfu"), flop_count_name(c.hfu));
+  add(Figure::TflopsPerGpu, f.number("measured.tflops_per_gpu"), flop_count_name(c.tflops));
+  add(Figure::TokensPerSecond, f.number("measured.tokens_per_s_per_gpu"), "");
+  add(Figure::StepTime, f.number("measured.step_time_s"), "");
+  add(Figure::LayerForwardMs, f.number("measured.other.layer_forward_ms"), "");
+  add(Figure::LayerBackwardMs, f.number("measured.other.layer_backward_ms"), "");
+  if (run.kind == "analytic_memory_reference")
+    add(Figure::ModelStates, f.number("measured.memory_per_gpu_gb"), "(2 + 2 + 12) Psi sharded by ZeRO stage, GB");
+  else
+    add(Figure::MemoryPerGpu, f.number("measured.memory_per_gpu_gb"),
+        c.memory == MemoryCount::Reserved ? "peak reserved by the caching allocator, GiB"
+                                          : "model states + activations by formula, GiB");
+  if (const std::optional<bool> oom = f.flag("measured.oom")) add(Figure::Fits, *oom ? 0.0 : 1.0, "the run's OOM verdict");
+  if (run.measured.empty()) {
+    std::string other;
+    if (const json* o = f.find("measured.other"); o != nullptr)
+      for (auto it = o->begin(); it != o->end(); ++it) other += (other.empty() ? "" : ", ") + it.key();
+    throw Refusal{"measures nothing the planner predicts" + (other.empty() ? std::string() : " (measured.other: " + other + ")")};
+  }
 }
 
-ModelConfig model_of(const RunFields& f) {
+ModelConfig model_of(const RunFields& f, PublishedRun& run) {
+  const std::string name = f.text("model.name");
+  const std::optional<int64_t> layers = f.integer("model.layers"), hidden = f.integer("model.hidden"),
+                               heads = f.integer("model.heads");
   ModelConfig m;
-  m.n_layer = f.integer("model", "layers", 0);
-  m.n_embd = f.integer("model", "hidden", 0);
-  m.n_head = f.integer("model", "heads", 0);
-  m.n_kv_head = f.integer("model", "kv_heads", m.n_head);
-  m.ffn_hidden = f.integer("model", "ffn", 4 * m.n_embd);
-  m.vocab_size = f.integer("model", "vocab", 0);
-  m.max_seq_len = f.integer("model", "seq_len", 0);
-  // Grouped-query attention or a Llama name means SwiGLU + RMSNorm + RoPE; otherwise the
-  // GPT layout (Megatron GPT, MPT).
-  const bool llama = m.n_kv_head < m.n_head || lowercase(f.text("model", "name")).find("llama") != std::string::npos;
-  m.arch = llama ? Architecture::Llama : Architecture::GPT2;
-  m.tied_embeddings = !llama;
+  if (layers && hidden && heads) {
+    m.n_layer = *layers;
+    m.n_embd = *hidden;
+    m.n_head = *heads;
+    m.n_kv_head = f.integer("model.kv_heads").value_or(m.n_head);
+    const std::optional<int64_t> ffn = f.integer("model.ffn");
+    m.ffn_hidden = ffn.value_or(4 * m.n_embd);
+    const std::optional<int64_t> vocab = f.integer("model.vocab");
+    m.vocab_size = vocab.value_or(51200);
+    // Grouped-query attention or a Llama name means SwiGLU + RMSNorm + RoPE; otherwise the
+    // GPT layout (Megatron GPT, MPT) with tied embeddings.
+    const bool llama = m.n_kv_head < m.n_head || lowercase(name).find("llama") != std::string::npos;
+    m.arch = llama ? Architecture::Llama : Architecture::GPT2;
+    m.tied_embeddings = !llama;
+    if (!ffn) run.assumptions.push_back(llama ? "ffn not stated: 4h" : "ffn not stated: 4h (GPT)");
+    if (!vocab) run.assumptions.push_back("vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
+    if (f.find("model.moe") != nullptr)
+      throw Refusal{"model.moe is given but its expert dimensions are not in loom's schema reader"};
+  } else {
+    const std::optional<PublishedModel> preset = find_published_model(name);
+    if (!preset)
+      throw Refusal{"model dimensions (layers, hidden, heads) are not stated and no published architecture matches "
+                    "model.name '" + name + "'"};
+    if (!preset->not_representable.empty()) throw Refusal{preset->name + ": " + preset->not_representable};
+    m = preset->config;
+    run.assumptions.push_back("model from preset " + preset->name + " (" + preset->source.substr(0, preset->source.find(',')) + ")");
+    if (!f.integer("model.seq_len")) run.assumptions.push_back("seq_len not stated: the preset's " + std::to_string(m.max_seq_len));
+    if (!f.find("global_batch") && preset->batch_tokens > 0) {
+      const int64_t seq = f.integer("model.seq_len").value_or(m.max_seq_len);
+      run.global_batch = std::max<int64_t>(1, preset->batch_tokens / seq);
+      run.assumptions.push_back("global_batch not stated: the model's published batch, " + std::to_string(preset->batch_tokens) +
+                                " tokens = " + std::to_string(run.global_batch) + " sequences");
+    }
+  }
+  m.max_seq_len = f.integer("model.seq_len").value_or(m.max_seq_len);
+  if (m.max_seq_len <= 0) throw Refusal{"model.seq_len is not stated"};
   try {
     m.validate();
   } catch (const Error& e) {
-    throw_error("published run '", f.id(), "': model: ", e.what());
+    throw_error("published run '", f.text("id"), "': model: ", e.what());
   }
   return m;
 }
 
-PublishedRun parse_run(const json& entry, size_t index) {
-  if (!entry.is_object()) throw_error("published runs: entry ", index, " is not an object");
-  const std::string id = entry.contains("id") && entry["id"].is_string() ? entry["id"].get<std::string>()
-                                                                          : "#" + std::to_string(index);
-  const RunFields f(entry, id);
-  PublishedRun run;
-  run.id = id;
-  run.source = f.text("", "source");
-  run.uncertain = f.flag("", "uncertain");
-  run.params = f.number("model", "params_b").value_or(0) * 1e9;
-  run.layout.tp = std::max<int64_t>(1, f.integer("parallelism", "tp", 1));
-  run.layout.pp = std::max<int64_t>(1, f.integer("parallelism", "pp", 1));
-  run.layout.dp = std::max<int64_t>(1, f.integer("parallelism", "dp", 1));
-  run.layout.cp = std::max<int64_t>(1, f.integer("parallelism", "cp", 1));
-  run.layout.ep = std::max<int64_t>(1, f.integer("parallelism", "ep", 1));
-  run.layout.zero_stage = static_cast<int>(f.integer("parallelism", "zero_stage", 0));
-  run.layout.sequence_parallel = f.flag("parallelism", "sequence_parallel");
-  const int64_t gpus = f.integer("parallelism", "total_gpus", run.layout.gpus());
-  if (gpus != run.layout.gpus())
-    throw_error("published run '", id, "': parallelism.total_gpus = ", gpus, " but tp x pp x dp x cp = ", run.layout.gpus());
+// "32 per DP group; 16M tokens per batch", "2048", "4M tokens": a count per dp group times
+// dp, else tokens over the sequence length.
+int64_t parse_global_batch_text(const std::string& text, int64_t dp, int64_t seq, std::vector<std::string>& assumptions) {
+  std::smatch m;
+  const std::string lower = lowercase(text);
+  if (std::regex_search(lower, m, std::regex(R"(([0-9]+)\s*(sequences\s*)?per\s*(dp|data[- ]parallel))"))) {
+    const int64_t per = std::stoll(m[1].str());
+    assumptions.push_back("global_batch '" + text + "': " + std::to_string(per) + " x dp " + std::to_string(dp) + " = " +
+                          std::to_string(per * dp) + " sequences");
+    return per * dp;
+  }
+  if (std::regex_search(lower, m, std::regex(R"(([0-9]+(\.[0-9]+)?)\s*([km])\s*tokens)"))) {
+    const double scale = m[3].str() == "m" ? 1 << 20 : 1 << 10;
+    const double tokens = std::stod(m[1].str()) * scale;
+    const auto sequences = static_cast<int64_t>(std::llround(tokens / static_cast<double>(seq)));
+    assumptions.push_back("global_batch '" + text + "': " + m[1].str() + m[3].str() + " tokens (binary prefix) / seq " +
+                          std::to_string(seq) + " = " + std::to_string(sequences) + " sequences");
+    return sequences;
+  }
+  if (std::regex_match(lower, m, std::regex(R"(\s*([0-9]+)\s*)"))) return std::stoll(m[1].str());
+  throw Refusal{"global_batch '" + text + "' gives neither 'N per DP group' nor 'N M tokens' nor a number"};
+}
 
-  if (f.text("", "kind") == "analytic_memory_reference") {
-    run.metric = PublishedMetric::ModelStateGigabytes;
-    run.published = f.required("measured", "memory_per_gpu_gb");
-    if (run.params <= 0) throw_error("published run '", id, "': model.params_b is needed for a memory reference");
+void read_layout(const RunFields& f, PublishedRun& run) {
+  f.require_object("parallelism");
+  PlanLayout& l = run.layout;
+  l.tp = std::max<int64_t>(1, f.integer("parallelism.tp").value_or(1));
+  l.pp = std::max<int64_t>(1, f.integer("parallelism.pp").value_or(1));
+  l.cp = std::max<int64_t>(1, f.integer("parallelism.cp").value_or(1));
+  l.ep = std::max<int64_t>(1, f.integer("parallelism.ep").value_or(1));
+  const std::optional<int64_t> dp = f.integer("parallelism.dp"), total = f.integer("parallelism.total_gpus");
+  const int64_t model_parallel = l.tp * l.pp * l.cp;
+  if (dp) {
+    l.dp = std::max<int64_t>(1, *dp);
+    if (total && *total != l.gpus()) {
+      // The rule: total_gpus is what ran; dp is what is left over once tp x pp x cp is placed.
+      if (*total % model_parallel != 0)
+        throw Refusal{"parallelism.total_gpus = " + std::to_string(*total) + " is not a multiple of tp x pp x cp = " +
+                      std::to_string(model_parallel)};
+      l.dp = *total / model_parallel;
+      run.assumptions.push_back("total_gpus " + std::to_string(*total) + " != tp x pp x dp x cp as written: dp = " +
+                                std::to_string(l.dp));
+    }
+  } else {
+    if (!total) throw Refusal{"neither parallelism.dp nor parallelism.total_gpus is stated"};
+    if (*total % model_parallel != 0)
+      throw Refusal{"parallelism.total_gpus = " + std::to_string(*total) + " is not a multiple of tp x pp x cp"};
+    l.dp = *total / model_parallel;
+    run.assumptions.push_back("dp not stated: total_gpus / (tp x pp x cp) = " + std::to_string(l.dp));
+  }
+  // ZeRO stage: stated; else read from the fsdp text; else Megatron's distributed optimizer
+  // (ZeRO-1, no extra traffic: a reduce-scatter and an all-gather move what one all-reduce
+  // does) for Megatron stacks with dp > 1, and plain data parallelism for others.
+  if (const std::optional<int64_t> z = f.integer("parallelism.zero_stage")) {
+    if (*z > 3) throw_error("published run '", run.id, "': parallelism.zero_stage = ", *z, " is not 0-3");
+    l.zero_stage = static_cast<int>(*z);
+  } else {
+    const std::string fsdp = lowercase(f.text("parallelism.fsdp"));
+    if (!fsdp.empty() && !contains_any(fsdp, {"zero-2", "zero2", "grads sharded"}).empty()) {
+      l.zero_stage = 2;
+    } else if (!fsdp.empty() && !contains_any(fsdp, {"ddp", "fsdp=0"}).empty()) {
+      l.zero_stage = 0;
+    } else if (!fsdp.empty() && fsdp.find("fsdp") != std::string::npos) {
+      l.zero_stage = 3;
+    } else {
+      l.zero_stage = run.conventions.megatron && l.dp * l.cp > 1 ? 1 : 0;
+      run.assumptions.push_back(l.zero_stage == 1 ? "ZeRO stage not stated: 1 (Megatron's distributed optimizer)"
+                                                  : "ZeRO stage not stated: 0");
+    }
+    if (!fsdp.empty()) run.assumptions.push_back("ZeRO stage " + std::to_string(l.zero_stage) + " read from fsdp '" + f.text("parallelism.fsdp") + "'");
+  }
+  // Sequence parallelism moves the same bytes as tp's all-reduces (Korthikanti et al. sec.
+  // 4.2.2) and divides the norms' activations by t, so a run that does not say is taken to use it.
+  if (const std::optional<bool> sp = f.flag("parallelism.sequence_parallel")) {
+    l.sequence_parallel = *sp && l.tp > 1;
+  } else {
+    l.sequence_parallel = l.tp > 1;
+    if (l.tp > 1) run.assumptions.push_back("sequence_parallel not stated: on (tp > 1)");
+  }
+  const std::optional<int64_t> vp = f.integer("parallelism.vp");
+  l.vp = std::max<int64_t>(1, vp.value_or(1));
+  run.unstated.vp = !vp && l.pp > 1;
+}
+
+Recompute recompute_of(const std::string& printed, bool* stated) {
+  const std::string r = lowercase(printed);
+  *stated = true;
+  if (r.rfind("full", 0) == 0) return Recompute::Full;
+  if (r.find("selective") != std::string::npos) return Recompute::Selective;
+  if (r.rfind("none", 0) == 0 || r.rfind("disabled", 0) == 0 || r == "no") return Recompute::None;
+  *stated = false;
+  return Recompute::None;
+}
+
+void fill_run(const json& entry, PublishedRun& run) {
+  const RunFields f(entry, run.id);
+  run.kind = f.text("kind");
+  run.source = f.text("source");
+  run.conventions = conventions_of_source(run.source);
+  run.source_label = run.conventions.label;
+  run.uncertain = f.flag("uncertain").value_or(false);
+  f.require_object("model");
+  f.require_object("hardware");
+  run.params = f.number("model.params_b").value_or(0) * 1e9;
+  read_measured(f, run);
+  read_layout(f, run);
+
+  if (run.kind == "analytic_memory_reference") {
+    if (run.params <= 0) throw Refusal{"model.params_b is needed for a model-state reference"};
+    return;
+  }
+  run.model = model_of(f, run);
+  run.seq_len = run.model.max_seq_len;
+  run.cluster.gpu = gpu_preset(preset_of_gpu(f.text("hardware.gpu")));
+  if (const std::optional<double> peak = f.number("hardware.peak_dense_tflops_assumed")) run.cluster.gpu.bf16_tflops = *peak;
+  if (const std::optional<double> mem = f.number("hardware.gpu_mem_gb");
+      mem && std::fabs(*mem * 1024.0 * 1024.0 * 1024.0 - run.cluster.gpu.hbm_bytes) > 1e9) {
+    run.cluster.gpu.hbm_bytes = *mem * 1024.0 * 1024.0 * 1024.0;
+    run.assumptions.push_back("HBM from hardware.gpu_mem_gb: " + std::to_string(static_cast<int>(*mem)) + " GiB");
+  }
+  run.cluster.inter_node_bytes_per_s_per_gpu = default_inter_node_bytes_per_s(run.cluster.gpu);
+  const std::optional<int64_t> per_node = f.integer("hardware.gpus_per_node");
+  if (!per_node) run.assumptions.push_back("gpus_per_node not stated: 8 (HGX/DGX baseboard)");
+  run.cluster.gpus_per_node = std::max<int64_t>(1, std::min(run.layout.gpus(), per_node.value_or(8)));
+  run.cluster.nodes = std::max<int64_t>(1, run.layout.gpus() / run.cluster.gpus_per_node);
+
+  bool recompute_stated = false;
+  run.layout.recompute = recompute_of(f.text("recompute"), &recompute_stated);
+  run.unstated.recompute = !recompute_stated;
+  const std::string precision = lowercase(f.text("precision"));
+  run.fp8 = precision.find("fp8") != std::string::npos;
+  if (run.fp8 && run.cluster.gpu.fp8_tflops <= 0)
+    throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name + ", which has no FP8 tensor cores"};
+  if (precision.find("fp32 grad") != std::string::npos) {
+    run.gradient_bytes = 4;
+  } else if (run.conventions.megatron) {
+    run.gradient_bytes = 4;
+    run.assumptions.push_back("fp32 gradient buffers (Megatron-LM's bf16 default)");
+  }
+  const std::string attention = f.text("attention");
+  if (!attention.empty() && attention != "flash" && attention != "materialized")
+    throw_error("published run '", run.id, "': attention = '", attention, "'; expected flash or materialized");
+  if (attention.empty()) {
+    const bool notes_flash = lowercase(f.text("measured.notes")).find("flash") != std::string::npos;
+    if (!notes_flash) run.assumptions.push_back("attention not stated: flash");
+  }
+  run.flash_attention = attention != "materialized";
+
+  const std::optional<int64_t> mbs = f.integer("micro_batch");
+  run.layout.micro_batch = mbs.value_or(1);
+  run.unstated.micro_batch = !mbs;
+  if (const json* gb = f.find("global_batch")) {
+    if (gb->is_number_integer() && gb->get<int64_t>() > 0)
+      run.global_batch = gb->get<int64_t>();
+    else if (gb->is_string())
+      run.global_batch = parse_global_batch_text(gb->get<std::string>(), run.layout.dp, run.seq_len, run.assumptions);
+    else
+      throw_error("published run '", run.id, "': global_batch = ", gb->dump(), " is not a positive integer or a text");
+  } else if (run.global_batch == 0) {
+    // 4M tokens (2^22): the batch of LLaMA 1 and 2 at every size, near GPT-3's 3.2M.
+    run.global_batch = std::max<int64_t>(1, (int64_t{1} << 22) / run.seq_len);
+    run.assumptions.push_back("global_batch not stated: 4M tokens = " + std::to_string(run.global_batch) + " sequences");
+  }
+  if (run.global_batch <= 0) throw Refusal{"global_batch comes to no sequences"};
+}
+
+PublishedRun parse_run(const json& entry, size_t index) {
+  PublishedRun run;
+  run.id = entry.is_object() && entry.contains("id") && entry["id"].is_string() ? entry["id"].get<std::string>()
+                                                                                : "#" + std::to_string(index);
+  if (!entry.is_object()) {
+    run.refused = "published runs: entry " + std::to_string(index) + " is not an object";
+    run.malformed = true;
     return run;
   }
-
-  run.model = model_of(f);
-  run.seq_len = f.integer("model", "seq_len", 0);
-  run.global_batch = f.integer("", "global_batch", 0);
-  if (run.seq_len <= 0 || run.global_batch <= 0)
-    throw_error("published run '", id, "': model.seq_len and global_batch are needed for a throughput run");
-  run.cluster.gpu = gpu_preset(preset_of_gpu(f.text("hardware", "gpu"), id));
-  if (const std::optional<double> peak = f.number("hardware", "peak_dense_tflops_assumed")) run.cluster.gpu.bf16_tflops = *peak;
-  run.cluster.inter_node_bytes_per_s_per_gpu = default_inter_node_bytes_per_s(run.cluster.gpu);
-  run.cluster.gpus_per_node = std::min(gpus, f.integer("hardware", "gpus_per_node", 8));
-  run.cluster.nodes = gpus / run.cluster.gpus_per_node;
-  run.layout.recompute = recompute_of(f.text("", "recompute"));
-  const std::string attention = f.text("", "attention");
-  if (!attention.empty() && attention != "flash" && attention != "materialized")
-    throw_error("published run '", id, "': attention = '", attention, "'; expected flash or materialized");
-  run.flash_attention = attention != "materialized";
-  run.layout.micro_batch = f.integer("", "micro_batch", 0);
-  run.micro_batch_stated = run.layout.micro_batch > 0;
-  run.layout.vp = f.integer("parallelism", "vp", 0);
-  run.vp_stated = run.layout.vp > 0 || run.layout.pp == 1;
-  if (run.layout.pp == 1) run.layout.vp = 1;
-  run.published_tokens_per_s_per_gpu = f.number("measured", "tokens_per_s_per_gpu").value_or(0);
-  if (const std::optional<double> mfu = f.number("measured", "mfu")) {
-    run.metric = PublishedMetric::MfuSixN;
-    run.published = *mfu;
-  } else if (const std::optional<double> hfu = f.number("measured", "hfu")) {
-    run.metric = PublishedMetric::HfuNarayananEq3;
-    run.published = *hfu;
-  } else {
-    throw_error("published run '", id, "': measured.mfu or measured.hfu is needed for a throughput run");
+  try {
+    fill_run(entry, run);
+  } catch (const Refusal& r) {
+    run.refused = r.why;
+  } catch (const Error& e) {
+    run.refused = e.what();
+    run.malformed = true;
   }
   return run;
-}
-
-double metric_of(const PublishedRun& run, double step_s) {
-  const ModelConfig& m = run.model;
-  const double gpus = static_cast<double>(run.layout.gpus()), peak = run.cluster.gpu.bf16_tflops * 1e12;
-  const double s = static_cast<double>(run.seq_len), h = static_cast<double>(m.n_embd);
-  const double l = static_cast<double>(m.n_layer), v = static_cast<double>(m.vocab_size);
-  if (run.metric == PublishedMetric::HfuNarayananEq3) {
-    const double b = static_cast<double>(run.global_batch);
-    const double flops = 96 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h));
-    return flops / (step_s * gpus * peak);
-  }
-  const double n = run.params > 0 ? run.params : static_cast<double>(m.parameter_count());
-  const double tokens_per_s_per_gpu = static_cast<double>(run.global_batch) * s / step_s / gpus;
-  return tokens_per_s_per_gpu * (6 * n + 12 * l * h * s) / peak;
-}
-
-std::vector<int64_t> choices(int64_t stated, const std::vector<int64_t>& otherwise) {
-  return stated > 0 ? std::vector<int64_t>{stated} : otherwise;
 }
 
 }  // namespace
@@ -219,73 +409,6 @@ std::vector<PublishedRun> read_published_runs(const std::string& path) {
   std::vector<PublishedRun> runs;
   for (size_t i = 0; i < doc.size(); ++i) runs.push_back(parse_run(doc[i], i));
   return runs;
-}
-
-RunCheck check_published_run(const PublishedRun& run) {
-  RunCheck check;
-  check.run = &run;
-  check.layout = run.layout;
-  if (run.metric == PublishedMetric::ModelStateGigabytes) {
-    check.predicted = zero_model_states(run.params, kMixedPrecisionAdam, run.layout.dp, run.layout.zero_stage).total() / 1e9;
-    check.relative_error = check.predicted / run.published - 1;
-    return check;
-  }
-  TrainingJob job;
-  job.seq_len = run.seq_len;
-  job.global_batch = run.global_batch;
-  job.memory.seq_len = run.seq_len;
-  job.memory.flash_attention = run.flash_attention;
-  const double usable = run.cluster.gpu.hbm_bytes * kUsableMemoryFraction;
-  bool have = false;
-  for (int64_t mbs : choices(run.micro_batch_stated ? run.layout.micro_batch : 0, {1, 2, 4, 8, 16})) {
-    for (int64_t vp : choices(run.vp_stated ? run.layout.vp : 0, {1, 2, 3, 4, 5, 6, 8})) {
-      PlanLayout l = run.layout;
-      l.micro_batch = mbs;
-      l.vp = vp;
-      l.schedule = vp > 1 ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
-      if (run.global_batch % (l.dp * mbs) != 0 || run.model.n_layer % (l.pp * vp) != 0) continue;
-      job.memory.micro_batches = run.global_batch / (l.dp * mbs);
-      if (vp > 1 && job.memory.micro_batches % l.pp != 0) continue;
-      const double memory = predict_gpu_memory(run.model, l, job.memory).total();
-      const StepTime t = predict_step_time(run.model, l, run.cluster, job);
-      const bool fits = memory <= usable;
-      // Prefer layouts that fit; among equals, the faster one (what the source would have run).
-      const bool better = !have || (fits && !check.fits) ||
-                          (fits == check.fits && t.tokens_per_s / static_cast<double>(l.gpus()) > check.tokens_per_s_per_gpu);
-      if (!better) continue;
-      have = true;
-      check.layout = l;
-      check.fits = fits;
-      check.memory_gib = memory / (1024.0 * 1024.0 * 1024.0);
-      check.tokens_per_s_per_gpu = t.tokens_per_s / static_cast<double>(l.gpus());
-      check.predicted = metric_of(run, t.total_s);
-    }
-  }
-  if (!have) throw_error("published run '", run.id, "': no micro-batch size splits global batch ", run.global_batch, " over dp = ", run.layout.dp);
-  check.relative_error = check.predicted / run.published - 1;
-  return check;
-}
-
-ValidationSummary summarize(const std::vector<RunCheck>& checks) {
-  ValidationSummary s;
-  std::vector<double> errors;
-  for (const RunCheck& c : checks) {
-    const double e = std::fabs(c.relative_error);
-    if (c.run->metric == PublishedMetric::ModelStateGigabytes) {
-      ++s.memory_runs;
-      s.worst_memory_abs_error = std::max(s.worst_memory_abs_error, e);
-      continue;
-    }
-    ++s.throughput_runs;
-    if (e <= 0.15) ++s.within_15_percent;
-    errors.push_back(e);
-  }
-  if (!errors.empty()) {
-    std::sort(errors.begin(), errors.end());
-    const size_t n = errors.size();
-    s.median_abs_error = n % 2 == 1 ? errors[n / 2] : (errors[n / 2 - 1] + errors[n / 2]) / 2;
-  }
-  return s;
 }
 
 }  // namespace loom::plan

@@ -1,69 +1,120 @@
 #pragma once
 // Checking the planner against training runs others have measured and published
-// (published/public_runs.json: Narayanan et al. 2021, the ZeRO paper, MosaicML's tables).
-// Each run is rebuilt as a model, a cluster and a layout; the planner predicts it and the
-// prediction is compared with the published figure in the source's own metric, since sources
-// count FLOPs differently (Narayanan's TFLOP/s include the recomputation pass; MosaicML's MFU
-// does not).
-#include <optional>
+// (published/public_runs.json, the schema of published/README.md). Each run is rebuilt as a
+// model, a cluster and a layout; the planner predicts every figure the run measured in the
+// source's own convention (sources count FLOPs and memory differently; see
+// published_conventions.hpp), and compares. What a run leaves out is picked by a documented
+// rule and named next to the prediction; a run that cannot be predicted is refused with the
+// reason, and the others go on.
 #include <string>
 #include <vector>
 
 #include "loom/model/config.hpp"
 #include "loom/plan/hardware.hpp"
 #include "loom/plan/layout.hpp"
+#include "loom/plan/published_conventions.hpp"
 
 namespace loom::plan {
 
-// How the source turns throughput into a utilisation figure.
-enum class PublishedMetric {
-  // Narayanan et al. 2021 eq. 3: F = 96 B s l h^2 (1 + s/6h + V/16lh) per step, counting the
-  // recomputed forward; "% of peak" = F / (step time x GPUs x peak).
-  HfuNarayananEq3,
-  // PaLM-style MFU as MosaicML computes it: (6 N + 12 L d s) FLOPs per token, no recompute.
-  MfuSixN,
-  // Model-state bytes per GPU (parameters + gradients + optimizer), the ZeRO paper's Fig. 1.
-  ModelStateGigabytes,
+// What a run measured, one entry per figure.
+enum class Figure {
+  Mfu,                // model FLOPs utilisation (a fraction), in the source's FLOP count
+  Hfu,                // hardware FLOPs utilisation, counting recomputation
+  TflopsPerGpu,       // achieved TFLOP/s per GPU, in the source's FLOP count
+  TokensPerSecond,    // tokens/s per GPU
+  StepTime,           // seconds per optimizer step
+  MemoryPerGpu,       // GB or GiB per GPU, as the source counts it (MemoryCount)
+  ModelStates,        // the ZeRO paper's analytic model-state GB per GPU
+  Fits,               // the out-of-memory verdict: 1 = ran, 0 = out of memory
+  LayerForwardMs,     // one transformer layer's forward, ms
+  LayerBackwardMs,    // one transformer layer's backward (with its recomputation), ms
 };
-const char* published_metric_name(PublishedMetric metric);
+const char* figure_name(Figure figure);
+enum class FigureClass { Rate, Memory, Verdict };  // how the summary groups errors
+FigureClass figure_class(Figure figure);
+
+struct Measured {
+  Figure figure = Figure::Mfu;
+  double value = 0;
+  std::string convention;  // how the source counts it, printed next to the prediction
+};
+
+// What a run does not state, the planner enumerates (fastest layout that fits) or picks by a
+// rule; these say which.
+struct Unstated {
+  bool micro_batch = false, vp = false, recompute = false;
+};
 
 struct PublishedRun {
-  std::string id, source;
+  std::string id, source, source_label;  // source_label: the short name the summary groups by
+  std::string kind;
   bool uncertain = false;
-  PublishedMetric metric = PublishedMetric::MfuSixN;
-  double published = 0;   // the figure in `metric` (a fraction, or GB)
-  double params = 0;      // parameter count the source states (its N), 0 when not stated
-  ModelConfig model;      // unset dimensions stay at defaults for memory-only runs
+  SourceConventions conventions;
+  std::vector<Measured> measured;
+  std::vector<std::string> assumptions;  // rules applied to fill what the source leaves out
+  // Non-empty: the run cannot be predicted, and why. `malformed` says the file is at fault (a
+  // field of the wrong type) rather than the source (a TPU, no model size).
+  std::string refused;
+  bool malformed = false;
+
+  double params = 0;  // the parameter count the source states (its N), 0 when not stated
+  ModelConfig model;
   ClusterSpec cluster;
   PlanLayout layout;
-  // What the source leaves out, the planner picks (the fastest choice that fits).
-  bool micro_batch_stated = true, vp_stated = true;
+  Unstated unstated;
   int64_t seq_len = 0, global_batch = 0;
-  bool flash_attention = true;  // "attention": "materialized" for stacks before FlashAttention
-  double published_tokens_per_s_per_gpu = 0;  // 0 when not stated
+  bool flash_attention = true;
+  bool fp8 = false;
+  double gradient_bytes = 2;  // per parameter: 4 where the stack accumulates gradients in fp32
+  std::vector<int64_t> stage_layers;  // empty: even split (or the engine's)
 };
 
-// Reads a JSON array of runs in the schema of published/README.md. Throws loom::Error naming
-// the run id and the field for a missing or malformed value and for an unknown GPU.
+// Reads a JSON array of runs. Throws loom::Error only for the file itself (unreadable, not
+// JSON, not an array); a run with a missing or malformed field comes back refused, with a
+// message naming its id and the field.
 std::vector<PublishedRun> read_published_runs(const std::string& path);
+
+struct FigureCheck {
+  Measured measured;
+  double predicted = 0;
+  double relative_error = 0;  // predicted / published - 1 (verdicts: 0 right, 1 wrong)
+};
 
 struct RunCheck {
   const PublishedRun* run = nullptr;
-  PlanLayout layout;            // with the planner's picks for the unstated fields
-  double predicted = 0;         // in the run's metric
-  double relative_error = 0;    // predicted / published - 1
-  double tokens_per_s_per_gpu = 0;
-  double memory_gib = 0;        // predicted per-GPU memory of the layout (throughput runs)
-  bool fits = true;             // predicted memory within the usable HBM
+  bool answered = false;
+  PlanLayout layout;  // with the planner's picks for the unstated fields
+  std::vector<FigureCheck> figures;
+  std::vector<std::string> picks;  // what the planner chose for the unstated fields
+  double step_s = 0, tokens_per_s_per_gpu = 0;
+  double allocated_gib = 0, reserved_gib = 0;  // predicted peak per GPU
+  bool fits = true;
 };
 
 RunCheck check_published_run(const PublishedRun& run);
 
+struct ErrorStats {
+  int64_t count = 0;
+  double median = 0, p90 = 0, worst = 0;  // of |relative error|
+};
+ErrorStats error_stats(std::vector<double> abs_errors);
+
+struct SourceCoverage {
+  std::string label;
+  int64_t runs = 0, answered = 0;
+  ErrorStats rates;  // the headline rate figure of each answered run
+};
+
 struct ValidationSummary {
-  int64_t throughput_runs = 0, within_15_percent = 0;
-  double median_abs_error = 0;  // over throughput runs (the utilisation metrics)
-  int64_t memory_runs = 0;
-  double worst_memory_abs_error = 0;
+  int64_t runs = 0, answered = 0, malformed = 0;
+  // One headline rate figure per answered run (the first of MFU, HFU, TFLOP/s, tokens/s, step
+  // time, layer times the run measured), so a run that states MFU, HFU and tokens/s, which
+  // differ only by constants, counts once.
+  ErrorStats rates;
+  ErrorStats memory;
+  int64_t verdicts = 0, verdicts_right = 0;
+  std::vector<std::pair<std::string, ErrorStats>> by_figure;  // every figure of each kind
+  std::vector<SourceCoverage> by_source;
 };
 ValidationSummary summarize(const std::vector<RunCheck>& checks);
 

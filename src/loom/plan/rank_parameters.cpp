@@ -62,13 +62,14 @@ RankParameters on_rank(const ModelConfig& m, const PlanLayout& l, const Tally& t
 
 }  // namespace
 
-RankParameters rank_parameters(const ModelConfig& m, const PlanLayout& l, int64_t pp_rank) {
-  return on_rank(m, l, tally(m, l), stage_layer_counts(m.n_layer, l.pp * l.vp), pp_rank);
+RankParameters rank_parameters(const ModelConfig& m, const PlanLayout& l, int64_t pp_rank,
+                               const std::vector<int64_t>& given) {
+  return on_rank(m, l, tally(m, l), given.empty() ? stage_layer_counts(m.n_layer, l.pp * l.vp) : given, pp_rank);
 }
 
-RankParameters heaviest_rank_parameters(const ModelConfig& m, const PlanLayout& l) {
+RankParameters heaviest_rank_parameters(const ModelConfig& m, const PlanLayout& l, const std::vector<int64_t>& given) {
   const Tally t = tally(m, l);
-  const std::vector<int64_t> stage_layers = stage_layer_counts(m.n_layer, l.pp * l.vp);
+  const std::vector<int64_t> stage_layers = given.empty() ? stage_layer_counts(m.n_layer, l.pp * l.vp) : given;
   RankParameters heaviest;
   for (int64_t rank = 0; rank < l.pp; ++rank) {
     const RankParameters r = on_rank(m, l, t, stage_layers, rank);

@@ -4,6 +4,7 @@
 // dimension tp splits, whether it is an expert) over the engine's stage split
 // (model/pipeline_layout), rather than by dividing totals by tp x pp.
 #include <cstdint>
+#include <vector>
 
 #include "loom/model/config.hpp"
 #include "loom/plan/layout.hpp"
@@ -20,9 +21,12 @@ struct RankParameters {
 };
 
 // What tp rank 0 (which holds the largest vocabulary block) of pipeline rank `pp_rank` holds.
-RankParameters rank_parameters(const ModelConfig& model, const PlanLayout& layout, int64_t pp_rank);
+// `stage_layers` (pp x vp counts) replaces the engine's split (stage_layer_counts) when given.
+RankParameters rank_parameters(const ModelConfig& model, const PlanLayout& layout, int64_t pp_rank,
+                               const std::vector<int64_t>& stage_layers = {});
 // The pipeline rank holding the most parameters: its gradient reduction and optimizer step are
 // the slowest of the step's.
-RankParameters heaviest_rank_parameters(const ModelConfig& model, const PlanLayout& layout);
+RankParameters heaviest_rank_parameters(const ModelConfig& model, const PlanLayout& layout,
+                                        const std::vector<int64_t>& stage_layers = {});
 
 }  // namespace loom::plan

@@ -43,11 +43,20 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
                      const GemmEfficiency& gemm) {
   const GpuSpec& gpu = cluster.gpu;
   const double peak = gpu.bf16_tflops * 1e12;
+  const bool fp8 = job.fp8_gemms && gpu.fp8_tflops > 0;
+  const double linear_peak = fp8 ? gpu.fp8_tflops * 1e12 : peak;
   const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp), t = static_cast<double>(l.tp);
   const double h = static_cast<double>(m.n_embd), f = static_cast<double>(m.ffn_hidden);
   const double kv = static_cast<double>(m.kv_dim()), seq = static_cast<double>(job.seq_len);
+  // FP8 casts (Transformer Engine): every linear layer's input forward and its output gradient
+  // backward, 3 bytes of HBM traffic per element; summed in gemm_s below.
+  double cast_elements_forward = 0, cast_elements_backward = 0;
   auto gemm_s = [&](double rows, double out, double in) {
-    return 2 * rows * out * in / (peak * gemm.efficiency(rows, out, in));
+    if (fp8) {
+      cast_elements_forward += rows * in;
+      cast_elements_backward += rows * out;
+    }
+    return 2 * rows * out * in / (linear_peak * gemm.efficiency(rows, out, in));
   };
   LayerCost c;
   double forward = gemm_s(tokens, (h + 2 * kv) / t, h) + gemm_s(tokens, h, h / t);
@@ -95,8 +104,10 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   stored.recompute = Recompute::None;
   const double memory_s = 4 * layer_activation_bytes(m, l.micro_batch, job.seq_len, stored, job.memory.activation_bytes) /
                           gpu.hbm_bandwidth_bytes_per_s;
-  c.forward_s = forward + scores_forward_s + memory_s / 2;
-  c.backward_s = 2 * forward + scores_backward_s + memory_s / 2;
+  const double cast_forward_s = 3 * cast_elements_forward / gpu.hbm_bandwidth_bytes_per_s;
+  const double cast_backward_s = 3 * cast_elements_backward / gpu.hbm_bandwidth_bytes_per_s;
+  c.forward_s = forward + scores_forward_s + memory_s / 2 + cast_forward_s;
+  c.backward_s = 2 * forward + scores_backward_s + memory_s / 2 + cast_backward_s;
   if (l.recompute == Recompute::Full) c.backward_s += c.forward_s;
   if (l.recompute == Recompute::Selective) c.backward_s += c.attention_core_s;
   if (l.tp > 1) {
@@ -151,6 +162,12 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
 
 }  // namespace
 
+LayerTime predict_layer_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job) {
+  const LayerCost c = layer_cost(m, l, cluster, job, job.gemm.value_or(default_gemm_efficiency(cluster.gpu)));
+  const double blocking = (c.tp_comm_s + c.ep_comm_s) / 2;
+  return {c.forward_s + blocking + c.cp_exposed_forward_s, c.backward_s + blocking + c.cp_exposed_backward_s};
+}
+
 CpWireBytes context_parallel_wire_bytes(const ModelConfig& m, const PlanLayout& l, double tokens,
                                         double activation_bytes) {
   CpWireBytes wire;
@@ -202,23 +219,38 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const GpuSpec& gpu = cluster.gpu;
   const GemmEfficiency gemm = job.gemm.value_or(default_gemm_efficiency(gpu));
   const LayerCost layer = layer_cost(m, l, cluster, job, gemm);
-  // The slowest stage sets the pace of the uniform chunks simulated below: with uneven stages
-  // the first ones take an extra layer (stage_layer_counts).
   const int64_t stages = l.pp * l.vp;
-  const double layers_per_chunk = static_cast<double>((m.n_layer + stages - 1) / stages);
-  const double layers_per_rank = layers_per_chunk * static_cast<double>(l.vp);
-  const double chunks = static_cast<double>(l.pp * l.vp);
+  const std::vector<int64_t> stage_layers = planner_stage_layers(m, l, job.memory);
 
-  // The output projection and loss (2 x tokens x h x V / tp forward, twice that backward) are
-  // spread over all chunks: the simulation below runs uniform chunks.
+  // The output projection and loss (2 x tokens x h x V / tp forward, twice that backward) run
+  // on the last stage (Narayanan et al. 2021 sec. 2.2: the first stage holds the embedding, the
+  // last the head); they run in BF16 under FP8 recipes too (Transformer Engine keeps the head
+  // in higher precision).
   const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp);
   const double head_fwd = 2 * tokens * static_cast<double>(m.n_embd) * static_cast<double>(m.vocab_size) /
                           static_cast<double>(l.tp) /
                           (gpu.bf16_tflops * 1e12 * gemm.efficiency(tokens, static_cast<double>(m.vocab_size / l.tp), static_cast<double>(m.n_embd)));
   const double blocking = (layer.tp_comm_s + layer.ep_comm_s) / 2;  // per direction
-  const double t_f = layers_per_chunk * (layer.forward_s + blocking + layer.cp_exposed_forward_s) + head_fwd / chunks;
-  const double t_b = layers_per_chunk * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + 2 * head_fwd / chunks;
-  const double compute_per_micro = static_cast<double>(l.vp) * (layers_per_chunk * (layer.forward_s + layer.backward_s) + 3 * head_fwd / chunks);
+  // The simulation below runs uniform chunks, so the slowest stage sets their pace: a stage's
+  // layers, plus the head on the last one. The critical rank's own work is the most any pp
+  // rank does over its v chunks.
+  double t_f = 0, t_b = 0, compute_per_micro = 0, layers_per_rank = 0;
+  for (int64_t stage = 0; stage < stages; ++stage) {
+    const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
+    const double head = stage == stages - 1 ? head_fwd : 0;
+    t_f = std::max(t_f, n * (layer.forward_s + blocking + layer.cp_exposed_forward_s) + head);
+    t_b = std::max(t_b, n * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + 2 * head);
+  }
+  for (int64_t rank = 0; rank < l.pp; ++rank) {
+    double work = 0, layers = 0;
+    for (int64_t stage = rank; stage < stages; stage += l.pp) {
+      const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
+      work += n * (layer.forward_s + layer.backward_s) + (stage == stages - 1 ? 3 * head_fwd : 0);
+      layers += n;
+    }
+    compute_per_micro = std::max(compute_per_micro, work);
+    layers_per_rank = std::max(layers_per_rank, layers);
+  }
 
   out.chunk_forward_s = t_f;
   out.chunk_backward_s = t_b;
@@ -245,7 +277,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   // Data parallelism over dp x cp ranks (both hold replicas of this rank's parameters); expert
   // weights are replicated only over the dp x cp / ep ranks holding the same experts. The
   // pipeline rank holding the most parameters reduces and updates the longest.
-  const RankParameters held = heaviest_rank_parameters(m, l);
+  const RankParameters held = heaviest_rank_parameters(m, l, stage_layers);
   const double params_per_rank = held.dense(), experts_per_rank = held.experts;
   const int64_t replicas = l.dp * l.cp, expert_replicas = replicas / l.ep;
   const GroupTopology dp_group = group_topology(cluster, replicas, l.tp);

@@ -26,9 +26,22 @@ GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu);
 struct TrainingJob {
   int64_t seq_len = 4096;
   int64_t global_batch = 512;  // sequences per optimizer step
-  GpuJob memory;               // precision sizes, workspace allowance (seq_len is copied in)
+  GpuJob memory;               // precision sizes, workspace allowance, stage split (seq_len is copied in)
   std::optional<GemmEfficiency> gemm;  // replaces default_gemm_efficiency (calibration)
+  // FP8 GEMMs (Transformer Engine's recipe: the linear layers in FP8 at the GPU's FP8 peak,
+  // attention and everything memory-bound in BF16, each GEMM input and output gradient cast to
+  // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.
+  bool fp8_gemms = false;
 };
+
+// One transformer layer, one micro-batch: forward and backward time on a rank, including the
+// recomputation the layout asks for and the tensor-parallel collectives it waits for (the
+// figure Korthikanti et al. 2022 Table 4 measures).
+struct LayerTime {
+  double forward_s = 0, backward_s = 0;
+};
+LayerTime predict_layer_time(const ModelConfig& model, const PlanLayout& layout, const ClusterSpec& cluster,
+                             const TrainingJob& job);
 
 struct StepTime {
   double compute_s = 0;          // one pipeline rank's forward + backward work of the whole step, no bubble

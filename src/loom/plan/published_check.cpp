@@ -1,0 +1,226 @@
+// Predicting a published run: the layouts its unstated fields allow, the fastest that fits
+// (what the source would have run), and every figure it measured in its own convention.
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "loom/core/error.hpp"
+#include "loom/model/pipeline_layout.hpp"
+#include "loom/plan/memory_model.hpp"
+#include "loom/plan/published_runs.hpp"
+#include "loom/plan/search.hpp"
+#include "loom/plan/time_model.hpp"
+
+namespace loom::plan {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::vector<int64_t> choices(bool unstated, int64_t stated, const std::vector<int64_t>& otherwise) {
+  return unstated ? otherwise : std::vector<int64_t>{stated};
+}
+
+// Layers per stage. An even split where the layers divide; else Llama 3's rule (sec. 3.3.2:
+// "we reduce one Transformer layer each from the first and the last stages", which hold the
+// embedding and the head; Megatron-Core's account_for_embedding/loss_in_pipeline_split) when
+// L + 2 divides; else the engine's split (the first stages one layer more).
+std::vector<int64_t> stage_split(int64_t layers, int64_t stages, std::string* note) {
+  if (layers % stages == 0 || stages == 1) return {};
+  if ((layers + 2) % stages == 0 && (layers + 2) / stages >= 2) {
+    std::vector<int64_t> split(static_cast<size_t>(stages), (layers + 2) / stages);
+    --split.front();
+    --split.back();
+    *note = "stages of " + std::to_string(split[1]) + " layers, first and last " + std::to_string(split.front()) +
+            " (they hold the embedding and the head)";
+    return split;
+  }
+  *note = "uneven stages: the first " + std::to_string(layers % stages) + " take one layer more";
+  return stage_layer_counts(layers, stages);
+}
+
+const char* recompute_word(Recompute r) {
+  return r == Recompute::Full ? "full" : r == Recompute::Selective ? "selective" : "none";
+}
+
+}  // namespace
+
+RunCheck check_published_run(const PublishedRun& run) {
+  RunCheck check;
+  check.run = &run;
+  check.layout = run.layout;
+  if (!run.refused.empty()) return check;
+  check.answered = true;
+  if (run.kind == "analytic_memory_reference") {
+    for (const Measured& m : run.measured) {
+      const double gb = zero_model_states(run.params, kMixedPrecisionAdam, run.layout.dp, run.layout.zero_stage).total() / 1e9;
+      check.figures.push_back({m, gb, gb / m.value - 1});
+    }
+    return check;
+  }
+
+  const ModelConfig& model = run.model;
+  TrainingJob job;
+  job.seq_len = run.seq_len;
+  job.global_batch = run.global_batch;
+  job.fp8_gemms = run.fp8;
+  job.memory.seq_len = run.seq_len;
+  job.memory.flash_attention = run.flash_attention;
+  job.memory.state = kMixedPrecisionAdam;
+  job.memory.state.gradient = run.gradient_bytes;
+  job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;
+  // Megatron-LM's GPT layers keep dropout masks: count them as Korthikanti et al. do.
+  if (run.conventions.megatron && model.arch == Architecture::GPT2) job.memory.accounting = ActivationAccounting::Korthikanti;
+  const double usable = run.cluster.gpu.hbm_bytes * kUsableMemoryFraction;
+
+  bool have = false;
+  StepTime best_time;
+  MemoryBreakdown best_memory;
+  std::string best_split_note;
+  const std::vector<Recompute> recomputes =
+      run.unstated.recompute ? std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full}
+                             : std::vector<Recompute>{run.layout.recompute};
+  for (int64_t mbs : choices(run.unstated.micro_batch, run.layout.micro_batch, {1, 2, 4, 8, 16})) {
+    for (int64_t vp : choices(run.unstated.vp, run.layout.vp, {1, 2, 3, 4, 5, 6, 8})) {
+      for (Recompute recompute : recomputes) {
+        PlanLayout l = run.layout;
+        l.micro_batch = mbs;
+        l.vp = vp;
+        l.recompute = recompute;
+        l.schedule = vp > 1 ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
+        const int64_t stages = l.pp * vp;
+        if (run.global_batch % (l.dp * mbs) != 0 || stages > model.n_layer) continue;
+        // An unstated interleaving is one the stack could run: an even split, or Llama 3's.
+        if (run.unstated.vp && vp > 1 && model.n_layer % stages != 0 && (model.n_layer + 2) % stages != 0) continue;
+        const int64_t micro = run.global_batch / (l.dp * mbs);
+        if (vp > 1 && micro % l.pp != 0) continue;
+        std::string split_note;
+        job.memory.stage_layers = stage_split(model.n_layer, stages, &split_note);
+        job.memory.micro_batches = micro;
+        const MemoryBreakdown memory = predict_gpu_memory(model, l, job.memory);
+        const StepTime t = predict_step_time(model, l, run.cluster, job);
+        const bool fits = memory.total() <= usable;
+        // Prefer layouts that fit; among equals, the faster one (what the source would have run).
+        const bool better = !have || (fits && !check.fits) || (fits == check.fits && t.total_s < best_time.total_s);
+        if (!better) continue;
+        have = true;
+        check.layout = l;
+        check.fits = fits;
+        best_time = t;
+        best_memory = memory;
+        best_split_note = split_note;
+      }
+    }
+  }
+  if (!have) {
+    check.answered = false;
+    check.picks.push_back("no micro-batch size splits global batch " + std::to_string(run.global_batch) + " over dp = " +
+                          std::to_string(run.layout.dp));
+    return check;
+  }
+  const PlanLayout& l = check.layout;
+  if (run.unstated.micro_batch) check.picks.push_back("micro-batch " + std::to_string(l.micro_batch));
+  if (run.unstated.vp) check.picks.push_back("vp " + std::to_string(l.vp));
+  if (run.unstated.recompute) check.picks.push_back(std::string("recompute ") + recompute_word(l.recompute));
+  if (!best_split_note.empty()) check.picks.push_back(best_split_note);
+
+  const double gpus = static_cast<double>(l.gpus());
+  check.step_s = best_time.total_s;
+  check.tokens_per_s_per_gpu = static_cast<double>(run.global_batch * run.seq_len) / best_time.total_s / gpus;
+  check.allocated_gib = (best_memory.total() - best_memory.workspace) / kGiB;
+  // What PyTorch's caching allocator reserves: the allocated peak plus what it cannot reuse,
+  // the same allowance the fit test leaves (kUsableMemoryFraction); CUDA context, NCCL and
+  // cuBLAS workspaces (GpuJob::workspace_bytes) lie outside it.
+  check.reserved_gib = check.allocated_gib / kUsableMemoryFraction;
+  const double n = run.params > 0 ? run.params : static_cast<double>(model.parameter_count());
+  const double s = static_cast<double>(run.seq_len), peak = run.cluster.gpu.bf16_tflops * 1e12;
+  auto per_token = [&](FlopCount count) { return flops_per_token(count, model, n, s, l.recompute); };
+  for (const Measured& m : run.measured) {
+    double predicted = 0;
+    switch (m.figure) {
+      case Figure::Mfu: predicted = check.tokens_per_s_per_gpu * per_token(run.conventions.mfu) / peak; break;
+      case Figure::Hfu: predicted = check.tokens_per_s_per_gpu * per_token(run.conventions.hfu) / peak; break;
+      case Figure::TflopsPerGpu: predicted = check.tokens_per_s_per_gpu * per_token(run.conventions.tflops) / 1e12; break;
+      case Figure::TokensPerSecond: predicted = check.tokens_per_s_per_gpu; break;
+      case Figure::StepTime: predicted = check.step_s; break;
+      case Figure::MemoryPerGpu:
+        predicted = run.conventions.memory == MemoryCount::Reserved
+                        ? check.reserved_gib
+                        : (best_memory.parameters + best_memory.gradients + best_memory.optimizer_state + best_memory.activations) / kGiB;
+        break;
+      case Figure::ModelStates:
+        predicted = (best_memory.parameters + best_memory.gradients + best_memory.optimizer_state) / 1e9;
+        break;
+      case Figure::Fits: predicted = check.fits ? 1 : 0; break;
+      case Figure::LayerForwardMs: predicted = 1e3 * predict_layer_time(model, l, run.cluster, job).forward_s; break;
+      case Figure::LayerBackwardMs: predicted = 1e3 * predict_layer_time(model, l, run.cluster, job).backward_s; break;
+    }
+    const double error = m.figure == Figure::Fits ? (predicted == m.value ? 0.0 : 1.0) : predicted / m.value - 1;
+    check.figures.push_back({m, predicted, error});
+  }
+  return check;
+}
+
+ErrorStats error_stats(std::vector<double> e) {
+  ErrorStats s;
+  s.count = static_cast<int64_t>(e.size());
+  if (e.empty()) return s;
+  std::sort(e.begin(), e.end());
+  const size_t n = e.size();
+  s.median = n % 2 == 1 ? e[n / 2] : (e[n / 2 - 1] + e[n / 2]) / 2;
+  // Nearest rank: the smallest value with at least 90% of the values at or below it.
+  s.p90 = e[static_cast<size_t>(std::ceil(0.9 * static_cast<double>(n))) - 1];
+  s.worst = e.back();
+  return s;
+}
+
+ValidationSummary summarize(const std::vector<RunCheck>& checks) {
+  ValidationSummary s;
+  std::vector<double> rates, memory;
+  std::map<Figure, std::vector<double>> by_figure;
+  std::vector<std::string> order;
+  std::map<std::string, SourceCoverage> sources;
+  std::map<std::string, std::vector<double>> source_rates;
+  for (const RunCheck& c : checks) {
+    const std::string& label = c.run->source_label.empty() ? std::string("unreadable") : c.run->source_label;
+    if (sources.find(label) == sources.end()) order.push_back(label);
+    SourceCoverage& src = sources[label];
+    src.label = label;
+    ++s.runs;
+    ++src.runs;
+    s.malformed += c.run->malformed;
+    if (!c.answered) continue;
+    ++s.answered;
+    ++src.answered;
+    bool headline = false;
+    for (const FigureCheck& f : c.figures) {
+      const double e = std::fabs(f.relative_error);
+      by_figure[f.measured.figure].push_back(e);
+      switch (figure_class(f.measured.figure)) {
+        case FigureClass::Rate:
+          if (!headline) {
+            rates.push_back(e);
+            source_rates[label].push_back(e);
+            headline = true;
+          }
+          break;
+        case FigureClass::Memory: memory.push_back(e); break;
+        case FigureClass::Verdict:
+          ++s.verdicts;
+          s.verdicts_right += f.relative_error == 0;
+          break;
+      }
+    }
+  }
+  s.rates = error_stats(rates);
+  s.memory = error_stats(memory);
+  for (const auto& [figure, errors] : by_figure) s.by_figure.emplace_back(figure_name(figure), error_stats(errors));
+  for (const std::string& label : order) {
+    SourceCoverage src = sources[label];
+    src.rates = error_stats(source_rates[label]);
+    s.by_source.push_back(src);
+  }
+  return s;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,122 @@
+#include "loom/plan/published_conventions.hpp"
+
+#include <cctype>
+#include <vector>
+
+namespace loom::plan {
+
+const char* flop_count_name(FlopCount count) {
+  switch (count) {
+    case FlopCount::PaLM: return "6N + 12Lhs";
+    case FlopCount::RecomputeHardware: return "6N + 12Lhs + recomputed forward";
+    case FlopCount::NarayananEq3: return "Narayanan eq. 3 (with recompute)";
+    case FlopCount::KorthikantiModel: return "72BLsh^2(1+s/6h+V/12hL)";
+    case FlopCount::KorthikantiHardware: return "72BLsh^2(1+s/3h+V/12hL)";
+    case FlopCount::NonEmbeddingFull: return "6(N - Vh) + 12Lhs";
+    case FlopCount::NonEmbeddingCausal: return "6(N - Vh) + 6Lhs (causal)";
+  }
+  return "unknown";
+}
+
+namespace {
+
+std::string lowercase(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+struct Row {
+  const char* match;  // a lowercase substring of the source text
+  SourceConventions conventions;
+};
+
+SourceConventions make(const char* label, FlopCount mfu, FlopCount hfu, FlopCount tflops, bool megatron, const char* where,
+                       MemoryCount memory = MemoryCount::Reserved) {
+  SourceConventions c;
+  c.label = label;
+  c.mfu = mfu;
+  c.hfu = hfu;
+  c.tflops = tflops;
+  c.megatron = megatron;
+  c.logits_bytes_per_element = megatron ? 6 : 10;
+  c.memory = memory;
+  c.where = where;
+  return c;
+}
+
+const std::vector<Row>& rows() {
+  using F = FlopCount;
+  static const std::vector<Row> all = {
+      {"narayanan", make("Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
+                         "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count the recomputed forward")},
+      {"korthikanti", make("Korthikanti et al. 2022", F::KorthikantiModel, F::KorthikantiHardware, F::KorthikantiModel, true,
+                           "Korthikanti et al. 2022 sec. 6.3 (model and hardware FLOPs); Fig. 1 sums states and activations "
+                           "by their eqs.", MemoryCount::StatesAndActivations)},
+      {"mosaicml", make("MosaicML llm-foundry", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                        "llm-foundry benchmarking README: MFU (6N + 12Lds) per token, HFU 4/3 of it when checkpointing")},
+      {"rajbhandari", make("ZeRO (Rajbhandari et al. 2020)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                           "the ZeRO paper: Fig. 1 model states (2 + 2 + 12) Psi / Nd, GB")},
+      {"hagemann", make("Hagemann et al. 2023", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                        "Hagemann et al. 2023: MFU after PaLM (6N + 12Lhs)")},
+      {"llama team", make("Llama 3 (Meta 2024)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                          "Llama 3 sec. 3.3.2 Table 4: BF16 MFU; FLOP count not given, PaLM's assumed")},
+      {"megatron-bridge", make("Megatron-Bridge 25.11", F::NonEmbeddingCausal, F::RecomputeHardware, F::NonEmbeddingCausal, true,
+                               "Megatron-Bridge performance summary: model TFLOP/s from its flop formulas (input embedding "
+                               "not counted, causal attention halved); checked: 744 TFLOP/s / 14,451 tokens/s = 51.5 GFLOP "
+                               "per token for Llama 3.1 8B at 8K")},
+      {"automodel", make("NeMo Automodel", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                         "NeMo Automodel performance summary (MFU = TFLOP/s / 989)")},
+      {"nvidia/nemo", make("NeMo 24.07", F::NonEmbeddingFull, F::RecomputeHardware, F::NonEmbeddingFull, true,
+                           "NeMo 24.07 performance summary: model TFLOP/s from NeMo's flop formulas (input embedding not "
+                           "counted, attention in full); checked: 697 TFLOP/s / 12,036 tokens/s = 57.9 GFLOP per token for "
+                           "Llama 3.1 8B at 8K")},
+      {"megatron-lm", make("Megatron-LM README (H100)", F::PaLM, F::RecomputeHardware, F::PaLM, true,
+                           "Megatron-LM training.py num_floating_point_operations: 6N + 12Lhs for GPT (MFU = TFLOP/s / 989)")},
+      {"torchtitan", make("torchtitan", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                          "torchtitan get_num_flop_per_token (6N + 12Lhs); memory is max_memory_reserved in GiB")},
+  };
+  return all;
+}
+
+}  // namespace
+
+SourceConventions conventions_of_source(const std::string& source) {
+  const std::string text = lowercase(source);
+  for (const Row& row : rows())
+    if (text.find(row.match) != std::string::npos) return row.conventions;
+  SourceConventions other;
+  const size_t cut = source.find_first_of(",(");
+  other.label = source.substr(0, std::min<size_t>(cut == std::string::npos ? source.size() : cut, 40));
+  while (!other.label.empty() && other.label.back() == ' ') other.label.pop_back();
+  if (other.label.empty()) other.label = "other";
+  other.where = "not a known source: PaLM's 6N + 12Lhs assumed";
+  return other;
+}
+
+double flops_per_token(FlopCount count, const ModelConfig& m, double params, double seq, Recompute recompute) {
+  const double l = static_cast<double>(m.n_layer), h = static_cast<double>(m.n_embd), v = static_cast<double>(m.vocab_size);
+  const double attention = 12 * l * h * seq;  // QK^T and PV, forward and backward, full s x s
+  switch (count) {
+    case FlopCount::PaLM: return 6 * params + attention;
+    case FlopCount::RecomputeHardware:
+      if (recompute == Recompute::Full) return 8 * params + attention * 4 / 3;
+      if (recompute == Recompute::Selective) return 6 * params + attention * 4 / 3;
+      return 6 * params + attention;
+    case FlopCount::NarayananEq3: return 96 * l * h * h * (1 + seq / (6 * h) + v / (16 * l * h));
+    case FlopCount::KorthikantiModel: return 72 * l * h * h * (1 + seq / (6 * h) + v / (12 * h * l));
+    case FlopCount::KorthikantiHardware:
+      if (recompute == Recompute::Selective) return 72 * l * h * h * (1 + seq / (3 * h) + v / (12 * h * l));
+      if (recompute == Recompute::Full) return 96 * l * h * h * (1 + seq / (6 * h)) + 6 * v * h;
+      return 72 * l * h * h * (1 + seq / (6 * h) + v / (12 * h * l));
+    case FlopCount::NonEmbeddingFull:
+    case FlopCount::NonEmbeddingCausal: {
+      ModelConfig no_blocks = m;
+      no_blocks.n_layer = 0;
+      const double blocks = static_cast<double>(m.parameter_count() - no_blocks.parameter_count());
+      return 6 * (blocks + v * h) + (count == FlopCount::NonEmbeddingFull ? attention : attention / 2);
+    }
+  }
+  return 0;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,47 @@
+#pragma once
+// How each source of published runs counts what it reports: FLOPs per token behind its MFU,
+// HFU and TFLOP/s, what its memory figure holds, and what its training stack keeps per
+// parameter. Matched from the run's `source` text, one table with a citation per row, so a
+// prediction is made in the run's own convention (a 6N + 12Lhs MFU and a causal-halved
+// TFLOP/s of the same step differ by 10%).
+#include <string>
+
+#include "loom/model/config.hpp"
+
+namespace loom::plan {
+
+enum class FlopCount {
+  PaLM,                // 6N + 12 L h s per token (PaLM, Chowdhery et al. 2022, App. B)
+  RecomputeHardware,   // PaLM plus the recomputed forward: full 8N + 16 L h s, selective 6N + 16 L h s
+  NarayananEq3,        // 96 l h^2 (1 + s/6h + V/16lh) per token (Narayanan et al. 2021, eq. 3)
+  KorthikantiModel,    // 72 L h^2 (1 + s/6h + V/12hL) (Korthikanti et al. 2022, sec. 6.3)
+  KorthikantiHardware, // selective: 72 L h^2 (1 + s/3h + V/12hL); full adds a forward
+  NonEmbeddingFull,    // 6 (blocks + head) + 12 L h s: the input embedding not counted
+  NonEmbeddingCausal,  // 6 (blocks + head) + 6 L h s: causal attention counted once
+};
+const char* flop_count_name(FlopCount count);
+
+// What a source's memory_per_gpu_gb holds.
+enum class MemoryCount {
+  Reserved,               // torch.cuda.max_memory_reserved: the caching allocator's peak, GiB
+  StatesAndActivations,   // model states plus activations by formula, GiB
+};
+
+struct SourceConventions {
+  std::string label = "other";  // the short name the summary groups by
+  FlopCount mfu = FlopCount::PaLM, hfu = FlopCount::RecomputeHardware, tflops = FlopCount::PaLM;
+  MemoryCount memory = MemoryCount::Reserved;
+  // Megatron-LM and the stacks built on it (NeMo, Megatron-Bridge): bf16 parameters with fp32
+  // gradient buffers (18 bytes per parameter, 6 + 12/d with the distributed optimizer:
+  // Megatron-LM docs/source/api-guide/dist_optimizer.md), the distributed optimizer (ZeRO-1
+  // over dp) when a run does not say, and the vocab-parallel cross-entropy's 6 bytes per logit.
+  bool megatron = false;
+  double logits_bytes_per_element = 10;  // PyTorch's cross_entropy(logits.float()), see GpuJob
+  std::string where;                     // where the conventions were read
+};
+SourceConventions conventions_of_source(const std::string& source);
+
+// FLOPs per token of `count` for a model of `params` parameters (the source's N) at `seq`.
+double flops_per_token(FlopCount count, const ModelConfig& model, double params, double seq, Recompute recompute);
+
+}  // namespace loom::plan

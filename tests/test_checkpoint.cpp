@@ -255,6 +255,22 @@ TEST(HfConfig, MixtralRoundTripsAndReadsAsPublished) {
   EXPECT_EQ(hf["router_aux_loss_coef"], 0.02);
   EXPECT_EQ(hf["output_router_logits"], true);
   expect_same_config(model_config_from_hf_json(json::parse(hf.dump())), config);
+  EXPECT_FALSE(hf.contains("moe_intermediate_size")) << "a plain Mixtral writes only Mixtral's keys";
+  // DeepSeek's shape: narrower experts after dense first layers, under DeepSeek-V3's key names.
+  ModelConfig deepseek = config;
+  deepseek.n_layer = 4;
+  deepseek.moe_ffn_hidden = 16;
+  deepseek.moe_first_dense = 1;
+  deepseek.moe_every = 2;
+  const json ds = hf_config_json(deepseek);
+  EXPECT_EQ(ds["moe_intermediate_size"], 16);
+  EXPECT_EQ(ds["first_k_dense_replace"], 1);
+  EXPECT_EQ(ds["loom_moe_every"], 2);
+  const ModelConfig back = model_config_from_hf_json(json::parse(ds.dump()));
+  EXPECT_EQ(back.moe_ffn_hidden, 16);
+  EXPECT_EQ(back.moe_first_dense, 1);
+  EXPECT_EQ(back.moe_every, 2);
+  EXPECT_EQ(back.parameter_count(), deepseek.parameter_count());
 
   json published = hf_config_json(gqa_llama());
   published["model_type"] = "mixtral";

@@ -163,6 +163,56 @@ TEST(Model, MixtureOfExpertsCountsSpecsAndActiveFlops) {
     config.experts_per_token = 5;
     expect_contains(error_message([&] { config.validate(); }), {"experts_per_token: got 5, expected 1 to model.n_experts = 4"});
   }
+  // DeepSeek-V3's shape (DeepSeek-AI 2024, Table/appendix config): 61 layers, the first 3
+  // dense (ffn 18432), 256 routed experts of 2048 + 1 shared, 8 per token, hidden 7168. Its
+  // MLA attention is not loom's, so only the feed-forward counts are checked, by hand:
+  // per MoE layer 257 x 3 x 7168 x 2048 + the 256 x 7168 router; per dense layer 3 x 7168 x 18432.
+  ModelConfig v3 = tiny_llama();
+  v3.n_layer = 61;
+  v3.n_embd = 7168;
+  v3.n_head = v3.n_kv_head = 56;
+  v3.ffn_hidden = 18432;
+  v3.n_experts = 256;
+  v3.experts_per_token = 8;
+  v3.n_shared_experts = 1;
+  v3.moe_ffn_hidden = 2048;
+  v3.moe_first_dense = 3;
+  EXPECT_EQ(v3.moe_layer_count(), 58);
+  const int64_t moe_ffn = 257LL * 3 * 7168 * 2048 + 256LL * 7168, dense_ffn = 3LL * 7168 * 18432;
+  const int64_t attention_and_rest = v3.parameter_count() - 58 * moe_ffn - 3 * dense_ffn;
+  ModelConfig dense = v3;
+  dense.n_experts = dense.experts_per_token = dense.n_shared_experts = dense.moe_ffn_hidden = dense.moe_first_dense = 0;
+  EXPECT_EQ(attention_and_rest, dense.parameter_count() - 61 * dense_ffn);
+  // Active: 8 routed + 1 shared expert and the router in the 58 MoE layers.
+  EXPECT_DOUBLE_EQ(flops_per_token(v3, 0) - flops_per_token(dense, 0),
+                   6.0 * static_cast<double>(58 * (9LL * 3 * 7168 * 2048 + 256LL * 7168) - 58 * dense_ffn));
+  // The preset: DeepSeek-V3 reports 671B parameters, 37B activated per token (technical report,
+  // abstract). Full attention (4 x 7168^2 per layer) in place of MLA (about 0.19B per layer)
+  // adds about 1.1B: by hand 672.1B in all, 37.7B in the matmuls a token meets.
+  const ModelConfig preset = model_preset("deepseek-v3-gqa");
+  EXPECT_NEAR(static_cast<double>(preset.parameter_count()), 671e9, 0.01 * 671e9);
+  EXPECT_NEAR(flops_per_token(preset, 0) / 6, 37e9, 0.03 * 37e9);
+  const ModelConfig small = model_preset("deepseek-v3-small");
+  EXPECT_EQ(small.moe_layer_count(), 3);
+  EXPECT_NO_THROW(small.validate());
+  // Layer kinds reach the specs and the engine: a tiny model with a dense first layer.
+  ModelConfig mixed = tiny_llama();
+  mixed.n_experts = 4;
+  mixed.experts_per_token = 2;
+  mixed.moe_ffn_hidden = 12;
+  mixed.moe_first_dense = 1;
+  const Transformer model(mixed);
+  EXPECT_TRUE(model.blocks[0]->mlp && !model.blocks[0]->moe);
+  EXPECT_TRUE(model.blocks[1]->moe && !model.blocks[1]->mlp);
+  EXPECT_EQ(model.blocks[1]->moe->gate[0].value.shape(), (Shape{12, mixed.n_embd}));
+  int64_t specs = 0;
+  for (const ParameterSpec& spec : parameter_specs(mixed)) specs += spec.numel();
+  EXPECT_EQ(specs, mixed.parameter_count());
+  mixed.moe_first_dense = 2;
+  expect_contains(error_message([&] { mixed.validate(); }), {"model.moe_first_dense: got 2", "at least one layer"});
+  mixed.moe_first_dense = 0;
+  mixed.moe_every = 0;
+  expect_contains(error_message([&] { mixed.validate(); }), {"model.moe_every: got 0"});
 }
 
 // Packed documents (set_document_mask): one sequence of three documents gives the summed loss

@@ -103,12 +103,14 @@ INSTANTIATE_TEST_SUITE_P(Archs, ParityWithPyTorch, ::testing::Values(Architectur
 // A tiny Mixtral (Llama attention, 4 SwiGLU experts per block, 2 per token) with its balancing
 // and z losses in the objective: softmax routing dropless (Mixtral's), the sigmoid router with a
 // capacity that drops slots, and with a shared expert (DeepSeekMoE), against models.py's
-// MixtralSparseMoeBlock.
+// MixtralSparseMoeBlock; and DeepSeek's shapes: fine-grained experts (half the dense width)
+// with a dense first layer, and an expert layer followed by a dense one (moe_every = 2).
 struct MoeParityCase {
   MoeRouter router;
   double capacity_factor;
   const char* label;
   int64_t shared_experts = 0;
+  int64_t moe_ffn_hidden = 0, first_dense = 0, every = 1;
 };
 class MoeParityWithPyTorch : public ::testing::TestWithParam<MoeParityCase> {};
 
@@ -122,6 +124,9 @@ TEST_P(MoeParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
   config.moe_router = GetParam().router;
   config.moe_capacity_factor = GetParam().capacity_factor;
   config.n_shared_experts = GetParam().shared_experts;
+  config.moe_ffn_hidden = GetParam().moe_ffn_hidden;
+  config.moe_first_dense = GetParam().first_dense;
+  config.moe_every = GetParam().every;
   const std::string dir = (std::filesystem::temp_directory_path() /
                            ("loom_parity_moe_" + std::string(GetParam().label) + "_" + std::to_string(::getpid())))
                               .string();
@@ -133,7 +138,9 @@ TEST_P(MoeParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
 INSTANTIATE_TEST_SUITE_P(Routers, MoeParityWithPyTorch,
                          ::testing::Values(MoeParityCase{MoeRouter::Softmax, 0.0, "softmax"},
                                            MoeParityCase{MoeRouter::Sigmoid, 0.75, "sigmoid_capacity"},
-                                           MoeParityCase{MoeRouter::Sigmoid, 0.0, "sigmoid_shared", 1}),
+                                           MoeParityCase{MoeRouter::Sigmoid, 0.0, "sigmoid_shared", 1},
+                                           MoeParityCase{MoeRouter::Sigmoid, 0.0, "fine_grained_first_dense", 1, 12, 1},
+                                           MoeParityCase{MoeRouter::Softmax, 0.0, "moe_then_dense", 0, 12, 0, 2}),
                          [](const auto& info) { return std::string(info.param.label); });
 
 }  // namespace

@@ -104,7 +104,12 @@ TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
     mixtral.n_experts = 4;
     mixtral.experts_per_token = 2;
     mixtral.n_shared_experts = 1;  // and a shared expert
-    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama(), mixtral}) {
+    // DeepSeek's shapes: narrower experts after a dense first layer; a MoE layer then a dense one.
+    ModelConfig first_dense = mixtral, moe_then_dense = mixtral;
+    first_dense.moe_ffn_hidden = moe_then_dense.moe_ffn_hidden = 12;
+    first_dense.moe_first_dense = 1;
+    moe_then_dense.moe_every = 2;
+    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama(), mixtral, first_dense, moe_then_dense}) {
       for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
         const MemStats before = HostAllocator::instance().stats();
         Transformer model(config, recompute);
@@ -117,6 +122,7 @@ TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
         };
         const MemoryBreakdown predicted = plan::predict_engine_memory(config, 1, 0, 25'000'000, bf16, 3, 16, recompute);
         const std::string what = std::string(architecture_name(config.arch)) + (config.is_moe() ? " moe " : " ") +
+                                 std::to_string(config.moe_first_dense) + "/" + std::to_string(config.moe_every) + " " +
                                  recompute_name(recompute) + (bf16 ? " bf16" : "");
         EXPECT_EQ(predicted.parameters, live(MemCategory::Parameters)) << what;
         EXPECT_EQ(predicted.gradients, live(MemCategory::Gradients)) << what;

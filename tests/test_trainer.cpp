@@ -291,8 +291,6 @@ TEST(Trainer, MixtureOfExpertsLearnsLogsAndBalances) {
                   {"model.n_experts = 4", "Llama-style"});
   expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_bias_rate=0.01"})); }),
                   {"model.moe_bias_rate", "sigmoid router"});
-  expect_contains(error_message([&] { (void)parse(base, with_moe({"parallel.tp=2"})); }),
-                  {"parallel.tp", "mixture-of-experts layers run unsharded"});
   expect_contains(error_message([&] { (void)parse(base, with_moe({"train.device=\"cuda\""})); }),
                   {"n_experts = 4", "CPU only"});
   expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_router=\"topk\""})); }),

@@ -33,13 +33,17 @@ struct MoeCase {
   std::string router = "softmax";
   std::string recompute = "none";
   double bias_rate = 0;
-  int ranks() const { return dp * pp * cp; }
-  bool splits_micro_batches() const { return dp > 1 || cp > 1; }
+  int first_dense = 0;  // with narrower experts (moe_ffn_hidden 24 vs ffn_hidden 48)
+  int tp = 1;           // attention split over tp, the experts whole on every tp rank
+  bool sp = false;
+  int ranks() const { return dp * pp * cp * tp; }
+  bool splits_micro_batches() const { return dp > 1 || cp > 1 || sp; }
 };
 
 std::string moe_case_name(const MoeCase& c) {
-  return c.router + (c.bias_rate > 0 ? "_bias" : "") + (c.dp > 1 ? "_dp" + std::to_string(c.dp) : "") +
-         (c.ep > 1 ? "_ep" + std::to_string(c.ep) : "") +
+  return c.router + (c.bias_rate > 0 ? "_bias" : "") + (c.first_dense > 0 ? "_firstdense" : "") + (c.dp > 1 ? "_dp" + std::to_string(c.dp) : "") +
+         (c.ep > 1 ? "_ep" + std::to_string(c.ep) : "") + (c.tp > 1 ? "_tp" + std::to_string(c.tp) : "") +
+         (c.sp ? "_sp" : "") +
          (c.zero_stage > 0 ? "_zero" + std::to_string(c.zero_stage) : "") +
          (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "") + (c.cp > 1 ? "_cp" + std::to_string(c.cp) : "") + "_" +
          c.recompute + "_np" + std::to_string(c.ranks());
@@ -60,13 +64,16 @@ TEST_P(MoeTraining, FollowsOneProcess) {
       "checkpoint.dir=\"\"", "model.n_experts=4", "model.experts_per_token=2", "model.moe_z_loss_coef=0.01",
       "model.moe_router=\"" + c.router + "\"", "model.recompute=\"" + c.recompute + "\"",
       "model.moe_bias_rate=" + std::to_string(c.bias_rate),
+      "model.moe_first_dense=" + std::to_string(c.first_dense),
+      "model.moe_ffn_hidden=" + std::string(c.first_dense > 0 ? "24" : "0"),
       c.splits_micro_batches() ? "model.moe_aux_loss_coef=0" : "model.moe_aux_loss_coef=0.05"};
   Trainer reference(parse(base, plus({"train.batch_size=" + std::to_string(kGlobalBatch),
                                       "log.dir=\"" + run.dir + "/ref\""}, shared)));
   reference.run();
   Trainer parallel(parse(base, plus({"train.batch_size=" + std::to_string(kGlobalBatch / c.dp),
                                      "parallel.pp=" + std::to_string(c.pp), "parallel.cp=" + std::to_string(c.cp),
-                                     "parallel.ep=" + std::to_string(c.ep),
+                                     "parallel.ep=" + std::to_string(c.ep), "parallel.tp=" + std::to_string(c.tp),
+                                     std::string("parallel.sequence_parallel=") + (c.sp ? "true" : "false"),
                                      "parallel.zero_stage=" + std::to_string(c.zero_stage),
                                      "log.dir=\"" + run.dir + "/par\""},
                                     shared)),
@@ -78,7 +85,7 @@ TEST_P(MoeTraining, FollowsOneProcess) {
   for (const Parameter* p : reference.model().parameters()) ref[p->name] = p;
   // Mesh (pp, dp / ep, cp, ep): the ep coordinate varies fastest; rank e holds experts
   // [e E/ep, (e + 1) E/ep) of each of its layers.
-  const int ep_rank = world_group->rank() % c.ep;
+  const int ep_rank = (world_group->rank() / c.tp) % c.ep;
   const int64_t local_experts = 4 / c.ep;
   int64_t expert_weights = 0, layers = 0;
   for (const Parameter* p : parallel.model().parameters()) {
@@ -93,7 +100,7 @@ TEST_P(MoeTraining, FollowsOneProcess) {
     EXPECT_LE(shard_difference(ref.at(p->name)->value, p->placement, p->value), 1e-5)
         << p->name << " on rank " << world_group->rank();
   }
-  EXPECT_GT(layers, 0);
+  EXPECT_GT(layers + c.first_dense, 0);
   EXPECT_EQ(expert_weights, layers * 3 * local_experts) << "w1, w3, w2 of this rank's experts in each layer";
   if (c.ep > 1 && world_group->rank() == 0) {
     // Rank 0's metrics: the rows it sent to other ranks' experts, and the ep group's traffic.
@@ -118,7 +125,16 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoeTraining,
                                            MoeCase{.dp = 2, .pp = 2, .ep = 2},
                                            MoeCase{.dp = 2, .cp = 2, .ep = 2},
                                            MoeCase{.dp = 2, .ep = 2, .recompute = "full"},
-                                           MoeCase{.dp = 2, .ep = 2, .router = "sigmoid", .bias_rate = 0.001}),
+                                           MoeCase{.dp = 2, .ep = 2, .router = "sigmoid", .bias_rate = 0.001},
+                                           // a dense first layer and narrower experts, on pp and ep
+                                           MoeCase{.pp = 2, .first_dense = 1},
+                                           MoeCase{.dp = 2, .ep = 2, .first_dense = 1},
+                                           // tp for the dense parts: without and with sequence
+                                           // parallelism (each tp rank routes its own rows), and
+                                           // with ep
+                                           MoeCase{.first_dense = 1, .tp = 2}, MoeCase{.tp = 2, .sp = true},
+                                           MoeCase{.dp = 2, .ep = 2, .tp = 2},
+                                           MoeCase{.dp = 2, .ep = 2, .router = "sigmoid", .bias_rate = 0.001, .tp = 2, .sp = true}),
                          [](const auto& info) { return moe_case_name(info.param); });
 
 // Expert parallelism's exchange alone, on one layer: rows dispatched to the experts' holders and

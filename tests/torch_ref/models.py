@@ -84,10 +84,24 @@ class LlamaConfig:
     moe_router: str = "softmax"
     moe_capacity_factor: float = 0.0
     n_shared_experts: int = 0
+    # Fine-grained experts and dense layers among the MoE ones (DeepSeek's names, loom's spacing):
+    # experts moe_intermediate_size wide (0: intermediate_size); layer l is MoE when
+    # l >= first_k_dense_replace and (l - first_k_dense_replace) % loom_moe_every == 0.
+    moe_intermediate_size: int = 0
+    first_k_dense_replace: int = 0
+    loom_moe_every: int = 1
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return (self.num_local_experts > 0 and layer >= self.first_k_dense_replace
+                and (layer - self.first_k_dense_replace) % self.loom_moe_every == 0)
+
+    @property
+    def expert_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
 
 
 Config = Union[GPT2Config, LlamaConfig]
@@ -167,6 +181,9 @@ def config_from_dict(d: dict) -> Config:
                 raise ConfigError(f"mixtral: loom_moe_router {cfg.moe_router!r} (want softmax or sigmoid)")
             cfg.moe_capacity_factor = float(d.get("loom_moe_capacity_factor", 0.0))
             cfg.n_shared_experts = int(d.get("n_shared_experts", 0) or 0)
+            cfg.moe_intermediate_size = int(d.get("moe_intermediate_size", 0) or 0)
+            cfg.first_k_dense_replace = int(d.get("first_k_dense_replace", 0) or 0)
+            cfg.loom_moe_every = int(d.get("loom_moe_every", 1) or 1)
             if float(d.get("loom_moe_bias_rate", 0.0)) != 0.0:
                 raise ConfigError("mixtral: loom_moe_bias_rate (selection-bias updates) is not in this reference")
         if c % h:
@@ -228,16 +245,17 @@ def expected_parameter_shapes(cfg: Config) -> Dict[str, Tuple[int, ...]]:
             out[p + "self_attn.v_proj.weight"] = (KV * D, C)
             out[p + "self_attn.o_proj.weight"] = (C, H * D)
             out[p + "post_attention_layernorm.weight"] = (C,)
-            if cfg.num_local_experts:
+            if cfg.is_moe_layer(i):
+                Fe = cfg.expert_size
                 out[p + "block_sparse_moe.gate.weight"] = (cfg.num_local_experts, C)
                 for e in range(cfg.num_local_experts):
                     x = p + f"block_sparse_moe.experts.{e}."
-                    out[x + "w1.weight"] = (Fi, C)
-                    out[x + "w3.weight"] = (Fi, C)
-                    out[x + "w2.weight"] = (C, Fi)
+                    out[x + "w1.weight"] = (Fe, C)
+                    out[x + "w3.weight"] = (Fe, C)
+                    out[x + "w2.weight"] = (C, Fe)
                 if cfg.n_shared_experts:
                     x = p + "block_sparse_moe.shared_experts."
-                    W = cfg.n_shared_experts * Fi
+                    W = cfg.n_shared_experts * Fe
                     out[x + "w1.weight"] = (W, C)
                     out[x + "w3.weight"] = (W, C)
                     out[x + "w2.weight"] = (C, W)
@@ -465,7 +483,7 @@ class LlamaMLP(nn.Module):
 class MixtralExpert(nn.Module):
     def __init__(self, cfg: LlamaConfig, width_multiple: int = 1):
         super().__init__()
-        C, Fi = cfg.hidden_size, width_multiple * cfg.intermediate_size
+        C, Fi = cfg.hidden_size, width_multiple * cfg.expert_size
         self.w1 = nn.Linear(C, Fi, bias=False)  # gate
         self.w3 = nn.Linear(C, Fi, bias=False)  # up
         self.w2 = nn.Linear(Fi, C, bias=False)  # down
@@ -531,12 +549,12 @@ class MixtralSparseMoeBlock(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        if cfg.num_local_experts:
+        if cfg.is_moe_layer(layer):
             self.block_sparse_moe = MixtralSparseMoeBlock(cfg)
         else:
             self.mlp = LlamaMLP(cfg)
@@ -555,7 +573,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, l) for l in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

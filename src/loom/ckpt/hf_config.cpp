@@ -117,6 +117,11 @@ ModelConfig mixtral_from_hf(const HfConfigReader& hf) {
   config.moe_router = parse_moe_router(hf.string_or("loom_moe_router", "softmax"));
   config.moe_capacity_factor = hf.number_or("loom_moe_capacity_factor", 0.0);
   config.moe_bias_rate = hf.number_or("loom_moe_bias_rate", 0.0);
+  // Fine-grained experts and leading dense layers under DeepSeek-V2/V3's config names, and the
+  // spacing of the MoE layers after them under loom's.
+  config.moe_ffn_hidden = hf.integer_or("moe_intermediate_size", 0);
+  config.moe_first_dense = hf.integer_or("first_k_dense_replace", 0);
+  config.moe_every = hf.integer_or("loom_moe_every", 1);
   if (hf.has("sliding_window") && !hf.raw("sliding_window").is_null())
     hf.fail("sliding_window", hf.raw("sliding_window"), "null (loom attends to the whole causal context)");
   return config;
@@ -169,6 +174,10 @@ json hf_config_json(const ModelConfig& config) {
   llama["loom_moe_router"] = moe_router_name(config.moe_router);
   llama["loom_moe_capacity_factor"] = config.moe_capacity_factor;
   llama["loom_moe_bias_rate"] = config.moe_bias_rate;
+  // Not Mixtral's: experts narrower than the dense MLPs, dense layers among the MoE ones.
+  if (config.moe_ffn_hidden > 0) llama["moe_intermediate_size"] = config.moe_ffn_hidden;
+  if (config.moe_first_dense > 0) llama["first_k_dense_replace"] = config.moe_first_dense;
+  if (config.moe_every > 1) llama["loom_moe_every"] = config.moe_every;
   return llama;
 }
 

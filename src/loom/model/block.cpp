@@ -17,26 +17,26 @@ std::string norm_name(const ModelConfig& c, const std::string& prefix, int which
 
 TransformerBlock::TransformerBlock(const ModelConfig& c, const ParallelPlan& plan,
                                    const std::string& prefix,
-                                   std::shared_ptr<const ops::Rope> rope)
+                                   std::shared_ptr<const ops::Rope> rope, int64_t layer)
     : norm1(norm_kind(c), norm_name(c, prefix, 1), c.n_embd, static_cast<float>(c.norm_eps)),
       attention(c, plan, prefix, std::move(rope)),
       norm2(norm_kind(c), norm_name(c, prefix, 2), c.n_embd, static_cast<float>(c.norm_eps)),
       sequence_parallel_(plan.sequence_parallel() && plan.tp() > 1) {
-  if (!c.is_moe()) {
+  if (!c.is_moe_layer(layer)) {
     mlp = std::make_unique<Mlp>(c, plan, prefix);
     return;
   }
   if (c.arch != Architecture::Llama)
     throw_error("model.n_experts = ", c.n_experts, " with model.arch = gpt2: mixture-of-experts layers are "
                 "Llama-style (SwiGLU experts, Mixtral's layout) so far; use arch = \"llama\"");
-  if (plan.tp() > 1)
-    throw_error("model.n_experts = ", c.n_experts, " with tensor parallelism (tp = ", plan.tp(),
-                "): mixture-of-experts layers run unsharded so far; use parallel.tp = 1");
+  // Under tensor parallelism the experts are not split: every tp rank runs the layer on the rows
+  // it holds (all of them, the same on every tp rank; its own rows under sequence parallelism,
+  // whose parameter gradients partial_grads() then sums over tp).
   MoeSpec spec;
   spec.dim = c.n_embd;
   spec.experts = c.n_experts;
   spec.top_k = c.experts_per_token;
-  spec.ffn_hidden = c.ffn_hidden;
+  spec.ffn_hidden = c.expert_ffn();
   spec.router = c.moe_router;
   spec.capacity_factor = c.moe_capacity_factor;
   spec.shared_experts = c.n_shared_experts;
@@ -114,6 +114,7 @@ ParameterList TransformerBlock::partial_grads() {
   for (Parameter* p : attention.partial_grads()) out.push_back(p);
   if (mlp)
     for (Parameter* p : mlp->partial_grads()) out.push_back(p);
+  if (moe) moe->collect(out);  // every MoE parameter saw this rank's rows only
   return out;
 }
 

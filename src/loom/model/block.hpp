@@ -10,8 +10,9 @@ namespace loom {
 
 class TransformerBlock {
  public:
+  // Layer `layer` of the model: a mixture of experts when config.is_moe_layer(layer).
   TransformerBlock(const ModelConfig& config, const ParallelPlan& plan, const std::string& prefix,
-                   std::shared_ptr<const ops::Rope> rope);
+                   std::shared_ptr<const ops::Rope> rope, int64_t layer);
   // x_in, x_out: [local_rows, C], this rank's rows of the residual stream.
   void forward(const Tensor& x_out, const Tensor& x_in, BlockStash& stash, int64_t batch,
                int64_t seq_len) const;

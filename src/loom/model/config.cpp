@@ -33,10 +33,20 @@ MoeRouter parse_moe_router(const std::string& text) {
   throw_error("model.moe_router: got '", text, "', expected softmax (Mixtral) or sigmoid (DeepSeek-V3)");
 }
 
-int64_t ModelConfig::expert_parameter_count() const {
-  const int64_t c = n_embd;
-  return arch == Architecture::GPT2 ? c * ffn_hidden + ffn_hidden + ffn_hidden * c + c  // c_fc, c_proj
-                                    : 3 * c * ffn_hidden;                               // gate, up, down
+namespace {
+int64_t mlp_parameters(Architecture arch, int64_t c, int64_t f) {
+  return arch == Architecture::GPT2 ? c * f + f + f * c + c  // c_fc, c_proj
+                                    : 3 * c * f;             // gate, up, down
+}
+}  // namespace
+
+int64_t ModelConfig::expert_parameter_count() const { return mlp_parameters(arch, n_embd, expert_ffn()); }
+int64_t ModelConfig::dense_mlp_parameter_count() const { return mlp_parameters(arch, n_embd, ffn_hidden); }
+
+int64_t ModelConfig::moe_layer_count() const {
+  int64_t count = 0;
+  for (int64_t l = 0; l < n_layer; ++l) count += is_moe_layer(l);
+  return count;
 }
 
 int64_t ModelConfig::parameter_count() const {
@@ -52,10 +62,11 @@ int64_t ModelConfig::parameter_count() const {
                 + c * c + 2 * c * kv_dim() + c * c    // q, k, v, o
                 + c;                                  // post_attention_layernorm
   }
-  // The MLP, or the experts and their router.
-  per_layer += is_moe() ? n_experts * expert_parameter_count() + n_experts * c : expert_parameter_count();
-  if (is_moe()) per_layer += n_shared_experts * expert_parameter_count();  // one MLP n_shared x as wide
-  int64_t total = vocab_size * c + n_layer * per_layer;
+  // Each layer's MLP, or its experts, their router and the shared experts (one MLP n_shared x
+  // as wide as an expert).
+  const int64_t moe_layers = moe_layer_count();
+  int64_t total = vocab_size * c + n_layer * per_layer + (n_layer - moe_layers) * dense_mlp_parameter_count();
+  total += moe_layers * (n_experts * expert_parameter_count() + n_experts * c + n_shared_experts * expert_parameter_count());
   total += arch == Architecture::GPT2 ? 2 * c : c;              // final norm
   if (arch == Architecture::GPT2) total += max_seq_len * c;     // wpe
   if (!tied_embeddings) total += vocab_size * c;                // lm_head
@@ -102,6 +113,14 @@ void ModelConfig::validate() const {
                                    {"moe_z_loss_coef", moe_z_loss_coef},
                                    {"moe_bias_rate", moe_bias_rate}})
     if (!(value >= 0) || !std::isfinite(value)) throw_error("model.", key, ": got ", value, ", expected a finite value >= 0");
+  if (moe_ffn_hidden < 0 || (moe_ffn_hidden > 0 && n_experts == 0))
+    throw_error("model.moe_ffn_hidden: got ", moe_ffn_hidden, ", expected 0 (ffn_hidden), or a width with model.n_experts > 0");
+  if (moe_every < 1) throw_error("model.moe_every: got ", moe_every, ", expected >= 1 (every n-th layer is a mixture of experts)");
+  if (moe_first_dense < 0 || (n_experts > 0 && moe_first_dense >= n_layer))
+    throw_error("model.moe_first_dense: got ", moe_first_dense, ", expected 0 to model.n_layer - 1 = ", n_layer - 1,
+                " (the first layers that stay dense; at least one layer must be a mixture of experts)");
+  if (n_experts == 0 && (moe_first_dense != 0 || moe_every != 1))
+    throw_error("model.moe_first_dense / model.moe_every are set for a dense model (n_experts = 0)");
   if (moe_bias_rate > 0 && moe_router != MoeRouter::Sigmoid)
     throw_error("model.moe_bias_rate: got ", moe_bias_rate, " with model.moe_router = softmax; the selection bias "
                 "(auxiliary-loss-free balancing) belongs to the sigmoid router: set moe_router = \"sigmoid\" or the "
@@ -145,6 +164,44 @@ ModelConfig mixtral_8x7b() {
   c.experts_per_token = 2;
   return c;
 }
+// DeepSeek-V3's mixture of experts (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", sec. 4.2
+// and its HF config.json): 61 layers of hidden 7168, the first 3 dense (ffn 18432), then 256
+// routed experts of 2048 + 1 shared, 8 per token, sigmoid router with auxiliary-loss-free bias
+// balancing (rate 0.001), vocabulary 129,280, untied. Its multi-head latent attention is not
+// loom's: this shape has 128 full heads instead (head_dim 56), which lands near the published
+// 671B parameters / 37B active.
+ModelConfig deepseek_v3_gqa() {
+  ModelConfig c = llama(61, 7168, 128, 128, 18432, false);
+  c.vocab_size = 129280;
+  c.max_seq_len = 4096;
+  c.norm_eps = 1e-6;
+  c.rope_theta = 10000.0;
+  c.n_experts = 256;
+  c.experts_per_token = 8;
+  c.n_shared_experts = 1;
+  c.moe_ffn_hidden = 2048;
+  c.moe_first_dense = 3;
+  c.moe_router = MoeRouter::Sigmoid;
+  c.moe_bias_rate = 0.001;
+  c.moe_aux_loss_coef = 0.0001;  // V3's sequence-wise balance loss weight, here per micro-batch
+  return c;
+}
+// The same family at a size that trains on a CPU (tests, demos): 4 layers of 128, the first
+// dense (ffn 512), 16 routed experts of 64 + 1 shared, 4 per token, GPT-2's vocabulary.
+ModelConfig deepseek_v3_small() {
+  ModelConfig c = deepseek_v3_gqa();
+  c.n_layer = 4;
+  c.n_embd = 128;
+  c.n_head = c.n_kv_head = 4;
+  c.ffn_hidden = 512;
+  c.vocab_size = 50257;
+  c.max_seq_len = 1024;
+  c.n_experts = 16;
+  c.experts_per_token = 4;
+  c.moe_ffn_hidden = 64;
+  c.moe_first_dense = 1;
+  return c;
+}
 struct Preset {
   const char* name;
   ModelConfig config;
@@ -161,6 +218,8 @@ const std::vector<Preset>& presets() {
       {"llama-70b", llama(80, 8192, 64, 8, 28672, false)},
       {"llama-405b", llama(126, 16384, 128, 8, 53248, false)},
       {"mixtral-8x7b", mixtral_8x7b()},
+      {"deepseek-v3-gqa", deepseek_v3_gqa()},
+      {"deepseek-v3-small", deepseek_v3_small()},
   };
   return all;
 }

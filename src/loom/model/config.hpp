@@ -50,12 +50,26 @@ struct ModelConfig {
   double moe_z_loss_coef = 0.0;      // weight of each MoE layer's router z-loss
   double moe_capacity_factor = 0.0;  // 0: dropless; else rows per expert <= c k tokens / E
   double moe_bias_rate = 0.0;        // sigmoid router: selection-bias step per optimizer step
+  // Fine-grained experts and mixed layers (DeepSeekMoE; DeepSeek-V3: 2048-wide experts, the
+  // first 3 of 61 layers dense with ffn_hidden 18432): each expert (and each shared expert) is
+  // moe_ffn_hidden wide (0: ffn_hidden); layer l is a mixture of experts when l >= moe_first_dense
+  // and (l - moe_first_dense) is a multiple of moe_every, a dense MLP of ffn_hidden otherwise.
+  int64_t moe_ffn_hidden = 0;
+  int64_t moe_first_dense = 0;
+  int64_t moe_every = 1;
 
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t kv_dim() const { return n_kv_head * head_dim(); }
   bool is_moe() const { return n_experts > 0; }
-  // Parameters of one expert MLP (SwiGLU: gate, up, down; GPT-2: c_fc, c_proj with biases).
+  int64_t expert_ffn() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_hidden; }
+  bool is_moe_layer(int64_t layer) const {
+    return is_moe() && layer >= moe_first_dense && (layer - moe_first_dense) % moe_every == 0;
+  }
+  int64_t moe_layer_count() const;
+  // Parameters of one expert MLP of expert_ffn() (SwiGLU: gate, up, down; GPT-2: c_fc, c_proj
+  // with biases), and of one dense MLP of ffn_hidden.
   int64_t expert_parameter_count() const;
+  int64_t dense_mlp_parameter_count() const;
   // Exact parameter count of the model as loom builds it.
   int64_t parameter_count() const;
   // Throws loom::Error naming the first inconsistent field.
@@ -63,7 +77,8 @@ struct ModelConfig {
 };
 
 // Named presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-1b, llama-3b, llama-8b,
-// llama-70b, llama-405b, mixtral-8x7b. Throws loom::Error listing the known names for an unknown one.
+// llama-70b, llama-405b, mixtral-8x7b, deepseek-v3-gqa (DeepSeek-V3's experts and layers, full
+// attention in place of MLA), deepseek-v3-small (the same family at CPU size). Throws loom::Error listing the known names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
 

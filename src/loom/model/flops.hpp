@@ -16,7 +16,8 @@ inline double flops_per_token(const ModelConfig& c, int64_t seq_len) {
   if (!c.tied_embeddings) matmul_params -= static_cast<double>(c.vocab_size * c.n_embd);  // lookup only
   // Mixture of experts: a token meets only experts_per_token of the experts (active parameters).
   if (c.is_moe())
-    matmul_params -= static_cast<double>(c.n_layer * (c.n_experts - c.experts_per_token) * c.expert_parameter_count());
+    matmul_params -=
+        static_cast<double>(c.moe_layer_count() * (c.n_experts - c.experts_per_token) * c.expert_parameter_count());
   const double attention = 6.0 * static_cast<double>(c.n_layer * seq_len * c.n_embd);
   return 6.0 * matmul_params + attention;
 }

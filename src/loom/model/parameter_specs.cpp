@@ -18,7 +18,7 @@ namespace {
 constexpr int kColumns = 0, kRows = 1, kWhole = -1;
 
 void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t layer) {
-  const int64_t unit = layer + 1, h = c.n_embd, f = c.ffn_hidden;
+  const int64_t unit = layer + 1, h = c.n_embd, f = c.is_moe_layer(layer) ? c.expert_ffn() : c.ffn_hidden;
   auto add = [&](const std::string& name, Shape shape, int tp_dim, int64_t expert = -1) {
     out.push_back({name, std::move(shape), unit, expert >= 0, tp_dim, ModelPart::Block, expert});
   };
@@ -32,7 +32,7 @@ void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t la
     add(p + ".attn.c_proj.bias", {h}, kWhole);
     add(p + ".ln_2.weight", {h}, kWhole);
     add(p + ".ln_2.bias", {h}, kWhole);
-    if (c.is_moe()) {
+    if (c.is_moe_layer(layer)) {
       add(p + ".mlp.router.weight", {c.n_experts, h}, kWhole);
       for (int64_t e = 0; e < c.n_experts; ++e) {
         const std::string x = p + ".mlp.experts." + std::to_string(e);
@@ -56,7 +56,7 @@ void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t la
   add(p + ".self_attn.v_proj.weight", {c.kv_dim(), h}, kColumns);
   add(p + ".self_attn.o_proj.weight", {h, h}, kRows);
   add(p + ".post_attention_layernorm.weight", {h}, kWhole);
-  if (c.is_moe()) {  // Mixtral's names: w1 gate, w3 up, w2 down
+  if (c.is_moe_layer(layer)) {  // Mixtral's names: w1 gate, w3 up, w2 down
     add(p + ".block_sparse_moe.gate.weight", {c.n_experts, h}, kWhole);
     for (int64_t e = 0; e < c.n_experts; ++e) {
       const std::string x = p + ".block_sparse_moe.experts." + std::to_string(e);

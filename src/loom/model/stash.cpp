@@ -23,7 +23,7 @@ int64_t mlp_pre_width(const ModelConfig& c, const LocalDims& dims) {
 
 BlockStash make_block_stash(const ModelConfig& c, const ParallelPlan& plan,
                             const ActivationFormat& format, int64_t batch, int64_t seq_len,
-                            const BlockStash* shared) {
+                            const BlockStash* shared, bool dense) {
   const Allocate activation{format};
   const int64_t rows = batch * seq_len, local_rows = plan.local_rows(rows);
   const LocalDims dims = plan.local_dims(c);
@@ -38,12 +38,12 @@ BlockStash make_block_stash(const ModelConfig& c, const ParallelPlan& plan,
   s.norm2.rstd = activation.f32({local_rows});
   if (layer_norm) s.norm2.mean = activation.f32({local_rows});
   // A mixture-of-experts block keeps its MLP's activations in s.moe, sized by its routing.
-  const bool dense = !c.is_moe();
   if (dense) s.mlp_pre = activation({rows, mlp_pre_width(c, dims)});
   if (shared) {
     s.attn_out = shared->attn_out;
     s.attn_lse = shared->attn_lse;
     s.mlp_act = shared->mlp_act;
+    if (dense && !s.mlp_act.defined()) s.mlp_act = activation({rows, dims.ffn_hidden});
   } else {
     s.attn_out = activation({rows, dims.heads * dims.head_dim});
     s.attn_lse = activation.f32({batch, dims.heads, seq_len});
@@ -62,7 +62,7 @@ BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPla
   g.d_norm_out = scratch({local_rows, c.n_embd});
   g.d_qkv = scratch({rows, dims.qkv_width()});
   g.d_attn_out = scratch({rows, dims.heads * dims.head_dim});
-  if (!c.is_moe()) {
+  if (c.moe_layer_count() < c.n_layer) {  // some block has a dense MLP
     g.d_mlp_pre = scratch({rows, mlp_pre_width(c, dims)});
     g.d_mlp_act = scratch({rows, dims.ffn_hidden});
   }
@@ -100,8 +100,10 @@ ChunkActivations make_chunk_activations(const ModelConfig& c, const ParallelPlan
   for (int64_t l = 0; l < chunk.layers(); ++l) {
     const bool share = recompute == Recompute::Selective && selective_shared.attn_out.defined();
     a.stashes.push_back(make_block_stash(c, plan, format, batch, seq_len,
-                                         share ? &selective_shared : nullptr));
+                                         share ? &selective_shared : nullptr, !c.is_moe_layer(chunk.first_layer + l)));
     if (recompute == Recompute::Selective && !share) selective_shared = a.stashes.back();
+    if (recompute == Recompute::Selective && !selective_shared.mlp_act.defined())
+      selective_shared.mlp_act = a.stashes.back().mlp_act;  // the first dense block's, for the rest
   }
   return a;
 }

@@ -43,11 +43,13 @@ struct BlockStash {
   float moe_loss_scale = 0.0f;
 };
 
-// Allocates a stash for batch x seq_len tokens laid out by `plan`. `shared` (may be null)
-// supplies the tensors that recomputation lets blocks share.
+// Allocates a stash for batch x seq_len tokens laid out by `plan`, for a block with a dense MLP
+// (`dense_mlp`) or a mixture of experts. `shared` (may be null) supplies the tensors that
+// recomputation lets blocks share (a dense block allocates its MLP activation when the shared
+// set, made by an expert block, has none).
 BlockStash make_block_stash(const ModelConfig& config, const ParallelPlan& plan,
                             const ActivationFormat& format, int64_t batch, int64_t seq_len,
-                            const BlockStash* shared_recomputable);
+                            const BlockStash* shared_recomputable, bool dense_mlp);
 
 // Gradient scratch space used by every block's backward in turn (one copy per model).
 struct BlockGradScratch {

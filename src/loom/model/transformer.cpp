@@ -8,6 +8,7 @@
 #include "loom/core/rng.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/model/linear.hpp"
+#include "loom/model/parameter_specs.hpp"
 #include "loom/model/tensor_shard.hpp"
 
 namespace loom {
@@ -56,18 +57,26 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
   }
   if (!gpt2)
     rope_ = std::make_shared<ops::Rope>(config_.head_dim(), config_.max_seq_len, config_.rope_theta);
-  int64_t per_block = 0;
+  // Block l's parameters start at first_block_index + the whole parameter counts of the blocks
+  // before it (which differ when dense and mixture-of-experts layers mix).
+  std::vector<int64_t> block_start(static_cast<size_t>(config_.n_layer + 1), first_block_index);
+  for (const ParameterSpec& spec : parameter_specs(config_))
+    if (spec.unit > 0)
+      for (int64_t later = spec.unit; later <= config_.n_layer; ++later) ++block_start[static_cast<size_t>(later)];
   for (const ModelChunk& chunk : chunks_) {
     chunk_first_block_.push_back(static_cast<int64_t>(blocks.size()));
     for (int64_t l = chunk.first_layer; l < chunk.end_layer; ++l) {
       const std::string prefix = (gpt2 ? "transformer.h." : "model.layers.") + std::to_string(l);
-      blocks.push_back(std::make_unique<TransformerBlock>(config_, *plan_, prefix, rope_));
+      blocks.push_back(std::make_unique<TransformerBlock>(config_, *plan_, prefix, rope_, l));
       blocks.back()->attention.set_layout(layout_);
       ParameterList& mine = block_parameters_.emplace_back();
       blocks.back()->collect(mine);
-      per_block = blocks.back()->whole_parameter_count();
+      if (blocks.back()->whole_parameter_count() !=
+          block_start[static_cast<size_t>(l + 1)] - block_start[static_cast<size_t>(l)])
+        throw_error("layer ", l, ": the block has ", blocks.back()->whole_parameter_count(),
+                    " parameters, its specification ", block_start[static_cast<size_t>(l + 1)] - block_start[static_cast<size_t>(l)]);
       const std::vector<int64_t> slots = blocks.back()->parameter_slots();
-      for (size_t k = 0; k < mine.size(); ++k) add_parameter(*mine[k], first_block_index + l * per_block + slots[k]);
+      for (size_t k = 0; k < mine.size(); ++k) add_parameter(*mine[k], block_start[static_cast<size_t>(l)] + slots[k]);
     }
   }
   if (holds_head_) {
@@ -76,7 +85,7 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
                                         static_cast<float>(config_.norm_eps));
     ParameterList norm;
     final_norm->collect(norm);
-    int64_t index = first_block_index + config_.n_layer * per_block;
+    int64_t index = block_start.back();
     for (Parameter* p : norm) add_parameter(*p, index++);
     if (!config_.tied_embeddings) {
       allocate_vocab_table(lm_head, "lm_head.weight", *plan_, config_.vocab_size, config_.n_embd);
@@ -214,7 +223,8 @@ void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
   full_recompute_stash_ = BlockStash{};
   selective_shared_ = BlockStash{};
   if (recompute_ == Recompute::Full)
-    full_recompute_stash_ = make_block_stash(config_, *plan_, format_, batch, seq_len, nullptr);
+    full_recompute_stash_ = make_block_stash(config_, *plan_, format_, batch, seq_len, nullptr,
+                                             config_.moe_layer_count() < config_.n_layer);
   const int64_t rows = plan_->local_rows(batch * seq_len), c = config_.n_embd;
   scratch_ = make_block_grad_scratch(config_, *plan_, format_, batch * seq_len);
   // The single-process loss on the CPU takes its logits scratch from here; the vocab-parallel

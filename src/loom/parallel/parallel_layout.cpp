@@ -278,9 +278,6 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
     unsupported("model", "GPT-2-style experts", "model.n_experts = ", m.n_experts,
                 " with model.arch = gpt2: the engine's mixture-of-experts layers are Llama-style (SwiGLU "
                 "experts, Mixtral's layout) so far; use arch = \"llama\"");
-  if (m.is_moe() && l.tp > 1)
-    unsupported("tp", "mixture of experts with tp", "tp=", l.tp, " with model.n_experts = ", m.n_experts,
-                ": the engine's mixture-of-experts layers run unsharded so far; use tp=1");
   return out;
 }
 

@@ -29,23 +29,34 @@ struct LayerElements {
   double recomputable;      // attention output, log-sum-exp, MLP activation (dropped by selective)
 };
 
-LayerElements layer_elements(const ModelConfig& m) {
-  const double h = static_cast<double>(m.n_embd), f = static_cast<double>(m.ffn_hidden);
+LayerElements layer_elements_of(const ModelConfig& m, bool moe_layer) {
+  const double h = static_cast<double>(m.n_embd);
+  const double f = static_cast<double>(moe_layer ? m.expert_ffn() : m.ffn_hidden);
   const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;  // LayerNorm: mean and rstd
   const double mlp_pre = m.arch == Architecture::GPT2 ? f : 2 * f;  // SwiGLU keeps gate | up
   // A mixture of experts runs each token through k experts: k copies of the MLP interior, the
   // k dispatched copies of its input and the k expert outputs the combine's backward reads,
   // the router's logits and probabilities over the experts, and the k routing weights
   // (model/moe's MoeStash).
-  const double k = m.is_moe() ? static_cast<double>(m.experts_per_token) : 1;
+  const double k = moe_layer ? static_cast<double>(m.experts_per_token) : 1;
   // Shared experts add one always-on MLP of n_shared x f: its pre-activation and activation.
-  const double shared = m.is_moe() ? static_cast<double>(m.n_shared_experts) : 0;
-  const double moe_extra = m.is_moe() ? 2 * k * h + 2 * static_cast<double>(m.n_experts) + k + shared * (mlp_pre + f) : 0;
+  const double shared = moe_layer ? static_cast<double>(m.n_shared_experts) : 0;
+  const double moe_extra = moe_layer ? 2 * k * h + 2 * static_cast<double>(m.n_experts) + k + shared * (mlp_pre + f) : 0;
   LayerElements e;
   e.replicated_by_tp = h /*input*/ + 2 * (h + norm_stats) /*two norms*/ + h /*mid residual*/;
   e.split_by_tp = (h + 2.0 * static_cast<double>(m.kv_dim())) + k * mlp_pre + moe_extra;
   e.recomputable = h + static_cast<double>(m.n_head) + k * f;
   return e;
+}
+
+// The mean layer: dense and mixture-of-experts layers weighted by their counts (exact for the
+// whole model; a pipeline stage's mix may differ from the mean).
+LayerElements layer_elements(const ModelConfig& m) {
+  const double moe = static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
+  if (moe == 0 || moe == 1) return layer_elements_of(m, moe == 1);
+  const LayerElements a = layer_elements_of(m, true), b = layer_elements_of(m, false);
+  return {moe * a.replicated_by_tp + (1 - moe) * b.replicated_by_tp, moe * a.split_by_tp + (1 - moe) * b.split_by_tp,
+          moe * a.recomputable + (1 - moe) * b.recomputable};
 }
 
 }  // namespace
@@ -238,23 +249,35 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
   const double tokens = static_cast<double>(batch * seq_len / cp), h = static_cast<double>(m.n_embd);
   const double t = static_cast<double>(tp), row_split = sequence_parallel ? t : 1.0;
   const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;
-  const LayerElements e = layer_elements(m);
+  const LayerElements e = layer_elements_of(m, false);
   const double stash_rowwise = e.replicated_by_tp - h;  // the input lives in the residual stream
-  double stash_split = e.split_by_tp / t, recomputable = e.recomputable / t;
-  if (m.is_moe()) {
-    // A MoE block keeps its experts' activations with the rest of its stash (MoeStash, f32),
-    // none in the recomputable set, which holds the attention output and log-sum-exps only.
-    const double k = static_cast<double>(m.experts_per_token), f = static_cast<double>(m.ffn_hidden);
-    stash_split = h + 2 * static_cast<double>(m.kv_dim()) + 2 * static_cast<double>(m.n_experts) + k +
-                  k * (2 * h + 3 * f) + static_cast<double>(m.n_shared_experts) * 3 * f;
-    recomputable = h + static_cast<double>(m.n_head);
-  }
+  // Per layer kind: what its stash keeps, and what selective recomputation shares.
+  const double dense_split = e.split_by_tp / t, dense_recomputable = e.recomputable / t;
+  const double attention_split = (h + 2 * static_cast<double>(m.kv_dim())) / t;
+  // A MoE block keeps its experts' activations with the rest of its stash (MoeStash, f32),
+  // none in the recomputable set, which holds the attention output and log-sum-exps only.
+  const double k = static_cast<double>(m.experts_per_token), fe = static_cast<double>(m.expert_ffn());
+  const double moe_split = attention_split + 2 * static_cast<double>(m.n_experts) + k + k * (2 * h + 3 * fe) +
+                           static_cast<double>(m.n_shared_experts) * 3 * fe;
+  const double moe_recomputable = (h + static_cast<double>(m.n_head)) / t;
+  const double moe_layers = static_cast<double>(m.moe_layer_count());
+  const double dense_layers = static_cast<double>(m.n_layer) - moe_layers;
   const double layers = static_cast<double>(m.n_layer);
   double rowwise = (layers + 1) * h + h + norm_stats, split = 0;
   switch (recompute) {
-    case Recompute::None: rowwise += layers * stash_rowwise; split += layers * (stash_split + recomputable); break;
-    case Recompute::Selective: rowwise += layers * stash_rowwise; split += layers * stash_split + recomputable; break;
-    case Recompute::Full: rowwise += stash_rowwise; split += stash_split + recomputable; break;
+    case Recompute::None:
+      rowwise += layers * stash_rowwise;
+      split += dense_layers * (dense_split + dense_recomputable) + moe_layers * (moe_split + moe_recomputable);
+      break;
+    case Recompute::Selective:  // one shared attention output (and dense MLP activation) for all
+      rowwise += layers * stash_rowwise;
+      split += dense_layers * dense_split + moe_layers * moe_split + (dense_layers > 0 ? dense_recomputable : moe_recomputable);
+      break;
+    case Recompute::Full:  // one stash, with a dense MLP if any layer has one, refilled per block
+      rowwise += stash_rowwise;
+      split += dense_layers > 0 ? dense_split + dense_recomputable + (moe_layers > 0 ? moe_split - attention_split : 0)
+                                : moe_split + moe_recomputable;
+      break;
   }
   mem.activations = 4 * tokens * (rowwise / row_split + split);
   return mem;

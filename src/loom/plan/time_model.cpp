@@ -60,25 +60,29 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   };
   LayerCost c;
   double forward = gemm_s(tokens, (h + 2 * kv) / t, h) + gemm_s(tokens, h, h / t);
-  auto mlp_s = [&](double rows) {
-    return m.arch == Architecture::GPT2 ? gemm_s(rows, f / t, h) + gemm_s(rows, h, f / t)
-                                        : gemm_s(rows, 2 * f / t, h) + gemm_s(rows, h, f / t);
+  auto mlp_s = [&](double rows, double width) {
+    return m.arch == Architecture::GPT2 ? gemm_s(rows, width / t, h) + gemm_s(rows, h, width / t)
+                                        : gemm_s(rows, 2 * width / t, h) + gemm_s(rows, h, width / t);
   };
-  if (!m.is_moe()) {
-    forward += mlp_s(tokens);
-  } else {
+  // The mean layer: a mixed model's dense and mixture-of-experts layers weighted by their counts.
+  const double moe_share = static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
+  if (moe_share < 1) forward += (1 - moe_share) * mlp_s(tokens, f);
+  if (moe_share > 0) {
     // Mixture of experts with balanced routing: this rank's E/ep experts each see k x tokens x
     // ep / E rows (its own tokens and its ep peers'), so the FLOPs are k dense MLPs' but the
-    // GEMMs are shorter. The router scores every token against every expert.
+    // GEMMs are shorter. The router scores every token against every expert; shared experts
+    // run on every token.
     const double k = static_cast<double>(m.experts_per_token), experts = static_cast<double>(m.n_experts);
-    const double ep = static_cast<double>(l.ep);
-    forward += experts / ep * mlp_s(tokens * k * ep / experts) + gemm_s(tokens, experts, h);
+    const double ep = static_cast<double>(l.ep), fe = static_cast<double>(m.expert_ffn());
+    double moe = experts / ep * mlp_s(tokens * k * ep / experts, fe) + gemm_s(tokens, experts, h);
+    if (m.n_shared_experts > 0) moe += mlp_s(tokens, static_cast<double>(m.n_shared_experts) * fe);
+    forward += moe_share * moe;
     if (l.ep > 1) {
       // Dispatch and combine: each all-to-all moves this rank's k routed copies of its tokens
       // (split over tp, as with sequence-parallel dispatch); backward runs both again. Not
       // overlapped: the experts wait for their tokens.
       const double bytes = tokens * k * h / t * job.memory.activation_bytes;
-      c.ep_comm_s = 4 * collective_time(Collective::AllToAll, bytes, group_topology(cluster, l.ep, l.tp)).seconds;
+      c.ep_comm_s = moe_share * 4 * collective_time(Collective::AllToAll, bytes, group_topology(cluster, l.ep, l.tp)).seconds;
     }
   }
   // Two matmuls (QK^T, PV). Flash attention skips the masked blocks, so each query meets

@@ -49,6 +49,9 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.moe_z_loss_coef = r.get_double("model.moe_z_loss_coef", m.moe_z_loss_coef);
   m.moe_capacity_factor = r.get_double("model.moe_capacity_factor", m.moe_capacity_factor);
   m.moe_bias_rate = r.get_double("model.moe_bias_rate", m.moe_bias_rate);
+  m.moe_ffn_hidden = r.get_int("model.moe_ffn_hidden", m.moe_ffn_hidden);
+  m.moe_first_dense = r.get_int("model.moe_first_dense", m.moe_first_dense);
+  m.moe_every = r.get_int("model.moe_every", m.moe_every);
   m.validate();
   return m;
 }

@@ -340,11 +340,15 @@ double Trainer::from_last_stage(double value) const {
 void Trainer::update_moe_bias() {
   if (config_.model.moe_bias_rate <= 0) return;
   std::vector<std::vector<int64_t>> block_counts = model_->moe_totals().block_counts;
-  if (groups_.replica_size > 1)
+  // Under sequence parallelism each tp rank routed its own rows: their counts add up too.
+  std::vector<ProcessGroup*> over;
+  if (groups_.replica_size > 1) over.push_back(groups_.replicas.get());
+  if (groups_.tp && config_.sequence_parallel) over.push_back(groups_.tp.get());
+  for (ProcessGroup* group : over)
     for (std::vector<int64_t>& counts : block_counts) {
       if (counts.empty()) continue;
       std::vector<float> values(counts.begin(), counts.end());  // exact below 2^24 slots
-      comm::all_reduce(*groups_.replicas, values.data(), static_cast<int64_t>(values.size()), ReduceOp::Sum)->wait();
+      comm::all_reduce(*group, values.data(), static_cast<int64_t>(values.size()), ReduceOp::Sum)->wait();
       for (size_t e = 0; e < counts.size(); ++e) counts[e] = static_cast<int64_t>(values[e]);
     }
   model_->update_moe_bias(block_counts);

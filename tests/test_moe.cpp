@@ -14,6 +14,7 @@
 
 #include "gradcheck.hpp"
 #include "loom/ckpt/safetensors.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/model/moe.hpp"
 #include "test_support.hpp"
 
@@ -117,6 +118,44 @@ TEST(MoeLayer, CapacityDropsTheLaterTokensOfAnOverloadedExpert) {
   EXPECT_EQ(all.dropped, 0);
   for (int j = 0; j < 8; ++j) EXPECT_EQ(whole.f32()[j], out.f32()[j]);
   EXPECT_NE(whole.f32()[12], 0.0f);
+}
+
+// CPU mixed precision: what the layer keeps for backward holds bf16 values (rounding them again
+// changes nothing), the router's logits stay f32, and the output differs from the f32 layer's
+// by the roundings alone: each stored tensor moves by at most 2^-9 relative, and the output
+// (a few roundings deep) stays within a few of those of the f32 one.
+TEST(MoeLayer, Bf16ActivationsAreStoredAsBf16Values) {
+  const MoeSpec spec{.dim = 8, .experts = 4, .top_k = 2, .ffn_hidden = 6, .shared_experts = 1};
+  MoeLayer f32(spec, "moe"), bf16(spec, "moe");
+  fill_layer(f32, 7);
+  fill_layer(bf16, 7);
+  bf16.set_bf16_activations(true);
+  const Tensor x = host({5, 8}, random_vector(40, 9));
+  ops::round_to_bf16_(x);  // the norm's output arrives in bf16 values
+  const Tensor out32 = Tensor::empty({5, 8}, DType::F32, MemCategory::Workspace);
+  const Tensor out16 = Tensor::empty({5, 8}, DType::F32, MemCategory::Workspace);
+  MoeStash s32, s16;
+  f32.forward(out32, x, s32);
+  bf16.forward(out16, x, s16);
+  auto is_bf16 = [](const Tensor& t) {
+    const std::vector<float> before = t.to_f32_vector();
+    const Tensor copy = Tensor::empty(t.shape(), DType::F32, MemCategory::Workspace);
+    copy.copy_from(t);
+    ops::round_to_bf16_(copy);
+    return copy.to_f32_vector() == before;
+  };
+  for (const Tensor* t : {&s16.pre, &s16.act, &s16.expert_out, &s16.shared_pre, &s16.shared_act})
+    EXPECT_TRUE(is_bf16(*t));
+  EXPECT_FALSE(is_bf16(s32.pre)) << "the f32 layer keeps f32 values (else the check above proves nothing)";
+  EXPECT_FALSE(is_bf16(s16.logits)) << "the router stays f32";
+  EXPECT_EQ(s16.selected, s32.selected);
+  double scale = 0, diff = 0;
+  for (int64_t i = 0; i < 40; ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(out32.f32()[i])));
+    diff = std::max(diff, std::fabs(static_cast<double>(out32.f32()[i] - out16.f32()[i])));
+  }
+  EXPECT_GT(diff, 0.0);
+  EXPECT_LE(diff, 8 * std::ldexp(1.0, -9) * scale);
 }
 
 struct MoeCase {

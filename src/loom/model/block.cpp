@@ -81,6 +81,7 @@ void TransformerBlock::set_bf16_activations(bool on) {
   bf16_activations_ = on;
   attention.set_bf16_activations(on);
   if (mlp) mlp->set_bf16_activations(on);
+  if (moe) moe->set_bf16_activations(on);
 }
 
 void TransformerBlock::backward(const Tensor& d_x_in, const Tensor& d_x_out, const Tensor& x_in,

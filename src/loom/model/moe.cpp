@@ -165,7 +165,9 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
     s.shared_act = activations({rows, w});
     ops::linear_forward(s.shared_pre, 0, x, shared_gate.value, nullptr);
     ops::linear_forward(s.shared_pre, w, x, shared_up.value, nullptr);
+    if (bf16_activations_) ops::round_to_bf16_(s.shared_pre);
     ops::swiglu_forward(s.shared_act, s.shared_pre);
+    if (bf16_activations_) ops::round_to_bf16_(s.shared_act);
   }
   // Combine: each token's kept slots, weighted, in slot order.
   float* o = out.f32();
@@ -237,9 +239,13 @@ void MoeLayer::run_experts(const Tensor& out, MoeStash& s) const {
     const Tensor in = s.routed_input.narrow_rows(begin, end), pre = s.pre.narrow_rows(begin, end);
     ops::linear_forward(pre, 0, in, gate[i].value, nullptr);
     ops::linear_forward(pre, f, in, up[i].value, nullptr);
+    if (bf16_activations_) ops::round_to_bf16_(pre);
     const Tensor act = s.act.narrow_rows(begin, end);
     ops::swiglu_forward(act, pre);
-    ops::linear_forward(out.narrow_rows(begin, end), 0, act, down[i].value, nullptr);
+    if (bf16_activations_) ops::round_to_bf16_(act);
+    const Tensor expert_out = out.narrow_rows(begin, end);
+    ops::linear_forward(expert_out, 0, act, down[i].value, nullptr);
+    if (bf16_activations_) ops::round_to_bf16_(expert_out);
   }
 }
 

@@ -109,6 +109,10 @@ class MoeLayer {
   void backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x, const MoeStash& stash, float aux_scale,
                 float z_scale);
   void collect(ParameterList& out);
+  // Mixed precision on the CPU: round what the layer stores for backward (the experts' and the
+  // shared experts' pre-activations, activations and outputs) to bf16 values, as the dense MLP
+  // does; the router's logits and probabilities stay f32 (a sensitive op).
+  void set_bf16_activations(bool on) { bf16_activations_ = on; }
 
   // Expert parallelism's three steps, which forward and backward use (public for tests):
   // plan_exchange sends every holder the counts of the rows it will get (`kept` per expert, the
@@ -139,6 +143,7 @@ class MoeLayer {
 
   MoeSpec spec_;
   ExpertExchange* exchange_ = nullptr;
+  bool bf16_activations_ = false;
   std::vector<float> bias_;  // [E] selection bias (sigmoid router), not a trained parameter
 };
 

@@ -97,7 +97,7 @@ TEST(PipelineConfig, BadPipelineSettingsAreRejectedWithWhatWorks) {
   expect_contains(error_of({"parallel.pp=2", "parallel.pp_layers=[0, 2]"}),
                   {"'parallel.pp_layers'", "stage 0 0 layers"});
   expect_contains(error_of({"parallel.pp_schedule=\"gpipe\""}),
-                  {"'parallel.pp_schedule' has value 'gpipe'", "expected afab, 1f1b or interleaved"});
+                  {"'parallel.pp_schedule' has value 'gpipe'", "expected afab, 1f1b, interleaved or zbh1"});
   // GPipe needs no minimum of micro-batches: one is a valid (if bubbly) step.
   EXPECT_EQ(parse(gpt2, {"parallel.pp=2", "train.grad_accum=1", "parallel.pp_schedule=\"afab\""}).pp, 2);
 }

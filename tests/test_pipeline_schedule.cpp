@@ -37,7 +37,7 @@ PipelineTimeline simulate(Schedule s, int64_t p, int64_t m, int64_t v, double p2
 }
 
 std::string show(const PipeAction& a) {
-  return std::string(a.op == PipeOp::Forward ? "F" : "B") + std::to_string(a.micro_batch) + "c" +
+  return std::string(op_letter(a.op)) + std::to_string(a.micro_batch) + "c" +
          std::to_string(a.chunk);
 }
 
@@ -196,6 +196,66 @@ TEST(PipelineSim, SpansNeverOverlapOnARankAndEndAtTheMakespan) {
   EXPECT_DOUBLE_EQ(t.makespan, last);
 }
 
+// ZB-H1 (Qi et al. 2023, sec 3.1): per rank every micro-batch's F, then its B, then its W; the
+// forwards and B's in 1F1B's order; rank r's W's trail its B's by r.
+TEST(PipelineSchedule, ZeroBubbleH1Is1F1BWithWeightGradientsHeldBackByRank) {
+  for (int64_t p : {2, 3, 4})
+    for (int64_t m : {p, p + 1, 2 * p + 1}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Actions zb = pipeline_actions(Schedule::ZeroBubbleH1, p, m, 1);
+      const Actions one = pipeline_actions(Schedule::OneFOneB, p, m, 1);
+      for (int64_t r = 0; r < p; ++r) {
+        std::vector<PipeAction> fb, w;
+        int64_t b_done = 0, max_lag = 0;
+        for (const PipeAction& a : zb[static_cast<size_t>(r)]) {
+          if (a.op == PipeOp::BackwardWeight) {
+            ASSERT_LT(a.micro_batch, b_done) << "a W before its B";
+            EXPECT_EQ(a.micro_batch, static_cast<int64_t>(w.size())) << "W's in micro-batch order";
+            max_lag = std::max(max_lag, b_done - a.micro_batch - 1);
+            w.push_back(a);
+            continue;
+          }
+          ASSERT_NE(a.op, PipeOp::Backward) << "ZB-H1 splits every backward";
+          if (a.op == PipeOp::BackwardInput) ++b_done;
+          fb.push_back({a.op == PipeOp::BackwardInput ? PipeOp::Backward : a.op, a.micro_batch, a.chunk});
+        }
+        ASSERT_EQ(static_cast<int64_t>(w.size()), m);
+        ASSERT_EQ(fb.size(), one[static_cast<size_t>(r)].size());
+        for (size_t i = 0; i < fb.size(); ++i)
+          EXPECT_EQ(show(fb[i]), show(one[static_cast<size_t>(r)][i])) << "rank " << r << " action " << i;
+        EXPECT_EQ(max_lag, std::min(r, m - 1)) << "rank " << r;
+      }
+    }
+}
+
+// With F, B and W equally long and p2p free, ZB-H1's makespan is m (F + B + W) + (p - 1)(F + B - W)
+// against 1F1B's (m + p - 1)(F + B + W) (Qi et al. 2023, sec 3.1 and Table 1): the bubble cut to a
+// third. Every rank keeps p micro-batches between F and W, 1F1B's peak on rank 0.
+TEST(PipelineSim, ZeroBubbleH1CutsThe1F1BBubbleToAThird) {
+  const plan::PassTimes unit{1, 1, 1};
+  for (int64_t p : {2, 4, 8})
+    for (int64_t m : {p, 2 * p, 3 * p + 1}) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const auto zb = simulate_pipeline(pipeline_actions(Schedule::ZeroBubbleH1, p, m, 1), p, 1, unit, 0);
+      const auto one = simulate_pipeline(pipeline_actions(Schedule::OneFOneB, p, m, 1), p, 1, unit, 0);
+      EXPECT_DOUBLE_EQ(one.makespan, static_cast<double>(3 * (m + p - 1)));
+      EXPECT_DOUBLE_EQ(zb.makespan, static_cast<double>(3 * m + (p - 1)));
+      EXPECT_NEAR(bubble_over_ideal(zb), (p - 1) / (3.0 * m), 1e-12);
+      EXPECT_NEAR(bubble_over_ideal(one), (p - 1) / static_cast<double>(m), 1e-12);
+      for (int64_t r = 0; r < p; ++r) EXPECT_EQ(zb.peak_in_flight[static_cast<size_t>(r)], p) << "rank " << r;
+      // The activation sets (F to B) are 1F1B's; the W's copies add r + 1 micro-batches' worth.
+      const Actions lists = pipeline_actions(Schedule::ZeroBubbleH1, p, m, 1);
+      for (int64_t r = 0; r < p; ++r) {
+        EXPECT_EQ(plan::peak_activation_bytes(lists[static_cast<size_t>(r)], 1, 0), p - r);
+        EXPECT_EQ(plan::peak_activation_bytes(lists[static_cast<size_t>(r)], 0, 1), r + 1);
+      }
+    }
+  // A W waits for its own B only; a list with a W before its B is refused.
+  Actions early = pipeline_actions(Schedule::ZeroBubbleH1, 2, 2, 1);
+  std::swap(early[0][2], early[0][3]);  // rank 0: F0 F1 B0 W0 ... -> F0 F1 W0 B0
+  expect_contains(error_message([&] { simulate_pipeline(early, 2, 1, unit, 0); }), {"rank 0", "W of micro-batch 0", "before its B"});
+}
+
 TEST(PipelineSchedule, BadInputsSayWhy) {
   expect_contains(error_message([] { pipeline_actions(Schedule::OneFOneB, 0, 4, 1); }),
                   {"p (pipeline ranks) = 0"});
@@ -207,6 +267,8 @@ TEST(PipelineSchedule, BadInputsSayWhy) {
                   {"m (micro-batches) = 6", "not a multiple of p", "= 4"});
   expect_contains(error_message([] { pipeline_actions(Schedule::Interleaved, 4, 8, 1); }),
                   {"v (chunks per rank) = 1", ">= 2"});
+  expect_contains(error_message([] { pipeline_actions(Schedule::ZeroBubbleH1, 4, 8, 2); }),
+                  {"zbh1", "v (chunks per rank) = 2", "expected 1"});
 }
 
 TEST(PipelineSim, DeadlockAndIncompleteListsAreRefused) {
@@ -229,11 +291,11 @@ TEST(PipelineSim, DeadlockAndIncompleteListsAreRefused) {
   Actions missing = pipeline_actions(Schedule::OneFOneB, 2, 3, 1);
   missing[1].pop_back();
   expect_contains(error_message([&] { simulate_pipeline(missing, 2, 1, 1, 2, 0); }),
-                  {"rank 1", "backward of micro-batch 2", "0 times"});
+                  {"rank 1", "micro-batch 2 chunk 0", "0 backward(s)"});
   expect_contains(error_message([&] { simulate_pipeline(deadlocked, 3, 1, 1, 2, 0); }),
                   {"2 action lists", "p = 3"});
   expect_contains(error_message([&] { simulate_pipeline(deadlocked, 2, 1, 0, 2, 0); }),
-                  {"t_forward_s = 0"});
+                  {"forward 0 s"});
   expect_contains(error_message([] { simulate_pipeline(Actions(2), 2, 1, 1, 2, 0); }), {"empty"});
 }
 
@@ -267,7 +329,7 @@ TEST(PipelineTransfers, EveryScheduleMatchesInOrderAndCannotDeadlock) {
   int checked = 0;
   for (int64_t p = 2; p <= 8; ++p)
     for (int64_t m = 1; m <= 16; ++m) {
-      for (Schedule s : {Schedule::AllForwardAllBackward, Schedule::OneFOneB}) {
+      for (Schedule s : {Schedule::AllForwardAllBackward, Schedule::OneFOneB, Schedule::ZeroBubbleH1}) {
         EXPECT_EQ(pipeline_transfer_problem(pipeline_actions(s, p, m, 1), p, 1), "")
             << schedule_name(s) << " p=" << p << " m=" << m;
         ++checked;

@@ -17,6 +17,7 @@
 #include "loom/parallel/pipeline_activations.hpp"
 #include "loom/parallel/pipeline_executor.hpp"
 #include "loom/parallel/pipeline_schedule.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 #include "model_fixtures.hpp"
 #include "test_support.hpp"
@@ -111,6 +112,9 @@ const std::vector<Layout>& layouts() {
       // Chunks of as many layers share idle sets, so a rank holds its most chunk-micro-batches
       // in flight at once (rank 0: 4 on chunk 0 then 2 on chunk 1, never 6 together).
       {{1, 1, 1, 1}, 2, PipelineSchedule::Interleaved, {5, 3}},
+      // ZB-H1 keeps 1F1B's forwards and B's, and a set goes idle at B: 1F1B's sets.
+      {{1, 3}, 2, PipelineSchedule::ZeroBubbleH1, {2, 1}},
+      {{1, 1, 1, 1}, 4, PipelineSchedule::ZeroBubbleH1, {4, 3, 2, 1}},
   };
   return all;
 }
@@ -222,6 +226,8 @@ double run_schedule(std::vector<PipelineActivations>& pools, const Layout& layou
           }
           auto& top = peak[static_cast<size_t>(r)];
           top = std::max(top, ++held);
+        } else if (a.op == PipeOp::BackwardWeight) {
+          pool.backward_weights(a.chunk, micro);
         } else {
           Tensor d_output;
           if (stage < stages - 1) {
@@ -229,7 +235,7 @@ double run_schedule(std::vector<PipelineActivations>& pools, const Layout& layou
             if (it == gradient.end()) break;  // the next stage has not run it yet
             d_output = it->second;
           }
-          const Tensor d_input = pool.backward(a.chunk, micro, d_output);
+          const Tensor d_input = pool.backward(a.chunk, micro, d_output, a.op == PipeOp::BackwardInput);
           if (stage > 0) {
             EXPECT_TRUE(d_input.defined());
             gradient[{micro, stage}] = d_input.clone(MemCategory::Workspace);
@@ -289,15 +295,35 @@ TEST_P(PipelineStages, ScheduledMicroBatchesGiveTheWholeModelsLossAndGradients) 
     const double loss = run_schedule(pools, layout, mb, grad_scale, peak);
     EXPECT_NEAR(loss, whole_loss, 1e-6 * std::fabs(whole_loss));
 
-    // Memory: one activation set per micro-batch-chunk in flight at once, reused afterwards:
-    // what the planner's replay of the same lists predicts.
-    const auto sim = plan::simulate_pipeline(pipeline_actions(layout.schedule, layout.pp, kMicro, layout.v()),
-                                             layout.pp, layout.v(), 1, 1, 0);
+    // Memory: one activation set per micro-batch-chunk between its forward and its backward
+    // (or B), reused afterwards; under a split backward, what W reads from its B on. Both are
+    // what the planner's replay of the same lists predicts: the sets to the count, W's copies
+    // to the byte (plan/memory_model's per-stage figure, from the model's shapes).
+    const auto actions = pipeline_actions(layout.schedule, layout.pp, kMicro, layout.v());
+    const auto sim = plan::simulate_pipeline(actions, layout.pp, layout.v(), 1, 1, 0);
     for (int64_t r = 0; r < layout.pp; ++r) {
-      const int64_t sets = pools[static_cast<size_t>(r)].sets_allocated();
+      const auto& mine = actions[static_cast<size_t>(r)];
+      const PipelineActivations& pool = pools[static_cast<size_t>(r)];
+      const int64_t sets = pool.sets_allocated();
       EXPECT_EQ(sets, peak[static_cast<size_t>(r)]) << "rank " << r;
       EXPECT_EQ(sets, layout.sets[static_cast<size_t>(r)]) << "rank " << r;
-      EXPECT_EQ(sets, sim.peak_in_flight[static_cast<size_t>(r)]) << "rank " << r;
+      EXPECT_EQ(sets, plan::peak_activation_bytes(mine, 1, 0)) << "rank " << r;
+      if (!splits_backward(layout.schedule)) {
+        EXPECT_EQ(sets, sim.peak_in_flight[static_cast<size_t>(r)]) << "rank " << r;
+        EXPECT_EQ(pool.peak_deferred_bytes(), 0) << "rank " << r;
+        continue;
+      }
+      ASSERT_EQ(layout.v(), 1);
+      const ModelChunk& chunk = ranks[static_cast<size_t>(r)]->chunks()[0];
+      const int64_t per_micro_batch = plan::deferred_weight_grad_bytes(
+          config, chunk.layers(), chunk.first_stage(), chunk.last_stage(), kBatch * kSeq, 4);
+      EXPECT_GT(per_micro_batch, 0);
+      EXPECT_EQ(pool.peak_deferred_bytes(), plan::peak_activation_bytes(mine, 0, per_micro_batch)) << "rank " << r;
+      EXPECT_EQ(pool.deferred_bytes(), 0) << "rank " << r << ": every W ran";
+      // ZB-H1 holds back r W's on rank r: r + 1 micro-batches' copies at once (all m at most).
+      EXPECT_EQ(pool.peak_deferred_bytes(), std::min<int64_t>(r + 1, kMicro) * per_micro_batch) << "rank " << r;
+      // Every rank keeps at most p micro-batches between F and W (Qi et al. 2023, sec 3.1).
+      EXPECT_EQ(sim.peak_in_flight[static_cast<size_t>(r)], std::min<int64_t>(layout.pp, kMicro)) << "rank " << r;
     }
 
     // Gradients: each owned parameter's equals the whole model's; a tied embedding split over the
@@ -327,6 +353,73 @@ TEST_P(PipelineStages, ScheduledMicroBatchesGiveTheWholeModelsLossAndGradients) 
       EXPECT_EQ(reported[wte], 2);
     }
   }
+}
+
+// B then W against the fused backward, in one process, for each recomputation mode. The W's of
+// two micro-batches run after both B's (their copies outlive the activation sets, which the second
+// forward reuses). Every parameter gradient is bitwise the fused one's, except GPT-2's tied
+// embedding: its head part is computed in the forward, so with W's held back its two parts
+// arrive in another order (checked to rounding instead); with each W right after its B, all are
+// bitwise.
+TEST_P(PipelineStages, SplitBackwardEqualsTheFusedOneBitForBit) {
+  const ModelConfig config = four_layers(GetParam());
+  const Batches mb;
+  const float grad_scale = 1.0f / static_cast<float>(2 * kBatch * kSeq);
+  for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    for (const bool held_back : {false, true}) {
+      SCOPED_TRACE(std::string("recompute ") + recompute_name(recompute) + (held_back ? ", W's held back" : ""));
+      Transformer fused(config, recompute), split(config, recompute);
+      for (Transformer* m : {&fused, &split}) {
+        m->init_weights(kSeed);
+        m->zero_grad();
+      }
+      std::vector<std::string> ready;
+      split.set_grad_ready_hook([&](Parameter& p) { ready.push_back(p.name); });
+      PipelineActivations whole(fused), parts(split);
+      double fused_loss = 0, split_loss = 0;
+      for (int64_t k = 0; k < 2; ++k) {
+        fused_loss += whole.forward(0, k, mb.tokens_of(k), mb.targets_of(k), Tensor(), kBatch, kSeq, {true, grad_scale});
+        whole.backward(0, k, Tensor());
+        split_loss += parts.forward(0, k, mb.tokens_of(k), mb.targets_of(k), Tensor(), kBatch, kSeq, {true, grad_scale});
+        const size_t before = ready.size();
+        parts.backward(0, k, Tensor(), /*defer_weights=*/true);
+        EXPECT_EQ(ready.size(), before) << "B reported gradients ready";
+        if (!held_back) parts.backward_weights(0, k);
+      }
+      if (held_back) {
+        EXPECT_EQ(parts.awaiting_weights(), 2);
+        EXPECT_GT(parts.deferred_bytes(), 0);
+        parts.backward_weights(0, 0);
+        parts.backward_weights(0, 1);
+      }
+      EXPECT_EQ(parts.deferred_bytes(), 0);
+      EXPECT_EQ(fused_loss, split_loss);
+      EXPECT_EQ(static_cast<int64_t>(ready.size()), 2 * static_cast<int64_t>(split.parameters().size()));
+      const auto want = by_name(fused);
+      for (const Parameter* p : split.parameters()) {
+        const std::vector<float> got = p->grad.to_f32_vector(), expected = want.at(p->name)->grad.to_f32_vector();
+        if (held_back && config.tied_embeddings && p == &split.token_embedding)
+          expect_close(got, expected, p->name);
+        else
+          EXPECT_EQ(got, expected) << p->name;
+      }
+    }
+  }
+}
+
+// A W without its B, a B twice, and a split backward under ZeRO-3's gather hooks are refused.
+TEST_P(PipelineStages, SplitBackwardMisuseIsRefused) {
+  const ModelConfig config = four_layers(GetParam());
+  const Batches mb;
+  Transformer model(config);
+  model.init_weights(kSeed);
+  PipelineActivations pool(model);
+  expect_contains(error_message([&] { pool.backward_weights(0, 0); }), {"W of micro-batch 0", "needs its B"});
+  pool.forward(0, 0, mb.tokens_of(0), mb.targets_of(0), Tensor(), kBatch, kSeq, {true, 1.0f});
+  Transformer::UnitHooks hooks;
+  hooks.after_backward = [](int64_t) {};
+  model.set_unit_hooks(hooks);
+  expect_contains(error_message([&] { pool.backward(0, 0, Tensor(), true); }), {"ZeRO-3", "zero_stage <= 1"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, PipelineStages, ::testing::Values(Architecture::GPT2, Architecture::Llama),

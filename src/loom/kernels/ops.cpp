@@ -1,4 +1,5 @@
 #include "loom/kernels/ops.hpp"
+#include "loom/kernels/weight_grads.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -74,6 +75,18 @@ void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor&
   if (d_input.defined() && d_input.numel() != input.numel())
     throw_error("ops::linear_backward: d_input ", shape_to_string(d_input.shape()), " for input ",
                 shape_to_string(input.shape()));
+  if (DeferredWeightGrads* later = deferring_weight_grads()) {
+    // B: the input gradient now (the same GEMM as below). W: the weight and bias gradients
+    // from copies of the output-gradient columns and the input.
+    if (d_input.defined()) linear_input_grad(d_input, accumulate_input, d_out, d_out_col, weight);
+    const bool narrow = d_out.device() == Device::CPU;  // copy_columns is a CPU op
+    Tensor kept_out = narrow ? later->keep_columns(d_out, d_out_col, d.out) : later->keep(d_out);
+    const int64_t kept_col = narrow ? 0 : d_out_col;
+    later->add([d_weight, d_bias, kept_out, kept_col, kept_in = later->keep(input), weight] {
+      linear_backward(Tensor(), false, d_weight, d_bias, kept_out, kept_col, kept_in, weight);
+    });
+    return;
+  }
   LOOM_OPS_ON_CUDA(device, linear_backward(d_input, accumulate_input, d_weight, d_bias, d_out,
                                            d_out_col, input, weight))
   require_cpu_f32("linear_backward", {&d_input, &d_bias, &d_out, &input, &weight});
@@ -93,17 +106,66 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
                          input.numel() / dim, dim, eps);
 }
 
+namespace {
+
+// A norm's backward with one half unwanted (an undefined d_input, or undefined parameter
+// gradients): the kernel still computes both, the unwanted half into scratch, so each half is
+// the very arithmetic of the whole backward (one loop computes both; a loop computing one alone
+// may be contracted into FMAs differently). Norms cost little next to the GEMMs.
+Tensor or_scratch(const Tensor& t, const Tensor& like, DType dtype) {
+  if (t.defined()) return t;
+  return Tensor::zeros(like.shape(), dtype, MemCategory::Workspace, like.device());
+}
+
+void layernorm_backward_part(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias,
+                             const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                             const Tensor& mean, const Tensor& rstd) {
+  const Device device = device_of(
+      "layernorm_backward", {&d_input, &d_weight, &d_bias, &d_out, &input, &weight, &mean, &rstd});
+  LOOM_OPS_ON_CUDA(device, layernorm_backward(or_scratch(d_input, input, input.dtype()),
+                                              or_scratch(d_weight, weight, DType::F32),
+                                              or_scratch(d_bias, weight, DType::F32), d_out, input,
+                                              weight, mean, rstd))
+  const Tensor dx = or_scratch(d_input, input, input.dtype());
+  const Tensor dw = or_scratch(d_weight, weight, DType::F32), db = or_scratch(d_bias, weight, DType::F32);
+  require_cpu_f32("layernorm_backward", {&dx, &d_out, &input, &weight});
+  const int64_t dim = weight.numel();
+  cpu::layernorm_backward(dx.f32(), dw.f32(), db.f32(), d_out.f32(), input.f32(), weight.f32(),
+                          mean.f32(), rstd.f32(), input.numel() / dim, dim);
+}
+
+void rmsnorm_backward_part(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out,
+                           const Tensor& input, const Tensor& weight, const Tensor& rstd) {
+  const Device device =
+      device_of("rmsnorm_backward", {&d_input, &d_weight, &d_out, &input, &weight, &rstd});
+  LOOM_OPS_ON_CUDA(device, rmsnorm_backward(or_scratch(d_input, input, input.dtype()),
+                                            or_scratch(d_weight, weight, DType::F32), d_out, input,
+                                            weight, rstd))
+  const Tensor dx = or_scratch(d_input, input, input.dtype());
+  const Tensor dw = or_scratch(d_weight, weight, DType::F32);
+  require_cpu_f32("rmsnorm_backward", {&dx, &d_out, &input, &weight});
+  const int64_t dim = weight.numel();
+  cpu::rmsnorm_backward(dx.f32(), dw.f32(), d_out.f32(), input.f32(), weight.f32(), rstd.f32(),
+                        input.numel() / dim, dim);
+}
+
+}  // namespace
+
 void layernorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_bias,
                         const Tensor& d_out, const Tensor& input, const Tensor& weight,
                         const Tensor& mean, const Tensor& rstd) {
   const Device device = device_of(
       "layernorm_backward", {&d_input, &d_weight, &d_bias, &d_out, &input, &weight, &mean, &rstd});
-  LOOM_OPS_ON_CUDA(device,
-                   layernorm_backward(d_input, d_weight, d_bias, d_out, input, weight, mean, rstd))
-  require_cpu_f32("layernorm_backward", {&d_input, &d_out, &input, &weight});
-  const int64_t dim = weight.numel();
-  cpu::layernorm_backward(d_input.f32(), d_weight.f32(), d_bias.f32(), d_out.f32(), input.f32(),
-                          weight.f32(), mean.f32(), rstd.f32(), input.numel() / dim, dim);
+  (void)device;
+  if (DeferredWeightGrads* later = deferring_weight_grads()) {
+    layernorm_backward_part(d_input, Tensor(), Tensor(), d_out, input, weight, mean, rstd);
+    later->add([d_weight, d_bias, kept_out = later->keep(d_out), kept_in = later->keep(input), weight,
+                kept_mean = later->keep(mean), kept_rstd = later->keep(rstd)] {
+      layernorm_backward_part(Tensor(), d_weight, d_bias, kept_out, kept_in, weight, kept_mean, kept_rstd);
+    });
+    return;
+  }
+  layernorm_backward_part(d_input, d_weight, d_bias, d_out, input, weight, mean, rstd);
 }
 
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
@@ -120,11 +182,16 @@ void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tenso
                       const Tensor& input, const Tensor& weight, const Tensor& rstd) {
   const Device device =
       device_of("rmsnorm_backward", {&d_input, &d_weight, &d_out, &input, &weight, &rstd});
-  LOOM_OPS_ON_CUDA(device, rmsnorm_backward(d_input, d_weight, d_out, input, weight, rstd))
-  require_cpu_f32("rmsnorm_backward", {&d_input, &d_out, &input, &weight});
-  const int64_t dim = weight.numel();
-  cpu::rmsnorm_backward(d_input.f32(), d_weight.f32(), d_out.f32(), input.f32(), weight.f32(),
-                        rstd.f32(), input.numel() / dim, dim);
+  (void)device;
+  if (DeferredWeightGrads* later = deferring_weight_grads()) {
+    rmsnorm_backward_part(d_input, Tensor(), d_out, input, weight, rstd);
+    later->add([d_weight, kept_out = later->keep(d_out), kept_in = later->keep(input), weight,
+                kept_rstd = later->keep(rstd)] {
+      rmsnorm_backward_part(Tensor(), d_weight, kept_out, kept_in, weight, kept_rstd);
+    });
+    return;
+  }
+  rmsnorm_backward_part(d_input, d_weight, d_out, input, weight, rstd);
 }
 
 void gelu_forward(const Tensor& out, const Tensor& input) {
@@ -374,6 +441,17 @@ void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& t
 void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
                         const Tensor& d_out, const int32_t* tokens, int64_t batch,
                         int64_t seq_len, std::span<const int32_t> positions) {
+  if (DeferredWeightGrads* later = deferring_weight_grads()) {
+    // W alone: the tables' gradients, from a copy of d_out and of the host ids.
+    std::vector<int32_t> ids(tokens, tokens + batch * seq_len);
+    const Tensor position_grad = d_position_table ? *d_position_table : Tensor();
+    later->add([d_token_table, position_grad, kept = later->keep(d_out), ids = std::move(ids), batch, seq_len,
+                positions_copy = std::vector<int32_t>(positions.begin(), positions.end())] {
+      embedding_backward(d_token_table, position_grad.defined() ? &position_grad : nullptr, kept, ids.data(),
+                         batch, seq_len, positions_copy);
+    });
+    return;
+  }
   const Device device = device_of("embedding_backward", {&d_token_table, d_position_table, &d_out});
   const int32_t* ids = d_position_table ? checked_positions("embedding_backward", positions, 0, batch * seq_len,
                                                             d_position_table->size(0), device)

@@ -5,6 +5,7 @@
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/kernels/cpu/vocab_shard.hpp"
 #include "loom/kernels/ops.hpp"
+#include "loom/kernels/weight_grads.hpp"
 #include "loom/kernels/ops_common.hpp"
 
 namespace loom::ops {
@@ -39,6 +40,10 @@ void bias_grad(const Tensor& d_bias, const Tensor& d_out) {
   if (d_bias.dtype() != DType::F32 || d_bias.numel() != d_out.size(1))
     throw_error("ops::bias_grad: d_bias must be F32 of ", d_out.size(1), " elements, got a ",
                 dtype_name(d_bias.dtype()), " ", shape_to_string(d_bias.shape()));
+  if (DeferredWeightGrads* later = deferring_weight_grads()) {
+    later->add([d_bias, kept = later->keep(d_out)] { bias_grad(d_bias, kept); });
+    return;
+  }
   LOOM_OPS_ON_CUDA(device, bias_grad(d_bias, d_out))
   require_cpu_f32("bias_grad", {&d_out});
   cpu::linear_backward(nullptr, false, nullptr, d_bias.f32(), d_out.f32(), d_out.size(1), nullptr,
@@ -79,6 +84,13 @@ void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const 
                               int64_t vocab_begin) {
   const Device device = device_of("embedding_shard_backward", {&d_table, &d_out});
   check_rows("embedding_shard_backward", d_out, d_table);
+  if (DeferredWeightGrads* later = deferring_weight_grads()) {
+    std::vector<int32_t> ids(tokens, tokens + d_out.numel() / d_table.size(1));
+    later->add([d_table, kept = later->keep(d_out), ids = std::move(ids), vocab_begin] {
+      embedding_shard_backward(d_table, kept, ids.data(), vocab_begin);
+    });
+    return;
+  }
   LOOM_OPS_ON_CUDA(device, embedding_shard_backward(d_table, d_out, tokens, vocab_begin))
   require_cpu_f32("embedding_shard_backward", {&d_table, &d_out});
   const int64_t dim = d_table.size(1);
@@ -102,6 +114,13 @@ void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row
 
 void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
                             int64_t seq_len, std::span<const int32_t> positions) {
+  if (DeferredWeightGrads* later = deferring_weight_grads()) {
+    later->add([d_table, kept = later->keep(d_out), first_row, seq_len,
+                ids = std::vector<int32_t>(positions.begin(), positions.end())] {
+      position_rows_backward(d_table, kept, first_row, seq_len, ids);
+    });
+    return;
+  }
   const Device device = device_of("position_rows_backward", {&d_table, &d_out});
   check_rows("position_rows_backward", d_out, d_table);
   const int32_t* ids = checked_positions("position_rows_backward", positions, first_row,

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "loom/kernels/weight_grads.hpp"
 #include "loom/model/block.hpp"
 #include "loom/model/config.hpp"
 #include "loom/model/context_parallel.hpp"
@@ -64,7 +65,14 @@ class Transformer {
   // of the chunk's output (undefined on the last stage; any device and float dtype). Returns the
   // gradient of the chunk's input [local_rows, C], a view valid until the next backward_chunk,
   // or undefined on the first stage. `acts` may then serve another forward.
-  Tensor backward_chunk(int64_t chunk, ChunkActivations& acts, const Tensor& d_output);
+  //
+  // With `weights`, the backward is split (kernels/weight_grads): this call is B, the input
+  // gradient alone, and queues every parameter gradient into `weights`; running that list is
+  // W, which also sums the sequence-parallel partial gradients over tp and reports the
+  // gradients ready (so data-parallel buckets fill at W). `acts` may serve another forward as
+  // soon as B returns: W reads its own copies. B then W equals the fused backward bit for bit.
+  Tensor backward_chunk(int64_t chunk, ChunkActivations& acts, const Tensor& d_output,
+                        ops::DeferredWeightGrads* weights = nullptr);
   const std::vector<ModelChunk>& chunks() const { return chunks_; }
   const ModelChunk& chunk(int64_t index) const;  // checks the index
   bool is_whole() const { return holds_embedding_ && holds_head_ && chunks_.size() == 1; }
@@ -190,6 +198,14 @@ class Transformer {
   // Runs `run` with the gradients of `params` pointed at zeroed scratch, then sums that over
   // tp and adds it to the real gradients: under sequence parallelism these gradients are
   // partial, and the sum must cover this backward's part only, not earlier micro-batches'.
+  // One part of a backward (the head's norm, a block, the embeddings): `run` computes it;
+  // `partial` are its parameters whose gradients are this rank's rows' alone under sequence
+  // parallelism (with_partial_grads), `ready` those whose gradients are then final. With
+  // `weights`, run's parameter gradients are queued there, followed by the partial sums and
+  // the ready report.
+  template <typename Run>
+  void backward_part(const ParameterList& partial, const ParameterList& ready,
+                     ops::DeferredWeightGrads* weights, Run run);
   template <typename Run>
   void with_partial_grads(const ParameterList& params, Run run);
   void add_parameter(Parameter& p, int64_t init_index);

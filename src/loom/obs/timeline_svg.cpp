@@ -28,11 +28,12 @@ constexpr double kLegendRowHeight = 18, kLegendSwatch = 12;
 struct Rgb {
   int r, g, b;
 };
-constexpr Rgb kForwardColor = {0x1f, 0x77, 0xb4}, kBackwardColor = {0xff, 0x7f, 0x0e};
+constexpr Rgb kForwardColor = {0x1f, 0x77, 0xb4}, kBackwardColor = {0xff, 0x7f, 0x0e},
+              kWeightColor = {0x2c, 0xa0, 0x2c};
 constexpr double kMaxChunkFade = 0.55;
 
-Rgb span_color(bool backward, int64_t chunk, int64_t chunks) {
-  const Rgb base = backward ? kBackwardColor : kForwardColor;
+Rgb span_color(bool backward, int64_t chunk, int64_t chunks, bool weight = false) {
+  const Rgb base = weight ? kWeightColor : backward ? kBackwardColor : kForwardColor;
   const double fade =
       chunks > 1 ? kMaxChunkFade * static_cast<double>(chunk) / static_cast<double>(chunks - 1) : 0;
   const auto mix = [fade](int channel) {
@@ -118,11 +119,11 @@ void draw_spans(std::ostringstream& svg, const Plot& plot, const std::vector<Tim
   for (const TimelineSpan& s : spans) {
     const double x = plot.to_x(s.start), width = plot.to_x(s.end) - x;
     const double top = plot.lane_top(s.lane);
-    const Rgb color = span_color(s.backward, s.chunk, chunks);
-    svg << "<rect class=\"span " << (s.backward ? "backward" : "forward") << "\" x=\""
+    const Rgb color = span_color(s.backward, s.chunk, chunks, s.weight);
+    svg << "<rect class=\"span " << (s.weight ? "weight" : s.backward ? "backward" : "forward") << "\" x=\""
         << format_fixed(x, 2) << "\" y=\"" << format_fixed(top, 1) << "\" width=\""
         << format_fixed(width, 2) << "\" height=\"" << format_fixed(kLaneHeight, 1) << "\" fill=\""
-        << hex(color) << "\"><title>" << (s.backward ? 'B' : 'F') << " mb " << s.micro_batch;
+        << hex(color) << "\"><title>" << (s.weight ? 'W' : s.backward ? 'B' : 'F') << " mb " << s.micro_batch;
     if (chunks > 1) svg << " chunk " << s.chunk;
     svg << ": " << format_fixed(s.start, decimals) << '-' << format_fixed(s.end, decimals) << unit
         << "</title></rect>\n";
@@ -141,15 +142,19 @@ struct LegendEntry {
   Rgb color;
 };
 
-// Both passes, and each chunk of them when the schedule is interleaved.
-std::vector<LegendEntry> legend_entries(int64_t chunks) {
+// Both passes (and W when the schedule splits backwards, whose B is then "input gradient"),
+// and each chunk of them when the schedule is interleaved.
+std::vector<LegendEntry> legend_entries(int64_t chunks, bool weights) {
   std::vector<LegendEntry> entries;
-  for (const bool backward : {false, true})
+  for (const int kind : {0, 1, 2}) {
+    if (kind == 2 && !weights) continue;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      std::string label = backward ? "backward" : "forward";
+      std::string label = kind == 0 ? "forward" : kind == 2 ? "weight gradient (W)"
+                                              : weights ? "input gradient (B)" : "backward";
       if (chunks > 1) label += " chunk " + std::to_string(chunk);
-      entries.push_back({label, span_color(backward, chunk, chunks)});
+      entries.push_back({label, span_color(kind != 0, chunk, chunks, kind == 2)});
     }
+  }
   return entries;
 }
 
@@ -187,9 +192,11 @@ std::string render_timeline_svg(const std::vector<TimelineSpan>& spans, int64_t 
   constexpr double inf = std::numeric_limits<double>::infinity();
   double first = inf, last = -inf;
   int64_t chunks = 1;
+  bool weights = false;
   for (const TimelineSpan& s : spans) {
     first = std::min(first, s.start), last = std::max(last, s.end);
     chunks = std::max(chunks, s.chunk + 1);
+    weights = weights || s.weight;
   }
   const double plot_top = subtitle.empty() ? 44 : 60;
   const Plot plot{plot_top, plot_top + static_cast<double>(lanes) * (kLaneHeight + kLaneGap),
@@ -199,7 +206,7 @@ std::string render_timeline_svg(const std::vector<TimelineSpan>& spans, int64_t 
   std::ostringstream body;
   draw_axes(body, plot, lanes, time_unit_label);
   draw_spans(body, plot, spans, chunks, time_unit_label);
-  const int legend_rows = draw_legend(body, legend_entries(chunks), plot.bottom + 48);
+  const int legend_rows = draw_legend(body, legend_entries(chunks, weights), plot.bottom + 48);
   const double height = std::ceil(plot.bottom + 48 + legend_rows * kLegendRowHeight + 10);
 
   std::ostringstream svg;

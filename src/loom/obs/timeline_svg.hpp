@@ -14,6 +14,7 @@ struct TimelineSpan {
   int64_t micro_batch = 0;  // written inside the bar when it is wide enough
   int64_t chunk = 0;        // model chunk of an interleaved schedule (0 otherwise); shades the bar
   double start = 0, end = 0;  // in the caller's time unit; any origin
+  bool weight = false;  // a zero-bubble schedule's weight-gradient pass (W): its own colour
 };
 
 // A 1000-pixel-wide chart with rows "rank 0" ... "rank lanes-1", a time axis with round ticks

@@ -69,8 +69,7 @@ int64_t integer_at_least(const std::string& key, const std::string& value, int64
 }
 
 bool parse_schedule(const std::string& name, PipelineSchedule& out) {
-  for (PipelineSchedule s : {PipelineSchedule::AllForwardAllBackward, PipelineSchedule::OneFOneB,
-                             PipelineSchedule::Interleaved})
+  for (PipelineSchedule s : all_pipeline_schedules())
     if (name == schedule_name(s)) {
       out = s;
       return true;

@@ -66,15 +66,35 @@ Tensor PipelineActivations::output(int64_t chunk, int64_t micro) const {
   throw_error("chunk ", chunk, " has no output for micro-batch ", micro, ": run its forward first");
 }
 
-Tensor PipelineActivations::backward(int64_t chunk, int64_t micro, const Tensor& d_output) {
+Tensor PipelineActivations::backward(int64_t chunk, int64_t micro, const Tensor& d_output,
+                                     bool defer_weights) {
   auto it = in_flight_.find({chunk, micro});
   if (it == in_flight_.end())
     throw_error("backward of micro-batch ", micro, " (chunk ", chunk,
                 ") needs its forward with compute_grad first");
-  const Tensor d_input = model_.backward_chunk(chunk, it->second, d_output);
+  const Key key{chunk, micro};
+  if (defer_weights && deferred_.count(key))
+    throw_error("micro-batch ", micro, " of chunk ", chunk, " ran its B twice without its W");
+  ops::DeferredWeightGrads weights;
+  const Tensor d_input =
+      model_.backward_chunk(chunk, it->second, d_output, defer_weights ? &weights : nullptr);
   idle_.push_back(std::move(it->second));
   in_flight_.erase(it);
+  if (defer_weights) {
+    deferred_bytes_ += weights.kept_bytes();
+    peak_deferred_bytes_ = std::max(peak_deferred_bytes_, deferred_bytes_);
+    deferred_.emplace(key, std::move(weights));
+  }
   return d_input;
+}
+
+void PipelineActivations::backward_weights(int64_t chunk, int64_t micro) {
+  auto it = deferred_.find({chunk, micro});
+  if (it == deferred_.end())
+    throw_error("the W of micro-batch ", micro, " (chunk ", chunk, ") needs its B first");
+  deferred_bytes_ -= it->second.kept_bytes();
+  it->second.run();
+  deferred_.erase(it);
 }
 
 }  // namespace loom

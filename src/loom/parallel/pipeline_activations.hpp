@@ -33,7 +33,14 @@ class PipelineActivations {
   // backward, or after a forward without gradients until this pool's next forward.
   Tensor output(int64_t chunk, int64_t micro) const;
   // Transformer::backward_chunk of micro-batch `micro` on chunk `chunk`; its set goes idle.
-  Tensor backward(int64_t chunk, int64_t micro, const Tensor& d_output);
+  // With defer_weights it is the B of a split backward: the parameter gradients wait, with
+  // copies of what they read, for backward_weights(chunk, micro), the W.
+  Tensor backward(int64_t chunk, int64_t micro, const Tensor& d_output, bool defer_weights = false);
+  void backward_weights(int64_t chunk, int64_t micro);
+  // Bytes the W's still to run hold, now and at most since construction.
+  int64_t deferred_bytes() const { return deferred_bytes_; }
+  int64_t peak_deferred_bytes() const { return peak_deferred_bytes_; }
+  int64_t awaiting_weights() const { return static_cast<int64_t>(deferred_.size()); }
 
   int64_t awaiting_backward() const { return static_cast<int64_t>(in_flight_.size()); }
   // Sets held now, awaiting their backward or idle for reuse: the memory a schedule costs.
@@ -50,6 +57,8 @@ class PipelineActivations {
   std::map<Key, ChunkActivations> in_flight_;
   std::vector<ChunkActivations> idle_;
   Key last_released_{-1, -1};  // idle_.back(), after a forward without gradients
+  std::map<Key, ops::DeferredWeightGrads> deferred_;  // B's whose W has not run
+  int64_t deferred_bytes_ = 0, peak_deferred_bytes_ = 0;
 };
 
 }  // namespace loom

@@ -108,9 +108,16 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
       loss += activations_.forward(action.chunk, mb, tokens, targets, received, micro.batch,
                                    micro.seq_len, {train, grad_scale});
       if (to) out = activations_.output(action.chunk, mb);
+    } else if (action.op == PipeOp::BackwardInput) {
+      out = activations_.backward(action.chunk, mb, received, /*defer_weights=*/true);
     } else {
+      // Gradients are reported ready where the parameter gradients are computed: the whole
+      // backward, or W.
       if (set_sync) set_sync(mb == micro.count - 1);
-      out = activations_.backward(action.chunk, mb, received);
+      if (action.op == PipeOp::BackwardWeight)
+        activations_.backward_weights(action.chunk, mb);
+      else
+        out = activations_.backward(action.chunk, mb, received);
     }
     if (to) send(out, *to);
     if (train)

@@ -15,6 +15,28 @@ const char* schedule_name(PipelineSchedule schedule) {
     case PipelineSchedule::AllForwardAllBackward: return "afab";
     case PipelineSchedule::OneFOneB: return "1f1b";
     case PipelineSchedule::Interleaved: return "interleaved";
+    case PipelineSchedule::ZeroBubbleH1: return "zbh1";
+  }
+  return "?";
+}
+
+const std::vector<PipelineSchedule>& all_pipeline_schedules() {
+  static const std::vector<PipelineSchedule> all{
+      PipelineSchedule::AllForwardAllBackward, PipelineSchedule::OneFOneB,
+      PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1};
+  return all;
+}
+
+bool splits_backward(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::ZeroBubbleH1;
+}
+
+const char* op_letter(PipeOp op) {
+  switch (op) {
+    case PipeOp::Forward: return "F";
+    case PipeOp::Backward:
+    case PipeOp::BackwardInput: return "B";
+    case PipeOp::BackwardWeight: return "W";
   }
   return "?";
 }
@@ -73,6 +95,25 @@ std::vector<PipeAction> one_f_one_b(int64_t warmup, int64_t p, int64_t m, int64_
   return actions;
 }
 
+// ZB-H1 on one rank: 1F1B's p - rank - 1 warm-up forwards, then per step a forward (while
+// any remain), the B of the oldest forwarded micro-batch and the W of the one `rank` B's
+// earlier; the held-back W's close the list. The forwards and B's keep 1F1B's order, so the
+// gradients travel as under 1F1B, only sooner: a B is a backward without its weight GEMMs.
+std::vector<PipeAction> zero_bubble_h1(int64_t rank, int64_t p, int64_t m) {
+  const int64_t warmup = std::min(p - rank - 1, m);
+  std::vector<PipeAction> actions;
+  actions.reserve(static_cast<size_t>(3 * m));
+  for (int64_t k = 0; k < warmup; ++k) actions.push_back({PipeOp::Forward, k, 0});
+  int64_t weights_done = 0;
+  for (int64_t k = 0; k < m; ++k) {
+    if (k + warmup < m) actions.push_back({PipeOp::Forward, k + warmup, 0});
+    actions.push_back({PipeOp::BackwardInput, k, 0});
+    if (k - rank >= 0) actions.push_back({PipeOp::BackwardWeight, weights_done++, 0});
+  }
+  while (weights_done < m) actions.push_back({PipeOp::BackwardWeight, weights_done++, 0});
+  return actions;
+}
+
 }  // namespace
 
 std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule, int64_t p,
@@ -97,6 +138,9 @@ std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule,
         // micro-batch reaches its last chunk, plus 2 per later rank for the round trip there.
         actions = one_f_one_b((p - rank - 1) * 2 + (v - 1) * p, p, m, v);
         break;
+      case PipelineSchedule::ZeroBubbleH1:
+        actions = zero_bubble_h1(rank, p, m);
+        break;
     }
   }
   return ranks;
@@ -119,7 +163,7 @@ std::optional<PipeTransfer> transfer_into(const PipeAction& action, int64_t rank
     if (stage == 0) return std::nullopt;
     return PipeTransfer{PipeMessage::Activation, action.micro_batch, stage, (stage - 1) % p, rank};
   }
-  if (stage == stages - 1) return std::nullopt;
+  if (!sends_gradient(action.op) || stage == stages - 1) return std::nullopt;
   return PipeTransfer{PipeMessage::Gradient, action.micro_batch, stage, (stage + 1) % p, rank};
 }
 
@@ -130,7 +174,7 @@ std::optional<PipeTransfer> transfer_out_of(const PipeAction& action, int64_t ra
     if (stage == stages - 1) return std::nullopt;
     return PipeTransfer{PipeMessage::Activation, action.micro_batch, stage + 1, rank, (stage + 1) % p};
   }
-  if (stage == 0) return std::nullopt;
+  if (!sends_gradient(action.op) || stage == 0) return std::nullopt;
   return PipeTransfer{PipeMessage::Gradient, action.micro_batch, stage - 1, rank, (stage - 1) % p};
 }
 

@@ -9,10 +9,21 @@
 
 namespace loom {
 
-enum class PipelineSchedule { AllForwardAllBackward, OneFOneB, Interleaved };
-const char* schedule_name(PipelineSchedule schedule);  // "afab", "1f1b", "interleaved"
+enum class PipelineSchedule { AllForwardAllBackward, OneFOneB, Interleaved, ZeroBubbleH1 };
+// "afab", "1f1b", "interleaved", "zbh1"
+const char* schedule_name(PipelineSchedule schedule);
+// Every schedule, in the order the names above list them.
+const std::vector<PipelineSchedule>& all_pipeline_schedules();
+// Whether the schedule splits backwards into B (BackwardInput) and W (BackwardWeight).
+bool splits_backward(PipelineSchedule schedule);
 
-enum class PipeOp { Forward, Backward };
+// Backward is the whole backward of a micro-batch's chunk. Zero-bubble schedules split it
+// (Qi et al. 2023, sec 2): BackwardInput (B) computes the gradient the previous stage waits
+// for; BackwardWeight (W) the parameter gradients, which wait for nothing but B.
+enum class PipeOp { Forward, Backward, BackwardInput, BackwardWeight };
+const char* op_letter(PipeOp op);  // "F", "B", "B", "W"
+// A backward that carries the gradient to the previous stage (Backward or BackwardInput).
+inline bool sends_gradient(PipeOp op) { return op == PipeOp::Backward || op == PipeOp::BackwardInput; }
 
 // One step of one rank. chunk is the model chunk held by this rank, 0..v-1; the model is cut
 // into v * p stages laid out round-robin, so global stage = chunk * p + rank (Narayanan et al.
@@ -30,6 +41,11 @@ struct PipeAction {
 //   forwards, then forward/backward pairs, then the remaining backwards.
 // - Interleaved (sec 2.2.2, Megatron-LM's order): needs m % p == 0 and v >= 2; micro-batches go
 //   through each chunk in groups of p; (p - rank - 1) * 2 + (v - 1) * p warm-up forwards.
+// - ZeroBubbleH1 (ZB-H1, Qi et al. 2023 sec 3.1): 1F1B's warm-up and order of forwards and
+//   input-gradient backwards, with each W after its B but rank r holding back r of them, which
+//   fill the tail where 1F1B idles. Every rank then keeps at most p micro-batches between F and
+//   W, 1F1B's peak on rank 0, and the bubble falls from (p - 1)(F + B + W) to (p - 1)(F + B - W)
+//   in units of one chunk's pass times (a third when the three are equal).
 // v must be 1 unless Interleaved. Throws loom::Error naming the argument at fault.
 std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule, int64_t p,
                                                       int64_t m, int64_t v);

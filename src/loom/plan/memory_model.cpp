@@ -98,6 +98,10 @@ double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro
   switch (l.schedule) {
     case PipelineSchedule::AllForwardAllBackward: return layers / p * mb;
     case PipelineSchedule::OneFOneB: return layers / p * std::min(mb, p);
+    // Every rank keeps up to p micro-batches between F and W: the first rank's 1F1B peak (the
+    // held-back W's keep copies of what they read rather than the whole stash, counted as the
+    // stash here: an upper bound).
+    case PipelineSchedule::ZeroBubbleH1: return layers / p * std::min(mb, p);
     case PipelineSchedule::Interleaved:
       return mb >= p ? layers * (1.0 + (p - 1.0) / (p * v)) : layers / p * mb;
   }
@@ -117,10 +121,28 @@ int64_t chunks_in_flight(const PlanLayout& l, int64_t micro_batches, int64_t ran
   switch (l.schedule) {
     case PipelineSchedule::AllForwardAllBackward: return micro_batches * l.vp;
     case PipelineSchedule::OneFOneB: return std::min(micro_batches, l.pp - rank);
+    case PipelineSchedule::ZeroBubbleH1: return std::min(micro_batches, l.pp);
     case PipelineSchedule::Interleaved:
       return std::min(micro_batches * l.vp, 2 * (l.pp - rank - 1) + (l.vp - 1) * l.pp + 1);
   }
   return micro_batches * l.vp;
+}
+
+int64_t deferred_weight_grad_bytes(const ModelConfig& m, int64_t layers, bool first_stage, bool last_stage,
+                                   int64_t rows, int64_t bytes_per_element) {
+  if (m.n_experts > 0)
+    throw_error("deferred_weight_grad_bytes: a mixture-of-experts model's W keeps what routing sends each expert, "
+                "which no shape fixes");
+  const int64_t c = m.n_embd, attention = m.n_head * m.head_dim(), qkv = (m.n_head + 2 * m.n_kv_head) * m.head_dim();
+  const int64_t f = m.ffn_hidden, gated = m.arch == Architecture::Llama ? 2 * f : f;
+  const int64_t stats = m.arch == Architecture::Llama ? 1 : 2;  // RMSNorm: rstd; LayerNorm: mean, rstd
+  // Per row: a norm keeps its output gradient and input, a linear its output-gradient columns and input.
+  const int64_t norm = 2 * c * bytes_per_element + stats * 4;
+  const int64_t block = 2 * norm + (qkv + c + c + attention + gated + c + c + f) * bytes_per_element;
+  int64_t per_row = layers * block;
+  if (first_stage) per_row += c * bytes_per_element;  // the embedding's output gradient
+  if (last_stage) per_row += norm;                     // the final norm's
+  return rows * per_row;
 }
 
 MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {

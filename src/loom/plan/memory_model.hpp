@@ -82,6 +82,15 @@ std::vector<int64_t> planner_stage_layers(const ModelConfig& model, const PlanLa
 // forward_backward_pipelining_*): AFAB all m; 1F1B min(m, p - rank); interleaved
 // min(m v, 2 (p - rank - 1) + (v - 1) p + 1).
 int64_t chunks_in_flight(const PlanLayout& layout, int64_t micro_batches, int64_t rank);
+
+// Bytes a split backward's B keeps for its W (kernels/weight_grads) per micro-batch of `rows`
+// rows through a stage of `layers` dense blocks (plus the embedding's on the first stage and
+// the final norm's on the last), one tp rank, activations of `bytes_per_element`: each
+// weight-gradient op's output-gradient columns and input (an input shared by q|k|v or gate|up
+// kept once) and a norm's statistics (f32). Mixture-of-experts layers keep what routing sends
+// their experts, which no shape fixes: refused.
+int64_t deferred_weight_grad_bytes(const ModelConfig& model, int64_t layers, bool first_stage, bool last_stage,
+                                   int64_t rows, int64_t bytes_per_element);
 // Memory of the most loaded pipeline rank: each rank's model states (the first also holds the
 // embedding, the last the head) plus the activations it holds at its peak (the first stage
 // holds the most micro-batches under 1F1B) plus, on the last, the loss buffers.

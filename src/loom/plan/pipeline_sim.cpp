@@ -1,6 +1,7 @@
 #include "loom/plan/pipeline_sim.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -12,20 +13,33 @@ namespace {
 
 constexpr double kNotYet = std::numeric_limits<double>::quiet_NaN();
 
-const char* op_name(PipeOp op) { return op == PipeOp::Forward ? "forward" : "backward"; }
+const char* op_name(PipeOp op) {
+  switch (op) {
+    case PipeOp::Forward: return "forward";
+    case PipeOp::Backward: return "backward";
+    case PipeOp::BackwardInput: return "input-gradient backward (B)";
+    case PipeOp::BackwardWeight: return "weight-gradient backward (W)";
+  }
+  return "?";
+}
 
-// End times of every (op, micro-batch, stage); NaN until that action has been simulated.
+// End times of every (kind, micro-batch, stage); NaN until that action has been simulated.
+// A whole backward ends its gradient (what the previous stage waits for) and its weights at
+// once; a split one, its gradient at B and its weights at W.
 struct EndTimes {
   int64_t stages = 0;
-  std::vector<double> forward, backward;
+  std::vector<double> forward, gradient, weights;
   EndTimes(int64_t m, int64_t stages_)
       : stages(stages_),
         forward(static_cast<size_t>(m * stages_), kNotYet),
-        backward(static_cast<size_t>(m * stages_), kNotYet) {}
-  double& at(PipeOp op, int64_t mb, int64_t stage) {
-    auto& times = op == PipeOp::Forward ? forward : backward;
+        gradient(static_cast<size_t>(m * stages_), kNotYet),
+        weights(static_cast<size_t>(m * stages_), kNotYet) {}
+  static double& in(std::vector<double>& times, int64_t stages, int64_t mb, int64_t stage) {
     return times[static_cast<size_t>(mb * stages + stage)];
   }
+  double& forward_end(int64_t mb, int64_t stage) { return in(forward, stages, mb, stage); }
+  double& gradient_end(int64_t mb, int64_t stage) { return in(gradient, stages, mb, stage); }
+  double& weights_end(int64_t mb, int64_t stage) { return in(weights, stages, mb, stage); }
 };
 
 // Each rank must run every (micro-batch, chunk) forward and backward exactly once; otherwise the
@@ -42,18 +56,26 @@ int64_t check_complete(const std::vector<std::vector<PipeAction>>& actions, int6
       m = std::max(m, a.micro_batch + 1);
     }
   if (m == 0) throw_error("simulate_pipeline: the action lists are empty, nothing to time");
+  // Per (micro-batch, chunk): forwards, whole backwards, B's, W's, with a W only after its B.
   for (size_t rank = 0; rank < actions.size(); ++rank) {
-    std::vector<int> seen(static_cast<size_t>(2 * m * v), 0);
-    for (const PipeAction& a : actions[rank])
-      ++seen[static_cast<size_t>(((a.op == PipeOp::Forward ? 0 : m) + a.micro_batch) * v +
-                                 a.chunk)];
-    for (size_t i = 0; i < seen.size(); ++i)
-      if (seen[i] != 1) {
+    std::vector<std::array<int, 4>> seen(static_cast<size_t>(m * v), {0, 0, 0, 0});
+    for (const PipeAction& a : actions[rank]) {
+      auto& count = seen[static_cast<size_t>(a.micro_batch * v + a.chunk)];
+      if (a.op == PipeOp::BackwardWeight && count[2] == 0)
+        throw_error("simulate_pipeline: rank ", rank, " runs the W of micro-batch ", a.micro_batch, " chunk ",
+                    a.chunk, " before its B");
+      ++count[static_cast<size_t>(a.op)];
+    }
+    for (size_t i = 0; i < seen.size(); ++i) {
+      const auto& c = seen[i];
+      const bool whole = c[1] == 1 && c[2] == 0 && c[3] == 0, split = c[1] == 0 && c[2] == 1 && c[3] == 1;
+      if (c[0] != 1 || !(whole || split)) {
         const auto idx = static_cast<int64_t>(i);
-        throw_error("simulate_pipeline: rank ", rank, " runs ",
-                    op_name(idx / v < m ? PipeOp::Forward : PipeOp::Backward), " of micro-batch ",
-                    (idx / v) % m, " chunk ", idx % v, " ", seen[i], " times, expected once");
+        throw_error("simulate_pipeline: rank ", rank, " runs micro-batch ", idx / v, " chunk ", idx % v, " with ",
+                    c[0], " forward(s), ", c[1], " backward(s), ", c[2], " B and ", c[3],
+                    " W, expected one forward and either one backward or one B and one W");
       }
+    }
   }
   return m;
 }
@@ -63,12 +85,18 @@ int64_t check_complete(const std::vector<std::vector<PipeAction>>& actions, int6
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
                                    int64_t v, double t_forward_s, double t_backward_s,
                                    double p2p_s) {
+  return simulate_pipeline(actions, p, v, PassTimes{t_forward_s, t_backward_s / 2, t_backward_s / 2}, p2p_s);
+}
+
+PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
+                                   int64_t v, const PassTimes& times, double p2p_s) {
   if (p < 1 || v < 1) throw_error("simulate_pipeline: p = ", p, ", v = ", v, ", expected >= 1");
   if (static_cast<int64_t>(actions.size()) != p)
     throw_error("simulate_pipeline: ", actions.size(), " action lists for p = ", p, " ranks");
-  if (!(t_forward_s > 0) || !(t_backward_s > 0) || !(p2p_s >= 0))
-    throw_error("simulate_pipeline: t_forward_s = ", t_forward_s, ", t_backward_s = ", t_backward_s,
-                ", p2p_s = ", p2p_s, ", expected times > 0 and p2p_s >= 0");
+  if (!(times.forward_s > 0) || !(times.input_grad_s > 0) || !(times.weight_grad_s > 0) || !(p2p_s >= 0))
+    throw_error("simulate_pipeline: forward ", times.forward_s, " s, input-gradient backward ", times.input_grad_s,
+                " s, weight-gradient backward ", times.weight_grad_s, " s, p2p_s = ", p2p_s,
+                ", expected times > 0 and p2p_s >= 0");
   const int64_t m = check_complete(actions, v);
   const int64_t stages = p * v;
   EndTimes end(m, stages);
@@ -88,16 +116,20 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
     const double hop = p > 1 ? p2p_s : 0.0;
     if (a.op == PipeOp::Forward) {
       if (stage > 0) {
-        const double prev = end.at(PipeOp::Forward, a.micro_batch, stage - 1);
+        const double prev = end.forward_end(a.micro_batch, stage - 1);
         if (std::isnan(prev)) return std::nullopt;
         t = std::max(t, prev + hop);
       }
+    } else if (a.op == PipeOp::BackwardWeight) {
+      const double input_grad = end.gradient_end(a.micro_batch, stage);
+      if (std::isnan(input_grad)) return std::nullopt;
+      t = std::max(t, input_grad);
     } else {
-      const double own = end.at(PipeOp::Forward, a.micro_batch, stage);
+      const double own = end.forward_end(a.micro_batch, stage);
       if (std::isnan(own)) return std::nullopt;
       t = std::max(t, own);
       if (stage + 1 < stages) {
-        const double later = end.at(PipeOp::Backward, a.micro_batch, stage + 1);
+        const double later = end.gradient_end(a.micro_batch, stage + 1);
         if (std::isnan(later)) return std::nullopt;
         t = std::max(t, later + hop);
       }
@@ -115,12 +147,28 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
         const PipeAction& a = actions[r][next[r]];
         const std::optional<double> start = ready_at(rank, a);
         if (!start) break;
-        const double duration = a.op == PipeOp::Forward ? t_forward_s : t_backward_s;
+        const int64_t stage = a.chunk * p + rank;
+        double duration = times.forward_s;
+        switch (a.op) {
+          case PipeOp::Forward: end.forward_end(a.micro_batch, stage) = *start + duration; break;
+          case PipeOp::Backward:
+            duration = times.backward_s();
+            end.gradient_end(a.micro_batch, stage) = end.weights_end(a.micro_batch, stage) = *start + duration;
+            break;
+          case PipeOp::BackwardInput:
+            duration = times.input_grad_s;
+            end.gradient_end(a.micro_batch, stage) = *start + duration;
+            break;
+          case PipeOp::BackwardWeight:
+            duration = times.weight_grad_s;
+            end.weights_end(a.micro_batch, stage) = *start + duration;
+            break;
+        }
         const double finish = *start + duration;
-        end.at(a.op, a.micro_batch, a.chunk * p + rank) = finish;
         free_at[r] = finish;
         busy[r] += duration;
-        in_flight[r] += a.op == PipeOp::Forward ? 1 : -1;
+        if (a.op == PipeOp::Forward) ++in_flight[r];
+        if (a.op == PipeOp::Backward || a.op == PipeOp::BackwardWeight) --in_flight[r];
         timeline.peak_in_flight[r] = std::max(timeline.peak_in_flight[r], in_flight[r]);
         timeline.spans.push_back({rank, a.op, a.micro_batch, a.chunk, *start, finish});
         timeline.makespan = std::max(timeline.makespan, finish);
@@ -144,6 +192,31 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
   for (double b : busy) idle_fraction_sum += (timeline.makespan - b) / timeline.makespan;
   timeline.bubble_fraction = idle_fraction_sum / static_cast<double>(p);
   return timeline;
+}
+
+int64_t peak_activation_bytes(const std::vector<PipeAction>& rank_actions, int64_t set_bytes,
+                              int64_t deferred_bytes) {
+  int64_t sets = 0, deferred = 0, peak = 0;
+  for (const PipeAction& a : rank_actions) {
+    switch (a.op) {
+      case PipeOp::Forward:
+        ++sets;
+        break;
+      case PipeOp::Backward:
+        --sets;
+        break;
+      case PipeOp::BackwardInput:
+        ++deferred;  // W's copies are made during B, while its set is still held
+        peak = std::max(peak, sets * set_bytes + deferred * deferred_bytes);
+        --sets;
+        break;
+      case PipeOp::BackwardWeight:
+        --deferred;
+        break;
+    }
+    peak = std::max(peak, sets * set_bytes + deferred * deferred_bytes);
+  }
+  return peak;
 }
 
 }  // namespace loom::plan

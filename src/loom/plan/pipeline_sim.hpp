@@ -12,8 +12,8 @@ namespace loom::plan {
 struct PipelineTimeline {
   double makespan = 0;                  // from the first forward's start to the last backward's end
   double bubble_fraction = 0;           // idle time / makespan, averaged over ranks
-  std::vector<int64_t> peak_in_flight;  // per rank: most micro-batch-chunks forwarded but not
-                                        // yet backwarded (activations held at once)
+  std::vector<int64_t> peak_in_flight;  // per rank: most micro-batch-chunks forwarded whose
+                                        // backward (its W, when split) has not ended
   struct Span {
     int64_t rank;
     PipeOp op;
@@ -23,14 +23,31 @@ struct PipelineTimeline {
   std::vector<Span> spans;  // every action, in the order it was scheduled; for drawing
 };
 
+// Times of one chunk's passes over one micro-batch. A whole backward (PipeOp::Backward) takes
+// input_grad_s + weight_grad_s; a split one takes each part apart.
+struct PassTimes {
+  double forward_s = 0, input_grad_s = 0, weight_grad_s = 0;
+  double backward_s() const { return input_grad_s + weight_grad_s; }
+};
+
 // Each rank runs its actions in order, one at a time. Forward(mb, stage s) starts once
-// Forward(mb, s - 1) has ended plus p2p_s; Backward(mb, s) once Backward(mb, s + 1) has ended
-// plus p2p_s and Forward(mb, s) has ended (stage = chunk * p + rank). p2p_s is paid only between
-// different ranks. t_forward_s / t_backward_s are per chunk per micro-batch. Throws loom::Error
-// on bad arguments, on lists that do not run every (micro-batch, chunk) forward and backward
-// once per rank, and on deadlock (an action whose dependencies can never be met).
+// Forward(mb, s - 1) has ended plus p2p_s; a backward of (mb, s) (whole, or its B) once the
+// backward (or B) of (mb, s + 1) has ended plus p2p_s and Forward(mb, s) has ended (stage =
+// chunk * p + rank); a W once its B has. p2p_s is paid only between different ranks. Throws
+// loom::Error on bad arguments, on lists that do not run every (micro-batch, chunk) forward and
+// backward once per rank (whole, or as one B and one W after it), and on deadlock (an action
+// whose dependencies can never be met).
+PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
+                                   int64_t v, const PassTimes& times, double p2p_s);
+// The same with a whole backward of t_backward_s, split evenly where a list splits it.
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
                                    int64_t v, double t_forward_s, double t_backward_s,
                                    double p2p_s);
+
+// Activation memory of one rank's list, replayed in its order: a forward holds one activation
+// set until its backward (whole, or B) ends; a B holds what its W reads (`deferred_bytes`) from
+// its start until that W ends, while the set is still held. Returns the peak bytes.
+int64_t peak_activation_bytes(const std::vector<PipeAction>& rank_actions, int64_t set_bytes,
+                              int64_t deferred_bytes);
 
 }  // namespace loom::plan

@@ -37,7 +37,8 @@ std::string pipeline_timeline_svg(const Candidate& candidate, const std::string&
                                                       t.chunk_forward_s, t.chunk_backward_s, l.pp > 1 ? t.p2p_s : 0);
   std::vector<TimelineSpan> spans;
   for (const PipelineTimeline::Span& s : timeline.spans)
-    spans.push_back({s.rank, s.op == PipeOp::Backward, s.micro_batch, s.chunk, 1e3 * s.start, 1e3 * s.end});
+    spans.push_back({s.rank, s.op != PipeOp::Forward, s.micro_batch, s.chunk, 1e3 * s.start, 1e3 * s.end,
+                     s.op == PipeOp::BackwardWeight});
   char subtitle[256];
   std::snprintf(subtitle, sizeof subtitle, "%s | %lld micro-batches | simulated bubble %.1f%% of the pipeline's time",
                 l.describe().c_str(), static_cast<long long>(t.micro_batches), 100 * timeline.bubble_fraction);

@@ -1,6 +1,7 @@
 #include "loom/train/pipeline_report.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "loom/dist/tensor_comm.hpp"
@@ -12,8 +13,13 @@ namespace loom {
 
 double textbook_bubble(PipelineSchedule schedule, int64_t p, int64_t m, int64_t v) {
   const double idle_slots = static_cast<double>(p - 1);
-  return schedule == PipelineSchedule::Interleaved ? idle_slots / static_cast<double>(v * m)
-                                                   : idle_slots / static_cast<double>(m);
+  switch (schedule) {
+    case PipelineSchedule::Interleaved: return idle_slots / static_cast<double>(v * m);
+    // Idle (p - 1)(F + B - W) against busy m (F + B + W) (Qi et al. 2023, sec 3.1), with the
+    // three passes equally long: (p - 1) / 3m.
+    case PipelineSchedule::ZeroBubbleH1: return idle_slots / static_cast<double>(3 * m);
+    default: return idle_slots / static_cast<double>(m);
+  }
 }
 
 double measured_bubble(const std::vector<std::vector<ActionTiming>>& ranks) {
@@ -44,7 +50,7 @@ std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp,
   const auto actions = static_cast<int64_t>(mine.size());
   std::vector<float> packed;
   for (const ActionTiming& t : mine)
-    for (double x : {t.op == PipeOp::Backward ? 1.0 : 0.0, static_cast<double>(t.micro_batch),
+    for (double x : {static_cast<double>(t.op), static_cast<double>(t.micro_batch),
                      static_cast<double>(t.chunk), t.start_s, t.end_s})
       packed.push_back(static_cast<float>(x));
   std::vector<float> all(packed.size() * static_cast<size_t>(pp.size()));
@@ -56,11 +62,11 @@ std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp,
   for (int r = 0; r < pp.size(); ++r)
     for (int64_t a = 0; a < actions; ++a) {
       const float* f = all.data() + (r * actions + a) * kFields;
-      const ActionTiming t{f[0] > 0.5f ? PipeOp::Backward : PipeOp::Forward,
-                           static_cast<int64_t>(f[1]), static_cast<int64_t>(f[2]), f[3], f[4]};
+      const ActionTiming t{static_cast<PipeOp>(std::lround(f[0])), static_cast<int64_t>(f[1]),
+                           static_cast<int64_t>(f[2]), f[3], f[4]};
       ranks[static_cast<size_t>(r)].push_back(t);
-      spans.push_back(
-          {r, t.op == PipeOp::Backward, t.micro_batch, t.chunk, t.start_s * 1e3, t.end_s * 1e3});
+      spans.push_back({r, t.op != PipeOp::Forward, t.micro_batch, t.chunk, t.start_s * 1e3,
+                       t.end_s * 1e3, t.op == PipeOp::BackwardWeight});
     }
   PipelineBubble bubble;
   bubble.measured = measured_bubble(ranks);

@@ -169,10 +169,9 @@ void check_sequence_parallel_rows(const TrainConfig& c) {
 }
 
 PipelineSchedule parse_pipeline_schedule(const std::string& name) {
-  for (PipelineSchedule s : {PipelineSchedule::AllForwardAllBackward, PipelineSchedule::OneFOneB,
-                             PipelineSchedule::Interleaved})
+  for (PipelineSchedule s : all_pipeline_schedules())
     if (name == schedule_name(s)) return s;
-  throw_error("config key 'parallel.pp_schedule' has value '", name, "', expected afab, 1f1b or interleaved");
+  throw_error("config key 'parallel.pp_schedule' has value '", name, "', expected afab, 1f1b, interleaved or zbh1");
 }
 
 // The schedule has the micro-batches it needs; pp_layers, when given, cuts the model into

@@ -216,7 +216,7 @@ void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
                                       grad_scale, set_sync);
     if (trace_)
       for (const ActionTiming& t : pipeline_->last_timings())
-        trace_->span((t.op == PipeOp::Forward ? "F mb " : "B mb ") + std::to_string(t.micro_batch) + " chunk " +
+        trace_->span((std::string(op_letter(t.op)) + " mb ") + std::to_string(t.micro_batch) + " chunk " +
                          std::to_string(t.chunk),
                      "compute", start + t.start_s, start + t.end_s);
     return;

@@ -1,4 +1,4 @@
-// `parallel.pp` through the trainer: every pipeline schedule, alone and mixed with dp, tp,
+// `parallel.pp` through the trainer: every pipeline schedule (zero-bubble ZB-H1 too), alone and mixed with dp, tp,
 // sequence parallelism and ZeRO-1 on one mesh, against one process on the same global batch;
 // and checkpoints saved on one pp x tp layout loaded on another and by one process.
 #include <gtest/gtest.h>
@@ -120,7 +120,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 4}, Case{"llama", "afab", 1, 1, 1, 0, false, 4},
                       Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4}, Case{"llama", "interleaved", 1, 2, 2, 0, false, 4},
                       Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4}, Case{"llama", "1f1b", 2, 1, 1, 0, false, 4},
-                      Case{"gpt2", "1f1b", 2, 2, 1, 1, true, 8}, Case{"llama", "interleaved", 2, 2, 2, 1, false, 8}),
+                      Case{"gpt2", "1f1b", 2, 2, 1, 1, true, 8}, Case{"llama", "interleaved", 2, 2, 2, 1, false, 8},
+                      // Zero-bubble ZB-H1: split backwards, W's held back; alone, with recomputation,
+                      // dp2 with ZeRO-1 (buckets fill at W), tp2 (+ sp: partial sums at W).
+                      Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 2}, Case{"llama", "zbh1", 1, 1, 1, 0, false, 2},
+                      Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 2, "", "selective"},
+                      Case{"llama", "zbh1", 1, 1, 1, 0, false, 2, "", "full"},
+                      Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 4}, Case{"llama", "zbh1", 1, 1, 1, 0, false, 4},
+                      Case{"llama", "zbh1", 1, 2, 1, 1, false, 4}, Case{"gpt2", "zbh1", 1, 2, 1, 0, false, 4},
+                      Case{"gpt2", "zbh1", 2, 1, 1, 0, true, 4}, Case{"llama", "zbh1", 2, 1, 1, 0, false, 4}),
     [](const auto& info) { return case_name(info.param); });
 
 // A launch whose ranks are not pp x dp x tp is refused before any work, saying what would work.

@@ -49,6 +49,11 @@ void for_each_layout(const ModelConfig& m, int64_t gpus, int64_t gpus_per_node, 
                     continue;
                   }
                   visit(l);
+                  // One chunk per rank: zero-bubble ZB-H1 too (zero_stage <= 1 with pp).
+                  if (pp > 1 && vp == 1 && zero <= 1) {
+                    l.schedule = PipelineSchedule::ZeroBubbleH1;
+                    visit(l);
+                  }
                 }
               }
             }

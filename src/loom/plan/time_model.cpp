@@ -32,6 +32,7 @@ namespace {
 
 struct LayerCost {
   double forward_s = 0, backward_s = 0;   // one layer, one micro-batch, compute only
+  double weight_grad_s = 0;               // the part of backward_s a split backward's W does
   double attention_core_s = 0;            // forward QK^T and PV (recomputed by selective)
   double tp_comm_s = 0;                   // forward + backward, not overlapped (Megatron TP)
   double ep_comm_s = 0;                   // expert dispatch and combine all-to-alls, forward + backward
@@ -90,6 +91,9 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   const bool flash = job.memory.flash_attention;
   const double keys = flash ? seq / 2 : seq;
   c.attention_core_s = 2 * 2 * tokens * keys * (h / t) / (peak * gemm.efficiency(tokens, keys, static_cast<double>(m.head_dim())));
+  // W: the weight-gradient GEMMs, as many FLOPs as the forward's linear layers (Qi et al. 2023,
+  // sec 2: B carries the input-gradient GEMMs and the attention backward).
+  c.weight_grad_s = forward;
   forward += c.attention_core_s;
   // Materialised scores [a/t, tokens, seq] pass through HBM: forward writes them, the fused
   // scale-mask-softmax reads and writes, dropout reads, writes and keeps a 1-byte mask, PV
@@ -238,13 +242,15 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   // The simulation below runs uniform chunks, so the slowest stage sets their pace: a stage's
   // layers, plus the head on the last one. The critical rank's own work is the most any pp
   // rank does over its v chunks.
-  double t_f = 0, t_b = 0, compute_per_micro = 0, layers_per_rank = 0;
+  double t_f = 0, t_b = 0, t_w = 0, compute_per_micro = 0, layers_per_rank = 0;
   for (int64_t stage = 0; stage < stages; ++stage) {
     const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
     const double head = stage == stages - 1 ? head_fwd : 0;
     t_f = std::max(t_f, n * (layer.forward_s + blocking + layer.cp_exposed_forward_s) + head);
     t_b = std::max(t_b, n * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + 2 * head);
+    t_w = std::max(t_w, n * layer.weight_grad_s + head);
   }
+  t_w = std::min(t_w, t_b / 2);  // the slowest stage's B is never shorter than its W
   for (int64_t rank = 0; rank < l.pp; ++rank) {
     double work = 0, layers = 0;
     for (int64_t stage = rank; stage < stages; stage += l.pp) {
@@ -267,8 +273,15 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     const double p2p = p2p_time(act_bytes, link);
     out.p2p_s = p2p;
     out.pp_comm_s = 2 * p2p * static_cast<double>(micro * l.vp);
-    makespan = simulate ? simulate_pipeline(pipeline_actions(l.schedule, l.pp, micro, l.vp), l.pp, l.vp, t_f, t_b, p2p).makespan
-                        : static_cast<double>(micro * l.vp + l.pp - 1) * (t_f + t_b + 2 * p2p);
+    const PassTimes passes{t_f, t_b - t_w, t_w};
+    const double closed_form =
+        l.schedule == PipelineSchedule::ZeroBubbleH1
+            // m (F + B + W) + (p - 1)(F + B - W), B the input-gradient part (Qi et al. 2023, sec 3.1)
+            ? static_cast<double>(micro) * (t_f + t_b) +
+                  static_cast<double>(l.pp - 1) * (t_f + t_b - 2 * t_w + 2 * p2p)
+            : static_cast<double>(micro * l.vp + l.pp - 1) * (t_f + t_b + 2 * p2p);
+    makespan = simulate ? simulate_pipeline(pipeline_actions(l.schedule, l.pp, micro, l.vp), l.pp, l.vp, passes, p2p).makespan
+                        : closed_form;
   }
   const double busy = static_cast<double>(micro * l.vp) * (t_f + t_b);
   out.bubble_s = makespan - busy;

@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
     int64_t v;
   };
   std::vector<Case> cases = {{loom::PipelineSchedule::AllForwardAllBackward, 1},
-                             {loom::PipelineSchedule::OneFOneB, 1}};
+                             {loom::PipelineSchedule::OneFOneB, 1},
+                             {loom::PipelineSchedule::ZeroBubbleH1, 1}};
   if (p > 1 && layers % (2 * p) == 0 && m % p == 0)
     cases.push_back({loom::PipelineSchedule::Interleaved, 2});
   for (const Case& c : cases) {

@@ -229,7 +229,16 @@ void write_loss_plot_svg(const std::string& path,
   Series val{"", kPalette[1], {}, {}, true};
   for (const nlohmann::json& record : metrics_records) {
     if (!record.is_object()) continue;
-    if (has_kind(record, "train")) {
+    // A skipped step's loss never reached the weights (and may be a spike that would flatten
+    // the plot); a rollback undoes the steps after the checkpoint it returns to.
+    if (has_kind(record, "rollback")) {
+      const double to_step = number_or_nan(record, "to_step");
+      for (Series* series : {&train, &val})
+        while (!series->x.empty() && series->x.back() > to_step) {
+          series->x.pop_back();
+          series->y.pop_back();
+        }
+    } else if (has_kind(record, "train") && !(record.contains("skipped") && record["skipped"] == true)) {
       train.x.push_back(number_or_nan(record, "step"));
       train.y.push_back(number_or_nan(record, "loss"));
     } else if (has_kind(record, "val")) {

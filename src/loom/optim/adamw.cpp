@@ -29,11 +29,7 @@ void AdamW::zero_grad() {
   for (Parameter* p : params_) p->grad.zero_();
 }
 
-double AdamW::step(double lr, double max_norm) {
-  const double norm = global_grad_norm(params_, {tp_.get(), pp_.get(), ep_.get()});
-  update(lr, clip_factor(norm, max_norm));
-  return norm;
-}
+double AdamW::finish_gradients() { return global_grad_norm(params_, {tp_.get(), pp_.get(), ep_.get()}); }
 
 void AdamW::update(double lr, double grad_multiplier) {
   ++step_;

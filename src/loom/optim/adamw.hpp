@@ -32,11 +32,11 @@ class AdamW final : public Optimizer {
   }
   void set_expert_parallel_group(std::shared_ptr<ProcessGroup> ep) override { ep_ = std::move(ep); }
   void zero_grad() override;
-  // Clips to the global norm over this rank's parameters and the model-parallel groups.
-  double step(double lr, double max_norm) override;
+  // The global norm over this rank's parameters and the model-parallel groups.
+  double finish_gradients() override;
   // The update alone: grad_multiplier scales every gradient as it is read (a clipping factor
   // computed by the caller).
-  void update(double lr, double grad_multiplier = 1.0);
+  void update(double lr, double grad_multiplier = 1.0) override;
   int64_t steps_taken() const override { return step_; }
   void set_steps_taken(int64_t steps) override { step_ = steps; }
 

@@ -42,10 +42,20 @@ class Optimizer {
   // Whether the coming backward is the last before the step. An optimizer that reduces
   // gradients itself (ZeRO-1) waits for it; others ignore it.
   virtual void set_sync(bool sync) { (void)sync; }
-  // Completes what is pending on the gradients, clips them to the whole model's global norm
-  // `max_norm` (<= 0: no clipping) and updates the parameters at learning rate `lr`. Returns
-  // the norm before clipping.
-  virtual double step(double lr, double max_norm) = 0;
+  // A step in two halves, so that the trainer can look at the norm (and the loss) and agree
+  // over every rank to drop a bad step before anything is updated:
+  // Completes what is pending on the gradients (ZeRO's reduce-scatters) and returns the whole
+  // model's global norm. Collective over the groups the gradients are spread over.
+  virtual double finish_gradients() = 0;
+  // After finish_gradients(): updates the parameters at learning rate `lr` with every gradient
+  // scaled by `grad_multiplier` (a clipping factor) and counts one step.
+  virtual void update(double lr, double grad_multiplier) = 0;
+  // After finish_gradients(), instead of update(): the step's gradients are dropped. Weights,
+  // moments, masters and the step count stay as they were; the gradients are cleared.
+  virtual void skip_update() { zero_grad(); }
+  // Both halves: clips to the global norm `max_norm` (<= 0: no clipping) and updates at `lr`.
+  // Returns the norm before clipping.
+  double step(double lr, double max_norm);
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
 

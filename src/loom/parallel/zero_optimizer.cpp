@@ -256,7 +256,7 @@ void ZeroOptimizer::materialize_parameters() {
 
 // ---- the step ---------------------------------------------------------------------------
 
-double ZeroOptimizer::step(double lr, double max_norm) {
+double ZeroOptimizer::finish_gradients() {
   double local_sum_sq[2] = {0.0, 0.0};  // sharded over tp, replicated
   for (size_t f = 0; f < flats_.size(); ++f) {
     Flat& flat = flats_[f];
@@ -277,8 +277,17 @@ double ZeroOptimizer::step(double lr, double max_norm) {
   // dp (which holds both) counts every expert element once too.
   float sum_sq[2] = {static_cast<float>(local_sum_sq[0]), static_cast<float>(local_sum_sq[1])};
   comm::all_reduce(*dp_, sum_sq, 2, ReduceOp::Sum)->wait();
-  const double norm = std::sqrt(sum_squares_over_model_parallel(sum_sq[0], sum_sq[1], {tp_.get(), pp_.get()}));
-  const double factor = clip_factor(norm, max_norm);
+  return std::sqrt(sum_squares_over_model_parallel(sum_sq[0], sum_sq[1], {tp_.get(), pp_.get()}));
+}
+
+void ZeroOptimizer::skip_update() {
+  if (zero_.stage == 3)
+    for (Flat& flat : flats_)
+      if (flat.gather != GatherState::Released) release(flat);
+  zero_grad();
+}
+
+void ZeroOptimizer::update(double lr, double factor) {
   ++step_;
   for (Flat& flat : flats_) {
     const Tensor values = shard_value(flat), grads = shard_grad(flat);
@@ -300,7 +309,6 @@ double ZeroOptimizer::step(double lr, double max_norm) {
     }
   }
   publish_parameters();
-  return norm;
 }
 
 void ZeroOptimizer::publish_parameters() {

@@ -60,9 +60,12 @@ class ZeroOptimizer final : public Optimizer {
   // Stages 2-3 reduce every micro-batch, which is what keeps their gradients sharded.
   void set_sync(bool sync) override { sync_ = sync; }
   void zero_grad() override;
-  // Waits for the gradient shards, clips by the global norm (max_norm <= 0: off), updates the
-  // local shard and (stages 1-2) all-gathers the parameters. Returns the norm before clipping.
-  double step(double lr, double max_norm) override;
+  // Waits for the gradient shards and returns the global norm from every rank's shard.
+  double finish_gradients() override;
+  // Updates the local shard and (stages 1-2) all-gathers the parameters.
+  void update(double lr, double grad_multiplier) override;
+  // Nothing is updated or gathered; stage 3 releases what is still gathered, as after a step.
+  void skip_update() override;
   int64_t steps_taken() const override { return step_; }
 
   // Checkpoints: read or write state through these pointers, then call publish_parameters()

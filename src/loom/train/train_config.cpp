@@ -1,6 +1,7 @@
 #include "loom/train/train_config.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
@@ -188,6 +189,35 @@ void check_pipeline_micro_batches(const TrainConfig& c) {
     throw_error("config key 'train.grad_accum' has value ", m, ": the interleaved schedule sends micro-batches "
                 "through each chunk in groups of parallel.pp = ", c.pp, "; use a multiple of ", c.pp);
 }
+
+// [bad_steps] and the faults [debug] injects: ranges, and what a rollback needs.
+void check_bad_steps(const TrainConfig& c) {
+  const BadStepConfig& b = c.bad_steps;
+  if (b.loss_spike_factor != 0 && !(b.loss_spike_factor > 1 && std::isfinite(b.loss_spike_factor)))
+    throw_error("config key 'bad_steps.loss_spike_factor' has value ", b.loss_spike_factor,
+                ", expected a multiple of the median loss above 1 (e.g. 2.5), or 0 to turn spike detection off");
+  require_range("bad_steps.median_window", static_cast<double>(b.median_window), 1, 1e6);
+  require_range("bad_steps.rollback_after", static_cast<double>(b.rollback_after), 0, 1e9);
+  require_range("bad_steps.max_rollbacks", static_cast<double>(b.max_rollbacks), 0, 1e9);
+  if (!b.skip && (b.loss_spike_factor > 0 || b.rollback_after > 0))
+    throw_error("config key 'bad_steps.skip' is false, but bad_steps.", b.loss_spike_factor > 0 ? "loss_spike_factor" : "rollback_after",
+                " is set: spikes and rollbacks act on skipped steps; set bad_steps.skip = true or drop the key");
+  if (b.rollback_after > 0 && c.checkpoint_dir.empty())
+    throw_error("config key 'bad_steps.rollback_after' is ", b.rollback_after,
+                ": a rollback returns to the last checkpoint, and checkpoint.dir is not set; set checkpoint.dir "
+                "(and checkpoint.every), or bad_steps.rollback_after = 0");
+  auto check_steps = [&](const std::vector<int64_t>& steps, const char* key) {
+    for (int64_t s : steps)
+      if (s < 1 || s > c.steps)
+        throw_error("config key 'debug.", key, "' holds step ", s, ", expected steps in [1, train.steps = ", c.steps,
+                    "] (1-based, as printed)");
+  };
+  check_steps(c.inject.nan_at_steps, "inject_nan_at_steps");
+  check_steps(c.inject.loss_spike_at_steps, "inject_loss_spike_at_steps");
+  if (!(c.inject.loss_spike_scale > 0))
+    throw_error("config key 'debug.inject_loss_spike_scale' has value ", c.inject.loss_spike_scale,
+                ", expected > 0 (the injected loss is the step's loss times it)");
+}
 }  // namespace
 
 ParallelLayout TrainConfig::layout() const {
@@ -277,6 +307,15 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.keep_last = r.get_int("checkpoint.keep_last", c.keep_last);
   c.resume = r.get_bool("checkpoint.resume", c.resume);
 
+  c.bad_steps.skip = r.get_bool("bad_steps.skip", c.bad_steps.skip);
+  c.bad_steps.loss_spike_factor = r.get_double("bad_steps.loss_spike_factor", c.bad_steps.loss_spike_factor);
+  c.bad_steps.median_window = r.get_int("bad_steps.median_window", c.bad_steps.median_window);
+  c.bad_steps.rollback_after = r.get_int("bad_steps.rollback_after", c.bad_steps.rollback_after);
+  c.bad_steps.max_rollbacks = r.get_int("bad_steps.max_rollbacks", c.bad_steps.max_rollbacks);
+  c.inject.nan_at_steps = r.get_int_list("debug.inject_nan_at_steps", c.inject.nan_at_steps);
+  c.inject.loss_spike_at_steps = r.get_int_list("debug.inject_loss_spike_at_steps", c.inject.loss_spike_at_steps);
+  c.inject.loss_spike_scale = r.get_double("debug.inject_loss_spike_scale", c.inject.loss_spike_scale);
+
   c.run_dir = r.get_string("log.dir", c.run_dir);
   c.log_every = r.get_int("log.every", c.log_every);
   c.trace_path = r.get_string("log.trace", "");
@@ -319,6 +358,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);
   require_range("checkpoint.keep_last", static_cast<double>(c.keep_last), 0, 1e9);
   require_positive("log.every", static_cast<double>(c.log_every));
+  check_bad_steps(c);
   require_range("sample.tokens", static_cast<double>(c.sample_tokens), 0, 1e6);
   require_positive("sample.temperature", c.sample_temperature);
   require_positive("sample.count", static_cast<double>(c.sample_count));

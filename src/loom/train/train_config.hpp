@@ -10,6 +10,7 @@
 #include "loom/parallel/context_parallel.hpp"
 #include "loom/parallel/parallel_layout.hpp"
 #include "loom/parallel/pipeline_schedule.hpp"
+#include "loom/train/bad_steps.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/lr_schedule.hpp"
 
@@ -75,6 +76,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;
   int64_t keep_last = 2;
   bool resume = true;          // continue from checkpoint_dir's latest checkpoint if any
+
+  BadStepConfig bad_steps;     // [bad_steps]: skip, loss_spike_factor, median_window, rollback_after, max_rollbacks
+  FaultInjection inject;       // [debug]: inject_nan_at_steps, inject_loss_spike_at_steps, inject_loss_spike_scale
 
   std::string run_dir = "runs/default";  // metrics.jsonl and loss.svg
   int64_t log_every = 1;

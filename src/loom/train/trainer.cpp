@@ -1,6 +1,9 @@
 #include "loom/train/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <cstdio>
 #include <filesystem>
@@ -24,6 +27,7 @@
 #include "loom/parallel/expert_parallel.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
+#include "loom/optim/grad_clip.hpp"
 #include "loom/train/device_peak.hpp"
 #include "loom/train/pipeline_report.hpp"
 
@@ -65,7 +69,9 @@ TrainConfig checked_for_device(TrainConfig config) {
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
-    : config_(checked_for_device(std::move(config))), groups_(make_trainer_groups(config_, std::move(world))) {
+    : config_(checked_for_device(std::move(config))),
+      groups_(make_trainer_groups(config_, std::move(world))),
+      bad_steps_(config_.bad_steps) {
   std::shared_ptr<ParallelPlan> plan;
   if (groups_.tp) plan = std::make_shared<TensorParallelPlan>(groups_.tp, config_.sequence_parallel);
   if (groups_.ep) {
@@ -140,7 +146,8 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"tokens_seen", step * config_.tokens_per_step()},
           {"loader", {{"epoch", loader.epoch}, {"shard_index", loader.shard_index}, {"position", loader.position}}},
           {"tokens_per_step", global_tokens_per_step()},
-          {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"}};
+          {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"},
+          {"bad_steps", bad_steps_.state()}};
   // The sigmoid router's selection biases are state, not parameters: every layer's, gathered
   // from the pipeline stages holding them (each layer lives on one pp rank; the rest add 0).
   if (config_.model.is_moe() && config_.model.moe_router == MoeRouter::Sigmoid) {
@@ -191,6 +198,7 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
   optimizer_->set_steps_taken(optimizer_steps);
   optimizer_->publish_parameters();
   if (state.contains("moe_bias")) model_->set_moe_biases(state.at("moe_bias").get<std::vector<float>>());
+  if (state.contains("bad_steps")) bad_steps_.restore(state.at("bad_steps"));
   const auto& loader = state.at("loader");
   train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
                           loader.at("position").get<int64_t>()});
@@ -236,7 +244,28 @@ void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
   }
 }
 
-double Trainer::train_step(int64_t step) {
+bool Trainer::inject_now(const std::vector<int64_t>& steps, int64_t step) {
+  if (std::find(steps.begin(), steps.end(), step + 1) == steps.end()) return false;
+  const std::pair<int64_t, bool> key{step, &steps == &config_.inject.nan_at_steps};
+  if (std::find(fired_.begin(), fired_.end(), key) != fired_.end()) return false;
+  fired_.push_back(key);
+  return true;
+}
+
+BadStepVerdict Trainer::agree_bad_step(BadStepVerdict local) const {
+  if (!groups_.world || groups_.world->size() == 1) return local;
+  // One max over the world carries the worst verdict and the highest rank that gave it:
+  // kind x 2^22 + rank, exact in a float below 2^24 (ranks under 4M).
+  constexpr float kRanks = 4194304.0f;
+  float code = local.bad() ? static_cast<float>(local.kind) * kRanks + static_cast<float>(groups_.world_rank) : 0.0f;
+  comm::all_reduce(*groups_.world, &code, 1, ReduceOp::Max)->wait();
+  const auto kind = static_cast<BadStep>(static_cast<int>(code / kRanks));
+  if (kind == local.kind) return local;
+  const int rank = static_cast<int>(code - static_cast<float>(kind) * kRanks);
+  return {kind, std::string(bad_step_name(kind)) + " on rank " + std::to_string(rank)};
+}
+
+Trainer::StepOutcome Trainer::train_step(int64_t step) {
   optimizer_->zero_grad();
   model_->reset_moe_totals();
   // This rank's tokens of a micro-batch: its cp chunks of each sequence.
@@ -244,7 +273,14 @@ double Trainer::train_step(int64_t step) {
   // Mean over this rank's tokens of every micro-batch: each micro-batch's summed loss is scaled
   // so the accumulated gradient equals the gradient of the mean; averaging over dp x cp (equal
   // token counts) then gives the gradient of the global batch's mean.
-  const float grad_scale = 1.0f / static_cast<float>(tokens * config_.grad_accum);
+  float grad_scale = 1.0f / static_cast<float>(tokens * config_.grad_accum);
+  // [debug] faults strike the last rank alone (it holds the last pipeline stage's loss): NaN
+  // gradients spread through the reductions as an overflow would; a spike stays in its own
+  // view of the loss, so only the agreement below tells the other ranks.
+  const bool last_rank = !groups_.world || groups_.world_rank + 1 == groups_.world->size();
+  const bool inject_nan = inject_now(config_.inject.nan_at_steps, step);
+  const bool inject_spike = inject_now(config_.inject.loss_spike_at_steps, step);
+  if (inject_nan && last_rank) grad_scale = std::numeric_limits<float>::quiet_NaN();
   double loss_sum = 0.0;
   run_micro_batches(loss_sum, grad_scale);
   if (reducer_) {
@@ -255,10 +291,40 @@ double Trainer::train_step(int64_t step) {
                      reducer_->last_timings()[b].issued_s, reducer_->last_timings()[b].finished_s);
   }
   const double optimizer_start = TraceRecorder::now_s();
-  last_grad_norm_ = optimizer_->step(config_.schedule.at(step), config_.grad_clip);
-  if (trace_) trace_->span("clip + AdamW", "compute", optimizer_start, TraceRecorder::now_s());
-  update_moe_bias();
-  return mean_loss_over_ranks(loss_sum, static_cast<double>(tokens * config_.grad_accum));
+  StepOutcome outcome;
+  outcome.grad_norm = optimizer_->finish_gradients();
+  outcome.loss = mean_loss_over_ranks(loss_sum, static_cast<double>(tokens * config_.grad_accum));
+  // A spike in the last rank's view alone: the ranks disagree until they agree below.
+  if (inject_spike && last_rank) outcome.loss *= config_.inject.loss_spike_scale;
+  if (config_.bad_steps.skip) {
+    // Every rank must take the same decision, or replicas would part ways: the pipeline's
+    // first stages never see the loss, and under plain dp each replica has its own norm.
+    outcome.bad = agree_bad_step(bad_steps_.judge(outcome.loss, outcome.grad_norm));
+    bad_steps_.record(outcome.bad.bad(), outcome.loss);
+  }
+  if (outcome.bad.bad()) {
+    // Nothing moves: weights, moments, masters, ZeRO shards, the step count the bias
+    // correction reads and the MoE routers' biases stay; the gradients are cleared.
+    optimizer_->skip_update();
+  } else {
+    optimizer_->update(config_.schedule.at(step), clip_factor(outcome.grad_norm, config_.grad_clip));
+    update_moe_bias();
+  }
+  if (trace_) trace_->span(outcome.bad.bad() ? "skipped update" : "clip + AdamW", "compute", optimizer_start,
+                           TraceRecorder::now_s());
+  return outcome;
+}
+
+Trainer::Rollback Trainer::roll_back() {
+  const std::optional<std::string> latest = latest_checkpoint(config_.checkpoint_dir);
+  if (!latest) throw_error("bad_steps.rollback_after: no checkpoint under '", config_.checkpoint_dir, "' to return to");
+  const LoaderState data_position = train_loader_->state();
+  const nlohmann::json counters = bad_steps_.state();
+  Rollback rollback{*latest, restore(*latest)};
+  bad_steps_.restore_counters(counters);  // the checkpoint's loss window, this run's counts
+  train_loader_->restore(data_position);
+  optimizer_->zero_grad();
+  return rollback;
 }
 
 nlohmann::json Trainer::step_record(const StepReport& report) const {
@@ -409,6 +475,8 @@ TrainSummary Trainer::run() {
     }
   }
   summary.first_step = start_step;
+  // A rollback needs a checkpoint to return to from the first step on.
+  if (config_.bad_steps.rollback_after > 0 && !latest_checkpoint(config_.checkpoint_dir)) save(start_step);
   // Rank 0 logs the run; with log.all_ranks every other rank logs its own view (its memory and
   // wire bytes differ under ZeRO) next to it.
   const std::string metrics_path =
@@ -455,6 +523,7 @@ TrainSummary Trainer::run() {
   ProgressBar progress = is_rank0() ? ProgressBar(config_.steps) : ProgressBar(config_.steps, stderr, false);
   const auto run_start = Clock::now();
   double compute_seconds = 0.0;
+  bool checkpoint_pending = false;
   for (int64_t step = start_step; step < config_.steps; ++step) {
     device_memory::reset_peaks(model_->device());
     if (groups_.replicas) groups_.replicas->reset_stats();
@@ -472,18 +541,69 @@ TrainSummary Trainer::run() {
     const bool draw_pipeline = config_.print_schedule && step + 1 == config_.steps;
     if (draw_pipeline) groups_.pp->barrier();  // one start for every stage's clock
     const auto step_start = Clock::now();
-    const double loss = train_step(step);
+    const LoaderState data_position = train_loader_->state();  // where this step's batches start
+    const StepOutcome outcome = train_step(step);
+    const double loss = outcome.loss;
     const double step_seconds = seconds_since(step_start);
     if (draw_pipeline) report_pipeline(step + 1);
     compute_seconds += step_seconds;
-    if (!std::isfinite(loss)) throw_error("training diverged: loss is ", loss, " at step ", step + 1);
-    const StepReport report{step + 1, config_.steps, loss, config_.schedule.at(step), last_grad_norm_,
+    if (!config_.bad_steps.skip && !std::isfinite(loss))
+      throw_error("training diverged: loss is ", loss, " at step ", step + 1);
+    const StepReport report{step + 1, config_.steps, loss, config_.schedule.at(step), outcome.grad_norm,
                             step_seconds * 1e3, static_cast<double>(global_tokens_per_step()) / step_seconds,
                             peak_gflops > 0 ? flops_per_step / step_seconds / (peak_gflops * 1e9) : 0.0,
                             device_memory::stats(model_->device()).total_peak_bytes};
-    if (metrics) metrics->write(step_record(report));
-    summary.last_train_loss = loss;
+    const nlohmann::json position_json = {{"epoch", data_position.epoch},
+                                          {"shard_index", data_position.shard_index},
+                                          {"position", data_position.position}};
+    if (metrics) {
+      nlohmann::json record = step_record(report);
+      record["skipped_steps"] = bad_steps_.skipped_total();
+      if (outcome.bad.bad()) {
+        record["skipped"] = true;
+        record["bad_step"] = outcome.bad.reason;
+        record["data_position"] = position_json;
+      }
+      metrics->write(record);
+    }
+    if (outcome.bad.bad() && is_rank0()) {
+      progress.clear();
+      std::printf("step %lld skipped: %s (loss %.4g, grad norm %.4g); its data from epoch %lld shard %lld "
+                  "position %lld; %lld skipped so far, %lld in a row\n",
+                  static_cast<long long>(step + 1), outcome.bad.reason.c_str(), loss, outcome.grad_norm,
+                  static_cast<long long>(data_position.epoch), static_cast<long long>(data_position.shard_index),
+                  static_cast<long long>(data_position.position), static_cast<long long>(bad_steps_.skipped_total()),
+                  static_cast<long long>(bad_steps_.bad_in_a_row()));
+      std::fflush(stdout);
+    }
+    if (!outcome.bad.bad()) summary.last_train_loss = loss;
     summary.steps_done = step + 1;
+    summary.skipped_steps = bad_steps_.skipped_total();
+    if (bad_steps_.rollback_due()) {
+      const int64_t in_a_row = bad_steps_.bad_in_a_row();
+      bad_steps_.count_rollback(step + 1);  // throws past bad_steps.max_rollbacks
+      const Rollback rollback = roll_back();
+      const LoaderState resume_at = train_loader_->state();
+      summary.rollbacks = bad_steps_.rollbacks();
+      if (metrics)
+        metrics->write({{"kind", "rollback"}, {"step", step + 1}, {"to_step", rollback.to_step},
+                        {"checkpoint", rollback.checkpoint}, {"bad_in_a_row", in_a_row},
+                        {"data_resumes_at", {{"epoch", resume_at.epoch}, {"shard_index", resume_at.shard_index},
+                                             {"position", resume_at.position}}}});
+      if (is_rank0()) {
+        progress.clear();
+        std::printf("step %lld: %lld bad steps in a row: rolled back to %s (step %lld); the data read since it "
+                    "is skipped, training goes on from epoch %lld shard %lld position %lld (rollback %lld of at most %lld)\n",
+                    static_cast<long long>(step + 1), static_cast<long long>(in_a_row), rollback.checkpoint.c_str(),
+                    static_cast<long long>(rollback.to_step), static_cast<long long>(resume_at.epoch),
+                    static_cast<long long>(resume_at.shard_index), static_cast<long long>(resume_at.position),
+                    static_cast<long long>(bad_steps_.rollbacks()), static_cast<long long>(config_.bad_steps.max_rollbacks));
+        std::fflush(stdout);
+      }
+      checkpoint_pending = false;
+      step = rollback.to_step - 1;  // the loop's ++ makes it the checkpoint's next step
+      continue;
+    }
     const bool last = step + 1 == config_.steps;
     if (is_rank0() && ((step + 1) % config_.log_every == 0 || last || step == start_step)) {
       progress.clear();
@@ -503,9 +623,15 @@ TrainSummary Trainer::run() {
         std::fflush(stdout);
       }
     }
-    const bool save_now = !config_.checkpoint_dir.empty() &&
-                          ((config_.checkpoint_every > 0 && (step + 1) % config_.checkpoint_every == 0) || last);
-    if (save_now) summary.last_checkpoint = save(step + 1);
+    // A checkpoint due at a skipped step waits for the next good one (or the last step), so that
+    // a rollback never returns into a run of bad steps.
+    checkpoint_pending = checkpoint_pending ||
+                         (!config_.checkpoint_dir.empty() &&
+                          ((config_.checkpoint_every > 0 && (step + 1) % config_.checkpoint_every == 0) || last));
+    if (checkpoint_pending && (!outcome.bad.bad() || last)) {
+      summary.last_checkpoint = save(step + 1);
+      checkpoint_pending = false;
+    }
   }
   progress.finish();
   const int64_t steps_run = summary.steps_done - start_step;

@@ -4,6 +4,7 @@
 // metrics a user watches (console line, progress bar, JSONL, SVG loss curve).
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "loom/data/data_loader.hpp"
 #include "loom/dist/process_group.hpp"
@@ -26,6 +27,8 @@ struct TrainSummary {
   int64_t steps_done = 0;
   double last_train_loss = 0;
   std::optional<double> last_val_loss;
+  int64_t skipped_steps = 0;  // bad steps dropped ([bad_steps]), over the whole run
+  int64_t rollbacks = 0;      // returns to a checkpoint after bad steps in a row
   std::optional<double> unigram_baseline;  // val cross-entropy under train token frequencies
   double tokens_per_s = 0;
   double mfu = 0;
@@ -61,7 +64,25 @@ class Trainer {
   int64_t global_tokens_per_step() const { return config_.tokens_per_step() * groups_.dp_size; }
 
  private:
-  double train_step(int64_t step);
+  // What one step did: the loss and norm every rank agrees on, and whether it was dropped.
+  struct StepOutcome {
+    double loss = 0, grad_norm = 0;
+    BadStepVerdict bad;  // bad(): the step was skipped, and why
+  };
+  StepOutcome train_step(int64_t step);
+  // Whether a fault [debug] asks for fires at 0-based `step` (each fires once).
+  bool inject_now(const std::vector<int64_t>& steps, int64_t step);
+  // Agrees over the world on whether a step is bad: the worst rank's verdict counts. A rank
+  // that found nothing wrong itself reports which rank did and why in general terms.
+  BadStepVerdict agree_bad_step(BadStepVerdict local) const;
+  // Back to the latest checkpoint's weights, optimizer state and step, with the data position
+  // kept where the bad steps left it (so their data and what came before them since the
+  // checkpoint are skipped). Collective.
+  struct Rollback {
+    std::string checkpoint;
+    int64_t to_step = 0;
+  };
+  Rollback roll_back();
   nlohmann::json trainer_state(int64_t step) const;
 
   TrainConfig config_;
@@ -91,7 +112,8 @@ class Trainer {
   // The global batch of every micro-batch of a step (training): pipelining needs them all.
   std::vector<int32_t> global_inputs_, global_targets_;
   std::unique_ptr<TraceRecorder> trace_;
-  double last_grad_norm_ = 0;
+  BadStepGuard bad_steps_;
+  std::vector<std::pair<int64_t, bool>> fired_;  // (0-based step, nan?) injections already done
 };
 
 }  // namespace loom

@@ -143,14 +143,41 @@ std::string install_checkpoint(const fs::path& temp_dir, const fs::path& root, i
 
 json read_manifest(const fs::path& dir) {
   const fs::path manifest_path = dir / kManifestFile;
-  const json manifest = parse_json_file(read_file_bytes(manifest_path.string()), manifest_path);
-  if (!manifest.is_object() || manifest.value("format", std::string()) != kManifestFormat)
-    throw_error("'", manifest_path.string(), "' is not a loom checkpoint manifest (expected \"format\": \"",
+  return parse_manifest(read_file_bytes(manifest_path.string()), manifest_path);
+}
+
+json parse_manifest(const std::vector<uint8_t>& bytes, const fs::path& path) {
+  const json manifest = parse_json_file(bytes, path);
+  if (!manifest.is_object() || !manifest.contains("format") || !manifest["format"].is_string() ||
+      manifest["format"].get<std::string>() != kManifestFormat)
+    throw_error("'", path.string(), "' is not a loom checkpoint manifest (expected \"format\": \"",
                 kManifestFormat, "\")");
+  if (!manifest.contains("step") || !manifest["step"].is_number_integer())
+    throw_error("'", path.string(), "': \"step\" is missing or not an integer");
+  if (!manifest.contains("files") || !manifest["files"].is_object())
+    throw_error("'", path.string(), "': \"files\" is missing or not an object of file records");
+  for (const auto& [name, record] : manifest["files"].items()) {
+    // A record names a file inside the checkpoint directory, never a path out of it.
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+        name.find('\0') != std::string::npos)
+      throw_error("'", path.string(), "' lists the file '", name, "', which is not a plain file name");
+    if (!record.is_object() || !record.contains("bytes") || !record["bytes"].is_number_unsigned() ||
+        !record.contains("crc32") || !record["crc32"].is_string() || record["crc32"].get<std::string>().size() != 8)
+      throw_error("'", path.string(), "' has no valid record (bytes, crc32) for '", name, "'");
+  }
   return manifest;
 }
 
 std::vector<uint8_t> read_verified(const fs::path& dir, const json& manifest, const char* name) {
+  const fs::path path = dir / name;
+  if (!manifest.contains("files") || !manifest["files"].is_object() || !manifest["files"].contains(name))
+    throw_error("'", (dir / kManifestFile).string(), "' has no valid record (bytes, crc32) for '", name, "'");
+  const std::vector<uint8_t> bytes = read_file_bytes(path.string());
+  verify_recorded(bytes, dir, manifest, name);
+  return bytes;
+}
+
+void verify_recorded(const std::vector<uint8_t>& bytes, const fs::path& dir, const json& manifest, const char* name) {
   const fs::path path = dir / name;
   const std::string manifest_path = (dir / kManifestFile).string();
   const json* record = nullptr;
@@ -159,7 +186,6 @@ std::vector<uint8_t> read_verified(const fs::path& dir, const json& manifest, co
   if (!record || !record->is_object() || !record->contains("bytes") || !(*record)["bytes"].is_number_unsigned() ||
       !record->contains("crc32") || !(*record)["crc32"].is_string())
     throw_error("'", manifest_path, "' has no valid record (bytes, crc32) for '", name, "'");
-  const std::vector<uint8_t> bytes = read_file_bytes(path.string());
   const auto expected_bytes = (*record)["bytes"].get<uint64_t>();
   if (bytes.size() != expected_bytes)
     throw_error("checkpoint file '", path.string(), "' is ", bytes.size(), " bytes, but the manifest records ",
@@ -169,13 +195,12 @@ std::vector<uint8_t> read_verified(const fs::path& dir, const json& manifest, co
   if (crc != expected_crc)
     throw_error("checkpoint file '", path.string(), "' has CRC32 ", crc, ", but the manifest records ", expected_crc,
                 ": the file is corrupt");
-  return bytes;
 }
 
 json parse_json_file(const std::vector<uint8_t>& bytes, const fs::path& path) {
   try {
     return json::parse(bytes.begin(), bytes.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past 64 bits
     throw_error("'", path.string(), "' is not valid JSON: ", e.what());
   }
 }

@@ -73,10 +73,17 @@ void write_manifest(const fs::path& dir, int64_t step, const std::vector<FileRec
 // keep_last (0 keeps all). Returns the final directory.
 std::string install_checkpoint(const fs::path& temp_dir, const fs::path& root, int64_t step, int keep_last);
 
-// The manifest of a checkpoint directory, checked for the loom format.
+// The manifest of a checkpoint directory, checked for the loom format: an object with
+// "format": "loom.checkpoint.v1", an integer "step" and "files", an object whose every record
+// is {"bytes": unsigned, "crc32": 8 hex digits} under a plain file name (no '/', not "." or "..").
 nlohmann::json read_manifest(const fs::path& dir);
+// The same from the manifest's bytes; `path` names it in errors.
+nlohmann::json parse_manifest(const std::vector<uint8_t>& bytes, const fs::path& path);
 // A file's bytes, verified against its manifest record (size and CRC32).
 std::vector<uint8_t> read_verified(const fs::path& dir, const nlohmann::json& manifest, const char* name);
+// The check alone, on bytes already read: `dir / name` names the file in errors.
+void verify_recorded(const std::vector<uint8_t>& bytes, const fs::path& dir, const nlohmann::json& manifest,
+                     const char* name);
 fs::path resolve_checkpoint_dir(const std::string& dir_or_root);
 
 }  // namespace loom::ckpt_files

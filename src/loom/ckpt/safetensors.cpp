@@ -282,7 +282,7 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::s
   json header;
   try {
     header = json::parse(header_begin, header_begin + header_bytes);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past 64 bits
     throw_error(where, ": header is not valid JSON (", e.what(), ")");
   }
   if (!header.is_object()) throw_error(where, ": header is ", header.type_name(), ", expected a JSON object");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "loom/ckpt/atomic_file.hpp"
@@ -116,16 +117,35 @@ std::string finish_sharded_checkpoint(const fs::path& temp_dir, const fs::path& 
 
 CheckpointReader::CheckpointReader(const std::string& dir_or_root) {
   const fs::path dir = resolve_checkpoint_dir(dir_or_root);
+  load(dir, [&](const std::string& name) { return read_file_bytes((dir / name).string()); });
+}
+
+CheckpointReader CheckpointReader::from_files(const std::string& dir,
+                                              const std::map<std::string, std::vector<uint8_t>>& files) {
+  CheckpointReader reader;
+  reader.load(dir, [&](const std::string& name) {
+    const auto it = files.find(name);
+    if (it == files.end()) throw_error("cannot open '", (fs::path(dir) / name).string(), "': no such file");
+    return it->second;
+  });
+  return reader;
+}
+
+void CheckpointReader::load(const fs::path& dir,
+                            const std::function<std::vector<uint8_t>(const std::string&)>& read_file) {
   dir_ = dir.string();
-  const json manifest = read_manifest(dir);
-  sharded_ = manifest.at("files").contains(kIndexFile);
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> verified;  // all checked before parsing
-  for (const auto& [name, record] : manifest.at("files").items())
-    verified.emplace_back(name, read_verified(dir, manifest, name.c_str()));
+  const json manifest = parse_manifest(read_file(kManifestFile), dir / kManifestFile);
+  sharded_ = manifest["files"].contains(kIndexFile);
+  std::map<std::string, std::vector<uint8_t>> verified;  // all checked before parsing
+  for (const auto& [name, record] : manifest["files"].items()) {
+    std::vector<uint8_t> bytes = read_file(name);
+    verify_recorded(bytes, dir, manifest, name.c_str());
+    verified[name] = std::move(bytes);
+  }
   auto bytes_of = [&](const std::string& name) -> const std::vector<uint8_t>& {
-    for (const auto& [n, b] : verified)
-      if (n == name) return b;
-    throw_error("checkpoint '", dir_, "': the manifest lists no '", name, "'");
+    const auto it = verified.find(name);
+    if (it == verified.end()) throw_error("checkpoint '", dir_, "': the manifest lists no '", name, "'");
+    return it->second;
   };
   try {
     config_ = model_config_from_hf_json(parse_json_file(bytes_of(kConfigFile), dir / kConfigFile));
@@ -133,6 +153,8 @@ CheckpointReader::CheckpointReader(const std::string& dir_or_root) {
     throw_error("'", (dir / kConfigFile).string(), "': ", e.what());
   }
   trainer_state_ = parse_json_file(bytes_of(kTrainerStateFile), dir / kTrainerStateFile);
+  if (!trainer_state_.is_object())
+    throw_error("'", (dir / kTrainerStateFile).string(), "' is not a JSON object");
   auto parse = [&](const std::string& name) -> const SafetensorsFile& {
     const std::vector<uint8_t>& bytes = bytes_of(name);
     files_.push_back(std::make_unique<SafetensorsFile>(parse_safetensors(bytes.data(), bytes.size(), (dir / name).string())));
@@ -146,30 +168,89 @@ CheckpointReader::CheckpointReader(const std::string& dir_or_root) {
       tensors_[e.name] = {e.shape, {{&e, 0, shape_numel(e.shape), 0}}, false};
     return;
   }
-  const json index = parse_json_file(bytes_of(kIndexFile), dir / kIndexFile);
-  if (index.value("format", std::string()) != kIndexFormat)
-    throw_error("'", (dir / kIndexFile).string(), "' is not a loom sharded index (expected \"format\": \"", kIndexFormat, "\")");
-  world_ = index.at("world_size").get<int>();
   std::map<std::string, const SafetensorsFile*> by_file;
-  for (const auto& [name, record] : manifest.at("files").items())
+  for (const auto& [name, record] : manifest["files"].items())
     if (name.rfind("shard-", 0) == 0) by_file[name] = &parse(name);
-  for (const auto& [name, t] : index.at("tensors").items()) {
-    Stored stored{t.at("shape").get<Shape>(), {}, false};
-    for (const json& p : t.at("pieces")) {
-      const std::string file = p.at("file").get<std::string>();
-      if (!by_file.count(file)) throw_error("'", (dir / kIndexFile).string(), "' names '", file, "', which the manifest lacks");
-      const SafetensorsEntry& entry = by_file[file]->at(name);
-      const int64_t count = p.at("count").get<int64_t>(), offset = p.value("offset", int64_t{0});
-      if (entry.dtype != "F32" || offset < 0 || entry.bytes.size() < static_cast<size_t>(offset + count) * sizeof(float))
+  load_index(dir, parse_json_file(bytes_of(kIndexFile), dir / kIndexFile), by_file);
+}
+
+void CheckpointReader::load_index(const fs::path& dir, const json& index,
+                                  const std::map<std::string, const SafetensorsFile*>& by_file) {
+  const std::string index_path = (dir / kIndexFile).string();
+  if (!index.is_object() || !index.contains("format") || !index["format"].is_string() ||
+      index["format"].get<std::string>() != kIndexFormat)
+    throw_error("'", index_path, "' is not a loom sharded index (expected \"format\": \"", kIndexFormat, "\")");
+  if (!index.contains("world_size") || !index["world_size"].is_number_integer() || index["world_size"].get<int64_t>() < 1 ||
+      index["world_size"].get<int64_t>() > std::numeric_limits<int>::max())
+    throw_error("'", index_path, "': \"world_size\" is missing or not a positive integer");
+  world_ = index["world_size"].get<int>();
+  if (!index.contains("tensors") || !index["tensors"].is_object())
+    throw_error("'", index_path, "': \"tensors\" is missing or not an object");
+  auto bad = [&](const std::string& tensor, const std::string& what) {
+    throw_error("'", index_path, "': tensor '", tensor, "': ", what);
+  };
+  for (const auto& item : index["tensors"].items()) {
+    const std::string name = item.key();  // a copy the lambdas below can capture
+    const json& t = item.value();
+    if (!t.is_object() || !t.contains("shape") || !t["shape"].is_array() || !t.contains("pieces") ||
+        !t["pieces"].is_array())
+      bad(name, "expected an object with \"shape\" and \"pieces\" arrays");
+    Stored stored{{}, {}, false};
+    int64_t numel = 1;
+    for (const json& extent : t["shape"]) {
+      // Extents up to 2^40 keep every product of a few of them inside int64_t.
+      if (!extent.is_number_integer() || extent.get<int64_t>() < 0 || extent.get<int64_t>() > (int64_t{1} << 40))
+        bad(name, "a shape extent is not an integer in [0, 2^40]: " + extent.dump());
+      stored.shape.push_back(extent.get<int64_t>());
+      if (__builtin_mul_overflow(numel, stored.shape.back(), &numel) || numel > (int64_t{1} << 40))
+        bad(name, "shape " + t["shape"].dump() + " holds more than 2^40 elements");
+    }
+    for (const json& p : t["pieces"]) {
+      auto field = [&](const char* key, bool required) -> int64_t {
+        if (!p.is_object() || (required && !p.contains(key))) bad(name, std::string("a piece lacks \"") + key + "\"");
+        if (!p.contains(key)) return 0;
+        if (!p[key].is_number_integer() || p[key].get<int64_t>() < 0 || p[key].get<int64_t>() > numel)
+          bad(name, std::string("a piece's \"") + key + "\" is not an integer in [0, " + std::to_string(numel) + "]");
+        return p[key].get<int64_t>();
+      };
+      const int64_t start = field("start", true), count = field("count", true), offset = field("offset", false);
+      if (!p.contains("file") || !p["file"].is_string()) bad(name, "a piece lacks \"file\"");
+      const std::string file = p["file"].get<std::string>();
+      if (start + count > numel)
+        bad(name, "a piece covers elements [" + std::to_string(start) + ", " + std::to_string(start + count) +
+                      "), outside its " + std::to_string(numel));
+      const auto holder = by_file.find(file);
+      if (holder == by_file.end()) throw_error("'", index_path, "' names '", file, "', which the manifest lacks");
+      const SafetensorsEntry& entry = holder->second->at(name);
+      if (entry.dtype != "F32" || entry.bytes.size() < static_cast<size_t>(offset + count) * sizeof(float))
         throw_error("'", (dir / file).string(), "': tensor '", name, "' does not hold F32 elements [", offset, ", ",
                     offset + count, ") as the index says");
-      stored.pieces.push_back({&entry, p.at("start").get<int64_t>(), count, offset});
+      stored.pieces.push_back({&entry, start, count, offset});
     }
+    // read() walks the pieces in order of their first element and needs them to cover the
+    // tensor exactly once.
+    std::sort(stored.pieces.begin(), stored.pieces.end(),
+              [](const Piece& a, const Piece& b) { return a.start < b.start; });
+    int64_t covered = 0;
+    for (const Piece& piece : stored.pieces) {
+      if (piece.start != covered)
+        bad(name, "its pieces " + std::string(piece.start < covered ? "overlap" : "leave a gap") + " at element " +
+                      std::to_string(std::min(piece.start, covered)));
+      covered += piece.count;
+    }
+    if (covered != numel)
+      bad(name, "its pieces cover " + std::to_string(covered) + " of its " + std::to_string(numel) + " elements");
     tensors_[name] = std::move(stored);
   }
 }
 
 bool CheckpointReader::has(const std::string& tensor) const { return tensors_.count(tensor) > 0; }
+
+const Shape& CheckpointReader::stored_shape(const std::string& tensor) const {
+  const auto it = tensors_.find(tensor);
+  if (it == tensors_.end()) throw_error("checkpoint '", dir_, "' has no tensor '", tensor, "'");
+  return it->second.shape;
+}
 
 std::vector<std::string> CheckpointReader::tensor_names() const {
   std::vector<std::string> names;

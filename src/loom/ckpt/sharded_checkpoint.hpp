@@ -13,6 +13,7 @@
 // read back on any other: a reader asks for any element range and gets it from whichever
 // files hold it. The single-file format (checkpoint.hpp) reads through the same interface.
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -60,6 +61,10 @@ struct TensorLayout {
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& dir_or_root);
+  // The same from files already in memory (name -> bytes, manifest.json among them), as a
+  // directory named `dir` would hold them; what the file reader parses, and what
+  // tests/fuzz/ feeds malformed input to.
+  static CheckpointReader from_files(const std::string& dir, const std::map<std::string, std::vector<uint8_t>>& files);
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return config_; }
   const nlohmann::json& trainer_state() const { return trainer_state_; }
@@ -71,6 +76,9 @@ class CheckpointReader {
   void read(const TensorLayout& layout, int64_t start, int64_t count, float* out) const;
   // Names of every tensor the checkpoint holds.
   std::vector<std::string> tensor_names() const;
+  // A tensor's shape as stored (a single-file checkpoint's transposed weights in HF layout);
+  // throws naming the checkpoint when it has no such tensor.
+  const Shape& stored_shape(const std::string& tensor) const;
 
  private:
   struct Piece {
@@ -84,6 +92,11 @@ class CheckpointReader {
     bool model_weight = false;  // single-file model.safetensors: may need transposing
   };
   const std::vector<float>& converted(const std::string& name, const Stored& stored, bool transposed) const;
+  CheckpointReader() = default;
+  // Parses a checkpoint directory `dir` whose files `read_file` returns (unverified bytes).
+  void load(const std::filesystem::path& dir, const std::function<std::vector<uint8_t>(const std::string&)>& read_file);
+  void load_index(const std::filesystem::path& dir, const nlohmann::json& index,
+                  const std::map<std::string, const SafetensorsFile*>& by_file);
 
   std::string dir_;
   ModelConfig config_;

@@ -124,10 +124,10 @@ struct EncoderTable {
   std::unordered_map<std::string, int32_t> id_of_token;  // GPT-2 alphabet string -> id
 };
 
-EncoderTable parse_encoder_json(const std::string& path) {
+EncoderTable parse_encoder_json(const std::string& text, const std::string& path) {
   nlohmann::json encoder;
   try {
-    encoder = nlohmann::json::parse(read_whole_file(path, "GPT-2 encoder file"));
+    encoder = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw_error("GPT-2 encoder file '", path, "' is not valid JSON: ", e.what());
   }
@@ -174,10 +174,10 @@ EncoderTable parse_encoder_json(const std::string& path) {
 }
 
 // vocab.bpe: a "#version" line, then "left right" per line; the line order is the merge rank.
-std::unordered_map<uint64_t, BpeMerge> parse_merges(const std::string& path, const EncoderTable& encoder,
-                                                    const std::string& encoder_path) {
+std::unordered_map<uint64_t, BpeMerge> parse_merges(const std::string& text, const std::string& path,
+                                                    const EncoderTable& encoder, const std::string& encoder_path) {
   std::unordered_map<uint64_t, BpeMerge> merges;
-  std::istringstream lines(read_whole_file(path, "GPT-2 merges file"));
+  std::istringstream lines(text);
   std::string line;
   int64_t line_number = 0;
   int32_t rank = 0;
@@ -254,9 +254,15 @@ struct Gpt2Tokenizer::CompiledPattern {
 };
 
 Gpt2Tokenizer Gpt2Tokenizer::load(const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
-  EncoderTable encoder = parse_encoder_json(encoder_json_path);
+  return parse(read_whole_file(encoder_json_path, "GPT-2 encoder file"),
+               read_whole_file(vocab_bpe_path, "GPT-2 merges file"), encoder_json_path, vocab_bpe_path);
+}
+
+Gpt2Tokenizer Gpt2Tokenizer::parse(const std::string& encoder_json, const std::string& vocab_bpe,
+                                   const std::string& encoder_json_path, const std::string& vocab_bpe_path) {
+  EncoderTable encoder = parse_encoder_json(encoder_json, encoder_json_path);
   Gpt2Tokenizer tokenizer;
-  tokenizer.merges_ = parse_merges(vocab_bpe_path, encoder, encoder_json_path);
+  tokenizer.merges_ = parse_merges(vocab_bpe, vocab_bpe_path, encoder, encoder_json_path);
 
   const std::array<char32_t, 256> byte_to_unicode = gpt2_byte_to_unicode();
   for (int b = 0; b < 256; ++b) {

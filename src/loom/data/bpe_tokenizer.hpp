@@ -22,6 +22,10 @@ class Gpt2Tokenizer {
   // encoder.json maps token strings (in GPT-2's byte alphabet) to ids; vocab.bpe lists the
   // merges, one "left right" pair per line, in rank order after a "#version" line.
   static Gpt2Tokenizer load(const std::string& encoder_json_path, const std::string& vocab_bpe_path);
+  // The same from the two files' contents; the names go into errors. What load() parses, and
+  // what tests/fuzz/ feeds malformed files to.
+  static Gpt2Tokenizer parse(const std::string& encoder_json, const std::string& vocab_bpe,
+                             const std::string& encoder_json_name, const std::string& vocab_bpe_name);
 
   // `text` must be valid UTF-8 (GPT-2 encodes Python str, never raw bytes). Special tokens are
   // not recognised: "<|endoftext|>" in the text is encoded as ordinary characters.

@@ -50,22 +50,9 @@ void fsync_parent_directory(const std::string& path) {
   if (rc != 0) throw_error("cannot fsync directory '", dir, "': ", std::strerror(fsync_errno));
 }
 
-// Opens `path`, checks the header against the file size and returns the token count; `in` is
-// left positioned at the first token.
-int64_t read_checked_header(std::ifstream& in, const std::string& path) {
-  in.open(path, std::ios::binary);
-  if (!in) throw_error("cannot open token shard '", path, "': ", std::strerror(errno));
-  std::error_code error;
-  const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, error));
-  if (error) throw_error("cannot get the size of token shard '", path, "': ", error.message());
-  if (file_bytes < kTokenShardHeaderBytes) {
-    throw_error("token shard '", path, "' is truncated: ", file_bytes, " bytes, shorter than the ",
-                kTokenShardHeaderBytes, "-byte header");
-  }
-  int32_t header[kTokenShardHeaderInts];
-  if (!in.read(reinterpret_cast<char*>(header), sizeof(header))) {
-    throw_error("cannot read the header of token shard '", path, "'");
-  }
+// The header's token count, checked against the magic, the version and the shard's size in
+// bytes; `path` names the shard in errors.
+int64_t checked_token_count(const int32_t* header, int64_t file_bytes, const std::string& path) {
   if (header[0] != kTokenShardMagic) {
     throw_error("token shard '", path, "' has magic number ", header[0], ", expected ", kTokenShardMagic,
                 " (not an llm.c/loom token shard, or corrupt)");
@@ -88,6 +75,41 @@ int64_t read_checked_header(std::ifstream& in, const std::string& path) {
                 " bytes in all): trailing data, so the file is corrupt or not this format");
   }
   return tokens;
+}
+
+void throw_truncated_header(const std::string& path, int64_t file_bytes) {
+  throw_error("token shard '", path, "' is truncated: ", file_bytes, " bytes, shorter than the ",
+              kTokenShardHeaderBytes, "-byte header");
+}
+
+void check_vocab_size(const std::string& path, int64_t vocab_size) {
+  if (vocab_size <= 0)
+    throw_error("read_token_shard '", path, "': vocab_size must be positive, got ", vocab_size);
+}
+
+void check_token_ids(const std::vector<uint16_t>& tokens, int64_t vocab_size, const std::string& path) {
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= vocab_size) {
+      throw_error("token shard '", path, "': token ", tokens[i], " at position ", i, " is >= vocab_size ",
+                  vocab_size, " (vocabulary mismatch: the shard was made with a different tokenizer)");
+    }
+  }
+}
+
+// Opens `path`, checks the header against the file size and returns the token count; `in` is
+// left positioned at the first token.
+int64_t read_checked_header(std::ifstream& in, const std::string& path) {
+  in.open(path, std::ios::binary);
+  if (!in) throw_error("cannot open token shard '", path, "': ", std::strerror(errno));
+  std::error_code error;
+  const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, error));
+  if (error) throw_error("cannot get the size of token shard '", path, "': ", error.message());
+  if (file_bytes < kTokenShardHeaderBytes) throw_truncated_header(path, file_bytes);
+  int32_t header[kTokenShardHeaderInts];
+  if (!in.read(reinterpret_cast<char*>(header), sizeof(header))) {
+    throw_error("cannot read the header of token shard '", path, "'");
+  }
+  return checked_token_count(header, file_bytes, path);
 }
 
 }  // namespace
@@ -138,8 +160,7 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
 }
 
 std::vector<uint16_t> read_token_shard(const std::string& path, int64_t vocab_size) {
-  if (vocab_size <= 0)
-    throw_error("read_token_shard '", path, "': vocab_size must be positive, got ", vocab_size);
+  check_vocab_size(path, vocab_size);
   std::ifstream in;
   const int64_t count = read_checked_header(in, path);
   std::vector<uint16_t> tokens(static_cast<size_t>(count));
@@ -147,12 +168,20 @@ std::vector<uint16_t> read_token_shard(const std::string& path, int64_t vocab_si
     throw_error("cannot read the ", count, " tokens of token shard '", path,
                 "' (file changed while reading?)");
   }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= vocab_size) {
-      throw_error("token shard '", path, "': token ", tokens[i], " at position ", i, " is >= vocab_size ",
-                  vocab_size, " (vocabulary mismatch: the shard was made with a different tokenizer)");
-    }
-  }
+  check_token_ids(tokens, vocab_size, path);
+  return tokens;
+}
+
+std::vector<uint16_t> parse_token_shard(const uint8_t* data, size_t size, int64_t vocab_size, const std::string& source) {
+  check_vocab_size(source, vocab_size);
+  const auto file_bytes = static_cast<int64_t>(size);
+  if (file_bytes < kTokenShardHeaderBytes) throw_truncated_header(source, file_bytes);
+  int32_t header[kTokenShardHeaderInts];
+  std::memcpy(header, data, sizeof(header));
+  const int64_t count = checked_token_count(header, file_bytes, source);
+  std::vector<uint16_t> tokens(static_cast<size_t>(count));
+  if (count > 0) std::memcpy(tokens.data(), data + kTokenShardHeaderBytes, tokens.size() * sizeof(uint16_t));
+  check_token_ids(tokens, vocab_size, source);
   return tokens;
 }
 

@@ -21,6 +21,10 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
 // Reads and validates a whole shard: header, file size, and every token < vocab_size.
 std::vector<uint16_t> read_token_shard(const std::string& path, int64_t vocab_size);
 
+// The same from a whole shard held in memory; `source` names it in errors. What the file
+// readers check, from the bytes (tests/fuzz/ feeds it malformed shards).
+std::vector<uint16_t> parse_token_shard(const uint8_t* data, size_t size, int64_t vocab_size, const std::string& source);
+
 // Token count from the header alone (also checks magic, version and file size); cheap enough
 // to call on every shard of a large dataset.
 int64_t token_shard_size(const std::string& path);

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Writes the fuzzers' seed corpus: small valid inputs of every parser.
+
+  make_seeds.py OUT_DIR [CHECKPOINT_DIR ...]
+
+OUT_DIR/<target>/ gets the seeds of each fuzz target. Checkpoint directories (a single-file
+and a sharded one, as `loom train` writes them) are packed into fuzz_checkpoint's input format:
+a mode byte, then [name length: 1 byte][name][size: 4 bytes LE][bytes] per file.
+The seeds committed under tests/fuzz/corpus/ were made with this script.
+"""
+import json
+import os
+import struct
+import sys
+import zlib
+
+
+def write(path, data):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+def safetensors(entries, metadata=None, crc=True):
+    """entries: [(name, dtype, shape, bytes)]; packed in name order, loom's CRC keys added."""
+    header, data = {}, b""
+    meta = dict(metadata or {})
+    for name, dtype, shape, raw in sorted(entries):
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+        if crc:
+            meta["loom.crc32." + name] = "%08x" % (zlib.crc32(raw) & 0xFFFFFFFF)
+    if meta:
+        header["__metadata__"] = meta
+    text = json.dumps(header, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def f32(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def byte_to_unicode():
+    """GPT-2's byte alphabet (openai/gpt-2 encoder.py, bytes_to_unicode)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def tokenizer_seed(merges):
+    alphabet = byte_to_unicode()
+    encoder = {alphabet[b]: b for b in range(256)}
+    lines = ["#version: 0.2"]
+    for left, right in merges:
+        l = "".join(alphabet[b] for b in left.encode())
+        r = "".join(alphabet[b] for b in right.encode())
+        encoder.setdefault(l + r, len(encoder))
+        lines.append(l + " " + r)
+    encoder["<|endoftext|>"] = len(encoder)
+    return json.dumps(encoder, ensure_ascii=False).encode() + b"\0" + ("\n".join(lines) + "\n").encode()
+
+
+def token_shard(tokens):
+    header = [20240520, 1, len(tokens)] + [0] * 253
+    return struct.pack("<256i", *header) + struct.pack("<%dH" % len(tokens), *tokens)
+
+
+def pack_checkpoint(directory, fix_manifest):
+    out = bytes([1 if fix_manifest else 0])
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            data = f.read()
+        out += bytes([len(name)]) + name.encode() + struct.pack("<I", len(data)) + data
+    return out
+
+
+def main():
+    out = sys.argv[1]
+    write(f"{out}/safetensors/two_f32", safetensors([("a.weight", "F32", [2, 3], f32(range(6))), ("b", "F32", [3], f32([1, 2, 3]))]))
+    write(f"{out}/safetensors/mixed_dtypes", safetensors(
+        [("w", "BF16", [2, 2], struct.pack("<4H", 0x3F80, 0x4000, 0x4040, 0x4080)), ("i", "I32", [2], struct.pack("<2i", 7, -1)),
+         ("j", "I64", [1], struct.pack("<q", 5)), ("s", "F32", [], f32([0.5]))], {"format": "pt"}))
+    write(f"{out}/safetensors/no_crc", safetensors([("x", "F32", [1, 1], f32([3]))], crc=False))
+    write(f"{out}/safetensors/empty", safetensors([]))
+
+    write(f"{out}/token_shard/small", token_shard([1, 2, 3, 50256, 7, 9]))
+    write(f"{out}/token_shard/empty", token_shard([]))
+
+    write(f"{out}/tokenizer/bytes_only", tokenizer_seed([]))
+    write(f"{out}/tokenizer/merges", tokenizer_seed([("h", "e"), ("l", "l"), ("he", "ll"), (" ", "w"), ("o", "r"), (" w", "or")]))
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("demo.toml", "pipeline.toml"):
+        with open(os.path.join(here, "..", "..", "configs", name), "rb") as f:
+            write(f"{out}/config/{name}", f.read())
+    write(f"{out}/config/layouts.toml", """[model]
+arch = "llama"
+vocab_size = 1000
+max_seq_len = 64
+n_layer = 4
+n_embd = 64
+n_head = 4
+n_kv_head = 2
+n_experts = 4
+experts_per_token = 2
+[data]
+train = "x_*.bin"
+[train]
+batch_size = 2
+seq_len = 64
+grad_accum = 4
+[parallel]
+layout = "tp=2 pp=2 dp=1 zero=1 mbs=2 recompute=selective sp 1f1b"
+pp_layers = [2, 2]
+[bad_steps]
+loss_spike_factor = 2.5
+rollback_after = 3
+[checkpoint]
+dir = "ckpt"
+[debug]
+inject_nan_at_steps = [3, 5]
+""")
+
+    for i, directory in enumerate(sys.argv[2:]):
+        write(f"{out}/checkpoint/ckpt{i}_as_is", pack_checkpoint(directory, False))
+        write(f"{out}/checkpoint/ckpt{i}_fixed", pack_checkpoint(directory, True))
+
+
+if __name__ == "__main__":
+    main()

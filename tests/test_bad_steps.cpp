@@ -9,6 +9,7 @@
 #include "loom/core/error.hpp"
 #include "loom/obs/metrics_log.hpp"
 #include "loom/train/bad_steps.hpp"
+#include "loom/train/stragglers.hpp"
 #include "loom/train/trainer.hpp"
 #include "trainer_fixture.hpp"
 
@@ -250,6 +251,24 @@ TEST(BadStepsRollback, TooManyRollbacksStopTheRun) {
     EXPECT_NE(std::string(e.what()).find("training keeps diverging: 2 bad steps in a row up to step 6"), std::string::npos)
         << e.what();
   }
+}
+
+// Stragglers (train/stragglers): the comparison by hand.
+TEST(Stragglers, SlowestRankAgainstTheMedianByHand) {
+  // {10, 12, 30, 11} ms: sorted {10, 11, 12, 30}, median (11 + 12) / 2 = 11.5, rank 2 lags by
+  // 30 / 11.5 - 1 = 1.6087.
+  const RankTimes t = compare_rank_times({0.010, 0.012, 0.030, 0.011}, 0.5);
+  EXPECT_DOUBLE_EQ(t.median_s, 0.0115);
+  EXPECT_DOUBLE_EQ(t.min_s, 0.010);
+  EXPECT_DOUBLE_EQ(t.max_s, 0.030);
+  EXPECT_EQ(t.slowest_rank, 2);
+  EXPECT_NEAR(t.lag, 30.0 / 11.5 - 1.0, 1e-12);
+  EXPECT_TRUE(t.straggler);
+  EXPECT_FALSE(compare_rank_times({0.010, 0.012, 0.030, 0.011}, 2.0).straggler);  // 1.61 <= 2
+  EXPECT_FALSE(compare_rank_times({0.010, 0.012, 0.030, 0.011}, 0.0).straggler);  // off
+  // Odd count: the middle one; one rank: never behind itself.
+  EXPECT_DOUBLE_EQ(compare_rank_times({3.0, 1.0, 2.0}, 0.1).median_s, 2.0);
+  EXPECT_FALSE(compare_rank_times({5.0}, 0.1).straggler);
 }
 
 }  // namespace

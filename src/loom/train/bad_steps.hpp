@@ -26,6 +26,8 @@ struct FaultInjection {
   std::vector<int64_t> nan_at_steps;         // the last rank's backward scaled by NaN
   std::vector<int64_t> loss_spike_at_steps;  // the last rank's loss multiplied by loss_spike_scale
   double loss_spike_scale = 100.0;
+  int slow_rank = -1;        // this world rank sleeps slow_rank_ms in every step's compute; -1: none
+  double slow_rank_ms = 0.0;
 };
 
 // What is wrong with a step, worst last: the trainer takes the worst verdict over the ranks.

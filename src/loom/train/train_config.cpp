@@ -214,6 +214,10 @@ void check_bad_steps(const TrainConfig& c) {
   };
   check_steps(c.inject.nan_at_steps, "inject_nan_at_steps");
   check_steps(c.inject.loss_spike_at_steps, "inject_loss_spike_at_steps");
+  if (c.inject.slow_rank < -1)
+    throw_error("config key 'debug.slow_rank' has value ", c.inject.slow_rank, ", expected a world rank (or -1: none)");
+  require_range("debug.slow_rank_ms", c.inject.slow_rank_ms, 0, 1e7);
+  require_range("log.straggler_fraction", c.straggler_fraction, 0, 1e6);
   if (!(c.inject.loss_spike_scale > 0))
     throw_error("config key 'debug.inject_loss_spike_scale' has value ", c.inject.loss_spike_scale,
                 ", expected > 0 (the injected loss is the step's loss times it)");
@@ -315,11 +319,14 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.inject.nan_at_steps = r.get_int_list("debug.inject_nan_at_steps", c.inject.nan_at_steps);
   c.inject.loss_spike_at_steps = r.get_int_list("debug.inject_loss_spike_at_steps", c.inject.loss_spike_at_steps);
   c.inject.loss_spike_scale = r.get_double("debug.inject_loss_spike_scale", c.inject.loss_spike_scale);
+  c.inject.slow_rank = static_cast<int>(r.get_int("debug.slow_rank", c.inject.slow_rank));
+  c.inject.slow_rank_ms = r.get_double("debug.slow_rank_ms", c.inject.slow_rank_ms);
 
   c.run_dir = r.get_string("log.dir", c.run_dir);
   c.log_every = r.get_int("log.every", c.log_every);
   c.trace_path = r.get_string("log.trace", "");
   c.log_all_ranks = r.get_bool("log.all_ranks", c.log_all_ranks);
+  c.straggler_fraction = r.get_double("log.straggler_fraction", c.straggler_fraction);
 
   c.sample_prompt = r.get_string("sample.prompt", "");
   c.sample_tokens = r.get_int("sample.tokens", c.sample_tokens);

@@ -82,6 +82,7 @@ struct TrainConfig {
 
   std::string run_dir = "runs/default";  // metrics.jsonl and loss.svg
   int64_t log_every = 1;
+  double straggler_fraction = 0.2;  // name the slowest rank when its compute lags the median by more; 0: off
   bool log_all_ranks = false;  // ranks > 0 also write run_dir/metrics.rank<r>.jsonl (their own memory, comm)
   std::string trace_path;      // Chrome/Perfetto trace per rank ("" = off); ".rankN" added under dp
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <thread>
 #include <optional>
 #include <cstdio>
 #include <filesystem>
@@ -72,6 +73,11 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     : config_(checked_for_device(std::move(config))),
       groups_(make_trainer_groups(config_, std::move(world))),
       bad_steps_(config_.bad_steps) {
+  const int world_size = groups_.world ? groups_.world->size() : 1;
+  if (world_size > 1) control_ = groups_.world->split(0, groups_.world_rank, "control");
+  if (config_.inject.slow_rank >= world_size)
+    throw_error("config key 'debug.slow_rank' is ", config_.inject.slow_rank, ", but the launch has ", world_size,
+                " rank(s): give a world rank below ", world_size, " or -1");
   std::shared_ptr<ParallelPlan> plan;
   if (groups_.tp) plan = std::make_shared<TensorParallelPlan>(groups_.tp, config_.sequence_parallel);
   if (groups_.ep) {
@@ -253,12 +259,12 @@ bool Trainer::inject_now(const std::vector<int64_t>& steps, int64_t step) {
 }
 
 BadStepVerdict Trainer::agree_bad_step(BadStepVerdict local) const {
-  if (!groups_.world || groups_.world->size() == 1) return local;
+  if (!control_) return local;
   // One max over the world carries the worst verdict and the highest rank that gave it:
   // kind x 2^22 + rank, exact in a float below 2^24 (ranks under 4M).
   constexpr float kRanks = 4194304.0f;
   float code = local.bad() ? static_cast<float>(local.kind) * kRanks + static_cast<float>(groups_.world_rank) : 0.0f;
-  comm::all_reduce(*groups_.world, &code, 1, ReduceOp::Max)->wait();
+  comm::all_reduce(*control_, &code, 1, ReduceOp::Max)->wait();
   const auto kind = static_cast<BadStep>(static_cast<int>(code / kRanks));
   if (kind == local.kind) return local;
   const int rank = static_cast<int>(code - static_cast<float>(kind) * kRanks);
@@ -282,7 +288,12 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   const bool inject_spike = inject_now(config_.inject.loss_spike_at_steps, step);
   if (inject_nan && last_rank) grad_scale = std::numeric_limits<float>::quiet_NaN();
   double loss_sum = 0.0;
+  const auto compute_start = Clock::now();
+  if (config_.inject.slow_rank == groups_.world_rank && config_.inject.slow_rank_ms > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.inject.slow_rank_ms));
   run_micro_batches(loss_sum, grad_scale);
+  compute_seconds_since_log_ += seconds_since(compute_start);
+  ++steps_since_log_;
   if (reducer_) {
     reducer_->finish();  // gradients are now the mean over the global batch
     if (trace_)
@@ -313,6 +324,16 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   if (trace_) trace_->span(outcome.bad.bad() ? "skipped update" : "clip + AdamW", "compute", optimizer_start,
                            TraceRecorder::now_s());
   return outcome;
+}
+
+RankTimes Trainer::gather_rank_times() {
+  const int ranks = control_ ? control_->size() : 1;
+  const auto mine = static_cast<float>(compute_seconds_since_log_ / static_cast<double>(std::max<int64_t>(1, steps_since_log_)));
+  compute_seconds_since_log_ = 0;
+  steps_since_log_ = 0;
+  std::vector<float> all(static_cast<size_t>(ranks), mine);
+  if (control_) comm::all_gather(*control_, &mine, all.data(), 1)->wait();
+  return compare_rank_times(std::vector<double>(all.begin(), all.end()), config_.straggler_fraction);
 }
 
 Trainer::Rollback Trainer::roll_back() {
@@ -556,9 +577,29 @@ TrainSummary Trainer::run() {
     const nlohmann::json position_json = {{"epoch", data_position.epoch},
                                           {"shard_index", data_position.shard_index},
                                           {"position", data_position.position}};
+    // Every log point (the same steps on every rank), each rank's compute time per step since
+    // the last one, gathered over the world.
+    std::optional<RankTimes> rank_times;
+    if ((step + 1) % config_.log_every == 0 || step + 1 == config_.steps) rank_times = gather_rank_times();
+    if (rank_times && rank_times->straggler && is_rank0()) {
+      progress.clear();
+      std::printf("step %lld: rank %d is a straggler: forward + backward %.1f ms/step, %.0f%% above the median "
+                  "rank's %.1f ms (fastest %.1f ms; log.straggler_fraction = %g)\n",
+                  static_cast<long long>(step + 1), rank_times->slowest_rank, 1e3 * rank_times->max_s,
+                  100 * rank_times->lag, 1e3 * rank_times->median_s, 1e3 * rank_times->min_s, config_.straggler_fraction);
+      std::fflush(stdout);
+    }
     if (metrics) {
       nlohmann::json record = step_record(report);
       record["skipped_steps"] = bad_steps_.skipped_total();
+      if (rank_times) {
+        record["rank_compute_ms"] = {{"min", 1e3 * rank_times->min_s}, {"median", 1e3 * rank_times->median_s},
+                                     {"max", 1e3 * rank_times->max_s}, {"slowest_rank", rank_times->slowest_rank}};
+        if (rank_times->straggler) {
+          record["straggler_rank"] = rank_times->slowest_rank;
+          record["straggler_lag"] = rank_times->lag;
+        }
+      }
       if (outcome.bad.bad()) {
         record["skipped"] = true;
         record["bad_step"] = outcome.bad.reason;

@@ -15,6 +15,7 @@
 #include "loom/obs/step_line.hpp"
 #include "loom/obs/trace.hpp"
 #include "loom/optim/adamw.hpp"
+#include "loom/train/stragglers.hpp"
 #include "loom/train/train_config.hpp"
 #include "loom/train/trainer_mesh.hpp"
 
@@ -113,6 +114,14 @@ class Trainer {
   std::vector<int32_t> global_inputs_, global_targets_;
   std::unique_ptr<TraceRecorder> trace_;
   BadStepGuard bad_steps_;
+  // The world again, for the trainer's own small agreements (the bad-step verdict, the ranks'
+  // compute times), so that they never show in the data groups' wire bytes. Null: one process.
+  std::shared_ptr<ProcessGroup> control_;
+  // Stragglers: this rank's forward + backward seconds since the last log point, and the
+  // ranks' compared at the log point (collective over the world).
+  double compute_seconds_since_log_ = 0;
+  int64_t steps_since_log_ = 0;
+  RankTimes gather_rank_times();
   std::vector<std::pair<int64_t, bool>> fired_;  // (0-based step, nan?) injections already done
 };
 

@@ -53,7 +53,7 @@ TEST(BadStepGuard, JudgesByHand) {
   EXPECT_EQ(guard.median(), 0.0);
   EXPECT_FALSE(guard.judge(1000.0, 1.0).bad());
   guard.record(false, 5.0);
-  EXPECT_EQ(guard.median(), 5.0);  // median of {4, 6, 5}
+  EXPECT_EQ(guard.median(), 5.0);              // median of {4, 6, 5}
   EXPECT_FALSE(guard.judge(10.0, 1.0).bad());  // not above 2 x 5
   const BadStepVerdict spike = guard.judge(10.5, 1.0);
   EXPECT_EQ(spike.kind, BadStep::LossSpike);
@@ -77,7 +77,8 @@ TEST(BadStepGuard, JudgesByHand) {
     guard.count_rollback(9);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bad_steps.max_rollbacks = 1"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad_steps.max_rollbacks = 1"), std::string::npos)
+        << e.what();
   }
   // An even window's median is the mean of the middle two: {1, 2, 3, 4} -> 2.5.
   BadStepGuard even({true, 2.0, 4, 0, 1});
@@ -108,7 +109,8 @@ TEST(BadStepConfig, BadKeysAreRefusedBeforeAnyWork) {
       (void)parse(base, overrides);
       ADD_FAILURE() << overrides.back() << " was accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << overrides.back() << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos)
+          << overrides.back() << ": " << e.what();
     }
   }
 }
@@ -161,13 +163,15 @@ TEST_P(BadStepsNan, LeavesTheStateOfThePreviousStepAndGoesOn) {
   EXPECT_EQ(whole.optimizer().steps_taken(), 7);
   EXPECT_TRUE(std::isfinite(w.last_train_loss));
   int skipped = 0;
-  for (const auto& r : train_records(run.dir + "/whole/metrics.jsonl")) skipped += r.value("skipped", false) ? 1 : 0;
+  for (const auto& r : train_records(run.dir + "/whole/metrics.jsonl"))
+    skipped += r.value("skipped", false) ? 1 : 0;
   EXPECT_EQ(skipped, 1);
   EXPECT_NE(state_of(whole), state_of(at));
 
   // The injection is real: without skipping, the NaN update poisons the weights and the next
   // step's loss stops the run.
-  Trainer unguarded(with({"debug.inject_nan_at_steps=[4]", "bad_steps.skip=false", "log.dir=\"" + run.dir + "/off\""}));
+  Trainer unguarded(with({"debug.inject_nan_at_steps=[4]", "bad_steps.skip=false",
+                          "log.dir=\"" + run.dir + "/off\""}));
   try {
     unguarded.run();
     FAIL() << "expected the run to stop";
@@ -180,8 +184,9 @@ TEST_P(BadStepsNan, LeavesTheStateOfThePreviousStepAndGoesOn) {
 INSTANTIATE_TEST_SUITE_P(
     Models, BadStepsNan,
     ::testing::Values(NanCase{"gpt2", {}}, NanCase{"bf16", {"train.precision=\"bf16\""}},
-                      NanCase{"moe", {"model.n_experts=4", "model.experts_per_token=2", "model.moe_router=\"sigmoid\"",
-                                      "model.moe_bias_rate=0.01"}}),
+                      NanCase{"moe",
+                              {"model.n_experts=4", "model.experts_per_token=2",
+                               "model.moe_router=\"sigmoid\"", "model.moe_bias_rate=0.01"}}),
     [](const ::testing::TestParamInfo<NanCase>& info) { return info.param.name; });
 
 // Spikes at steps 5 and 6 with rollback_after = 2: the run returns to its step-3 checkpoint and
@@ -193,18 +198,24 @@ TEST(BadStepsRollback, EndsWhereTheDataWithoutTheSkippedBatchesEnds) {
   write_batch_shards(run.dir + "/all", 30, kBatchTokens, 64);
   write_batch_shards(run.dir + "/omitted", 30, kBatchTokens, 64, batch_range(6, 6));
   const std::string base = run.config("gpt2", 10);
-  const std::vector<std::string> shared = {"data.val=\"\"", "data.shuffle=false", "checkpoint.every=3",
-                                           "checkpoint.keep_last=10", "bad_steps.loss_spike_factor=3",
-                                           "bad_steps.median_window=2", "bad_steps.rollback_after=2"};
+  const std::vector<std::string> shared = {"data.val=\"\"",
+                                           "data.shuffle=false",
+                                           "checkpoint.every=3",
+                                           "checkpoint.keep_last=10",
+                                           "bad_steps.loss_spike_factor=3",
+                                           "bad_steps.median_window=2",
+                                           "bad_steps.rollback_after=2"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), shared.begin(), shared.end());
     return parse(base, extra);
   };
-  Trainer spiky(with({"data.train=\"" + run.dir + "/all/*.bin\"", "debug.inject_loss_spike_at_steps=[5, 6]",
-                      "checkpoint.dir=\"" + run.dir + "/ckpt_spiky\"", "log.dir=\"" + run.dir + "/spiky\""}));
+  Trainer spiky(
+      with({"data.train=\"" + run.dir + "/all/*.bin\"", "debug.inject_loss_spike_at_steps=[5, 6]",
+            "checkpoint.dir=\"" + run.dir + "/ckpt_spiky\"", "log.dir=\"" + run.dir + "/spiky\""}));
   const TrainSummary s = spiky.run();
-  Trainer reference(with({"data.train=\"" + run.dir + "/omitted/*.bin\"",
-                          "checkpoint.dir=\"" + run.dir + "/ckpt_ref\"", "log.dir=\"" + run.dir + "/ref\""}));
+  Trainer reference(
+      with({"data.train=\"" + run.dir + "/omitted/*.bin\"",
+            "checkpoint.dir=\"" + run.dir + "/ckpt_ref\"", "log.dir=\"" + run.dir + "/ref\""}));
   const TrainSummary r = reference.run();
 
   EXPECT_EQ(s.rollbacks, 1);
@@ -233,7 +244,8 @@ TEST(BadStepsRollback, EndsWhereTheDataWithoutTheSkippedBatchesEnds) {
   const auto ref_losses = losses_of(run.dir + "/ref/metrics.jsonl");
   const auto spiky_records = train_records(run.dir + "/spiky/metrics.jsonl");
   ASSERT_EQ(spiky_records.size(), 13u);
-  for (size_t i = 6; i < 13; ++i) EXPECT_EQ(spiky_records[i]["loss"].get<double>(), ref_losses[i - 3]) << i;
+  for (size_t i = 6; i < 13; ++i)
+    EXPECT_EQ(spiky_records[i]["loss"].get<double>(), ref_losses[i - 3]) << i;
   EXPECT_EQ(spiky_records[4].value("skipped", false), true);
   EXPECT_EQ(spiky_records[5].value("skipped", false), true);
   EXPECT_EQ(spiky_records.back()["skipped_steps"], 2);
@@ -241,14 +253,17 @@ TEST(BadStepsRollback, EndsWhereTheDataWithoutTheSkippedBatchesEnds) {
 
 TEST(BadStepsRollback, TooManyRollbacksStopTheRun) {
   TinyRun run("rollback_limit");
-  Trainer trainer(parse(run.config("gpt2", 10), {"data.val=\"\"", "bad_steps.loss_spike_factor=3",
-                                                 "bad_steps.median_window=2", "bad_steps.rollback_after=2",
-                                                 "bad_steps.max_rollbacks=0", "debug.inject_loss_spike_at_steps=[5, 6]"}));
+  Trainer trainer(parse(run.config("gpt2", 10),
+                        {"data.val=\"\"", "bad_steps.loss_spike_factor=3",
+                         "bad_steps.median_window=2", "bad_steps.rollback_after=2",
+                         "bad_steps.max_rollbacks=0", "debug.inject_loss_spike_at_steps=[5, 6]"}));
   try {
     trainer.run();
     FAIL() << "expected the run to stop";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("training keeps diverging: 2 bad steps in a row up to step 6"), std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("training keeps diverging: 2 bad steps in a row up to step 6"),
+        std::string::npos)
         << e.what();
   }
 }

@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,8 +21,10 @@ using Files = std::map<std::string, std::vector<uint8_t>>;
 
 // fuzz_checkpoint's input format: a mode byte, then [name length][name][size LE32][bytes].
 Files unpack_seed(const std::string& name) {
-  std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint/" + name, std::ios::binary);
-  const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint/" + name,
+                   std::ios::binary);
+  const std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
   Files files;
   size_t at = 1;
   while (at < data.size()) {
@@ -32,7 +34,8 @@ Files unpack_seed(const std::string& name) {
     uint32_t size = 0;
     std::memcpy(&size, &data[at], 4);
     at += 4;
-    files[file].assign(data.begin() + static_cast<std::ptrdiff_t>(at), data.begin() + static_cast<std::ptrdiff_t>(at + size));
+    files[file].assign(data.begin() + static_cast<std::ptrdiff_t>(at),
+                       data.begin() + static_cast<std::ptrdiff_t>(at + size));
     at += size;
   }
   return files;
@@ -44,7 +47,8 @@ std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), t
 void put(Files& files, const std::string& name, const std::vector<uint8_t>& bytes) {
   files[name] = bytes;
   nlohmann::json manifest = nlohmann::json::parse(files.at("manifest.json"));
-  manifest["files"][name] = {{"bytes", bytes.size()}, {"crc32", crc32_hex(crc32_of(bytes.data(), bytes.size()))}};
+  manifest["files"][name] = {{"bytes", bytes.size()},
+                             {"crc32", crc32_hex(crc32_of(bytes.data(), bytes.size()))}};
   files["manifest.json"] = bytes_of(manifest.dump());
 }
 
@@ -53,7 +57,8 @@ void expect_error(const std::function<void()>& parse, const std::vector<std::str
     parse();
     ADD_FAILURE() << "accepted; expected an error with '" << fragments.back() << "'";
   } catch (const Error& e) {
-    for (const std::string& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+    for (const std::string& f : fragments)
+      EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
   }
 }
 
@@ -91,7 +96,8 @@ TEST(ParserErrors, MalformedManifestsAreErrorsNamingIt) {
   for (const auto& [text, expected] : cases) {
     Files files = good;
     files["manifest.json"] = bytes_of(text);
-    expect_error([&] { (void)CheckpointReader::from_files("ck", files); }, {"ck/manifest.json", expected});
+    expect_error([&] { (void)CheckpointReader::from_files("ck", files); },
+                 {"ck/manifest.json", expected});
   }
 }
 
@@ -112,10 +118,15 @@ TEST(ParserErrors, MalformedShardedIndexesAreErrorsNamingTheTensor) {
       {[](nlohmann::json& i) { i.erase("tensors"); }, "\"tensors\""},
       {[&](nlohmann::json& i) { i["tensors"][tensor]["shape"] = {1099511627777}; }, "2^40"},
       {[&](nlohmann::json& i) { i["tensors"][tensor]["pieces"][0]["start"] = -4; }, "\"start\""},
-      {[&](nlohmann::json& i) { i["tensors"][tensor]["pieces"][0]["count"] = 9223372036854775807; }, "\"count\""},
-      {[&](nlohmann::json& i) { i["tensors"][tensor]["pieces"].push_back(i["tensors"][tensor]["pieces"][0]); }, "overlap"},
+      {[&](nlohmann::json& i) { i["tensors"][tensor]["pieces"][0]["count"] = 9223372036854775807; },
+       "\"count\""},
+      {[&](nlohmann::json& i) {
+         i["tensors"][tensor]["pieces"].push_back(i["tensors"][tensor]["pieces"][0]);
+       },
+       "overlap"},
       {[&](nlohmann::json& i) { i["tensors"][tensor]["pieces"].erase(0); }, "element"},
-      {[&](nlohmann::json& i) { i["tensors"][tensor]["pieces"][0]["file"] = "other.safetensors"; }, "the manifest lacks"},
+      {[&](nlohmann::json& i) { i["tensors"][tensor]["pieces"][0]["file"] = "other.safetensors"; },
+       "the manifest lacks"},
   };
   for (const auto& [edit, expected] : cases)
     expect_error([&] { (void)CheckpointReader::from_files("ck", with(edit)); }, {"ck/", expected});
@@ -126,10 +137,14 @@ TEST(ParserErrors, TokenShardBytesAreCheckedLikeTheFile) {
   const int32_t header[3] = {kTokenShardMagic, kTokenShardVersion, 2};
   std::memcpy(shard.data(), header, sizeof header);
   shard[kTokenShardHeaderBytes] = 7;
-  EXPECT_EQ(parse_token_shard(shard.data(), shard.size(), 50257, "s.bin"), (std::vector<uint16_t>{7, 0}));
-  expect_error([&] { (void)parse_token_shard(shard.data(), shard.size() - 1, 50257, "s.bin"); }, {"s.bin", "truncated"});
-  expect_error([&] { (void)parse_token_shard(shard.data(), 100, 50257, "s.bin"); }, {"s.bin", "header"});
-  expect_error([&] { (void)parse_token_shard(shard.data(), shard.size(), 5, "s.bin"); }, {"s.bin", "vocab_size 5"});
+  EXPECT_EQ(parse_token_shard(shard.data(), shard.size(), 50257, "s.bin"),
+            (std::vector<uint16_t>{7, 0}));
+  expect_error([&] { (void)parse_token_shard(shard.data(), shard.size() - 1, 50257, "s.bin"); },
+               {"s.bin", "truncated"});
+  expect_error([&] { (void)parse_token_shard(shard.data(), 100, 50257, "s.bin"); },
+               {"s.bin", "header"});
+  expect_error([&] { (void)parse_token_shard(shard.data(), shard.size(), 5, "s.bin"); },
+               {"s.bin", "vocab_size 5"});
 }
 
 }  // namespace

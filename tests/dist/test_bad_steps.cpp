@@ -44,10 +44,12 @@ TEST_P(BadStepsOnRanks, EveryRankSkipsAndRollsBackTogether) {
   const std::string root = shared_path("bad_steps_" + c.name);
   const std::string base = run.config("gpt2", 10);
   const std::string all = "data.train=\"" + run.dir + "/all/*.bin\"";
-  std::vector<std::string> shared = {"data.val=\"\"", "data.shuffle=false",
-                                     "checkpoint.every=3", "checkpoint.keep_last=10", "parallel.bucket_mb=0.002"};
+  std::vector<std::string> shared = {"data.val=\"\"", "data.shuffle=false", "checkpoint.every=3",
+                                     "checkpoint.keep_last=10", "parallel.bucket_mb=0.002"};
   shared.insert(shared.end(), c.layout.begin(), c.layout.end());
-  auto with = [&](std::vector<std::string> extra) { return parse(base, plus(std::move(extra), shared)); };
+  auto with = [&](std::vector<std::string> extra) {
+    return parse(base, plus(std::move(extra), shared));
+  };
 
   // A NaN gradient at step 4 on the last rank: every rank's state after step 4 is its state
   // after step 3.
@@ -55,7 +57,8 @@ TEST_P(BadStepsOnRanks, EveryRankSkipsAndRollsBackTogether) {
   three.steps = 3;
   Trainer before(three, world_group);
   before.run();
-  TrainConfig four = with({all, "checkpoint.dir=\"\"", "debug.inject_nan_at_steps=[4]", "log.dir=\"" + run.dir + "/four\""});
+  TrainConfig four = with({all, "checkpoint.dir=\"\"", "debug.inject_nan_at_steps=[4]",
+                           "log.dir=\"" + run.dir + "/four\""});
   four.steps = 4;
   Trainer at(four, world_group);
   EXPECT_EQ(at.run().skipped_steps, 1);
@@ -64,15 +67,19 @@ TEST_P(BadStepsOnRanks, EveryRankSkipsAndRollsBackTogether) {
 
   // Spikes at steps 5 and 6 in the last rank's view only: skipped on every rank, then the
   // rollback to step 3 with loader batches 6-11 skipped.
-  const std::vector<std::string> guard = {"bad_steps.loss_spike_factor=3", "bad_steps.median_window=2",
-                                          "bad_steps.rollback_after=2"};
-  Trainer spiky(with(plus({all, "debug.inject_loss_spike_at_steps=[5, 6]", "checkpoint.dir=\"" + root + "/spiky\"",
-                           "log.dir=\"" + run.dir + "/spiky\""}, guard)),
-                world_group);
+  const std::vector<std::string> guard = {
+      "bad_steps.loss_spike_factor=3", "bad_steps.median_window=2", "bad_steps.rollback_after=2"};
+  Trainer spiky(
+      with(plus({all, "debug.inject_loss_spike_at_steps=[5, 6]",
+                 "checkpoint.dir=\"" + root + "/spiky\"", "log.dir=\"" + run.dir + "/spiky\""},
+                guard)),
+      world_group);
   const TrainSummary s = spiky.run();
-  Trainer reference(with(plus({"data.train=\"" + run.dir + "/omitted/*.bin\"", "checkpoint.dir=\"" + root + "/ref\"",
-                               "log.dir=\"" + run.dir + "/ref\""}, guard)),
-                    world_group);
+  Trainer reference(
+      with(plus({"data.train=\"" + run.dir + "/omitted/*.bin\"",
+                 "checkpoint.dir=\"" + root + "/ref\"", "log.dir=\"" + run.dir + "/ref\""},
+                guard)),
+      world_group);
   const TrainSummary r = reference.run();
   EXPECT_EQ(s.rollbacks, 1) << "rank " << rank;
   EXPECT_EQ(s.skipped_steps, 2) << "rank " << rank;
@@ -85,7 +92,8 @@ TEST_P(BadStepsOnRanks, EveryRankSkipsAndRollsBackTogether) {
     for (const auto& rec : MetricsLog::read_all(run.dir + "/spiky/metrics.jsonl"))
       if (rec.value("skipped", false)) {
         ++skipped;
-        EXPECT_NE(rec["bad_step"].get<std::string>().find("loss spike on rank " + std::to_string(c.ranks - 1)),
+        EXPECT_NE(rec["bad_step"].get<std::string>().find("loss spike on rank " +
+                                                          std::to_string(c.ranks - 1)),
                   std::string::npos)
             << rec;
       }
@@ -97,12 +105,13 @@ TEST_P(BadStepsOnRanks, EveryRankSkipsAndRollsBackTogether) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, BadStepsOnRanks,
-    ::testing::Values(Case{"dp2", {"train.batch_size=2"}, 2},
-                      Case{"dp2_zero1", {"train.batch_size=2", "parallel.zero_stage=1"}, 2},
-                      Case{"dp2_zero2", {"train.batch_size=2", "parallel.zero_stage=2"}, 2},
-                      Case{"dp2_zero3", {"train.batch_size=2", "parallel.zero_stage=3"}, 2},
-                      Case{"pp2", {"parallel.pp=2"}, 2}, Case{"tp2", {"parallel.tp=2"}, 2},
-                      Case{"dp2_pp2_zero1", {"train.batch_size=2", "parallel.pp=2", "parallel.zero_stage=1"}, 4}),
+    ::testing::Values(
+        Case{"dp2", {"train.batch_size=2"}, 2},
+        Case{"dp2_zero1", {"train.batch_size=2", "parallel.zero_stage=1"}, 2},
+        Case{"dp2_zero2", {"train.batch_size=2", "parallel.zero_stage=2"}, 2},
+        Case{"dp2_zero3", {"train.batch_size=2", "parallel.zero_stage=3"}, 2},
+        Case{"pp2", {"parallel.pp=2"}, 2}, Case{"tp2", {"parallel.tp=2"}, 2},
+        Case{"dp2_pp2_zero1", {"train.batch_size=2", "parallel.pp=2", "parallel.zero_stage=1"}, 4}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace

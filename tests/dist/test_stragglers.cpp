@@ -13,11 +13,13 @@ TEST(Stragglers, TheSlowRankIsNamedAtEveryLogPoint) {
   if (n < 2) GTEST_SKIP() << "needs 2 ranks or more";
   TinyRun run("stragglers");
   constexpr double kSleepMs = 150;
-  Trainer trainer(parse(run.config("gpt2", 4),
-                        {"checkpoint.dir=\"\"", "data.val=\"\"", "train.batch_size=" + std::to_string(8 / n),
-                         "log.every=2", "log.straggler_fraction=0.5", "debug.slow_rank=" + std::to_string(n - 1),
-                         "debug.slow_rank_ms=" + std::to_string(kSleepMs), "log.dir=\"" + run.dir + "/run\""}),
-                  world_group);
+  Trainer trainer(
+      parse(
+          run.config("gpt2", 4),
+          {"checkpoint.dir=\"\"", "data.val=\"\"", "train.batch_size=" + std::to_string(8 / n),
+           "log.every=2", "log.straggler_fraction=0.5", "debug.slow_rank=" + std::to_string(n - 1),
+           "debug.slow_rank_ms=" + std::to_string(kSleepMs), "log.dir=\"" + run.dir + "/run\""}),
+      world_group);
   trainer.run();
   if (world_group->rank() != 0) return;
   std::vector<int64_t> logged;
@@ -39,7 +41,9 @@ TEST(Stragglers, ASlowRankOutsideTheLaunchIsRefused) {
   const auto world_group = world();
   TinyRun run("stragglers_bad");
   try {
-    Trainer trainer(parse(run.config("gpt2", 4), {"debug.slow_rank=" + std::to_string(world_group->size())}), world_group);
+    Trainer trainer(
+        parse(run.config("gpt2", 4), {"debug.slow_rank=" + std::to_string(world_group->size())}),
+        world_group);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("debug.slow_rank"), std::string::npos) << e.what();

@@ -9,10 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "loom/ckpt/safetensors.hpp"
 #include "loom/ckpt/sharded_checkpoint.hpp"
@@ -29,8 +28,9 @@ std::map<std::string, std::vector<uint8_t>> unpack(const uint8_t* data, size_t s
     if (size - at < name_length + 4) break;
     std::string name(reinterpret_cast<const char*>(data + at), name_length);
     at += name_length;
-    const uint32_t length = static_cast<uint32_t>(data[at]) | static_cast<uint32_t>(data[at + 1]) << 8 |
-                            static_cast<uint32_t>(data[at + 2]) << 16 | static_cast<uint32_t>(data[at + 3]) << 24;
+    const uint32_t length =
+        static_cast<uint32_t>(data[at]) | static_cast<uint32_t>(data[at + 1]) << 8 |
+        static_cast<uint32_t>(data[at + 2]) << 16 | static_cast<uint32_t>(data[at + 3]) << 24;
     at += 4;
     const size_t take = std::min<size_t>(length, size - at);
     files[name].assign(data + at, data + at + take);
@@ -47,7 +47,8 @@ void fix_manifest(std::map<std::string, std::vector<uint8_t>>& files) {
   nlohmann::json records = nlohmann::json::object();
   for (const auto& [name, bytes] : files)
     if (name != "manifest.json")
-      records[name] = {{"bytes", bytes.size()}, {"crc32", loom::crc32_hex(loom::crc32_of(bytes.data(), bytes.size()))}};
+      records[name] = {{"bytes", bytes.size()},
+                       {"crc32", loom::crc32_hex(loom::crc32_of(bytes.data(), bytes.size()))}};
   manifest["files"] = records;
   const std::string text = manifest.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   manifest_file->second.assign(text.begin(), text.end());

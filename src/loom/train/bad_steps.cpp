@@ -28,11 +28,14 @@ const char* bad_step_name(BadStep kind) {
 
 BadStepVerdict BadStepGuard::judge(double loss, double grad_norm) const {
   if (!std::isfinite(loss)) return {BadStep::NonFiniteLoss, "loss is " + number(loss)};
-  if (!std::isfinite(grad_norm)) return {BadStep::NonFiniteNorm, "gradient norm is " + number(grad_norm)};
+  if (!std::isfinite(grad_norm))
+    return {BadStep::NonFiniteNorm, "gradient norm is " + number(grad_norm)};
   const double median_loss = median();
-  if (config_.loss_spike_factor > 0 && median_loss > 0 && loss > config_.loss_spike_factor * median_loss)
-    return {BadStep::LossSpike, "loss " + number(loss) + " is above " + number(config_.loss_spike_factor) +
-                                    " x the median " + number(median_loss) + " of the last " +
+  if (config_.loss_spike_factor > 0 && median_loss > 0 &&
+      loss > config_.loss_spike_factor * median_loss)
+    return {BadStep::LossSpike, "loss " + number(loss) + " is above " +
+                                    number(config_.loss_spike_factor) + " x the median " +
+                                    number(median_loss) + " of the last " +
                                     std::to_string(window_.size()) + " steps"};
   return {};
 }
@@ -58,8 +61,9 @@ double BadStepGuard::median() const {
 
 void BadStepGuard::count_rollback(int64_t step) {
   if (rollbacks_ >= config_.max_rollbacks)
-    throw_error("training keeps diverging: ", bad_in_a_row_, " bad steps in a row up to step ", step, " after ",
-                rollbacks_, " rollbacks already (bad_steps.max_rollbacks = ", config_.max_rollbacks,
+    throw_error("training keeps diverging: ", bad_in_a_row_, " bad steps in a row up to step ",
+                step, " after ", rollbacks_,
+                " rollbacks already (bad_steps.max_rollbacks = ", config_.max_rollbacks,
                 "); lower optim.lr, raise bad_steps.max_rollbacks, or check the data");
   ++rollbacks_;
   bad_in_a_row_ = 0;

@@ -13,11 +13,13 @@
 namespace loom {
 
 struct BadStepConfig {
-  bool skip = true;                // false: a non-finite loss stops the run, as before
-  double loss_spike_factor = 0.0;  // > 1: a loss above this multiple of the running median is bad; 0: off
-  int64_t median_window = 20;      // good steps' losses the median is taken over
-  int64_t rollback_after = 0;      // bad steps in a row that send the run back to its checkpoint; 0: never
-  int64_t max_rollbacks = 3;       // one more and the run stops with an error
+  bool skip = true;  // false: a non-finite loss stops the run, as before
+  double loss_spike_factor =
+      0.0;  // > 1: a loss above this multiple of the running median is bad; 0: off
+  int64_t median_window = 20;  // good steps' losses the median is taken over
+  int64_t rollback_after =
+      0;  // bad steps in a row that send the run back to its checkpoint; 0: never
+  int64_t max_rollbacks = 3;  // one more and the run stops with an error
 };
 
 // Faults a test provokes on purpose (the [debug] table). Steps are 1-based, as printed; each
@@ -26,7 +28,7 @@ struct FaultInjection {
   std::vector<int64_t> nan_at_steps;         // the last rank's backward scaled by NaN
   std::vector<int64_t> loss_spike_at_steps;  // the last rank's loss multiplied by loss_spike_scale
   double loss_spike_scale = 100.0;
-  int slow_rank = -1;        // this world rank sleeps slow_rank_ms in every step's compute; -1: none
+  int slow_rank = -1;  // this world rank sleeps slow_rank_ms in every step's compute; -1: none
   double slow_rank_ms = 0.0;
 };
 
@@ -56,7 +58,9 @@ class BadStepGuard {
   int64_t bad_in_a_row() const { return bad_in_a_row_; }
   int64_t skipped_total() const { return skipped_total_; }
   int64_t rollbacks() const { return rollbacks_; }
-  bool rollback_due() const { return config_.rollback_after > 0 && bad_in_a_row_ >= config_.rollback_after; }
+  bool rollback_due() const {
+    return config_.rollback_after > 0 && bad_in_a_row_ >= config_.rollback_after;
+  }
   // Counts a rollback; throws loom::Error when it would be one more than max_rollbacks.
   void count_rollback(int64_t step);
 

@@ -15,7 +15,8 @@ RankTimes compare_rank_times(const std::vector<double>& seconds, double fraction
   out.min_s = sorted.front();
   out.max_s = sorted.back();
   out.median_s = n % 2 == 1 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
-  out.slowest_rank = static_cast<int>(std::max_element(seconds.begin(), seconds.end()) - seconds.begin());
+  out.slowest_rank =
+      static_cast<int>(std::max_element(seconds.begin(), seconds.end()) - seconds.begin());
   out.lag = out.median_s > 0 ? out.max_s / out.median_s - 1.0 : 0.0;
   out.straggler = fraction > 0 && out.lag > fraction;
   return out;

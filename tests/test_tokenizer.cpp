@@ -257,7 +257,7 @@ TEST(Gpt2Tokenizer, BadFilesGiveErrorsNamingTheFile) {
 std::vector<int32_t> read_shards(const std::vector<std::string>& paths) {
   std::vector<int32_t> tokens;
   for (const std::string& path : paths) {
-    const std::vector<uint16_t> shard = read_token_shard(path, gpt2().vocab_size());
+    const std::vector<int32_t> shard = read_token_shard(path, gpt2().vocab_size()).to_vector();
     tokens.insert(tokens.end(), shard.begin(), shard.end());
   }
   return tokens;

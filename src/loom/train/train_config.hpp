@@ -30,7 +30,7 @@ struct TrainConfig {
 
   std::string train_data;      // glob of token shards
   std::string val_data;        // glob of token shards (optional)
-  std::string tokenizer_dir;   // holds encoder.json and vocab.bpe (for samples)
+  std::string tokenizer_dir;   // for samples: tokenizer.json, or a directory of it or of encoder.json + vocab.bpe
   bool shuffle = true;         // train batches from shuffled sequence slots (seeded)
   bool document_mask = false;  // packed documents: attention stops at each eot_token
   int32_t eot_token = 50256;   // the end-of-document token (GPT-2's <|endoftext|>)

@@ -60,6 +60,11 @@ struct TensorLayout {
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& dir_or_root);
+  // A Hugging Face model directory (what `save_pretrained` and `loom export` write): config.json
+  // and model.safetensors, or model.safetensors.index.json and the files its weight_map names;
+  // F32 or BF16 weights in HF layout. No manifest and no trainer state. GPT-2 files that name
+  // tensors without the "transformer." prefix (the hub's gpt2) are read under loom's names.
+  static CheckpointReader hugging_face_model(const std::string& dir);
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return config_; }
   const nlohmann::json& trainer_state() const { return trainer_state_; }
@@ -84,6 +89,7 @@ class CheckpointReader {
     bool model_weight = false;  // single-file model.safetensors: may need transposing
   };
   const std::vector<float>& converted(const std::string& name, const Stored& stored, bool transposed) const;
+  CheckpointReader() = default;
 
   std::string dir_;
   ModelConfig config_;

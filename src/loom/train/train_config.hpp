@@ -75,6 +75,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;
   int64_t keep_last = 2;
   bool resume = true;          // continue from checkpoint_dir's latest checkpoint if any
+  // train.init_from: a Hugging Face model directory (config.json + model.safetensors or a
+  // sharded index) whose weights start the run, on any layout; a resumed checkpoint wins.
+  std::string init_from;
 
   std::string run_dir = "runs/default";  // metrics.jsonl and loss.svg
   int64_t log_every = 1;

@@ -204,5 +204,38 @@ TEST_F(DataLoaderTest, BadArgumentsAndVocabularyMismatchAreErrors) {
               AllOf(HasSubstr(paths_[2]), HasSubstr("vocabulary mismatch")));
 }
 
+// Llama 3 sized ids (uint32 shards) come out of the loader as they went in, in order and
+// shuffled, mixed with a uint16 shard.
+TEST(DataLoaderWideShards, ReadsUint32ShardsBesideUint16Ones) {
+  TempDir dir("loom_test_data_loader");
+  const std::vector<std::string> paths = {dir.file("w_000000.bin"), dir.file("w_000001.bin")};
+  write_token_shard(paths[0], iota_tokens(128000 - 10, 20), 128256);  // crosses 65535 and 128000
+  write_token_shard(paths[1], iota_tokens(100, 9), 65536);
+  DataLoader loader(paths, kB, kT, 128256);
+  Batch batch = next(loader);
+  EXPECT_EQ(batch.inputs, iota_tokens(127990, 8));
+  EXPECT_EQ(batch.targets, iota_tokens(127991, 8));
+  batch = next(loader);
+  EXPECT_EQ(batch.inputs, iota_tokens(127998, 8));
+  batch = next(loader);
+  EXPECT_EQ(batch.inputs, iota_tokens(100, 8));
+
+  DataLoader shuffled(paths, kB, kT, 128256);
+  shuffled.set_shuffle(7);
+  std::vector<int32_t> rows;
+  for (int step = 0; step < 2; ++step) {
+    batch = next(shuffled);
+    for (int64_t b = 0; b < kB; ++b) {
+      EXPECT_EQ((batch.inputs[b * kT] - 127990) % kT, 0) << "rows start at slot boundaries";
+      for (int64_t t = 0; t < kT; ++t) EXPECT_EQ(batch.targets[b * kT + t], batch.inputs[b * kT + t] + 1);
+      rows.push_back(batch.inputs[b * kT]);
+    }
+  }
+  std::sort(rows.begin(), rows.end());
+  EXPECT_EQ(rows, (std::vector<int32_t>{127990, 127994, 127998, 128002}));
+  EXPECT_THAT(error_message([&] { DataLoader(paths, kB, kT, 65536).next_batch(batch.inputs.data(), batch.targets.data()); }),
+              HasSubstr("vocabulary mismatch"));
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -137,14 +137,34 @@ TEST(ParserErrors, TokenShardBytesAreCheckedLikeTheFile) {
   const int32_t header[3] = {kTokenShardMagic, kTokenShardVersion, 2};
   std::memcpy(shard.data(), header, sizeof header);
   shard[kTokenShardHeaderBytes] = 7;
-  EXPECT_EQ(parse_token_shard(shard.data(), shard.size(), 50257, "s.bin"),
-            (std::vector<uint16_t>{7, 0}));
+  EXPECT_EQ(parse_token_shard(shard.data(), shard.size(), 50257, "s.bin").to_vector(),
+            (std::vector<int32_t>{7, 0}));
   expect_error([&] { (void)parse_token_shard(shard.data(), shard.size() - 1, 50257, "s.bin"); },
                {"s.bin", "truncated"});
   expect_error([&] { (void)parse_token_shard(shard.data(), 100, 50257, "s.bin"); },
                {"s.bin", "header"});
   expect_error([&] { (void)parse_token_shard(shard.data(), shard.size(), 5, "s.bin"); },
                {"s.bin", "vocab_size 5"});
+}
+
+// llm.c's uint32 (Llama 3) shards from bytes: the same checks at 4 bytes a token.
+TEST(ParserErrors, WideTokenShardBytesAreCheckedLikeTheFile) {
+  std::vector<uint8_t> shard(kTokenShardHeaderBytes + 8, 0);
+  const int32_t header[3] = {kWideTokenShardMagic, kWideTokenShardVersion, 2};
+  std::memcpy(shard.data(), header, sizeof header);
+  const uint32_t body[2] = {128000, 70000};
+  std::memcpy(shard.data() + kTokenShardHeaderBytes, body, sizeof body);
+  const ShardTokens tokens = parse_token_shard(shard.data(), shard.size(), 128256, "w.bin");
+  EXPECT_EQ(tokens.bytes_per_token(), 4);
+  EXPECT_EQ(tokens.to_vector(), (std::vector<int32_t>{128000, 70000}));
+  expect_error([&] { (void)parse_token_shard(shard.data(), shard.size() - 2, 128256, "w.bin"); },
+               {"w.bin", "truncated"});
+  expect_error([&] { (void)parse_token_shard(shard.data(), shard.size(), 100000, "w.bin"); },
+               {"w.bin", "token 128000", "vocab_size 100000"});
+  const int32_t bad_version[2] = {kWideTokenShardMagic, kTokenShardVersion};
+  std::memcpy(shard.data(), bad_version, sizeof bad_version);
+  expect_error([&] { (void)parse_token_shard(shard.data(), shard.size(), 128256, "w.bin"); },
+               {"w.bin", "version 1"});
 }
 
 }  // namespace

@@ -52,8 +52,7 @@ TEST(TokenShard, WritesLlmcLayoutAndRoundTrips) {
   EXPECT_EQ(static_cast<unsigned char>(bytes[1025]), 0xC4);
 
   EXPECT_EQ(token_shard_size(path), static_cast<int64_t>(tokens.size()));
-  const std::vector<uint16_t> read = read_token_shard(path, 65536);
-  EXPECT_EQ(std::vector<int32_t>(read.begin(), read.end()), tokens);
+  EXPECT_EQ(read_token_shard(path, 65536).to_vector(), tokens);
   EXPECT_FALSE(fs::exists(path + ".tmp"));
 }
 
@@ -66,12 +65,12 @@ TEST(TokenShard, EmptyShardRoundTripsAndRewriteReplaces) {
   EXPECT_TRUE(read_token_shard(path, kGpt2VocabSize).empty());
 }
 
-TEST(TokenShard, WriteRejectsTokensThatDoNotFitUint16) {
+TEST(TokenShard, WriteRejectsTokensOutsideTheVocabulary) {
   TempDir dir("loom_test_token_shard");
   const std::string path = dir.file("shard.bin");
   EXPECT_THAT(
       error_message([&] {
-        write_token_shard(path, {1, 65536});
+        write_token_shard(path, {1, 65536}, 65536);
       }),
       AllOf(HasSubstr(path), HasSubstr("65536"), HasSubstr("position 1"), HasSubstr("outside [0, 65535]")));
   EXPECT_THAT(error_message([&] { write_token_shard(path, {-1}); }), HasSubstr("-1"));
@@ -137,7 +136,79 @@ TEST(TokenShard, TokenOutsideVocabularyIsAnError) {
   const std::string message = error_message([&] { read_token_shard(path, kGpt2VocabSize); });
   EXPECT_THAT(message, AllOf(HasSubstr(path), HasSubstr("token 50257"), HasSubstr("position 2"),
                              HasSubstr("vocab_size 50257"), HasSubstr("vocabulary mismatch")));
-  EXPECT_EQ(read_token_shard(path, 50258).size(), 4u);  // fine for a larger vocabulary
+  EXPECT_EQ(read_token_shard(path, 50258).size(), 4);  // fine for a larger vocabulary
+}
+
+// Shards as llm.c's dev/data/data_common.py writes them, byte by byte: header of 256 int32,
+// then uint16 (GPT-2) or uint32 (Llama 3) little-endian ids.
+void write_llmc_shard(const std::string& path, int32_t magic, int32_t version, const std::vector<uint32_t>& tokens,
+                      int bytes_per_token) {
+  std::vector<uint8_t> bytes(1024, 0);
+  const auto put = [&](size_t at, uint32_t value, int width) {
+    if (bytes.size() < at + width) bytes.resize(at + width);
+    for (int k = 0; k < width; ++k) bytes[at + k] = static_cast<uint8_t>(value >> (8 * k));
+  };
+  put(0, static_cast<uint32_t>(magic), 4);
+  put(4, static_cast<uint32_t>(version), 4);
+  put(8, static_cast<uint32_t>(tokens.size()), 4);
+  for (size_t i = 0; i < tokens.size(); ++i) put(1024 + bytes_per_token * i, tokens[i], bytes_per_token);
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+}
+
+TEST(TokenShard, ReadsLlmcGpt2AndLlama3Shards) {
+  TempDir dir("loom_test_token_shard");
+  write_llmc_shard(dir.file("gpt2.bin"), 20240520, 1, {50256, 15496, 995, 0, 65535}, 2);
+  EXPECT_EQ(read_token_shard(dir.file("gpt2.bin"), 65536).to_vector(), (std::vector<int32_t>{50256, 15496, 995, 0, 65535}));
+  EXPECT_EQ(read_token_shard(dir.file("gpt2.bin"), 65536).bytes_per_token(), 2);
+  write_llmc_shard(dir.file("llama3.bin"), 20240801, 7, {128000, 9906, 1917, 70000, 128255, 0}, 4);
+  const ShardTokens llama3 = read_token_shard(dir.file("llama3.bin"), 128256);
+  EXPECT_EQ(llama3.to_vector(), (std::vector<int32_t>{128000, 9906, 1917, 70000, 128255, 0}));
+  EXPECT_EQ(llama3.bytes_per_token(), 4);
+  EXPECT_EQ(token_shard_size(dir.file("llama3.bin")), 6);
+  EXPECT_EQ(longest_document(dir.file("llama3.bin"), 128000).tokens, 5);  // the end token, then 5 more
+  EXPECT_THAT(error_message([&] { read_token_shard(dir.file("llama3.bin"), 128255); }),
+              AllOf(HasSubstr("token 128255"), HasSubstr("vocabulary mismatch")));
+  // An id above int32 (a uint32 shard can spell it) is never a loom token.
+  write_llmc_shard(dir.file("huge.bin"), 20240801, 7, {1, 4000000000u}, 4);
+  EXPECT_THAT(error_message([&] { read_token_shard(dir.file("huge.bin"), int64_t{1} << 32); }),
+              HasSubstr("token 4000000000"));
+  write_llmc_shard(dir.file("v2.bin"), 20240801, 2, {1, 2}, 4);
+  EXPECT_THAT(error_message([&] { read_token_shard(dir.file("v2.bin"), 128256); }),
+              AllOf(HasSubstr("version 2"), HasSubstr("expected 7"), HasSubstr("uint32")));
+  write_llmc_shard(dir.file("short.bin"), 20240801, 7, {1, 2}, 2);  // uint16 body under a uint32 header
+  EXPECT_THAT(error_message([&] { token_shard_size(dir.file("short.bin")); }), HasSubstr("truncated"));
+}
+
+TEST(TokenShard, WidthFollowsTheVocabulary) {
+  TempDir dir("loom_test_token_shard");
+  const std::string path = dir.file("shard.bin");
+  write_token_shard(path, {0, 65535, 7}, 65536);  // GPT-2-sized vocabularies keep uint16
+  EXPECT_EQ(read_file_bytes(path).size(), 1024u + 2 * 3);
+  write_token_shard(path, {0, 65535, 7}, 65537);  // one id more: uint32 for every shard
+  std::vector<uint8_t> bytes = read_file_bytes(path);
+  ASSERT_EQ(bytes.size(), 1024u + 4 * 3);
+  EXPECT_EQ(header_int(bytes, 0), 20240801);
+  EXPECT_EQ(header_int(bytes, 1), 7);
+  const std::vector<int32_t> llama3 = {128000, 0, 65536, 128255, 9906};
+  write_token_shard(path, llama3, 128256);
+  bytes = read_file_bytes(path);
+  ASSERT_EQ(bytes.size(), 1024u + 4 * llama3.size());
+  EXPECT_EQ(header_int(bytes, 1024 / 4), 128000);  // little-endian uint32 body
+  EXPECT_EQ(read_token_shard(path, 128256).to_vector(), llama3);
+  write_token_shard(path, {3, 70000});  // no vocabulary given: as wide as the ids need
+  EXPECT_EQ(read_token_shard(path, 70001).to_vector(), (std::vector<int32_t>{3, 70000}));
+  EXPECT_EQ(read_token_shard(path, 70001).bytes_per_token(), 4);
+}
+
+TEST(TokenShard, RefusesVocabulariesBeyond32BitsBeforeWriting) {
+  TempDir dir("loom_test_token_shard");
+  const std::string path = dir.file("shard.bin");
+  EXPECT_THAT(error_message([&] { write_token_shard(path, {1, 2}, (int64_t{1} << 32) + 1); }),
+              AllOf(HasSubstr(path), HasSubstr("4294967297"), HasSubstr("32 bits")));
+  EXPECT_THAT(error_message([&] { write_token_shard(path, {1, 128256}, 128256); }),
+              AllOf(HasSubstr("128256"), HasSubstr("position 1")));
+  EXPECT_FALSE(fs::exists(path));
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
 }
 
 }  // namespace

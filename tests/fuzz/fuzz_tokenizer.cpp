@@ -15,8 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string encoder = input.substr(0, split);
   const std::string merges = split == std::string::npos ? std::string() : input.substr(split + 1);
   try {
-    const loom::Gpt2Tokenizer tokenizer =
-        loom::Gpt2Tokenizer::parse(encoder, merges, "fuzz/encoder.json", "fuzz/vocab.bpe");
+    const loom::BpeTokenizer tokenizer =
+        loom::BpeTokenizer::parse_gpt2(encoder, merges, "fuzz/encoder.json", "fuzz/vocab.bpe");
     const std::string text = "Hello world! It's 2024:  tabs\tand ünïcödé, <|endoftext|> and more.";
     const std::vector<int32_t> tokens = tokenizer.encode(text);
     if (tokenizer.decode(tokens) != text) __builtin_trap();  // byte-level BPE must round-trip

@@ -66,9 +66,56 @@ def tokenizer_seed(merges):
     return json.dumps(encoder, ensure_ascii=False).encode() + b"\0" + ("\n".join(lines) + "\n").encode()
 
 
+def tokenizer_json_seed(merges, llama3_style):
+    """A small Hugging Face tokenizer.json of a byte-level BPE model: GPT-2's shape (ByteLevel
+    pre-tokenizer, <|endoftext|> added) or Llama 3's (Split + ByteLevel, ignore_merges, BOS
+    template, added tokens beyond the vocabulary)."""
+    alphabet = byte_to_unicode()
+    vocab = {alphabet[b]: b for b in range(256)}
+    spelled_merges = []
+    for left, right in merges:
+        l = "".join(alphabet[b] for b in left.encode())
+        r = "".join(alphabet[b] for b in right.encode())
+        vocab.setdefault(l + r, len(vocab))
+        spelled_merges.append(l + " " + r)
+    def added(content, id):
+        return {"id": id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                "normalized": False, "special": True}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": not llama3_style}
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+             "merges": spelled_merges}
+    if not llama3_style:
+        vocab["<|endoftext|>"] = len(vocab)
+        return json.dumps({"version": "1.0", "truncation": None, "padding": None,
+                           "added_tokens": [added("<|endoftext|>", vocab["<|endoftext|>"])], "normalizer": None,
+                           "pre_tokenizer": byte_level, "post_processor": byte_level, "decoder": byte_level,
+                           "model": model}, ensure_ascii=False).encode()
+    model["ignore_merges"] = True
+    bos, eos = len(vocab), len(vocab) + 1
+    split = {"type": "Split", "pattern": {"Regex": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"},
+             "behavior": "Isolated", "invert": False}
+    template = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bos], "tokens": ["<|begin_of_text|>"]}}}
+    return json.dumps({"version": "1.0", "truncation": None, "padding": None,
+                       "added_tokens": [added("<|begin_of_text|>", bos), added("<|end_of_text|>", eos)], "normalizer": None,
+                       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [split, byte_level]},
+                       "post_processor": {"type": "Sequence", "processors": [byte_level, template]},
+                       "decoder": byte_level, "model": model}, ensure_ascii=False).encode()
+
+
 def token_shard(tokens):
     header = [20240520, 1, len(tokens)] + [0] * 253
     return struct.pack("<256i", *header) + struct.pack("<%dH" % len(tokens), *tokens)
+
+
+def wide_token_shard(tokens):
+    """llm.c's Llama 3 format: magic 20240801, version 7, uint32 ids."""
+    header = [20240801, 7, len(tokens)] + [0] * 253
+    return struct.pack("<256i", *header) + struct.pack("<%dI" % len(tokens), *tokens)
 
 
 def pack_checkpoint(directory, fix_manifest):
@@ -91,9 +138,14 @@ def main():
 
     write(f"{out}/token_shard/small", token_shard([1, 2, 3, 50256, 7, 9]))
     write(f"{out}/token_shard/empty", token_shard([]))
+    write(f"{out}/token_shard/wide", wide_token_shard([128000, 1, 2, 70000, 50256]))
 
     write(f"{out}/tokenizer/bytes_only", tokenizer_seed([]))
     write(f"{out}/tokenizer/merges", tokenizer_seed([("h", "e"), ("l", "l"), ("he", "ll"), (" ", "w"), ("o", "r"), (" w", "or")]))
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), (" ", "w"), ("o", "r"), (" w", "or")]
+    write(f"{out}/tokenizer_json/gpt2_style", tokenizer_json_seed(merges, False))
+    write(f"{out}/tokenizer_json/llama3_style", tokenizer_json_seed(merges, True))
+    write(f"{out}/tokenizer_json/bytes_only", tokenizer_json_seed([], False))
 
     here = os.path.dirname(os.path.abspath(__file__))
     for name in ("demo.toml", "pipeline.toml"):

@@ -11,7 +11,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${LOOM_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
-TARGETS=(safetensors checkpoint config token_shard tokenizer)
+TARGETS=(safetensors checkpoint config token_shard tokenizer tokenizer_json)
 
 if [ "${1:-}" = "--runs" ] && [ -n "${2:-}" ]; then
   limit=(-runs="$2"); what="$2 inputs"

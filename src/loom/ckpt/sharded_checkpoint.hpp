@@ -65,6 +65,11 @@ class CheckpointReader {
   // directory named `dir` would hold them; what the file reader parses, and what
   // tests/fuzz/ feeds malformed input to.
   static CheckpointReader from_files(const std::string& dir, const std::map<std::string, std::vector<uint8_t>>& files);
+  // A Hugging Face model directory (what `save_pretrained` and `loom export` write): config.json
+  // and model.safetensors, or model.safetensors.index.json and the files its weight_map names;
+  // F32 or BF16 weights in HF layout. No manifest and no trainer state. GPT-2 files that name
+  // tensors without the "transformer." prefix (the hub's gpt2) are read under loom's names.
+  static CheckpointReader hugging_face_model(const std::string& dir);
   const std::string& dir() const { return dir_; }
   const ModelConfig& config() const { return config_; }
   const nlohmann::json& trainer_state() const { return trainer_state_; }

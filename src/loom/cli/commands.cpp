@@ -1,9 +1,11 @@
 #include "loom/cli/commands.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
@@ -17,8 +19,22 @@
 namespace loom::cli {
 
 namespace {
-Gpt2Tokenizer load_tokenizer(const std::string& dir) {
-  return Gpt2Tokenizer::load(dir + "/encoder.json", dir + "/vocab.bpe");
+BpeTokenizer load_tokenizer(const TokenizerArgs& args, const char* command) {
+  if (args.tokenizer_dir.empty() == args.tokenizer.empty()) {
+    throw_error(command, ": give one of --tokenizer-dir DIR (GPT-2's encoder.json and vocab.bpe) or ",
+                "--tokenizer PATH (a Hugging Face tokenizer.json)");
+  }
+  if (!args.tokenizer.empty()) return BpeTokenizer::load(args.tokenizer);
+  return BpeTokenizer::load_gpt2(args.tokenizer_dir + "/encoder.json", args.tokenizer_dir + "/vocab.bpe");
+}
+
+std::string read_stdin() {
+  std::string text;
+  char buffer[1 << 16];
+  size_t got = 0;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), stdin)) > 0) text.append(buffer, got);
+  if (std::ferror(stdin)) throw_error("cannot read standard input");
+  return text;
 }
 
 std::unique_ptr<Transformer> load_model(const std::string& checkpoint) {
@@ -27,13 +43,14 @@ std::unique_ptr<Transformer> load_model(const std::string& checkpoint) {
   return model;
 }
 
-void print_samples(Transformer& model, const Gpt2Tokenizer& tokenizer, const std::string& prompt,
+void print_samples(Transformer& model, const BpeTokenizer& tokenizer, const std::string& prompt,
                    int64_t count, const SampleOptions& base) {
   const std::vector<int32_t> prompt_tokens = tokenizer.encode(prompt);
   for (int64_t i = 0; i < count; ++i) {
     SampleOptions options = base;
     options.seed = base.seed + static_cast<uint64_t>(i);
-    options.stop_token = tokenizer.eot_token();
+    // A model trained on loom's shards saw this token between documents.
+    options.stop_token = tokenizer.has_document_token() ? tokenizer.document_token() : -1;
     const auto tokens = sample_tokens(model, prompt_tokens, options);
     std::printf("--- sample %lld ---\n%s%s\n", static_cast<long long>(i + 1), prompt.c_str(),
                 tokenizer.decode(tokens).c_str());
@@ -53,7 +70,7 @@ void report_trained_model(const TrainConfig& config, const TrainSummary& summary
     // some of the experts.
     std::printf("no samples: this rank holds part of the model; run `loom generate` on the last checkpoint\n");
   } else if (config.sample_tokens > 0 && !config.sample_prompt.empty()) {
-    const Gpt2Tokenizer tokenizer = load_tokenizer(config.tokenizer_dir);
+    const BpeTokenizer tokenizer = BpeTokenizer::load(config.tokenizer_dir);
     SampleOptions options;
     options.new_tokens = config.sample_tokens;
     options.temperature = config.sample_temperature;
@@ -136,11 +153,19 @@ int run_tokenize(const TokenizeArgs& args) {
     train_part.insert(train_part.end(), val_part.begin(), val_part.end());
     files = std::move(train_part);
   }
-  const Gpt2Tokenizer tokenizer = load_tokenizer(args.tokenizer_dir);
+  const BpeTokenizer tokenizer = load_tokenizer(args, "tokenize");
+  std::optional<int32_t> document_token;
+  if (!args.document_token.empty()) {
+    document_token = tokenizer.token_id(args.document_token);
+    if (!document_token)
+      throw_error("tokenize: --document-token '", args.document_token, "' is not a token of '", tokenizer.source(), "'");
+  } else {
+    document_token = tokenizer.document_token();  // or a clear error naming the file
+  }
   const auto parent = std::filesystem::path(args.output_prefix).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   const TokenizeResult result =
-      tokenize_corpus(files, tokenizer, args.output_prefix, args.val_fraction, args.shard_tokens);
+      tokenize_corpus(files, tokenizer, args.output_prefix, args.val_fraction, args.shard_tokens, document_token);
   std::printf("tokenized %lld documents: %lld train tokens, %lld val tokens\n",
               static_cast<long long>(result.documents), static_cast<long long>(result.train_tokens),
               static_cast<long long>(result.val_tokens));
@@ -149,7 +174,7 @@ int run_tokenize(const TokenizeArgs& args) {
 }
 
 int run_generate(const GenerateArgs& args) {
-  const Gpt2Tokenizer tokenizer = load_tokenizer(args.tokenizer_dir);
+  const BpeTokenizer tokenizer = load_tokenizer(args, "generate");
   auto model = load_model(args.checkpoint);
   if (model->config().vocab_size != tokenizer.vocab_size())
     throw_error("generate: the checkpoint's vocabulary has ", model->config().vocab_size,
@@ -160,6 +185,37 @@ int run_generate(const GenerateArgs& args) {
   options.top_k = args.top_k;
   options.seed = args.seed;
   print_samples(*model, tokenizer, args.prompt, args.count, options);
+  return 0;
+}
+
+int run_encode(const EncodeArgs& args) {
+  const BpeTokenizer tokenizer = load_tokenizer(args, "encode");
+  const std::string text = read_stdin();
+  EncodeOptions options;
+  options.add_special_tokens = args.add_special_tokens;
+  options.recognise_added_tokens = !args.plain_added_tokens;
+  const std::vector<int32_t> tokens = tokenizer.encode(text, options);
+  std::string json = "[";
+  char number[16];
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (i > 0) json += ',';
+    json.append(number, std::to_chars(number, number + sizeof(number), tokens[i]).ptr);
+  }
+  json += "]\n";
+  std::fwrite(json.data(), 1, json.size(), stdout);
+  return 0;
+}
+
+int run_decode(const DecodeArgs& args) {
+  const BpeTokenizer tokenizer = load_tokenizer(args, "decode");
+  std::vector<int32_t> tokens;
+  try {
+    tokens = nlohmann::json::parse(read_stdin()).get<std::vector<int32_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    throw_error("decode: standard input is not a JSON array of token ids: ", e.what());
+  }
+  const std::string text = tokenizer.decode(tokens);
+  std::fwrite(text.data(), 1, text.size(), stdout);
   return 0;
 }
 

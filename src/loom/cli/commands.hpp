@@ -20,18 +20,35 @@ struct TrainArgs {
 };
 int run_train(const TrainArgs& args);
 
-struct TokenizeArgs {
-  std::vector<std::string> inputs;  // files, or directories whose *.txt files are read
+// --tokenizer-dir DIR (GPT-2's encoder.json + vocab.bpe) or --tokenizer PATH (a tokenizer.json,
+// or a directory holding one or GPT-2's files); exactly one is given.
+struct TokenizerArgs {
   std::string tokenizer_dir;
+  std::string tokenizer;
+};
+
+struct TokenizeArgs : TokenizerArgs {
+  std::vector<std::string> inputs;  // files, or directories whose *.txt files are read
+  std::string document_token;       // text of the token before each document; "": the file's default
   std::string output_prefix;
   double val_fraction = 0.05;
   int64_t shard_tokens = 100'000'000;
 };
 int run_tokenize(const TokenizeArgs& args);
 
-struct GenerateArgs {
+// `loom encode`: UTF-8 text on stdin, a JSON array of ids on stdout.
+struct EncodeArgs : TokenizerArgs {
+  bool add_special_tokens = false;  // the post-processor's template (Llama 3's later files: BOS)
+  bool plain_added_tokens = false;  // "<|end_of_text|>" in the text as characters, not the token
+};
+int run_encode(const EncodeArgs& args);
+
+// `loom decode`: a JSON array of ids on stdin, the text (raw bytes) on stdout.
+struct DecodeArgs : TokenizerArgs {};
+int run_decode(const DecodeArgs& args);
+
+struct GenerateArgs : TokenizerArgs {
   std::string checkpoint;
-  std::string tokenizer_dir;
   std::string prompt;
   int64_t tokens = 64;
   int64_t count = 1;

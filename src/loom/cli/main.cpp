@@ -1,10 +1,19 @@
-// `loom`: train, tokenize, generate, eval, export, plan. Errors in user input end with exit code 2 and one
+// `loom`: train, tokenize, encode, decode, generate, eval, export, plan. Errors in user input end with exit code 2 and one
 // line naming the problem; nothing is written before the input has been validated.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "loom/cli/commands.hpp"
 #include "loom/core/error.hpp"
+
+namespace {
+void add_tokenizer_options(CLI::App* command, loom::cli::TokenizerArgs& args) {
+  auto* dir = command->add_option("--tokenizer-dir", args.tokenizer_dir, "directory with GPT-2's encoder.json and vocab.bpe");
+  command->add_option("--tokenizer", args.tokenizer,
+                      "a Hugging Face tokenizer.json (byte-level BPE: GPT-2, Llama 3, ...), or a directory holding one")
+      ->excludes(dir);
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"loom: train GPT-2 and Llama-style language models"};
@@ -23,9 +32,11 @@ int main(int argc, char** argv) {
   train_cmd->allow_extras();
 
   loom::cli::TokenizeArgs tokenize;
-  auto* tokenize_cmd = app.add_subcommand("tokenize", "encode text files with GPT-2's BPE into llm.c .bin token shards");
+  auto* tokenize_cmd = app.add_subcommand("tokenize", "encode text files with a byte-level BPE into llm.c .bin token shards");
   tokenize_cmd->add_option("inputs", tokenize.inputs, "text files or directories of *.txt")->required();
-  tokenize_cmd->add_option("--tokenizer-dir", tokenize.tokenizer_dir, "directory with encoder.json and vocab.bpe")->required();
+  add_tokenizer_options(tokenize_cmd, tokenize);
+  tokenize_cmd->add_option("--document-token", tokenize.document_token,
+                           "text of the token put before each document (default: the file's BOS, else <|endoftext|>)");
   tokenize_cmd->add_option("--output", tokenize.output_prefix, "output prefix, e.g. data/sotu/sotu")->required();
   tokenize_cmd->add_option("--val-fraction", tokenize.val_fraction, "fraction of documents held out")->check(CLI::Range(0.0, 0.9));
   tokenize_cmd->add_option("--shard-tokens", tokenize.shard_tokens, "tokens per shard")->check(CLI::PositiveNumber);
@@ -33,13 +44,25 @@ int main(int argc, char** argv) {
   loom::cli::GenerateArgs generate;
   auto* generate_cmd = app.add_subcommand("generate", "sample text from a checkpoint");
   generate_cmd->add_option("--checkpoint", generate.checkpoint, "checkpoint directory or root")->required();
-  generate_cmd->add_option("--tokenizer-dir", generate.tokenizer_dir, "directory with encoder.json and vocab.bpe")->required();
+  add_tokenizer_options(generate_cmd, generate);
   generate_cmd->add_option("--prompt", generate.prompt, "text to continue")->required();
   generate_cmd->add_option("--tokens", generate.tokens, "new tokens per sample")->check(CLI::PositiveNumber);
   generate_cmd->add_option("--count", generate.count, "number of samples")->check(CLI::PositiveNumber);
   generate_cmd->add_option("--temperature", generate.temperature, "softmax temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
   generate_cmd->add_option("--top-k", generate.top_k, "sample among the k most likely tokens (0 = all)");
   generate_cmd->add_option("--seed", generate.seed, "random seed");
+
+  loom::cli::EncodeArgs encode;
+  auto* encode_cmd = app.add_subcommand("encode", "encode UTF-8 text from stdin; print the token ids as a JSON array");
+  add_tokenizer_options(encode_cmd, encode);
+  encode_cmd->add_flag("--add-special-tokens", encode.add_special_tokens,
+                       "apply the tokenizer.json post-processor's template (e.g. Llama 3's BOS)");
+  encode_cmd->add_flag("--plain-added-tokens", encode.plain_added_tokens,
+                       "encode the text of added tokens (\"<|end_of_text|>\") as ordinary characters");
+
+  loom::cli::DecodeArgs decode;
+  auto* decode_cmd = app.add_subcommand("decode", "decode a JSON array of token ids from stdin; print the text");
+  add_tokenizer_options(decode_cmd, decode);
 
   loom::cli::EvalArgs eval;
   auto* eval_cmd = app.add_subcommand("eval", "mean loss of a checkpoint on token shards");
@@ -95,6 +118,8 @@ int main(int argc, char** argv) {
     }
     if (tokenize_cmd->parsed()) return loom::cli::run_tokenize(tokenize);
     if (generate_cmd->parsed()) return loom::cli::run_generate(generate);
+    if (encode_cmd->parsed()) return loom::cli::run_encode(encode);
+    if (decode_cmd->parsed()) return loom::cli::run_decode(decode);
     if (eval_cmd->parsed()) return loom::cli::run_eval(eval);
     if (export_cmd->parsed()) return loom::cli::run_export(export_args);
     if (plan_cmd->parsed()) {

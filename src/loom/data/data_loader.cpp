@@ -75,10 +75,10 @@ void DataLoader::load_shard(int64_t shard_index) {
   if (shard_index == loaded_shard_index_) return;
   const std::string& path = shard_paths_[shard_index];
   // Free the old shard before reading the new one, so that at most one is ever resident.
-  loaded_tokens_ = std::vector<uint16_t>();
+  loaded_tokens_ = ShardTokens();
   loaded_shard_index_ = -1;
   loaded_tokens_ = read_token_shard(path, vocab_size_);
-  if (static_cast<int64_t>(loaded_tokens_.size()) != shard_token_counts_[shard_index]) {
+  if (loaded_tokens_.size() != shard_token_counts_[shard_index]) {
     throw_error("token shard '", path, "' now holds ", loaded_tokens_.size(), " tokens but held ",
                 shard_token_counts_[shard_index],
                 " when training started; shards must not change during a run");
@@ -96,7 +96,7 @@ void DataLoader::ensure_slot_order() {
   if (slot_order_epoch_ == state_.epoch && slot_order_shard_ == state_.shard_index) return;
   // Slot k covers tokens [k T, k T + T]; the last token of a slot is the first of the next,
   // used only as a target.
-  const int64_t slots = (static_cast<int64_t>(loaded_tokens_.size()) - 1) / seq_len_;
+  const int64_t slots = (loaded_tokens_.size() - 1) / seq_len_;
   slot_order_.resize(static_cast<size_t>(slots));
   for (int64_t k = 0; k < slots; ++k) slot_order_[static_cast<size_t>(k)] = k;
   const CounterRng rng(shuffle_seed_ + static_cast<uint64_t>(state_.epoch), static_cast<uint64_t>(state_.shard_index));
@@ -113,22 +113,17 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
     ensure_slot_order();
     const int64_t first_slot = state_.position / seq_len_;  // position is a multiple of B*T
     for (int64_t b = 0; b < batch_size_; ++b) {
-      const uint16_t* seq = loaded_tokens_.data() + slot_order_[static_cast<size_t>(first_slot + b)] * seq_len_;
-      for (int64_t t = 0; t < seq_len_; ++t) {
-        inputs[b * seq_len_ + t] = seq[t];
-        targets[b * seq_len_ + t] = seq[t + 1];
-      }
+      const int64_t seq = slot_order_[static_cast<size_t>(first_slot + b)] * seq_len_;
+      loaded_tokens_.copy_to(seq, seq_len_, inputs + b * seq_len_);
+      loaded_tokens_.copy_to(seq + 1, seq_len_, targets + b * seq_len_);
     }
   } else {
-    const uint16_t* window = loaded_tokens_.data() + state_.position;
-    for (int64_t i = 0; i < tokens_per_batch(); ++i) {
-      inputs[i] = window[i];
-      targets[i] = window[i + 1];
-    }
+    loaded_tokens_.copy_to(state_.position, tokens_per_batch(), inputs);
+    loaded_tokens_.copy_to(state_.position + 1, tokens_per_batch(), targets);
   }
   // Advance now so that state() always names a window that fits.
   state_.position += tokens_per_batch();
-  if (state_.position + window_tokens() > static_cast<int64_t>(loaded_tokens_.size())) {
+  if (state_.position + window_tokens() > loaded_tokens_.size()) {
     state_.position = 0;
     if (++state_.shard_index == static_cast<int64_t>(shard_paths_.size())) {
       state_.shard_index = 0;

@@ -1,5 +1,5 @@
 #pragma once
-// Streams (input, target) batches from llm.c token shards, as llm.c's dataloader.h does:
+// Streams (input, target) batches from llm.c token shards (uint16 or uint32 tokens), as llm.c's dataloader.h does:
 // each batch is a contiguous window of B*T+1 tokens, targets are inputs shifted by one, and
 // the next window starts B*T tokens later. Tokens left at the end of a shard that cannot fill
 // a window are skipped; after the last shard a new epoch starts at the first. No shuffling,
@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "loom/data/token_shard.hpp"
 
 namespace loom {
 
@@ -67,7 +69,7 @@ class DataLoader {
   int64_t vocab_size_;
   LoaderState state_;
   int64_t loaded_shard_index_ = -1;
-  std::vector<uint16_t> loaded_tokens_;
+  ShardTokens loaded_tokens_;  // as stored: uint16 shards stay 2 bytes a token
   void ensure_slot_order();
   bool shuffle_ = false;
   uint64_t shuffle_seed_ = 0;

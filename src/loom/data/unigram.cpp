@@ -13,18 +13,22 @@ double unigram_cross_entropy(const std::string& train_pattern, const std::string
                              int64_t vocab_size) {
   std::vector<double> counts(static_cast<size_t>(vocab_size), 1.0);  // add-one smoothing
   double total = static_cast<double>(vocab_size);
-  for (const std::string& path : expand_shard_pattern(train_pattern))
-    for (uint16_t t : read_token_shard(path, vocab_size)) {
-      counts[t] += 1.0;
+  for (const std::string& path : expand_shard_pattern(train_pattern)) {
+    const ShardTokens tokens = read_token_shard(path, vocab_size);
+    for (int64_t i = 0; i < tokens.size(); ++i) {
+      counts[static_cast<size_t>(tokens[i])] += 1.0;
       total += 1.0;
     }
+  }
   double nats = 0.0;
   int64_t n = 0;
-  for (const std::string& path : expand_shard_pattern(val_pattern))
-    for (uint16_t t : read_token_shard(path, vocab_size)) {
-      nats -= std::log(counts[t] / total);
+  for (const std::string& path : expand_shard_pattern(val_pattern)) {
+    const ShardTokens tokens = read_token_shard(path, vocab_size);
+    for (int64_t i = 0; i < tokens.size(); ++i) {
+      nats -= std::log(counts[static_cast<size_t>(tokens[i])] / total);
       ++n;
     }
+  }
   if (n == 0) throw_error("unigram baseline: no validation tokens in ", val_pattern);
   return nats / static_cast<double>(n);
 }

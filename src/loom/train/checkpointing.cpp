@@ -203,6 +203,13 @@ void load_owned_state(const CheckpointReader& reader, const std::vector<OwnedSli
   }
 }
 
+void load_owned_weights(const CheckpointReader& reader, const std::vector<OwnedSlice>& owned) {
+  for (const OwnedSlice& s : owned) {
+    read_into(reader, layout_of(s, ""), s.start, s.count, s.value);
+    if (s.master.defined()) read_into(reader, layout_of(s, ""), s.start, s.count, s.master);
+  }
+}
+
 nlohmann::json restore_weights(const std::string& dir_or_root, Transformer& model) {
   const CheckpointReader reader(dir_or_root);
   require_same_model(model.config(), reader.config(), reader.dir());

@@ -47,6 +47,10 @@ std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root
 // has one (a checkpoint without masters then is an error naming the tensor).
 void load_owned_state(const CheckpointReader& reader, const std::vector<OwnedSlice>& owned);
 
+// Fills every owned slice's values (and fp32 masters) from `reader`'s weights; moments untouched.
+// For a run that starts from a pretrained model (train.init_from).
+void load_owned_weights(const CheckpointReader& reader, const std::vector<OwnedSlice>& owned);
+
 // Loads only the weights into a model with full parameters (sampling, export), from either
 // format and any layout; returns the trainer state.
 nlohmann::json restore_weights(const std::string& dir_or_root, Transformer& model);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
@@ -259,6 +260,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.seq_len = r.get_int("train.seq_len", c.seq_len);
   c.grad_accum = r.get_int("train.grad_accum", c.grad_accum);
   c.steps = r.get_int("train.steps", c.steps);
+  c.init_from = r.get_string("train.init_from", "");
   const int64_t seed = r.get_int("train.seed", static_cast<int64_t>(c.seed));
   if (seed < 0) throw_error("config key 'train.seed' has value ", seed, ", expected >= 0");
   c.seed = static_cast<uint64_t>(seed);
@@ -343,6 +345,9 @@ TrainConfig parse_train_config(ConfigReader& r) {
     throw_error("config key 'train.seq_len' has value ", c.seq_len, ", expected at most model.max_seq_len = ", c.model.max_seq_len);
   require_positive("train.grad_accum", static_cast<double>(c.grad_accum));
   require_positive("train.steps", static_cast<double>(c.steps));
+  if (!c.init_from.empty() && !std::filesystem::is_directory(c.init_from))
+    throw_error("config key 'train.init_from': '", c.init_from,
+                "' is not a directory (expected a Hugging Face model directory: config.json and model.safetensors)");
   require_positive("train.vocab_chunk", static_cast<double>(c.vocab_chunk));
   if (c.threads < 0) throw_error("config key 'train.threads' has value ", c.threads, ", expected >= 0 (0 = all cores)");
   require_positive("optim.lr", c.schedule.peak_lr);

@@ -31,7 +31,7 @@ struct TrainConfig {
 
   std::string train_data;      // glob of token shards
   std::string val_data;        // glob of token shards (optional)
-  std::string tokenizer_dir;   // holds encoder.json and vocab.bpe (for samples)
+  std::string tokenizer_dir;   // for samples: tokenizer.json, or a directory of it or of encoder.json + vocab.bpe
   bool shuffle = true;         // train batches from shuffled sequence slots (seeded)
   bool document_mask = false;  // packed documents: attention stops at each eot_token
   int32_t eot_token = 50256;   // the end-of-document token (GPT-2's <|endoftext|>)
@@ -76,6 +76,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;
   int64_t keep_last = 2;
   bool resume = true;          // continue from checkpoint_dir's latest checkpoint if any
+  // train.init_from: a Hugging Face model directory (config.json + model.safetensors or a
+  // sharded index) whose weights start the run, on any layout; a resumed checkpoint wins.
+  std::string init_from;
 
   BadStepConfig bad_steps;     // [bad_steps]: skip, loss_spike_factor, median_window, rollback_after, max_rollbacks
   FaultInjection inject;       // [debug]: inject_nan_at_steps, inject_loss_spike_at_steps, inject_loss_spike_scale

@@ -211,6 +211,13 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
   return state.at("step").get<int64_t>();
 }
 
+void Trainer::initialise_from(const std::string& hf_dir) {
+  const CheckpointReader reader = CheckpointReader::hugging_face_model(hf_dir);
+  require_same_model(config_.model, reader.config(), "train.init_from '" + hf_dir + "'");
+  load_owned_weights(reader, in_whole_tensor_coordinates(optimizer_->owned_slices()));
+  optimizer_->publish_parameters();
+}
+
 void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
   const int64_t tokens = config_.batch_size * config_.seq_len;
   const int64_t global_tokens = tokens * groups_.dp_size;
@@ -489,11 +496,17 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   std::filesystem::create_directories(config_.run_dir);
   int64_t start_step = 0;
+  bool resumed = false;
   if (!config_.checkpoint_dir.empty() && config_.resume) {
     if (auto latest = latest_checkpoint(config_.checkpoint_dir)) {
       start_step = restore(*latest);
+      resumed = true;
       if (is_rank0()) std::printf("resumed from %s at step %lld\n", latest->c_str(), static_cast<long long>(start_step));
     }
+  }
+  if (!resumed && !config_.init_from.empty()) {
+    initialise_from(config_.init_from);
+    if (is_rank0()) std::printf("initialised from %s\n", config_.init_from.c_str());
   }
   summary.first_step = start_step;
   // A rollback needs a checkpoint to return to from the first step on.

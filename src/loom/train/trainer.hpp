@@ -55,6 +55,8 @@ class Trainer {
   // Loads weights, optimizer state and data position from a checkpoint of any layout (a
   // directory or a root's latest); returns its step. Collective under data parallelism.
   int64_t restore(const std::string& dir_or_root);
+  // train.init_from: the weights of a Hugging Face model directory, on this run's layout.
+  void initialise_from(const std::string& hf_dir);
   // Writes a checkpoint of the current state as step `step`; returns its directory (empty on
   // ranks other than 0 for the single-file format). Collective under data parallelism.
   std::string save(int64_t step);

@@ -153,7 +153,8 @@ TEST_P(BadStepsNan, LeavesTheStateOfThePreviousStepAndGoesOn) {
   EXPECT_EQ(records[3].value("skipped", false), true);
   EXPECT_EQ(records[3]["skipped_steps"], 1);
   EXPECT_EQ(records[2]["skipped_steps"], 0);
-  EXPECT_EQ(records[3]["data_position"]["shard_index"], 0) << records[3];
+  // Its data: from the sequence after three steps of 4 rows x 2 micro-batches.
+  EXPECT_EQ(records[3]["data_position"]["sequences"], 3 * 4 * 2) << records[3];
 
   // The whole run goes on: 8 steps, one skipped, every later step updates.
   Trainer whole(with({"debug.inject_nan_at_steps=[4]", "log.dir=\"" + run.dir + "/whole\""}));
@@ -238,7 +239,7 @@ TEST(BadStepsRollback, EndsWhereTheDataWithoutTheSkippedBatchesEnds) {
       saw_rollback = true;
       EXPECT_EQ(rec["step"], 6);
       EXPECT_EQ(rec["to_step"], 3);
-      EXPECT_EQ(rec["data_resumes_at"]["shard_index"], 12) << rec;  // 6 steps x 2 batches read
+      EXPECT_EQ(rec["data_resumes_at"]["sequences"], 6 * 2 * 4) << rec;  // 6 steps x 2 batches x 4 rows read
     }
   EXPECT_TRUE(saw_rollback);
   const auto ref_losses = losses_of(run.dir + "/ref/metrics.jsonl");

@@ -14,8 +14,11 @@
 #include "loom/ckpt/hf_config.hpp"
 #include "loom/ckpt/hf_weights.hpp"
 #include "loom/ckpt/safetensors.hpp"
+#include "loom/ckpt/sharded_checkpoint.hpp"
+#include "loom/model/transformer.hpp"
 #include "loom/core/dtype.hpp"
 #include "loom/data/data_loader.hpp"
+#include "loom/train/checkpointing.hpp"
 #include "loom/train/trainer.hpp"
 #include "trainer_fixture.hpp"
 
@@ -187,6 +190,96 @@ TEST(InitFromErrors, NameTheDirectoryAndTheProblem) {
                   R"({"weight_map": {"model.norm.weight": "model-00001-of-00001.safetensors"}})");
   EXPECT_THAT(error_message([&] { trainer.initialise_from(run.dir + "/empty"); }),
               HasSubstr("model-00001-of-00001.safetensors"));
+}
+
+// A model built by the independent PyTorch reference (tests/torch_ref/make_hf_model.py: a Llama
+// with GQA, an untied head and rope_theta 5e5; a tied GPT-2), saved in Hugging Face's layout with
+// transformers' config keys, loads as train.init_from reads it and computes the reference's
+// logits at every position and its loss. The reference runs in float64 on the same float32
+// weights, so the difference is loom's float32 arithmetic: 1e-5 of the largest logit.
+class InitFromTorchReference : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(InitFromTorchReference, LogitsAndLossMatchTheReference) {
+  const std::string arch = GetParam();
+  TempDir dir("loom_init_from_torch_" + arch);
+  const std::string out = dir.file("model");
+  const std::string command = "OMP_NUM_THREADS=1 /usr/bin/python3 " LOOM_SOURCE_DIR "/tests/torch_ref/make_hf_model.py " +
+                              out + " " + arch;
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+
+  const CheckpointReader reader = CheckpointReader::hugging_face_model(out);
+  Transformer model(reader.config());
+  for (Parameter* p : model.parameters())
+    reader.read({p->name, p->value.shape(), p->hf_transposed}, 0, p->value.numel(), p->value.f32());
+
+  const SafetensorsFile reference = read_safetensors(out + "/reference.safetensors");
+  auto entry = [&](const std::string& name) -> const SafetensorsEntry& { return reference.at(name); };
+  const SafetensorsEntry& inputs_entry = entry("inputs");
+  const int64_t batch = inputs_entry.shape[0], seq = inputs_entry.shape[1], vocab = model.config().vocab_size;
+  std::vector<int32_t> inputs(static_cast<size_t>(batch * seq)), targets(inputs.size());
+  std::memcpy(inputs.data(), inputs_entry.bytes.data(), inputs.size() * 4);
+  std::memcpy(targets.data(), entry("targets").bytes.data(), targets.size() * 4);
+  std::vector<float> logits(static_cast<size_t>(batch * seq * vocab));
+  std::memcpy(logits.data(), entry("logits").bytes.data(), logits.size() * 4);
+  float loss = 0;
+  std::memcpy(&loss, entry("loss").bytes.data(), 4);
+
+  float largest = 0;
+  for (const float l : logits) largest = std::max(largest, std::abs(l));
+  ASSERT_GT(largest, 0.5f);  // logits with something to compare
+  double worst = 0;
+  for (int64_t t = 1; t <= seq; ++t) {  // logits at position t-1: the last of each prefix of length t
+    std::vector<int32_t> prefix;
+    for (int64_t b = 0; b < batch; ++b)
+      prefix.insert(prefix.end(), inputs.begin() + b * seq, inputs.begin() + b * seq + t);
+    const std::vector<float> ours = model.last_logits(prefix.data(), batch, t);
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t v = 0; v < vocab; ++v)
+        worst = std::max(worst, static_cast<double>(std::abs(ours[static_cast<size_t>(b * vocab + v)] -
+                                                             logits[static_cast<size_t>((b * seq + t - 1) * vocab + v)])));
+  }
+  EXPECT_LE(worst, 1e-5 * largest) << arch << ": largest logit " << largest;
+  const double ours_loss =
+      model.forward(inputs.data(), targets.data(), batch, seq, {false, 1.0f}) / static_cast<double>(batch * seq);
+  EXPECT_NEAR(ours_loss, loss, 1e-5 * loss);
+  EXPECT_GT(std::abs(loss - std::log(static_cast<double>(vocab))), 0.05);  // not a uniform model
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, InitFromTorchReference, ::testing::Values("llama", "gpt2"),
+                         [](const auto& info) { return info.param; });
+
+// The shipped fine-tuning configs describe the models they name: their [model] equals what the
+// hub's config.json files give (openai-community/gpt2 and meta-llama/Meta-Llama-3-8B, as
+// published, dropout and generation keys included), so init_from accepts them.
+TEST(FineTuningConfigs, DescribeTheHubModelsTheyStartFrom) {
+  const nlohmann::json gpt2 = nlohmann::json::parse(R"({"activation_function": "gelu_new",
+      "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1,
+      "eos_token_id": 50256, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
+      "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1,
+      "summary_activation": null, "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
+      "summary_type": "cls_index", "summary_use_proj": true,
+      "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}}, "vocab_size": 50257})");
+  const nlohmann::json llama3 = nlohmann::json::parse(R"({"architectures": ["LlamaForCausalLM"],
+      "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001,
+      "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+      "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+      "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null,
+      "rope_theta": 500000.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+      "transformers_version": "4.40.0.dev0", "use_cache": true, "vocab_size": 128256})");
+  // The model directories are the user's to download; a stand-in directory passes the
+  // config's check that init_from names one.
+  TempDir models("loom_finetune_configs");
+  auto read = [&](const std::string& file) {
+    ConfigReader reader = ConfigReader::from_file(std::string(LOOM_SOURCE_DIR) + "/configs/" + file);
+    EXPECT_THAT(reader.get_string("train.init_from", ""), HasSubstr("models/")) << file;
+    reader.apply_overrides({"train.init_from=\"" + models.path().string() + "\""});
+    return parse_train_config(reader);
+  };
+  for (const auto& [file, hub] : {std::pair{"finetune_gpt2.toml", gpt2}, std::pair{"finetune_llama3.toml", llama3}})
+    EXPECT_NO_THROW(require_same_model(read(file).model, model_config_from_hf_json(hub), file)) << file;
+  const TrainConfig llama = read("finetune_llama3.toml");
+  ASSERT_EQ(llama.train_sources.size(), 2u);
+  EXPECT_EQ(llama.train_sources[0].weight, 4.0);
 }
 
 }  // namespace

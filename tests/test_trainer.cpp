@@ -9,6 +9,8 @@
 
 #include "loom/ckpt/checkpoint_files.hpp"
 #include "loom/ckpt/safetensors.hpp"
+#include "loom/ckpt/sharded_checkpoint.hpp"
+#include "loom/train/config_reader.hpp"
 #include "loom/obs/metrics_log.hpp"
 #include "loom/train/trainer.hpp"
 #include "trainer_fixture.hpp"
@@ -403,6 +405,53 @@ TEST(ContextSplit, EachRankHoldsChunksRAndTwoCMinusOneMinusR) {
   r1.take_local(tokens.data(), mine.data(), 1, 16);
   EXPECT_EQ(mine, (std::vector<int32_t>{4, 5, 6, 7, 8, 9, 10, 11}));
   expect_contains(error_message([&] { r0.check(10); }), {"sequence length 10", "2 x cp = 4", "8 or 12"});
+}
+
+// [[data.sources]] through the config and the trainer: two corpora at weights 3 : 1 (ids below
+// 32 and ids from 32 up, so every sequence shows its source). After 6 steps of 4 x 2 rows the
+// checkpoint's position holds 48 sequences split 36 : 12 (the rule gives a, a, b, a repeating).
+TEST(TrainerDataSources, MixesTheConfiguredSourcesByWeightAndSavesTheirCounts) {
+  TinyRun run("data_sources");
+  std::vector<int32_t> low(2000), high(2000);
+  for (size_t i = 0; i < low.size(); ++i) {
+    low[i] = static_cast<int32_t>(i * 7 % 32);
+    high[i] = 32 + static_cast<int32_t>(i * 5 % 32);
+  }
+  write_token_shard(run.dir + "/data/low_000000.bin", low);
+  write_token_shard(run.dir + "/data/high_000000.bin", high);
+  std::string text = run.config("gpt2", 6);
+  const std::string train_line = "train = \"" + run.dir + "/data/tiny_train_*.bin\"\n";
+  text.replace(text.find(train_line), train_line.size(), "");
+  const std::string sources = "[[data.sources]]\npath = \"" + run.dir + "/data/low_*.bin\"\nweight = 3\n" +
+                              "[[data.sources]]\npath = \"" + run.dir + "/data/high_*.bin\"\n";
+  auto parse_text = [](const std::string& toml) {
+    ConfigReader reader = ConfigReader::from_string(toml, "sources.toml");
+    return parse_train_config(reader);
+  };
+  const TrainConfig config = parse_text(text + sources);
+  ASSERT_EQ(config.train_sources.size(), 2u);
+  EXPECT_EQ(config.train_sources[0].weight, 3.0);
+  EXPECT_EQ(config.train_sources[1].weight, 1.0);
+  Trainer trainer(config);
+  trainer.run();
+  const CheckpointReader latest(run.dir + "/ckpt");
+  const nlohmann::json loader = latest.trainer_state().at("loader");
+  EXPECT_EQ(loader.at("sequences"), 48) << loader;
+  EXPECT_EQ(loader.at("source_sequences"), (nlohmann::json{36, 12})) << loader;
+
+  // Bad source tables are refused by name, before anything runs.
+  expect_contains(error_message([&] { parse_text(text + "[[data.sources]]\npath = \"x\"\nweight = \"3\"\n"); }),
+                  {"data.sources[0].weight", "expected a number"});
+  expect_contains(error_message([&] { parse_text(run.config("gpt2", 6) + sources); }),
+                  {"'data.train' and [[data.sources]] are both set"});
+  expect_contains(error_message([&] { parse_text(text + "[[data.sources]]\nweight = 2\n"); }),
+                  {"data.sources[0].path' is missing"});
+  expect_contains(error_message([&] { parse_text(text + sources + "[[data.sources]]\npath = \"x\"\nweight = -1\n"); }),
+                  {"data.sources[2].weight", "-1", "positive"});
+  expect_contains(error_message([&] { parse_text(text + "[[data.sources]]\npath = \"x\"\nwieght = 2\n"); }),
+                  {"unknown key 'wieght' in data.sources[0]", "path, weight"});
+  TrainConfig missing = parse_text(text + "[[data.sources]]\npath = \"" + run.dir + "/data/nothing_*.bin\"\n");
+  expect_contains(error_message([&] { Trainer{missing}; }), {"data.sources[0]", "nothing_*.bin", "no token shards match"});
 }
 
 }  // namespace

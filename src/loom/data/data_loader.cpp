@@ -3,6 +3,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "loom/core/error.hpp"
 #include "loom/core/rng.hpp"
@@ -41,116 +42,181 @@ void check_documents_fit(const std::vector<std::string>& shard_paths, int32_t eo
   }
 }
 
-DataLoader::DataLoader(std::vector<std::string> shard_paths, int64_t batch_size, int64_t seq_len,
-                       int64_t vocab_size)
-    : shard_paths_(std::move(shard_paths)),
-      batch_size_(batch_size),
-      seq_len_(seq_len),
-      vocab_size_(vocab_size) {
-  if (shard_paths_.empty()) throw_error("DataLoader: no token shards given");
+int64_t permute_index(int64_t index, int64_t size, uint64_t key) {
+  LOOM_CHECK(size > 0 && index >= 0 && index < size, "permute_index(", index, ", ", size, ")");
+  if (size == 1) return 0;
+  int bits = 2;
+  while ((int64_t{1} << bits) < size) bits += 2;
+  const int half = bits / 2;
+  const uint64_t mask = (uint64_t{1} << half) - 1;
+  auto x = static_cast<uint64_t>(index);
+  do {  // cycle-walk: a value outside [0, size) is permuted again until it lands inside
+    uint64_t left = x >> half, right = x & mask;
+    for (uint64_t round = 0; round < 4; ++round) {
+      const uint64_t next = left ^ (CounterRng(key, round).bits(right) & mask);
+      left = right;
+      right = next;
+    }
+    x = (left << half) | right;
+  } while (x >= static_cast<uint64_t>(size));
+  return static_cast<int64_t>(x);
+}
+
+DataLoader::DataLoader(std::vector<std::vector<std::string>> source_shards, std::vector<double> weights,
+                       std::vector<std::string> names, int64_t batch_size, int64_t seq_len, int64_t vocab_size)
+    : batch_size_(batch_size), seq_len_(seq_len), vocab_size_(vocab_size) {
+  if (source_shards.empty()) throw_error("DataLoader: no data sources given");
+  if (weights.size() != source_shards.size() || names.size() != source_shards.size())
+    throw_error("DataLoader: ", source_shards.size(), " sources but ", weights.size(), " weights and ", names.size(),
+                " names");
   if (batch_size <= 0 || seq_len <= 0) {
     throw_error("DataLoader: batch size and sequence length must be positive, got B=", batch_size,
                 " T=", seq_len);
   }
   if (vocab_size <= 0) throw_error("DataLoader: vocab_size must be positive, got ", vocab_size);
-  // Headers only: fail now, not hours into training, if any shard cannot hold one batch.
-  for (const std::string& path : shard_paths_) {
-    const int64_t count = token_shard_size(path);
-    if (count < window_tokens()) {
-      throw_error("token shard '", path, "' holds ", count,
-                  " tokens, fewer than one batch needs (B*T+1 = ", batch_size, "*", seq_len,
-                  "+1 = ", window_tokens(), ")");
-    }
-    shard_token_counts_.push_back(count);
+  double total_weight = 0;
+  for (size_t s = 0; s < source_shards.size(); ++s) {
+    if (!(weights[s] > 0) || !std::isfinite(weights[s]))
+      throw_error(names[s], ": weight ", weights[s], " must be a positive finite number");
+    total_weight += weights[s];
   }
-  load_shard(0);
+  for (size_t s = 0; s < source_shards.size(); ++s) {
+    Source source;
+    source.name = names[s];
+    source.shards = std::move(source_shards[s]);
+    source.weight = weights[s] / total_weight;
+    if (source.shards.empty()) throw_error(source.name, ": no token shards");
+    // Headers only: fail now, not hours into training.
+    for (const std::string& path : source.shards) {
+      const int64_t count = token_shard_size(path);
+      source.shard_tokens.push_back(count);
+      source.first_slot.push_back(source.slots);
+      source.slots += count > 0 ? (count - 1) / seq_len : 0;
+    }
+    if (source.slots == 0) {
+      throw_error(source.name, ": its ", source.shards.size(), " shard(s) hold no sequence of T+1 = ", seq_len + 1,
+                  " tokens (the first, '", source.shards.front(), "', holds ", source.shard_tokens.front(), ")");
+    }
+    sources_.push_back(std::move(source));
+  }
+  state_.source_sequences.assign(sources_.size(), 0);
 }
+
+DataLoader::DataLoader(std::vector<std::string> shard_paths, int64_t batch_size, int64_t seq_len,
+                       int64_t vocab_size)
+    : DataLoader({std::move(shard_paths)}, {1.0}, {"token shards"}, batch_size, seq_len, vocab_size) {}
 
 DataLoader DataLoader::from_pattern(const std::string& glob_pattern, int64_t batch_size, int64_t seq_len,
                                     int64_t vocab_size) {
-  return DataLoader(expand_shard_pattern(glob_pattern), batch_size, seq_len, vocab_size);
+  return DataLoader({expand_shard_pattern(glob_pattern)}, {1.0}, {"token shards '" + glob_pattern + "'"}, batch_size,
+                    seq_len, vocab_size);
 }
 
-void DataLoader::load_shard(int64_t shard_index) {
-  if (shard_index == loaded_shard_index_) return;
-  const std::string& path = shard_paths_[shard_index];
-  // Free the old shard before reading the new one, so that at most one is ever resident.
-  loaded_tokens_ = ShardTokens();
-  loaded_shard_index_ = -1;
-  loaded_tokens_ = read_token_shard(path, vocab_size_);
-  if (loaded_tokens_.size() != shard_token_counts_[shard_index]) {
-    throw_error("token shard '", path, "' now holds ", loaded_tokens_.size(), " tokens but held ",
-                shard_token_counts_[shard_index],
-                " when training started; shards must not change during a run");
+DataLoader DataLoader::from_sources(const std::vector<DataSource>& sources, const std::string& key,
+                                    int64_t batch_size, int64_t seq_len, int64_t vocab_size) {
+  std::vector<std::vector<std::string>> shards;
+  std::vector<double> weights;
+  std::vector<std::string> names;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    names.push_back(key + "[" + std::to_string(s) + "] '" + sources[s].pattern + "'");
+    try {
+      shards.push_back(expand_shard_pattern(sources[s].pattern));
+    } catch (const Error& e) {
+      throw_error(names.back(), ": ", e.what());
+    }
+    weights.push_back(sources[s].weight);
   }
-  loaded_shard_index_ = shard_index;
+  return DataLoader(std::move(shards), std::move(weights), std::move(names), batch_size, seq_len, vocab_size);
+}
+
+std::vector<std::string> DataLoader::shard_paths() const {
+  std::vector<std::string> paths;
+  for (const Source& source : sources_) paths.insert(paths.end(), source.shards.begin(), source.shards.end());
+  return paths;
 }
 
 void DataLoader::set_shuffle(uint64_t seed) {
   shuffle_ = true;
   shuffle_seed_ = seed;
-  slot_order_epoch_ = slot_order_shard_ = -1;
 }
 
-void DataLoader::ensure_slot_order() {
-  if (slot_order_epoch_ == state_.epoch && slot_order_shard_ == state_.shard_index) return;
-  // Slot k covers tokens [k T, k T + T]; the last token of a slot is the first of the next,
-  // used only as a target.
-  const int64_t slots = (loaded_tokens_.size() - 1) / seq_len_;
-  slot_order_.resize(static_cast<size_t>(slots));
-  for (int64_t k = 0; k < slots; ++k) slot_order_[static_cast<size_t>(k)] = k;
-  const CounterRng rng(shuffle_seed_ + static_cast<uint64_t>(state_.epoch), static_cast<uint64_t>(state_.shard_index));
-  for (int64_t k = slots - 1; k > 0; --k)  // Fisher-Yates
-    std::swap(slot_order_[static_cast<size_t>(k)],
-              slot_order_[rng.bits(static_cast<uint64_t>(k)) % static_cast<uint64_t>(k + 1)]);
-  slot_order_epoch_ = state_.epoch;
-  slot_order_shard_ = state_.shard_index;
+int64_t DataLoader::pick_source() const {
+  const auto next = static_cast<double>(state_.sequences + 1);
+  int64_t best = 0;
+  double best_deficit = 0;
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    const double deficit = sources_[s].weight * next - static_cast<double>(state_.source_sequences[s]);
+    if (s == 0 || deficit > best_deficit) {
+      best = static_cast<int64_t>(s);
+      best_deficit = deficit;
+    }
+  }
+  return best;
+}
+
+const MappedShard& DataLoader::shard(int64_t source, int64_t index) {
+  for (auto it = mapped_.begin(); it != mapped_.end(); ++it) {
+    if (it->source == source && it->index == index) {
+      mapped_.splice(mapped_.begin(), mapped_, it);
+      return mapped_.front().map;
+    }
+  }
+  const Source& src = sources_[static_cast<size_t>(source)];
+  const std::string& path = src.shards[static_cast<size_t>(index)];
+  if (mapped_.size() >= kMaxMappedShards) mapped_.pop_back();
+  MappedShard map(path, vocab_size_);
+  if (map.size() != src.shard_tokens[static_cast<size_t>(index)]) {
+    throw_error("token shard '", path, "' now holds ", map.size(), " tokens but held ",
+                src.shard_tokens[static_cast<size_t>(index)],
+                " when training started; shards must not change during a run");
+  }
+  mapped_.push_front({source, index, std::move(map)});
+  return mapped_.front().map;
+}
+
+void DataLoader::next_sequence(int32_t* inputs, int32_t* targets, int64_t* source_out) {
+  const int64_t s = pick_source();
+  const Source& source = sources_[static_cast<size_t>(s)];
+  const int64_t taken = state_.source_sequences[static_cast<size_t>(s)];
+  const int64_t epoch = taken / source.slots;
+  int64_t slot = taken % source.slots;
+  if (shuffle_) {
+    const uint64_t key = CounterRng(shuffle_seed_ + static_cast<uint64_t>(s), static_cast<uint64_t>(epoch)).bits(0);
+    slot = permute_index(slot, source.slots, key);
+  }
+  // The shard holding the slot: the last one whose first slot is <= it.
+  const auto after = std::upper_bound(source.first_slot.begin(), source.first_slot.end(), slot);
+  const auto index = static_cast<int64_t>(after - source.first_slot.begin()) - 1;
+  const int64_t begin = (slot - source.first_slot[static_cast<size_t>(index)]) * seq_len_;
+  const MappedShard& map = shard(s, index);
+  map.copy_to(begin, seq_len_, inputs);
+  map.copy_to(begin + 1, seq_len_, targets);
+  ++state_.sequences;
+  ++state_.source_sequences[static_cast<size_t>(s)];
+  if (source_out != nullptr) *source_out = s;
 }
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
-  load_shard(state_.shard_index);
-  if (shuffle_) {
-    ensure_slot_order();
-    const int64_t first_slot = state_.position / seq_len_;  // position is a multiple of B*T
-    for (int64_t b = 0; b < batch_size_; ++b) {
-      const int64_t seq = slot_order_[static_cast<size_t>(first_slot + b)] * seq_len_;
-      loaded_tokens_.copy_to(seq, seq_len_, inputs + b * seq_len_);
-      loaded_tokens_.copy_to(seq + 1, seq_len_, targets + b * seq_len_);
-    }
-  } else {
-    loaded_tokens_.copy_to(state_.position, tokens_per_batch(), inputs);
-    loaded_tokens_.copy_to(state_.position + 1, tokens_per_batch(), targets);
-  }
-  // Advance now so that state() always names a window that fits.
-  state_.position += tokens_per_batch();
-  if (state_.position + window_tokens() > loaded_tokens_.size()) {
-    state_.position = 0;
-    if (++state_.shard_index == static_cast<int64_t>(shard_paths_.size())) {
-      state_.shard_index = 0;
-      ++state_.epoch;
-    }
-  }
+  for (int64_t b = 0; b < batch_size_; ++b) next_sequence(inputs + b * seq_len_, targets + b * seq_len_);
 }
 
 void DataLoader::restore(const LoaderState& state) {
-  const auto shard_count = static_cast<int64_t>(shard_paths_.size());
-  if (state.epoch < 0) throw_error("DataLoader::restore: epoch ", state.epoch, " is negative");
-  if (state.shard_index < 0 || state.shard_index >= shard_count) {
-    throw_error("DataLoader::restore: shard index ", state.shard_index, " is outside [0, ", shard_count,
-                ") for the ", shard_count, " shards given; was the state saved with a different shard list?");
+  if (state.source_sequences.size() != sources_.size()) {
+    throw_error("DataLoader::restore: the saved position counts sequences from ", state.source_sequences.size(),
+                " data source(s) but the run reads ", sources_.size(),
+                "; resume with the sources the run was started with (their weights may change)");
   }
-  const int64_t shard_tokens = shard_token_counts_[state.shard_index];
-  if (state.position < 0 || state.position + window_tokens() > shard_tokens) {
-    throw_error("DataLoader::restore: position ", state.position, " in shard '",
-                shard_paths_[state.shard_index], "' (", shard_tokens,
-                " tokens) leaves no room for a window of B*T+1 = ", window_tokens(), " tokens");
+  int64_t sum = 0;
+  for (size_t s = 0; s < sources_.size(); ++s) {
+    if (state.source_sequences[s] < 0)
+      throw_error("DataLoader::restore: ", sources_[s].name, ": ", state.source_sequences[s],
+                  " sequences read is negative");
+    sum += state.source_sequences[s];
   }
-  if (state.position % tokens_per_batch() != 0) {
-    throw_error("DataLoader::restore: position ", state.position,
-                " is not a multiple of B*T = ", tokens_per_batch(),
-                "; was the state saved with a different batch size or sequence length?");
+  if (state.sequences != sum) {
+    throw_error("DataLoader::restore: ", state.sequences, " sequences read in all, but the sources' counts sum to ",
+                sum);
   }
-  load_shard(state.shard_index);
   state_ = state;
 }
 

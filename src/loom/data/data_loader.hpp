@@ -1,10 +1,27 @@
 #pragma once
-// Streams (input, target) batches from llm.c token shards (uint16 or uint32 tokens), as llm.c's dataloader.h does:
-// each batch is a contiguous window of B*T+1 tokens, targets are inputs shifted by one, and
-// the next window starts B*T tokens later. Tokens left at the end of a shard that cannot fill
-// a window are skipped; after the last shard a new epoch starts at the first. No shuffling,
-// so a run is reproducible from (epoch, shard, position) alone. One shard is in memory.
+// Training sequences from llm.c token shards (uint16 or uint32 tokens), from one or several
+// sources mixed by weight.
+//
+// A shard of n tokens holds (n - 1) / T sequence slots: slot k is tokens [kT, kT + T) as input
+// and [kT + 1, kT + T] as target (the last token of a slot is the first of the next, used only
+// as a target), so sequences never cross a shard and documents keep their boundaries. A
+// source's slots are numbered across its shards in name order; its j-th sequence is slot
+// perm_e(j mod N) of epoch e = j / N, where N is the source's slot count and perm_e is the
+// identity, or with shuffling a keyed pseudo-random permutation of all N slots (a Feistel
+// bijection: shuffles across shards in O(1) memory, however many there are). Without
+// shuffling one source reads its shards front to back as llm.c's loader does.
+//
+// Mixing: the g-th sequence overall comes from the source s that maximises
+// w_s (g + 1) - c_s (c_s: sequences taken from s so far; lowest index on ties), so after any g
+// sequences every source has had its share w_s g to within two sequences (about one in
+// practice).
+//
+// The position is kept in sequences, not batches (LoaderState): a run resumed with another
+// batch split (another dp size, micro-batch size or accumulation, at the same global batch)
+// reads exactly the sequences the uninterrupted run would have. Shards are memory-mapped, and
+// at most kMaxMappedShards stay mapped.
 #include <cstdint>
+#include <list>
 #include <string>
 #include <vector>
 
@@ -12,17 +29,26 @@
 
 namespace loom {
 
-// Where the next batch will be read from; saved in checkpoints for an exact resume.
+// One source of training data as configured: a glob of shards and its share of the sequences.
+struct DataSource {
+  std::string pattern;
+  double weight = 1.0;
+};
+
+// Where the next sequence will be read from; saved in checkpoints for an exact resume.
 struct LoaderState {
-  int64_t epoch = 0;        // passes over all shards completed
-  int64_t shard_index = 0;  // index into DataLoader::shard_paths()
-  int64_t position = 0;     // token offset of the next window in that shard
+  int64_t sequences = 0;                   // sequences read so far, over all sources
+  std::vector<int64_t> source_sequences;   // of them, from each source (sums to `sequences`)
 
   bool operator==(const LoaderState&) const = default;
 };
 
 // The files matching a glob pattern, sorted by name (byte order, whatever the locale).
 std::vector<std::string> expand_shard_pattern(const std::string& glob_pattern);
+
+// A keyed pseudo-random bijection of [0, size): 4 Feistel rounds on the smallest even number of
+// bits covering `size`, walking the cycle until the value falls inside.
+int64_t permute_index(int64_t index, int64_t size, uint64_t key);
 
 // Evaluation reads held-out sequences in this fixed shuffled order, so a sample of batches
 // covers the whole held-out set and every evaluation (trainer or `loom eval`) sees the same.
@@ -36,45 +62,69 @@ void check_documents_fit(const std::vector<std::string>& shard_paths, int32_t eo
 
 class DataLoader {
  public:
+  static constexpr size_t kMaxMappedShards = 16;
+
+  // `names` label the sources in errors (e.g. "data.sources[1] 'web/*.bin'").
+  DataLoader(std::vector<std::vector<std::string>> source_shards, std::vector<double> weights,
+             std::vector<std::string> names, int64_t batch_size, int64_t seq_len, int64_t vocab_size);
+  // One source: these shards, in this order.
   DataLoader(std::vector<std::string> shard_paths, int64_t batch_size, int64_t seq_len, int64_t vocab_size);
   static DataLoader from_pattern(const std::string& glob_pattern, int64_t batch_size, int64_t seq_len,
                                  int64_t vocab_size);
+  // `key` is the config key the sources came from, for errors.
+  static DataLoader from_sources(const std::vector<DataSource>& sources, const std::string& key,
+                                 int64_t batch_size, int64_t seq_len, int64_t vocab_size);
 
-  // Fills batch_size*seq_len entries of each array, row-major [batch_size, seq_len].
+  // Fills batch_size*seq_len entries of each array, row-major [batch_size, seq_len]: the next
+  // batch_size sequences.
   void next_batch(int32_t* inputs, int32_t* targets);
+  // The next sequence alone (seq_len entries each); `source` gets its source's index if given.
+  void next_sequence(int32_t* inputs, int32_t* targets, int64_t* source = nullptr);
 
-  // Shuffle: each batch takes B sequences of T (+1) tokens from slots of the current shard in
-  // a random order, a fresh permutation per (seed, epoch, shard), instead of one contiguous
-  // window. The state keeps its meaning (tokens consumed in this shard), so resume is exact.
-  // Without it, a corpus stored in document order (e.g. by year) trains era by era.
+  // Shuffle every source's slots across all its shards, a fresh permutation per (seed, source,
+  // epoch). Without it, a corpus stored in document order (e.g. by year) trains era by era.
   void set_shuffle(uint64_t seed);
 
   LoaderState state() const { return state_; }
-  // Continues from a state() taken earlier with the same shards and batch shape.
+  // Continues from a state() taken earlier with the same sources (any batch size).
   void restore(const LoaderState& state);
 
-  const std::vector<std::string>& shard_paths() const { return shard_paths_; }
+  int64_t source_count() const { return static_cast<int64_t>(sources_.size()); }
+  // Sequence slots in one pass over source `s`.
+  int64_t source_slots(int64_t s) const { return sources_[static_cast<size_t>(s)].slots; }
+  double source_weight(int64_t s) const { return sources_[static_cast<size_t>(s)].weight; }
+  // Every shard of every source, in source order.
+  std::vector<std::string> shard_paths() const;
   int64_t batch_size() const { return batch_size_; }
   int64_t seq_len() const { return seq_len_; }
   int64_t tokens_per_batch() const { return batch_size_ * seq_len_; }
+  // Shards mapped now (at most kMaxMappedShards).
+  size_t mapped_shards() const { return mapped_.size(); }
 
  private:
-  int64_t window_tokens() const { return tokens_per_batch() + 1; }
-  void load_shard(int64_t shard_index);
+  struct Source {
+    std::string name;
+    std::vector<std::string> shards;
+    std::vector<int64_t> shard_tokens;  // from the headers, to catch shards changed mid-run
+    std::vector<int64_t> first_slot;    // prefix sums of the shards' slot counts
+    int64_t slots = 0;
+    double weight = 1.0;  // normalised: the weights sum to 1
+  };
+  int64_t pick_source() const;
+  const MappedShard& shard(int64_t source, int64_t index);
 
-  std::vector<std::string> shard_paths_;
-  std::vector<int64_t> shard_token_counts_;  // from the headers, to validate restore()
+  std::vector<Source> sources_;
   int64_t batch_size_;
   int64_t seq_len_;
   int64_t vocab_size_;
   LoaderState state_;
-  int64_t loaded_shard_index_ = -1;
-  ShardTokens loaded_tokens_;  // as stored: uint16 shards stay 2 bytes a token
-  void ensure_slot_order();
   bool shuffle_ = false;
   uint64_t shuffle_seed_ = 0;
-  std::vector<int64_t> slot_order_;  // permutation of the loaded shard's sequence slots
-  int64_t slot_order_epoch_ = -1, slot_order_shard_ = -1;
+  struct Mapped {
+    int64_t source, index;
+    MappedShard map;
+  };
+  std::list<Mapped> mapped_;  // most recently used first
 };
 
 }  // namespace loom

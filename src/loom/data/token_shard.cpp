@@ -1,6 +1,7 @@
 #include "loom/data/token_shard.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <utility>
 
 #include "loom/core/error.hpp"
 
@@ -265,6 +267,72 @@ ShardTokens parse_token_shard(const uint8_t* data, size_t size, int64_t vocab_si
     parse_body(body, source, header.tokens, vocab_size, tokens.narrow_tokens_);
   }
   return tokens;
+}
+
+MappedShard::MappedShard(const std::string& path, int64_t vocab_size) : path_(path), vocab_size_(vocab_size) {
+  check_vocab_size(path, vocab_size);
+  std::ifstream in;
+  const ShardHeader header = read_checked_header(in, path);
+  tokens_ = header.tokens;
+  bytes_per_token_ = static_cast<int>(header.bytes_per_token);
+  if (bytes_per_token_ == 4) vocab_size_ = id_limit(vocab_size);
+  map_bytes_ = static_cast<size_t>(kTokenShardHeaderBytes + tokens_ * header.bytes_per_token);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_error("cannot open token shard '", path, "': ", std::strerror(errno));
+  void* map = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);  // the mapping keeps the file
+  if (map == MAP_FAILED) throw_error("cannot map token shard '", path, "' (", map_bytes_, " bytes): ", std::strerror(map_errno));
+  map_ = map;
+}
+
+MappedShard::~MappedShard() { release(); }
+
+void MappedShard::release() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+}
+
+MappedShard::MappedShard(MappedShard&& other) noexcept
+    : path_(std::move(other.path_)),
+      vocab_size_(other.vocab_size_),
+      tokens_(other.tokens_),
+      bytes_per_token_(other.bytes_per_token_),
+      map_(std::exchange(other.map_, nullptr)),
+      map_bytes_(other.map_bytes_) {}
+
+MappedShard& MappedShard::operator=(MappedShard&& other) noexcept {
+  if (this != &other) {
+    release();
+    path_ = std::move(other.path_);
+    vocab_size_ = other.vocab_size_;
+    tokens_ = other.tokens_;
+    bytes_per_token_ = other.bytes_per_token_;
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = other.map_bytes_;
+  }
+  return *this;
+}
+
+void MappedShard::copy_to(int64_t begin, int64_t count, int32_t* out) const {
+  LOOM_CHECK(begin >= 0 && count >= 0 && begin + count <= tokens_, "copy of [", begin, ", ", begin + count,
+             ") from token shard '", path_, "' of ", tokens_, " tokens");
+  const uint8_t* body = static_cast<const uint8_t*>(map_) + kTokenShardHeaderBytes;
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t token;
+    if (bytes_per_token_ == 4) {
+      std::memcpy(&token, body + (begin + i) * 4, 4);
+    } else {
+      uint16_t narrow;
+      std::memcpy(&narrow, body + (begin + i) * 2, 2);
+      token = narrow;
+    }
+    if (static_cast<int64_t>(token) >= vocab_size_) {
+      throw_error("token shard '", path_, "': token ", token, " at position ", begin + i, " is >= vocab_size ",
+                  vocab_size_, " (vocabulary mismatch: the shard was made with a different tokenizer)");
+    }
+    out[i] = static_cast<int32_t>(token);
+  }
 }
 
 int64_t token_shard_size(const std::string& path) {

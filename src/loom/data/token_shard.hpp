@@ -57,6 +57,34 @@ ShardTokens read_token_shard(const std::string& path, int64_t vocab_size);
 // readers check, from the bytes (tests/fuzz/ feeds it malformed shards).
 ShardTokens parse_token_shard(const uint8_t* data, size_t size, int64_t vocab_size, const std::string& source);
 
+// A shard mapped read-only (mmap) after its header and size are checked: the page cache holds
+// what is read, so a data set of any size costs address space, not memory. Token ids are
+// checked against the vocabulary as they are copied out, naming the shard and the position.
+class MappedShard {
+ public:
+  MappedShard(const std::string& path, int64_t vocab_size);
+  ~MappedShard();
+  MappedShard(MappedShard&& other) noexcept;
+  MappedShard& operator=(MappedShard&& other) noexcept;
+  MappedShard(const MappedShard&) = delete;
+  MappedShard& operator=(const MappedShard&) = delete;
+
+  int64_t size() const { return tokens_; }
+  int bytes_per_token() const { return bytes_per_token_; }
+  const std::string& path() const { return path_; }
+  // Copies tokens [begin, begin + count) into `out`.
+  void copy_to(int64_t begin, int64_t count, int32_t* out) const;
+
+ private:
+  void release();
+  std::string path_;
+  int64_t vocab_size_ = 0;
+  int64_t tokens_ = 0;
+  int bytes_per_token_ = 2;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+};
+
 // Token count from the header alone (also checks magic, version and file size); cheap enough
 // to call on every shard of a large dataset.
 int64_t token_shard_size(const std::string& path);

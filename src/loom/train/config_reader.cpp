@@ -65,7 +65,28 @@ const toml::node* ConfigReader::find(const std::string& key) const {
 
 bool ConfigReader::has(const std::string& key) const { return find(key) != nullptr; }
 
-void ConfigReader::wrong_type(const std::string& key, const toml::node& node, const char* expected) const {
+int64_t ConfigReader::get_table_array(const std::string& key, const std::vector<std::string>& allowed) {
+  used_.insert(key);
+  const toml::node* node = find(key);
+  if (!node) return 0;
+  const toml::array* array = node->as_array();
+  if (!array || !array->is_array_of_tables())
+    wrong_type(key, *node, "an array of tables ([[" + key + "]] sections)");
+  for (size_t i = 0; i < array->size(); ++i) {
+    for (const auto& [name, value] : *array->get(i)->as_table()) {
+      (void)value;
+      const std::string field(name.str());
+      if (std::find(allowed.begin(), allowed.end(), field) == allowed.end()) {
+        std::string known;
+        for (const std::string& k : allowed) known += (known.empty() ? "" : ", ") + k;
+        throw_error("config ", source_, ": unknown key '", field, "' in ", key, "[", i, "]; known keys are ", known);
+      }
+    }
+  }
+  return static_cast<int64_t>(array->size());
+}
+
+void ConfigReader::wrong_type(const std::string& key, const toml::node& node, const std::string& expected) const {
   std::ostringstream value;
   node.visit([&](const auto& concrete) { value << concrete; });
   throw_error("config ", source_, ": key '", key, "' has value ", value.str(), ", expected ", expected);

@@ -28,6 +28,9 @@ class ConfigReader {
   // A TOML array of integers, e.g. [3, 5].
   std::vector<int64_t> get_int_list(const std::string& key, const std::vector<int64_t>& fallback);
   bool has(const std::string& key) const;
+  // An array of tables ([[data.sources]]): the number of tables (0 if absent). Read their
+  // values as "key[i].name"; a key inside them other than `allowed` is refused by name.
+  int64_t get_table_array(const std::string& key, const std::vector<std::string>& allowed);
 
   // Throws if the document holds keys that no get_* asked for.
   void reject_unknown_keys() const;
@@ -35,7 +38,7 @@ class ConfigReader {
 
  private:
   const toml::node* find(const std::string& key) const;
-  [[noreturn]] void wrong_type(const std::string& key, const toml::node& node, const char* expected) const;
+  [[noreturn]] void wrong_type(const std::string& key, const toml::node& node, const std::string& expected) const;
   toml::table table_;
   std::string source_;
   std::set<std::string> used_;

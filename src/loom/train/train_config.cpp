@@ -248,6 +248,18 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.recompute = parse_recompute(r.get_string("model.recompute", "none"));
 
   c.train_data = r.get_string("data.train", "");
+  const int64_t source_count = r.get_table_array("data.sources", {"path", "weight"});
+  for (int64_t i = 0; i < source_count; ++i) {
+    const std::string key = "data.sources[" + std::to_string(i) + "]";
+    if (!r.has(key + ".path"))
+      throw_error("config key '", key, ".path' is missing: every [[data.sources]] needs a glob of token shards");
+    DataSource source{r.get_string(key + ".path", ""), r.get_double(key + ".weight", 1.0)};
+    if (source.pattern.empty()) throw_error("config key '", key, ".path' is empty: expected a glob of token shards");
+    if (!(source.weight > 0) || !std::isfinite(source.weight))
+      throw_error("config key '", key, ".weight' has value ", source.weight, ", expected a positive number (the "
+                  "source's share of the sequences is its weight over the sum of the weights)");
+    c.train_sources.push_back(source);
+  }
   c.val_data = r.get_string("data.val", "");
   c.tokenizer_dir = r.get_string("data.tokenizer_dir", "");
   c.shuffle = r.get_bool("data.shuffle", c.shuffle);
@@ -338,7 +350,13 @@ TrainConfig parse_train_config(ConfigReader& r) {
   r.reject_unknown_keys();
 
   // Ranges and consistency.
-  if (c.train_data.empty()) throw_error("config key 'data.train' is missing: expected a glob of token shards");
+  if (!c.train_data.empty() && !c.train_sources.empty())
+    throw_error("config keys 'data.train' and [[data.sources]] are both set: give one glob as data.train, or "
+                "every source (data.train's among them) as a [[data.sources]] table with its weight");
+  if (c.train_data.empty() && c.train_sources.empty())
+    throw_error("config key 'data.train' is missing: expected a glob of token shards (or [[data.sources]] "
+                "tables with path and weight, to mix several)");
+  if (c.train_sources.empty()) c.train_sources = {{c.train_data, 1.0}};
   require_positive("train.batch_size", static_cast<double>(c.batch_size));
   require_positive("train.seq_len", static_cast<double>(c.seq_len));
   if (c.seq_len > c.model.max_seq_len)

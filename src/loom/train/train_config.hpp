@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "loom/core/dtype.hpp"
+#include "loom/data/data_loader.hpp"
 #include "loom/model/config.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/context_parallel.hpp"
@@ -29,7 +30,10 @@ struct TrainConfig {
   ModelConfig model;
   Recompute recompute = Recompute::None;
 
-  std::string train_data;      // glob of token shards
+  std::string train_data;      // glob of token shards (data.train: one source)
+  // What the loader reads: data.train as one source of weight 1, or the [[data.sources]]
+  // tables (path + weight), mixed by weight.
+  std::vector<DataSource> train_sources;
   std::string val_data;        // glob of token shards (optional)
   std::string tokenizer_dir;   // for samples: tokenizer.json, or a directory of it or of encoder.json + vocab.bpe
   bool shuffle = true;         // train batches from shuffled sequence slots (seeded)

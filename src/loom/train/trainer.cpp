@@ -61,11 +61,31 @@ TrainConfig checked_for_device(TrainConfig config) {
   }
   // Packed documents a row cannot hold are refused before anything is built.
   if (config.document_mask && !config.split_long_documents) {
-    check_documents_fit(expand_shard_pattern(config.train_data), config.eot_token, config.seq_len, "data.train");
+    for (size_t i = 0; i < config.train_sources.size(); ++i)
+      check_documents_fit(expand_shard_pattern(config.train_sources[i].pattern), config.eot_token, config.seq_len,
+                          config.train_data.empty() ? "data.sources[" + std::to_string(i) + "]" : "data.train");
     if (!config.val_data.empty())
       check_documents_fit(expand_shard_pattern(config.val_data), config.eot_token, config.seq_len, "data.val");
   }
   return config;
+}
+
+// The loader's position in checkpoints and metrics: sequences read, in all and per source.
+nlohmann::json loader_json(const LoaderState& state) {
+  return {{"sequences", state.sequences}, {"source_sequences", state.source_sequences}};
+}
+
+LoaderState loader_state_from_json(const nlohmann::json& loader, const std::string& checkpoint) {
+  if (!loader.is_object() || !loader.contains("sequences") || !loader.contains("source_sequences")) {
+    throw_error("checkpoint '", checkpoint, "': its data position ", loader.dump(),
+                " is not in sequences read ({\"sequences\", \"source_sequences\"}); checkpoints written before "
+                "loom counted the data position in sequences (epoch, shard, position) cannot say where to go on");
+  }
+  try {
+    return {loader.at("sequences").get<int64_t>(), loader.at("source_sequences").get<std::vector<int64_t>>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw_error("checkpoint '", checkpoint, "': data position ", loader.dump(), " is malformed: ", e.what());
+  }
 }
 }  // namespace
 
@@ -101,8 +121,14 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (config_.document_mask) model_->set_document_mask(config_.eot_token, config_.document_positions);
   // The same model on the device: bf16 storage for activations and working weights there.
   if (config_.device == Device::CUDA) model_->to_device(Device::CUDA, bf16 ? DType::BF16 : DType::F32);
-  train_loader_ = std::make_unique<DataLoader>(DataLoader::from_pattern(
-      config_.train_data, config_.batch_size * groups_.dp_size, config_.seq_len, config_.model.vocab_size));
+  // Every rank reads the whole global micro-batch and takes its rows; the position counts
+  // sequences, so a resume at another dp size reads on where this run stopped.
+  train_loader_ = std::make_unique<DataLoader>(
+      config_.train_data.empty()
+          ? DataLoader::from_sources(config_.train_sources, "data.sources", config_.batch_size * groups_.dp_size,
+                                     config_.seq_len, config_.model.vocab_size)
+          : DataLoader::from_pattern(config_.train_data, config_.batch_size * groups_.dp_size, config_.seq_len,
+                                     config_.model.vocab_size));
   if (config_.shuffle) train_loader_->set_shuffle(config_.seed);
   if (!config_.val_data.empty())  // fail now, not at the first evaluation
     (void)DataLoader::from_pattern(config_.val_data, config_.batch_size, config_.seq_len,
@@ -150,7 +176,7 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"optimizer_steps", optimizer_steps()},
           {"seed", config_.seed},
           {"tokens_seen", step * config_.tokens_per_step()},
-          {"loader", {{"epoch", loader.epoch}, {"shard_index", loader.shard_index}, {"position", loader.position}}},
+          {"loader", loader_json(loader)},
           {"tokens_per_step", global_tokens_per_step()},
           {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"},
           {"bad_steps", bad_steps_.state()}};
@@ -205,9 +231,7 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
   optimizer_->publish_parameters();
   if (state.contains("moe_bias")) model_->set_moe_biases(state.at("moe_bias").get<std::vector<float>>());
   if (state.contains("bad_steps")) bad_steps_.restore(state.at("bad_steps"));
-  const auto& loader = state.at("loader");
-  train_loader_->restore({loader.at("epoch").get<int64_t>(), loader.at("shard_index").get<int64_t>(),
-                          loader.at("position").get<int64_t>()});
+  train_loader_->restore(loader_state_from_json(state.at("loader"), reader.dir()));
   return state.at("step").get<int64_t>();
 }
 
@@ -587,9 +611,7 @@ TrainSummary Trainer::run() {
                             step_seconds * 1e3, static_cast<double>(global_tokens_per_step()) / step_seconds,
                             peak_gflops > 0 ? flops_per_step / step_seconds / (peak_gflops * 1e9) : 0.0,
                             device_memory::stats(model_->device()).total_peak_bytes};
-    const nlohmann::json position_json = {{"epoch", data_position.epoch},
-                                          {"shard_index", data_position.shard_index},
-                                          {"position", data_position.position}};
+    const nlohmann::json position_json = loader_json(data_position);
     // Every log point (the same steps on every rank), each rank's compute time per step since
     // the last one, gathered over the world.
     std::optional<RankTimes> rank_times;
@@ -622,11 +644,10 @@ TrainSummary Trainer::run() {
     }
     if (outcome.bad.bad() && is_rank0()) {
       progress.clear();
-      std::printf("step %lld skipped: %s (loss %.4g, grad norm %.4g); its data from epoch %lld shard %lld "
-                  "position %lld; %lld skipped so far, %lld in a row\n",
+      std::printf("step %lld skipped: %s (loss %.4g, grad norm %.4g); its data from sequence %lld on; "
+                  "%lld skipped so far, %lld in a row\n",
                   static_cast<long long>(step + 1), outcome.bad.reason.c_str(), loss, outcome.grad_norm,
-                  static_cast<long long>(data_position.epoch), static_cast<long long>(data_position.shard_index),
-                  static_cast<long long>(data_position.position), static_cast<long long>(bad_steps_.skipped_total()),
+                  static_cast<long long>(data_position.sequences), static_cast<long long>(bad_steps_.skipped_total()),
                   static_cast<long long>(bad_steps_.bad_in_a_row()));
       std::fflush(stdout);
     }
@@ -642,15 +663,13 @@ TrainSummary Trainer::run() {
       if (metrics)
         metrics->write({{"kind", "rollback"}, {"step", step + 1}, {"to_step", rollback.to_step},
                         {"checkpoint", rollback.checkpoint}, {"bad_in_a_row", in_a_row},
-                        {"data_resumes_at", {{"epoch", resume_at.epoch}, {"shard_index", resume_at.shard_index},
-                                             {"position", resume_at.position}}}});
+                        {"data_resumes_at", loader_json(resume_at)}});
       if (is_rank0()) {
         progress.clear();
         std::printf("step %lld: %lld bad steps in a row: rolled back to %s (step %lld); the data read since it "
-                    "is skipped, training goes on from epoch %lld shard %lld position %lld (rollback %lld of at most %lld)\n",
+                    "is skipped, training goes on from sequence %lld (rollback %lld of at most %lld)\n",
                     static_cast<long long>(step + 1), static_cast<long long>(in_a_row), rollback.checkpoint.c_str(),
-                    static_cast<long long>(rollback.to_step), static_cast<long long>(resume_at.epoch),
-                    static_cast<long long>(resume_at.shard_index), static_cast<long long>(resume_at.position),
+                    static_cast<long long>(rollback.to_step), static_cast<long long>(resume_at.sequences),
                     static_cast<long long>(bad_steps_.rollbacks()), static_cast<long long>(config_.bad_steps.max_rollbacks));
         std::fflush(stdout);
       }
@@ -698,7 +717,7 @@ TrainSummary Trainer::run() {
   if (groups_.world) groups_.world->barrier();  // every rank has finished, and rank 0's last checkpoint is written
   if (!is_rank0()) return summary;
   if (!config_.val_data.empty())
-    summary.unigram_baseline = unigram_cross_entropy(config_.train_data, config_.val_data, config_.model.vocab_size);
+    summary.unigram_baseline = unigram_cross_entropy(config_.train_sources, config_.val_data, config_.model.vocab_size);
   write_loss_plot_svg(config_.run_dir + "/loss.svg", MetricsLog::read_all(metrics_path), summary.unigram_baseline);
   std::printf("done: %lld steps in %s (%.0f tokens/s, MFU %.1f%%)\n", static_cast<long long>(steps_run),
               format_duration(seconds_since(run_start)).c_str(), summary.tokens_per_s, 100 * summary.mfu);

@@ -13,7 +13,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string input(reinterpret_cast<const char*>(data), size);
   try {
     const loom::BpeTokenizer tokenizer = loom::BpeTokenizer::parse_tokenizer_json(input, "fuzz/tokenizer.json");
-    const std::string text = "Hello world! It's 2024:  tabs\tand \xc3\xbcn\xc3\xafc\xc3\xb6d\xc3\xa9, <|endoftext|> 12345.";
+    const std::string text = "Hello world! It's 2024:  tabs\tand ünïcödé, <|endoftext|> 12345.";
     const std::vector<int32_t> plain = tokenizer.encode(text, {.recognise_added_tokens = false});
     if (tokenizer.decode(plain) != text) __builtin_trap();  // byte-level BPE must round-trip
     const std::vector<int32_t> full = tokenizer.encode(text, {.add_special_tokens = true});

@@ -304,6 +304,20 @@ TEST(HfConfig, HfDefaultsApplyWhenOptionalKeysAreAbsent) {
   EXPECT_EQ(model_config_from_hf_json(llama).n_kv_head, 8);
 }
 
+// Llama 3.1 8B's rope_scaling as published reads into the model config and writes back.
+TEST(HfConfig, Llama31RopeScalingRoundTrips) {
+  json hf = hf_config_json(gqa_llama());
+  hf["rope_scaling"] = {{"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                        {"original_max_position_embeddings", 8192}, {"rope_type", "llama3"}};
+  const ModelConfig config = model_config_from_hf_json(hf);
+  EXPECT_EQ(config.rope_scaling_factor, 8.0);
+  EXPECT_EQ(config.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(config.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(config.rope_original_max_positions, 8192);
+  EXPECT_EQ(hf_config_json(config)["rope_scaling"], hf["rope_scaling"]);
+  EXPECT_FALSE(hf_config_json(gqa_llama()).contains("rope_scaling"));
+}
+
 TEST(HfConfig, BadConfigsNameTheKey) {
   json hf = hf_config_json(gqa_llama());
   hf.erase("hidden_size");
@@ -316,7 +330,9 @@ TEST(HfConfig, BadConfigsNameTheKey) {
 
   hf = hf_config_json(gqa_llama());
   hf["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
-  expect_contains(error_message([&] { model_config_from_hf_json(hf); }), {"'rope_scaling'", "llama3"});
+  expect_contains(error_message([&] { model_config_from_hf_json(hf); }), {"'rope_scaling'", "low_freq_factor"});
+  hf["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  expect_contains(error_message([&] { model_config_from_hf_json(hf); }), {"'rope_scaling'", "yarn", "llama3"});
 
   hf = hf_config_json(gqa_llama());
   hf["num_key_value_heads"] = 3;  // does not divide 8 heads

@@ -2,7 +2,7 @@
 """Writes a tiny model in Hugging Face's layout, built by the PyTorch reference (models.py), and
 what it computes on a fixed batch, for `train.init_from` to be checked against.
 
-  make_hf_model.py OUT_DIR llama|gpt2
+  make_hf_model.py OUT_DIR llama|llama31|gpt2
 
 OUT_DIR gets config.json (transformers' keys), model.safetensors (HF names; for llama an untied
 lm_head, GQA and a non-default rope_theta; gpt2 tied) and reference.safetensors with
@@ -24,6 +24,15 @@ B, T = 3, 12
 
 
 def config(arch):
+    if arch == "llama31":
+        # Llama 3.1's rope_scaling with an original context of 64 and theta 1e4 on head_dim 8:
+        # the pairs' wavelengths 6.3, 63, 628 and 6283 fall in all three bands (kept below
+        # 64 / 4 = 16, blended up to 64 / 1, divided by 8 above).
+        c = config("llama")
+        c.update({"rope_theta": 10000.0, "max_position_embeddings": 128,
+                  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})
+        return c
     if arch == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 96,
                 "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,

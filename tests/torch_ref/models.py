@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Dict, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -75,6 +75,9 @@ class LlamaConfig:
     rope_theta: float
     tie_word_embeddings: bool
     model_type: str = "llama"
+    # Llama 3.1's RoPE scaling: {"factor", "low_freq_factor", "high_freq_factor",
+    # "original_max_position_embeddings"}, or None for plain RoPE.
+    rope_scaling: Optional[dict] = None
     # Mixtral (model_type "mixtral"): every MLP is a sparse MoE block of num_local_experts
     # SwiGLU experts, num_experts_per_tok per token; 0 experts is plain Llama.
     num_local_experts: int = 0
@@ -148,8 +151,13 @@ def config_from_dict(d: dict) -> Config:
     if mt in ("llama", "mixtral"):
         if d.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"llama hidden_act {d.get('hidden_act')!r} unsupported (want silu)")
-        if d.get("rope_scaling") is not None:
-            raise ConfigError("llama: rope_scaling is not supported by this reference")
+        scaling = d.get("rope_scaling")
+        if scaling is not None:
+            kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else None
+            if kind != "llama3":
+                raise ConfigError(f"llama: rope_scaling {scaling!r} unsupported (want null or rope_type llama3)")
+            scaling = {k: float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                      "original_max_position_embeddings")}
         if d.get("attention_bias", False) or d.get("mlp_bias", False):
             raise ConfigError("llama: attention_bias / mlp_bias are not supported")
         c, h = _int(d, "hidden_size"), _int(d, "num_attention_heads")
@@ -164,7 +172,7 @@ def config_from_dict(d: dict) -> Config:
             num_key_value_heads=kv,
             max_position_embeddings=_int(d, "max_position_embeddings", 2048),
             rms_norm_eps=_float(d, "rms_norm_eps", 1e-6), rope_theta=_float(d, "rope_theta", 10000.0),
-            tie_word_embeddings=tie, model_type=mt)
+            tie_word_embeddings=tie, model_type=mt, rope_scaling=scaling)
         if mt == "mixtral":
             if d.get("sliding_window") is not None:
                 raise ConfigError("mixtral: sliding_window is not supported by this reference")
@@ -412,12 +420,34 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(dt)
 
 
+def llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """Llama 3.1's long-context frequencies (the Llama 3 paper's RoPE scaling, as transformers'
+    "llama3" rope_type documents it): with wavelength w = 2 pi / f and the original context L,
+    high-frequency pairs (w < L / high_freq_factor) keep f, low-frequency ones (w > L /
+    low_freq_factor) get f / factor, and those between interpolate linearly in L / w."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    L = scaling["original_max_position_embeddings"]
+    out = []
+    for f in inv_freq.tolist():
+        w = 2 * math.pi / f
+        if w < L / high:
+            out.append(f)
+        elif w > L / low:
+            out.append(f / factor)
+        else:
+            s = (L / w - low) / (high - low)
+            out.append((1 - s) * f / factor + s * f)
+    return torch.tensor(out, dtype=torch.float64)
+
+
 def rope_tables(T: int, head_dim: int, theta: float, dtype: torch.dtype,
-                device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                device=None, scaling: Optional[dict] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [T, head_dim] in HF's rotate_half layout, computed in float64 then cast:
     inv_freq[j] = theta^(-2j/d) (j < d/2), angle[t, j] = t * inv_freq[j], tables = cat(a, a)."""
     j = torch.arange(0, head_dim, 2, dtype=torch.float64)
     inv_freq = 1.0 / (theta ** (j / head_dim))
+    if scaling is not None:
+        inv_freq = llama3_scaled(inv_freq, scaling)
     angles = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device)
@@ -578,7 +608,8 @@ class LlamaModel(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(idx)
-        cos, sin = rope_tables(idx.shape[1], self.cfg.head_dim, self.cfg.rope_theta, x.dtype, x.device)
+        cos, sin = rope_tables(idx.shape[1], self.cfg.head_dim, self.cfg.rope_theta, x.dtype, x.device,
+                               self.cfg.rope_scaling)
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.norm(x)

@@ -1,5 +1,6 @@
 #include "loom/ckpt/hf_config.hpp"
 
+#include <cmath>
 #include <string>
 
 #include "loom/core/error.hpp"
@@ -96,7 +97,25 @@ ModelConfig llama_from_hf(const HfConfigReader& hf) {
   const std::string activation = hf.string_or("hidden_act", "silu");
   if (activation != "silu") hf.fail("hidden_act", activation, "\"silu\" (loom's SwiGLU)");
   // Features that change the math; loading them silently would give a different model.
-  if (hf.has("rope_scaling")) hf.fail("rope_scaling", hf.raw("rope_scaling"), "null (loom implements plain RoPE)");
+  if (hf.has("rope_scaling")) {
+    // Llama 3.1 / 3.2's scaling; the other kinds (linear, dynamic, yarn, longrope) are refused.
+    const nlohmann::json scaling = hf.raw("rope_scaling");
+    const std::string kind = scaling.is_object() ? scaling.value("rope_type", scaling.value("type", std::string())) : "";
+    auto number = [&](const char* key) {
+      if (!scaling.contains(key) || !scaling[key].is_number())
+        hf.fail("rope_scaling", scaling, std::string("a number for \"") + key + "\"");
+      return scaling[key].get<double>();
+    };
+    if (kind != "llama3")
+      hf.fail("rope_scaling", scaling, "null or {\"rope_type\": \"llama3\", ...} (Llama 3.1's scaling, the one loom implements)");
+    config.rope_scaling_factor = number("factor");
+    config.rope_low_freq_factor = number("low_freq_factor");
+    config.rope_high_freq_factor = number("high_freq_factor");
+    const double original = number("original_max_position_embeddings");
+    if (original != std::floor(original) || original <= 0)
+      hf.fail("rope_scaling", scaling, "a positive integer original_max_position_embeddings");
+    config.rope_original_max_positions = static_cast<int64_t>(original);
+  }
   if (hf.boolean_or("attention_bias", false)) hf.fail("attention_bias", true, "false (loom's Llama has no biases)");
   if (hf.boolean_or("mlp_bias", false)) hf.fail("mlp_bias", true, "false (loom's Llama has no biases)");
   if (hf.has("head_dim") && config.n_head > 0 && hf.integer("head_dim") != config.n_embd / config.n_head)
@@ -159,6 +178,12 @@ json hf_config_json(const ModelConfig& config) {
           {"tie_word_embeddings", config.tied_embeddings},
           {"hidden_act", "silu"},
           {"torch_dtype", "float32"}};
+  if (config.rope_scaling_factor != 0)
+    llama["rope_scaling"] = {{"rope_type", "llama3"},
+                             {"factor", config.rope_scaling_factor},
+                             {"low_freq_factor", config.rope_low_freq_factor},
+                             {"high_freq_factor", config.rope_high_freq_factor},
+                             {"original_max_position_embeddings", config.rope_original_max_positions}};
   if (!config.is_moe()) return llama;
   // Mixtral's config (transformers' MixtralConfig), plus loom's router options under names
   // of their own; Mixtral has no sliding window here.

@@ -392,8 +392,8 @@ struct Rope::DeviceTable {
 struct Rope::DeviceTable {};
 #endif
 
-Rope::Rope(int64_t head_dim, int64_t max_positions, double theta)
-    : table_(cpu::make_rope_table(head_dim, max_positions, theta)) {}
+Rope::Rope(int64_t head_dim, int64_t max_positions, double theta, const cpu::RopeScaling& scaling)
+    : table_(cpu::make_rope_table(head_dim, max_positions, theta, scaling)) {}
 Rope::~Rope() = default;
 
 void Rope::apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,

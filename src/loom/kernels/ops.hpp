@@ -99,7 +99,7 @@ int64_t max_attention_head_dim(Device device);
 // and a device copy made on the first CUDA use.
 class Rope {
  public:
-  Rope(int64_t head_dim, int64_t max_positions, double theta);
+  Rope(int64_t head_dim, int64_t max_positions, double theta, const cpu::RopeScaling& scaling = {});
   ~Rope();
   Rope(const Rope&) = delete;
   Rope& operator=(const Rope&) = delete;

@@ -95,6 +95,17 @@ void ModelConfig::validate() const {
                 ", expected n_head=", n_head);
   if (!(norm_eps > 0)) throw_error("model.norm_eps: got ", norm_eps, ", expected > 0");
   if (!(rope_theta > 0)) throw_error("model.rope_theta: got ", rope_theta, ", expected > 0");
+  if (rope_scaling_factor != 0) {
+    if (arch != Architecture::Llama)
+      throw_error("model.rope_scaling_factor: RoPE scaling is Llama's; GPT-2 has learned positions");
+    if (!(rope_scaling_factor >= 1))
+      throw_error("model.rope_scaling_factor: got ", rope_scaling_factor, ", expected 0 (plain RoPE) or >= 1");
+    if (!(rope_low_freq_factor > 0) || !(rope_high_freq_factor > rope_low_freq_factor))
+      throw_error("model.rope_low_freq_factor / rope_high_freq_factor: got ", rope_low_freq_factor, " / ",
+                  rope_high_freq_factor, ", expected 0 < low < high");
+    if (rope_original_max_positions <= 0)
+      throw_error("model.rope_original_max_positions: got ", rope_original_max_positions, ", expected > 0");
+  }
   if (n_experts < 0) throw_error("model.n_experts: got ", n_experts, ", expected 0 (dense) or a positive count");
   if (n_experts == 0 && experts_per_token != 0)
     throw_error("model.experts_per_token: got ", experts_per_token, " for a dense model (n_experts = 0)");

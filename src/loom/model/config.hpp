@@ -36,6 +36,12 @@ struct ModelConfig {
   bool tied_embeddings = true;
   double norm_eps = 1e-5;
   double rope_theta = 10000.0;
+  // Llama 3.1's RoPE frequency scaling (HF rope_scaling {"rope_type": "llama3", ...}); a factor
+  // of 0 is plain RoPE. See cpu::RopeScaling.
+  double rope_scaling_factor = 0;
+  double rope_low_freq_factor = 1;
+  double rope_high_freq_factor = 4;
+  int64_t rope_original_max_positions = 8192;
   // Mixture of experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024): each block's MLP
   // becomes n_experts MLPs of ffn_hidden each plus a router, and every token runs through
   // experts_per_token of them. 0 experts is a dense model. The engine trains Llama-style

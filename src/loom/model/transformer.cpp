@@ -56,7 +56,10 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
     add_parameter(position_embedding, 1);
   }
   if (!gpt2)
-    rope_ = std::make_shared<ops::Rope>(config_.head_dim(), config_.max_seq_len, config_.rope_theta);
+    rope_ = std::make_shared<ops::Rope>(
+        config_.head_dim(), config_.max_seq_len, config_.rope_theta,
+        cpu::RopeScaling{config_.rope_scaling_factor, config_.rope_low_freq_factor, config_.rope_high_freq_factor,
+                         config_.rope_original_max_positions});
   // Block l's parameters start at first_block_index + the whole parameter counts of the blocks
   // before it (which differ when dense and mixture-of-experts layers mix).
   std::vector<int64_t> block_start(static_cast<size_t>(config_.n_layer + 1), first_block_index);

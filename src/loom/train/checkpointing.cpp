@@ -63,7 +63,15 @@ void require_same_model(const ModelConfig& expected, const ModelConfig& found, c
   check("max_seq_len", expected.max_seq_len, found.max_seq_len);
   check("tied_embeddings", expected.tied_embeddings, found.tied_embeddings);
   check("norm_eps", expected.norm_eps, found.norm_eps);
-  if (expected.arch == Architecture::Llama) check("rope_theta", expected.rope_theta, found.rope_theta);
+  if (expected.arch == Architecture::Llama) {
+    check("rope_theta", expected.rope_theta, found.rope_theta);
+    check("rope_scaling_factor", expected.rope_scaling_factor, found.rope_scaling_factor);
+    if (expected.rope_scaling_factor != 0) {
+      check("rope_low_freq_factor", expected.rope_low_freq_factor, found.rope_low_freq_factor);
+      check("rope_high_freq_factor", expected.rope_high_freq_factor, found.rope_high_freq_factor);
+      check("rope_original_max_positions", expected.rope_original_max_positions, found.rope_original_max_positions);
+    }
+  }
 }
 
 namespace {

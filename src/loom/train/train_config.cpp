@@ -43,6 +43,10 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.tied_embeddings = r.get_bool("model.tied_embeddings", m.tied_embeddings);
   m.norm_eps = r.get_double("model.norm_eps", m.norm_eps);
   m.rope_theta = r.get_double("model.rope_theta", m.rope_theta);
+  m.rope_scaling_factor = r.get_double("model.rope_scaling_factor", m.rope_scaling_factor);
+  m.rope_low_freq_factor = r.get_double("model.rope_low_freq_factor", m.rope_low_freq_factor);
+  m.rope_high_freq_factor = r.get_double("model.rope_high_freq_factor", m.rope_high_freq_factor);
+  m.rope_original_max_positions = r.get_int("model.rope_original_max_positions", m.rope_original_max_positions);
   m.n_experts = r.get_int("model.n_experts", m.n_experts);
   m.experts_per_token = r.get_int("model.experts_per_token", m.experts_per_token);
   m.n_shared_experts = r.get_int("model.n_shared_experts", m.n_shared_experts);

@@ -1,12 +1,26 @@
 #include "loom/kernels/cpu/rope.hpp"
 
 #include <cmath>
+#include <numbers>
 
 #include "loom/core/error.hpp"
 
 namespace loom::cpu {
 
-RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta) {
+double rope_frequency(int64_t i, int64_t head_dim, double theta, const RopeScaling& scaling) {
+  // Rounded to f32 as Hugging Face computes inv_freq, so checkpoints behave identically in both.
+  const double plain = static_cast<float>(1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+  if (scaling.factor <= 0) return plain;
+  const double wavelength = 2 * std::numbers::pi / plain;
+  const auto context = static_cast<double>(scaling.original_max_positions);
+  if (wavelength < context / scaling.high_freq_factor) return plain;
+  if (wavelength > context / scaling.low_freq_factor) return static_cast<float>(plain / scaling.factor);
+  const double smooth =
+      (context / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor);
+  return static_cast<float>((1 - smooth) * plain / scaling.factor + smooth * plain);
+}
+
+RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta, const RopeScaling& scaling) {
   RopeTable table;
   table.head_dim = head_dim;
   table.max_positions = max_positions;
@@ -17,8 +31,7 @@ RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta)
     for (int64_t i = 0; i < half; ++i) {
       // inv_freq and the angle are rounded to f32 exactly as Hugging Face computes them, so
       // checkpoints behave identically in both; cos/sin are then evaluated in double.
-      const float inv_freq = static_cast<float>(
-          1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim)));
+      const auto inv_freq = static_cast<float>(rope_frequency(i, head_dim, theta, scaling));
       const double angle = static_cast<double>(static_cast<float>(pos) * inv_freq);
       table.cos[static_cast<size_t>(pos * half + i)] = static_cast<float>(std::cos(angle));
       table.sin[static_cast<size_t>(pos * half + i)] = static_cast<float>(std::sin(angle));

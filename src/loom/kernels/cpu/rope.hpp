@@ -12,7 +12,20 @@ struct RopeTable {
   int64_t max_positions = 0;
   std::vector<float> cos, sin;  // [max_positions, head_dim / 2]
 };
-RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta);
+// Llama 3.1's frequency scaling for long contexts ("rope_type": "llama3" in Hugging Face's
+// config): with wavelength w = 2 pi / f of each frequency f and L the original context,
+// w < L / high_freq_factor keeps f, w > L / low_freq_factor divides it by `factor`, and in
+// between f blends the two: (1 - s) f / factor + s f with s = (L / w - low) / (high - low).
+// factor = 0: plain RoPE.
+struct RopeScaling {
+  double factor = 0;
+  double low_freq_factor = 1;
+  double high_freq_factor = 4;
+  int64_t original_max_positions = 8192;
+};
+RopeTable make_rope_table(int64_t head_dim, int64_t max_positions, double theta, const RopeScaling& scaling = {});
+// The frequency of pair i (the angle per position), as the table uses it.
+double rope_frequency(int64_t i, int64_t head_dim, double theta, const RopeScaling& scaling = {});
 
 // x: rows of `tokens` (b*t, position = positions[row], or row % seq_len without them), each
 // with `heads` heads of head_dim, at stride `row_ld`. inverse=true rotates by -angle (the

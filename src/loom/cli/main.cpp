@@ -5,6 +5,7 @@
 
 #include "loom/cli/commands.hpp"
 #include "loom/core/error.hpp"
+#include "loom/train/launch.hpp"
 
 namespace {
 void add_tokenizer_options(CLI::App* command, loom::cli::TokenizerArgs& args) {
@@ -78,6 +79,16 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--out", export_args.out_dir, "output directory (model.safetensors, config.json)")->required();
   export_cmd->add_option("--dtype", export_args.dtype, "f32 or bf16")->check(CLI::IsMember({"f32", "bf16"}));
 
+  loom::LaunchOptions launch;
+  auto* launch_cmd = app.add_subcommand(
+      "launch", "run a training command and relaunch it when it fails; each relaunch resumes from the newest checkpoint");
+  launch_cmd->add_option("--max-restarts", launch.max_restarts, "relaunches before giving up (default 3)")
+      ->check(CLI::NonNegativeNumber);
+  launch_cmd->add_option("--backoff", launch.backoff_s, "seconds before the first relaunch, doubled each time (default 5)")
+      ->check(CLI::NonNegativeNumber);
+  launch_cmd->add_option("command", launch.command, "the command after --, e.g. -- mpirun -np 8 loom train run.toml")
+      ->required();
+
   loom::cli::PlanArgs plan_args;
   auto* plan_cmd = app.add_subcommand("plan", "find the best layout for a model on a cluster, or evaluate one (--layout)");
   plan_cmd->add_option("--model", plan_args.model, "model preset or TOML config with a [model] table");
@@ -122,6 +133,7 @@ int main(int argc, char** argv) {
     if (decode_cmd->parsed()) return loom::cli::run_decode(decode);
     if (eval_cmd->parsed()) return loom::cli::run_eval(eval);
     if (export_cmd->parsed()) return loom::cli::run_export(export_args);
+    if (launch_cmd->parsed()) return loom::launch_with_restarts(launch);
     if (plan_cmd->parsed()) {
       for (const CLI::Option* option : plan_cmd->get_options())
         if (option->count() > 0 && !option->get_lnames().empty()) plan_args.given.insert(option->get_lnames().front());
@@ -129,9 +141,11 @@ int main(int argc, char** argv) {
     }
   } catch (const loom::Error& e) {
     std::fprintf(stderr, "loom: error: %s\n", e.what());
+    loom::report_launch_failure(e.what());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "loom: unexpected error: %s\n", e.what());
+    loom::report_launch_failure(std::string("unexpected error: ") + e.what());
     return 3;
   }
   return 0;

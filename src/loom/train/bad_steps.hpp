@@ -30,6 +30,10 @@ struct FaultInjection {
   double loss_spike_scale = 100.0;
   int slow_rank = -1;  // this world rank sleeps slow_rank_ms in every step's compute; -1: none
   double slow_rank_ms = 0.0;
+  // This world rank kills itself (SIGKILL, as a lost node) when step kill_at_step starts, on
+  // the first attempt under `loom launch` only (LOOM_LAUNCH_ATTEMPT 0 or unset); 0: never.
+  int64_t kill_at_step = 0;
+  int kill_rank = 0;
 };
 
 // What is wrong with a step, worst last: the trainer takes the worst verdict over the ranks.

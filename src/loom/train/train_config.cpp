@@ -222,6 +222,9 @@ void check_bad_steps(const TrainConfig& c) {
   if (c.inject.slow_rank < -1)
     throw_error("config key 'debug.slow_rank' has value ", c.inject.slow_rank, ", expected a world rank (or -1: none)");
   require_range("debug.slow_rank_ms", c.inject.slow_rank_ms, 0, 1e7);
+  if (c.inject.kill_at_step != 0) check_steps({c.inject.kill_at_step}, "kill_at_step");
+  if (c.inject.kill_rank < 0)
+    throw_error("config key 'debug.kill_rank' has value ", c.inject.kill_rank, ", expected a world rank");
   require_range("log.straggler_fraction", c.straggler_fraction, 0, 1e6);
   if (!(c.inject.loss_spike_scale > 0))
     throw_error("config key 'debug.inject_loss_spike_scale' has value ", c.inject.loss_spike_scale,
@@ -339,6 +342,8 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.inject.loss_spike_scale = r.get_double("debug.inject_loss_spike_scale", c.inject.loss_spike_scale);
   c.inject.slow_rank = static_cast<int>(r.get_int("debug.slow_rank", c.inject.slow_rank));
   c.inject.slow_rank_ms = r.get_double("debug.slow_rank_ms", c.inject.slow_rank_ms);
+  c.inject.kill_at_step = r.get_int("debug.kill_at_step", c.inject.kill_at_step);
+  c.inject.kill_rank = static_cast<int>(r.get_int("debug.kill_rank", c.inject.kill_rank));
 
   c.run_dir = r.get_string("log.dir", c.run_dir);
   c.log_every = r.get_int("log.every", c.log_every);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <limits>
 #include <thread>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "loom/parallel/expert_parallel.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
+#include "loom/train/launch.hpp"
 #include "loom/optim/grad_clip.hpp"
 #include "loom/train/device_peak.hpp"
 #include "loom/train/pipeline_report.hpp"
@@ -95,6 +97,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
       bad_steps_(config_.bad_steps) {
   const int world_size = groups_.world ? groups_.world->size() : 1;
   if (world_size > 1) control_ = groups_.world->split(0, groups_.world_rank, "control");
+  if (config_.inject.kill_at_step > 0 && config_.inject.kill_rank >= world_size)
+    throw_error("config key 'debug.kill_rank' is ", config_.inject.kill_rank, ", but the launch has ", world_size,
+                " rank(s)");
   if (config_.inject.slow_rank >= world_size)
     throw_error("config key 'debug.slow_rank' is ", config_.inject.slow_rank, ", but the launch has ", world_size,
                 " rank(s): give a world rank below ", world_size, " or -1");
@@ -582,7 +587,15 @@ TrainSummary Trainer::run() {
   const auto run_start = Clock::now();
   double compute_seconds = 0.0;
   bool checkpoint_pending = false;
+  mark_launch_started();  // past every check: a failure from here on is worth a relaunch
   for (int64_t step = start_step; step < config_.steps; ++step) {
+    if (config_.inject.kill_at_step == step + 1 && config_.inject.kill_rank == groups_.world_rank &&
+        launch_attempt() == 0) {
+      std::fprintf(stderr, "debug.kill_at_step: rank %d kills itself at step %lld\n", groups_.world_rank,
+                   static_cast<long long>(step + 1));
+      std::fflush(stderr);
+      ::raise(SIGKILL);
+    }
     device_memory::reset_peaks(model_->device());
     if (groups_.replicas) groups_.replicas->reset_stats();
     if (groups_.cp) {

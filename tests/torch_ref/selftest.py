@@ -229,6 +229,18 @@ def test_rope() -> None:
     check("RoPE float32 tables == rounded float64 tables", torch.equal(c32, cos.float()) and torch.equal(s32, sin.float()))
 
 
+def test_llama3_rope_scaling() -> None:
+    # By hand, L = 64, low 1, high 4, factor 8: wavelengths 2 pi / f of f = 1, 0.1, 0.01, 0.001 are
+    # 6.28 (< 64/4: kept), 62.83 (between: s = (64/62.8319 - 1)/3 = 0.0061972, so
+    # (1 - s) 0.1/8 + s 0.1 = 0.013042256), 628 and 6283 (> 64/1: divided by 8).
+    scaled = models.llama3_scaled(torch.tensor([1.0, 0.1, 0.01, 0.001], dtype=torch.float64),
+                                  {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 64.0})
+    want = torch.tensor([1.0, 0.013042256, 0.00125, 0.000125], dtype=torch.float64)
+    e = maxdiff(scaled, want)
+    check("llama3 RoPE scaling keeps, blends and divides the three bands as by hand", e < 1e-9, f"max diff {e:.1e}")
+
+
 def test_llama_attention() -> None:
     cfg = models.config_from_dict(LLAMA_CFG)
     m = models.build_model(cfg, torch.float64)
@@ -472,8 +484,8 @@ def test_checker(tmp: str) -> None:
         good = getattr(models, fn)
         if fn == "rotate_half":  # rotate_half pairs with the interleaved tables
             good_tables = models.rope_tables
-            models.rope_tables = lambda T, d, th, dt, dev=None: tuple(
-                t[:, :d // 2].repeat_interleave(2, -1) for t in good_tables(T, d, th, dt, dev))
+            models.rope_tables = lambda T, d, th, dt, dev=None, scaling=None: tuple(
+                t[:, :d // 2].repeat_interleave(2, -1) for t in good_tables(T, d, th, dt, dev, scaling))
         setattr(models, fn, bad)
         try:
             make_dump(w, LLAMA_CFG, seed=200, B=2, T=16, clip_frac=0.0)
@@ -494,6 +506,7 @@ def main() -> int:
         test_elementwise()
         test_gpt2_attention()
         test_rope()
+        test_llama3_rope_scaling()
         test_llama_attention()
         test_checker(tmp)
         if args.keep:

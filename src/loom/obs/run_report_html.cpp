@@ -19,6 +19,8 @@ constexpr const char* kLineKeyColor = "#555555";
 constexpr const char* kSkipMarkColor = "#d62728";
 // The most skipped steps and rollbacks a run's header lists one by one.
 constexpr size_t kListedEvents = 8;
+// Beyond this many points a series' dots would merge into a thick line: it is drawn without.
+constexpr size_t kMostMarkedPoints = 200;
 
 // Plain CSS, system fonts only: the page must render the same with no network.
 constexpr const char* kStyle = R"(
@@ -209,8 +211,9 @@ std::string chart_svg(const std::vector<ReportRun>& runs, const std::string& id)
       std::vector<double> values = line.values;
       for (double& v : values) v /= scale.divisor;
       const std::string last = format_value(last_finite(line).value_or(NAN), chart->unit);
+      const bool markers = line.markers && line.steps.size() <= kMostMarkedPoints;
       Series s{"", several_runs ? run_color : kChartPalette[k % std::size(kChartPalette)], line.steps,
-               std::move(values), line.markers};
+               std::move(values), markers};
       s.tooltip = runs[r].name + ": " + line.name + " (last " + last + ")";
       if (several_runs)
         s.dash = kReportLineDashes[k % std::size(kReportLineDashes)];

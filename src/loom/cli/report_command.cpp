@@ -44,12 +44,14 @@ std::optional<fs::path> newest_checkpoint_under(const fs::path& run_dir) {
 
 std::vector<std::pair<std::string, std::string>> rows_from_checkpoint(const fs::path& dir) {
   std::vector<std::pair<std::string, std::string>> rows;
-  const fs::path config = dir / ckpt_files::kConfigFile, state = dir / ckpt_files::kTrainerStateFile;
-  const ModelConfig model =
-      model_config_from_hf_json(ckpt_files::parse_json_file(read_file_bytes(config.string()), config));
+  const fs::path config = dir / ckpt_files::kConfigFile,
+                 state = dir / ckpt_files::kTrainerStateFile;
+  const ModelConfig model = model_config_from_hf_json(
+      ckpt_files::parse_json_file(read_file_bytes(config.string()), config));
   rows.emplace_back("model", describe_model(model_summary_json(model)));
   if (fs::exists(state)) {
-    const nlohmann::json trainer = ckpt_files::parse_json_file(read_file_bytes(state.string()), state);
+    const nlohmann::json trainer =
+        ckpt_files::parse_json_file(read_file_bytes(state.string()), state);
     if (trainer.contains("precision") && trainer["precision"].is_string())
       rows.emplace_back("precision", trainer["precision"].get<std::string>());
     if (trainer.contains("tokens_per_step") && trainer["tokens_per_step"].is_number())
@@ -59,7 +61,8 @@ std::vector<std::pair<std::string, std::string>> rows_from_checkpoint(const fs::
   return rows;
 }
 
-bool has_row(const std::vector<std::pair<std::string, std::string>>& rows, const std::string& label) {
+bool has_row(const std::vector<std::pair<std::string, std::string>>& rows,
+             const std::string& label) {
   return std::any_of(rows.begin(), rows.end(), [&](const auto& row) { return row.first == label; });
 }
 
@@ -77,7 +80,8 @@ ReportRun read_run(const std::string& given, const std::string& name) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) throw_error("report: run directory '", given, "' does not exist");
   if (!fs::is_directory(dir, ec))
-    throw_error("report: '", given, "' is not a directory; give a run directory (a training run's log.dir)");
+    throw_error("report: '", given,
+                "' is not a directory; give a run directory (a training run's log.dir)");
   const fs::path metrics_path = dir / kMetricsFile;
   if (!fs::is_regular_file(metrics_path, ec))
     throw_error("report: run directory '", given, "' has no ", kMetricsFile,
@@ -93,22 +97,28 @@ ReportRun read_run(const std::string& given, const std::string& name) {
 
   const fs::path manifest_path = dir / kRunManifestFile;
   if (fs::exists(manifest_path, ec)) {
-    const nlohmann::json manifest = ckpt_files::parse_json_file(read_file_bytes(manifest_path.string()), manifest_path);
+    const nlohmann::json manifest =
+        ckpt_files::parse_json_file(read_file_bytes(manifest_path.string()), manifest_path);
     if (!manifest.is_object())
       throw_error("run manifest '", manifest_path.string(), "': expected a JSON object");
     run.summary = run_manifest_rows(manifest, manifest_path.string());
   } else if (const std::optional<fs::path> checkpoint = newest_checkpoint_under(dir)) {
     run.summary = rows_from_checkpoint(*checkpoint);
-    run.notes.push_back("No run.json (loom train writes it): the model, precision and tokens/step are read from the "
-                        "checkpoint " + checkpoint->string() + "; the layout is unknown.");
+    run.notes.push_back(
+        "No run.json (loom train writes it): the model, precision and tokens/step are read from "
+        "the "
+        "checkpoint " +
+        checkpoint->string() + "; the layout is unknown.");
   } else {
-    run.notes.push_back("No run.json (loom train writes it) and no checkpoint in the directory: the configuration "
-                        "is unknown beyond what metrics.jsonl says.");
+    run.notes.push_back(
+        "No run.json (loom train writes it) and no checkpoint in the directory: the configuration "
+        "is unknown beyond what metrics.jsonl says.");
   }
   if (!has_row(run.summary, "steps") && run.metrics.total_steps > 0)
     run.summary.emplace_back("steps", std::to_string(run.metrics.total_steps));
   if (!has_row(run.summary, "tokens/step") && run.metrics.tokens_per_step)
-    run.summary.emplace_back("tokens/step", std::to_string(*run.metrics.tokens_per_step) + " (from tokens/s x step time)");
+    run.summary.emplace_back("tokens/step", std::to_string(*run.metrics.tokens_per_step) +
+                                                " (from tokens/s x step time)");
 
   const fs::path pipeline_path = dir / kPipelineFile;
   if (fs::exists(pipeline_path, ec)) {
@@ -118,8 +128,9 @@ ReportRun read_run(const std::string& given, const std::string& name) {
     else
       run.notes.push_back(pipeline_path.string() + " is not an SVG document; it is left out.");
   } else if (has_pipeline(run.metrics)) {
-    run.notes.push_back("A pipeline-parallel run without pipeline.svg: loom train --print-schedule draws the last "
-                        "step's timeline into the run directory.");
+    run.notes.push_back(
+        "A pipeline-parallel run without pipeline.svg: loom train --print-schedule draws the last "
+        "step's timeline into the run directory.");
   }
   return run;
 }
@@ -133,9 +144,11 @@ int run_report(const ReportArgs& args) {
   const fs::path output = args.output;
   const fs::path parent = output.has_parent_path() ? output.parent_path() : fs::path(".");
   if (!fs::is_directory(parent, ec))
-    throw_error("report: cannot write '", args.output, "': directory '", parent.string(), "' does not exist");
+    throw_error("report: cannot write '", args.output, "': directory '", parent.string(),
+                "' does not exist");
   if (fs::is_directory(output, ec))
-    throw_error("report: cannot write '", args.output, "': it is a directory; give a file name such as report.html");
+    throw_error("report: cannot write '", args.output,
+                "': it is a directory; give a file name such as report.html");
 
   std::vector<ReportRun> runs;
   for (const std::string& given : args.run_dirs) {
@@ -143,7 +156,9 @@ int run_report(const ReportArgs& args) {
     while (name.size() > 1 && name.back() == '/') name.pop_back();
     // The same directory twice still needs two legend entries.
     const std::string base = name;
-    for (int copy = 2; std::any_of(runs.begin(), runs.end(), [&](const ReportRun& r) { return r.name == name; }); ++copy)
+    for (int copy = 2;
+         std::any_of(runs.begin(), runs.end(), [&](const ReportRun& r) { return r.name == name; });
+         ++copy)
       name = base + " (" + std::to_string(copy) + ")";
     runs.push_back(read_run(given, name));
   }
@@ -153,8 +168,9 @@ int run_report(const ReportArgs& args) {
   for (size_t at = html.find("<figure class=\"chart\""); at != std::string::npos;
        at = html.find("<figure class=\"chart\"", at + 1))
     ++charts;
-  std::printf("wrote %s: %zu run%s, %zu charts, %s\n", args.output.c_str(), runs.size(), runs.size() == 1 ? "" : "s",
-              charts, format_bytes(static_cast<int64_t>(html.size())).c_str());
+  std::printf("wrote %s: %zu run%s, %zu charts, %s\n", args.output.c_str(), runs.size(),
+              runs.size() == 1 ? "" : "s", charts,
+              format_bytes(static_cast<int64_t>(html.size())).c_str());
   return 0;
 }
 

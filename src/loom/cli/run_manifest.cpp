@@ -60,12 +60,14 @@ std::string describe_model(const nlohmann::json& m) {
     if (it == m.end() || !it->is_number()) return std::nullopt;
     return it->get<int64_t>();
   };
-  std::string text = m.contains("arch") && m["arch"].is_string() ? m["arch"].get<std::string>() : "model";
+  std::string text =
+      m.contains("arch") && m["arch"].is_string() ? m["arch"].get<std::string>() : "model";
   if (const auto v = number("n_layer")) text += ", " + std::to_string(*v) + " layers";
   if (const auto v = number("n_embd")) text += ", d=" + std::to_string(*v);
   if (const auto v = number("n_head")) {
     text += ", " + std::to_string(*v) + " heads";
-    if (const auto kv = number("n_kv_head"); kv && *kv != *v) text += " (" + std::to_string(*kv) + " kv)";
+    if (const auto kv = number("n_kv_head"); kv && *kv != *v)
+      text += " (" + std::to_string(*kv) + " kv)";
   }
   if (const auto v = number("ffn_hidden")) text += ", ffn " + std::to_string(*v);
   if (const auto v = number("n_experts"); v && *v > 0) {
@@ -73,7 +75,8 @@ std::string describe_model(const nlohmann::json& m) {
     if (const auto k = number("experts_per_token")) text += " (top " + std::to_string(*k) + ")";
   }
   if (const auto v = number("vocab_size")) text += ", vocab " + std::to_string(*v);
-  if (const auto v = number("parameters")) text += ", " + format_count(static_cast<double>(*v)) + " parameters";
+  if (const auto v = number("parameters"))
+    text += ", " + format_count(static_cast<double>(*v)) + " parameters";
   return text;
 }
 
@@ -127,7 +130,8 @@ std::vector<std::pair<std::string, std::string>> run_manifest_rows(const nlohman
   };
   if (const auto model = manifest.find("model"); model != manifest.end()) {
     if (!model->is_object())
-      throw_error("run manifest '", source, "': \"model\" is ", model->dump().substr(0, 60), ", expected an object");
+      throw_error("run manifest '", source, "': \"model\" is ", model->dump().substr(0, 60),
+                  ", expected an object");
     add("model", describe_model(*model));
   }
   std::string layout = text_of(manifest, "layout", source);
@@ -140,10 +144,13 @@ std::vector<std::pair<std::string, std::string>> run_manifest_rows(const nlohman
   add("precision", precision);
   add("steps", text_of(manifest, "steps", source));
   std::string tokens = text_of(manifest, "tokens_per_step", source);
-  const std::string batch = text_of(manifest, "batch_size", source), seq = text_of(manifest, "seq_len", source),
-                    accum = text_of(manifest, "grad_accum", source), dp = text_of(manifest, "dp", source);
+  const std::string batch = text_of(manifest, "batch_size", source),
+                    seq = text_of(manifest, "seq_len", source),
+                    accum = text_of(manifest, "grad_accum", source),
+                    dp = text_of(manifest, "dp", source);
   if (!tokens.empty() && !batch.empty() && !seq.empty() && !accum.empty() && !dp.empty())
-    tokens += " (" + batch + " sequences x " + seq + " tokens x " + accum + " micro-batches x dp " + dp + ")";
+    tokens += " (" + batch + " sequences x " + seq + " tokens x " + accum + " micro-batches x dp " +
+              dp + ")";
   add("tokens/step", tokens);
   if (const auto lr = manifest.find("lr"); lr != manifest.end() && lr->is_number()) {
     std::string text = number_text(lr->get<double>()) + " peak";
@@ -161,7 +168,9 @@ std::vector<std::pair<std::string, std::string>> run_manifest_rows(const nlohman
       for (const nlohmann::json& s : *data)
         if (s.is_object() && s.contains("pattern") && s["pattern"].is_string())
           text += (text.empty() ? "" : "; ") + s["pattern"].get<std::string>() +
-                  (s.contains("weight") && s["weight"].is_number() ? " x " + number_text(s["weight"].get<double>()) : "");
+                  (s.contains("weight") && s["weight"].is_number()
+                       ? " x " + number_text(s["weight"].get<double>())
+                       : "");
       add("train data", text);
     }
   }

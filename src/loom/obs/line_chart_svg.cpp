@@ -45,8 +45,7 @@ std::vector<Point> series_pixels(const Series& series, const Frame& frame) {
       pixels.push_back(frame.to_pixel(series.x[i], series.y[i]));
   const bool sorted = std::is_sorted(pixels.begin(), pixels.end(),
                                      [](const Point& a, const Point& b) { return a.x < b.x; });
-  if (!sorted || pixels.size() <= 4 * static_cast<size_t>(frame.right - frame.left))
-    return pixels;
+  if (!sorted || pixels.size() <= 4 * static_cast<size_t>(frame.right - frame.left)) return pixels;
   std::vector<Point> kept;
   for (size_t begin = 0; begin < pixels.size();) {
     size_t end = begin, lowest = begin, highest = begin;
@@ -165,9 +164,8 @@ void draw_legend(std::ostringstream& svg, const Frame& frame, const std::vector<
       svg << "<circle cx=\"" << format_fixed(left + 20, 1) << "\" cy=\"" << y
           << "\" r=\"3.2\" fill=\"" << xml_escape(key.color)
           << "\" stroke=\"white\" stroke-width=\"1\"/>\n";
-    svg << "<text x=\"" << format_fixed(left + 38, 1) << "\" y=\""
-        << format_fixed(row_y + 4, 1) << "\" fill=\"#333333\">" << xml_escape(key.label)
-        << "</text>\n";
+    svg << "<text x=\"" << format_fixed(left + 38, 1) << "\" y=\"" << format_fixed(row_y + 4, 1)
+        << "\" fill=\"#333333\">" << xml_escape(key.label) << "</text>\n";
   }
   svg << "</g>\n";
 }

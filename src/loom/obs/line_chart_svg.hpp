@@ -20,8 +20,13 @@ struct Series {
   Series() = default;
   Series(std::string label, std::string color, std::vector<double> x, std::vector<double> y,
          bool markers = false, std::string dash = "", std::string tooltip = "")
-      : label(std::move(label)), color(std::move(color)), x(std::move(x)), y(std::move(y)),
-        markers(markers), dash(std::move(dash)), tooltip(std::move(tooltip)) {}
+      : label(std::move(label)),
+        color(std::move(color)),
+        x(std::move(x)),
+        y(std::move(y)),
+        markers(markers),
+        dash(std::move(dash)),
+        tooltip(std::move(tooltip)) {}
 };
 
 // A legend row that belongs to no single series: "run A" in its colour over several series, or

@@ -25,9 +25,10 @@ constexpr size_t kQuoteChars = 60;
 
 [[noreturn]] void bad_field(const std::string& source, int64_t line, const std::string& key,
                             const nlohmann::json& value, const char* expected) {
-  throw_error("metrics log '", source, "' line ", line, ": \"", key, "\" is ",
-              value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, kQuoteChars),
-              ", expected ", expected);
+  throw_error(
+      "metrics log '", source, "' line ", line, ": \"", key, "\" is ",
+      value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, kQuoteChars),
+      ", expected ", expected);
 }
 
 // The field as a number: absent gives nullopt, null gives NaN (NaN and infinity are logged as
@@ -69,8 +70,8 @@ bool is_skipped(const Located& r) {
 // step_record): "comm" is the dp x cp replicas' gradient traffic.
 std::string comm_group_name(const std::string& key) {
   static const std::map<std::string, std::string> names = {
-      {"comm", "dp replicas"}, {"comm_tp", "tp"},     {"comm_pp", "pp"},
-      {"comm_cp", "cp"},       {"comm_ep", "ep"},     {"comm_experts", "expert replicas"}};
+      {"comm", "dp replicas"}, {"comm_tp", "tp"}, {"comm_pp", "pp"},
+      {"comm_cp", "cp"},       {"comm_ep", "ep"}, {"comm_experts", "expert replicas"}};
   const auto it = names.find(key);
   return it != names.end() ? it->second : key.substr(5);
 }
@@ -82,16 +83,29 @@ const std::vector<std::pair<std::string, std::string>>& comm_time_fields() {
   return fields;
 }
 
-bool is_comm_group_key(const std::string& key) { return key == "comm" || key.rfind("comm_", 0) == 0; }
+bool is_comm_group_key(const std::string& key) {
+  return key == "comm" || key.rfind("comm_", 0) == 0;
+}
 
 // Fields with a chart (or a meaning) of their own, never drawn as "field_<name>".
 bool is_known_field(const std::string& key) {
-  static const std::set<std::string> known = {
-      "kind",          "step",          "total_steps",       "loss",
-      "lr",            "grad_norm",     "step_ms",           "tokens_per_s",
-      "mfu",           "memory_bytes",  "memory_peak_bytes", "rank_compute_ms",
-      "skipped",       "skipped_steps", "bad_step",          "data_position",
-      "straggler_rank"};
+  static const std::set<std::string> known = {"kind",
+                                              "step",
+                                              "total_steps",
+                                              "loss",
+                                              "lr",
+                                              "grad_norm",
+                                              "step_ms",
+                                              "tokens_per_s",
+                                              "mfu",
+                                              "memory_bytes",
+                                              "memory_peak_bytes",
+                                              "rank_compute_ms",
+                                              "skipped",
+                                              "skipped_steps",
+                                              "bad_step",
+                                              "data_position",
+                                              "straggler_rank"};
   if (known.count(key) || is_comm_group_key(key)) return true;
   for (const auto& [field, name] : comm_time_fields())
     if (key == field) return true;
@@ -125,8 +139,8 @@ void add_chart(RunMetrics& metrics, MetricChart chart) {
 
 const std::vector<std::string>& metric_chart_order() {
   static const std::vector<std::string> order = {
-      "loss",   "lr",         "grad_norm", "tokens_per_s",   "step_ms",
-      "mfu",    "memory",     "comm_bytes", "comm_ms",       "rank_compute_ms"};
+      "loss", "lr",     "grad_norm",  "tokens_per_s", "step_ms",
+      "mfu",  "memory", "comm_bytes", "comm_ms",      "rank_compute_ms"};
   return order;
 }
 
@@ -149,12 +163,14 @@ RunMetrics extract_run_metrics(const std::vector<nlohmann::json>& records,
     const std::string kind = kind_it->get<std::string>();
     if (kind == "train") {
       const Located r{&record, line, integer_field(record, line, "step", source)};
-      if (const auto total = record.find("total_steps"); total != record.end())
-        metrics.total_steps = std::max(metrics.total_steps, integer_field(record, line, "total_steps", source));
+      if (record.contains("total_steps"))
+        metrics.total_steps =
+            std::max(metrics.total_steps, integer_field(record, line, "total_steps", source));
       if (is_skipped(r)) {
         const auto reason = record.find("bad_step");
-        metrics.skipped_steps.push_back(
-            {r.step, reason != record.end() && reason->is_string() ? reason->get<std::string>() : "skipped"});
+        metrics.skipped_steps.push_back({r.step, reason != record.end() && reason->is_string()
+                                                     ? reason->get<std::string>()
+                                                     : "skipped"});
       }
       train.push_back(r);
     } else if (kind == "val") {
@@ -163,10 +179,11 @@ RunMetrics extract_run_metrics(const std::vector<nlohmann::json>& records,
       // The steps after the checkpoint are trained again and logged again: the later records win.
       const int64_t to_step = integer_field(record, line, "to_step", source);
       const auto checkpoint = record.find("checkpoint");
-      metrics.rollbacks.push_back(
-          {integer_field(record, line, "step", source),
-           "rolled back to step " + std::to_string(to_step) +
-               (checkpoint != record.end() && checkpoint->is_string() ? " (" + checkpoint->get<std::string>() + ")" : "")});
+      metrics.rollbacks.push_back({integer_field(record, line, "step", source),
+                                   "rolled back to step " + std::to_string(to_step) +
+                                       (checkpoint != record.end() && checkpoint->is_string()
+                                            ? " (" + checkpoint->get<std::string>() + ")"
+                                            : "")});
       for (std::vector<Located>* kept : {&train, &val})
         std::erase_if(*kept, [to_step](const Located& r) { return r.step > to_step; });
     }
@@ -180,16 +197,36 @@ RunMetrics extract_run_metrics(const std::vector<nlohmann::json>& records,
   for (const Located& r : train)
     if (!is_skipped(r)) applied.push_back(r);
 
-  add_chart(metrics, {"loss", "Training loss", "cross-entropy (nats/token)", MetricUnit::Plain, true,
+  add_chart(metrics, {"loss",
+                      "Training loss",
+                      "cross-entropy (nats/token)",
+                      MetricUnit::Plain,
+                      true,
                       {series_of("train loss", applied, number("loss")),
                        series_of("val loss", val, number("val_loss"), true)}});
-  add_chart(metrics, {"lr", "Learning rate", "learning rate", MetricUnit::Plain, false,
+  add_chart(metrics, {"lr",
+                      "Learning rate",
+                      "learning rate",
+                      MetricUnit::Plain,
+                      false,
                       {series_of("lr", train, number("lr"))}});
-  add_chart(metrics, {"grad_norm", "Gradient norm (before clipping)", "global L2 norm",
-                      MetricUnit::Plain, true, {series_of("grad norm", applied, number("grad_norm"))}});
-  add_chart(metrics, {"tokens_per_s", "Throughput", "tokens/s", MetricUnit::Plain, false,
+  add_chart(metrics, {"grad_norm",
+                      "Gradient norm (before clipping)",
+                      "global L2 norm",
+                      MetricUnit::Plain,
+                      true,
+                      {series_of("grad norm", applied, number("grad_norm"))}});
+  add_chart(metrics, {"tokens_per_s",
+                      "Throughput",
+                      "tokens/s",
+                      MetricUnit::Plain,
+                      false,
                       {series_of("tokens/s", train, number("tokens_per_s"))}});
-  add_chart(metrics, {"step_ms", "Step time", "ms per step", MetricUnit::Plain, false,
+  add_chart(metrics, {"step_ms",
+                      "Step time",
+                      "ms per step",
+                      MetricUnit::Plain,
+                      false,
                       {series_of("step time", train, number("step_ms"))}});
   // MFU is logged as a fraction, and as 0 where no peak is known (no chart then).
   StepSeries mfu = series_of("MFU", train, [&](const Located& r) -> std::optional<double> {
@@ -197,7 +234,8 @@ RunMetrics extract_run_metrics(const std::vector<nlohmann::json>& records,
     return v ? std::optional<double>(100 * *v) : std::nullopt;
   });
   if (std::any_of(mfu.values.begin(), mfu.values.end(), [](double v) { return v > 0; }))
-    add_chart(metrics, {"mfu", "Model FLOPs utilisation", "MFU (%)", MetricUnit::Plain, false, {mfu}});
+    add_chart(metrics,
+              {"mfu", "Model FLOPs utilisation", "MFU (%)", MetricUnit::Plain, false, {mfu}});
 
   // Memory: one line per category that was ever non-zero, and the peak of their sum.
   std::vector<std::string> categories;
@@ -210,14 +248,16 @@ RunMetrics extract_run_metrics(const std::vector<nlohmann::json>& records,
             std::find(categories.begin(), categories.end(), category) == categories.end())
           categories.push_back(category);
       }
-  MetricChart memory{"memory", "Peak memory by category", "peak bytes", MetricUnit::Bytes, false, {}};
+  MetricChart memory{"memory", "Peak memory by category", "peak bytes", MetricUnit::Bytes, false,
+                     {}};
   for (const std::string& category : categories)
-    memory.lines.push_back(series_of(category, train, [&](const Located& r) -> std::optional<double> {
-      const nlohmann::json* peaks = object_field(r, "memory_peak_bytes", source);
-      if (!peaks) return std::nullopt;
-      const auto it = peaks->find(category);
-      return it != peaks->end() && it->is_number() ? it->get<double>() : 0.0;
-    }));
+    memory.lines.push_back(
+        series_of(category, train, [&](const Located& r) -> std::optional<double> {
+          const nlohmann::json* peaks = object_field(r, "memory_peak_bytes", source);
+          if (!peaks) return std::nullopt;
+          const auto it = peaks->find(category);
+          return it != peaks->end() && it->is_number() ? it->get<double>() : 0.0;
+        }));
   memory.lines.push_back(series_of("total", train, number("memory_bytes")));
   add_chart(metrics, std::move(memory));
 
@@ -237,16 +277,21 @@ RunMetrics extract_run_metrics(const std::vector<nlohmann::json>& records,
         }
         if (std::find(groups.begin(), groups.end(), key) == groups.end()) groups.push_back(key);
       }
-  MetricChart comm_bytes{"comm_bytes", "Communication: wire bytes sent per step", "bytes sent per step",
-                         MetricUnit::Bytes, false, {}};
+  MetricChart comm_bytes{"comm_bytes",
+                         "Communication: wire bytes sent per step",
+                         "bytes sent per step",
+                         MetricUnit::Bytes,
+                         false,
+                         {}};
   for (const std::string& group : groups)
-    comm_bytes.lines.push_back(series_of(comm_group_name(group), train, [&](const Located& r) -> std::optional<double> {
-      const nlohmann::json* ops = object_field(r, group, source);
-      double sent = 0;
-      if (ops)
-        for (const auto& [op, stats] : ops->items()) sent += stats.value("bytes_sent", 0.0);
-      return sent;
-    }));
+    comm_bytes.lines.push_back(
+        series_of(comm_group_name(group), train, [&](const Located& r) -> std::optional<double> {
+          const nlohmann::json* ops = object_field(r, group, source);
+          double sent = 0;
+          if (ops)
+            for (const auto& [op, stats] : ops->items()) sent += stats.value("bytes_sent", 0.0);
+          return sent;
+        }));
   add_chart(metrics, std::move(comm_bytes));
 
   MetricChart comm_ms{"comm_ms", "Communication time", "ms per step", MetricUnit::Plain, false, {}};
@@ -255,17 +300,25 @@ RunMetrics extract_run_metrics(const std::vector<nlohmann::json>& records,
   add_chart(metrics, std::move(comm_ms));
 
   // Each rank's forward + backward time per step since the last log point, over the ranks.
-  MetricChart ranks{"rank_compute_ms", "Compute time across ranks", "ms per step (forward + backward)",
-                    MetricUnit::Plain, false, {}};
+  MetricChart ranks{"rank_compute_ms",
+                    "Compute time across ranks",
+                    "ms per step (forward + backward)",
+                    MetricUnit::Plain,
+                    false,
+                    {}};
   for (const char* statistic : {"min", "median", "max"})
-    ranks.lines.push_back(series_of(statistic, train, [&](const Located& r) -> std::optional<double> {
-      const nlohmann::json* times = object_field(r, "rank_compute_ms", source);
-      if (!times || !times->contains(statistic)) return std::nullopt;
-      const nlohmann::json& v = (*times)[statistic];
-      if (v.is_null()) return kNaN;
-      if (!v.is_number()) bad_field(source, r.line, std::string("rank_compute_ms.") + statistic, v, "a number");
-      return v.get<double>();
-    }, true));
+    ranks.lines.push_back(series_of(
+        statistic, train,
+        [&](const Located& r) -> std::optional<double> {
+          const nlohmann::json* times = object_field(r, "rank_compute_ms", source);
+          if (!times || !times->contains(statistic)) return std::nullopt;
+          const nlohmann::json& v = (*times)[statistic];
+          if (v.is_null()) return kNaN;
+          if (!v.is_number())
+            bad_field(source, r.line, std::string("rank_compute_ms.") + statistic, v, "a number");
+          return v.get<double>();
+        },
+        true));
   add_chart(metrics, std::move(ranks));
 
   // Every other numeric field (MoE losses and loads, cp attention time, ...): a chart each,
@@ -277,9 +330,13 @@ RunMetrics extract_run_metrics(const std::vector<nlohmann::json>& records,
   for (const std::string& key : other) {
     StepSeries line = series_of(key, train, number(key));
     line.markers = line.steps.size() < train.size();
-    add_chart(metrics, {"field_" + key, key, key,
-                        key.find("bytes") != std::string::npos ? MetricUnit::Bytes : MetricUnit::Plain,
-                        false, {std::move(line)}});
+    add_chart(metrics,
+              {"field_" + key,
+               key,
+               key,
+               key.find("bytes") != std::string::npos ? MetricUnit::Bytes : MetricUnit::Plain,
+               false,
+               {std::move(line)}});
   }
 
   metrics.train_records = static_cast<int64_t>(train.size());

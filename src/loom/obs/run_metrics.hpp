@@ -16,9 +16,9 @@ namespace loom {
 enum class MetricUnit { Plain, Bytes };
 
 struct StepSeries {
-  std::string name;                    // "train loss", "parameters", "dp", "median", ...
-  std::vector<double> steps, values;   // same length; a NaN value was logged as null
-  bool markers = false;                // sparse series (val loss, log points): dots too
+  std::string name;                   // "train loss", "parameters", "dp", "median", ...
+  std::vector<double> steps, values;  // same length; a NaN value was logged as null
+  bool markers = false;               // sparse series (val loss, log points): dots too
 };
 
 struct MetricChart {

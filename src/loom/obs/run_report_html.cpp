@@ -107,8 +107,7 @@ std::string base64(const std::string& bytes) {
     uint32_t group = 0;
     for (size_t k = 0; k < 3; ++k)
       group = group << 8 | (k < n ? static_cast<unsigned char>(bytes[i + k]) : 0u);
-    for (size_t k = 0; k < 4; ++k)
-      out += k <= n ? kDigits[(group >> (18 - 6 * k)) & 63] : '=';
+    for (size_t k = 0; k < 4; ++k) out += k <= n ? kDigits[(group >> (18 - 6 * k)) & 63] : '=';
   }
   return out;
 }
@@ -118,7 +117,8 @@ std::string events_text(const std::vector<StepEvent>& events) {
   if (events.empty()) return text;
   text += ": ";
   for (size_t i = 0; i < events.size() && i < kListedEvents; ++i)
-    text += (i ? "; step " : "step ") + std::to_string(events[i].step) + " (" + events[i].what + ")";
+    text +=
+        (i ? "; step " : "step ") + std::to_string(events[i].step) + " (" + events[i].what + ")";
   if (events.size() > kListedEvents) text += "; ...";
   return text;
 }
@@ -135,9 +135,11 @@ std::vector<std::pair<std::string, std::string>> result_rows(const RunMetrics& m
   if (const StepSeries* val = find_line(loss, "val loss"))
     if (const auto v = last_finite(*val)) rows.emplace_back("last val loss", format_plain(*v));
   if (const StepSeries* t = find_line(find_chart(m, "tokens_per_s"), "tokens/s"))
-    if (const auto v = median_finite(*t)) rows.emplace_back("throughput (median)", format_count(*v) + " tokens/s");
+    if (const auto v = median_finite(*t))
+      rows.emplace_back("throughput (median)", format_count(*v) + " tokens/s");
   if (const StepSeries* mfu = find_line(find_chart(m, "mfu"), "MFU"))
-    if (const auto v = median_finite(*mfu)) rows.emplace_back("MFU (median)", format_plain(*v) + "%");
+    if (const auto v = median_finite(*mfu))
+      rows.emplace_back("MFU (median)", format_plain(*v) + "%");
   if (const StepSeries* total = find_line(find_chart(m, "memory"), "total")) {
     double peak = 0;
     for (const double v : total->values)
@@ -159,7 +161,8 @@ std::vector<std::pair<std::string, std::string>> result_rows(const RunMetrics& m
 }
 
 void write_run_header(std::ostringstream& html, const ReportRun& run, size_t index) {
-  html << "<div class=\"run\" id=\"run-" << index << "\">\n<h3><span class=\"swatch\" style=\"background:"
+  html << "<div class=\"run\" id=\"run-" << index
+       << "\">\n<h3><span class=\"swatch\" style=\"background:"
        << kChartPalette[index % std::size(kChartPalette)] << "\"></span>" << xml_escape(run.name)
        << "</h3>\n<table class=\"summary\">\n";
   auto write_rows = [&](const std::vector<std::pair<std::string, std::string>>& rows) {
@@ -171,7 +174,8 @@ void write_run_header(std::ostringstream& html, const ReportRun& run, size_t ind
   html << "<tr class=\"part\"><th colspan=\"2\">results</th></tr>\n";
   write_rows(result_rows(run.metrics));
   html << "</table>\n";
-  for (const std::string& note : run.notes) html << "<p class=\"note\">" << xml_escape(note) << "</p>\n";
+  for (const std::string& note : run.notes)
+    html << "<p class=\"note\">" << xml_escape(note) << "</p>\n";
   html << "</div>\n";
 }
 
@@ -194,7 +198,8 @@ std::string chart_svg(const std::vector<ReportRun>& runs, const std::string& id)
   LineChartOptions options;
   options.title = first->title;
   options.x_label = "step";
-  options.y_label = first->unit == MetricUnit::Bytes ? first->y_label + " (" + scale.unit + ")" : first->y_label;
+  options.y_label =
+      first->unit == MetricUnit::Bytes ? first->y_label + " (" + scale.unit + ")" : first->y_label;
   options.width = kReportChartWidth;
   options.height = kReportChartHeight;
   options.standalone = false;
@@ -212,8 +217,8 @@ std::string chart_svg(const std::vector<ReportRun>& runs, const std::string& id)
       for (double& v : values) v /= scale.divisor;
       const std::string last = format_value(last_finite(line).value_or(NAN), chart->unit);
       const bool markers = line.markers && line.steps.size() <= kMostMarkedPoints;
-      Series s{"", several_runs ? run_color : kChartPalette[k % std::size(kChartPalette)], line.steps,
-               std::move(values), markers};
+      Series s{"", several_runs ? run_color : kChartPalette[k % std::size(kChartPalette)],
+               line.steps, std::move(values), markers};
       s.tooltip = runs[r].name + ": " + line.name + " (last " + last + ")";
       if (several_runs)
         s.dash = kReportLineDashes[k % std::size(kReportLineDashes)];
@@ -223,7 +228,8 @@ std::string chart_svg(const std::vector<ReportRun>& runs, const std::string& id)
     }
     if (first->marks_skipped_steps)
       for (const StepEvent& skipped : runs[r].metrics.skipped_steps)
-        options.marks.push_back({static_cast<double>(skipped.step), several_runs ? run_color : kSkipMarkColor,
+        options.marks.push_back({static_cast<double>(skipped.step),
+                                 several_runs ? run_color : kSkipMarkColor,
                                  runs[r].name + ": step " + std::to_string(skipped.step) +
                                      " skipped (" + skipped.what + ")"});
   }
@@ -231,15 +237,16 @@ std::string chart_svg(const std::vector<ReportRun>& runs, const std::string& id)
   if (several_runs) {
     for (size_t r = 0; r < runs.size(); ++r)
       if (find_chart(runs[r].metrics, id))
-        options.legend.push_back({runs[r].name, kChartPalette[r % std::size(kChartPalette)], "", false});
+        options.legend.push_back(
+            {runs[r].name, kChartPalette[r % std::size(kChartPalette)], "", false});
     if (line_names.size() > 1)
       for (size_t k = 0; k < line_names.size(); ++k) {
         bool markers = false;
         for (const ReportRun& run : runs)
           if (const StepSeries* line = find_line(find_chart(run.metrics, id), line_names[k]))
             markers = markers || line->markers;
-        options.legend.push_back(
-            {line_names[k], kLineKeyColor, kReportLineDashes[k % std::size(kReportLineDashes)], markers});
+        options.legend.push_back({line_names[k], kLineKeyColor,
+                                  kReportLineDashes[k % std::size(kReportLineDashes)], markers});
       }
   }
   return render_line_chart_svg(series, options);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "loom/cli/run_manifest.hpp"
 #include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
 #include "loom/data/bpe_tokenizer.hpp"
@@ -119,6 +120,10 @@ int run_train(const TrainArgs& args) {
   if (runtime && runtime->world_size() > 1)
     world = use_nccl(config, *runtime) ? runtime->nccl_world() : runtime->world();
   Trainer trainer(config, world);
+  // What `loom report` says about the run, next to its metrics.
+  if (rank0)
+    write_run_manifest(config, args.config_path, trainer.global_tokens_per_step() / config.tokens_per_step(),
+                       runtime ? runtime->world_size() : 1);
   const TrainSummary summary = trainer.run();
   if (!rank0) return 0;
   report_trained_model(config, summary, trainer.model());

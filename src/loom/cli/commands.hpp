@@ -106,4 +106,13 @@ struct PlanArgs {
 // Exit code 0 when the layout fits (or the search found one), 1 when it does not.
 int run_plan(const PlanArgs& args);
 
+// `loom report`: one self-contained HTML page of training runs (their run.json, metrics.jsonl
+// and pipeline.svg): a header per run, a chart per metric with the runs overlaid, timelines.
+struct ReportArgs {
+  std::vector<std::string> run_dirs;  // log.dir of each run, as given
+  std::string output = "report.html";
+};
+// Every run directory is read and checked before the page is written (atomically).
+int run_report(const ReportArgs& args);
+
 }  // namespace loom::cli

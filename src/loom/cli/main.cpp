@@ -1,4 +1,4 @@
-// `loom`: train, tokenize, encode, decode, generate, eval, export, plan. Errors in user input end with exit code 2 and one
+// `loom`: train, tokenize, encode, decode, generate, eval, export, launch, plan, report. Errors in user input end with exit code 2 and one
 // line naming the problem; nothing is written before the input has been validated.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -114,6 +114,13 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")
       ->check(CLI::ExistingFile);
 
+  loom::cli::ReportArgs report;
+  auto* report_cmd = app.add_subcommand(
+      "report", "write one self-contained HTML page of training runs: config, metric charts (runs overlaid), pipeline timeline");
+  report_cmd->add_option("run_dirs", report.run_dirs, "run directories (a training run's log.dir, holding metrics.jsonl)")
+      ->required();
+  report_cmd->add_option("-o,--output", report.output, "the HTML file to write (default report.html)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -134,6 +141,7 @@ int main(int argc, char** argv) {
     if (eval_cmd->parsed()) return loom::cli::run_eval(eval);
     if (export_cmd->parsed()) return loom::cli::run_export(export_args);
     if (launch_cmd->parsed()) return loom::launch_with_restarts(launch);
+    if (report_cmd->parsed()) return loom::cli::run_report(report);
     if (plan_cmd->parsed()) {
       for (const CLI::Option* option : plan_cmd->get_options())
         if (option->count() > 0 && !option->get_lnames().empty()) plan_args.given.insert(option->get_lnames().front());

@@ -50,10 +50,12 @@ void MetricsLog::write(const nlohmann::json& record) {
     throw_error("metrics log '", path_, "': write failed: ", std::strerror(errno));
 }
 
-std::vector<nlohmann::json> MetricsLog::read_all(const std::string& path) {
+std::vector<nlohmann::json> MetricsLog::read_all(const std::string& path,
+                                                 std::vector<int64_t>* line_numbers) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw_error("metrics log '", path, "': cannot open for reading: ", std::strerror(errno));
   std::vector<nlohmann::json> records;
+  if (line_numbers) line_numbers->clear();
   std::string line;
   int64_t line_number = 0;
   while (std::getline(in, line)) {
@@ -67,6 +69,7 @@ std::vector<nlohmann::json> MetricsLog::read_all(const std::string& path) {
                   ": not valid JSON: ", line.substr(0, 80));
     }
     records.push_back(std::move(record));
+    if (line_numbers) line_numbers->push_back(line_number);
   }
   return records;
 }

@@ -1,6 +1,7 @@
 #pragma once
 // Training metrics as JSON Lines: one record per line, flushed as soon as it is written, so a
 // run that is killed keeps every line it finished and the file can be plotted at any time.
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -26,8 +27,10 @@ class MetricsLog {
 
   // Every record in the file, in order. A last line without its newline is kept only if it
   // parses (a killed writer leaves a fragment that does not); a malformed complete line, or a
-  // file that cannot be read, throws loom::Error with the path and line number.
-  static std::vector<nlohmann::json> read_all(const std::string& path);
+  // file that cannot be read, throws loom::Error with the path and line number. When given,
+  // `line_numbers` receives each record's 1-based line, for errors about its contents.
+  static std::vector<nlohmann::json> read_all(const std::string& path,
+                                              std::vector<int64_t>* line_numbers = nullptr);
 
  private:
   struct CloseFile {

@@ -87,9 +87,10 @@ int value_decimals(const NiceAxis& axis) {
          1;
 }
 
-std::string svg_document_start(double width, double height) {
+std::string svg_document_start(double width, double height, bool standalone) {
   const std::string w = format_fixed(width, 0), h = format_fixed(height, 0);
-  return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + w + "\" height=\"" + h +
+  return std::string("<svg") + (standalone ? " xmlns=\"http://www.w3.org/2000/svg\"" : "") +
+         " width=\"" + w + "\" height=\"" + h +
          "\" viewBox=\"0 0 " + w + ' ' + h +
          "\" font-family=\"Helvetica, Arial, sans-serif\" font-size=\"12\">\n<rect width=\"" + w +
          "\" height=\"" + h + "\" fill=\"white\"/>\n";

@@ -33,9 +33,9 @@ std::string nice_tick_label(double value, const NiceAxis& axis);
 // than the ticks show, so two values between the same ticks still differ.
 int value_decimals(const NiceAxis& axis);
 
-// The opening <svg> element (with xmlns, so the file stands alone) and a white background;
-// the caller appends the chart and "</svg>\n".
-std::string svg_document_start(double width, double height);
+// The opening <svg> element and a white background; the caller appends the chart and
+// "</svg>\n". `standalone` adds xmlns, which a file needs and an <svg> inside HTML does not.
+std::string svg_document_start(double width, double height, bool standalone = true);
 
 // Writes `svg` to path + ".tmp" and renames it over `path`, so a reader (a browser refreshing
 // the plot mid-run) never sees half a file. No fsync: a plot lost to a power cut is redrawn,

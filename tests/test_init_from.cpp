@@ -193,8 +193,8 @@ TEST(InitFromErrors, NameTheDirectoryAndTheProblem) {
 }
 
 // A model built by the independent PyTorch reference (tests/torch_ref/make_hf_model.py: a Llama
-// with GQA, an untied head and rope_theta 5e5; the same with Llama 3.1's rope_scaling; a tied
-// GPT-2), saved in Hugging Face's layout with
+// with GQA, an untied head and rope_theta 5e5; the same with Llama 3.1's rope_scaling; a Mixtral
+// of 4 experts, top 2; a tied GPT-2), saved in Hugging Face's layout with
 // transformers' config keys, loads as train.init_from reads it and computes the reference's
 // logits at every position and its loss. The reference runs in float64 on the same float32
 // weights, so the difference is loom's float32 arithmetic: 1e-5 of the largest logit.
@@ -246,7 +246,7 @@ TEST_P(InitFromTorchReference, LogitsAndLossMatchTheReference) {
   EXPECT_GT(std::abs(loss - std::log(static_cast<double>(vocab))), 0.05);  // not a uniform model
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, InitFromTorchReference, ::testing::Values("llama", "llama31", "gpt2"),
+INSTANTIATE_TEST_SUITE_P(Architectures, InitFromTorchReference, ::testing::Values("llama", "llama31", "mixtral", "gpt2"),
                          [](const auto& info) { return info.param; });
 
 // The shipped fine-tuning configs describe the models they name: their [model] equals what the

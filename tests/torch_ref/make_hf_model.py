@@ -2,7 +2,7 @@
 """Writes a tiny model in Hugging Face's layout, built by the PyTorch reference (models.py), and
 what it computes on a fixed batch, for `train.init_from` to be checked against.
 
-  make_hf_model.py OUT_DIR llama|llama31|gpt2
+  make_hf_model.py OUT_DIR llama|llama31|mixtral|gpt2
 
 OUT_DIR gets config.json (transformers' keys), model.safetensors (HF names; for llama an untied
 lm_head, GQA and a non-default rope_theta; gpt2 tied) and reference.safetensors with
@@ -32,6 +32,12 @@ def config(arch):
         c.update({"rope_theta": 10000.0, "max_position_embeddings": 128,
                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})
+        return c
+    if arch == "mixtral":
+        # Mixtral: 4 SwiGLU experts, top-2 softmax routing, no balancing loss in the logits.
+        c = config("llama")
+        c.update({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": 4,
+                  "num_experts_per_tok": 2, "sliding_window": None})
         return c
     if arch == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 96,

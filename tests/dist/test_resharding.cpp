@@ -35,6 +35,17 @@ void expect_same_tensors_bitwise(const std::string& a_dir, const std::string& b_
   }
 }
 
+// The losses of `dir`/resumed (steps 5-8) equal `dir`/straight's steps 5-8 within `tolerance`.
+void expect_resumed_losses_follow_straight(const std::string& dir, double tolerance) {
+  const auto resumed = losses_of(dir + "/resumed/metrics.jsonl");
+  const auto straight = losses_of(dir + "/straight/metrics.jsonl");
+  ASSERT_EQ(straight.size(), static_cast<size_t>(kTotalSteps));
+  ASSERT_EQ(resumed.size(), static_cast<size_t>(kTotalSteps - kFirstSteps));
+  for (size_t s = 0; s < resumed.size(); ++s)
+    EXPECT_NEAR(resumed[s], straight[kFirstSteps + s], tolerance * straight[kFirstSteps + s])
+        << "step " << kFirstSteps + s + 1;
+}
+
 class Resharding : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Resharding, RoundTripIsBitwiseAndTrainingContinuesUnchanged) {
@@ -97,12 +108,7 @@ TEST_P(Resharding, RoundTripIsBitwiseAndTrainingContinuesUnchanged) {
   Trainer(config(n, 3, "d", "resumed"), dp).run();
   Trainer(config(n, 3, "straight", "straight"), dp).run();
   if (dp->rank() == 0) {
-    const auto resumed = losses_of(run.dir + "/resumed/metrics.jsonl");
-    const auto straight = losses_of(run.dir + "/straight/metrics.jsonl");
-    ASSERT_EQ(straight.size(), static_cast<size_t>(kTotalSteps));
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(kTotalSteps - kFirstSteps));
-    for (size_t s = 0; s < resumed.size(); ++s)
-      EXPECT_NEAR(resumed[s], straight[kFirstSteps + s], 1e-6 * straight[kFirstSteps + s]) << "step " << kFirstSteps + s + 1;
+    expect_resumed_losses_follow_straight(run.dir, 1e-6);
     std::filesystem::remove_all(root);
   }
   dp->barrier();
@@ -138,12 +144,7 @@ TEST(ReshardingData, ResumeOnHalfTheRanksReadsTheSequencesOfTheUninterruptedRun)
   }
   dp->barrier();
   if (dp->rank() == 0) {
-    const auto resumed = losses_of(run.dir + "/resumed/metrics.jsonl");
-    const auto straight = losses_of(run.dir + "/straight/metrics.jsonl");
-    ASSERT_EQ(straight.size(), static_cast<size_t>(kTotalSteps));
-    ASSERT_EQ(resumed.size(), static_cast<size_t>(kTotalSteps - kFirstSteps));
-    for (size_t s = 0; s < resumed.size(); ++s)
-      EXPECT_NEAR(resumed[s], straight[kFirstSteps + s], 1e-5 * straight[kFirstSteps + s]) << "step " << kFirstSteps + s + 1;
+    expect_resumed_losses_follow_straight(run.dir, 1e-5);
     std::filesystem::remove_all(root);
   }
   dp->barrier();

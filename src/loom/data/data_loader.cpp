@@ -42,6 +42,23 @@ void check_documents_fit(const std::vector<std::string>& shard_paths, int32_t eo
   }
 }
 
+nlohmann::json loader_state_json(const LoaderState& state) {
+  return {{"sequences", state.sequences}, {"source_sequences", state.source_sequences}};
+}
+
+LoaderState loader_state_from_json(const nlohmann::json& loader, const std::string& checkpoint) {
+  if (!loader.is_object() || !loader.contains("sequences") || !loader.contains("source_sequences")) {
+    throw_error("checkpoint '", checkpoint, "': its data position ", loader.dump(),
+                " is not in sequences read ({\"sequences\", \"source_sequences\"}); checkpoints written before "
+                "loom counted the data position in sequences (epoch, shard, position) cannot say where to go on");
+  }
+  try {
+    return {loader.at("sequences").get<int64_t>(), loader.at("source_sequences").get<std::vector<int64_t>>()};
+  } catch (const nlohmann::json::exception& e) {
+    throw_error("checkpoint '", checkpoint, "': data position ", loader.dump(), " is malformed: ", e.what());
+  }
+}
+
 int64_t permute_index(int64_t index, int64_t size, uint64_t key) {
   LOOM_CHECK(size > 0 && index >= 0 && index < size, "permute_index(", index, ", ", size, ")");
   if (size == 1) return 0;

@@ -22,6 +22,7 @@
 // at most kMaxMappedShards stay mapped.
 #include <cstdint>
 #include <list>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,12 @@ struct LoaderState {
 
   bool operator==(const LoaderState&) const = default;
 };
+
+// The position as checkpoints and metrics hold it: {"sequences", "source_sequences"}. Reading
+// refuses, naming `checkpoint`, a malformed one and the (epoch, shard, position) of checkpoints
+// written before positions were counted in sequences.
+nlohmann::json loader_state_json(const LoaderState& state);
+LoaderState loader_state_from_json(const nlohmann::json& loader, const std::string& checkpoint);
 
 // The files matching a glob pattern, sorted by name (byte order, whatever the locale).
 std::vector<std::string> expand_shard_pattern(const std::string& glob_pattern);

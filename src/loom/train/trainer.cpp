@@ -72,23 +72,6 @@ TrainConfig checked_for_device(TrainConfig config) {
   return config;
 }
 
-// The loader's position in checkpoints and metrics: sequences read, in all and per source.
-nlohmann::json loader_json(const LoaderState& state) {
-  return {{"sequences", state.sequences}, {"source_sequences", state.source_sequences}};
-}
-
-LoaderState loader_state_from_json(const nlohmann::json& loader, const std::string& checkpoint) {
-  if (!loader.is_object() || !loader.contains("sequences") || !loader.contains("source_sequences")) {
-    throw_error("checkpoint '", checkpoint, "': its data position ", loader.dump(),
-                " is not in sequences read ({\"sequences\", \"source_sequences\"}); checkpoints written before "
-                "loom counted the data position in sequences (epoch, shard, position) cannot say where to go on");
-  }
-  try {
-    return {loader.at("sequences").get<int64_t>(), loader.at("source_sequences").get<std::vector<int64_t>>()};
-  } catch (const nlohmann::json::exception& e) {
-    throw_error("checkpoint '", checkpoint, "': data position ", loader.dump(), " is malformed: ", e.what());
-  }
-}
 }  // namespace
 
 Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
@@ -181,7 +164,7 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"optimizer_steps", optimizer_steps()},
           {"seed", config_.seed},
           {"tokens_seen", step * config_.tokens_per_step()},
-          {"loader", loader_json(loader)},
+          {"loader", loader_state_json(loader)},
           {"tokens_per_step", global_tokens_per_step()},
           {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"},
           {"bad_steps", bad_steps_.state()}};
@@ -624,7 +607,7 @@ TrainSummary Trainer::run() {
                             step_seconds * 1e3, static_cast<double>(global_tokens_per_step()) / step_seconds,
                             peak_gflops > 0 ? flops_per_step / step_seconds / (peak_gflops * 1e9) : 0.0,
                             device_memory::stats(model_->device()).total_peak_bytes};
-    const nlohmann::json position_json = loader_json(data_position);
+    const nlohmann::json position_json = loader_state_json(data_position);
     // Every log point (the same steps on every rank), each rank's compute time per step since
     // the last one, gathered over the world.
     std::optional<RankTimes> rank_times;
@@ -676,7 +659,7 @@ TrainSummary Trainer::run() {
       if (metrics)
         metrics->write({{"kind", "rollback"}, {"step", step + 1}, {"to_step", rollback.to_step},
                         {"checkpoint", rollback.checkpoint}, {"bad_in_a_row", in_a_row},
-                        {"data_resumes_at", loader_json(resume_at)}});
+                        {"data_resumes_at", loader_state_json(resume_at)}});
       if (is_rank0()) {
         progress.clear();
         std::printf("step %lld: %lld bad steps in a row: rolled back to %s (step %lld); the data read since it "

@@ -99,6 +99,38 @@ TEST(Cli, ExportWritesTheCheckpointWeightsInHuggingFaceLayout) {
   EXPECT_THAT(r.output, HasSubstr("nowhere"));
 }
 
+TEST(Cli, CalibrateWritesAProfileThatPlanPredictsTheEngineFrom) {
+  TinyRun run("cli_calibrate");
+  const std::string profile = run.dir + "/profile.json";
+  CommandResult r = run_loom("calibrate --quick --out " + profile);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("1 rank x 1 thread: GEMM peak"));
+  EXPECT_THAT(r.output, HasSubstr("entries for 1 ranks"));
+  std::ofstream(run.dir + "/model.toml") << "[model]\narch = \"gpt2\"\nvocab_size = 256\nmax_seq_len = 64\n"
+                                             "n_layer = 2\nn_embd = 64\nn_head = 4\n";
+  const std::string plan = "plan --model " + run.dir + "/model.toml --seq 64 --global-batch 8 --profile " + profile;
+  r = run_loom(plan + " --layout mbs=4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json one = nlohmann::json::parse(r.output);
+  EXPECT_GT(one["time"]["step_s"].get<double>(), 0);
+  EXPECT_EQ(one["memory_bytes"]["workspace"].get<double>(), 0);  // the CPU engine has no GPU workspace
+  EXPECT_THAT(one["gpu"].get<std::string>(), HasSubstr("ranks of"));
+  // Rank counts the profile lacks, a precision it did not measure, and flags it replaces.
+  r = run_loom(plan + " --layout dp=2,mbs=4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("no entry for 2 ranks (it has 1); run `mpirun -np 2 loom calibrate"));
+  r = run_loom(plan + " --layout mbs=4 --precision bf16");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("drop --precision bf16"));
+  r = run_loom("calibrate --quick --out " + run.dir + "/nowhere/profile.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("does not exist"));
+  std::ofstream(run.dir + "/other.json") << "{\"format\": \"loom-machine-profile/1\", \"machine\": \"x\", \"entries\": []}";
+  r = run_loom("calibrate --quick --out " + run.dir + "/other.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("entries: expected a non-empty array"));
+}
+
 TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   CommandResult r = run_loom("plan --model llama-8b --gpu h100-sxm --layout tp=8,dp=8,zero=1,recompute=selective,sp=1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;

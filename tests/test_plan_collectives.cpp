@@ -28,7 +28,7 @@ constexpr Link kNetwork{10e-6, 50e9};
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 GroupTopology topology(int64_t ranks, int64_t ranks_per_node) {
-  return GroupTopology{ranks, ranks_per_node, kNvlink, kNetwork};
+  return GroupTopology{ranks, ranks_per_node, kNvlink, kNetwork, nullptr};
 }
 
 // Relative tolerance: the model is a few dozen floating-point operations.
@@ -166,7 +166,7 @@ TEST(PlanCollectives, BadInputNamesTheField) {
                   {"all_gather", "bytes = nan"});
   // A group spanning nodes needs the network link to be set.
   expect_contains(error_message([] {
-                    collective_time(Collective::AllReduce, 1, GroupTopology{16, 8, kNvlink, {}});
+                    collective_time(Collective::AllReduce, 1, GroupTopology{16, 8, kNvlink, {}, nullptr});
                   }),
                   {"inter.bytes_per_s = 0"});
   expect_contains(error_message([] { plan::p2p_time(-5, kNetwork); }), {"p2p_time", "bytes = -5"});

@@ -102,9 +102,21 @@ struct PlanArgs {
   std::string gemm_timings;        // CSV m,n,k,seconds measured on the GPU: replaces the default efficiency
   std::string svg_dir;             // write memory.svg (candidates) and timeline.svg (the chosen layout) here
   std::string validate;            // a published-runs JSON file: predict each run, print the errors
+  std::string profile;             // a machine profile (`loom calibrate`): predict loom's CPU engine there
 };
 // Exit code 0 when the layout fits (or the search found one), 1 when it does not.
 int run_plan(const PlanArgs& args);
+
+// `loom calibrate`: measures this machine for the planner (plan/machine_calibration) with every
+// rank of the launch working at once, and adds the entry for this rank count to `out`
+// (created, or merged into an existing profile). Run once per rank count:
+// `mpirun -np N loom calibrate --out profile.json`.
+struct CalibrateArgs {
+  std::string out;
+  bool quick = false;
+  int threads = 1;  // kernel threads per rank
+};
+int run_calibrate(const CalibrateArgs& args);
 
 // `loom report`: one self-contained HTML page of training runs (their run.json, metrics.jsonl
 // and pipeline.svg): a header per run, a chart per metric with the runs overlaid, timelines.

@@ -1,4 +1,4 @@
-// `loom`: train, tokenize, encode, decode, generate, eval, export, launch, plan, report. Errors in user input end with exit code 2 and one
+// `loom`: train, tokenize, encode, decode, generate, eval, export, launch, plan, calibrate, report. Errors in user input end with exit code 2 and one
 // line naming the problem; nothing is written before the input has been validated.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -114,6 +114,17 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")
       ->check(CLI::ExistingFile);
 
+  plan_cmd->add_option("--profile", plan_args.profile,
+                       "machine profile from `loom calibrate`: predict loom's own CPU engine on that machine")
+      ->check(CLI::ExistingFile);
+
+  loom::cli::CalibrateArgs calibrate;
+  auto* calibrate_cmd = app.add_subcommand(
+      "calibrate", "measure this machine (GEMM, attention, memory, MPI) for `loom plan --profile`; run under mpirun -np N");
+  calibrate_cmd->add_option("--out", calibrate.out, "profile JSON to create or add this rank count to")->required();
+  calibrate_cmd->add_flag("--quick", calibrate.quick, "fewer shapes and sizes: a rough profile in seconds");
+  calibrate_cmd->add_option("--threads", calibrate.threads, "kernel threads per rank (default 1)")->check(CLI::PositiveNumber);
+
   loom::cli::ReportArgs report;
   auto* report_cmd = app.add_subcommand(
       "report", "write one self-contained HTML page of training runs: config, metric charts (runs overlaid), pipeline timeline");
@@ -142,6 +153,7 @@ int main(int argc, char** argv) {
     if (export_cmd->parsed()) return loom::cli::run_export(export_args);
     if (launch_cmd->parsed()) return loom::launch_with_restarts(launch);
     if (report_cmd->parsed()) return loom::cli::run_report(report);
+    if (calibrate_cmd->parsed()) return loom::cli::run_calibrate(calibrate);
     if (plan_cmd->parsed()) {
       for (const CLI::Option* option : plan_cmd->get_options())
         if (option->count() > 0 && !option->get_lnames().empty()) plan_args.given.insert(option->get_lnames().front());

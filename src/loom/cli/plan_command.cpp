@@ -1,5 +1,7 @@
 // `loom plan`: the layout of a training job before any GPU hour is spent. With --layout it
 // evaluates that layout; without it searches all layouts in the playbook's three steps.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -10,6 +12,7 @@
 #include "loom/plan/cluster_model.hpp"
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/hardware.hpp"
+#include "loom/plan/machine_profile.hpp"
 #include "loom/plan/plan_charts.hpp"
 #include "loom/obs/svg_support.hpp"
 #include "loom/plan/search.hpp"
@@ -63,6 +66,31 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   return job;
 }
 
+// The machine a plan is for: a GPU cluster from the presets and settings, or with --profile
+// the machine `loom calibrate` measured, running loom's own CPU engine (f32).
+struct Machine {
+  plan::ClusterSpec cluster;
+  plan::TrainingJob job;
+};
+
+Machine machine_of(const PlanArgs& args, int64_t gpus) {
+  if (args.profile.empty()) return {plan_cluster(args, gpus), job_of(args)};
+  if (args.given.count("precision") > 0 && args.precision != "f32")
+    throw_error("plan: --profile predicts loom's CPU engine, which the profile measured in f32; drop --precision ",
+                args.precision);
+  if (!args.gemm_timings.empty()) throw_error("plan: give --profile or --gemm-timings, not both (a profile has its GEMM timings)");
+  if (args.attention != "flash")
+    throw_error("plan: --profile predicts loom's engine, whose attention is flash-style; drop --attention ", args.attention);
+  const plan::MachineProfile profile = plan::read_machine_profile(args.profile);
+  const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  plan::ProfiledMachine m = plan::profiled_machine(profile.entry(gpus), ram / static_cast<double>(gpus));
+  m.job.seq_len = args.seq_len;
+  m.job.global_batch = args.global_batch;
+  m.job.memory.seq_len = args.seq_len;
+  m.cluster.gpu.name = "ranks of " + profile.machine;
+  return {m.cluster, m.job};
+}
+
 void print_cluster(const ModelConfig& model, const plan::ClusterSpec& cluster, const plan::StepTime& t, const PlanArgs& args) {
   if (args.train_tokens <= 0) return;
   // A checkpoint holds bf16 weights plus fp32 master and moments: 14 bytes per parameter.
@@ -102,8 +130,9 @@ std::vector<plan::Candidate> top_candidates(const plan::SearchResult& r, int top
 
 int run_search(const PlanArgs& args, const ModelConfig& model) {
   if (args.gpus <= 0) throw_error("plan: give --gpus to search (or --layout to evaluate one layout)");
-  const plan::ClusterSpec cluster = plan_cluster(args, args.gpus);
-  const plan::TrainingJob job = job_of(args);
+  const Machine machine = machine_of(args, args.gpus);
+  const plan::ClusterSpec& cluster = machine.cluster;
+  const plan::TrainingJob& job = machine.job;
   const plan::SearchResult r = plan::search_layouts(model, cluster, job);
   if (args.json) {
     nlohmann::json top = nlohmann::json::array();
@@ -260,10 +289,11 @@ int run_plan(const PlanArgs& command_line) {
   const int64_t per_step = layout.dp * layout.micro_batch;
   if (args.global_batch % per_step != 0)
     throw_error("plan: global batch ", args.global_batch, " sequences is not a multiple of dp x mbs = ", per_step);
-  plan::TrainingJob job = job_of(args);
+  Machine machine = machine_of(args, layout.gpus());
+  plan::TrainingJob& job = machine.job;
   job.memory.micro_batches = args.global_batch / per_step;
   const plan::MemoryBreakdown mem = plan::predict_gpu_memory(model, layout, job.memory);
-  const plan::ClusterSpec cluster = plan_cluster(args, layout.gpus());
+  const plan::ClusterSpec& cluster = machine.cluster;
   const plan::GpuSpec& gpu = cluster.gpu;
   const plan::StepTime time = plan::predict_step_time(model, layout, cluster, job);
   const bool fits = mem.total() <= gpu.hbm_bytes * plan::kUsableMemoryFraction;

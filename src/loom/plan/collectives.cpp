@@ -167,7 +167,14 @@ GroupTopology group_topology(const ClusterSpec& cluster, int64_t ranks, int64_t 
   topo.ranks_per_node = std::gcd(ranks, fitting);
   topo.intra = nvlink_of(cluster);
   topo.inter = network_of(cluster);
+  topo.measured = cluster.measured_comm;
   return topo;
+}
+
+const CollectiveFit* MeasuredComm::find(Collective op, int64_t group) const {
+  for (const CollectiveFit& fit : collectives)
+    if (fit.op == op && fit.group == group) return &fit;
+  return nullptr;
 }
 
 CollectiveTime collective_time(Collective op, double bytes, const GroupTopology& topo) {
@@ -178,6 +185,15 @@ CollectiveTime collective_time(Collective op, double bytes, const GroupTopology&
   const Link& link = flat_link(topo);
   const bool spans_shared_nodes = topo.ranks_per_node > 1 && topo.ranks_per_node < n;
   CollectiveTime best;
+  if (topo.measured) {
+    if (const CollectiveFit* fit = topo.measured->find(op, n)) {
+      const double block = bytes / static_cast<double>(n);
+      const double wire = op == Collective::AllReduce   ? 2.0 * static_cast<double>(n - 1) * block
+                          : op == Collective::Broadcast ? bytes
+                                                        : static_cast<double>(n - 1) * block;
+      return {step(fit->cost, bytes), "measured", wire};
+    }
+  }
   switch (op) {
     case Collective::AllReduce:
       best = fastest(ring_all_reduce(bytes, n, link), tree_all_reduce(bytes, n, link));
@@ -199,11 +215,13 @@ double p2p_time(double bytes, const Link& link) {
 }
 
 Link nvlink_of(const ClusterSpec& cluster) {
+  if (cluster.measured_comm) return cluster.measured_comm->p2p;
   if (cluster.gpu.nvlink_bytes_per_s <= 0) return network_of(cluster);
   return {kNvlinkStepLatencyS, cluster.gpu.nvlink_bytes_per_s};
 }
 
 Link network_of(const ClusterSpec& cluster) {
+  if (cluster.measured_comm) return cluster.measured_comm->p2p;
   return {kNetworkStepLatencyS, cluster.inter_node_bytes_per_s_per_gpu};
 }
 

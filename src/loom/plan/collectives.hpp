@@ -8,6 +8,8 @@
 // workstations" (JPDC 2009); NCCL's double binary tree: Jeaugey, "Massively Scale Your Deep
 // Learning Training with NCCL 2.4" (NVIDIA developer blog, 2019).
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "loom/plan/hardware.hpp"
 
@@ -25,11 +27,29 @@ struct Link {
   double bytes_per_s = 0;  // one GPU's one-direction bandwidth (1 / beta)
 };
 
+enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast };
+
+// Measured costs (`loom calibrate`, plan/machine_profile): one alpha-beta fit per collective and
+// group size, measured with every group of that size busy at once, and one for a send/recv.
+struct CollectiveFit {
+  Collective op = Collective::AllReduce;
+  int64_t group = 2;
+  Link cost;
+};
+struct MeasuredComm {
+  Link p2p;
+  std::vector<CollectiveFit> collectives;
+  const CollectiveFit* find(Collective op, int64_t group) const;  // null when not measured
+};
+
 struct GroupTopology {
   int64_t ranks = 1;           // size of the communicating group
   int64_t ranks_per_node = 1;  // the group's ranks sharing one node (NVLink domain); divides ranks
   Link intra;                  // NVLink
   Link inter;                  // network, per GPU
+  // Set (from ClusterSpec::measured_comm) on a profiled machine: a measured fit of the op at
+  // this group size replaces the algorithm models below.
+  std::shared_ptr<const MeasuredComm> measured;
 };
 
 // The topology of a group of `ranks` ranks whose consecutive members are `stride` apart on the
@@ -38,8 +58,6 @@ struct GroupTopology {
 // take its gcd with `ranks`, the smallest piece on any node, since the slowest piece sets the
 // pace. Throws a loom::Error naming a bad argument.
 GroupTopology group_topology(const ClusterSpec& cluster, int64_t ranks, int64_t stride);
-
-enum class Collective { AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast };
 
 struct CollectiveTime {
   double seconds = 0;
@@ -52,13 +70,16 @@ struct CollectiveTime {
 // own block included; broadcast: the payload). Returns the fastest algorithm the model knows for
 // the op, named. A group inside one node uses the intra link, one with a rank per node the inter
 // link; a group spanning nodes with several ranks per node also gets the hierarchical forms.
-// One rank or zero bytes cost nothing. Throws a loom::Error naming a bad field or argument.
+// One rank or zero bytes cost nothing. On a profiled machine (topo.measured) a fit of the op at
+// topo.ranks gives the time instead ("measured"; wire bytes still from the ring/pairwise
+// count). Throws a loom::Error naming a bad field or argument.
 CollectiveTime collective_time(Collective op, double bytes, const GroupTopology& topo);
 
 // One message: latency + bytes / bandwidth; zero bytes cost nothing.
 double p2p_time(double bytes, const Link& link);
 
-// The cluster's links with the default latencies above. A GPU without NVLink
+// The cluster's links with the default latencies above; on a profiled machine
+// (cluster.measured_comm) both are the measured send/recv link. A GPU without NVLink
 // (nvlink_bytes_per_s = 0) talks to its node peers over PCIe and the NIC; we charge it the
 // network link, a pessimistic stand-in.
 Link nvlink_of(const ClusterSpec& cluster);

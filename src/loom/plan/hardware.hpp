@@ -4,10 +4,13 @@
 // size, network, power, reliability, storage, price). Every default carries its source, so
 // an estimate can be traced back to a document rather than to a guess.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace loom::plan {
+
+struct MeasuredComm;  // collectives.hpp
 
 // Dense (non-sparse) datasheet peaks of one GPU. NVIDIA datasheets print tensor-core FLOPS
 // "with sparsity"; dense is half of that. Bandwidths are bytes/s in decimal units (1 TB/s =
@@ -69,6 +72,9 @@ struct ClusterSpec {
   double restart_seconds = 600;
   // 0 means unpriced: cost then reads 0. Prices vary too much by contract to default one.
   double price_per_gpu_hour = 0;
+  // A machine `loom calibrate` measured (plan/machine_profile): MPI's measured collective and
+  // send/recv costs replace the link models. Null for the presets' clusters.
+  std::shared_ptr<const MeasuredComm> measured_comm;
 
   int64_t gpus() const { return gpus_per_node * nodes; }
   // Throws a loom::Error naming the field, its value and the accepted range.

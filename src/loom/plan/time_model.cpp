@@ -90,10 +90,15 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   // seq/2 keys on average; materialised scores are computed in full.
   const bool flash = job.memory.flash_attention;
   const double keys = flash ? seq / 2 : seq;
-  c.attention_core_s = 2 * 2 * tokens * keys * (h / t) / (peak * gemm.efficiency(tokens, keys, static_cast<double>(m.head_dim())));
+  const double head_dim = static_cast<double>(m.head_dim()), core_flops = 2 * 2 * tokens * keys * (h / t);
+  c.attention_core_s = core_flops / (peak * job.attention_forward.value_or(gemm).efficiency(tokens, keys, head_dim));
+  const double attention_backward_s =
+      job.attention_backward ? core_flops / (peak * job.attention_backward->efficiency(tokens, keys, head_dim))
+                             : 2 * c.attention_core_s;
   // W: the weight-gradient GEMMs, as many FLOPs as the forward's linear layers (Qi et al. 2023,
   // sec 2: B carries the input-gradient GEMMs and the attention backward).
   c.weight_grad_s = forward;
+  const double linear_forward = forward;
   forward += c.attention_core_s;
   // Materialised scores [a/t, tokens, seq] pass through HBM: forward writes them, the fused
   // scale-mask-softmax reads and writes, dropout reads, writes and keeps a 1-byte mask, PV
@@ -115,7 +120,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   const double cast_forward_s = 3 * cast_elements_forward / gpu.hbm_bandwidth_bytes_per_s;
   const double cast_backward_s = 3 * cast_elements_backward / gpu.hbm_bandwidth_bytes_per_s;
   c.forward_s = forward + scores_forward_s + memory_s / 2 + cast_forward_s;
-  c.backward_s = 2 * forward + scores_backward_s + memory_s / 2 + cast_backward_s;
+  c.backward_s = 2 * linear_forward + attention_backward_s + scores_backward_s + memory_s / 2 + cast_backward_s;
   if (l.recompute == Recompute::Full) c.backward_s += c.forward_s;
   if (l.recompute == Recompute::Selective) c.backward_s += c.attention_core_s;
   if (l.tp > 1) {

@@ -28,6 +28,10 @@ struct TrainingJob {
   int64_t global_batch = 512;  // sequences per optimizer step
   GpuJob memory;               // precision sizes, workspace allowance, stage split (seq_len is copied in)
   std::optional<GemmEfficiency> gemm;  // replaces default_gemm_efficiency (calibration)
+  // Measured attention (a machine profile): the core's two matmuls as GEMMs of (tokens, mean
+  // keys, head_dim) per head at these efficiencies of the peak, backward in the forward's FLOPs.
+  // Unset: forward at the GEMM efficiency, backward twice the forward.
+  std::optional<GemmEfficiency> attention_forward, attention_backward;
   // FP8 GEMMs (Transformer Engine's recipe: the linear layers in FP8 at the GPU's FP8 peak,
   // attention and everything memory-bound in BF16, each GEMM input and output gradient cast to
   // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The planner against loom's own engine on this machine: `loom calibrate` measures the machine
+# at 1, 2 and 4 ranks into a profile; then each layout below trains the same GPT-2-style model
+# (8 layers, d = 256, 4 heads, a 2048-token vocabulary, 32 sequences of 128 tokens per step)
+# for STEPS steps under mpirun, and `loom plan --layout ... --profile` predicts its step time
+# and memory. Prints predicted vs measured side by side, and the median and worst
+# |predicted / measured - 1|, and writes the same as JSON to $OUT/plan_vs_engine.json.
+# Usage: bench/plan_vs_engine.sh [build dir] (default build-cpu); STEPS (default 8),
+# PROFILE (reuse a profile instead of calibrating), OUT (default bench/results).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-cpu}
+loom=$build/loom
+steps=${STEPS:-8}
+out=${OUT:-bench/results}
+mkdir -p "$out"
+work=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$work"' EXIT
+export OMP_NUM_THREADS=1
+mpi=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
+
+profile=${PROFILE:-$out/machine_profile.json}
+if [ -z "${PROFILE:-}" ]; then
+  rm -f "$profile"
+  for n in 1 2 4; do "${mpi[@]}" -np $n "$loom" calibrate --out "$profile"; done
+fi
+
+/usr/bin/python3 - "$work/train_000000.bin" <<'PY'
+import random, struct, sys
+rng = random.Random(3)
+tokens = [rng.randrange(2048) for i in range(400000)]
+header = [20240520, 1, len(tokens)] + [0] * 253
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *header))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+
+# name | ranks | layout (the [parallel] table's layout key and plan --layout) | grad_accum
+layouts=(
+  "one rank|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=none|8"
+  "dp2|2|tp=1 pp=1 dp=2 zero=0 mbs=4 recompute=none|4"
+  "dp2 zero1|2|tp=1 pp=1 dp=2 zero=1 mbs=4 recompute=none|4"
+  "dp2 zero2|2|tp=1 pp=1 dp=2 zero=2 mbs=4 recompute=none|4"
+  "dp2 zero3|2|tp=1 pp=1 dp=2 zero=3 mbs=4 recompute=none|4"
+  "tp2|2|tp=2 pp=1 dp=1 zero=0 mbs=4 recompute=none|8"
+  "tp2 sp|2|tp=2 pp=1 dp=1 zero=0 mbs=4 recompute=none sp|8"
+  "pp2 afab|2|tp=1 pp=2 dp=1 zero=0 mbs=4 recompute=none afab|8"
+  "pp2 1f1b|2|tp=1 pp=2 dp=1 zero=0 mbs=4 recompute=none 1f1b|8"
+  "pp2 interleaved|2|tp=1 pp=2 v=2 dp=1 zero=0 mbs=4 recompute=none interleaved|8"
+  "pp2 zbh1|2|tp=1 pp=2 dp=1 zero=0 mbs=4 recompute=none zbh1|8"
+  "cp2 ring|2|tp=1 pp=1 dp=1 cp=2 zero=0 mbs=4 recompute=none|8"
+  "one rank, full recompute|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=full|8"
+  "dp2 x tp2|4|tp=2 pp=1 dp=2 zero=0 mbs=4 recompute=none|4"
+  "pp2 x dp2 zero1|4|tp=1 pp=2 dp=2 zero=1 mbs=4 recompute=none 1f1b|4"
+  "dp4 zero1|4|tp=1 pp=1 dp=4 zero=1 mbs=4 recompute=none|2"
+)
+
+results="$work/results.jsonl"
+: >"$results"
+for row in "${layouts[@]}"; do
+  IFS='|' read -r name ranks layout accum <<<"$row"
+  run="$work/run$(wc -l <"$results")"
+  mkdir -p "$run"
+  cat >"$run/config.toml" <<TOML
+[model]
+arch = "gpt2"
+vocab_size = 2048
+max_seq_len = 128
+n_layer = 8
+n_embd = 256
+n_head = 4
+[data]
+train = "$work/train_*.bin"
+[train]
+batch_size = 4
+seq_len = 128
+grad_accum = $accum
+steps = $steps
+threads = 1
+[eval]
+every = 0
+[log]
+dir = "$run/log"
+every = 1
+[parallel]
+layout = "$layout"
+TOML
+  if [ "$ranks" = 1 ]; then "$loom" train "$run/config.toml" >"$run/train.log" 2>&1
+  else "${mpi[@]}" -np "$ranks" "$loom" train "$run/config.toml" >"$run/train.log" 2>&1; fi \
+    || { echo "plan_vs_engine: $name failed:"; tail -20 "$run/train.log"; exit 1; }
+  "$loom" plan --model "$run/config.toml" --layout "$layout" --profile "$profile" --seq 128 --global-batch 32 \
+    --json >"$run/plan.json" || { echo "plan_vs_engine: loom plan failed for $name"; cat "$run/plan.json"; exit 1; }
+  /usr/bin/python3 - "$name" "$ranks" "$layout" "$run" >>"$results" <<'PY'
+import json, statistics, sys
+name, ranks, layout, run = sys.argv[1:5]
+records = [json.loads(l) for l in open(f"{run}/log/metrics.jsonl")]
+train = [r for r in records if r.get("kind") == "train"]
+times = [r["step_ms"] / 1000 for r in train[2:]]  # steps 1-2 warm the caches and allocator
+memory = [r["memory_bytes"] for r in train if r.get("memory_bytes") is not None]
+plan = json.load(open(f"{run}/plan.json"))
+print(json.dumps({"name": name, "ranks": int(ranks), "layout": layout,
+                  "measured_step_s": statistics.median(times), "measured_min_s": min(times),
+                  "predicted_step_s": plan["time"]["step_s"], "predicted": plan["time"],
+                  "measured_memory_bytes": max(memory) if memory else None,
+                  "predicted_memory_bytes": plan["memory_bytes"]["total"]}))
+PY
+  tail -1 "$results" | /usr/bin/python3 -c '
+import json, sys
+r = json.loads(sys.stdin.read())
+m, p = r["measured_step_s"], r["predicted_step_s"]
+print("%-26s measured %.3f s, predicted %.3f s (%+.1f%%)" % (r["name"], m, p, 100 * (p / m - 1)), flush=True)'
+done
+
+/usr/bin/python3 - "$results" "$out/plan_vs_engine.json" "$profile" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+machine = json.load(open(sys.argv[3]))["machine"]
+print(f"\n{machine}: loom plan --profile against loom train, GPT-2 8 x 256, 32 x 128 tokens per step\n")
+print("| layout | ranks | measured s/step | predicted | error | predicted compute / comm / bubble s | memory measured / predicted MiB |")
+print("|---|---|---|---|---|---|---|")
+errors = []
+for r in rows:
+    e = r["predicted_step_s"] / r["measured_step_s"] - 1
+    errors.append(abs(e))
+    p = r["predicted"]
+    mem = r["measured_memory_bytes"]
+    mem_text = f"{mem / 2**20:.1f} / {r['predicted_memory_bytes'] / 2**20:.1f}" if mem else f"- / {r['predicted_memory_bytes'] / 2**20:.1f}"
+    print(f"| {r['name']} | {r['ranks']} | {r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {e:+.1%} | "
+          f"{p['compute_s']:.3f} / {p['exposed_comm_s']:.3f} / {p['bubble_s']:.3f} | {mem_text} |")
+print(f"\nmedian |predicted/measured - 1| = {statistics.median(errors):.1%}, worst {max(errors):.1%} over {len(rows)} layouts")
+json.dump({"machine": machine, "layouts": rows, "median_abs_error": statistics.median(errors),
+           "worst_abs_error": max(errors)}, open(sys.argv[2], "w"), indent=1)
+PY

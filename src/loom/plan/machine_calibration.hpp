@@ -1,0 +1,35 @@
+#pragma once
+// `loom calibrate`: measures the machine loom's CPU engine runs on, with every rank of `world`
+// working at once (as they do in training), into one ProfileEntry:
+// - GEMMs: the engine's linear_forward / linear_backward (OpenBLAS SGEMM) over a grid of
+//   (rows, in, out) shapes, fitted to the time model's efficiency curve;
+// - attention: the engine's flash-style causal kernels forward and backward at several
+//   sequence lengths and head widths, fitted the same way per head and matmul;
+// - memory-bound work: the engine's layer norm, GELU and residual add over an activation,
+//   as bytes moved per second;
+// - MPI: all-reduce, reduce-scatter, all-gather, all-to-all and broadcast over every group
+//   size dividing the world (all groups of that size busy together), and send/recv between
+//   pairs, each at message sizes from 4 KiB to 8 MiB, fitted to alpha-beta.
+// Each figure is the best of `repeats` timed loops (compute: from a barrier until the last
+// rank is done; communication: averaged over the ranks).
+#include <cstdint>
+#include <string>
+
+#include "loom/dist/process_group.hpp"
+#include "loom/plan/machine_profile.hpp"
+
+namespace loom::plan {
+
+struct CalibrationOptions {
+  int repeats = 3;                 // timed loops per measurement; the best is kept
+  double min_loop_seconds = 0.02;  // a loop repeats its operation until it lasts this long
+  bool quick = false;              // fewer shapes and sizes (for tests): same fields, rougher fits
+};
+
+// Collective over `world` (every rank calls it); returns the same entry on every rank.
+ProfileEntry calibrate_machine(ProcessGroup& world, const CalibrationOptions& options);
+
+// "<CPU model> (<n> cores)" from /proc/cpuinfo, or "unknown CPU".
+std::string describe_machine();
+
+}  // namespace loom::plan

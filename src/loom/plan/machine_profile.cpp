@@ -1,0 +1,317 @@
+#include "loom/plan/machine_profile.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "loom/core/error.hpp"
+
+namespace loom::plan {
+namespace {
+
+constexpr const char* kFormat = "loom-machine-profile/1";
+
+const std::vector<std::pair<Collective, const char*>>& collective_names() {
+  static const std::vector<std::pair<Collective, const char*>> names = {
+      {Collective::AllReduce, "all_reduce"}, {Collective::ReduceScatter, "reduce_scatter"},
+      {Collective::AllGather, "all_gather"}, {Collective::AllToAll, "all_to_all"},
+      {Collective::Broadcast, "broadcast"}};
+  return names;
+}
+
+// Reads one profile file, naming the file and the JSON path of whatever is wrong.
+class ProfileReader {
+ public:
+  explicit ProfileReader(std::string path) : path_(std::move(path)) {}
+
+  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+    throw_error("machine profile '", path_, "': ", where, ": ", what);
+  }
+
+  const nlohmann::json& field(const nlohmann::json& object, const std::string& where, const char* key) const {
+    if (!object.is_object()) fail(where, "expected an object");
+    const auto it = object.find(key);
+    if (it == object.end()) fail(where, std::string("missing \"") + key + "\"");
+    return *it;
+  }
+
+  double positive(const nlohmann::json& object, const std::string& where, const char* key, bool zero_ok = false) const {
+    const nlohmann::json& value = field(object, where, key);
+    if (!value.is_number()) fail(where + "." + key, "expected a number, got " + value.dump());
+    const double x = value.get<double>();
+    if (!std::isfinite(x) || x < 0 || (x == 0 && !zero_ok))
+      fail(where + "." + key, "expected a " + std::string(zero_ok ? "finite number >= 0" : "positive, finite number") +
+                                  ", got " + value.dump());
+    return x;
+  }
+
+  int64_t count(const nlohmann::json& object, const std::string& where, const char* key) const {
+    const nlohmann::json& value = field(object, where, key);
+    if (!value.is_number_integer() || value.get<int64_t>() < 1)
+      fail(where + "." + key, "expected an integer >= 1, got " + value.dump());
+    return value.get<int64_t>();
+  }
+
+  GemmEfficiency efficiency(const nlohmann::json& object, const std::string& where, const char* key) const {
+    const nlohmann::json& e = field(object, where, key);
+    const std::string at = where + "." + key;
+    GemmEfficiency out{positive(e, at, "peak_fraction"), positive(e, at, "half_dim", true)};
+    return out;
+  }
+
+  std::vector<GemmTiming> gemm_timings(const nlohmann::json& object, const std::string& where, const char* key) const {
+    const nlohmann::json& list = field(object, where, key);
+    if (!list.is_array()) fail(where + "." + key, "expected an array of [m, n, k, seconds]");
+    std::vector<GemmTiming> out;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string at = where + "." + key + "[" + std::to_string(i) + "]";
+      const nlohmann::json& row = list[i];
+      if (!row.is_array() || row.size() != 4) fail(at, "expected [m, n, k, seconds]");
+      double v[4];
+      for (size_t j = 0; j < 4; ++j) {
+        if (!row[j].is_number() || !(row[j].get<double>() > 0) || !std::isfinite(row[j].get<double>()))
+          fail(at, "expected four positive numbers, got " + row.dump());
+        v[j] = row[j].get<double>();
+      }
+      out.push_back({v[0], v[1], v[2], v[3]});
+    }
+    return out;
+  }
+
+  Link link(const nlohmann::json& object, const std::string& where) const {
+    return {positive(object, where, "latency_s", true), positive(object, where, "bytes_per_s")};
+  }
+
+  std::vector<MessageTiming> message_timings(const nlohmann::json& object, const std::string& where) const {
+    const nlohmann::json& list = field(object, where, "timings");
+    if (!list.is_array()) fail(where + ".timings", "expected an array of [bytes, seconds]");
+    std::vector<MessageTiming> out;
+    for (size_t i = 0; i < list.size(); ++i) {
+      const nlohmann::json& row = list[i];
+      if (!row.is_array() || row.size() != 2 || !row[0].is_number() || !row[1].is_number() ||
+          !(row[0].get<double>() > 0) || !(row[1].get<double>() > 0))
+        fail(where + ".timings[" + std::to_string(i) + "]", "expected [bytes, seconds], both positive");
+      out.push_back({row[0].get<double>(), row[1].get<double>()});
+    }
+    return out;
+  }
+
+  Collective op(const nlohmann::json& object, const std::string& where) const {
+    const nlohmann::json& value = field(object, where, "op");
+    std::string known;
+    for (const auto& [op, name] : collective_names()) {
+      if (value.is_string() && value.get<std::string>() == name) return op;
+      known += std::string(known.empty() ? "" : ", ") + name;
+    }
+    fail(where + ".op", value.dump() + " is not a collective (" + known + ")");
+  }
+
+ private:
+  std::string path_;
+};
+
+nlohmann::json efficiency_json(const GemmEfficiency& e) {
+  return {{"peak_fraction", e.peak_fraction}, {"half_dim", e.half_dim}};
+}
+
+nlohmann::json gemm_timings_json(const std::vector<GemmTiming>& timings) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const GemmTiming& t : timings) out.push_back({t.m, t.n, t.k, t.seconds});
+  return out;
+}
+
+nlohmann::json message_timings_json(const std::vector<MessageTiming>& timings) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const MessageTiming& t : timings) out.push_back({t.bytes, t.seconds});
+  return out;
+}
+
+nlohmann::json link_json(const Link& link) {
+  return {{"latency_s", link.latency_s}, {"bytes_per_s", link.bytes_per_s}};
+}
+
+}  // namespace
+
+Link fit_alpha_beta(const std::vector<MessageTiming>& timings) {
+  // Minimise sum (a u_i + b v_i - 1)^2 with u_i = 1 / t_i, v_i = x_i / t_i: the relative error
+  // of a + b x_i against t_i. Normal equations of the two unknowns.
+  double uu = 0, uv = 0, vv = 0, u1 = 0, v1 = 0;
+  double smallest = INFINITY, largest = 0;
+  for (const MessageTiming& t : timings) {
+    if (!(t.bytes > 0 && t.seconds > 0 && std::isfinite(t.bytes) && std::isfinite(t.seconds)))
+      throw_error("alpha-beta fit: a timing of ", t.bytes, " bytes in ", t.seconds, " s; expected both positive");
+    const double u = 1 / t.seconds, v = t.bytes / t.seconds;
+    uu += u * u, uv += u * v, vv += v * v, u1 += u, v1 += v;
+    smallest = std::min(smallest, t.bytes), largest = std::max(largest, t.bytes);
+  }
+  if (timings.size() < 2 || !(largest > smallest))
+    throw_error("alpha-beta fit needs timings of at least two message sizes, got ", timings.size(), " timing(s)");
+  const double det = uu * vv - uv * uv;
+  double a = (u1 * vv - v1 * uv) / det, b = (uu * v1 - uv * u1) / det;
+  if (a < 0) a = 0, b = v1 / vv;  // no latency: the best pure bandwidth
+  if (!(b > 0))
+    throw_error("alpha-beta fit: the times do not grow with the message size (", smallest, " to ", largest,
+                " bytes), so they give no bandwidth");
+  return {a, 1 / b};
+}
+
+const ProfileEntry& MachineProfile::entry(int64_t ranks) const {
+  std::string have;
+  for (const ProfileEntry& e : entries) {
+    if (e.ranks == ranks) return e;
+    have += (have.empty() ? "" : ", ") + std::to_string(e.ranks);
+  }
+  throw_error("the machine profile has no entry for ", ranks, " rank", ranks == 1 ? "" : "s", " (it has ",
+              have.empty() ? std::string("none") : have, "); run `mpirun -np ", ranks,
+              " loom calibrate --out FILE` to add one");
+}
+
+void merge_profile_entry(MachineProfile& profile, ProfileEntry entry) {
+  auto& entries = profile.entries;
+  entries.erase(std::remove_if(entries.begin(), entries.end(), [&](const ProfileEntry& e) { return e.ranks == entry.ranks; }),
+                entries.end());
+  entries.push_back(std::move(entry));
+  std::sort(entries.begin(), entries.end(), [](const ProfileEntry& a, const ProfileEntry& b) { return a.ranks < b.ranks; });
+}
+
+MachineProfile read_machine_profile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_error("machine profile '", path, "' cannot be opened");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw_error("machine profile '", path, "' is not JSON: ", e.what());
+  }
+  const ProfileReader r(path);
+  const nlohmann::json& format = r.field(doc, "top level", "format");
+  if (format != kFormat) r.fail("format", "expected \"" + std::string(kFormat) + "\", got " + format.dump());
+  MachineProfile profile;
+  const nlohmann::json& machine = r.field(doc, "top level", "machine");
+  if (!machine.is_string()) r.fail("machine", "expected a string");
+  profile.machine = machine.get<std::string>();
+  const nlohmann::json& entries = r.field(doc, "top level", "entries");
+  if (!entries.is_array() || entries.empty()) r.fail("entries", "expected a non-empty array");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const nlohmann::json& e = entries[i];
+    const std::string at = "entries[" + std::to_string(i) + "]";
+    ProfileEntry entry;
+    entry.ranks = r.count(e, at, "ranks");
+    entry.threads_per_rank = r.count(e, at, "threads_per_rank");
+    entry.peak_flops = r.positive(e, at, "peak_flops");
+    entry.gemm = r.efficiency(e, at, "gemm");
+    entry.gemm_timings = r.gemm_timings(e, at, "gemm_timings");
+    entry.attention_forward = r.efficiency(e, at, "attention_forward");
+    entry.attention_backward = r.efficiency(e, at, "attention_backward");
+    entry.attention_forward_timings = r.gemm_timings(e, at, "attention_forward_timings");
+    entry.attention_backward_timings = r.gemm_timings(e, at, "attention_backward_timings");
+    entry.memory_bytes_per_s = r.positive(e, at, "memory_bytes_per_s");
+    if (entry.ranks > 1) {
+      auto comm = std::make_shared<MeasuredComm>();
+      comm->p2p = r.link(r.field(e, at, "p2p"), at + ".p2p");
+      const nlohmann::json& fits = r.field(e, at, "collectives");
+      if (!fits.is_array()) r.fail(at + ".collectives", "expected an array");
+      for (size_t j = 0; j < fits.size(); ++j) {
+        const std::string fat = at + ".collectives[" + std::to_string(j) + "]";
+        CollectiveFit fit;
+        fit.op = r.op(fits[j], fat);
+        fit.group = r.count(fits[j], fat, "group");
+        if (fit.group < 2 || entry.ranks % fit.group != 0)
+          r.fail(fat + ".group", std::to_string(fit.group) + " does not divide the entry's " +
+                                     std::to_string(entry.ranks) + " ranks into groups of 2 or more");
+        fit.cost = r.link(fits[j], fat);
+        comm->collectives.push_back(fit);
+      }
+      const nlohmann::json& timings = r.field(e, at, "comm_timings");
+      if (!timings.is_array()) r.fail(at + ".comm_timings", "expected an array");
+      for (size_t j = 0; j < timings.size(); ++j) {
+        const std::string tat = at + ".comm_timings[" + std::to_string(j) + "]";
+        CommTimings t;
+        const nlohmann::json& op = r.field(timings[j], tat, "op");
+        t.p2p = op == "send_recv";
+        if (!t.p2p) t.op = r.op(timings[j], tat);
+        t.group = r.count(timings[j], tat, "group");
+        t.timings = r.message_timings(timings[j], tat);
+        entry.comm_timings.push_back(std::move(t));
+      }
+      entry.comm = std::move(comm);
+    }
+    for (const ProfileEntry& seen : profile.entries)
+      if (seen.ranks == entry.ranks) r.fail(at + ".ranks", "a second entry for " + std::to_string(entry.ranks) + " ranks");
+    profile.entries.push_back(std::move(entry));
+  }
+  return profile;
+}
+
+void write_machine_profile(const MachineProfile& profile, const std::string& path) {
+  nlohmann::json entries = nlohmann::json::array();
+  for (const ProfileEntry& e : profile.entries) {
+    nlohmann::json j = {
+        {"ranks", e.ranks},
+        {"threads_per_rank", e.threads_per_rank},
+        {"peak_flops", e.peak_flops},
+        {"gemm", efficiency_json(e.gemm)},
+        {"gemm_timings", gemm_timings_json(e.gemm_timings)},
+        {"attention_forward", efficiency_json(e.attention_forward)},
+        {"attention_backward", efficiency_json(e.attention_backward)},
+        {"attention_forward_timings", gemm_timings_json(e.attention_forward_timings)},
+        {"attention_backward_timings", gemm_timings_json(e.attention_backward_timings)},
+        {"memory_bytes_per_s", e.memory_bytes_per_s},
+    };
+    if (e.comm) {
+      j["p2p"] = link_json(e.comm->p2p);
+      nlohmann::json fits = nlohmann::json::array();
+      for (const CollectiveFit& f : e.comm->collectives) {
+        nlohmann::json fit = link_json(f.cost);
+        fit["op"] = collective_name(f.op);
+        fit["group"] = f.group;
+        fits.push_back(fit);
+      }
+      j["collectives"] = fits;
+      nlohmann::json timings = nlohmann::json::array();
+      for (const CommTimings& t : e.comm_timings)
+        timings.push_back({{"op", t.p2p ? "send_recv" : collective_name(t.op)},
+                           {"group", t.group},
+                           {"timings", message_timings_json(t.timings)}});
+      j["comm_timings"] = timings;
+    }
+    entries.push_back(j);
+  }
+  const nlohmann::json doc = {{"format", kFormat}, {"machine", profile.machine}, {"entries", entries}};
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) throw_error("cannot write machine profile '", path, "'");
+    out << doc.dump(1) << "\n";
+    if (!out) throw_error("cannot write machine profile '", path, "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw_error("cannot write machine profile '", path, "'");
+}
+
+ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_per_rank) {
+  ProfiledMachine out;
+  ClusterSpec& cluster = out.cluster;
+  cluster.gpu = GpuSpec{};
+  cluster.gpu.name = "profiled machine";
+  cluster.gpu.bf16_tflops = entry.peak_flops / 1e12;  // the measured peak, f32 on a CPU
+  cluster.gpu.hbm_bytes = memory_bytes_per_rank;
+  cluster.gpu.hbm_bandwidth_bytes_per_s = entry.memory_bytes_per_s;
+  cluster.gpus_per_node = entry.ranks;
+  cluster.nodes = 1;
+  if (entry.comm) {
+    cluster.gpu.nvlink_bytes_per_s = entry.comm->p2p.bytes_per_s;
+    cluster.inter_node_bytes_per_s_per_gpu = entry.comm->p2p.bytes_per_s;
+    cluster.measured_comm = entry.comm;
+  }
+  TrainingJob& job = out.job;
+  job.gemm = entry.gemm;
+  job.attention_forward = entry.attention_forward;
+  job.attention_backward = entry.attention_backward;
+  job.memory.state = kF32Adam;
+  job.memory.activation_bytes = 4;
+  job.memory.workspace_bytes = 0;
+  return out;
+}
+
+}  // namespace loom::plan

@@ -1,0 +1,82 @@
+#pragma once
+// A machine profile: what `loom calibrate` measured on the machine loom's own engine runs on
+// (GEMM and attention rates by shape, memory bandwidth, MPI collective and send/recv costs), so
+// that `loom plan --profile FILE` predicts the engine's step time there rather than a GPU
+// datasheet's. One entry per rank count, since N ranks sharing a machine's cores each compute,
+// stream memory and communicate at rates that depend on N.
+//
+// Collective and send/recv costs are alpha-beta fits (Hockney): seconds = latency_s + bytes /
+// bytes_per_s, with `bytes` in collective_time's convention (the whole buffer; collectives.hpp),
+// fitted by least squares on relative error, so small and large messages weigh the same.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/plan/collectives.hpp"
+#include "loom/plan/gemm_calibration.hpp"
+#include "loom/plan/time_model.hpp"
+
+namespace loom::plan {
+
+// One measured message size: `bytes` took `seconds`.
+struct MessageTiming {
+  double bytes = 0, seconds = 0;
+};
+
+// seconds = latency_s + bytes / bytes_per_s minimising sum ((fit - t) / t)^2 over the timings,
+// with latency_s >= 0. Needs two distinct sizes; throws loom::Error naming what is wrong.
+Link fit_alpha_beta(const std::vector<MessageTiming>& timings);
+
+// The timings behind one fit of MeasuredComm (collectives.hpp): a collective at a group size,
+// or the send/recv (`p2p` true).
+struct CommTimings {
+  bool p2p = false;
+  Collective op = Collective::AllReduce;
+  int64_t group = 2;
+  std::vector<MessageTiming> timings;
+};
+
+// Everything measured with `ranks` processes computing and communicating at once.
+struct ProfileEntry {
+  int64_t ranks = 1;
+  int64_t threads_per_rank = 1;
+  // The best GEMM rate measured (FLOP/s): the peak the fitted efficiencies are fractions of.
+  double peak_flops = 0;
+  GemmEfficiency gemm;                      // linear layers: forward and backward products
+  std::vector<GemmTiming> gemm_timings;     // one forward and one backward (per product) per shape
+  // Attention as GEMM-shaped work per head and per matmul: m = tokens, n = mean keys a query
+  // sees (causal), k = head_dim; backward in the forward's FLOPs (time_model's convention).
+  GemmEfficiency attention_forward, attention_backward;
+  std::vector<GemmTiming> attention_forward_timings, attention_backward_timings;
+  double memory_bytes_per_s = 0;            // elementwise kernels streaming activations
+  std::shared_ptr<const MeasuredComm> comm;  // null with one rank
+  std::vector<CommTimings> comm_timings;
+};
+
+struct MachineProfile {
+  std::string machine;  // the CPU model and core count, as calibrate found them
+  std::vector<ProfileEntry> entries;
+  // The entry measured at `ranks`; throws loom::Error listing the rank counts the file has.
+  const ProfileEntry& entry(int64_t ranks) const;
+};
+
+// JSON (format "loom-machine-profile/1"). read_machine_profile throws loom::Error naming the
+// file and the field for a missing, malformed or non-positive value, and refits nothing: the
+// fits are read as written, the timings kept only as evidence.
+MachineProfile read_machine_profile(const std::string& path);
+void write_machine_profile(const MachineProfile& profile, const std::string& path);
+// Adds `entry` to `profile`, replacing one of the same rank count.
+void merge_profile_entry(MachineProfile& profile, ProfileEntry entry);
+
+// The cluster and job settings that make the planner predict loom's CPU engine on this
+// machine: one node of `ranks` "GPUs" whose peak is the measured GEMM peak (bf16_tflops holds
+// it, whatever the precision), whose HBM is the measured stream bandwidth and whose links are
+// the measured MPI costs; f32 state and activations (the CPU engine), no GPU workspace.
+struct ProfiledMachine {
+  ClusterSpec cluster;
+  TrainingJob job;
+};
+ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_per_rank);
+
+}  // namespace loom::plan

@@ -1,0 +1,225 @@
+// Machine profiles (`loom calibrate`, `loom plan --profile`): the alpha-beta fit, the profile
+// file and its errors, measured collective costs in the time model, measured attention rates.
+// Expected values are worked out by hand from the formulas in the comments.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "loom/core/error.hpp"
+#include "loom/plan/collectives.hpp"
+#include "loom/plan/machine_profile.hpp"
+#include "loom/plan/time_model.hpp"
+#include "test_support.hpp"
+
+namespace loom::plan {
+namespace {
+
+#define EXPECT_THROW_MSG(statement, text) \
+  loom::test::expect_contains(loom::test::error_message([&] { (void)(statement); }), {text})
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("loom_profile_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+TEST(PlanProfile, AlphaBetaFitRecoversExactLatencyAndBandwidth) {
+  // t = 5 us + bytes / 2 GB/s at 4 KiB .. 8 MiB: the fit's residual is zero at exactly (5e-6, 2e9).
+  std::vector<MessageTiming> timings;
+  for (double bytes : {4096.0, 65536.0, 1048576.0, 8388608.0}) timings.push_back({bytes, 5e-6 + bytes / 2e9});
+  const Link link = fit_alpha_beta(timings);
+  EXPECT_NEAR(link.latency_s, 5e-6, 1e-12);
+  EXPECT_NEAR(link.bytes_per_s / 2e9, 1.0, 1e-9);
+}
+
+TEST(PlanProfile, AlphaBetaFitWithoutLatencyIsPureBandwidth) {
+  // t = bytes / 1 GB/s - 1 us would need a negative latency: the fit takes latency 0 and the
+  // bandwidth minimising sum (b x_i / t_i - 1)^2, i.e. b = sum(v) / sum(v^2) with v = x / t.
+  std::vector<MessageTiming> timings;
+  double sv = 0, svv = 0;
+  for (double bytes : {1e4, 1e5, 1e6}) {
+    const double t = bytes / 1e9 - 1e-6;
+    timings.push_back({bytes, t});
+    sv += bytes / t, svv += (bytes / t) * (bytes / t);
+  }
+  const Link link = fit_alpha_beta(timings);
+  EXPECT_EQ(link.latency_s, 0.0);
+  EXPECT_NEAR(link.bytes_per_s, svv / sv, 1e-6 * link.bytes_per_s);
+}
+
+TEST(PlanProfile, AlphaBetaFitRefusesTooFewSizesOrFlatTimes) {
+  EXPECT_THROW_MSG(fit_alpha_beta({{4096, 1e-5}}), "at least two message sizes");
+  EXPECT_THROW_MSG(fit_alpha_beta({{4096, 1e-5}, {4096, 2e-5}}), "at least two message sizes");
+  EXPECT_THROW_MSG(fit_alpha_beta({{4096, 1e-3}, {8192, 1e-4}}), "do not grow with the message size");
+  EXPECT_THROW_MSG(fit_alpha_beta({{4096, 0}, {8192, 1e-4}}), "expected both positive");
+}
+
+ProfileEntry sample_entry(int64_t ranks) {
+  ProfileEntry e;
+  e.ranks = ranks;
+  e.peak_flops = 1e11;
+  e.gemm = {0.8, 16};
+  e.gemm_timings = {{128, 256, 64, 1e-4}, {512, 1024, 256, 2e-3}};
+  e.attention_forward = {0.5, 32};
+  e.attention_backward = {0.25, 32};
+  e.attention_forward_timings = {{512, 64.5, 64, 1e-4}, {2048, 256.5, 64, 1e-3}};
+  e.attention_backward_timings = {{512, 64.5, 64, 3e-4}, {2048, 256.5, 64, 3e-3}};
+  e.memory_bytes_per_s = 4e10;
+  if (ranks > 1) {
+    auto comm = std::make_shared<MeasuredComm>();
+    comm->p2p = {4e-6, 1e10};
+    comm->collectives.push_back({Collective::AllReduce, ranks, {2e-5, 2e9}});
+    comm->collectives.push_back({Collective::AllGather, ranks, {1e-5, 4e9}});
+    e.comm = comm;
+    e.comm_timings.push_back({true, Collective::AllReduce, 2, {{4096, 4.4e-6}, {8192, 4.8e-6}}});
+  }
+  return e;
+}
+
+TEST(PlanProfile, FileRoundTripsAndMergesByRankCount) {
+  MachineProfile profile;
+  profile.machine = "test CPU (2 cores)";
+  merge_profile_entry(profile, sample_entry(2));
+  merge_profile_entry(profile, sample_entry(1));
+  ProfileEntry again = sample_entry(2);
+  again.memory_bytes_per_s = 3e10;
+  merge_profile_entry(profile, again);  // replaces the first 2-rank entry
+  ASSERT_EQ(profile.entries.size(), 2u);
+  EXPECT_EQ(profile.entries[0].ranks, 1);  // kept in rank order
+  const std::string path = temp_path("roundtrip.json");
+  write_machine_profile(profile, path);
+  const MachineProfile read = read_machine_profile(path);
+  EXPECT_EQ(read.machine, "test CPU (2 cores)");
+  const ProfileEntry& two = read.entry(2);
+  EXPECT_EQ(two.memory_bytes_per_s, 3e10);
+  EXPECT_EQ(two.gemm.peak_fraction, 0.8);
+  EXPECT_EQ(two.attention_backward.peak_fraction, 0.25);
+  ASSERT_TRUE(two.comm);
+  EXPECT_EQ(two.comm->p2p.latency_s, 4e-6);
+  const CollectiveFit* ag = two.comm->find(Collective::AllGather, 2);
+  ASSERT_NE(ag, nullptr);
+  EXPECT_EQ(ag->cost.bytes_per_s, 4e9);
+  EXPECT_EQ(two.comm->find(Collective::AllToAll, 2), nullptr);
+  ASSERT_EQ(two.comm_timings.size(), 1u);
+  EXPECT_TRUE(two.comm_timings[0].p2p);
+  EXPECT_FALSE(read.entry(1).comm);
+  EXPECT_THROW_MSG(read.entry(4), "no entry for 4 ranks (it has 1, 2); run `mpirun -np 4 loom calibrate");
+  std::filesystem::remove(path);
+}
+
+TEST(PlanProfile, BadFilesNameTheField) {
+  MachineProfile profile;
+  profile.machine = "m";
+  profile.entries.push_back(sample_entry(2));
+  const std::string path = temp_path("bad.json");
+  write_machine_profile(profile, path);
+  std::ifstream in(path);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    std::ofstream(path) << text;
+    return path;
+  };
+  EXPECT_THROW_MSG(read_machine_profile(with("loom-machine-profile/1", "loom-machine-profile/9")), "format");
+  EXPECT_THROW_MSG(read_machine_profile(with("\"memory_bytes_per_s\": 40000000000.0", "\"memory_bytes_per_s\": -1")),
+                   "entries[0].memory_bytes_per_s: expected a positive, finite number");
+  EXPECT_THROW_MSG(read_machine_profile(with("\"peak_flops\"", "\"peak_flop\"")), "entries[0]: missing \"peak_flops\"");
+  EXPECT_THROW_MSG(read_machine_profile(with("\"op\": \"all_gather\"", "\"op\": \"all_gathr\"")),
+                   "entries[0].collectives[1].op: \"all_gathr\" is not a collective");
+  EXPECT_THROW_MSG(read_machine_profile(with("\"ranks\": 2", "\"ranks\": 3")), "does not divide the entry's 3 ranks");
+  std::ofstream(path) << "{ not json";
+  EXPECT_THROW_MSG(read_machine_profile(path), "is not JSON");
+  std::filesystem::remove(path);
+  EXPECT_THROW_MSG(read_machine_profile(path), "cannot be opened");
+}
+
+TEST(PlanProfile, MeasuredCollectivesReplaceTheLinkModels) {
+  ClusterSpec cluster;
+  cluster.gpus_per_node = 4;
+  auto comm = std::make_shared<MeasuredComm>();
+  comm->p2p = {4e-6, 1e10};
+  comm->collectives.push_back({Collective::AllReduce, 2, {2e-5, 2e9}});
+  cluster.measured_comm = comm;
+  const GroupTopology pair = group_topology(cluster, 2, 1);
+  // Measured: 20 us + 1 MB / 2 GB/s = 520 us.
+  const CollectiveTime measured = collective_time(Collective::AllReduce, 1e6, pair);
+  EXPECT_NEAR(measured.seconds, 2e-5 + 1e6 / 2e9, 1e-15);
+  EXPECT_STREQ(measured.algorithm, "measured");
+  EXPECT_DOUBLE_EQ(measured.wire_bytes_per_rank, 1e6);  // 2 (n - 1) / n of the buffer
+  // No fit for 4 ranks: the ring over the measured send/recv link, 2 (n - 1) = 6 steps of
+  // 4 us + (1 MB / 4) / 10 GB/s = 29 us each (the tree's 2 log2(4) x 4 us + 2 x 1 MB / 10 GB/s
+  // = 216 us is slower).
+  const CollectiveTime ring = collective_time(Collective::AllReduce, 1e6, group_topology(cluster, 4, 1));
+  EXPECT_NEAR(ring.seconds, 6 * (4e-6 + 2.5e5 / 1e10), 1e-15);
+  EXPECT_STREQ(ring.algorithm, "ring");
+  // Pipeline messages take the measured send/recv link.
+  EXPECT_NEAR(p2p_time(1e6, nvlink_of(cluster)), 4e-6 + 1e6 / 1e10, 1e-15);
+}
+
+TEST(PlanProfile, ProfiledMachineDataParallelReductionIsTheMeasuredAllReduce) {
+  // GPT-2 with V = 64, T = 16, d = 32, 2 layers: 64 x 32 + 16 x 32 + 2 (12 x 32^2 + 13 x 32)
+  // + 2 x 32 = 28,032 parameters (tied head), 112,128 bytes of f32 gradients; dp2 reduces them
+  // in one all-reduce of 20 us + 112,128 B / 2 GB/s.
+  ModelConfig model;
+  model.arch = Architecture::GPT2;
+  model.vocab_size = 64;
+  model.max_seq_len = 16;
+  model.n_layer = 2;
+  model.n_embd = 32;
+  model.n_head = 4;
+  model.n_kv_head = 4;
+  model.ffn_hidden = 128;
+  ASSERT_EQ(model.parameter_count(), 28032);
+  const ProfiledMachine m = profiled_machine(sample_entry(2), 1e9);
+  EXPECT_EQ(m.cluster.gpus(), 2);
+  EXPECT_EQ(m.cluster.gpu.bf16_tflops, 0.1);
+  EXPECT_EQ(m.job.memory.activation_bytes, 4);
+  TrainingJob job = m.job;
+  job.seq_len = 16;
+  job.memory.seq_len = 16;
+  job.global_batch = 4;
+  PlanLayout layout;
+  layout.dp = 2;
+  layout.micro_batch = 2;
+  const StepTime t = predict_step_time(model, layout, m.cluster, job);
+  EXPECT_NEAR(t.dp_comm_s, 2e-5 + 28032.0 * 4 / 2e9, 1e-12);
+}
+
+TEST(PlanProfile, MeasuredAttentionRatesSetTheCoreTime) {
+  // Llama-style, d = 64, 4 heads of 16, seq 64, micro-batch 1: the core's forward FLOPs are
+  // 2 matmuls x 2 x tokens x mean keys x d = 4 x 64 x 32 x 64 = 524,288 (flash: each query
+  // meets seq / 2 keys). Only the attention efficiencies differ between the two jobs, so the
+  // layer times differ by exactly the core's: forward 524,288 / (1e11 x e_f) and backward
+  // 524,288 / (1e11 x e_b) against the GEMM-rate defaults (forward at the GEMM efficiency,
+  // backward twice that), each efficiency 0.5 x prod d / (d + 32) over (64, 32, 16).
+  ModelConfig model;
+  model.arch = Architecture::Llama;
+  model.vocab_size = 128;
+  model.max_seq_len = 64;
+  model.n_layer = 1;
+  model.n_embd = 64;
+  model.n_head = 4;
+  model.n_kv_head = 4;
+  model.ffn_hidden = 128;
+  ProfiledMachine m = profiled_machine(sample_entry(1), 1e9);
+  m.job.seq_len = 64;
+  m.job.memory.seq_len = 64;
+  m.job.global_batch = 1;
+  PlanLayout layout;
+  TrainingJob plain = m.job;
+  plain.attention_forward.reset();
+  plain.attention_backward.reset();
+  const LayerTime with = predict_layer_time(model, layout, m.cluster, m.job);
+  const LayerTime without = predict_layer_time(model, layout, m.cluster, plain);
+  const double flops = 4.0 * 64 * 32 * 64;
+  auto eff = [](double frac, double half) { return frac * (64 / (64 + half)) * (32 / (32 + half)) * (16 / (16 + half)); };
+  const double gemm_core = flops / (1e11 * eff(0.8, 16));
+  EXPECT_NEAR(with.forward_s - without.forward_s, flops / (1e11 * eff(0.5, 32)) - gemm_core, 1e-12);
+  EXPECT_NEAR(with.backward_s - without.backward_s, flops / (1e11 * eff(0.25, 32)) - 2 * gemm_core, 1e-12);
+}
+
+}  // namespace
+}  // namespace loom::plan

@@ -9,7 +9,8 @@
 # loop: both sides then see the machine as undisturbed as it gets (other tenants share these
 # cores, bench/README.md); the median step is kept in the JSON too.
 # Usage: bench/plan_vs_engine.sh [build dir] (default build-cpu); STEPS (default 8),
-# PROFILE (reuse a profile instead of calibrating), OUT (default bench/results).
+# PROFILE (reuse a profile instead of calibrating), OUT (default bench/results), ONLY (a regular
+# expression: run only the layouts whose names match).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-cpu}
@@ -62,6 +63,7 @@ results="$work/results.jsonl"
 : >"$results"
 for row in "${layouts[@]}"; do
   IFS='|' read -r name ranks layout accum <<<"$row"
+  [[ -z "${ONLY:-}" || "$name" =~ $ONLY ]] || continue
   run="$work/run$(wc -l <"$results")"
   mkdir -p "$run"
   cat >"$run/config.toml" <<TOML
@@ -100,12 +102,24 @@ records = [json.loads(l) for l in open(f"{run}/log/metrics.jsonl")]
 train = [r for r in records if r.get("kind") == "train"]
 times = [r["step_ms"] / 1000 for r in train[2:]]  # steps 1-2 warm the caches and allocator
 memory = [r["memory_bytes"] for r in train if r.get("memory_bytes") is not None]
+# Peak bytes per allocator category over the steps: model states and activations are what the
+# planner predicts per rank (comm buffers and workspace are scratch it does not itemise).
+peaks = {}
+for r in train:
+    for k, v in (r.get("memory_peak_bytes") or {}).items():
+        peaks[k] = max(peaks.get(k, 0), v)
 plan = json.load(open(f"{run}/plan.json"))
+pm = plan["memory_bytes"]
+states = ("parameters", "gradients", "optimizer_state")
 print(json.dumps({"name": name, "ranks": int(ranks), "layout": layout,
                   "measured_step_s": min(times), "measured_median_s": statistics.median(times),
                   "predicted_step_s": plan["time"]["step_s"], "predicted": plan["time"],
                   "measured_memory_bytes": max(memory) if memory else None,
-                  "predicted_memory_bytes": plan["memory_bytes"]["total"]}))
+                  "predicted_memory_bytes": pm["total"], "memory_model": plan.get("memory_model"),
+                  "measured_states_bytes": sum(peaks.get(k, 0) for k in states),
+                  "predicted_states_bytes": sum(pm[k] for k in states),
+                  "measured_activation_bytes": peaks.get("activations"),
+                  "predicted_activation_bytes": pm["activations"], "measured_peaks": peaks}))
 PY
   tail -1 "$results" | /usr/bin/python3 -c '
 import json, sys
@@ -119,18 +133,25 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 machine = json.load(open(sys.argv[3]))["machine"]
 print(f"\n{machine}: loom plan --profile against loom train, GPT-2 8 x 256, 32 x 128 tokens per step\n")
-print("| layout | ranks | measured s/step | predicted | error | predicted compute / comm / bubble s | memory measured / predicted MiB |")
-print("|---|---|---|---|---|---|---|")
-errors = []
+print("| layout | ranks | measured s/step | predicted | error | predicted compute / comm / bubble s | model states MiB measured / predicted | activations MiB measured / predicted |")
+print("|---|---|---|---|---|---|---|---|")
+errors, memory_errors = [], []
 for r in rows:
     e = r["predicted_step_s"] / r["measured_step_s"] - 1
     errors.append(abs(e))
     p = r["predicted"]
-    mem = r["measured_memory_bytes"]
-    mem_text = f"{mem / 2**20:.1f} / {r['predicted_memory_bytes'] / 2**20:.1f}" if mem else f"- / {r['predicted_memory_bytes'] / 2**20:.1f}"
+    def pair(measured, predicted):
+        text = f"{measured / 2**20:.2f} / {predicted / 2**20:.2f}" if measured else f"- / {predicted / 2**20:.2f}"
+        if measured: memory_errors.append(abs(predicted / measured - 1))
+        return text + ("" if r.get("memory_model") == "engine" else " (GPU model)")
+    states = pair(r["measured_states_bytes"], r["predicted_states_bytes"])
+    acts = pair(r["measured_activation_bytes"], r["predicted_activation_bytes"])
     print(f"| {r['name']} | {r['ranks']} | {r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {e:+.1%} | "
-          f"{p['compute_s']:.3f} / {p['exposed_comm_s']:.3f} / {p['bubble_s']:.3f} | {mem_text} |")
+          f"{p['compute_s']:.3f} / {p['exposed_comm_s']:.3f} / {p['bubble_s']:.3f} | {states} | {acts} |")
 print(f"\nmedian |predicted/measured - 1| = {statistics.median(errors):.1%}, worst {max(errors):.1%} over {len(rows)} layouts")
+if memory_errors:
+    print(f"memory (model states and activations per rank): median |error| {statistics.median(memory_errors):.1%}, "
+          f"worst {max(memory_errors):.1%} over {len(memory_errors)} figures")
 json.dump({"machine": machine, "layouts": rows, "median_abs_error": statistics.median(errors),
            "worst_abs_error": max(errors)}, open(sys.argv[2], "w"), indent=1)
 PY

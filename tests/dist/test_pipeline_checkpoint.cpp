@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "dist_fixture.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 #include "loom/plan/rank_parameters.hpp"
 #include "loom/train/checkpointing.hpp"
@@ -146,6 +147,59 @@ TEST(PipelineMemory, StagesHoldTheirShareAndTheScheduleDecidesActivations) {
   // Same sets, different counts: the ratio is exactly the in-flight ratio.
   const int r = world_group->rank();
   EXPECT_EQ(activation_bytes["1f1b"] * m, activation_bytes["afab"] * (p - r)) << "rank " << r;
+}
+
+// What `loom plan --profile` prints for a pipeline (plan::predict_engine_pipeline_memory) is the
+// first stage's allocator bytes: its parameters, gradients and moments (also under ZeRO-1 is
+// not testable here: dp = 1), and its activations at their peak within the step, for each
+// schedule and recomputation mode. Nothing is measured to make the prediction: it comes from
+// the parameter list, the stash layout and the replay of the schedule's action list.
+TEST(PipelineMemory, FirstStageBytesAreThePlannersEngineFigure) {
+  const auto world_group = world();
+  const int p = world_group->size();
+  if (p < 2 || p > 4) GTEST_SKIP() << "one stage per rank of 4 layers: needs 2 to 4 ranks";
+  TinyRun run("pp_engine_memory");
+  const int64_t m = 4, layers = 4, batch = 2;
+  struct Case {
+    std::string arch, schedule, recompute;
+    int v;
+  };
+  const Case cases[] = {{"gpt2", "afab", "none", 1},      {"gpt2", "1f1b", "selective", 1},
+                        {"llama", "1f1b", "full", 1},     {"gpt2", "zbh1", "none", 1},
+                        {"llama", "zbh1", "selective", 1}, {"gpt2", "interleaved", "none", 2}};
+  for (const Case& c : cases) {
+    if (layers % (p * c.v) != 0) continue;  // interleaved at pp = 4 would need 8 layers
+    const std::string what = c.arch + " " + c.schedule + " recompute=" + c.recompute;
+    const TrainConfig config = pipeline_config(
+        run, c.arch, 1,
+        {"train.batch_size=" + std::to_string(batch), "optim.warmup_steps=0", "parallel.pp=" + std::to_string(p),
+         "parallel.pp_schedule=\"" + c.schedule + "\"", "parallel.pp_chunks=" + std::to_string(c.v),
+         "model.recompute=\"" + c.recompute + "\"", "checkpoint.dir=\"\"",
+         "log.dir=\"" + run.dir + "/" + c.schedule + c.recompute + "\""});
+    auto stats = [] { return HostAllocator::instance().stats(); };
+    const MemStats before = stats();
+    auto live = [&](const MemStats& now, MemCategory category) {
+      const auto i = static_cast<size_t>(category);
+      return static_cast<double>(now.live_bytes[i] - before.live_bytes[i]);
+    };
+    double peak_activations = 0;
+    {
+      Trainer trainer(config, world_group);
+      trainer.run();
+      const MemStats after = stats();
+      // The trainer opens a peak window per step; the last step's is the steady state's.
+      peak_activations = static_cast<double>(after.peak_bytes[static_cast<size_t>(MemCategory::Activations)] -
+                                             before.live_bytes[static_cast<size_t>(MemCategory::Activations)]);
+      if (world_group->rank() != 0) continue;
+      plan::PlanLayout layout = config.layout();
+      const plan::MemoryBreakdown predicted = plan::predict_engine_pipeline_memory(
+          config.model, layout, config.seq_len, m, static_cast<int64_t>(config.bucket_mb * 1e6));
+      EXPECT_EQ(live(after, MemCategory::Parameters), predicted.parameters) << what;
+      EXPECT_EQ(live(after, MemCategory::Gradients), predicted.gradients) << what;
+      EXPECT_EQ(live(after, MemCategory::OptimizerState), predicted.optimizer_state) << what;
+      EXPECT_EQ(peak_activations, predicted.activations) << what;
+    }
+  }
 }
 
 // `--print-schedule`: the last step's timeline, one row per stage and one bar per action, and

@@ -292,7 +292,17 @@ int run_plan(const PlanArgs& command_line) {
   Machine machine = machine_of(args, layout.gpus());
   plan::TrainingJob& job = machine.job;
   job.memory.micro_batches = args.global_batch / per_step;
-  const plan::MemoryBreakdown mem = plan::predict_gpu_memory(model, layout, job.memory);
+  // Under --profile, the engine's own bytes on one rank (the first pipeline stage's): its
+  // flats, buckets and activation sets as its allocator counts them; else the GPU model's.
+  const bool engine_memory = !args.profile.empty();
+  const auto bucket_bytes = static_cast<int64_t>(TrainConfig{}.bucket_mb * 1e6);
+  const plan::MemoryBreakdown mem =
+      !engine_memory ? plan::predict_gpu_memory(model, layout, job.memory)
+      : layout.pp > 1
+          ? plan::predict_engine_pipeline_memory(model, layout, args.seq_len, job.memory.micro_batches, bucket_bytes)
+          : plan::predict_engine_memory(model, layout.dp * layout.cp, layout.zero_stage, bucket_bytes, false,
+                                        layout.micro_batch, args.seq_len, layout.recompute, layout.tp,
+                                        layout.sequence_parallel, layout.cp, layout.ep);
   const plan::ClusterSpec& cluster = machine.cluster;
   const plan::GpuSpec& gpu = cluster.gpu;
   const plan::StepTime time = plan::predict_step_time(model, layout, cluster, job);
@@ -302,7 +312,7 @@ int run_plan(const PlanArgs& command_line) {
     const nlohmann::json out = {
         {"model", args.model}, {"parameters", model.parameter_count()}, {"gpu", gpu.name}, {"layout", layout.describe()},
         {"seq_len", args.seq_len}, {"global_batch", args.global_batch}, {"micro_batches", job.memory.micro_batches},
-        {"memory_bytes", memory_json(mem)}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits},
+        {"memory_bytes", memory_json(mem)}, {"memory_model", engine_memory ? "engine" : "gpu"}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits},
         {"engine_supported", engine_note.empty()}, {"engine_note", engine_note}};
     std::printf("%s\n", out.dump(2).c_str());
     write_charts(args, {{layout, mem, time, engine_note}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
@@ -312,7 +322,11 @@ int run_plan(const PlanArgs& command_line) {
               args.model.c_str(), static_cast<double>(model.parameter_count()) / 1e9, layout.describe().c_str(),
               static_cast<long long>(layout.gpus()), gpu.name.c_str(), static_cast<long long>(args.seq_len),
               static_cast<long long>(args.global_batch), static_cast<long long>(job.memory.micro_batches));
-  std::printf("\nmemory of the most loaded GPU (first pipeline stage)\n");
+  if (engine_memory)
+    std::printf("\nmemory of the first pipeline stage's rank (loom's engine as its allocator counts it; comm buffers and "
+                "workspace not itemised)\n");
+  else
+    std::printf("\nmemory of the most loaded GPU (first pipeline stage)\n");
   const std::pair<const char*, double> rows[] = {
       {"parameters", mem.parameters},         {"gradients", mem.gradients},       {"optimizer state", mem.optimizer_state},
       {"activations", mem.activations},       {"comm buffers", mem.comm_buffers}, {"workspace", mem.workspace}};

@@ -6,6 +6,7 @@
 #include "loom/model/parameter_specs.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
+#include "loom/plan/pipeline_sim.hpp"
 #include "loom/plan/rank_parameters.hpp"
 
 namespace loom::plan {
@@ -211,97 +212,206 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   return mem;
 }
 
-MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
-                                      int64_t batch, int64_t seq_len, Recompute recompute,
-                                      int64_t tp, bool sequence_parallel, int64_t cp, int64_t ep) {
-  if (ep < 1 || dp % ep != 0 || (m.is_moe() ? m.n_experts % ep != 0 : ep != 1))
-    throw_error("predict_engine_memory: ep = ", ep, " with dp = ", dp, " and ", m.n_experts, " experts");
-  // This rank's parameters: every dense one, and the experts of ep rank 0 (all ranks hold as
-  // many), in gradient-ready order; the engine buckets (or, under ZeRO, flattens) the two apart.
-  std::vector<ParameterSpec> all, dense, experts;
-  for (ParameterSpec& s : parameter_specs(m)) {
-    if (s.expert && s.expert_index >= m.n_experts / ep) continue;
-    all.push_back(s);
-    (s.expert ? experts : dense).push_back(std::move(s));
-  }
+namespace {
+
+// The engine's model states on one rank holding `specs` (its tp block of each: tp rank 0's, the
+// largest), replicated over `dp` ranks (the experts over dp / ep) under ZeRO `stage`.
+MemoryBreakdown engine_model_states(const ModelConfig& m, const std::vector<ParameterSpec>& specs,
+                                    int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
+                                    int64_t tp, int64_t ep) {
+  std::vector<ParameterSpec> dense, experts;
+  for (const ParameterSpec& s : specs) (s.expert ? experts : dense).push_back(s);
+  auto numel_here = [&](const ParameterSpec& s) { return s.numel_on_tp_rank(tp, 0); };
   const StateBytes state{4, 4, bf16 ? 4.0 : 0.0, 8};  // f32 storage even for bf16 values on the CPU
-  MemoryBreakdown mem;
   if (dp == 1 || stage == 0) {
     double params = 0;
-    for (const ParameterSpec& s : all) params += static_cast<double>(s.numel());
-    mem = zero_model_states(params, state, 1, 0);
-  } else {
-    // ZeroOptimizer's flats: size-capped buckets in gradient-ready order (stages 1-2) or one
-    // per unit (stage 3), each padded to a multiple of its group: dp, or dp / ep for experts.
-    double shard = 0, padded = 0;
-    auto add_flats = [&](const std::vector<ParameterSpec>& specs, int64_t ranks) {
-      std::vector<int64_t> flats;
-      if (stage == 3) {
-        flats.assign(static_cast<size_t>(m.n_layer + 1), 0);
-        for (const ParameterSpec& s : specs) flats[static_cast<size_t>(s.unit)] += s.numel();
-      } else {
-        std::vector<int64_t> numels;
-        for (const ParameterSpec& s : specs) numels.push_back(s.numel());
-        for (const std::vector<size_t>& bucket : group_into_buckets(numels, bucket_bytes)) {
-          int64_t n = 0;
-          for (size_t i : bucket) n += numels[i];
-          flats.push_back(n);
-        }
-      }
-      for (int64_t n : flats) {
-        const int64_t piece = (n + ranks - 1) / ranks;
-        shard += static_cast<double>(piece);
-        padded += static_cast<double>(piece * ranks);
-      }
-    };
-    if (ep == 1) {
-      add_flats(all, dp);
-    } else {
-      add_flats(dense, dp);
-      add_flats(experts, dp / ep);
-    }
-    mem.parameters = state.parameter * (stage >= 3 ? shard : padded);
-    mem.gradients = state.gradient * (stage >= 2 ? shard : padded);
-    mem.optimizer_state = (state.master + state.moments) * shard;
+    for (const ParameterSpec& s : specs) params += static_cast<double>(numel_here(s));
+    return zero_model_states(params, state, 1, 0);
   }
-  // Transformer::ensure_activations: the residual stream (L + 1 rows of C), the final norm's
-  // output and statistics, and the block stashes per recomputation mode (stash.cpp).
-  // Per token: `rowwise` elements sit in the residual-stream region (split by tp only under
-  // sequence parallelism), the rest in the tensor-parallel region (always split by tp).
-  const double tokens = static_cast<double>(batch * seq_len / cp), h = static_cast<double>(m.n_embd);
-  const double t = static_cast<double>(tp), row_split = sequence_parallel ? t : 1.0;
-  const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;
-  const LayerElements e = layer_elements_of(m, false);
-  const double stash_rowwise = e.replicated_by_tp - h;  // the input lives in the residual stream
-  // Per layer kind: what its stash keeps, and what selective recomputation shares.
-  const double dense_split = e.split_by_tp / t, dense_recomputable = e.recomputable / t;
-  const double attention_split = (h + 2 * static_cast<double>(m.kv_dim())) / t;
-  // A MoE block keeps its experts' activations with the rest of its stash (MoeStash, f32),
-  // none in the recomputable set, which holds the attention output and log-sum-exps only.
-  const double k = static_cast<double>(m.experts_per_token), fe = static_cast<double>(m.expert_ffn());
-  const double moe_split = attention_split + 2 * static_cast<double>(m.n_experts) + k + k * (2 * h + 3 * fe) +
-                           static_cast<double>(m.n_shared_experts) * 3 * fe;
-  const double moe_recomputable = (h + static_cast<double>(m.n_head)) / t;
+  // ZeroOptimizer's flats: size-capped buckets in gradient-ready order (stages 1-2) or one
+  // per unit (stage 3), each padded to a multiple of its group: dp, or dp / ep for experts.
+  double shard = 0, padded = 0;
+  auto add_flats = [&](const std::vector<ParameterSpec>& group_specs, int64_t ranks) {
+    std::vector<int64_t> flats;
+    if (stage == 3) {
+      flats.assign(static_cast<size_t>(m.n_layer + 1), 0);
+      for (const ParameterSpec& s : group_specs)
+        flats[static_cast<size_t>(s.unit)] += numel_here(s);
+    } else {
+      std::vector<int64_t> numels;
+      for (const ParameterSpec& s : group_specs) numels.push_back(numel_here(s));
+      for (const std::vector<size_t>& bucket : group_into_buckets(numels, bucket_bytes)) {
+        int64_t n = 0;
+        for (size_t i : bucket) n += numels[i];
+        flats.push_back(n);
+      }
+    }
+    for (int64_t n : flats) {
+      if (n == 0) continue;  // a unit this rank holds nothing of
+      const int64_t piece = (n + ranks - 1) / ranks;
+      shard += static_cast<double>(piece);
+      padded += static_cast<double>(piece * ranks);
+    }
+  };
+  if (ep == 1) {
+    add_flats(specs, dp);
+  } else {
+    add_flats(dense, dp);
+    add_flats(experts, dp / ep);
+  }
+  MemoryBreakdown mem;
+  mem.parameters = state.parameter * (stage >= 3 ? shard : padded);
+  mem.gradients = state.gradient * (stage >= 2 ? shard : padded);
+  mem.optimizer_state = (state.master + state.moments) * shard;
+  return mem;
+}
+
+// Activation elements per token of the engine's stashes (model/stash.cpp), for one rank of tp
+// holding seq_len / cp tokens of each sequence. `rowwise` elements sit in the residual-stream
+// region (split by tp only under sequence parallelism), the rest in the tensor-parallel region
+// (always split by tp).
+struct EngineActivationShape {
+  double tokens = 0, h = 0, row_split = 1, norm_stats = 0;
+  double stash_rowwise = 0;  // a block stash's rows outside the residual stream
+  double dense_split = 0, dense_recomputable = 0;  // a dense block's, in the tp region
+  double moe_split = 0, moe_recomputable = 0;      // a mixture-of-experts block's
+  double attention_split = 0;
+
+  EngineActivationShape(const ModelConfig& m, int64_t batch, int64_t seq_len, int64_t tp,
+                        bool sequence_parallel, int64_t cp) {
+    tokens = static_cast<double>(batch * seq_len / cp);
+    h = static_cast<double>(m.n_embd);
+    const double t = static_cast<double>(tp);
+    row_split = sequence_parallel ? t : 1.0;
+    norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;
+    const LayerElements e = layer_elements_of(m, false);
+    stash_rowwise = e.replicated_by_tp - h;  // the input lives in the residual stream
+    dense_split = e.split_by_tp / t;
+    dense_recomputable = e.recomputable / t;
+    attention_split = (h + 2 * static_cast<double>(m.kv_dim())) / t;
+    // A MoE block keeps its experts' activations with the rest of its stash (MoeStash, f32),
+    // none in the recomputable set, which holds the attention output and log-sum-exps only.
+    const double k = static_cast<double>(m.experts_per_token),
+                 fe = static_cast<double>(m.expert_ffn());
+    moe_split = attention_split + 2 * static_cast<double>(m.n_experts) + k + k * (2 * h + 3 * fe) +
+                static_cast<double>(m.n_shared_experts) * 3 * fe;
+    moe_recomputable = (h + static_cast<double>(m.n_head)) / t;
+  }
+
+  double bytes(double rowwise, double split) const {
+    return 4 * tokens * (rowwise / row_split + split);
+  }
+
+  // One activation set (ChunkActivations) of `dense` + `moe` blocks: the residual stream (one
+  // row per block plus the output), on the last stage the final norm's output and statistics,
+  // and each block's stash but what selective recomputation shares (none under full).
+  double set_bytes(double dense, double moe, bool last_stage, Recompute recompute) const {
+    double rowwise = (dense + moe + 1) * h + (last_stage ? h + norm_stats : 0), split = 0;
+    if (recompute != Recompute::Full) {
+      rowwise += (dense + moe) * stash_rowwise;
+      split += recompute == Recompute::None ? dense * (dense_split + dense_recomputable) +
+                                                  moe * (moe_split + moe_recomputable)
+                                            : dense * dense_split + moe * moe_split;
+    }
+    return bytes(rowwise, split);
+  }
+
+  // What a rank keeps once, beside its sets: under selective recomputation the shared
+  // attention output (and a dense MLP activation where the rank has a dense block); under full,
+  // the model's single stash, with a dense MLP if any layer of the model is dense.
+  double shared_bytes(Recompute recompute, bool rank_has_dense, bool model_has_dense,
+                      bool model_has_moe) const {
+    switch (recompute) {
+      case Recompute::None: return 0;
+      case Recompute::Selective:
+        return bytes(0, rank_has_dense ? dense_recomputable : moe_recomputable);
+      case Recompute::Full:
+        return bytes(stash_rowwise, model_has_dense
+                                        ? dense_split + dense_recomputable +
+                                              (model_has_moe ? moe_split - attention_split : 0)
+                                        : moe_split + moe_recomputable);
+    }
+    return 0;
+  }
+};
+
+}  // namespace
+
+MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage,
+                                      int64_t bucket_bytes, bool bf16, int64_t batch,
+                                      int64_t seq_len, Recompute recompute, int64_t tp,
+                                      bool sequence_parallel, int64_t cp, int64_t ep) {
+  if (ep < 1 || dp % ep != 0 || (m.is_moe() ? m.n_experts % ep != 0 : ep != 1))
+    throw_error("predict_engine_memory: ep = ", ep, " with dp = ", dp, " and ", m.n_experts,
+                " experts");
+  // This rank's parameters: every dense one, and the experts of ep rank 0 (all ranks hold as
+  // many), in gradient-ready order; the engine buckets (or, under ZeRO, flattens) the two apart.
+  std::vector<ParameterSpec> mine;
+  for (ParameterSpec& s : parameter_specs(m))
+    if (!s.expert || s.expert_index < m.n_experts / ep) mine.push_back(std::move(s));
+  MemoryBreakdown mem = engine_model_states(m, mine, dp, stage, bucket_bytes, bf16, tp, ep);
+  // Transformer::ensure_activations: the whole model as one set, which holds the final norm.
+  const EngineActivationShape shape(m, batch, seq_len, tp, sequence_parallel, cp);
   const double moe_layers = static_cast<double>(m.moe_layer_count());
   const double dense_layers = static_cast<double>(m.n_layer) - moe_layers;
-  const double layers = static_cast<double>(m.n_layer);
-  double rowwise = (layers + 1) * h + h + norm_stats, split = 0;
-  switch (recompute) {
-    case Recompute::None:
-      rowwise += layers * stash_rowwise;
-      split += dense_layers * (dense_split + dense_recomputable) + moe_layers * (moe_split + moe_recomputable);
-      break;
-    case Recompute::Selective:  // one shared attention output (and dense MLP activation) for all
-      rowwise += layers * stash_rowwise;
-      split += dense_layers * dense_split + moe_layers * moe_split + (dense_layers > 0 ? dense_recomputable : moe_recomputable);
-      break;
-    case Recompute::Full:  // one stash, with a dense MLP if any layer has one, refilled per block
-      rowwise += stash_rowwise;
-      split += dense_layers > 0 ? dense_split + dense_recomputable + (moe_layers > 0 ? moe_split - attention_split : 0)
-                                : moe_split + moe_recomputable;
-      break;
+  mem.activations =
+      shape.set_bytes(dense_layers, moe_layers, true, recompute) +
+      shape.shared_bytes(recompute, dense_layers > 0, dense_layers > 0, moe_layers > 0);
+  return mem;
+}
+
+MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanLayout& l,
+                                               int64_t seq_len, int64_t micro_batches,
+                                               int64_t bucket_bytes) {
+  if (l.pp < 2)
+    throw_error("predict_engine_pipeline_memory: pp = ", l.pp,
+                "; use predict_engine_memory without a pipeline");
+  if (m.is_moe() && splits_backward(l.schedule))
+    throw_error("predict_engine_pipeline_memory: a mixture-of-experts model under ",
+                schedule_name(l.schedule), " (its W keeps what routing sends each expert)");
+  const int64_t v = l.schedule == PipelineSchedule::Interleaved ? l.vp : 1;
+  const std::vector<ModelChunk> chunks =
+      pipeline_chunks(stage_layer_counts(m.n_layer, l.pp * v), l.pp, 0);
+  // Rank 0's parameters: its chunks' blocks and the embedding tables (the first stage's).
+  std::vector<ParameterSpec> mine;
+  for (ParameterSpec& s : parameter_specs(m)) {
+    if (s.expert && s.expert_index >= m.n_experts / l.ep) continue;
+    bool held = s.part == ModelPart::TokenTable || s.part == ModelPart::PositionTable;
+    for (const ModelChunk& c : chunks)
+      held =
+          held ||
+          (s.part == ModelPart::Block && s.unit - 1 >= c.first_layer && s.unit - 1 < c.end_layer) ||
+          ((s.part == ModelPart::FinalNorm || s.part == ModelPart::OutputHead) && c.last_stage());
+    if (held) mine.push_back(std::move(s));
   }
-  mem.activations = 4 * tokens * (rowwise / row_split + split);
+  MemoryBreakdown mem =
+      engine_model_states(m, mine, l.dp * l.cp, l.zero_stage, bucket_bytes, false, l.tp, l.ep);
+  // Activations: as many sets as the schedule ever has micro-batch-chunks in flight on rank 0
+  // (the pool reuses idle ones; plan/pipeline_sim's replay of the same list), each sized for
+  // the rank's largest chunk, plus the B's copies a split backward holds for its W.
+  const std::vector<PipeAction> actions = pipeline_actions(l.schedule, l.pp, micro_batches, v)[0];
+  const double sets = static_cast<double>(peak_activation_bytes(actions, 1, 0));
+  const EngineActivationShape shape(m, l.micro_batch, seq_len, l.tp, l.sequence_parallel, l.cp);
+  double largest = 0, rank_dense = 0;
+  for (const ModelChunk& c : chunks) {
+    double moe = 0;
+    for (int64_t layer = c.first_layer; layer < c.end_layer; ++layer)
+      moe += m.is_moe_layer(layer) ? 1 : 0;
+    const double dense = static_cast<double>(c.layers()) - moe;
+    rank_dense += dense;
+    largest = std::max(largest, shape.set_bytes(dense, moe, c.last_stage(), l.recompute));
+  }
+  const double model_moe = static_cast<double>(m.moe_layer_count());
+  mem.activations =
+      sets * largest + shape.shared_bytes(l.recompute, rank_dense > 0,
+                                          model_moe<static_cast<double>(m.n_layer), model_moe> 0);
+  if (splits_backward(l.schedule)) {
+    const ModelChunk& c = chunks.front();
+    const int64_t rows = l.micro_batch * seq_len / l.cp;
+    mem.activations += static_cast<double>(peak_activation_bytes(
+        actions, 0,
+        deferred_weight_grad_bytes(m, c.layers(), c.first_stage(), c.last_stage(), rows, 4)));
+  }
   return mem;
 }
 

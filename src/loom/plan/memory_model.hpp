@@ -102,13 +102,24 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& l
 // Transformer::forward allocates for (batch, seq_len) under `recompute`, on one rank of `tp`
 // (heads and MLP columns divide by tp; with `sequence_parallel` the residual stream, norms and
 // their outputs divide by tp too), holding seq_len / `cp` tokens of each sequence (context
-// parallelism). Model states are figured for tp = 1. Under expert parallelism (`ep` dividing
-// `dp`, which counts every replica of the dense parameters) a rank holds E / ep experts of each
-// layer, in flats of their own over the dp / ep expert-data-parallel ranks; activations are
-// figured for ep = 1 (under ep the experts' rows depend on the routing).
+// parallelism). Model states are tp rank 0's (its block of every split tensor, the largest).
+// Under expert parallelism (`ep` dividing `dp`, which counts every replica of the dense
+// parameters) a rank holds E / ep experts of each layer, in flats of their own over the
+// dp / ep expert-data-parallel ranks; activations are figured for ep = 1 (under ep the experts'
+// rows depend on the routing).
 MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
                                       int64_t batch, int64_t seq_len, Recompute recompute,
                                       int64_t tp = 1, bool sequence_parallel = false, int64_t cp = 1,
                                       int64_t ep = 1);
+
+// The same for the first pipeline rank of a layout with pp >= 2 (f32): the model states of its
+// stages (its blocks and the embedding tables) over dp x cp replicas under ZeRO, and its
+// activations: as many sets as its action list ever holds micro-batch-chunks in flight (the
+// engine's pool reuses idle sets), each sized for its largest chunk, what selective or full
+// recomputation keeps once, and under a split backward (ZB-H1) the copies its B's hold for
+// their W's. `micro_batches` per step per pipeline.
+MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& model, const PlanLayout& layout,
+                                               int64_t seq_len, int64_t micro_batches,
+                                               int64_t bucket_bytes);
 
 }  // namespace loom::plan

@@ -3,7 +3,8 @@
 // the per-tensor recipes are reduced (max) over the replicas, so all use the scale of the whole
 // global batch (Transformer Engine's amax reduction group); blockwise tiles never span rows, so
 // a replica's rows get the scales they get in one process. With the reduction switched off
-// (checked by mutation) the current recipe's first loss already misses by ~1e-3.
+// (checked by mutation) the delayed and current recipes' first loss misses by 1.7e-5 of itself,
+// 17 times the first step's bound.
 #include <gtest/gtest.h>
 
 #include "dist_fixture.hpp"
@@ -19,15 +20,20 @@ struct Fp8Case {
 
 class Fp8DataParallelParity : public ::testing::TestWithParam<Fp8Case> {};
 
-// Tolerance. The two runs sum gradients in a different order, so their f32 weights differ in the
-// last bits (the f32 test holds them to 1e-5 of the largest weight) and so do the amaxes and
-// activations computed from them. A quantised operand then differs only where such a difference
-// carries an element across a rounding midpoint: with E4M3's grid 2^-3 relative apart, a
-// perturbation of ~1e-6 relative does so for about 1e-6 / 2^-3 ~ 1e-5 of the elements, and each
-// such element moves by one grid step (<= 2^-3 of itself). A GEMM output is a sum over ~32-128
-// products, so it moves by about 2^-3 x 1e-5 x sqrt(fraction) ~ 1e-6 to 1e-5 relative; through
-// ten steps of AdamW at lr 1e-3 that stays within 1e-4 of the loss and 1e-4 of the weights, ten
-// times the f32 test's bounds. (An unreduced amax is ~1e-3 off at the first step.)
+// Tolerance. The two runs sum in a different order (OpenBLAS blocks 64 rows differently from
+// 128; the all-reduce adds the replicas' halves), so operands differ in their last f32 bits. A
+// quantised element changes only where that carries it across a rounding midpoint (E4M3's grid
+// is 2^-3 apart, relative): about 1e-7 / 2^-3 ~ 1e-6 of the elements, each moved by one grid step.
+// Measured, without accumulation: losses within 4e-7 and weights within 6e-5 (blockwise; 5e-7
+// delayed and current) of the largest weight, so losses are held to 1e-4 (relative) and weights
+// to 1e-4. With accumulation 2 the runs agree to 4e-7 for six steps, then part ways (1e-5 of
+// the loss at step 7, 8e-5 at step 10): one flipped element of an E5M2 gradient (2^-2 apart)
+// changes its Adam update by up to ~lr, and on random tokens, where most gradients are noise,
+// that spreads. Losses still hold 1e-4; weights (and amax histories computed from them) are
+// held to kFlippedWeightTolerance = 5e-2 of max(|w|, 0.02), twice the worst measured (2.3e-2,
+// current recipe); the bound lr x steps / 0.02 = 0.5 would say nothing.
+constexpr double kFlippedWeightTolerance = 5e-2;
+
 TEST_P(Fp8DataParallelParity, LossesAndWeightsMatchOneProcess) {
   const auto dp = world();
   if (kGlobalBatch % dp->size() != 0)
@@ -54,6 +60,9 @@ TEST_P(Fp8DataParallelParity, LossesAndWeightsMatchOneProcess) {
       dp);
   parallel.run();
   constexpr double kTolerance = 1e-4;
+  // With accumulation the runs here part ways at step 7 by ~1e-5 of the loss: a flipped
+  // element, then Adam (see below); the weights are held to that bound instead.
+  const double weight_tolerance = c.grad_accum > 1 ? kFlippedWeightTolerance : kTolerance;
   if (dp->rank() == 0)
     expect_losses_follow(run.dir + "/ref/metrics.jsonl", run.dir + "/dp/metrics.jsonl", kTolerance);
   const ParameterList& ref_params = reference.model().parameters();
@@ -61,21 +70,32 @@ TEST_P(Fp8DataParallelParity, LossesAndWeightsMatchOneProcess) {
   for (size_t i = 0; i < ref_params.size(); ++i)
     EXPECT_LE(relative_weight_difference(ref_params[i]->value.to_f32_vector(),
                                          dp_params[i]->value.to_f32_vector()),
-              kTolerance)
+              weight_tolerance)
         << ref_params[i]->name << " on rank " << dp->rank();
-  // Every replica keeps the same amax history as one process (to the f32 noise above).
+  // Every replica keeps one process's amax history (to the f32 noise above), but for the output
+  // gradients: each replica's loss is a mean over its own 1/dp of the tokens, so its gradients
+  // are dp times one process's (the all-reduce averages them back). With dp a power of two that
+  // factor is exact: the scale is 1/dp of one process's and the quantised values are the same.
   const std::vector<float> ref_history = reference.model().fp8()->amax_history();
   const std::vector<float> dp_history = parallel.model().fp8()->amax_history();
   ASSERT_EQ(ref_history.size(), dp_history.size());
-  for (size_t k = 0; k < ref_history.size(); ++k)
-    EXPECT_NEAR(dp_history[k], ref_history[k], kTolerance * std::fabs(ref_history[k]))
-        << "amax " << k;
+  constexpr size_t kHistory = kDefaultFp8AmaxHistory;  // input, weight, gradient per layer
+  for (size_t k = 0; k < ref_history.size(); ++k) {
+    const bool gradient = (k / kHistory) % 3 == 2;
+    const float want = ref_history[k] * (gradient ? static_cast<float>(dp->size()) : 1.0f);
+    // After the accumulation runs part ways, a gradient's amax (the max of noise-dominated
+    // gradients) moved up to 9%: held to E5M2's relative grid step 2^-2 there.
+    const double tolerance = gradient && c.grad_accum > 1 ? 0.25 : weight_tolerance;
+    EXPECT_NEAR(dp_history[k], want, tolerance * std::fabs(want)) << "amax " << k;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8DataParallelParity,
                          ::testing::Values(Fp8Case{"delayed", 0, 1}, Fp8Case{"current", 0, 1},
                                            Fp8Case{"blockwise", 0, 1}, Fp8Case{"delayed", 1, 2},
-                                           Fp8Case{"current", 1, 1}, Fp8Case{"blockwise", 1, 1}),
+                                           Fp8Case{"current", 1, 1}, Fp8Case{"blockwise", 1, 1},
+                                           Fp8Case{"delayed", 0, 2}, Fp8Case{"current", 0, 2},
+                                           Fp8Case{"delayed", 1, 1}, Fp8Case{"blockwise", 0, 2}),
                          [](const auto& info) {
                            return info.param.recipe + "_zero" +
                                   std::to_string(info.param.zero_stage) + "_accum" +

@@ -97,7 +97,7 @@ nlohmann::json run_manifest_json(const TrainConfig& config, const std::string& c
           {"layout", layout.describe()},
           {"world_size", world_size},
           {"device", device_name(config.device)},
-          {"precision", config.precision == Precision::BF16 ? "bf16" : "f32"},
+          {"precision", precision_name(config.precision)},
           {"steps", config.steps},
           {"batch_size", config.batch_size},
           {"seq_len", config.seq_len},

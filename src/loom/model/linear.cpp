@@ -21,13 +21,22 @@ Linear::Linear(std::string name, int64_t in_features, int64_t out_features, bool
 }
 
 void Linear::forward(const Tensor& out, int64_t out_col, const Tensor& input) const {
+  if (fp8_) return fp8_->forward(out, out_col, input, weight.value, has_bias() ? &bias.value : nullptr);
   ops::linear_forward(out, out_col, input, weight.value, has_bias() ? &bias.value : nullptr);
 }
 
 void Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
                       int64_t d_out_col, const Tensor& input) {
+  if (fp8_)
+    return fp8_->backward(d_input, accumulate_input, weight.grad, has_bias() ? bias.grad : Tensor(), d_out,
+                          d_out_col, input, weight.value);
   ops::linear_backward(d_input, accumulate_input, weight.grad, has_bias() ? bias.grad : Tensor(),
                        d_out, d_out_col, input, weight.value);
+}
+
+Fp8Linear* Linear::enable_fp8(std::shared_ptr<Fp8Context> context) {
+  fp8_ = std::make_unique<Fp8Linear>(std::move(context));
+  return fp8_.get();
 }
 
 void Linear::collect(ParameterList& out) {

@@ -3,8 +3,10 @@
 // column block of a wider tensor (out_col), so q/k/v or gate/up projections fill one fused
 // activation without a copy. It computes through loom::ops, on whichever device its
 // parameters and the tensors it is handed live.
+#include <memory>
 #include <string>
 
+#include "loom/model/fp8_linear.hpp"
 #include "loom/model/parameter.hpp"
 
 namespace loom {
@@ -20,6 +22,9 @@ class Linear {
   void backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
                 int64_t d_out_col, const Tensor& input);
   void collect(ParameterList& out);
+  // From now on both GEMMs run on FP8-quantised operands (model/fp8_linear.hpp); returns the
+  // layer's scaling state, owned here.
+  Fp8Linear* enable_fp8(std::shared_ptr<Fp8Context> context);
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -30,6 +35,7 @@ class Linear {
 
  private:
   int64_t in_features_, out_features_;
+  std::unique_ptr<Fp8Linear> fp8_;  // null: f32 (or bf16) GEMMs
 };
 
 // Allocates value and gradient tensors of a parameter (on the CPU, f32; Transformer::to_device

@@ -43,6 +43,11 @@ class LocalFanOut final : public FanOutProjection {
   void collect(ParameterList& out) override {
     for (Linear& linear : linears_) linear.collect(out);
   }
+  std::vector<Linear*> linears() override {
+    std::vector<Linear*> out;
+    for (Linear& linear : linears_) out.push_back(&linear);
+    return out;
+  }
 
  private:
   std::vector<Linear> linears_;
@@ -58,6 +63,7 @@ class LocalFanIn final : public FanInProjection {
     linear_.backward(d_input, false, d_out, 0, input);
   }
   void collect(ParameterList& out) override { linear_.collect(out); }
+  std::vector<Linear*> linears() override { return {&linear_}; }
 
  private:
   Linear linear_;

@@ -19,6 +19,7 @@
 namespace loom {
 
 class ExpertExchange;  // model/moe.hpp
+class Linear;          // model/linear.hpp
 
 // One projection of a fan-out layer: its HF name (without ".weight") and its output width, as
 // the widths of the tensors it fuses (GPT-2's c_attn = {C, C, C} for q|k|v), each of which
@@ -51,6 +52,8 @@ class FanOutProjection {
   virtual void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) = 0;
   virtual int64_t width() const = 0;  // this rank's output columns
   virtual void collect(ParameterList& out) = 0;
+  // Its plain Linear layers (one process's plan; FP8 training swaps their GEMMs), or none.
+  virtual std::vector<Linear*> linears() { return {}; }
 };
 
 // The second half: [rows, this rank's input columns] to the block's [local_rows, out].
@@ -61,6 +64,7 @@ class FanInProjection {
   // d_input [rows, this rank's input columns] written; parameter gradients accumulated.
   virtual void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) = 0;
   virtual void collect(ParameterList& out) = 0;
+  virtual std::vector<Linear*> linears() { return {}; }  // as FanOutProjection's
   // Parameters whose gradient comes from this rank's rows only (see sum_partial_grads).
   virtual ParameterList partial_grads() { return {}; }
 };

@@ -12,6 +12,7 @@
 #include "loom/model/block.hpp"
 #include "loom/model/config.hpp"
 #include "loom/model/context_parallel.hpp"
+#include "loom/model/fp8_linear.hpp"
 #include "loom/model/parallel_plan.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/model/stash.hpp"
@@ -148,6 +149,12 @@ class Transformer {
   Device device() const { return format_.device; }
   DType compute_dtype() const { return format_.dtype; }
   void set_bf16_activations(bool on);
+  // FP8 training (model/fp8_linear.hpp): every block's attention and MLP projections run their
+  // GEMMs on FP8-quantised operands from now on; embeddings, norms, attention's softmax, the
+  // router, the output head and the loss stay in f32. One process's layers only (a loom::Error
+  // otherwise). The returned state (scales, amax histories) belongs to the model.
+  Fp8Training& enable_fp8(const Fp8Config& config);
+  Fp8Training* fp8() { return fp8_.get(); }
   Recompute recompute() const { return recompute_; }
   // Packed documents: with an end-of-document token, every token attends only to its own
   // document (the tokens after the last `eot_token` before it, up to itself; the end token
@@ -217,6 +224,7 @@ class Transformer {
   Recompute recompute_;
   int64_t vocab_chunk_;
   std::vector<ModelChunk> chunks_;
+  std::unique_ptr<Fp8Training> fp8_;
   std::vector<int64_t> chunk_first_block_;  // index into `blocks` of each chunk's first layer
   bool holds_embedding_ = true, holds_head_ = true;
   std::shared_ptr<const ops::Rope> rope_;

@@ -8,6 +8,7 @@
 #include "loom/core/error.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/model/pipeline_layout.hpp"
+#include "loom/train/fp8_config.hpp"
 
 namespace loom {
 
@@ -249,6 +250,15 @@ ParallelLayout TrainConfig::layout() const {
   return l;
 }
 
+const char* precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::F32: return "f32";
+    case Precision::BF16: return "bf16";
+    case Precision::FP8: return "fp8";
+  }
+  return "?";
+}
+
 TrainConfig parse_train_config(ConfigReader& r) {
   TrainConfig c;
   c.model = parse_model_config(r);
@@ -286,7 +296,9 @@ TrainConfig parse_train_config(ConfigReader& r) {
   const std::string precision = r.get_string("train.precision", "f32");
   if (precision == "f32") c.precision = Precision::F32;
   else if (precision == "bf16") c.precision = Precision::BF16;
-  else throw_error("config key 'train.precision' has value '", precision, "', expected f32 or bf16");
+  else if (precision == "fp8") c.precision = Precision::FP8;
+  else throw_error("config key 'train.precision' has value '", precision, "', expected f32, bf16 or fp8");
+  c.fp8 = parse_fp8_config(r, c.precision == Precision::FP8);
   c.threads = static_cast<int>(r.get_int("train.threads", c.threads));
   const std::string device = r.get_string("train.device", device_name(c.device));
   if (device == "cpu") c.device = Device::CPU;
@@ -418,6 +430,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (c.document_mask && (c.eot_token < 0 || c.eot_token >= c.model.vocab_size))
     throw_error("config key 'data.eot_token' is ", c.eot_token, ", outside model.vocab_size's [0, ",
                 c.model.vocab_size, "): data.document_mask = true needs the end-of-document token id");
+  check_fp8_training(c);
   if (c.device == Device::CUDA) check_cuda_training(c);
   c.schedule.total_steps = c.steps;
   return c;

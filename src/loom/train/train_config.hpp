@@ -7,6 +7,7 @@
 #include "loom/core/dtype.hpp"
 #include "loom/data/data_loader.hpp"
 #include "loom/model/config.hpp"
+#include "loom/model/fp8_linear.hpp"
 #include "loom/optim/adamw.hpp"
 #include "loom/parallel/context_parallel.hpp"
 #include "loom/parallel/parallel_layout.hpp"
@@ -17,7 +18,10 @@
 
 namespace loom {
 
-enum class Precision { F32, BF16 };
+// f32; bf16 mixed precision (fp32 masters); fp8: the linear layers' GEMMs on FP8 operands
+// (model/fp8_linear.hpp), everything else f32, masters f32.
+enum class Precision { F32, BF16, FP8 };
+const char* precision_name(Precision precision);  // "f32", "bf16", "fp8"
 
 // Who carries a launch's collectives. Auto: NCCL when training on CUDA with a loom built with
 // NCCL and a GPU for every rank of the node, else MPI (which stages device tensors through
@@ -50,6 +54,7 @@ struct TrainConfig {
   int64_t steps = 100;
   uint64_t seed = 1337;
   Precision precision = Precision::F32;
+  Fp8Config fp8;               // train.fp8_*: read when precision is fp8
   int threads = 0;             // 0: all cores
   Device device = Device::CPU; // where the model trains: the CPU reference, or one CUDA GPU
   int64_t vocab_chunk = kDefaultVocabChunk;

@@ -29,6 +29,7 @@
 #include "loom/parallel/expert_parallel.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
+#include "loom/train/fp8_config.hpp"
 #include "loom/train/launch.hpp"
 #include "loom/optim/grad_clip.hpp"
 #include "loom/train/device_peak.hpp"
@@ -57,6 +58,7 @@ namespace {
 // What the engine cannot train on a device, and data it cannot train as asked, are refused
 // before anything is built.
 TrainConfig checked_for_device(TrainConfig config) {
+  check_fp8_training(config);  // first: its refusal of CUDA says what FP8 needs
   if (config.device == Device::CUDA) {
     check_cuda_training(config);
     check_cuda_available();
@@ -106,6 +108,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan, chunks);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(bf16);
+  if (config_.precision == Precision::FP8) fp8_ = &model_->enable_fp8(config_.fp8);
   if (config_.document_mask) model_->set_document_mask(config_.eot_token, config_.document_positions);
   // The same model on the device: bf16 storage for activations and working weights there.
   if (config_.device == Device::CUDA) model_->to_device(Device::CUDA, bf16 ? DType::BF16 : DType::F32);
@@ -152,6 +155,15 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
       reducer_->attach(*model_);
     }
   }
+  if (fp8_ && groups_.replica_size > 1) {
+    // Every replica must scale as one process would: amaxes are reduced (max) over the replicas,
+    // on a group of their own so the calls never interleave with the gradient buckets' (the
+    // amax reduction group of Transformer Engine's fp8_autocast).
+    std::shared_ptr<ProcessGroup> amax_group = groups_.replicas->split(0, groups_.replicas->rank(), "fp8_amax");
+    fp8_->context().reduce_max = [amax_group](std::span<float> values) {
+      comm::all_reduce(*amax_group, values.data(), static_cast<int64_t>(values.size()), ReduceOp::Max)->wait();
+    };
+  }
   optimizer_->set_model_parallel_groups(groups_.tp, groups_.pp);
   optimizer_->set_expert_parallel_group(groups_.ep);
   if (groups_.pp)
@@ -166,8 +178,11 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"tokens_seen", step * config_.tokens_per_step()},
           {"loader", loader_state_json(loader)},
           {"tokens_per_step", global_tokens_per_step()},
-          {"precision", config_.precision == Precision::BF16 ? "bf16" : "f32"},
+          {"precision", precision_name(config_.precision)},
           {"bad_steps", bad_steps_.state()}};
+  // Delayed scaling's amax histories (every replica holds the same, reduced ones): a resumed run
+  // scales its next step as the uninterrupted one would. JSON numbers carry a float exactly.
+  if (fp8_) state["fp8_amax_history"] = fp8_->amax_history();
   // The sigmoid router's selection biases are state, not parameters: every layer's, gathered
   // from the pipeline stages holding them (each layer lives on one pp rank; the rest add 0).
   if (config_.model.is_moe() && config_.model.moe_router == MoeRouter::Sigmoid) {
@@ -211,7 +226,7 @@ std::string Trainer::save(int64_t step) {
 int64_t Trainer::restore(const std::string& dir_or_root) {
   const CheckpointReader reader(dir_or_root);
   require_resumable(reader, config_.model, global_tokens_per_step(),
-                    config_.precision == Precision::BF16 ? "bf16" : "f32");
+                    precision_name(config_.precision));
   const nlohmann::json& state = reader.trainer_state();
   const int64_t optimizer_steps = state.value("optimizer_steps", int64_t{0});
   load_owned_state(reader, in_whole_tensor_coordinates(optimizer_->owned_slices()));
@@ -219,6 +234,8 @@ int64_t Trainer::restore(const std::string& dir_or_root) {
   optimizer_->publish_parameters();
   if (state.contains("moe_bias")) model_->set_moe_biases(state.at("moe_bias").get<std::vector<float>>());
   if (state.contains("bad_steps")) bad_steps_.restore(state.at("bad_steps"));
+  if (fp8_ && state.contains("fp8_amax_history"))
+    fp8_->set_amax_history(state.at("fp8_amax_history").get<std::vector<float>>());
   train_loader_->restore(loader_state_from_json(state.at("loader"), reader.dir()));
   return state.at("step").get<int64_t>();
 }
@@ -310,6 +327,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   const auto compute_start = Clock::now();
   if (config_.inject.slow_rank == groups_.world_rank && config_.inject.slow_rank_ms > 0)
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.inject.slow_rank_ms));
+  if (fp8_) fp8_->begin_step();
   run_micro_batches(loss_sum, grad_scale);
   compute_seconds_since_log_ += seconds_since(compute_start);
   ++steps_since_log_;
@@ -332,6 +350,8 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
     outcome.bad = agree_bad_step(bad_steps_.judge(outcome.loss, outcome.grad_norm));
     bad_steps_.record(outcome.bad.bad(), outcome.loss);
   }
+  // The step's amaxes join the histories (a skipped step's do not), reduced over the replicas.
+  if (fp8_) fp8_->finish_step(!outcome.bad.bad());
   if (outcome.bad.bad()) {
     // Nothing moves: weights, moments, masters, ZeRO shards, the step count the bias
     // correction reads and the MoE routers' biases stay; the gradients are cleared.
@@ -558,7 +578,8 @@ TrainSummary Trainer::run() {
               architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
               static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
               static_cast<long long>(global_tokens_per_step()),
-              config_.precision == Precision::BF16 ? "bf16 (fp32 master)" : "f32",
+              config_.precision == Precision::BF16 ? "bf16 (fp32 master)"
+              : config_.precision == Precision::FP8 ? "fp8 linears (fp32 master)" : "f32",
               recompute_name(config_.recompute), where, groups_.dp_size,
               groups_.ep ? (" (ep " + std::to_string(groups_.ep_size) + ")").c_str() : "", groups_.cp_size, groups_.tp_size,
               config_.sequence_parallel ? " (sequence parallel)" : "", groups_.pp_size,

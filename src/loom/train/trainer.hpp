@@ -90,6 +90,7 @@ class Trainer {
 
   TrainConfig config_;
   std::unique_ptr<Transformer> model_;
+  Fp8Training* fp8_ = nullptr;  // the model's FP8 scaling state under train.precision = "fp8"
   // AdamW, or ZeRO's sharded AdamW under data parallelism with zero_stage > 0.
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> train_loader_;

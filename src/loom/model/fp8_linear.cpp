@@ -1,0 +1,145 @@
+#include "loom/model/fp8_linear.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "loom/core/error.hpp"
+#include "loom/kernels/ops.hpp"
+
+namespace loom {
+
+const char* fp8_recipe_name(Fp8Recipe recipe) {
+  switch (recipe) {
+    case Fp8Recipe::Delayed: return "delayed";
+    case Fp8Recipe::Current: return "current";
+    case Fp8Recipe::Blockwise: return "blockwise";
+  }
+  return "?";
+}
+
+const char* fp8_formats_name(Fp8Formats formats) {
+  return formats == Fp8Formats::Hybrid ? "hybrid" : "e4m3";
+}
+
+float Fp8TensorScaling::history_amax() const {
+  float amax = 0.0f;
+  for (float a : history) amax = std::max(amax, a);
+  return amax;
+}
+
+Fp8Linear::Fp8Linear(std::shared_ptr<Fp8Context> context) : context_(std::move(context)) {
+  for (Fp8TensorScaling* s : {&input, &weight, &grad_output})
+    s->history.assign(static_cast<size_t>(context_->config.amax_history), 0.0f);
+}
+
+Tensor Fp8Linear::quantize(const float* x, int64_t rows, int64_t cols, int64_t stride,
+                           Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows) {
+  Fp8Context& ctx = *context_;
+  Tensor q = Tensor::empty({rows, cols}, DType::F32, MemCategory::Workspace);
+  float amax = 0.0f;
+  if (ctx.config.recipe == Fp8Recipe::Blockwise) {
+    // Tiles never span rows of activations or gradients, so a replica's rows are quantised as
+    // one process would; weights are the same on every replica. Nothing to reduce.
+    amax = cpu::quantize_dequantize_tiles(q.f32(), cols, x, stride, rows, cols, tile_rows,
+                                          kFp8TileSize, format, ctx.config.margin);
+  } else {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float row_amax = cpu::abs_max(x + r * stride, cols);
+      amax = std::isnan(row_amax) ? row_amax : std::max(amax, row_amax);
+    }
+    const float history = scaling.history_amax();
+    const bool use_current = ctx.config.recipe == Fp8Recipe::Current || history == 0.0f;
+    // The amax one process would see: the max over the replicas' rows.
+    if (ctx.in_step && ctx.reduce_max && use_current) ctx.reduce_max(std::span<float>(&amax, 1));
+    const float scale = cpu::fp8_scale(use_current ? amax : history, format, ctx.config.margin);
+    cpu::quantize_dequantize(q.f32(), cols, x, stride, rows, cols, scale, format);
+  }
+  if (ctx.in_step) scaling.step_amax = std::isnan(amax) ? amax : std::max(scaling.step_amax, amax);
+  return q;
+}
+
+void Fp8Linear::forward(const Tensor& out, int64_t out_col, const Tensor& input,
+                        const Tensor& weight_value, const Tensor* bias) {
+  LOOM_CHECK(
+      input.device() == Device::CPU && input.dtype() == DType::F32,
+      "FP8 linear layers are emulated on the CPU in f32 storage (train.precision = \"fp8\" needs "
+      "train.device = \"cpu\")");
+  const int64_t rows = input.size(0), in = input.size(1), out_features = weight_value.size(0);
+  const Tensor x = quantize(input.f32(), rows, in, in, this->input, cpu::Fp8Format::E4M3, 1);
+  const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight, cpu::Fp8Format::E4M3,
+                            kFp8TileSize);
+  ops::linear_forward(out, out_col, x, w, bias);
+}
+
+void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                         const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
+                         const Tensor& input_value, const Tensor& weight_value) {
+  const int64_t rows = input_value.size(0), in = input_value.size(1),
+                out_features = weight_value.size(0);
+  const float* g = d_out.f32() + d_out_col;
+  const Tensor dq = quantize(g, rows, out_features, d_out.size(1), grad_output,
+                             context_->config.gradient_format(), 1);
+  // The same quantised operands as the forward: the scales have not moved within the step.
+  const Tensor x = quantize(input_value.f32(), rows, in, in, input, cpu::Fp8Format::E4M3, 1);
+  const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight, cpu::Fp8Format::E4M3,
+                            kFp8TileSize);
+  ops::linear_backward(d_input, accumulate_input, d_weight, Tensor(), dq, 0, x, w);
+  if (d_bias.defined()) {
+    Tensor g_high = Tensor::empty({rows, out_features}, DType::F32, MemCategory::Workspace);
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(g + r * d_out.size(1), out_features, g_high.f32() + r * out_features);
+    ops::bias_grad(d_bias, g_high);
+  }
+}
+
+Fp8Training::Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers)
+    : context_(std::move(context)), layers_(std::move(layers)) {}
+
+void Fp8Training::begin_step() {
+  for (Fp8Linear* layer : layers_)
+    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
+      s->step_amax = 0.0f;
+  context_->in_step = true;
+}
+
+void Fp8Training::finish_step(bool keep) {
+  context_->in_step = false;
+  std::vector<float> amaxes;
+  for (Fp8Linear* layer : layers_)
+    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
+      amaxes.push_back(s->step_amax);
+  if (context_->reduce_max && !amaxes.empty()) context_->reduce_max(amaxes);
+  if (!keep) return;
+  size_t k = 0;
+  for (Fp8Linear* layer : layers_)
+    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output}) {
+      const float amax = amaxes[k++];
+      if (!std::isfinite(amax) || s->history.empty())
+        continue;  // a bad amax never enters the history
+      std::rotate(s->history.rbegin(), s->history.rbegin() + 1, s->history.rend());
+      s->history.front() = amax;
+    }
+}
+
+std::vector<float> Fp8Training::amax_history() const {
+  std::vector<float> out;
+  for (const Fp8Linear* layer : layers_)
+    for (const Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
+      out.insert(out.end(), s->history.begin(), s->history.end());
+  return out;
+}
+
+void Fp8Training::set_amax_history(const std::vector<float>& values) {
+  const size_t per = static_cast<size_t>(context_->config.amax_history);
+  if (values.size() != layers_.size() * 3 * per)
+    throw_error("FP8 amax history: the checkpoint holds ", values.size(),
+                " values, this model needs ", layers_.size(),
+                " layers x 3 operands x train.fp8_amax_history = ", per, " = ",
+                layers_.size() * 3 * per, ": set train.fp8_amax_history back to the checkpoint's");
+  size_t k = 0;
+  for (Fp8Linear* layer : layers_)
+    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
+      for (float& h : s->history) h = values[k++];
+}
+
+}  // namespace loom

@@ -1,0 +1,111 @@
+#pragma once
+// FP8 training of the linear layers (issue 14), emulated on the CPU: each GEMM of a Linear takes
+// its operands quantised to FP8 and dequantised again (kernels/cpu/fp8), with f32 accumulation,
+// so the numerics of a recipe are those a GPU's FP8 tensor cores would see with the same scales.
+// Forward: input and weight in E4M3. Backward: the output gradient in E5M2 (the "hybrid" format
+// of Transformer Engine, whose range suits gradients) or E4M3, times the same quantised input and
+// weight. The bias gradient is summed from the unquantised output gradient (Transformer Engine
+// fuses it into the cast, from the high-precision gradient).
+//
+// Recipes:
+//   current   scale = fp8_max / amax of the tensor now.
+//   delayed   scale = fp8_max / max(amax history) / 2^margin; the history holds the amaxes of the
+//             last fp8_amax_history steps (Transformer Engine's DelayedScaling, amax_compute_algo
+//             "max"); each step's amax joins it after the step. A layer with no history yet (the
+//             first step) takes the current amax: Transformer Engine starts at scale 1, which would
+//             flush gradients of order 1 / tokens, below E5M2's 2^-16, to zero.
+//   blockwise DeepSeek-V3 (arXiv 2412.19437, section 3.3.2): a scale per 1 x 128 tile of inputs and
+//             output gradients and per 128 x 128 block of weights. One simplification: the
+//             weight-gradient GEMM reads the same 1 x 128 input tiles (DeepSeek-V3 requantises the
+//             input in 128 x 1 tiles for it).
+// Every scale and amax of a layer lives in its Fp8Linear, so a CUDA path can take them as they are.
+// Under data parallelism the amaxes are reduced (max) over the replicas, as Transformer Engine
+// does over its amax reduction group, so every replica uses the scale one process would.
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "loom/core/tensor.hpp"
+#include "loom/kernels/cpu/fp8.hpp"
+
+namespace loom {
+
+enum class Fp8Recipe { Delayed, Current, Blockwise };
+enum class Fp8Formats { Hybrid, E4M3 };  // gradients in E5M2 or E4M3; forward always E4M3
+
+// Defaults are Transformer Engine's DelayedScaling (history 16 in its examples, margin 0).
+inline constexpr int64_t kDefaultFp8AmaxHistory = 16;
+inline constexpr int64_t kFp8TileSize = 128;  // DeepSeek-V3's tile and block edge
+
+struct Fp8Config {
+  Fp8Recipe recipe = Fp8Recipe::Delayed;
+  Fp8Formats formats = Fp8Formats::Hybrid;
+  int64_t amax_history = kDefaultFp8AmaxHistory;
+  int margin = 0;
+  cpu::Fp8Format gradient_format() const {
+    return formats == Fp8Formats::Hybrid ? cpu::Fp8Format::E5M2 : cpu::Fp8Format::E4M3;
+  }
+};
+const char* fp8_recipe_name(Fp8Recipe recipe);
+const char* fp8_formats_name(Fp8Formats formats);
+
+// What the FP8 layers of one model share.
+struct Fp8Context {
+  Fp8Config config;
+  // Max over the data-parallel replicas, in place (the trainer's; null in one process).
+  std::function<void(std::span<float>)> reduce_max;
+  // Amaxes are recorded, and current amaxes reduced, only inside a training step: evaluation
+  // and sampling between steps neither change the history nor call collectives.
+  bool in_step = false;
+};
+
+// One operand of a linear layer's GEMMs: the amax history (newest first) and the largest amax of
+// the step under way.
+struct Fp8TensorScaling {
+  std::vector<float> history;
+  float step_amax = 0.0f;
+  float history_amax() const;  // 0 when nothing was recorded yet
+};
+
+class Fp8Linear {
+ public:
+  explicit Fp8Linear(std::shared_ptr<Fp8Context> context);
+  // ops::linear_forward / linear_backward's contracts, on quantised operands.
+  void forward(const Tensor& out, int64_t out_col, const Tensor& input, const Tensor& weight,
+               const Tensor* bias);
+  void backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col, const Tensor& input,
+                const Tensor& weight);
+
+  Fp8TensorScaling input, weight, grad_output;
+
+ private:
+  // A new [rows, cols] tensor of the quantised-dequantised block at `x` (rows `stride` apart).
+  Tensor quantize(const float* x, int64_t rows, int64_t cols, int64_t stride,
+                  Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows);
+  std::shared_ptr<Fp8Context> context_;
+};
+
+// A model's FP8 layers together: the step's bookkeeping and the state checkpoints carry.
+class Fp8Training {
+ public:
+  Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers);
+  const Fp8Config& config() const { return context_->config; }
+  Fp8Context& context() { return *context_; }
+  size_t layer_count() const { return layers_.size(); }
+  // Opens a step: amaxes are recorded (and current ones reduced over replicas) until finish_step.
+  void begin_step();
+  // Reduces the step's amaxes over the replicas (one collective, every rank) and, when `keep`
+  // (not a skipped bad step), pushes them into the histories.
+  void finish_step(bool keep);
+  // Every layer's input, weight and output-gradient histories, in that order, newest first.
+  std::vector<float> amax_history() const;
+  void set_amax_history(const std::vector<float>& values);
+
+ private:
+  std::shared_ptr<Fp8Context> context_;
+  std::vector<Fp8Linear*> layers_;
+};
+
+}  // namespace loom

@@ -1,0 +1,76 @@
+#include "loom/train/fp8_config.hpp"
+
+#include "loom/core/error.hpp"
+#include "loom/train/train_config.hpp"
+
+namespace loom {
+
+namespace {
+// Transformer Engine keeps up to 1024 steps of history; a margin past 2^30 leaves nothing of E4M3.
+constexpr int64_t kMaxAmaxHistory = 1024;
+constexpr int64_t kMaxMargin = 30;
+}  // namespace
+
+Fp8Config parse_fp8_config(ConfigReader& r, bool fp8_precision) {
+  if (!fp8_precision)
+    for (const char* key :
+         {"train.fp8_recipe", "train.fp8_format", "train.fp8_amax_history", "train.fp8_margin"})
+      if (r.has(key))
+        throw_error("config key '", key,
+                    "' is set but train.precision is not \"fp8\": set train.precision = "
+                    "\"fp8\" or drop the key");
+  Fp8Config c;
+  const std::string recipe = r.get_string("train.fp8_recipe", fp8_recipe_name(c.recipe));
+  if (recipe == "delayed")
+    c.recipe = Fp8Recipe::Delayed;
+  else if (recipe == "current")
+    c.recipe = Fp8Recipe::Current;
+  else if (recipe == "blockwise")
+    c.recipe = Fp8Recipe::Blockwise;
+  else
+    throw_error("config key 'train.fp8_recipe' has value '", recipe,
+                "', expected delayed, current or blockwise");
+  const std::string format = r.get_string("train.fp8_format", fp8_formats_name(c.formats));
+  if (format == "hybrid")
+    c.formats = Fp8Formats::Hybrid;
+  else if (format == "e4m3")
+    c.formats = Fp8Formats::E4M3;
+  else
+    throw_error("config key 'train.fp8_format' has value '", format,
+                "', expected hybrid (E4M3 forward, E5M2 gradients) or e4m3 (both)");
+  c.amax_history = r.get_int("train.fp8_amax_history", c.amax_history);
+  if (c.amax_history < 1 || c.amax_history > kMaxAmaxHistory)
+    throw_error("config key 'train.fp8_amax_history' has value ", c.amax_history,
+                ", expected 1 to ", kMaxAmaxHistory, " steps");
+  const int64_t margin = r.get_int("train.fp8_margin", c.margin);
+  if (margin < 0 || margin > kMaxMargin)
+    throw_error("config key 'train.fp8_margin' has value ", margin, ", expected 0 to ", kMaxMargin,
+                " (the scale is divided by 2^margin)");
+  c.margin = static_cast<int>(margin);
+  return c;
+}
+
+void check_fp8_training(const TrainConfig& c) {
+  if (c.precision != Precision::FP8) return;
+  const char* works =
+      "; FP8 runs on the CPU in one process or under data parallelism (plain or ZeRO)";
+  if (c.device == Device::CUDA)
+    throw_error(
+        "train.precision = \"fp8\" with train.device = \"cuda\": FP8 is emulated on the CPU only "
+        "so far "
+        "(no cuBLASLt FP8 path yet): set train.device = \"cpu\" or train.precision = \"bf16\"");
+  if (c.tp > 1)
+    throw_error("train.precision = \"fp8\" with parallel.tp = ", c.tp, ": not supported", works);
+  if (c.pp > 1)
+    throw_error("train.precision = \"fp8\" with parallel.pp = ", c.pp, ": not supported", works);
+  if (c.cp > 1)
+    throw_error("train.precision = \"fp8\" with parallel.cp = ", c.cp, ": not supported", works);
+  if (c.ep > 1)
+    throw_error("train.precision = \"fp8\" with parallel.ep = ", c.ep, ": not supported", works);
+  if (c.model.is_moe())
+    throw_error("train.precision = \"fp8\" with model.n_experts = ", c.model.n_experts,
+                ": the experts' grouped GEMMs have no FP8 path; use a dense model or "
+                "train.precision = \"bf16\"");
+}
+
+}  // namespace loom

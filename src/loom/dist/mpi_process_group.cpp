@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "loom/core/error.hpp"
+#include "loom/dist/arrival_survey.hpp"
 #include "loom/dist/backend_support.hpp"
 
 namespace loom {
@@ -29,13 +31,22 @@ class CompletedWork final : public Work {
   bool test() override { return true; }
 };
 
+// A collective's place on its communicator, so that a timeout can ask who never reached it.
+struct CollectiveId {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::string group;      // the group's name
+  std::string operation;  // "all_reduce #17"
+  int64_t seq = 0;        // 0: not a collective (send, recv)
+};
+
 // One MPI request plus what must happen when it completes.
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string description, int world_rank, double timeout_seconds)
+  MpiWork(std::string description, int world_rank, double timeout_seconds, CollectiveId id = {})
       : description_(std::move(description)),
         world_rank_(world_rank),
-        timeout_seconds_(timeout_seconds) {}
+        timeout_seconds_(timeout_seconds),
+        id_(std::move(id)) {}
 
   // MPI forbids freeing a pending collective request and the caller's buffers must outlive
   // the transfer, so dropping an unfinished Work waits for it.
@@ -75,10 +86,16 @@ class MpiWork final : public Work {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto timeout = std::chrono::duration<double>(timeout_seconds_);
+    // Set once the wait outlasts the spin: the fast path pays for no string and no probe.
+    std::optional<arrival::WaitScope> blocked_in;
     while (!test()) {
       const auto waited = Clock::now() - start;
       if (waited > timeout) abort_job();
-      if (waited > kSpinBeforeSleeping) std::this_thread::sleep_for(kSleepBetweenPolls);
+      if (waited > kSpinBeforeSleeping) {
+        if (!blocked_in) blocked_in.emplace(description_);
+        arrival::answer_queries();  // a timed-out peer may be asking who reached what
+        std::this_thread::sleep_for(kSleepBetweenPolls);
+      }
     }
   }
 
@@ -98,10 +115,17 @@ class MpiWork final : public Work {
   }
 
   // A peer that never joins would block this rank (and, through it, everyone else) forever;
-  // ending the whole job frees the allocation and names the operation that hung.
+  // ending the whole job frees the allocation and names the operation that hung and, for a
+  // collective, the ranks that never reached it (arrival_survey.hpp).
   [[noreturn]] void abort_job() const {
-    std::fprintf(stderr, "loom: rank %d: %s did not complete within %g s; aborting the job\n",
-                 world_rank_, description_.c_str(), timeout_seconds_);
+    std::string who;
+    if (id_.seq > 0) {
+      const auto missing = arrival::missing_ranks(id_.comm, id_.seq, arrival::kSurveyGraceSeconds);
+      who = "; " + arrival::describe_missing(missing, id_.group, id_.operation,
+                                             arrival::kSurveyGraceSeconds);
+    }
+    std::fprintf(stderr, "loom: rank %d: %s did not complete within %g s%s; aborting the job\n",
+                 world_rank_, description_.c_str(), timeout_seconds_, who.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, kCommTimeoutExitCode);
     std::abort();  // MPI_Abort does not return
@@ -110,6 +134,7 @@ class MpiWork final : public Work {
   std::string description_;
   int world_rank_;
   double timeout_seconds_;
+  CollectiveId id_;
   MPI_Request request_ = MPI_REQUEST_NULL;
   bool done_ = false;
   float* average_data_ = nullptr;
@@ -118,6 +143,18 @@ class MpiWork final : public Work {
   int64_t expected_recv_floats_ = -1;
   std::vector<int> alltoallv_arrays_;
 };
+
+// The Work of a collective just issued on `comm`: numbered there, and described with that
+// number ("all_reduce #17 on group 'dp' (2 ranks)") in its timeout report.
+std::shared_ptr<MpiWork> collective_work(const char* op_label, MPI_Comm comm,
+                                         const std::string& group, int size, int world_rank,
+                                         double timeout_seconds) {
+  const int64_t seq = arrival::enter_collective(comm);
+  std::string operation = std::string(op_label) + " #" + std::to_string(seq);
+  std::string description = describe_op(operation.c_str(), group, size);
+  return std::make_shared<MpiWork>(std::move(description), world_rank, timeout_seconds,
+                                   CollectiveId{comm, group, std::move(operation), seq});
+}
 
 }  // namespace
 
@@ -146,9 +183,12 @@ MpiProcessGroup::MpiProcessGroup(MPI_Comm comm, std::string name, CommOwnership 
             context);
   if (found && tag_upper_bound != nullptr) max_tag_ = *tag_upper_bound;
   timeout_seconds_ = comm_timeout_seconds_from_env();
+  arrival::attach(comm_);
+  max_tag_ = arrival::first_reserved_tag(comm_) - 1;  // the tags above are the survey's
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
+  arrival::detach(comm_);
   if (ownership_ != CommOwnership::Owned) return;
   // A group that outlives the runtime must not touch MPI after MPI_Finalize.
   int finalized = 0;
@@ -180,7 +220,7 @@ WorkHandle MpiProcessGroup::all_reduce(float* data, int64_t count, ReduceOp op) 
   stats_.record(CommOp::AllReduce, ring_all_reduce_wire_bytes(count * kFloatBytes, size_));
   if (size_ == 1) return std::make_shared<CompletedWork>();  // the reduction of one value is itself
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("all_reduce", comm_, name_, size_, world_rank_, timeout_seconds_);
   if (op == ReduceOp::Avg) work->divide_on_completion(data, count, size_);
   check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, to_mpi_op(op), comm_, work->request()),
             "MPI_Iallreduce", context);
@@ -203,7 +243,7 @@ WorkHandle MpiProcessGroup::reduce_scatter(const float* in, float* out, int64_t 
     return std::make_shared<CompletedWork>();
   }
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("reduce_scatter", comm_, name_, size_, world_rank_, timeout_seconds_);
   if (op == ReduceOp::Avg) work->divide_on_completion(out, count_per_rank, size_);
   check_mpi(MPI_Ireduce_scatter_block(in, out, n, MPI_FLOAT, to_mpi_op(op), comm_, work->request()),
             "MPI_Ireduce_scatter_block", context);
@@ -224,7 +264,7 @@ WorkHandle MpiProcessGroup::all_gather(const float* in, float* out, int64_t coun
     return std::make_shared<CompletedWork>();
   }
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("all_gather", comm_, name_, size_, world_rank_, timeout_seconds_);
   check_mpi(MPI_Iallgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm_, work->request()),
             "MPI_Iallgather", context);
   return work;
@@ -239,7 +279,7 @@ WorkHandle MpiProcessGroup::broadcast(float* data, int64_t count, int root) {
                 chain_broadcast_wire_bytes(count * kFloatBytes, size_, rank_, root));
   if (size_ == 1) return std::make_shared<CompletedWork>();
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("broadcast", comm_, name_, size_, world_rank_, timeout_seconds_);
   check_mpi(MPI_Ibcast(data, n, MPI_FLOAT, root, comm_, work->request()), "MPI_Ibcast", context);
   return work;
 }
@@ -259,7 +299,7 @@ WorkHandle MpiProcessGroup::all_to_all(const float* in, float* out, int64_t coun
     return std::make_shared<CompletedWork>();
   }
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("all_to_all", comm_, name_, size_, world_rank_, timeout_seconds_);
   check_mpi(MPI_Ialltoall(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm_, work->request()),
             "MPI_Ialltoall", context);
   return work;
@@ -294,7 +334,7 @@ WorkHandle MpiProcessGroup::all_to_allv(const float* in, const std::vector<int64
     return std::make_shared<CompletedWork>();
   }
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("all_to_allv", comm_, name_, size_, world_rank_, timeout_seconds_);
   std::vector<int>& arrays =
       work->alltoallv_arrays();  // [send counts | send displs | recv counts | recv displs]
   arrays.assign(4 * ranks, 0);
@@ -353,9 +393,9 @@ void MpiProcessGroup::barrier() {
   stats_.record(CommOp::Barrier, {});
   if (size_ == 1) return;
   // A barrier is where a rank waits longest for a straggler, so it gets the same timeout.
-  MpiWork work(describe("barrier"), world_rank_, timeout_seconds_);
-  check_mpi(MPI_Ibarrier(comm_, work.request()), "MPI_Ibarrier", describe("barrier"));
-  work.wait();
+  auto work = collective_work("barrier", comm_, name_, size_, world_rank_, timeout_seconds_);
+  check_mpi(MPI_Ibarrier(comm_, work->request()), "MPI_Ibarrier", describe("barrier"));
+  work->wait();
 }
 
 std::shared_ptr<ProcessGroup> MpiProcessGroup::split(int color, int key, std::string name) {

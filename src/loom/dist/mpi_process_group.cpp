@@ -32,11 +32,16 @@ class CompletedWork final : public Work {
 };
 
 // A collective's place on its communicator, so that a timeout can ask who never reached it.
+// Its text is made only when needed: building strings for every collective showed up in the
+// latency of small all-reduces.
 struct CollectiveId {
   MPI_Comm comm = MPI_COMM_NULL;
-  std::string group;      // the group's name
-  std::string operation;  // "all_reduce #17"
-  int64_t seq = 0;        // 0: not a collective (send, recv)
+  std::string group;          // the group's name (short names stay in the string's buffer)
+  const char* op_label = "";  // "all_reduce"
+  int size = 0;               // ranks in the group
+  int64_t seq = 0;            // 0: not a collective (send, recv)
+
+  std::string operation() const { return std::string(op_label) + " #" + std::to_string(seq); }
 };
 
 // One MPI request plus what must happen when it completes.
@@ -75,7 +80,8 @@ class MpiWork final : public Work {
     if (done_) return true;
     int flag = 0;
     MPI_Status status;
-    check_mpi(MPI_Test(&request_, &flag, &status), "MPI_Test", description_);
+    const int rc = MPI_Test(&request_, &flag, &status);
+    if (rc != MPI_SUCCESS) check_mpi(rc, "MPI_Test", description());  // text only on failure
     if (!flag) return false;
     done_ = true;
     finish(status);
@@ -92,7 +98,7 @@ class MpiWork final : public Work {
       const auto waited = Clock::now() - start;
       if (waited > timeout) abort_job();
       if (waited > kSpinBeforeSleeping) {
-        if (!blocked_in) blocked_in.emplace(description_);
+        if (!blocked_in) blocked_in.emplace(description());
         arrival::answer_queries();  // a timed-out peer may be asking who reached what
         std::this_thread::sleep_for(kSleepBetweenPolls);
       }
@@ -109,8 +115,8 @@ class MpiWork final : public Work {
       int received = 0;
       MPI_Get_count(&status, MPI_FLOAT, &received);
       if (received != expected_recv_floats_)
-        throw_error(description_, ": expected ", expected_recv_floats_, " floats, the message had ",
-                    received);
+        throw_error(description(), ": expected ", expected_recv_floats_,
+                    " floats, the message had ", received);
     }
   }
 
@@ -121,14 +127,20 @@ class MpiWork final : public Work {
     std::string who;
     if (id_.seq > 0) {
       const auto missing = arrival::missing_ranks(id_.comm, id_.seq, arrival::kSurveyGraceSeconds);
-      who = "; " + arrival::describe_missing(missing, id_.group, id_.operation,
+      who = "; " + arrival::describe_missing(missing, id_.group, id_.operation(),
                                              arrival::kSurveyGraceSeconds);
     }
     std::fprintf(stderr, "loom: rank %d: %s did not complete within %g s%s; aborting the job\n",
-                 world_rank_, description_.c_str(), timeout_seconds_, who.c_str());
+                 world_rank_, description().c_str(), timeout_seconds_, who.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, kCommTimeoutExitCode);
     std::abort();  // MPI_Abort does not return
+  }
+
+  // "all_reduce #17 on group 'dp' (2 ranks)" for a collective, else what the constructor got.
+  std::string description() const {
+    if (id_.seq == 0) return description_;
+    return describe_op(id_.operation().c_str(), id_.group, id_.size);
   }
 
   std::string description_;
@@ -150,10 +162,8 @@ std::shared_ptr<MpiWork> collective_work(const char* op_label, MPI_Comm comm,
                                          const std::string& group, int size, int world_rank,
                                          double timeout_seconds) {
   const int64_t seq = arrival::enter_collective(comm);
-  std::string operation = std::string(op_label) + " #" + std::to_string(seq);
-  std::string description = describe_op(operation.c_str(), group, size);
-  return std::make_shared<MpiWork>(std::move(description), world_rank, timeout_seconds,
-                                   CollectiveId{comm, group, std::move(operation), seq});
+  return std::make_shared<MpiWork>(std::string(), world_rank, timeout_seconds,
+                                   CollectiveId{comm, group, op_label, size, seq});
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 # than UCX, which would pick its own transports), two ranks per host. The trap deletes both
 # namespaces, which deletes the veth pair with them.
 # Exits 77 (ctest: Skipped) when it cannot run here: not root, or no ip/unshare, or the kernel
-# refuses network namespaces.
+# refuses network namespaces or veth pairs.
 # Usage: two_hosts_veth.sh <mpiexec> <path to loom>
 set -u
 mpiexec=${1:?usage: two_hosts_veth.sh <mpiexec> <loom>}
@@ -40,7 +40,8 @@ source "$(dirname "$0")/parity_case.sh"
 
 ip netns add "$ns_a" 2>"$dir/netns.log" || skip "ip netns add failed: $(cat "$dir/netns.log")"
 ip netns add "$ns_b" || fail "could not create $ns_b"
-ip link add "lm${tag}a" type veth peer name "lm${tag}b" || fail "could not create the veth pair"
+ip link add "lm${tag}a" type veth peer name "lm${tag}b" 2>"$dir/veth.log" ||
+  skip "ip link add ... type veth failed: $(cat "$dir/veth.log")"
 ip link set "lm${tag}a" netns "$ns_a" && ip link set "lm${tag}b" netns "$ns_b" || fail "could not move the veth ends"
 ip -n "$ns_a" addr add "$addr_a/24" dev "lm${tag}a" && ip -n "$ns_b" addr add "$addr_b/24" dev "lm${tag}b" ||
   fail "could not address the veth ends"

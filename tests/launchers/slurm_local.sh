@@ -30,6 +30,7 @@ cleanup() {
   [ -n "${KEEP:-}" ] || rm -rf "$dir"
 }
 trap cleanup EXIT
+trap "exit 143" INT TERM  # so that the EXIT trap cleans up after a signal too
 fail() {
   echo "slurm_local: FAIL: $*"
   for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f ---"; tail -n 40 "$f"; }; done

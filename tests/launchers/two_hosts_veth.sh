@@ -31,6 +31,7 @@ cleanup() {
   [ -n "${KEEP:-}" ] || rm -rf "$dir"
 }
 trap cleanup EXIT
+trap "exit 143" INT TERM  # so that the EXIT trap cleans up after a signal too
 fail() {
   echo "two_hosts_veth: FAIL: $*"
   for f in "$dir"/*.log; do [ -f "$f" ] && { echo "--- $f ---"; tail -n 40 "$f"; }; done

@@ -4,6 +4,8 @@
 //   sleep (2+ ranks):    rank 1 sleeps (as if stuck in I/O or on a dead node) and never answers.
 //   elsewhere (3 ranks): rank 2 waits in a barrier on a group {1, 2} that rank 1 never joins, so
 //                        it answers the survey from there while rank 1 reached the all_reduce.
+//   p2p (2 ranks):       a deadlock: rank 0 waits in a recv from rank 1 (tag 5), rank 1 in the
+//                        all_reduce rank 0 never joins; rank 0's timeout says where rank 1 is.
 // Every rank first completes kWarmupCollectives all-reduces on world, so the hung one is
 // all_reduce #(kWarmupCollectives + 1). Only rank 0 has the short timeout, so only it reports.
 #include <chrono>
@@ -18,10 +20,12 @@ namespace {
 constexpr auto kHungRankSleep = std::chrono::seconds(120);
 constexpr double kOtherRanksTimeoutSeconds = 100.0;
 constexpr int kWarmupCollectives = 3;
+constexpr int kDeadlockTag = 5;
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool elsewhere = argc > 1 && std::strcmp(argv[1], "elsewhere") == 0;
+  const bool p2p = argc > 1 && std::strcmp(argv[1], "p2p") == 0;
   loom::DistRuntime runtime;
   std::shared_ptr<loom::ProcessGroup> world = runtime.world();
   const int needed = elsewhere ? 3 : 2;
@@ -41,7 +45,12 @@ int main(int argc, char** argv) {
     world->set_timeout_seconds(kOtherRanksTimeoutSeconds);
     pair->set_timeout_seconds(kOtherRanksTimeoutSeconds);
   }
-  if (rank == (elsewhere ? 2 : 1)) {
+  if (p2p && rank == 0) {
+    world->recv(&value, 1, 1, kDeadlockTag)->wait();
+    std::fprintf(stderr, "hang_rank: rank 0: the recv completed\n");
+    return 1;
+  }
+  if (!p2p && rank == (elsewhere ? 2 : 1)) {
     if (elsewhere)
       pair->barrier();  // rank 1 never joins it
     else

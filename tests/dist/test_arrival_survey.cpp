@@ -50,7 +50,7 @@ TEST(ArrivalSurvey, EveryRankThatReachedACollectiveSaysSo) {
   group->barrier();  // #2 on 'survey'
 }
 
-TEST(ArrivalSurvey, ReportNamesEachMissingRankAndWhy) {
+TEST(ArrivalSurvey, ReportsNameEachMissingRankAndWhy) {
   std::vector<arrival::PeerReport> missing = {
       {1, 1, false, 0, ""},
       {3, 7, true, 16, "barrier #4 on group 'tp' (2 ranks)"},
@@ -62,6 +62,12 @@ TEST(ArrivalSurvey, ReportNamesEachMissingRankAndWhy) {
       "collectives on the group, waiting in barrier #4 on group 'tp' (2 ranks))");
   EXPECT_EQ(arrival::describe_missing({}, "dp", "all_reduce #17", 2.0),
             "every rank of group 'dp' reached all_reduce #17");
+  EXPECT_EQ(
+      arrival::describe_peer({1, 5, true, 4, "all_reduce #5 on group 'dp' (2 ranks)"}, "pp", 2.0),
+      "rank 1 (world rank 5) of group 'pp' is waiting in all_reduce #5 on group 'dp' (2 ranks)");
+  EXPECT_EQ(arrival::describe_peer({1, 1, false, 0, ""}, "pp", 2.0),
+            "rank 1 of group 'pp' did not answer within 2 s: busy outside communication, hung or "
+            "gone");
 }
 
 TEST(ArrivalSurvey, UserTagsStopBelowTheSurveysTags) {

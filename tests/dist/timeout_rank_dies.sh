@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A hung rank must not hold the job: with LOOM_COMM_TIMEOUT_S=3, rank 0's all_reduce gives up,
 # names itself, the operation and the ranks that did not reach it (asking the others, which
-# answer from their own waits), and MPI_Abort ends the job. Two cases (hang_rank.cpp): a rank
-# asleep outside MPI, and a rank waiting in a collective on another group.
+# answer from their own waits), and MPI_Abort ends the job. Three cases (hang_rank.cpp): a rank
+# asleep outside MPI, a rank waiting in a collective on another group, and a recv whose peer
+# waits in a collective (a deadlock), where the report says where the peer is.
 # Usage: timeout_rank_dies.sh <mpiexec> <path to loom_hang_rank>
 set -u
 mpiexec=${1:?usage: timeout_rank_dies.sh <mpiexec> <loom_hang_rank>}
@@ -39,3 +40,5 @@ op="all_reduce #4 on group 'world'"
 run_case sleep 2 "loom: rank 0: $op (2 ranks) did not complete within ${timeout_s} s; rank 1 (of group 'world') did not reach all_reduce #4 (rank 1: no answer within 2 s: busy outside communication, hung or gone); aborting the job"
 # Rank 2 waits in a barrier on another group; rank 1 reached the all_reduce and is not named.
 run_case elsewhere 3 "loom: rank 0: $op (3 ranks) did not complete within ${timeout_s} s; rank 2 (of group 'world') did not reach all_reduce #4 (rank 2: had issued 3 collectives on the group, waiting in barrier #1 on group 'pair' (2 ranks)); aborting the job"
+# A deadlock: rank 0's recv from rank 1 times out, and rank 1 says it waits in the all_reduce.
+run_case p2p 2 "loom: rank 0: recv on group 'world' (2 ranks) from rank 1 (tag 5) did not complete within ${timeout_s} s; rank 1 of group 'world' is waiting in all_reduce #4 on group 'world' (2 ranks); aborting the job"

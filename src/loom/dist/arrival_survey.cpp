@@ -121,64 +121,86 @@ void answer_queries() {
   }
 }
 
-std::vector<PeerReport> missing_ranks(MPI_Comm comm, int64_t seq, double grace_seconds) {
+std::vector<PeerReport> ask(MPI_Comm comm, const std::vector<int>& peers, double grace_seconds) {
   Channel& c = find_attached(comm);
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const auto ranks = static_cast<size_t>(size);
+  const size_t n = peers.size();
   // The query's payload outlives this call: a send to a rank that never receives it may stay
-  // pending until the job ends.
-  static int64_t query;
-  query = seq;
-  std::vector<Answer> answers(ranks);
-  std::vector<MPI_Request> receives(ranks, MPI_REQUEST_NULL);
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    const auto p = static_cast<size_t>(peer);
-    MPI_Irecv(&answers[p], sizeof(Answer), MPI_BYTE, peer, c.answer_tag, comm, &receives[p]);
+  // pending until the job ends. Its value is not read by the answering side.
+  static int64_t query = 0;
+  std::vector<Answer> answers(n);
+  std::vector<MPI_Request> receives(n, MPI_REQUEST_NULL);
+  for (size_t i = 0; i < n; ++i) {
+    MPI_Irecv(&answers[i], sizeof(Answer), MPI_BYTE, peers[i], c.answer_tag, comm, &receives[i]);
     MPI_Request send = MPI_REQUEST_NULL;
-    MPI_Isend(&query, 1, MPI_INT64_T, peer, c.query_tag, comm, &send);
+    MPI_Isend(&query, 1, MPI_INT64_T, peers[i], c.query_tag, comm, &send);
     MPI_Request_free(&send);  // completes on its own; nothing waits for it
   }
 
-  std::vector<bool> answered(ranks, false);
-  answered[static_cast<size_t>(rank)] = true;
+  std::vector<bool> answered(n, false);
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::duration<double>(grace_seconds);
   while (Clock::now() < deadline && std::count(answered.begin(), answered.end(), false) > 0) {
-    for (size_t p = 0; p < ranks; ++p) {
-      if (answered[p]) continue;
+    for (size_t i = 0; i < n; ++i) {
+      if (answered[i]) continue;
       int done = 0;
-      MPI_Test(&receives[p], &done, MPI_STATUS_IGNORE);
-      answered[p] = done != 0;
+      MPI_Test(&receives[i], &done, MPI_STATUS_IGNORE);
+      answered[i] = done != 0;
     }
     answer_queries();  // ranks surveying at the same time ask us too
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 
-  std::vector<int> group_ranks(ranks), world_ranks(ranks, MPI_UNDEFINED);
-  for (int r = 0; r < size; ++r) group_ranks[static_cast<size_t>(r)] = r;
+  std::vector<int> world_ranks(n, MPI_UNDEFINED);
   MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
   MPI_Comm_group(comm, &group);
   MPI_Comm_group(MPI_COMM_WORLD, &world);
-  MPI_Group_translate_ranks(group, size, group_ranks.data(), world, world_ranks.data());
+  MPI_Group_translate_ranks(group, static_cast<int>(n), peers.data(), world, world_ranks.data());
   MPI_Group_free(&group);
   MPI_Group_free(&world);
 
-  std::vector<PeerReport> missing;
-  for (size_t p = 0; p < ranks; ++p) {
-    if (!answered[p]) {
-      MPI_Cancel(&receives[p]);
-      MPI_Wait(&receives[p], MPI_STATUS_IGNORE);  // a cancelled receive completes locally
-      missing.push_back(PeerReport{static_cast<int>(p), world_ranks[p], false, 0, ""});
-    } else if (static_cast<int>(p) != rank && answers[p].issued < seq) {
-      answers[p].waiting_in[sizeof answers[p].waiting_in - 1] = '\0';
-      missing.push_back(PeerReport{static_cast<int>(p), world_ranks[p], true, answers[p].issued,
-                                   answers[p].waiting_in});
+  std::vector<PeerReport> reports(n);
+  for (size_t i = 0; i < n; ++i) {
+    reports[i].rank = peers[i];
+    reports[i].world_rank = world_ranks[i];
+    reports[i].answered = answered[i];
+    if (!answered[i]) {
+      MPI_Cancel(&receives[i]);
+      MPI_Wait(&receives[i], MPI_STATUS_IGNORE);  // a cancelled receive completes locally
+      continue;
     }
+    answers[i].waiting_in[sizeof answers[i].waiting_in - 1] = '\0';
+    reports[i].issued = answers[i].issued;
+    reports[i].waiting_in = answers[i].waiting_in;
   }
+  return reports;
+}
+
+std::vector<PeerReport> missing_ranks(MPI_Comm comm, int64_t seq, double grace_seconds) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::vector<int> others;
+  for (int r = 0; r < size; ++r)
+    if (r != rank) others.push_back(r);
+  std::vector<PeerReport> missing;
+  for (PeerReport& r : ask(comm, others, grace_seconds))
+    if (!r.answered || r.issued < seq) missing.push_back(std::move(r));
   return missing;
+}
+
+std::string describe_peer(const PeerReport& peer, const std::string& group, double grace_seconds) {
+  std::ostringstream out;
+  out << "rank " << peer.rank;
+  if (peer.world_rank != peer.rank) out << " (world rank " << peer.world_rank << ")";
+  out << " of group '" << group << "' ";
+  if (!peer.answered)
+    out << "did not answer within " << grace_seconds
+        << " s: busy outside communication, hung or gone";
+  else if (peer.waiting_in.empty())
+    out << "is not waiting in communication";
+  else
+    out << "is waiting in " << peer.waiting_in;
+  return out.str();
 }
 
 std::string describe_missing(const std::vector<PeerReport>& missing, const std::string& group,

@@ -1,5 +1,6 @@
 #pragma once
-// Which ranks of a group reached a collective, asked after it timed out.
+// Which ranks of a group reached a collective (or where a send's or recv's peer is), asked
+// after it timed out.
 //
 // Every communicator a MpiProcessGroup wraps counts the collectives issued on it; MPI requires
 // all of its ranks to issue them in the same order, so "collective #17 on this communicator" is
@@ -66,9 +67,17 @@ struct PeerReport {
   std::string waiting_in;  // what it was blocked in when it answered ("" if not blocked)
 };
 
+// Asks each of `peers` (ranks of `comm`) how far it got and what it is blocked in; one report
+// per peer, in order. Waits at most `grace_seconds`, answering others' queries meanwhile.
+std::vector<PeerReport> ask(MPI_Comm comm, const std::vector<int>& peers, double grace_seconds);
+
 // Asks every other rank of `comm` about collective `seq`; returns those that did not reach it,
-// in rank order. Waits at most `grace_seconds`, answering others' queries meanwhile.
+// in rank order.
 std::vector<PeerReport> missing_ranks(MPI_Comm comm, int64_t seq, double grace_seconds);
+
+// For a send or recv that timed out: "rank 1 of group 'pp' is waiting in all_reduce #5 on
+// group 'dp' (2 ranks)", or that it did not answer.
+std::string describe_peer(const PeerReport& peer, const std::string& group, double grace_seconds);
 
 // "ranks 1, 3 (of group 'world') did not reach all_reduce #17 (rank 1: no answer within 2 s,
 // busy outside communication, hung or gone; rank 3: at collective #16, waiting in barrier #4

@@ -31,7 +31,8 @@ class CompletedWork final : public Work {
   bool test() override { return true; }
 };
 
-// A collective's place on its communicator, so that a timeout can ask who never reached it.
+// A collective's place on its communicator, so that a timeout can ask who never reached it
+// (or a send's or recv's peer, to ask it where it is).
 // Its text is made only when needed: building strings for every collective showed up in the
 // latency of small all-reduces.
 struct CollectiveId {
@@ -40,6 +41,7 @@ struct CollectiveId {
   const char* op_label = "";  // "all_reduce"
   int size = 0;               // ranks in the group
   int64_t seq = 0;            // 0: not a collective (send, recv)
+  int peer = -1;              // a send's or recv's peer in the group, else -1
 
   std::string operation() const { return std::string(op_label) + " #" + std::to_string(seq); }
 };
@@ -122,13 +124,17 @@ class MpiWork final : public Work {
 
   // A peer that never joins would block this rank (and, through it, everyone else) forever;
   // ending the whole job frees the allocation and names the operation that hung and, for a
-  // collective, the ranks that never reached it (arrival_survey.hpp).
+  // collective, the ranks that never reached it, for a send or recv where its peer is
+  // (arrival_survey.hpp).
   [[noreturn]] void abort_job() const {
     std::string who;
     if (id_.seq > 0) {
       const auto missing = arrival::missing_ranks(id_.comm, id_.seq, arrival::kSurveyGraceSeconds);
       who = "; " + arrival::describe_missing(missing, id_.group, id_.operation(),
                                              arrival::kSurveyGraceSeconds);
+    } else if (id_.peer >= 0) {
+      const auto peer = arrival::ask(id_.comm, {id_.peer}, arrival::kSurveyGraceSeconds);
+      who = "; " + arrival::describe_peer(peer.front(), id_.group, arrival::kSurveyGraceSeconds);
     }
     std::fprintf(stderr, "loom: rank %d: %s did not complete within %g s%s; aborting the job\n",
                  world_rank_, description().c_str(), timeout_seconds_, who.c_str());
@@ -376,7 +382,8 @@ WorkHandle MpiProcessGroup::send(const float* data, int64_t count, int peer, int
   check_buffer(data, count, context.str(), "data");
   stats_.record(CommOp::Send, {count * kFloatBytes, 0});
 
-  auto work = std::make_shared<MpiWork>(context.str(), world_rank_, timeout_seconds_);
+  auto work = std::make_shared<MpiWork>(context.str(), world_rank_, timeout_seconds_,
+                                        CollectiveId{comm_, name_, "send", size_, 0, peer});
   check_mpi(MPI_Isend(data, n, MPI_FLOAT, peer, tag, comm_, work->request()), "MPI_Isend",
             context.str());
   return work;
@@ -392,7 +399,8 @@ WorkHandle MpiProcessGroup::recv(float* data, int64_t count, int peer, int tag) 
   check_buffer(data, count, context.str(), "data");
   stats_.record(CommOp::Recv, {0, count * kFloatBytes});
 
-  auto work = std::make_shared<MpiWork>(context.str(), world_rank_, timeout_seconds_);
+  auto work = std::make_shared<MpiWork>(context.str(), world_rank_, timeout_seconds_,
+                                        CollectiveId{comm_, name_, "recv", size_, 0, peer});
   work->expect_received_floats(count);
   check_mpi(MPI_Irecv(data, n, MPI_FLOAT, peer, tag, comm_, work->request()), "MPI_Irecv",
             context.str());

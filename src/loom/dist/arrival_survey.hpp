@@ -20,6 +20,7 @@
 // finished and went on computing) cannot answer, and is reported as "no answer", which the
 // message says may mean busy, hung or gone. Single-threaded use, as the runtime's
 // MPI_THREAD_FUNNELED level requires.
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,9 +29,14 @@
 
 namespace loom::arrival {
 
-// How long a timed-out rank waits for the answers: ranks that arrived answer from their own
-// polling loop, which sleeps kSleepBetweenPolls (50 us) between polls, so well under a second
-// even on an oversubscribed machine; 2 s keeps the report well inside a job's teardown.
+// How often a waiting rank looks for queries: one MPI_Iprobe per attached communicator, each a
+// turn of MPI's progress engine, which at every 50 us poll would multiply the CPU a waiting
+// rank takes from the computing ranks it shares cores with. Queries come only after a timeout
+// of seconds, so a millisecond's delay in answering costs nothing.
+constexpr auto kAnswerQueriesEvery = std::chrono::milliseconds(1);
+// How long a timed-out rank waits for the answers: ranks that arrived answer within about
+// kAnswerQueriesEvery, so well under a second even on an oversubscribed machine; 2 s keeps the
+// report well inside a job's teardown.
 constexpr double kSurveyGraceSeconds = 2.0;
 
 // Registers a communicator (counted: several groups may wrap one). Must precede its collectives.

@@ -94,16 +94,19 @@ class MpiWork final : public Work {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto timeout = std::chrono::duration<double>(timeout_seconds_);
-    // Set once the wait outlasts the spin: the fast path pays for no string and no probe.
+    // Set once the wait outlasts arrival::kAnswerQueriesEvery: the fast path pays for no
+    // string and no probe, and a long wait probes for queries only that often.
     std::optional<arrival::WaitScope> blocked_in;
+    auto next_answer = arrival::kAnswerQueriesEvery;
     while (!test()) {
       const auto waited = Clock::now() - start;
       if (waited > timeout) abort_job();
-      if (waited > kSpinBeforeSleeping) {
+      if (waited > next_answer) {
         if (!blocked_in) blocked_in.emplace(description());
         arrival::answer_queries();  // a timed-out peer may be asking who reached what
-        std::this_thread::sleep_for(kSleepBetweenPolls);
+        next_answer += arrival::kAnswerQueriesEvery;
       }
+      if (waited > kSpinBeforeSleeping) std::this_thread::sleep_for(kSleepBetweenPolls);
     }
   }
 

@@ -60,8 +60,8 @@ Channel& find_attached(MPI_Comm comm) {
 }
 
 void answer_one(Channel& c, const MPI_Status& probed) {
-  int64_t seq = 0;  // the asker's collective number; the answer does not depend on it
-  MPI_Recv(&seq, 1, MPI_INT64_T, probed.MPI_SOURCE, c.query_tag, c.comm, MPI_STATUS_IGNORE);
+  int64_t unused = 0;  // a query carries nothing: every answer says the same
+  MPI_Recv(&unused, 1, MPI_INT64_T, probed.MPI_SOURCE, c.query_tag, c.comm, MPI_STATUS_IGNORE);
   PendingAnswer& answer = pending_answers().emplace_back();
   answer.payload.issued = c.issued;
   const std::string& what = current_wait();

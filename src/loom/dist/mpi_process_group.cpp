@@ -7,10 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "loom/core/error.hpp"
+#include "loom/dist/arrival_survey.hpp"
 #include "loom/dist/backend_support.hpp"
 
 namespace loom {
@@ -29,13 +31,29 @@ class CompletedWork final : public Work {
   bool test() override { return true; }
 };
 
+// A collective's place on its communicator, so that a timeout can ask who never reached it
+// (or a send's or recv's peer, to ask it where it is).
+// Its text is made only when needed: building strings for every collective showed up in the
+// latency of small all-reduces.
+struct CollectiveId {
+  MPI_Comm comm = MPI_COMM_NULL;
+  std::string group;          // the group's name (short names stay in the string's buffer)
+  const char* op_label = "";  // "all_reduce"
+  int size = 0;               // ranks in the group
+  int64_t seq = 0;            // 0: not a collective (send, recv)
+  int peer = -1;              // a send's or recv's peer in the group, else -1
+
+  std::string operation() const { return std::string(op_label) + " #" + std::to_string(seq); }
+};
+
 // One MPI request plus what must happen when it completes.
 class MpiWork final : public Work {
  public:
-  MpiWork(std::string description, int world_rank, double timeout_seconds)
+  MpiWork(std::string description, int world_rank, double timeout_seconds, CollectiveId id = {})
       : description_(std::move(description)),
         world_rank_(world_rank),
-        timeout_seconds_(timeout_seconds) {}
+        timeout_seconds_(timeout_seconds),
+        id_(std::move(id)) {}
 
   // MPI forbids freeing a pending collective request and the caller's buffers must outlive
   // the transfer, so dropping an unfinished Work waits for it.
@@ -64,7 +82,8 @@ class MpiWork final : public Work {
     if (done_) return true;
     int flag = 0;
     MPI_Status status;
-    check_mpi(MPI_Test(&request_, &flag, &status), "MPI_Test", description_);
+    const int rc = MPI_Test(&request_, &flag, &status);
+    if (rc != MPI_SUCCESS) check_mpi(rc, "MPI_Test", description());  // text only on failure
     if (!flag) return false;
     done_ = true;
     finish(status);
@@ -75,9 +94,18 @@ class MpiWork final : public Work {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto timeout = std::chrono::duration<double>(timeout_seconds_);
+    // Set once the wait outlasts arrival::kAnswerQueriesEvery: the fast path pays for no
+    // string and no probe, and a long wait probes for queries only that often.
+    std::optional<arrival::WaitScope> blocked_in;
+    auto next_answer = arrival::kAnswerQueriesEvery;
     while (!test()) {
       const auto waited = Clock::now() - start;
       if (waited > timeout) abort_job();
+      if (waited > next_answer) {
+        if (!blocked_in) blocked_in.emplace(description());
+        arrival::answer_queries();  // a timed-out peer may be asking who reached what
+        next_answer += arrival::kAnswerQueriesEvery;
+      }
       if (waited > kSpinBeforeSleeping) std::this_thread::sleep_for(kSleepBetweenPolls);
     }
   }
@@ -92,24 +120,42 @@ class MpiWork final : public Work {
       int received = 0;
       MPI_Get_count(&status, MPI_FLOAT, &received);
       if (received != expected_recv_floats_)
-        throw_error(description_, ": expected ", expected_recv_floats_, " floats, the message had ",
-                    received);
+        throw_error(description(), ": expected ", expected_recv_floats_,
+                    " floats, the message had ", received);
     }
   }
 
   // A peer that never joins would block this rank (and, through it, everyone else) forever;
-  // ending the whole job frees the allocation and names the operation that hung.
+  // ending the whole job frees the allocation and names the operation that hung and, for a
+  // collective, the ranks that never reached it, for a send or recv where its peer is
+  // (arrival_survey.hpp).
   [[noreturn]] void abort_job() const {
-    std::fprintf(stderr, "loom: rank %d: %s did not complete within %g s; aborting the job\n",
-                 world_rank_, description_.c_str(), timeout_seconds_);
+    std::string who;
+    if (id_.seq > 0) {
+      const auto missing = arrival::missing_ranks(id_.comm, id_.seq, arrival::kSurveyGraceSeconds);
+      who = "; " + arrival::describe_missing(missing, id_.group, id_.operation(),
+                                             arrival::kSurveyGraceSeconds);
+    } else if (id_.peer >= 0) {
+      const auto peer = arrival::ask(id_.comm, {id_.peer}, arrival::kSurveyGraceSeconds);
+      who = "; " + arrival::describe_peer(peer.front(), id_.group, arrival::kSurveyGraceSeconds);
+    }
+    std::fprintf(stderr, "loom: rank %d: %s did not complete within %g s%s; aborting the job\n",
+                 world_rank_, description().c_str(), timeout_seconds_, who.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, kCommTimeoutExitCode);
     std::abort();  // MPI_Abort does not return
   }
 
+  // "all_reduce #17 on group 'dp' (2 ranks)" for a collective, else what the constructor got.
+  std::string description() const {
+    if (id_.seq == 0) return description_;
+    return describe_op(id_.operation().c_str(), id_.group, id_.size);
+  }
+
   std::string description_;
   int world_rank_;
   double timeout_seconds_;
+  CollectiveId id_;
   MPI_Request request_ = MPI_REQUEST_NULL;
   bool done_ = false;
   float* average_data_ = nullptr;
@@ -118,6 +164,16 @@ class MpiWork final : public Work {
   int64_t expected_recv_floats_ = -1;
   std::vector<int> alltoallv_arrays_;
 };
+
+// The Work of a collective just issued on `comm`: numbered there, and described with that
+// number ("all_reduce #17 on group 'dp' (2 ranks)") in its timeout report.
+std::shared_ptr<MpiWork> collective_work(const char* op_label, MPI_Comm comm,
+                                         const std::string& group, int size, int world_rank,
+                                         double timeout_seconds) {
+  const int64_t seq = arrival::enter_collective(comm);
+  return std::make_shared<MpiWork>(std::string(), world_rank, timeout_seconds,
+                                   CollectiveId{comm, group, op_label, size, seq});
+}
 
 }  // namespace
 
@@ -146,9 +202,12 @@ MpiProcessGroup::MpiProcessGroup(MPI_Comm comm, std::string name, CommOwnership 
             context);
   if (found && tag_upper_bound != nullptr) max_tag_ = *tag_upper_bound;
   timeout_seconds_ = comm_timeout_seconds_from_env();
+  arrival::attach(comm_);
+  max_tag_ = arrival::first_reserved_tag(comm_) - 1;  // the tags above are the survey's
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
+  arrival::detach(comm_);
   if (ownership_ != CommOwnership::Owned) return;
   // A group that outlives the runtime must not touch MPI after MPI_Finalize.
   int finalized = 0;
@@ -180,7 +239,7 @@ WorkHandle MpiProcessGroup::all_reduce(float* data, int64_t count, ReduceOp op) 
   stats_.record(CommOp::AllReduce, ring_all_reduce_wire_bytes(count * kFloatBytes, size_));
   if (size_ == 1) return std::make_shared<CompletedWork>();  // the reduction of one value is itself
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("all_reduce", comm_, name_, size_, world_rank_, timeout_seconds_);
   if (op == ReduceOp::Avg) work->divide_on_completion(data, count, size_);
   check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, n, MPI_FLOAT, to_mpi_op(op), comm_, work->request()),
             "MPI_Iallreduce", context);
@@ -203,7 +262,7 @@ WorkHandle MpiProcessGroup::reduce_scatter(const float* in, float* out, int64_t 
     return std::make_shared<CompletedWork>();
   }
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("reduce_scatter", comm_, name_, size_, world_rank_, timeout_seconds_);
   if (op == ReduceOp::Avg) work->divide_on_completion(out, count_per_rank, size_);
   check_mpi(MPI_Ireduce_scatter_block(in, out, n, MPI_FLOAT, to_mpi_op(op), comm_, work->request()),
             "MPI_Ireduce_scatter_block", context);
@@ -224,7 +283,7 @@ WorkHandle MpiProcessGroup::all_gather(const float* in, float* out, int64_t coun
     return std::make_shared<CompletedWork>();
   }
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("all_gather", comm_, name_, size_, world_rank_, timeout_seconds_);
   check_mpi(MPI_Iallgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm_, work->request()),
             "MPI_Iallgather", context);
   return work;
@@ -239,7 +298,7 @@ WorkHandle MpiProcessGroup::broadcast(float* data, int64_t count, int root) {
                 chain_broadcast_wire_bytes(count * kFloatBytes, size_, rank_, root));
   if (size_ == 1) return std::make_shared<CompletedWork>();
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("broadcast", comm_, name_, size_, world_rank_, timeout_seconds_);
   check_mpi(MPI_Ibcast(data, n, MPI_FLOAT, root, comm_, work->request()), "MPI_Ibcast", context);
   return work;
 }
@@ -259,7 +318,7 @@ WorkHandle MpiProcessGroup::all_to_all(const float* in, float* out, int64_t coun
     return std::make_shared<CompletedWork>();
   }
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("all_to_all", comm_, name_, size_, world_rank_, timeout_seconds_);
   check_mpi(MPI_Ialltoall(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm_, work->request()),
             "MPI_Ialltoall", context);
   return work;
@@ -294,7 +353,7 @@ WorkHandle MpiProcessGroup::all_to_allv(const float* in, const std::vector<int64
     return std::make_shared<CompletedWork>();
   }
 
-  auto work = std::make_shared<MpiWork>(context, world_rank_, timeout_seconds_);
+  auto work = collective_work("all_to_allv", comm_, name_, size_, world_rank_, timeout_seconds_);
   std::vector<int>& arrays =
       work->alltoallv_arrays();  // [send counts | send displs | recv counts | recv displs]
   arrays.assign(4 * ranks, 0);
@@ -326,7 +385,8 @@ WorkHandle MpiProcessGroup::send(const float* data, int64_t count, int peer, int
   check_buffer(data, count, context.str(), "data");
   stats_.record(CommOp::Send, {count * kFloatBytes, 0});
 
-  auto work = std::make_shared<MpiWork>(context.str(), world_rank_, timeout_seconds_);
+  auto work = std::make_shared<MpiWork>(context.str(), world_rank_, timeout_seconds_,
+                                        CollectiveId{comm_, name_, "send", size_, 0, peer});
   check_mpi(MPI_Isend(data, n, MPI_FLOAT, peer, tag, comm_, work->request()), "MPI_Isend",
             context.str());
   return work;
@@ -342,7 +402,8 @@ WorkHandle MpiProcessGroup::recv(float* data, int64_t count, int peer, int tag) 
   check_buffer(data, count, context.str(), "data");
   stats_.record(CommOp::Recv, {0, count * kFloatBytes});
 
-  auto work = std::make_shared<MpiWork>(context.str(), world_rank_, timeout_seconds_);
+  auto work = std::make_shared<MpiWork>(context.str(), world_rank_, timeout_seconds_,
+                                        CollectiveId{comm_, name_, "recv", size_, 0, peer});
   work->expect_received_floats(count);
   check_mpi(MPI_Irecv(data, n, MPI_FLOAT, peer, tag, comm_, work->request()), "MPI_Irecv",
             context.str());
@@ -353,9 +414,9 @@ void MpiProcessGroup::barrier() {
   stats_.record(CommOp::Barrier, {});
   if (size_ == 1) return;
   // A barrier is where a rank waits longest for a straggler, so it gets the same timeout.
-  MpiWork work(describe("barrier"), world_rank_, timeout_seconds_);
-  check_mpi(MPI_Ibarrier(comm_, work.request()), "MPI_Ibarrier", describe("barrier"));
-  work.wait();
+  auto work = collective_work("barrier", comm_, name_, size_, world_rank_, timeout_seconds_);
+  check_mpi(MPI_Ibarrier(comm_, work->request()), "MPI_Ibarrier", describe("barrier"));
+  work->wait();
 }
 
 std::shared_ptr<ProcessGroup> MpiProcessGroup::split(int color, int key, std::string name) {

@@ -77,7 +77,9 @@ class MpiProcessGroup final : public ProcessGroup {
   int rank_ = 0;
   int size_ = 1;
   int world_rank_ = 0;
-  int max_tag_ = 32767;  // MPI guarantees at least this; replaced by the MPI_TAG_UB attribute
+  // Highest tag a send or recv may use: MPI_TAG_UB (at least 32767) less the tags the arrival
+  // survey reserves above it (dist/arrival_survey).
+  int max_tag_ = 32767;
   double timeout_seconds_ = kDefaultCommTimeoutSeconds;
 };
 

@@ -28,7 +28,7 @@ void slow_checkpoint_write(const AsyncCheckpointOptions& options) {
 }
 
 AfterFileHook checkpoint_fault_hook(const AsyncCheckpointOptions& options, int64_t step, int rank) {
-  if (options.kill_at_step != step) return {};
+  if (options.kill_at_step <= 0 || options.kill_at_step != step) return {};  // 0: never
   return [step, rank](const std::string& file) {
     std::fprintf(
         stderr,

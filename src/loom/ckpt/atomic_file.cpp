@@ -65,11 +65,15 @@ void fsync_directory(const std::string& dir) {
 }
 
 void atomic_write_file(const std::string& path, const void* data, size_t bytes) {
+  atomic_write_file(path, std::vector<ByteSpan>{{data, bytes}});
+}
+
+void atomic_write_file(const std::string& path, const std::vector<ByteSpan>& spans) {
   const std::string temp_path = path + ".tmp." + std::to_string(::getpid());
   FileDescriptor fd(::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) throw_error("cannot create '", temp_path, "' (to replace '", path, "'): ", errno_text());
   try {
-    write_all(fd.get(), data, bytes, temp_path);
+    for (const ByteSpan& span : spans) write_all(fd.get(), span.data, span.bytes, temp_path);
     if (::fsync(fd.get()) != 0) throw_error("cannot fsync '", temp_path, "': ", errno_text());
     if (::close(fd.release()) != 0) throw_error("cannot close '", temp_path, "': ", errno_text());
     if (::rename(temp_path.c_str(), path.c_str()) != 0)

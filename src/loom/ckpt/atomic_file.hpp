@@ -14,6 +14,12 @@ namespace loom {
 // On failure the temp file is removed and any existing `path` is left untouched.
 void atomic_write_file(const std::string& path, const void* data, size_t bytes);
 void atomic_write_file(const std::string& path, const std::string& contents);
+// The same from several buffers, written one after another (a file assembled without copying).
+struct ByteSpan {
+  const void* data;
+  size_t bytes;
+};
+void atomic_write_file(const std::string& path, const std::vector<ByteSpan>& spans);
 
 // Makes renames and creations inside `dir` durable.
 void fsync_directory(const std::string& dir);

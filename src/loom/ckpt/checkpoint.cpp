@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string_view>
 #include <system_error>
@@ -15,6 +16,7 @@
 #include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/checkpoint_files.hpp"
 #include "loom/ckpt/hf_config.hpp"
+#include "loom/ckpt/safetensors_writer.hpp"
 #include "loom/core/error.hpp"
 
 namespace loom {
@@ -56,25 +58,28 @@ std::string checkpoint_dir_name(int64_t step) {
   return name;
 }
 
-std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointPayload& payload, int keep_last) {
-  const std::string context = "cannot save checkpoint step " + std::to_string(step) + " under '" + root + "'";
-  if (step < 0) throw_error(context, ": step must be >= 0");
-  if (keep_last < 0) throw_error(context, ": keep_last is ", keep_last, ", expected >= 0 (0 keeps all)");
+namespace {
 
-  // Everything that can fail on bad input is done before the disk is touched.
-  std::vector<FileToWrite> files;
-  try {
-    files = serialize_payload(payload);
-  } catch (const Error& e) {
-    throw_error(context, ": ", e.what());
-  }
+// One file of a checkpoint: `write` puts it into the temp directory and returns its record.
+struct FileWriter {
+  const char* name;
+  std::function<FileRecord(const fs::path& dir)> write;
+};
 
+// The save protocol both entries share: temp directory, the files in order (the hook after
+// each), the manifest last, then install (rename, `latest`, pruning).
+std::string write_checkpoint_files(const std::string& root, int64_t step,
+                                   const std::vector<FileWriter>& files, int keep_last,
+                                   const AfterFileHook& after_file, const std::string& context) {
   const fs::path root_path = root;
   const fs::path temp_dir = create_temp_dir(root_path, step, std::to_string(::getpid()), context);
   RemoveOnFailure cleanup(temp_dir);
   try {
     std::vector<FileRecord> records;
-    for (const FileToWrite& file : files) records.push_back(write_recorded(temp_dir, file.name, file.bytes));
+    for (const FileWriter& file : files) {
+      records.push_back(file.write(temp_dir));
+      if (after_file) after_file(file.name);
+    }
     write_manifest(temp_dir, step, records);
     const std::string final_dir = install_checkpoint(temp_dir, root_path, step, keep_last);
     cleanup.disarm();
@@ -82,6 +87,63 @@ std::string save_checkpoint(const std::string& root, int64_t step, const Checkpo
   } catch (const Error& e) {
     throw_error(context, ": ", e.what());
   }
+}
+
+std::string checked_context(const std::string& root, int64_t step, int keep_last) {
+  const std::string context =
+      "cannot save checkpoint step " + std::to_string(step) + " under '" + root + "'";
+  if (step < 0) throw_error(context, ": step must be >= 0");
+  if (keep_last < 0)
+    throw_error(context, ": keep_last is ", keep_last, ", expected >= 0 (0 keeps all)");
+  return context;
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointPayload& payload,
+                            int keep_last, const AfterFileHook& after_file) {
+  const std::string context = checked_context(root, step, keep_last);
+  // Everything that can fail on bad input is done before the disk is touched.
+  std::vector<FileToWrite> files;
+  try {
+    files = serialize_payload(payload);
+  } catch (const Error& e) {
+    throw_error(context, ": ", e.what());
+  }
+  std::vector<FileWriter> writers;
+  for (const FileToWrite& file : files)
+    writers.push_back({file.name, [&file](const fs::path& dir) {
+                         return write_recorded(dir, file.name, file.bytes);
+                       }});
+  return write_checkpoint_files(root, step, writers, keep_last, after_file, context);
+}
+
+std::string save_checkpoint_spans(const std::string& root, int64_t step,
+                                  const CheckpointSpans& spans, int keep_last,
+                                  const AfterFileHook& after_file) {
+  const std::string context = checked_context(root, step, keep_last);
+  if (!spans.trainer_state.is_object())
+    throw_error(context, ": trainer_state is ", spans.trainer_state.type_name(),
+                ", expected a JSON object");
+  const std::string config = dump_json(hf_config_json(spans.config), "config.json");
+  const std::string state = dump_json(spans.trainer_state, "trainer_state");
+  auto tensors = [](const char* name, const std::vector<TensorSpans>& entries,
+                    const std::map<std::string, std::string>& metadata) {
+    return [name, &entries, metadata](const fs::path& dir) {
+      const WrittenFile written = write_safetensors_spans((dir / name).string(), entries, metadata);
+      return FileRecord{name, written.bytes, crc32_hex(written.crc32)};
+    };
+  };
+  auto text = [](const char* name, const std::string& bytes) {
+    return [name, &bytes](const fs::path& dir) { return write_recorded(dir, name, bytes); };
+  };
+  // The order and metadata of serialize_payload, so the files are the same byte for byte.
+  const std::vector<FileWriter> writers = {
+      {kModelFile, tensors(kModelFile, spans.model_weights, {{"format", "pt"}})},
+      {kConfigFile, text(kConfigFile, config)},
+      {kOptimizerFile, tensors(kOptimizerFile, spans.optimizer_state, {})},
+      {kTrainerStateFile, text(kTrainerStateFile, state)}};
+  return write_checkpoint_files(root, step, writers, keep_last, after_file, context);
 }
 
 CheckpointPayload load_checkpoint(const std::string& dir_or_root) {

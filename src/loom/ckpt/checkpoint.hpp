@@ -10,12 +10,14 @@
 // and `latest` moves after that, so a crash or error mid-save never damages an existing
 // checkpoint. Loading verifies every file against the manifest before parsing it.
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/ckpt/safetensors.hpp"
+#include "loom/ckpt/safetensors_writer.hpp"
 #include "loom/model/config.hpp"
 
 namespace loom {
@@ -27,11 +29,28 @@ struct CheckpointPayload {
   nlohmann::json trainer_state = nlohmann::json::object();
 };
 
+// Called with a file's name after it is written into a checkpoint's temp directory and before
+// the checkpoint is complete: where fault injection (debug.kill_in_checkpoint_write) strikes.
+using AfterFileHook = std::function<void(const std::string& file)>;
+
 // Writes step `step` under `root` (created if missing) and returns the checkpoint directory.
 // Re-saving an existing step replaces it. keep_last > 0 then removes all but the newest
 // keep_last checkpoints by step number, never the one just written.
 std::string save_checkpoint(const std::string& root, int64_t step, const CheckpointPayload& payload,
-                            int keep_last = 0);
+                            int keep_last = 0, const AfterFileHook& after_file = {});
+
+// The same checkpoint, byte for byte, written straight from the tensors' memory (HF layout
+// for the weights, as export_hf_weights gives them): no copy in user space. What the
+// asynchronous saver writes from its host snapshot.
+struct CheckpointSpans {
+  ModelConfig config;
+  std::vector<TensorSpans> model_weights;
+  std::vector<TensorSpans> optimizer_state;
+  nlohmann::json trainer_state = nlohmann::json::object();
+};
+std::string save_checkpoint_spans(const std::string& root, int64_t step,
+                                  const CheckpointSpans& spans, int keep_last = 0,
+                                  const AfterFileHook& after_file = {});
 
 // Accepts a checkpoint directory or a root (resolved with latest_checkpoint). Throws
 // loom::Error naming the file for a missing, truncated or corrupt file.

@@ -218,5 +218,26 @@ fs::path resolve_checkpoint_dir(const std::string& dir_or_root) {
   return *latest;
 }
 
+std::vector<fs::path> remove_partial_checkpoints(const fs::path& root) {
+  std::vector<fs::path> removed;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return removed;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kStepPrefix, 0) != 0 || !entry.is_directory(ec)) continue;
+    const bool temp = name.find(kTempMarker) != std::string::npos;
+    const bool unfinished =
+        parse_step_dir_name(name) && !fs::exists(entry.path() / kManifestFile, ec);
+    if (temp || unfinished) removed.push_back(entry.path());
+  }
+  if (ec) throw_error("cannot list checkpoint root '", root.string(), "': ", ec.message());
+  std::sort(removed.begin(), removed.end());
+  for (const fs::path& path : removed) {
+    fs::remove_all(path, ec);
+    if (ec)
+      throw_error("cannot remove the partial checkpoint '", path.string(), "': ", ec.message());
+  }
+  return removed;
+}
 
 }  // namespace loom::ckpt_files

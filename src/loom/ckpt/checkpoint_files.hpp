@@ -86,4 +86,9 @@ void verify_recorded(const std::vector<uint8_t>& bytes, const fs::path& dir, con
                      const char* name);
 fs::path resolve_checkpoint_dir(const std::string& dir_or_root);
 
+// Removes what a killed save leaves under `root`: "step_<N>.tmp-*" directories and step_<N>
+// directories without a manifest (never loaded, see list_step_dirs). Returns what it removed;
+// a root that does not exist holds nothing. Only one process may call it, before any save.
+std::vector<fs::path> remove_partial_checkpoints(const fs::path& root);
+
 }  // namespace loom::ckpt_files

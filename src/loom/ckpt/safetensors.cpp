@@ -186,9 +186,15 @@ size_t safetensors_dtype_size_bytes(const std::string& dtype) {
   throw_error("unsupported safetensors dtype '", dtype, "', expected one of F32, BF16, I32, I64");
 }
 
-uint32_t crc32_of(const void* data, size_t bytes) {
+uint32_t crc32_of(const void* data, size_t bytes) { return crc32_update(0, data, bytes); }
+
+uint32_t crc32_combined(uint32_t first, uint32_t second, uint64_t second_bytes) {
+  return static_cast<uint32_t>(::crc32_combine(first, second, static_cast<z_off_t>(second_bytes)));
+}
+
+uint32_t crc32_update(uint32_t running, const void* data, size_t bytes) {
   constexpr size_t kChunkBytes = size_t{1} << 30;  // zlib's crc32 takes a 32-bit length
-  uLong crc = ::crc32(0L, Z_NULL, 0);
+  uLong crc = running;
   const auto* cursor = static_cast<const Bytef*>(data);
   while (bytes > 0) {
     const size_t chunk = std::min(bytes, kChunkBytes);
@@ -266,7 +272,7 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsEntry>& 
   return out;
 }
 
-SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::string& source) {
+uint64_t safetensors_header_bytes(const uint8_t* data, uint64_t size, const std::string& source) {
   const std::string where = "safetensors '" + source + "'";
   if (size < kHeaderLengthBytes)
     throw_error(where, ": file is ", size, " bytes, shorter than the 8-byte header length; not a safetensors file");
@@ -277,8 +283,13 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::s
   if (header_bytes > kMaxHeaderBytes)
     throw_error(where, ": header length ", header_bytes, " exceeds the ", kMaxHeaderBytes,
                 "-byte limit of the reference loader; not a safetensors file");
+  return header_bytes;
+}
 
-  const char* header_begin = reinterpret_cast<const char*>(data + kHeaderLengthBytes);
+SafetensorsLayout parse_safetensors_layout(const uint8_t* header_data, uint64_t header_bytes,
+                                           uint64_t size, const std::string& source) {
+  const std::string where = "safetensors '" + source + "'";
+  const char* header_begin = reinterpret_cast<const char*>(header_data);
   json header;
   try {
     header = json::parse(header_begin, header_begin + header_bytes);
@@ -287,32 +298,66 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::s
   }
   if (!header.is_object()) throw_error(where, ": header is ", header.type_name(), ", expected a JSON object");
 
-  SafetensorsFile file;
-  file.path = source;
-  std::map<std::string, std::string> all_metadata;
+  SafetensorsLayout layout;
+  layout.data_start = kHeaderLengthBytes + header_bytes;
   std::vector<HeaderTensor> tensors;
   for (const auto& [name, info] : header.items()) {
     if (name == kMetadataKey)
-      all_metadata = parse_metadata(info, where);
+      layout.metadata = parse_metadata(info, where);
     else
       tensors.push_back(parse_header_tensor(name, info, where));
   }
-  const uint64_t data_bytes = size - kHeaderLengthBytes - header_bytes;
-  check_packed_layout(tensors, data_bytes, header_bytes, where);
-
-  const uint8_t* data_region = data + kHeaderLengthBytes + header_bytes;
+  check_packed_layout(tensors, size - layout.data_start, header_bytes, where);
+  std::set<std::string> names;
+  for (const HeaderTensor& tensor : tensors) names.insert(tensor.name);
+  for (const auto& [key, value] : layout.metadata)
+    if (is_crc_key(key) && !names.count(key.substr(std::strlen(kSafetensorsCrcKeyPrefix))))
+      throw_error(where, ": metadata key '", key, "' is a checksum for a tensor the file lacks");
   for (HeaderTensor& tensor : tensors) {
+    const auto crc = layout.metadata.find(kSafetensorsCrcKeyPrefix + tensor.name);
+    layout.entries.push_back({std::move(tensor.name), std::move(tensor.dtype),
+                              std::move(tensor.shape), layout.data_start + tensor.begin,
+                              layout.data_start + tensor.end,
+                              crc == layout.metadata.end() ? std::string() : crc->second});
+  }
+  return layout;
+}
+
+const SafetensorsLayout::Entry* SafetensorsLayout::find(const std::string& name) const {
+  for (const Entry& entry : entries)
+    if (entry.name == name) return &entry;
+  return nullptr;
+}
+
+SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::string& source) {
+  const std::string where = "safetensors '" + source + "'";
+  const uint64_t header_bytes = safetensors_header_bytes(data, size, source);
+  SafetensorsLayout layout =
+      parse_safetensors_layout(data + kHeaderLengthBytes, header_bytes, size, source);
+  SafetensorsFile file;
+  file.path = source;
+  for (SafetensorsLayout::Entry& tensor : layout.entries) {
     SafetensorsEntry entry;
     entry.name = std::move(tensor.name);
     entry.dtype = std::move(tensor.dtype);
     entry.shape = std::move(tensor.shape);
-    entry.bytes.assign(data_region + tensor.begin, data_region + tensor.end);
+    entry.bytes.assign(data + tensor.begin, data + tensor.end);
     file.entries.push_back(std::move(entry));
   }
-  verify_crcs(file.entries, all_metadata, where);
-  for (auto& [key, value] : all_metadata)
+  verify_crcs(file.entries, layout.metadata, where);
+  for (auto& [key, value] : layout.metadata)
     if (!is_crc_key(key)) file.metadata[key] = value;
   return file;
+}
+
+void verify_safetensors_crc(const SafetensorsLayout::Entry& entry, const uint8_t* bytes,
+                            const std::string& source) {
+  if (entry.crc32.empty()) return;  // written by another tool: nothing to verify against
+  const std::string computed = crc32_hex(crc32_of(bytes, entry.end - entry.begin));
+  if (entry.crc32 != computed)
+    throw_error("safetensors '", source, "': tensor '", entry.name,
+                "' failed its CRC32 check (stored ", entry.crc32, ", computed ", computed,
+                "): the file is corrupt");
 }
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,

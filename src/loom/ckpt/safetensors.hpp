@@ -47,6 +47,34 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsEntry>& 
 // Parses and verifies a whole file held in memory; `source` names it in errors.
 SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::string& source);
 
+// A file's layout from its header alone, for reading tensors by byte range (pread) without
+// reading the file: entries in data order, at absolute file offsets [begin, end), with the
+// CRC32 loom stored for each ("" when the writer stored none).
+struct SafetensorsLayout {
+  struct Entry {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;
+    std::string crc32;
+  };
+  uint64_t data_start = 0;                      // 8 + the header length
+  std::map<std::string, std::string> metadata;  // with loom's crc keys
+  std::vector<Entry> entries;
+  const Entry* find(const std::string& name) const;
+};
+// The header length from the file's first 8 bytes, checked against the file's size `size`.
+uint64_t safetensors_header_bytes(const uint8_t* first_8_bytes, uint64_t size,
+                                  const std::string& source);
+// The layout from the header's `header_bytes` bytes (those after the first 8), checked as
+// parse_safetensors checks it: packed, inside a file of `size` bytes.
+SafetensorsLayout parse_safetensors_layout(const uint8_t* header, uint64_t header_bytes,
+                                           uint64_t size, const std::string& source);
+// Checks one entry's bytes (end - begin of them) against its stored CRC32; the error names the
+// file and tensor.
+void verify_safetensors_crc(const SafetensorsLayout::Entry& entry, const uint8_t* bytes,
+                            const std::string& source);
+
 void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                        const std::map<std::string, std::string>& metadata = {});
 SafetensorsFile read_safetensors(const std::string& path);
@@ -57,6 +85,10 @@ Tensor tensor_from_entry(const SafetensorsEntry& entry, MemCategory category);
 
 // zlib CRC32 over any length (zlib takes 32-bit lengths, so large buffers go in chunks).
 uint32_t crc32_of(const void* data, size_t bytes);
+// The CRC32 of bytes that follow those `running` covers (crc32_of = crc32_update(0, ...)).
+uint32_t crc32_update(uint32_t running, const void* data, size_t bytes);
+// The CRC32 of two byte runs one after the other, from theirs (zlib's crc32_combine).
+uint32_t crc32_combined(uint32_t first, uint32_t second, uint64_t second_bytes);
 std::string crc32_hex(uint32_t crc);  // 8 lowercase hex digits
 
 }  // namespace loom

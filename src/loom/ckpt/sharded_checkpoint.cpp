@@ -10,6 +10,7 @@
 #include "loom/ckpt/checkpoint_files.hpp"
 #include "loom/ckpt/hf_config.hpp"
 #include "loom/ckpt/hf_weights.hpp"
+#include "loom/ckpt/safetensors_writer.hpp"
 #include "loom/core/error.hpp"
 
 namespace loom {
@@ -37,33 +38,43 @@ std::string shard_file_name(int rank, int world) {
   return name;
 }
 
-void write_checkpoint_shard(const fs::path& temp_dir, int rank, int world, const std::vector<ShardSlice>& slices) {
+uint64_t write_checkpoint_shard(const fs::path& temp_dir, int rank, int world,
+                                const std::vector<ShardSlice>& slices,
+                                const AfterFileHook& after_file) {
   // One entry per tensor: a rank may hold several pieces of one tensor (a tensor-parallel
-  // column shard is one run per row), which go into the entry one after another; each
-  // piece's "offset" says where it starts in the entry.
-  std::vector<SafetensorsEntry> entries;
+  // column shard is one run per row), which go into the entry one after another, written
+  // straight from the slices' memory; each piece's "offset" says where it starts in the entry.
+  std::vector<TensorSpans> entries;
+  std::vector<int64_t> entry_elements;
   std::map<std::string, size_t> entry_of;
   json pieces = json::array();
   for (const ShardSlice& s : slices) {
     auto [it, inserted] = entry_of.emplace(s.tensor, entries.size());
     if (inserted) {
-      entries.emplace_back();
-      entries.back().name = s.tensor;
-      entries.back().dtype = "F32";
+      entries.push_back({s.tensor, "F32", {}, {}});
+      entry_elements.push_back(0);
     }
-    SafetensorsEntry& entry = entries[it->second];
-    const size_t offset_bytes = entry.bytes.size();
-    entry.bytes.resize(offset_bytes + static_cast<size_t>(s.count) * sizeof(float));
-    if (s.count > 0) std::memcpy(entry.bytes.data() + offset_bytes, s.data, static_cast<size_t>(s.count) * sizeof(float));
-    entry.shape = {static_cast<int64_t>(entry.bytes.size() / sizeof(float))};
-    pieces.push_back({{"tensor", s.tensor}, {"shape", s.shape}, {"start", s.start}, {"count", s.count},
-                      {"offset", static_cast<int64_t>(offset_bytes / sizeof(float))}});
+    TensorSpans& entry = entries[it->second];
+    int64_t& elements = entry_elements[it->second];
+    if (s.count > 0) entry.spans.push_back({s.data, static_cast<size_t>(s.count) * sizeof(float)});
+    pieces.push_back({{"tensor", s.tensor},
+                      {"shape", s.shape},
+                      {"start", s.start},
+                      {"count", s.count},
+                      {"offset", elements}});
+    elements += s.count;
+    entry.shape = {elements};
   }
-  const std::vector<uint8_t> bytes = serialize_safetensors(entries);
-  const FileRecord record =
-      write_recorded(temp_dir, shard_file_name(rank, world), std::string(bytes.begin(), bytes.end()));
-  const json description = {{"file", record.name}, {"bytes", record.bytes}, {"crc32", record.crc32}, {"pieces", pieces}};
+  const std::string name = shard_file_name(rank, world);
+  const WrittenFile written =
+      write_safetensors_spans((temp_dir / name).string(), std::move(entries));
+  if (after_file) after_file(name);
+  const json description = {{"file", name},
+                            {"bytes", written.bytes},
+                            {"crc32", crc32_hex(written.crc32)},
+                            {"pieces", pieces}};
   atomic_write_file((temp_dir / description_file_name(rank, world)).string(), dump_json(description, "shard description"));
+  return written.bytes;
 }
 
 std::string finish_sharded_checkpoint(const fs::path& temp_dir, const fs::path& root, int64_t step, int world,
@@ -117,7 +128,8 @@ std::string finish_sharded_checkpoint(const fs::path& temp_dir, const fs::path& 
 
 CheckpointReader::CheckpointReader(const std::string& dir_or_root) {
   const fs::path dir = resolve_checkpoint_dir(dir_or_root);
-  load(dir, [&](const std::string& name) { return read_file_bytes((dir / name).string()); });
+  load(
+      dir, [&](const std::string& name) { return read_file_bytes((dir / name).string()); }, true);
 }
 
 CheckpointReader CheckpointReader::from_files(const std::string& dir,
@@ -131,13 +143,37 @@ CheckpointReader CheckpointReader::from_files(const std::string& dir,
   return reader;
 }
 
-void CheckpointReader::load(const fs::path& dir,
-                            const std::function<std::vector<uint8_t>(const std::string&)>& read_file) {
+void CheckpointReader::open_ranged_shard(const fs::path& dir, const std::string& name,
+                                         const json& manifest) {
+  auto file = std::make_unique<RangedFile>((dir / name).string());
+  const uint64_t recorded = manifest["files"][name]["bytes"].get<uint64_t>();
+  if (file->size() != recorded)
+    throw_error("checkpoint file '", file->path(), "' is ", file->size(),
+                " bytes, but the manifest records ", recorded,
+                ": the file is truncated or was modified");
+  const std::vector<uint8_t> length = file->read(0, std::min<uint64_t>(8, file->size()));
+  const uint64_t header_bytes = safetensors_header_bytes(length.data(), file->size(), file->path());
+  const std::vector<uint8_t> header = file->read(8, header_bytes);
+  const SafetensorsLayout layout =
+      parse_safetensors_layout(header.data(), header_bytes, file->size(), file->path());
+  std::map<std::string, RangedEntry>& entries = ranged_entries_[name];
+  for (const SafetensorsLayout::Entry& entry : layout.entries)
+    entries.emplace(entry.name, RangedEntry{file.get(), entry, {}, false});
+  ranged_files_.push_back(std::move(file));
+}
+
+void CheckpointReader::load(
+    const fs::path& dir, const std::function<std::vector<uint8_t>(const std::string&)>& read_file,
+    bool ranged) {
   dir_ = dir.string();
   const json manifest = parse_manifest(read_file(kManifestFile), dir / kManifestFile);
   sharded_ = manifest["files"].contains(kIndexFile);
   std::map<std::string, std::vector<uint8_t>> verified;  // all checked before parsing
   for (const auto& [name, record] : manifest["files"].items()) {
+    if (ranged && sharded_ && name.rfind("shard-", 0) == 0) {
+      open_ranged_shard(dir, name, manifest);
+      continue;
+    }
     std::vector<uint8_t> bytes = read_file(name);
     verify_recorded(bytes, dir, manifest, name.c_str());
     verified[name] = std::move(bytes);
@@ -170,12 +206,35 @@ void CheckpointReader::load(const fs::path& dir,
   }
   std::map<std::string, const SafetensorsFile*> by_file;
   for (const auto& [name, record] : manifest["files"].items())
-    if (name.rfind("shard-", 0) == 0) by_file[name] = &parse(name);
-  load_index(dir, parse_json_file(bytes_of(kIndexFile), dir / kIndexFile), by_file);
+    if (name.rfind("shard-", 0) == 0 && !ranged_entries_.count(name)) by_file[name] = &parse(name);
+  const auto lookup = [&](const std::string& file,
+                          const std::string& tensor) -> std::optional<EntryRef> {
+    if (const auto in_memory = by_file.find(file); in_memory != by_file.end())
+      return EntryRef{&in_memory->second->at(tensor), nullptr};
+    const auto shard = ranged_entries_.find(file);
+    if (shard == ranged_entries_.end()) return std::nullopt;
+    const auto entry = shard->second.find(tensor);
+    if (entry == shard->second.end())
+      throw_error("safetensors '", (dir / file).string(), "' has no tensor '", tensor, "'");
+    return EntryRef{nullptr, &entry->second};
+  };
+  load_index(dir, parse_json_file(bytes_of(kIndexFile), dir / kIndexFile), lookup);
+}
+
+const uint8_t* CheckpointReader::entry_bytes(const Piece& piece) const {
+  if (piece.entry) return piece.entry->bytes.data();
+  const RangedEntry& ranged = *piece.ranged;
+  if (!ranged.loaded) {
+    ranged.bytes = ranged.file->read(ranged.layout.begin, ranged.layout.end - ranged.layout.begin);
+    verify_safetensors_crc(ranged.layout, ranged.bytes.data(), ranged.file->path());
+    tensor_bytes_read_ += ranged.bytes.size();
+    ranged.loaded = true;
+  }
+  return ranged.bytes.data();
 }
 
 void CheckpointReader::load_index(const fs::path& dir, const json& index,
-                                  const std::map<std::string, const SafetensorsFile*>& by_file) {
+                                  const EntryLookup& lookup) {
   const std::string index_path = (dir / kIndexFile).string();
   if (!index.is_object() || !index.contains("format") || !index["format"].is_string() ||
       index["format"].get<std::string>() != kIndexFormat)
@@ -219,13 +278,15 @@ void CheckpointReader::load_index(const fs::path& dir, const json& index,
       if (start + count > numel)
         bad(name, "a piece covers elements [" + std::to_string(start) + ", " + std::to_string(start + count) +
                       "), outside its " + std::to_string(numel));
-      const auto holder = by_file.find(file);
-      if (holder == by_file.end()) throw_error("'", index_path, "' names '", file, "', which the manifest lacks");
-      const SafetensorsEntry& entry = holder->second->at(name);
-      if (entry.dtype != "F32" || entry.bytes.size() < static_cast<size_t>(offset + count) * sizeof(float))
+      const std::optional<EntryRef> ref = lookup(file, name);
+      if (!ref) throw_error("'", index_path, "' names '", file, "', which the manifest lacks");
+      const std::string& dtype = ref->entry ? ref->entry->dtype : ref->ranged->layout.dtype;
+      const uint64_t entry_bytes = ref->entry ? ref->entry->bytes.size()
+                                              : ref->ranged->layout.end - ref->ranged->layout.begin;
+      if (dtype != "F32" || entry_bytes < static_cast<uint64_t>(offset + count) * sizeof(float))
         throw_error("'", (dir / file).string(), "': tensor '", name, "' does not hold F32 elements [", offset, ", ",
                     offset + count, ") as the index says");
-      stored.pieces.push_back({&entry, start, count, offset});
+      stored.pieces.push_back({ref->entry, start, count, offset, ref->ranged});
     }
     // read() walks the pieces in order of their first element and needs them to cover the
     // tensor exactly once.
@@ -291,9 +352,12 @@ void CheckpointReader::read(const TensorLayout& layout, int64_t start, int64_t c
   for (auto piece = first; piece != stored.pieces.end() && piece->start < start + count; ++piece) {
     const int64_t lo = std::max(start, piece->start), hi = std::min(start + count, piece->start + piece->count);
     if (lo >= hi) continue;
-    if (piece->entry->dtype != "F32")
-      throw_error("checkpoint '", dir_, "': tensor '", layout.name, "' is ", piece->entry->dtype, ", expected F32");
-    std::memcpy(out + (lo - start), piece->entry->bytes.data() + (piece->offset + lo - piece->start) * sizeof(float),
+    const std::string& dtype = piece->entry ? piece->entry->dtype : piece->ranged->layout.dtype;
+    if (dtype != "F32")
+      throw_error("checkpoint '", dir_, "': tensor '", layout.name, "' is ", dtype,
+                  ", expected F32");
+    std::memcpy(out + (lo - start),
+                entry_bytes(*piece) + (piece->offset + lo - piece->start) * sizeof(float),
                 static_cast<size_t>(hi - lo) * sizeof(float));
   }
 }

@@ -17,9 +17,12 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "loom/ckpt/checkpoint.hpp"
+#include "loom/ckpt/ranged_file.hpp"
 #include "loom/ckpt/safetensors.hpp"
 #include "loom/model/config.hpp"
 
@@ -38,8 +41,12 @@ std::string shard_file_name(int rank, int world);
 
 // Each rank, into the shared temp directory: its shard file and a small description of it
 // (pieces, bytes, CRC32) that finish_sharded_checkpoint folds into index.json and the manifest.
-void write_checkpoint_shard(const std::filesystem::path& temp_dir, int rank, int world,
-                            const std::vector<ShardSlice>& slices);
+// The description is written last and atomically: it is the rank's "done" marker, and a temp
+// directory that lacks one is a partial checkpoint. `after_file` (checkpoint.hpp) is called
+// between the two. Returns the shard file's byte count.
+uint64_t write_checkpoint_shard(const std::filesystem::path& temp_dir, int rank, int world,
+                                const std::vector<ShardSlice>& slices,
+                                const AfterFileHook& after_file = {});
 
 // Rank 0, after every rank's write_checkpoint_shard returned: checks that the pieces cover
 // every tensor exactly once, writes index.json, config.json, trainer_state.json and the
@@ -57,7 +64,11 @@ struct TensorLayout {
 };
 
 // Opens a checkpoint directory (or a root's latest) of either format. Every file is verified
-// against the manifest before anything is parsed.
+// against the manifest before anything is parsed, except a sharded checkpoint's shard files
+// when opened from a directory: of those only the size (against the manifest) and the header
+// are read at first, and each tensor entry a read() needs is read by byte range (pread) and
+// checked against its CRC32 when first used. A loading rank so reads the entries that hold
+// its pieces, not every shard file in full.
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& dir_or_root);
@@ -84,13 +95,31 @@ class CheckpointReader {
   // A tensor's shape as stored (a single-file checkpoint's transposed weights in HF layout);
   // throws naming the checkpoint when it has no such tensor.
   const Shape& stored_shape(const std::string& tensor) const;
+  // Tensor bytes read from shard files by byte range so far (headers not counted).
+  uint64_t tensor_bytes_read() const { return tensor_bytes_read_; }
 
  private:
+  // A shard file's tensor entry, read on first use.
+  struct RangedEntry {
+    const RangedFile* file;
+    SafetensorsLayout::Entry layout;
+    mutable std::vector<uint8_t> bytes;
+    mutable bool loaded = false;
+  };
   struct Piece {
-    const SafetensorsEntry* entry;
+    const SafetensorsEntry* entry;  // in memory; null for a ranged entry
     int64_t start, count;
     int64_t offset;  // first element of the piece inside its entry
+    const RangedEntry* ranged = nullptr;
   };
+  // The entry of `tensor` in shard file `file`: nullopt when the manifest lists no such file.
+  struct EntryRef {
+    const SafetensorsEntry* entry = nullptr;
+    const RangedEntry* ranged = nullptr;
+  };
+  using EntryLookup =
+      std::function<std::optional<EntryRef>(const std::string& file, const std::string& tensor)>;
+  const uint8_t* entry_bytes(const Piece& piece) const;
   struct Stored {
     Shape shape;  // loom layout (single-file model weights: HF layout until converted)
     std::vector<Piece> pieces;
@@ -98,10 +127,15 @@ class CheckpointReader {
   };
   const std::vector<float>& converted(const std::string& name, const Stored& stored, bool transposed) const;
   CheckpointReader() = default;
-  // Parses a checkpoint directory `dir` whose files `read_file` returns (unverified bytes).
-  void load(const std::filesystem::path& dir, const std::function<std::vector<uint8_t>(const std::string&)>& read_file);
+  // Parses a checkpoint directory `dir` whose files `read_file` returns (unverified bytes);
+  // with `ranged`, a sharded checkpoint's shard files are opened under `dir` and read by range.
+  void load(const std::filesystem::path& dir,
+            const std::function<std::vector<uint8_t>(const std::string&)>& read_file,
+            bool ranged = false);
+  void open_ranged_shard(const std::filesystem::path& dir, const std::string& name,
+                         const nlohmann::json& manifest);
   void load_index(const std::filesystem::path& dir, const nlohmann::json& index,
-                  const std::map<std::string, const SafetensorsFile*>& by_file);
+                  const EntryLookup& lookup);
 
   std::string dir_;
   ModelConfig config_;
@@ -111,6 +145,10 @@ class CheckpointReader {
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, Stored> tensors_;
   mutable std::map<std::string, std::vector<float>> converted_;  // single-file model weights
+  std::vector<std::unique_ptr<RangedFile>> ranged_files_;
+  std::map<std::string, std::map<std::string, RangedEntry>>
+      ranged_entries_;  // file -> tensor -> entry
+  mutable uint64_t tensor_bytes_read_ = 0;
 };
 
 }  // namespace loom

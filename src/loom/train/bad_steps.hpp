@@ -34,6 +34,11 @@ struct FaultInjection {
   // the first attempt under `loom launch` only (LOOM_LAUNCH_ATTEMPT 0 or unset); 0: never.
   int64_t kill_at_step = 0;
   int kill_rank = 0;
+  // kill_rank SIGKILLs itself in the middle of writing this step's checkpoint (after its
+  // first file, before the checkpoint is complete), on the first attempt only; 0: never.
+  int64_t kill_in_checkpoint_write = 0;
+  // Every checkpoint write first sleeps this long (a slow disk), so tests see training go on.
+  double slow_checkpoint_write_ms = 0.0;
 };
 
 // What is wrong with a step, worst last: the trainer takes the worst verdict over the ranks.

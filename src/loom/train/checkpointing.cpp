@@ -103,15 +103,14 @@ bool agree_on_rank0(ProcessGroup& group, bool ok) {
 
 }  // namespace
 
-std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root, int64_t step,
-                                    const ModelConfig& config, const nlohmann::json& trainer_state,
-                                    const std::vector<OwnedSlice>& owned, int keep_last) {
-  const std::string context = "cannot save sharded checkpoint step " + std::to_string(step) + " under '" + root + "'";
-  const int rank = group.rank(), world = group.size();
+std::filesystem::path begin_sharded_save(ProcessGroup& group, const std::string& root,
+                                         int64_t step) {
+  const std::string context =
+      "cannot save sharded checkpoint step " + std::to_string(step) + " under '" + root + "'";
   // Rank 0 makes the shared temp directory; its pid names it for everyone.
   std::string error;
   float token = bits_as_float(static_cast<int32_t>(::getpid()));
-  if (rank == 0) {
+  if (group.rank() == 0) {
     try {
       (void)ckpt_files::create_temp_dir(root, step, std::to_string(float_as_bits(token)), context);
     } catch (const Error& e) {
@@ -120,18 +119,15 @@ std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root
   }
   comm::broadcast(group, &token, 1, 0)->wait();
   if (!agree_on_rank0(group, error.empty()))
-    throw_error(rank == 0 ? error : context + ": rank 0 could not create the checkpoint directory");
-  const ckpt_files::fs::path temp_dir =
-      ckpt_files::fs::path(root) / (checkpoint_dir_name(step) + ckpt_files::kTempMarker + std::to_string(float_as_bits(token)));
+    throw_error(group.rank() == 0 ? error
+                                  : context + ": rank 0 could not create the checkpoint directory");
+  return ckpt_files::fs::path(root) / (checkpoint_dir_name(step) + ckpt_files::kTempMarker +
+                                       std::to_string(float_as_bits(token)));
+}
 
+std::vector<ShardSlice> shard_slices(const std::vector<OwnedSlice>& owned,
+                                     const std::function<const float*(const Tensor&)>& host_f32) {
   std::vector<ShardSlice> slices;
-  std::vector<Tensor> staged;  // host f32 copies of state on a device or in bf16
-  auto host_f32 = [&](const Tensor& t) -> const float* {
-    if (t.device() == Device::CPU && t.dtype() == DType::F32) return t.f32();
-    staged.push_back(Tensor::empty(t.shape(), DType::F32, MemCategory::Workspace));
-    staged.back().copy_from(t);
-    return staged.back().f32();
-  };
   for (const OwnedSlice& s : owned) {
     const std::string& name = s.param->name;
     slices.push_back({name, s.shape, s.start, s.count, host_f32(s.value)});
@@ -139,27 +135,54 @@ std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root
     slices.push_back({name + ".exp_avg_sq", s.shape, s.start, s.count, host_f32(s.exp_avg_sq)});
     if (s.master.defined()) slices.push_back({name + ".master", s.shape, s.start, s.count, host_f32(s.master)});
   }
-  try {
-    write_checkpoint_shard(temp_dir, rank, world, slices);
-  } catch (const Error& e) {
-    error = e.what();
-  }
+  return slices;
+}
+
+std::string commit_sharded_save(ProcessGroup& group, const std::filesystem::path& temp_dir,
+                                const std::string& root, int64_t step, const ModelConfig& config,
+                                const nlohmann::json& trainer_state, int keep_last,
+                                const std::string& write_error) {
+  const std::string context =
+      "cannot save sharded checkpoint step " + std::to_string(step) + " under '" + root + "'";
+  std::string error = write_error;
   float failed = error.empty() ? 0.0f : 1.0f;
   comm::all_reduce(group, &failed, 1, ReduceOp::Max)->wait();
-  std::string dir;
-  if (failed == 0.0f && rank == 0) {
+  if (failed == 0.0f && group.rank() == 0) {
     try {
-      dir = finish_sharded_checkpoint(temp_dir, root, step, world, config, trainer_state, keep_last);
+      (void)finish_sharded_checkpoint(temp_dir, root, step, group.size(), config, trainer_state,
+                                      keep_last);
     } catch (const Error& e) {
       error = e.what();
     }
-  } else if (rank == 0) {
+  } else if (group.rank() == 0) {
     std::error_code ignored;
     ckpt_files::fs::remove_all(temp_dir, ignored);
   }
   if (!agree_on_rank0(group, failed == 0.0f && error.empty()))
     throw_error(context, ": ", error.empty() ? "another rank failed (its own error says why)" : error);
   return (ckpt_files::fs::path(root) / checkpoint_dir_name(step)).string();
+}
+
+std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root, int64_t step,
+                                    const ModelConfig& config, const nlohmann::json& trainer_state,
+                                    const std::vector<OwnedSlice>& owned, int keep_last,
+                                    const AfterFileHook& after_file) {
+  const ckpt_files::fs::path temp_dir = begin_sharded_save(group, root, step);
+  std::vector<Tensor> staged;  // host f32 copies of state on a device or in bf16
+  auto host_f32 = [&](const Tensor& t) -> const float* {
+    if (t.device() == Device::CPU && t.dtype() == DType::F32) return t.f32();
+    staged.push_back(Tensor::empty(t.shape(), DType::F32, MemCategory::Workspace));
+    staged.back().copy_from(t);
+    return staged.back().f32();
+  };
+  std::string error;
+  try {
+    write_checkpoint_shard(temp_dir, group.rank(), group.size(), shard_slices(owned, host_f32),
+                           after_file);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  return commit_sharded_save(group, temp_dir, root, step, config, trainer_state, keep_last, error);
 }
 
 std::vector<OwnedSlice> in_whole_tensor_coordinates(const std::vector<OwnedSlice>& owned, bool keep_replicated) {

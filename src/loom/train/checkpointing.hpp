@@ -6,6 +6,8 @@
 // State names: a parameter's value is stored under its HF name, its moments and master under
 // "<name>.exp_avg", "<name>.exp_avg_sq" and "<name>.master" (what AdamW::state_tensors uses).
 // OwnedSlice and the Optimizer interface: optim/optimizer.hpp.
+#include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -38,10 +40,31 @@ std::vector<OwnedSlice> in_whole_tensor_coordinates(const std::vector<OwnedSlice
 
 // Sharded format, collective over `group`: every rank writes the state it owns, rank 0 the
 // index, config and trainer state; returns the checkpoint directory on every rank. A failure
-// on any rank leaves no checkpoint behind and throws on every rank.
+// on any rank leaves no checkpoint behind and throws on every rank. It is the three steps
+// below run back to back; the asynchronous saver (async_checkpoint.hpp) runs the shard write
+// on a background thread between them.
 std::string save_sharded_checkpoint(ProcessGroup& group, const std::string& root, int64_t step,
                                     const ModelConfig& config, const nlohmann::json& trainer_state,
-                                    const std::vector<OwnedSlice>& owned, int keep_last);
+                                    const std::vector<OwnedSlice>& owned, int keep_last,
+                                    const AfterFileHook& after_file = {});
+
+// 1. Collective: rank 0 creates the shared "step_<N>.tmp-<token>" directory and every rank
+//    learns its path; throws on every rank when rank 0 cannot.
+std::filesystem::path begin_sharded_save(ProcessGroup& group, const std::string& root,
+                                         int64_t step);
+// 2. Each rank alone: write_checkpoint_shard(temp_dir, rank, world, shard_slices(...)). The
+//    slices of `owned` (value, moments, master), their data from `host_f32`, which returns a
+//    host f32 copy (or the tensor itself when it already is one).
+std::vector<ShardSlice> shard_slices(const std::vector<OwnedSlice>& owned,
+                                     const std::function<const float*(const Tensor&)>& host_f32);
+// 3. Collective: every rank says whether its write failed (`error`, empty when it did not);
+//    rank 0 then checks every rank's done marker, writes the index and manifest and installs
+//    the directory (`latest` moves by rename). Returns the directory; throws on every rank when
+//    any rank failed, and the temp directory is removed.
+std::string commit_sharded_save(ProcessGroup& group, const std::filesystem::path& temp_dir,
+                                const std::string& root, int64_t step, const ModelConfig& config,
+                                const nlohmann::json& trainer_state, int keep_last,
+                                const std::string& error);
 
 // Fills every owned slice from `reader`: values and moments always, masters where the slice
 // has one (a checkpoint without masters then is an error naming the tensor).

@@ -226,6 +226,22 @@ void check_bad_steps(const TrainConfig& c) {
   if (c.inject.kill_at_step != 0) check_steps({c.inject.kill_at_step}, "kill_at_step");
   if (c.inject.kill_rank < 0)
     throw_error("config key 'debug.kill_rank' has value ", c.inject.kill_rank, ", expected a world rank");
+  require_range("debug.slow_checkpoint_write_ms", c.inject.slow_checkpoint_write_ms, 0, 1e7);
+  if (const int64_t s = c.inject.kill_in_checkpoint_write; s != 0) {
+    check_steps({s}, "kill_in_checkpoint_write");
+    if (c.checkpoint_dir.empty())
+      throw_error("config key 'debug.kill_in_checkpoint_write' is ", s,
+                  ", but checkpoint.dir is not set: set checkpoint.dir (and checkpoint.every), or "
+                  "drop the key");
+    if (s != c.steps && (c.checkpoint_every == 0 || s % c.checkpoint_every != 0))
+      throw_error(
+          "config key 'debug.kill_in_checkpoint_write' is ", s,
+          ", a step that saves no checkpoint: expected ",
+          c.checkpoint_every > 0
+              ? "a multiple of checkpoint.every = " + std::to_string(c.checkpoint_every) + " or "
+              : std::string(),
+          "train.steps = ", c.steps);
+  }
   require_range("log.straggler_fraction", c.straggler_fraction, 0, 1e6);
   if (!(c.inject.loss_spike_scale > 0))
     throw_error("config key 'debug.inject_loss_spike_scale' has value ", c.inject.loss_spike_scale,
@@ -343,6 +359,8 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.checkpoint_every = r.get_int("checkpoint.every", c.checkpoint_every);
   c.keep_last = r.get_int("checkpoint.keep_last", c.keep_last);
   c.resume = r.get_bool("checkpoint.resume", c.resume);
+  c.checkpoint_async = r.get_bool("checkpoint.async", c.checkpoint_async);
+  c.commit_timeout_s = r.get_double("checkpoint.commit_timeout_s", c.commit_timeout_s);
 
   c.bad_steps.skip = r.get_bool("bad_steps.skip", c.bad_steps.skip);
   c.bad_steps.loss_spike_factor = r.get_double("bad_steps.loss_spike_factor", c.bad_steps.loss_spike_factor);
@@ -356,6 +374,10 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.inject.slow_rank_ms = r.get_double("debug.slow_rank_ms", c.inject.slow_rank_ms);
   c.inject.kill_at_step = r.get_int("debug.kill_at_step", c.inject.kill_at_step);
   c.inject.kill_rank = static_cast<int>(r.get_int("debug.kill_rank", c.inject.kill_rank));
+  c.inject.kill_in_checkpoint_write =
+      r.get_int("debug.kill_in_checkpoint_write", c.inject.kill_in_checkpoint_write);
+  c.inject.slow_checkpoint_write_ms =
+      r.get_double("debug.slow_checkpoint_write_ms", c.inject.slow_checkpoint_write_ms);
 
   c.run_dir = r.get_string("log.dir", c.run_dir);
   c.log_every = r.get_int("log.every", c.log_every);
@@ -408,6 +430,10 @@ TrainConfig parse_train_config(ConfigReader& r) {
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);
   require_range("checkpoint.keep_last", static_cast<double>(c.keep_last), 0, 1e9);
+  if (!(c.commit_timeout_s > 0 && c.commit_timeout_s <= 1e6))
+    throw_error(
+        "config key 'checkpoint.commit_timeout_s' has value ", c.commit_timeout_s,
+        ", expected seconds in (0, 1e6] that a save may wait for the previous background write");
   require_positive("log.every", static_cast<double>(c.log_every));
   check_bad_steps(c);
   require_range("sample.tokens", static_cast<double>(c.sample_tokens), 0, 1e6);

@@ -85,6 +85,11 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;
   int64_t keep_last = 2;
   bool resume = true;          // continue from checkpoint_dir's latest checkpoint if any
+  // Saves snapshot the state into host memory and a background thread writes it while training
+  // goes on (async_checkpoint.hpp); false writes on the training thread.
+  bool checkpoint_async = true;
+  // How long a save (or the end of the run) waits for the previous background write.
+  double commit_timeout_s = 600.0;
   // train.init_from: a Hugging Face model directory (config.json + model.safetensors or a
   // sharded index) whose weights start the run, on any layout; a resumed checkpoint wins.
   std::string init_from;

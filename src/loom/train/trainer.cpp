@@ -4,18 +4,19 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <limits>
-#include <thread>
-#include <optional>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
+#include <optional>
+#include <thread>
 
-#include "loom/dist/tensor_comm.hpp"
 #include "loom/ckpt/atomic_file.hpp"
 #include "loom/ckpt/checkpoint.hpp"
-#include "loom/data/unigram.hpp"
-#include "loom/core/error.hpp"
+#include "loom/ckpt/checkpoint_files.hpp"
 #include "loom/core/device_memory.hpp"
+#include "loom/core/error.hpp"
+#include "loom/data/unigram.hpp"
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #ifdef LOOM_HAVE_CUDA
 #include "loom/kernels/cuda/device_info.hpp"
@@ -82,7 +83,8 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
       bad_steps_(config_.bad_steps) {
   const int world_size = groups_.world ? groups_.world->size() : 1;
   if (world_size > 1) control_ = groups_.world->split(0, groups_.world_rank, "control");
-  if (config_.inject.kill_at_step > 0 && config_.inject.kill_rank >= world_size)
+  if ((config_.inject.kill_at_step > 0 || config_.inject.kill_in_checkpoint_write > 0) &&
+      config_.inject.kill_rank >= world_size)
     throw_error("config key 'debug.kill_rank' is ", config_.inject.kill_rank, ", but the launch has ", world_size,
                 " rank(s)");
   if (config_.inject.slow_rank >= world_size)
@@ -210,17 +212,60 @@ std::vector<OwnedSlice> Trainer::owned_state() {
   return in_whole_tensor_coordinates(owned, write_replicated);
 }
 
+AsyncCheckpointOptions Trainer::checkpoint_options() const {
+  const bool victim = config_.inject.kill_rank == groups_.world_rank && launch_attempt() == 0;
+  return {config_.checkpoint_dir, static_cast<int>(config_.keep_last), config_.commit_timeout_s,
+          config_.inject.slow_checkpoint_write_ms,
+          victim ? config_.inject.kill_in_checkpoint_write : 0};
+}
+
 std::string Trainer::save(int64_t step) {
+  const AsyncCheckpointOptions options = checkpoint_options();
+  const AfterFileHook hook = checkpoint_fault_hook(options, step, groups_.world_rank);
   // Under ZeRO or tensor parallelism every rank writes what it owns (collective), in
   // whole-tensor coordinates; otherwise rank 0 writes the single-file format, whose
   // model.safetensors Hugging Face loads as is.
-  if (optimizer_->shards_state_over_data_parallel() || groups_.tp || groups_.pp || groups_.ep)
-    return save_sharded_checkpoint(*groups_.world, config_.checkpoint_dir, step, config_.model, trainer_state(step),
-                                   owned_state(), static_cast<int>(config_.keep_last));
+  if (optimizer_->shards_state_over_data_parallel() || groups_.tp || groups_.pp || groups_.ep) {
+    const nlohmann::json state = trainer_state(step);
+    slow_checkpoint_write(options);
+    return save_sharded_checkpoint(*groups_.world, config_.checkpoint_dir, step, config_.model,
+                                   state, owned_state(), static_cast<int>(config_.keep_last), hook);
+  }
   if (!is_rank0()) return "";
-  return save_checkpoint(config_.checkpoint_dir, step,
-                         make_checkpoint_payload(*model_, optimizer_state_tensors(optimizer_->owned_slices()), trainer_state(step)),
-                         static_cast<int>(config_.keep_last));
+  slow_checkpoint_write(options);
+  return save_checkpoint(
+      config_.checkpoint_dir, step,
+      make_checkpoint_payload(*model_, optimizer_state_tensors(optimizer_->owned_slices()),
+                              trainer_state(step)),
+      static_cast<int>(config_.keep_last), hook);
+}
+
+std::string Trainer::checkpoint_in_run(int64_t step, std::vector<nlohmann::json>& records) {
+  if (checkpointer_) {
+    const nlohmann::json state = trainer_state(step);  // collective under pp: on this thread
+    const std::string dir =
+        optimizer_->shards_state_over_data_parallel() || groups_.tp || groups_.pp || groups_.ep
+            ? checkpointer_->save_sharded(step, config_.model, state, owned_state())
+            : checkpointer_->save_single_file(step, *model_, optimizer_->owned_slices(), state);
+    for (nlohmann::json& record : checkpointer_->take_records())
+      records.push_back(std::move(record));
+    return dir;
+  }
+  const auto start = Clock::now();
+  const std::string dir = save(step);
+  const double blocked_ms = 1e3 * seconds_since(start);
+  records.push_back({{"kind", "checkpoint"},
+                     {"step", step},
+                     {"async", false},
+                     {"blocked_ms", blocked_ms},
+                     {"waited_ms", 0.0}});
+  records.push_back({{"kind", "checkpoint_written"},
+                     {"step", step},
+                     {"dir", dir},
+                     {"write_ms", blocked_ms},
+                     {"bytes", dir.empty() ? uint64_t{0} : directory_bytes(dir)},
+                     {"steps_during_write", 0}});
+  return dir;
 }
 
 int64_t Trainer::restore(const std::string& dir_or_root) {
@@ -376,6 +421,7 @@ RankTimes Trainer::gather_rank_times() {
 }
 
 Trainer::Rollback Trainer::roll_back() {
+  if (checkpointer_) checkpointer_->finish();  // the newest save is the one to return to
   const std::optional<std::string> latest = latest_checkpoint(config_.checkpoint_dir);
   if (!latest) throw_error("bad_steps.rollback_after: no checkpoint under '", config_.checkpoint_dir, "' to return to");
   const LoaderState data_position = train_loader_->state();
@@ -529,6 +575,14 @@ TrainSummary Trainer::run() {
   std::filesystem::create_directories(config_.run_dir);
   int64_t start_step = 0;
   bool resumed = false;
+  if (!config_.checkpoint_dir.empty() && is_rank0()) {
+    // What a kill during a save left: never loaded (it has no manifest), and removed here.
+    for (const auto& partial : ckpt_files::remove_partial_checkpoints(config_.checkpoint_dir))
+      std::printf("removed partial checkpoint %s (a save that never completed)\n",
+                  partial.string().c_str());
+  }
+  if (!config_.checkpoint_dir.empty() && config_.checkpoint_async)
+    checkpointer_ = std::make_unique<AsyncCheckpointer>(checkpoint_options(), groups_.world);
   if (!config_.checkpoint_dir.empty() && config_.resume) {
     if (auto latest = latest_checkpoint(config_.checkpoint_dir)) {
       start_step = restore(*latest);
@@ -618,6 +672,7 @@ TrainSummary Trainer::run() {
     const auto step_start = Clock::now();
     const LoaderState data_position = train_loader_->state();  // where this step's batches start
     const StepOutcome outcome = train_step(step);
+    if (checkpointer_) checkpointer_->step_done();
     const double loss = outcome.loss;
     const double step_seconds = seconds_since(step_start);
     if (draw_pipeline) report_pipeline(step + 1);
@@ -719,9 +774,18 @@ TrainSummary Trainer::run() {
                          (!config_.checkpoint_dir.empty() &&
                           ((config_.checkpoint_every > 0 && (step + 1) % config_.checkpoint_every == 0) || last));
     if (checkpoint_pending && (!outcome.bad.bad() || last)) {
-      summary.last_checkpoint = save(step + 1);
+      std::vector<nlohmann::json> records;
+      summary.last_checkpoint = checkpoint_in_run(step + 1, records);
+      if (metrics)
+        for (const nlohmann::json& record : records) metrics->write(record);
       checkpoint_pending = false;
     }
+  }
+  if (checkpointer_) {  // the last save is committed before the run counts as done
+    const std::string dir = checkpointer_->finish();
+    if (!dir.empty()) summary.last_checkpoint = dir;
+    if (metrics)
+      for (const nlohmann::json& record : checkpointer_->take_records()) metrics->write(record);
   }
   progress.finish();
   const int64_t steps_run = summary.steps_done - start_step;

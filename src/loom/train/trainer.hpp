@@ -8,13 +8,14 @@
 
 #include "loom/data/data_loader.hpp"
 #include "loom/dist/process_group.hpp"
-#include "loom/parallel/data_parallel.hpp"
-#include "loom/parallel/pipeline_executor.hpp"
-#include "loom/parallel/zero_optimizer.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/obs/step_line.hpp"
 #include "loom/obs/trace.hpp"
 #include "loom/optim/adamw.hpp"
+#include "loom/parallel/data_parallel.hpp"
+#include "loom/parallel/pipeline_executor.hpp"
+#include "loom/parallel/zero_optimizer.hpp"
+#include "loom/train/async_checkpoint.hpp"
 #include "loom/train/stragglers.hpp"
 #include "loom/train/train_config.hpp"
 #include "loom/train/trainer_mesh.hpp"
@@ -87,6 +88,11 @@ class Trainer {
   };
   Rollback roll_back();
   nlohmann::json trainer_state(int64_t step) const;
+  // A save inside run(): through checkpointer_ (checkpoint.async) or save(); appends the
+  // metrics records of what it cost (async_checkpoint.hpp) to `records`.
+  std::string checkpoint_in_run(int64_t step, std::vector<nlohmann::json>& records);
+  AsyncCheckpointOptions checkpoint_options() const;
+  std::unique_ptr<AsyncCheckpointer> checkpointer_;  // run() with checkpoint.async
 
   TrainConfig config_;
   std::unique_ptr<Transformer> model_;

@@ -5,8 +5,8 @@
 // each schedule; it prints one JSON object per schedule: ms per step, tokens/s, speed-up over
 // one rank, MFU against the measured one-core SGEMM peak times the ranks, the measured bubble
 // (idle over busy, averaged over ranks), the textbook one and the planner's simulation of the
-// same lists with rank 0's measured F, B and W times, activation sets on rank 0. ZB-V runs when
-// the layers cut into 2 x ranks stages and m >= 2 x ranks.
+// same lists with rank 0's measured F, B and W times, activation sets on rank 0. ZB-V and
+// DualPipeV run when the layers cut into 2 x ranks stages and m >= 2 x ranks.
 //   mpirun -np P bench_pipeline [--steps S] [--micro M] [--layers L] [--batch B] [--seq T]
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -133,7 +133,10 @@ int main(int argc, char** argv) {
                              {loom::PipelineSchedule::ZeroBubbleH1, 1}};
   if (p > 1 && layers % (2 * p) == 0 && m % p == 0)
     cases.push_back({loom::PipelineSchedule::Interleaved, 2});
-  if (p > 1 && layers % (2 * p) == 0 && m >= 2 * p) cases.push_back({loom::PipelineSchedule::ZeroBubbleV, 2});
+  if (p > 1 && layers % (2 * p) == 0 && m >= 2 * p) {
+    cases.push_back({loom::PipelineSchedule::ZeroBubbleV, 2});
+    cases.push_back({loom::PipelineSchedule::DualPipeV, 2});
+  }
   for (const Case& c : cases) {
     const Run run = run_schedule(config, c.schedule, c.v, world, tokens, m, batch, seq, steps);
     if (world->rank() != 0) continue;

@@ -97,7 +97,7 @@ TEST(PipelineConfig, BadPipelineSettingsAreRejectedWithWhatWorks) {
   expect_contains(error_of({"parallel.pp=2", "parallel.pp_layers=[0, 2]"}),
                   {"'parallel.pp_layers'", "stage 0 0 layers"});
   expect_contains(error_of({"parallel.pp_schedule=\"gpipe\""}),
-                  {"'parallel.pp_schedule' has value 'gpipe'", "expected afab, 1f1b, interleaved, zbh1 or zbv"});
+                  {"'parallel.pp_schedule' has value 'gpipe'", "expected afab, 1f1b, interleaved, zbh1, zbv or dualpipev"});
   // ZB-V: exactly two chunks per rank, and 2 x pp micro-batches.
   expect_contains(error_of({"model.n_layer=4", "parallel.pp=2", "parallel.pp_schedule=\"zbv\"", "train.grad_accum=4"}),
                   {"'parallel.pp_chunks' (layout v) has value 1", "zbv", "set v=2"});
@@ -131,6 +131,11 @@ TEST(PipelineConfig, ValidPipelineParsesAndNeedsALauncher) {
   const TrainConfig zbv = parse(gpt2, {"model.n_layer=4", "parallel.pp=2", "parallel.pp_chunks=2",
                                        "parallel.pp_schedule=\"zbv\"", "train.grad_accum=4"});
   EXPECT_EQ(zbv.pp_schedule, PipelineSchedule::ZeroBubbleV);
+  expect_contains(error_message([&] {
+                    parse(gpt2, {"model.n_layer=4", "parallel.pp=2", "parallel.pp_chunks=2",
+                                 "parallel.pp_schedule=\"dualpipev\"", "train.grad_accum=2"});
+                  }),
+                  {"'train.grad_accum' has value 2", "dualpipev", "grad_accum >= 2 x pp = 4"});
   // One process cannot be two pipeline stages: the trainer says how to launch.
   expect_contains(error_message([&] { Trainer trainer(ok); }), {"parallel.pp = 2", "mpirun -np 2"});
 }

@@ -1,7 +1,8 @@
-// ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"): the V placement of
-// 2p stages over p ranks, its per-rank F/B/W lists (hand-derived for p = 2, m = 4), that every
-// list runs each (micro-batch, chunk) once in an order the ranks can follow, its simulated
-// makespan against the hand formula, its peak activations against 1F1B's, and bad inputs.
+// The V schedules: ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory") and
+// DualPipeV (DeepSeek's DualPipe folded into the V). The V placement of 2p stages over p ranks,
+// their per-rank F/B/W lists (hand-derived for p = 2, m = 4), that every list runs each
+// (micro-batch, chunk) once in an order the ranks can follow, their simulated makespan against
+// the hand formula, their peak activations against 1F1B's, and bad inputs.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -187,6 +188,67 @@ TEST(ZeroBubbleV, BadInputsSayWhatWouldWork) {
   EXPECT_TRUE(splits_backward(kZbv));
 }
 
+// F, B (whole backward), I (input-gradient B of a split backward), W.
+std::string show_split(const std::vector<PipeAction>& actions) {
+  std::string out;
+  for (const PipeAction& a : actions) {
+    const char* letter = a.op == PipeOp::Forward         ? "F"
+                         : a.op == PipeOp::Backward      ? "B"
+                         : a.op == PipeOp::BackwardInput ? "I"
+                                                         : "W";
+    out +=
+        std::string(letter) + std::to_string(a.micro_batch) + "c" + std::to_string(a.chunk) + " ";
+  }
+  return out;
+}
+
+// Derived by hand from DeepSeek's dualpipev.py steps for p = 2, m = 4. Rank 0: 2 F0, 1 pair
+// (F0, F1), 1 (B1 split, W, F1), 1 round of F0 B1 F1 B0, 1 of B1 F1 B0, then B1 whole and B0
+// split, 1 (W, B0 split), the last W. Rank 1: 2 pairs, 2 rounds, then (B1, B0) whole and
+// (B1, B0) split, the 2 W's.
+TEST(DualPipeV, ListsForTwoRanksAndFourMicroBatches) {
+  const Actions ranks = pipeline_actions(PipelineSchedule::DualPipeV, 2, 4, 2);
+  EXPECT_EQ(show_split(ranks[0]),
+            "F0c0 F1c0 F2c0 F0c1 I0c1 W0c1 F1c1 F3c0 B1c1 F2c1 B0c0 B2c1 F3c1 B1c0 B3c1 I2c0 W2c0 "
+            "I3c0 W3c0 ");
+  EXPECT_EQ(
+      show_split(ranks[1]),
+      "F0c0 F0c1 F1c0 F1c1 F2c0 B0c1 F2c1 B0c0 F3c0 B1c1 F3c1 B1c0 B2c1 B2c0 I3c1 I3c0 W3c1 W3c0 ");
+  EXPECT_EQ(stage_placement(PipelineSchedule::DualPipeV), kV);
+  expect_contains(error_message([] { pipeline_actions(PipelineSchedule::DualPipeV, 3, 5, 2); }),
+                  {"dualpipev", "m >= 2p = 6"});
+}
+
+// Each (micro-batch, chunk) once: one F, then one whole backward or one B and one W; the lists
+// complete across ranks and match on every channel; F = B = W gives ZB-V's 6m + p - 1 (the same
+// lower bound: only the last rank's wait for the first activation), and the steady state's pairs
+// keep 2p + 1 chunk passes in flight per rank (one F ahead of each whole backward).
+TEST(DualPipeV, EveryListCompletesWithZbvMakespanAndOneMorePassInFlight) {
+  int checked = 0;
+  for (int64_t p = 2; p <= 6; ++p)
+    for (int64_t m = 2 * p; m <= 4 * p + 1; ++m) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Actions ranks = pipeline_actions(PipelineSchedule::DualPipeV, p, m, 2);
+      for (const auto& actions : ranks) {
+        std::vector<int> state(static_cast<size_t>(2 * m), 0);  // 0 none, 1 F, 2 B (split), 3 done
+        for (const PipeAction& a : actions) {
+          int& st = state[static_cast<size_t>(a.micro_batch * 2 + a.chunk)];
+          const int want = a.op == PipeOp::Forward ? 0 : a.op == PipeOp::BackwardWeight ? 2 : 1;
+          ASSERT_EQ(st, want) << show_split(actions);
+          st = a.op == PipeOp::Backward ? 3 : want + 1;
+        }
+        for (int st : state) EXPECT_EQ(st, 3);
+      }
+      EXPECT_EQ(pipeline_transfer_problem(ranks, p, 2, kV), "");
+      const auto t = plan::simulate_pipeline(ranks, p, 2, plan::PassTimes{1, 1, 1}, 0, kV);
+      EXPECT_DOUBLE_EQ(t.makespan, static_cast<double>(6 * m + p - 1));
+      for (int64_t r = 0; r < p; ++r)
+        EXPECT_EQ(t.peak_in_flight[static_cast<size_t>(r)], 2 * p + 1) << "rank " << r;
+      ++checked;
+    }
+  EXPECT_GT(checked, 40);
+}
+
 // The planner: its time model simulates the zbv lists (bubble below interleaved's and ZB-H1's on
 // the same layout), and its search ranks zbv layouts where the layers cut into 2p stages.
 TEST(ZeroBubbleV, PlannerPredictsAndSearchesIt) {
@@ -209,13 +271,15 @@ TEST(ZeroBubbleV, PlannerPredictsAndSearchesIt) {
   const plan::SearchResult r = plan::search_layouts(m, cluster, job);
   bool found = false;
   for (const auto& c : r.ranked) {
-    if (c.layout.schedule != kZbv) continue;
+    if (stage_placement(c.layout.schedule) != kV) continue;
     found = true;
     EXPECT_EQ(c.layout.vp, 2);
     EXPECT_EQ(m.n_layer % (2 * c.layout.pp), 0);
     EXPECT_GE(c.time.micro_batches, 2 * c.layout.pp);
   }
   EXPECT_TRUE(found);
+  EXPECT_LT(bubble("pp=4,dp=2,mbs=1,v=2,schedule=dualpipev"),
+            bubble("pp=4,dp=2,mbs=1,v=2,schedule=interleaved"));
 }
 
 }  // namespace

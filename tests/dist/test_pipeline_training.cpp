@@ -70,7 +70,7 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
   TinyRun run("pp_train_" + c.arch);
   const std::string base = run.config(c.arch, kSteps);
   std::vector<std::string> shared =
-      pipeline_overrides(c.arch, c.layers, c.schedule == "zbv" ? std::max(4, 2 * pp) : 4);
+      pipeline_overrides(c.arch, c.layers, c.schedule == "zbv" || c.schedule == "dualpipev" ? std::max(4, 2 * pp) : 4);
   shared.push_back("model.recompute=\"" + c.recompute + "\"");
   shared.push_back("train.precision=\"" + c.precision + "\"");
   if (c.documents)  // positions restart per document: the position rows and RoPE angles too
@@ -143,7 +143,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"gpt2", "zbv", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
                       Case{"llama", "zbv", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
                       Case{"llama", "zbv", 1, 2, 2, 1, false, 4}, Case{"gpt2", "zbv", 1, 2, 2, 0, false, 4},
-                      Case{"gpt2", "zbv", 2, 1, 2, 0, true, 4}, Case{"llama", "zbv", 2, 1, 2, 0, false, 4}),
+                      Case{"gpt2", "zbv", 2, 1, 2, 0, true, 4}, Case{"llama", "zbv", 2, 1, 2, 0, false, 4},
+                      // DualPipeV: the same V, whole backwards paired with forwards, split ones at the
+                      // ends (W's queued in order).
+                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2}, Case{"llama", "dualpipev", 1, 1, 2, 0, false, 2},
+                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2, "", "selective"},
+                      Case{"llama", "dualpipev", 1, 1, 2, 0, false, 4, "", "full", "f32", false, 8},
+                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
+                      Case{"llama", "dualpipev", 1, 2, 2, 1, false, 4}, Case{"gpt2", "dualpipev", 1, 2, 2, 0, false, 4},
+                      Case{"gpt2", "dualpipev", 2, 1, 2, 0, true, 4}),
     [](const auto& info) { return case_name(info.param); });
 
 // A launch whose ranks are not pp x dp x tp is refused before any work, saying what would work.

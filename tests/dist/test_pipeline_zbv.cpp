@@ -18,11 +18,13 @@ namespace {
 // Four layers, one per stage of the V over 2 ranks; 4 micro-batches (= 2p).
 TrainConfig zbv_config(const TinyRun& run, const std::string& arch, int64_t steps, int pp,
                        std::vector<std::string> extra) {
-  std::vector<std::string> o = {"data.val=\"\"",        "optim.eps=1e-5",         "optim.lr=1e-3",
-                                "optim.grad_clip=0.05", "model.n_layer=4",        "train.grad_accum=4",
-                                "checkpoint.every=0",   "checkpoint.keep_last=0", "optim.warmup_steps=0"};
+  std::vector<std::string> o = {
+      "data.val=\"\"",        "optim.eps=1e-5",         "optim.lr=1e-3",
+      "optim.grad_clip=0.05", "model.n_layer=4",        "train.grad_accum=4",
+      "checkpoint.every=0",   "checkpoint.keep_last=0", "optim.warmup_steps=0"};
   if (pp > 1)
-    o.insert(o.end(), {"parallel.pp=" + std::to_string(pp), "parallel.pp_chunks=2", "parallel.pp_schedule=\"zbv\""});
+    o.insert(o.end(), {"parallel.pp=" + std::to_string(pp), "parallel.pp_chunks=2",
+                       "parallel.pp_schedule=\"zbv\""});
   o.insert(o.end(), extra.begin(), extra.end());
   return parse(run.config(arch, steps), o);
 }
@@ -31,7 +33,8 @@ TEST(PipelineZbvPrint, DrawsEveryFBAndWOfBothChunks) {
   const auto world_group = world();
   if (world_group->size() != 2) GTEST_SKIP() << "the V of 4 one-layer stages over 2 ranks";
   TinyRun run("pp_zbv_print");
-  TrainConfig config = zbv_config(run, "gpt2", 2, 2, {"checkpoint.dir=\"\"", "log.dir=\"" + run.dir + "/log\""});
+  TrainConfig config =
+      zbv_config(run, "gpt2", 2, 2, {"checkpoint.dir=\"\"", "log.dir=\"" + run.dir + "/log\""});
   config.print_schedule = true;
   Trainer trainer(config, world_group);
   trainer.run();
@@ -61,7 +64,8 @@ TEST(PipelineZbvCheckpoint, StagesOfTheVLoadInOneProcess) {
   for (const std::string arch : {"gpt2", "llama"}) {
     SCOPED_TRACE(arch);
     Trainer trainer(zbv_config(run, arch, 2, 2,
-                               {"checkpoint.dir=\"" + root + "/" + arch + "\"", "log.dir=\"" + run.dir + "/" + arch + "\""}),
+                               {"checkpoint.dir=\"" + root + "/" + arch + "\"",
+                                "log.dir=\"" + run.dir + "/" + arch + "\""}),
                     world_group);
     trainer.run();
     world_group->barrier();
@@ -71,7 +75,8 @@ TEST(PipelineZbvCheckpoint, StagesOfTheVLoadInOneProcess) {
     for (const Parameter* p : whole.parameters()) whole_by_name[p->name] = p;
     for (const Parameter* p : trainer.model().parameters()) {
       ASSERT_TRUE(whole_by_name.count(p->name)) << p->name;
-      EXPECT_EQ(std::memcmp(whole_by_name.at(p->name)->value.f32(), p->value.f32(), p->value.nbytes()), 0)
+      EXPECT_EQ(
+          std::memcmp(whole_by_name.at(p->name)->value.f32(), p->value.f32(), p->value.nbytes()), 0)
           << p->name << " on rank " << world_group->rank();
     }
     world_group->barrier();
@@ -85,9 +90,10 @@ TEST(PipelineZbvEvaluation, ValidationLossEqualsOneProcess) {
   if (world_group->size() != 2) GTEST_SKIP() << "the V of 4 one-layer stages over 2 ranks";
   TinyRun run("pp_zbv_eval");
   auto config = [&](int pp, const std::string& log) {
-    return zbv_config(run, "gpt2", 3, pp,
-                      {"data.val=\"" + run.dir + "/data/tiny_val_*.bin\"", "eval.every=0", "eval.batches=3",
-                       "checkpoint.dir=\"\"", "log.dir=\"" + run.dir + "/" + log + "\""});
+    return zbv_config(
+        run, "gpt2", 3, pp,
+        {"data.val=\"" + run.dir + "/data/tiny_val_*.bin\"", "eval.every=0", "eval.batches=3",
+         "checkpoint.dir=\"\"", "log.dir=\"" + run.dir + "/" + log + "\""});
   };
   Trainer reference(config(1, "ref"));
   const TrainSummary expected = reference.run();

@@ -1,6 +1,7 @@
 #include "loom/parallel/pipeline_schedule.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -17,6 +18,7 @@ const char* schedule_name(PipelineSchedule schedule) {
     case PipelineSchedule::Interleaved: return "interleaved";
     case PipelineSchedule::ZeroBubbleH1: return "zbh1";
     case PipelineSchedule::ZeroBubbleV: return "zbv";
+    case PipelineSchedule::DualPipeV: return "dualpipev";
   }
   return "?";
 }
@@ -24,16 +26,19 @@ const char* schedule_name(PipelineSchedule schedule) {
 const std::vector<PipelineSchedule>& all_pipeline_schedules() {
   static const std::vector<PipelineSchedule> all{
       PipelineSchedule::AllForwardAllBackward, PipelineSchedule::OneFOneB,
-      PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1, PipelineSchedule::ZeroBubbleV};
+      PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1, PipelineSchedule::ZeroBubbleV,
+      PipelineSchedule::DualPipeV};
   return all;
 }
 
 bool splits_backward(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::ZeroBubbleH1 || schedule == PipelineSchedule::ZeroBubbleV;
+  return schedule == PipelineSchedule::ZeroBubbleH1 || schedule == PipelineSchedule::ZeroBubbleV ||
+         schedule == PipelineSchedule::DualPipeV;
 }
 
 StagePlacement stage_placement(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::ZeroBubbleV ? StagePlacement::V : StagePlacement::RoundRobin;
+  const bool v = schedule == PipelineSchedule::ZeroBubbleV || schedule == PipelineSchedule::DualPipeV;
+  return v ? StagePlacement::V : StagePlacement::RoundRobin;
 }
 
 
@@ -66,18 +71,19 @@ void validate(PipelineSchedule schedule, int64_t p, int64_t m, int64_t v) {
     if (m % p != 0)
       throw_error("pipeline schedule interleaved: m (micro-batches) = ", m,
                   " is not a multiple of p (pipeline ranks) = ", p);
-  } else if (schedule == PipelineSchedule::ZeroBubbleV) {
+  } else if (stage_placement(schedule) == StagePlacement::V) {
     if (v != 2)
-      throw_error("pipeline schedule zbv: v (chunks per rank) = ", v,
+      throw_error("pipeline schedule ", name, ": v (chunks per rank) = ", v,
                   ", expected 2 (the V holds two chunks on every rank)");
     // The warm-up forwards 2p - 1 micro-batches of chunk 0 on rank 0 before its first B; with
-    // fewer the steady state never forms and the schedule is not the paper's.
+    // fewer the steady state never forms and the schedule is not the paper's (DualPipeV
+    // asserts the same).
     if (m < 2 * p)
-      throw_error("pipeline schedule zbv: m (micro-batches) = ", m, " with p (pipeline ranks) = ", p,
+      throw_error("pipeline schedule ", name, ": m (micro-batches) = ", m, " with p (pipeline ranks) = ", p,
                   ", expected m >= 2p = ", 2 * p, " (or use zbh1 or 1f1b, which need m >= p)");
   } else if (v != 1) {
     throw_error("pipeline schedule ", name, ": v (chunks per rank) = ", v,
-                ", expected 1 (only interleaved and zbv split a rank's layers into chunks)");
+                ", expected 1 (only interleaved, zbv and dualpipev split a rank's layers into chunks)");
   }
 }
 
@@ -175,6 +181,69 @@ std::vector<PipeAction> zero_bubble_v(int64_t rank, int64_t p, int64_t m) {
   return actions;
 }
 
+// DualPipeV on one rank (DeepSeek's DualPipe folded into the V, as in its dualpipev.py; torchtitan
+// ships the same as ScheduleDualPipeV). Chunk 0 is stage `rank`, chunk 1 stage 2p - 1 - rank.
+// Its steady state pairs the forward of one micro-batch with the whole backward of another on
+// the other chunk ("F0 B1", "F1 B0"), which a device overlaps (one's compute under the other's
+// communication); this engine runs each pair's two actions one after the other, F first. Only
+// the warm-up's chunk-1 backwards and the cool-down's second half split into B and W (its
+// WeightGradStore queue, run in order).
+std::vector<PipeAction> dual_pipe_v(int64_t rank, int64_t p, int64_t m) {
+  std::vector<PipeAction> actions;
+  actions.reserve(static_cast<size_t>(6 * m));
+  int64_t forwards[2] = {0, 0}, backwards[2] = {0, 0};
+  std::deque<std::pair<int64_t, int64_t>> weights;  // (micro-batch, chunk) whose W waits
+  auto forward = [&](int64_t c) { actions.push_back({PipeOp::Forward, forwards[c]++, c}); };
+  auto backward = [&](int64_t c, bool split) {
+    if (split) {
+      actions.push_back({PipeOp::BackwardInput, backwards[c], c});
+      weights.emplace_back(backwards[c], c);
+    } else {
+      actions.push_back({PipeOp::Backward, backwards[c], c});
+    }
+    ++backwards[c];
+  };
+  auto weight = [&] {
+    actions.push_back({PipeOp::BackwardWeight, weights.front().first, weights.front().second});
+    weights.pop_front();
+  };
+  for (int64_t i = 0; i < 2 * (p - rank - 1); ++i) forward(0);  // 1: nF0
+  for (int64_t i = 0; i < rank + 1; ++i) {                         // 2: nF0F1
+    forward(0);
+    forward(1);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 3: nB1W1F1, zero bubble
+    backward(1, true);
+    weight();
+    forward(1);
+  }
+  for (int64_t i = 0; i < m - 2 * p + rank + 1; ++i) {  // 4: nF0B1F1B0, the overlapped pairs
+    forward(0);
+    backward(1, false);
+    forward(1);
+    backward(0, false);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 5: nB1F1B0
+    backward(1, false);
+    forward(1);
+    backward(0, false);
+  }
+  // 6: nB1B0, the second half split (odd ranks from chunk 1's backward, even from chunk 0's).
+  bool split = false;
+  for (int64_t i = 0; i < rank + 1; ++i) {
+    if (i == (rank + 1) / 2 && rank % 2 == 1) split = true;
+    backward(1, split);
+    if (i == (rank + 1) / 2 && rank % 2 == 0) split = true;
+    backward(0, split);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 7: nWB0
+    weight();
+    backward(0, true);
+  }
+  while (!weights.empty()) weight();  // 8: nW
+  return actions;
+}
+
 }  // namespace
 
 std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule, int64_t p,
@@ -204,6 +273,9 @@ std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule,
         break;
       case PipelineSchedule::ZeroBubbleV:
         actions = zero_bubble_v(rank, p, m);
+        break;
+      case PipelineSchedule::DualPipeV:
+        actions = dual_pipe_v(rank, p, m);
         break;
     }
   }

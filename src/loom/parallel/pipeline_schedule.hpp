@@ -11,8 +11,15 @@
 
 namespace loom {
 
-enum class PipelineSchedule { AllForwardAllBackward, OneFOneB, Interleaved, ZeroBubbleH1, ZeroBubbleV };
-// "afab", "1f1b", "interleaved", "zbh1", "zbv"
+enum class PipelineSchedule {
+  AllForwardAllBackward,
+  OneFOneB,
+  Interleaved,
+  ZeroBubbleH1,
+  ZeroBubbleV,
+  DualPipeV
+};
+// "afab", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev"
 const char* schedule_name(PipelineSchedule schedule);
 // Every schedule, in the order the names above list them.
 const std::vector<PipelineSchedule>& all_pipeline_schedules();
@@ -28,7 +35,7 @@ const char* op_letter(PipeOp op);  // "F", "B", "B", "W"
 inline bool sends_gradient(PipeOp op) { return op == PipeOp::Backward || op == PipeOp::BackwardInput; }
 
 // The placement of stages over ranks a schedule runs (model/stage_placement): V for
-// ZeroBubbleV, else RoundRobin.
+// ZeroBubbleV and DualPipeV, else RoundRobin.
 StagePlacement stage_placement(PipelineSchedule schedule);
 
 // One step of one rank. chunk is the model chunk held by this rank, 0..v-1; stage_of says
@@ -58,7 +65,14 @@ struct PipeAction {
 //   (r pairs of both chunks without W, then p - r of chunk 0 with W) and the held-back W's.
 //   Every rank keeps at most 2p chunk passes (p micro-batches of its layers) between F and W,
 //   1F1B's peak, and with F = B = W the bubble is (p - 1) chunk passes per rank at either end.
-// v must be 1 unless Interleaved (v >= 2) or ZeroBubbleV (v = 2). Throws loom::Error naming the
+// - DualPipeV (DeepSeek's DualPipe folded into the V, the order of its dualpipev.py): V
+//   placement, v = 2, m >= 2p. Rank r forwards 2(p - r - 1) micro-batches of chunk 0, r + 1
+//   pairs (F chunk 0, F chunk 1), p - r - 1 of (B, W, F) on chunk 1; its steady state pairs
+//   the forward of one micro-batch with the whole backward of another on the other chunk
+//   (F0 B1, F1 B0), which a GPU overlaps and this engine runs one after the other; the
+//   cool-down splits the second half of its backwards into B and W to fill the tail. 2p + 1
+//   chunk passes stay in flight per rank; with F = B = W the makespan is ZB-V's 6m + p - 1.
+// v must be 1 unless Interleaved (v >= 2), ZeroBubbleV or DualPipeV (v = 2). Throws loom::Error naming the
 // argument at fault and what would work.
 std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule, int64_t p,
                                                       int64_t m, int64_t v);

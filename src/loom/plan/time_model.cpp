@@ -285,7 +285,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
             // m (F + B + W) + (p - 1)(F + B - W), B the input-gradient part (Qi et al. 2023, sec 3.1)
             ? static_cast<double>(micro) * (t_f + t_b) +
                   static_cast<double>(l.pp - 1) * (t_f + t_b - 2 * t_w + 2 * p2p)
-        : l.schedule == PipelineSchedule::ZeroBubbleV
+        : stage_placement(l.schedule) == StagePlacement::V
             // 2m (F + B + W) + (p - 1)(F + p2p): only the last rank's wait for the first
             // activation down the V, exact when F = B = W (tests/test_pipeline_zbv.cpp)
             ? static_cast<double>(2 * micro) * (t_f + t_b) + static_cast<double>(l.pp - 1) * (t_f + p2p)

@@ -20,7 +20,8 @@ double textbook_bubble(PipelineSchedule schedule, int64_t p, int64_t m, int64_t 
     case PipelineSchedule::ZeroBubbleH1: return idle_slots / static_cast<double>(3 * m);
     // Idle (p - 1) chunk passes against busy 6m (F, B and W of two chunks per micro-batch) with
     // the three equally long: the last rank's wait for the first activation down the V.
-    case PipelineSchedule::ZeroBubbleV: return idle_slots / static_cast<double>(6 * m);
+    case PipelineSchedule::ZeroBubbleV:
+    case PipelineSchedule::DualPipeV: return idle_slots / static_cast<double>(6 * m);
     default: return idle_slots / static_cast<double>(m);
   }
 }

@@ -1,5 +1,6 @@
 // ZB-V through the trainer on 2 ranks, beyond the parity matrix of test_pipeline_training:
-// `--print-schedule` draws every F, B and W of both chunks with ZB-V's textbook bubble; a
+// `--print-schedule` draws every F, B and W of both chunks with ZB-V's textbook bubble (and
+// DualPipeV's, whose ranks run different counts of actions); a
 // checkpoint written by the V's stages (rank 0 holding the first and last) reads back in one
 // process bit for bit; evaluation walks the V and gives one process's loss.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <utility>
 
 #include "dist_fixture.hpp"
 #include "loom/train/checkpointing.hpp"
@@ -29,29 +31,38 @@ TrainConfig zbv_config(const TinyRun& run, const std::string& arch, int64_t step
   return parse(run.config(arch, steps), o);
 }
 
+// ZB-V runs one F, B and W per (micro-batch, chunk); DualPipeV whole backwards but for the
+// split ones of its lists (p = 2, m = 4: I0c1, I2c0, I3c0 on rank 0, I3c1, I3c0 on rank 1), so
+// its ranks time different counts of actions.
 TEST(PipelineZbvPrint, DrawsEveryFBAndWOfBothChunks) {
   const auto world_group = world();
   if (world_group->size() != 2) GTEST_SKIP() << "the V of 4 one-layer stages over 2 ranks";
-  TinyRun run("pp_zbv_print");
-  TrainConfig config =
-      zbv_config(run, "gpt2", 2, 2, {"checkpoint.dir=\"\"", "log.dir=\"" + run.dir + "/log\""});
-  config.print_schedule = true;
-  Trainer trainer(config, world_group);
-  trainer.run();
-  if (world_group->rank() != 0) return;
-  std::ifstream in(run.dir + "/log/pipeline.svg");
-  ASSERT_TRUE(in.good()) << "no pipeline.svg";
-  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto count = [&](const std::string& needle) {
-    int64_t n = 0;
-    for (size_t at = svg.find(needle); at != std::string::npos; at = svg.find(needle, at + 1)) ++n;
-    return n;
-  };
-  // 2 ranks x 2 chunks x 4 micro-batches of each; textbook (p - 1) / 6m = 1 / 24 = 4.2%.
-  EXPECT_EQ(count("class=\"span forward\""), 16);
-  EXPECT_EQ(count("class=\"span backward\""), 16);
-  EXPECT_EQ(count("class=\"span weight\""), 16);
-  expect_contains(svg, {"textbook 4.2", "rank 1"});
+  for (const auto& [schedule, weights] :
+       {std::pair<std::string, int64_t>{"zbv", 16}, {"dualpipev", 5}}) {
+    SCOPED_TRACE(schedule);
+    TinyRun run("pp_" + schedule + "_print");
+    TrainConfig config = zbv_config(run, "gpt2", 2, 2,
+                                    {"parallel.pp_schedule=\"" + schedule + "\"",
+                                     "checkpoint.dir=\"\"", "log.dir=\"" + run.dir + "/log\""});
+    config.print_schedule = true;
+    Trainer trainer(config, world_group);
+    trainer.run();
+    if (world_group->rank() != 0) continue;
+    std::ifstream in(run.dir + "/log/pipeline.svg");
+    ASSERT_TRUE(in.good()) << "no pipeline.svg";
+    const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto count = [&](const std::string& needle) {
+      int64_t n = 0;
+      for (size_t at = svg.find(needle); at != std::string::npos; at = svg.find(needle, at + 1))
+        ++n;
+      return n;
+    };
+    // 2 ranks x 2 chunks x 4 micro-batches; textbook (p - 1) / 6m = 1 / 24 = 4.2%.
+    EXPECT_EQ(count("class=\"span forward\""), 16);
+    EXPECT_EQ(count("class=\"span backward\""), 16);
+    EXPECT_EQ(count("class=\"span weight\""), weights);
+    expect_contains(svg, {"textbook 4.2", "rank 1"});
+  }
 }
 
 // Rank 0 holds stages 0 and 3, rank 1 stages 1 and 2; whoever owns a tensor writes it once,

@@ -4,7 +4,9 @@
 // whole model alone on the same micro-batches (the baseline, measured in the same run), then
 // each schedule; it prints one JSON object per schedule: ms per step, tokens/s, speed-up over
 // one rank, MFU against the measured one-core SGEMM peak times the ranks, the measured bubble
-// (idle over busy, averaged over ranks) and the textbook one, activation sets on rank 0.
+// (idle over busy, averaged over ranks), the textbook one and the planner's simulation of the
+// same lists with rank 0's measured F, B and W times, activation sets on rank 0. ZB-V and
+// DualPipeV run when the layers cut into 2 x ranks stages and m >= 2 x ranks.
 //   mpirun -np P bench_pipeline [--steps S] [--micro M] [--layers L] [--batch B] [--seq T]
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -17,6 +19,7 @@
 #include "loom/model/transformer.hpp"
 #include "loom/obs/trace.hpp"
 #include "loom/parallel/pipeline_executor.hpp"
+#include "loom/plan/pipeline_sim.hpp"
 #include "loom/train/pipeline_report.hpp"
 
 namespace {
@@ -24,6 +27,7 @@ namespace {
 struct Run {
   double step_s = 0;
   loom::PipelineBubble bubble;
+  double bubble_simulated = 0;
   int64_t activation_sets = 0;
 };
 
@@ -35,7 +39,8 @@ Run run_schedule(const loom::ModelConfig& config, loom::PipelineSchedule schedul
   const int64_t p = world->size();
   loom::Transformer stage(
       config, loom::Recompute::None, loom::kDefaultVocabChunk, nullptr,
-      loom::pipeline_chunks(loom::stage_layer_counts(config.n_layer, p * v), p, world->rank()));
+      loom::pipeline_chunks(loom::stage_layer_counts(config.n_layer, p * v), p, world->rank(),
+                            loom::stage_placement(schedule)));
   stage.init_weights(1);
   // The first and last stage share the tied embedding (Megatron-LM's embedding group).
   const bool holder = world->rank() == 0 || world->rank() == p - 1;
@@ -53,6 +58,21 @@ Run run_schedule(const loom::ModelConfig& config, loom::PipelineSchedule schedul
   }
   if (auto bubble = loom::report_pipeline_step(*world, executor.last_timings(), schedule, m, v, ""))
     run.bubble = *bubble;
+  // The planner's prediction: the same lists simulated with this rank's mean F, B and W times
+  // (a whole backward counts as B + W in equal halves), as idle over busy like the measurement.
+  double sum[3] = {0, 0, 0}, count[3] = {0, 0, 0};
+  for (const loom::ActionTiming& t : executor.last_timings()) {
+    const int kind = t.op == loom::PipeOp::Forward ? 0 : t.op == loom::PipeOp::BackwardWeight ? 2 : 1;
+    sum[kind] += t.end_s - t.start_s;
+    count[kind] += 1;
+  }
+  const double f = sum[0] / count[0];
+  const double b = count[2] > 0 ? sum[1] / count[1] : sum[1] / count[1] / 2;
+  const double w = count[2] > 0 ? sum[2] / count[2] : b;
+  const auto timeline =
+      loom::plan::simulate_pipeline(loom::pipeline_actions(schedule, p, m, v), p, v, loom::plan::PassTimes{f, b, w},
+                                    0, loom::stage_placement(schedule));
+  run.bubble_simulated = timeline.bubble_fraction / (1 - timeline.bubble_fraction);
   run.activation_sets = executor.activations().sets_allocated();
   return run;
 }
@@ -113,6 +133,10 @@ int main(int argc, char** argv) {
                              {loom::PipelineSchedule::ZeroBubbleH1, 1}};
   if (p > 1 && layers % (2 * p) == 0 && m % p == 0)
     cases.push_back({loom::PipelineSchedule::Interleaved, 2});
+  if (p > 1 && layers % (2 * p) == 0 && m >= 2 * p) {
+    cases.push_back({loom::PipelineSchedule::ZeroBubbleV, 2});
+    cases.push_back({loom::PipelineSchedule::DualPipeV, 2});
+  }
   for (const Case& c : cases) {
     const Run run = run_schedule(config, c.schedule, c.v, world, tokens, m, batch, seq, steps);
     if (world->rank() != 0) continue;
@@ -130,6 +154,7 @@ int main(int argc, char** argv) {
         {"sgemm_peak_gflops_per_rank", peak_gflops},
         {"bubble_measured", run.bubble.measured},
         {"bubble_textbook", run.bubble.textbook},
+        {"bubble_simulated", run.bubble_simulated},
         {"activation_sets_rank0", run.activation_sets}};
     std::printf("%s\n", out.dump().c_str());
     std::fflush(stdout);

@@ -97,7 +97,16 @@ TEST(PipelineConfig, BadPipelineSettingsAreRejectedWithWhatWorks) {
   expect_contains(error_of({"parallel.pp=2", "parallel.pp_layers=[0, 2]"}),
                   {"'parallel.pp_layers'", "stage 0 0 layers"});
   expect_contains(error_of({"parallel.pp_schedule=\"gpipe\""}),
-                  {"'parallel.pp_schedule' has value 'gpipe'", "expected afab, 1f1b, interleaved or zbh1"});
+                  {"'parallel.pp_schedule' has value 'gpipe'", "expected afab, 1f1b, interleaved, zbh1, zbv or dualpipev"});
+  // ZB-V: exactly two chunks per rank, and 2 x pp micro-batches.
+  expect_contains(error_of({"model.n_layer=4", "parallel.pp=2", "parallel.pp_schedule=\"zbv\"", "train.grad_accum=4"}),
+                  {"'parallel.pp_chunks' (layout v) has value 1", "zbv", "set v=2"});
+  expect_contains(error_of({"model.n_layer=4", "parallel.pp=2", "parallel.pp_schedule=\"zbv\"",
+                            "parallel.pp_chunks=2", "train.grad_accum=3"}),
+                  {"'train.grad_accum' has value 3", "zbv", "grad_accum >= 2 x pp = 4", "zbh1"});
+  expect_contains(error_of({"model.n_layer=3", "parallel.pp=2", "parallel.pp_schedule=\"zbv\"",
+                            "parallel.pp_chunks=2", "train.grad_accum=4"}),
+                  {"pp x v = 4 stages", "model.n_layer = 3"});
   // GPipe needs no minimum of micro-batches: one is a valid (if bubbly) step.
   EXPECT_EQ(parse(gpt2, {"parallel.pp=2", "train.grad_accum=1", "parallel.pp_schedule=\"afab\""}).pp, 2);
 }
@@ -119,6 +128,14 @@ TEST(PipelineConfig, ValidPipelineParsesAndNeedsALauncher) {
   EXPECT_EQ(interleaved.pp_schedule, PipelineSchedule::Interleaved);
   EXPECT_EQ(interleaved.pp_chunks, 2);
   EXPECT_EQ(interleaved.pp_layers, (std::vector<int64_t>{1, 1, 1, 1}));
+  const TrainConfig zbv = parse(gpt2, {"model.n_layer=4", "parallel.pp=2", "parallel.pp_chunks=2",
+                                       "parallel.pp_schedule=\"zbv\"", "train.grad_accum=4"});
+  EXPECT_EQ(zbv.pp_schedule, PipelineSchedule::ZeroBubbleV);
+  expect_contains(error_message([&] {
+                    parse(gpt2, {"model.n_layer=4", "parallel.pp=2", "parallel.pp_chunks=2",
+                                 "parallel.pp_schedule=\"dualpipev\"", "train.grad_accum=2"});
+                  }),
+                  {"'train.grad_accum' has value 2", "dualpipev", "grad_accum >= 2 x pp = 4"});
   // One process cannot be two pipeline stages: the trainer says how to launch.
   expect_contains(error_message([&] { Trainer trainer(ok); }), {"parallel.pp = 2", "mpirun -np 2"});
 }

@@ -1,8 +1,9 @@
-// `parallel.pp` through the trainer: every pipeline schedule (zero-bubble ZB-H1 too), alone and mixed with dp, tp,
+// `parallel.pp` through the trainer: every pipeline schedule (zero-bubble ZB-H1 and ZB-V too), alone and mixed with dp, tp,
 // sequence parallelism and ZeRO-1 on one mesh, against one process on the same global batch;
 // and checkpoints saved on one pp x tp layout loaded on another and by one process.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -24,6 +25,7 @@ struct Case {
   std::string recompute = "none";
   std::string precision = "f32";
   bool documents = false;  // packed documents on token 5 (random data holds ~1 in 64), positions restarting
+  int layers = 4;          // ZB-V over pp = 4 needs 2 x 4 stages of a layer each
 };
 
 std::string case_name(const Case& c) {
@@ -31,15 +33,17 @@ std::string case_name(const Case& c) {
          "_dp" + std::to_string(c.dp) + (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") + "_zero" +
          std::to_string(c.zero_stage) + (c.sequence_parallel ? "_sp" : "") + (c.pp_layers.empty() ? "" : "_uneven") +
          (c.recompute == "none" ? "" : "_" + c.recompute) + (c.precision == "f32" ? "" : "_" + c.precision) +
-         (c.documents ? "_documents" : "") + "_np" + std::to_string(c.ranks);
+         (c.documents ? "_documents" : "") + (c.layers != 4 ? "_l" + std::to_string(c.layers) : "") + "_np" +
+         std::to_string(c.ranks);
 }
 
 // Four layers (so 4 stages, or 2 ranks x 2 chunks, each get one), 4 micro-batches (grad_accum)
 // of the global batch, AdamW with clipping active every step.
-std::vector<std::string> pipeline_overrides(const std::string& arch) {
+// ZB-V needs 2 x pp micro-batches: 8 over pp = 4 (`micro`).
+std::vector<std::string> pipeline_overrides(const std::string& arch, int layers = 4, int micro = 4) {
   std::vector<std::string> o = {"data.val=\"\"", "optim.eps=1e-5", "optim.lr=1e-3", "optim.grad_clip=0.05",
-                                "parallel.bucket_mb=0.002", "model.n_layer=4", "train.grad_accum=4",
-                                "checkpoint.dir=\"\""};
+                                "parallel.bucket_mb=0.002", "model.n_layer=" + std::to_string(layers),
+                                "train.grad_accum=" + std::to_string(micro), "checkpoint.dir=\"\""};
   if (arch == "llama") {
     o.push_back("model.n_head=8");
     o.push_back("model.n_kv_head=4");
@@ -65,7 +69,8 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
   const int pp = n / (c.tp * c.dp);
   TinyRun run("pp_train_" + c.arch);
   const std::string base = run.config(c.arch, kSteps);
-  std::vector<std::string> shared = pipeline_overrides(c.arch);
+  std::vector<std::string> shared =
+      pipeline_overrides(c.arch, c.layers, c.schedule == "zbv" || c.schedule == "dualpipev" ? std::max(4, 2 * pp) : 4);
   shared.push_back("model.recompute=\"" + c.recompute + "\"");
   shared.push_back("train.precision=\"" + c.precision + "\"");
   if (c.documents)  // positions restart per document: the position rows and RoPE angles too
@@ -128,7 +133,25 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama", "zbh1", 1, 1, 1, 0, false, 2, "", "full"},
                       Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 4}, Case{"llama", "zbh1", 1, 1, 1, 0, false, 4},
                       Case{"llama", "zbh1", 1, 2, 1, 1, false, 4}, Case{"gpt2", "zbh1", 1, 2, 1, 0, false, 4},
-                      Case{"gpt2", "zbh1", 2, 1, 1, 0, true, 4}, Case{"llama", "zbh1", 2, 1, 1, 0, false, 4}),
+                      Case{"gpt2", "zbh1", 2, 1, 1, 0, true, 4}, Case{"llama", "zbh1", 2, 1, 1, 0, false, 4},
+                      // ZB-V: two chunks per rank in a V (rank 0 holds the first and last stage, so
+                      // the tied embedding is one matrix there); pp2 and pp4, recomputation, dp2
+                      // with and without ZeRO-1, tp2 (+ sp).
+                      Case{"gpt2", "zbv", 1, 1, 2, 0, false, 2}, Case{"llama", "zbv", 1, 1, 2, 0, false, 2},
+                      Case{"gpt2", "zbv", 1, 1, 2, 0, false, 2, "", "selective"},
+                      Case{"llama", "zbv", 1, 1, 2, 0, false, 2, "", "full"},
+                      Case{"gpt2", "zbv", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
+                      Case{"llama", "zbv", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
+                      Case{"llama", "zbv", 1, 2, 2, 1, false, 4}, Case{"gpt2", "zbv", 1, 2, 2, 0, false, 4},
+                      Case{"gpt2", "zbv", 2, 1, 2, 0, true, 4}, Case{"llama", "zbv", 2, 1, 2, 0, false, 4},
+                      // DualPipeV: the same V, whole backwards paired with forwards, split ones at the
+                      // ends (W's queued in order).
+                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2}, Case{"llama", "dualpipev", 1, 1, 2, 0, false, 2},
+                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2, "", "selective"},
+                      Case{"llama", "dualpipev", 1, 1, 2, 0, false, 4, "", "full", "f32", false, 8},
+                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
+                      Case{"llama", "dualpipev", 1, 2, 2, 1, false, 4}, Case{"gpt2", "dualpipev", 1, 2, 2, 0, false, 4},
+                      Case{"gpt2", "dualpipev", 2, 1, 2, 0, true, 4}),
     [](const auto& info) { return case_name(info.param); });
 
 // A launch whose ranks are not pp x dp x tp is refused before any work, saying what would work.

@@ -92,7 +92,7 @@ ParallelLayout parse_layout(const std::string& text, std::vector<std::string>* k
         key = "schedule";
       } else {
         throw_error("layout: unknown word '", item.key,
-                    "' (bare words: sp, afab, 1f1b, interleaved; keys: ", kKnownKeys, ")");
+                    "' (bare words: sp, afab, 1f1b, interleaved, zbh1, zbv, dualpipev; keys: ", kKnownKeys, ")");
       }
     } else if (key == "tp")
       layout.tp = integer_at_least(key, value, 1);
@@ -123,7 +123,7 @@ ParallelLayout parse_layout(const std::string& text, std::vector<std::string>* k
         throw_error("layout: sp=", value, " is not one of 1, 0, true, false, on, off");
     } else if (key == "schedule") {
       if (!parse_schedule(value, layout.schedule))
-        throw_error("layout: schedule=", value, " is not one of afab, 1f1b, interleaved");
+        throw_error("layout: schedule=", value, " is not one of afab, 1f1b, interleaved, zbh1, zbv, dualpipev");
     } else {
       throw_error("layout: unknown key '", item.key, "' (known: ", kKnownKeys, ")");
     }
@@ -203,12 +203,15 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
   else if (m.vocab_size < l.tp)
     invalid("tp", "model.vocab_size = ", m.vocab_size, " leaves a rank of tp=", l.tp,
             " without a vocabulary row");
+  const bool zbv = stage_placement(l.schedule) == StagePlacement::V;  // zbv, dualpipev
   if (l.vp > 1 && l.pp == 1)
     invalid("v", "interleaving (v=", l.vp, ") needs pipeline parallelism (pp > 1)");
-  else if (l.vp > 1 && l.schedule != PipelineSchedule::Interleaved)
-    invalid(
-        "v", "v=", l.vp, " model chunks per rank with schedule ", schedule_name(l.schedule),
-        ": only interleaved splits a rank's layers into chunks; use schedule interleaved or v=1");
+  else if (zbv && l.pp > 1 && l.vp != 2)
+    invalid("v", "schedule ", schedule_name(l.schedule), " with v=", l.vp,
+            ": the V places exactly 2 model chunks on every rank; set v=2");
+  else if (l.vp > 1 && l.schedule != PipelineSchedule::Interleaved && !zbv)
+    invalid("v", "v=", l.vp, " model chunks per rank with schedule ", schedule_name(l.schedule),
+            ": only interleaved, zbv and dualpipev split a rank's layers into chunks; use schedule interleaved or v=1");
   if (l.vp == 1 && l.schedule == PipelineSchedule::Interleaved && l.pp > 1)
     invalid("schedule",
             "schedule interleaved with v=1: interleaving needs at least 2 model chunks per rank; "

@@ -3,6 +3,8 @@
 // two-rank group that carries its kind one way only (activations from rank r to r + 1, gradients
 // from r + 1 to r, ranks mod p). A channel matches sends to receives in the order they are
 // issued, which is all NCCL offers (no tags), and MPI is held to the same: one tag per channel,
+// and under the V placement (ZB-V) a second set against the ring's direction (activations from
+// r + 1 to r, gradients from r to r + 1), since chunk 1's stages run back up the ranks;
 // and MPI never lets a message overtake an earlier one with the same source, tag and
 // communicator. So the order the CPU suite checks is the order the GPUs rely on.
 //
@@ -25,24 +27,31 @@ namespace loom {
 class PipelineChannels {
  public:
   // Collective over `pp` (at least 2 ranks): splits it into the two-rank channel groups, each of
-  // `pp`'s backend.
-  explicit PipelineChannels(ProcessGroup& pp);
+  // `pp`'s backend. `both_ways`: also the channels against the ring (the V placement); with
+  // p = 2 the ring's two edges already join the two ranks both ways, so none are added.
+  explicit PipelineChannels(ProcessGroup& pp, bool both_ways = false);
 
   // `data`: f32 in the pp group's memory (the executor's message buffers), rows x n_embd.
-  // Activations go to (rank + 1) % p, gradients to (rank - 1 + p) % p; `to_rank` must be that
-  // rank (a check that the caller's transfer is the one this channel carries).
+  // Activations go to (rank + 1) % p, gradients to (rank - 1 + p) % p, and with both_ways also
+  // the other neighbour; `to_rank` is checked against those.
   WorkHandle send(PipeMessage kind, const Tensor& data, int to_rank);
-  // Activations from (rank - 1 + p) % p, gradients from (rank + 1) % p.
+  // Activations from (rank - 1 + p) % p, gradients from (rank + 1) % p; with both_ways also the
+  // other neighbour.
   WorkHandle recv(PipeMessage kind, const Tensor& data, int from_rank);
 
  private:
   // The group of edge e, which joins ranks e (its local rank 0) and (e + 1) % p (local rank 1).
-  // Per kind this rank holds its own edge ("ahead", to the next rank) and the one behind it.
-  ProcessGroup& group(PipeMessage kind, bool ahead) const;
+  // Per kind and direction this rank holds its own edge ("ahead", to the next rank) and the one
+  // behind it.
+  ProcessGroup& group(PipeMessage kind, bool against, bool ahead) const;
+  // Whether a message of `kind` with `peer` runs against the ring; throws when `peer` is no
+  // neighbour this rank has a channel to.
+  bool against_ring(PipeMessage kind, int peer, bool sending) const;
 
   int rank_ = 0, size_ = 1;
-  // [kind][0 = ahead (edge rank), 1 = behind (edge rank - 1)]
-  std::array<std::array<std::shared_ptr<ProcessGroup>, 2>, 2> groups_;
+  bool both_ways_ = false;
+  // [against][kind][0 = ahead (edge rank), 1 = behind (edge rank - 1)]
+  std::array<std::array<std::array<std::shared_ptr<ProcessGroup>, 2>, 2>, 2> groups_;
 };
 
 }  // namespace loom

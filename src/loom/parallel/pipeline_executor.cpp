@@ -20,17 +20,19 @@ PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGr
       tied_(split_tied_embedding(model)),
       pp_(std::move(pp)),
       embedding_(std::move(embedding)),
-      channels_(*pp_),
-      schedule_(schedule) {
+      channels_(*pp_, stage_placement(schedule) == StagePlacement::V),
+      schedule_(schedule),
+      placement_(stage_placement(schedule)) {
   const auto& chunks = model_.chunks();
   const int64_t p = pp_->size(), v = static_cast<int64_t>(chunks.size());
   stages_ = p * v;
   for (int64_t c = 0; c < v; ++c) {
     const ModelChunk& chunk = chunks[static_cast<size_t>(c)];
-    if (chunk.stages != stages_ || chunk.stage != c * p + pp_->rank())
+    const int64_t expected = stage_of(c, pp_->rank(), p, placement_);
+    if (chunk.stages != stages_ || chunk.stage != expected)
       throw_error("pipeline: chunk ", c, " of pp rank ", pp_->rank(), " is stage ", chunk.stage,
-                  " of ", chunk.stages, ", expected stage ", c * p + pp_->rank(), " of ", stages_,
-                  " (model/pipeline_layout)");
+                  " of ", chunk.stages, ", expected stage ", expected, " of ", stages_, " under schedule ",
+                  schedule_name(schedule), " (model/pipeline_layout)");
   }
   if (!tied_.empty() && (!embedding_ || embedding_->size() != 2))
     throw_error(
@@ -43,8 +45,8 @@ void PipelineExecutor::check_transfers(const std::vector<std::vector<PipeAction>
                                        bool train, int64_t m) {
   for (const auto& seen : checked_)
     if (seen == std::pair{train, m}) return;
-  const std::string problem =
-      pipeline_transfer_problem(actions, pp_->size(), static_cast<int64_t>(model_.chunks().size()));
+  const std::string problem = pipeline_transfer_problem(
+      actions, pp_->size(), static_cast<int64_t>(model_.chunks().size()), placement_);
   if (!problem.empty())
     throw_error("pipeline ", train ? schedule_name(schedule_) : "forward-only", " schedule with ",
                 pp_->size(), " ranks and ", m, " micro-batches: ", problem,
@@ -54,6 +56,16 @@ void PipelineExecutor::check_transfers(const std::vector<std::vector<PipeAction>
 
 Tensor PipelineExecutor::receive(const PipeTransfer& transfer) {
   const int64_t count = rows_elements();
+  if (transfer.from_rank == pp_->rank()) {
+    // The V's turn: this rank's own earlier send, in the order sent (as a channel would).
+    if (local_.empty() || local_.front().first != transfer)
+      throw_error("pipeline: rank ", pp_->rank(), " expects its own ",
+                  transfer.kind == PipeMessage::Activation ? "activation" : "gradient", " of micro-batch ",
+                  transfer.micro_batch, " for stage ", transfer.stage, ", which it has not sent");
+    input_ = std::move(local_.front().second);
+    local_.pop_front();
+    return input_.view({rows_, model_.config().n_embd});
+  }
   if (input_.numel() != count)
     input_ = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers, pp_->memory());
   channels_.recv(transfer.kind, input_, static_cast<int>(transfer.from_rank))->wait();
@@ -62,6 +74,14 @@ Tensor PipelineExecutor::receive(const PipeTransfer& transfer) {
 
 void PipelineExecutor::send(const Tensor& data, const PipeTransfer& transfer) {
   const int64_t count = rows_elements();
+  if (transfer.to_rank == pp_->rank()) {
+    // Copied out now: `data` is a view of an activation set or a gradient that later actions
+    // reuse.
+    Tensor copy = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers, pp_->memory());
+    copy.copy_from(data);
+    local_.emplace_back(transfer, std::move(copy));
+    return;
+  }
   PendingSend* slot = nullptr;
   for (PendingSend& s : sends_) {
     if (s.work && s.work->test()) s.work.reset();  // also drives MPI's progress
@@ -99,8 +119,8 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
     const int64_t mb = action.micro_batch;
     const int32_t* tokens = micro.tokens + mb * micro.stride;
     const int32_t* targets = micro.targets + mb * micro.stride;
-    const auto in = transfer_into(action, rank, p, v);
-    const auto to = transfer_out_of(action, rank, p, v);
+    const auto in = transfer_into(action, rank, p, v, placement_);
+    const auto to = transfer_out_of(action, rank, p, v, placement_);
     const Tensor received = in ? receive(*in) : Tensor();
     const double start = TraceRecorder::now_s();
     Tensor out;

@@ -10,6 +10,7 @@
 // in issue order on MPI as on NCCL; before a step runs, pipeline_transfer_problem checks that
 // its lists agree on every channel's order and cannot deadlock, so a schedule that breaks
 // either is refused by name instead of hanging or swapping micro-batches.
+#include <deque>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -89,6 +90,7 @@ class PipelineExecutor {
   PipelineChannels channels_;
   std::vector<std::pair<bool, int64_t>> checked_;  // (train, micro-batches) already checked
   PipelineSchedule schedule_;
+  StagePlacement placement_;
   int64_t stages_ = 1;
   int64_t rows_ = 0;  // this rank's rows of a micro-batch
   Tensor input_;      // CommBuffers: the received activation or gradient
@@ -97,6 +99,8 @@ class PipelineExecutor {
     WorkHandle work;  // null once complete
   };
   std::vector<PendingSend> sends_;
+  // Transfers between this rank's own chunks (the V's turn), oldest first.
+  std::deque<std::pair<PipeTransfer, Tensor>> local_;
   std::vector<ActionTiming> timings_;
 };
 

@@ -1,6 +1,7 @@
 #include "loom/parallel/pipeline_schedule.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <sstream>
 #include <tuple>
@@ -16,6 +17,8 @@ const char* schedule_name(PipelineSchedule schedule) {
     case PipelineSchedule::OneFOneB: return "1f1b";
     case PipelineSchedule::Interleaved: return "interleaved";
     case PipelineSchedule::ZeroBubbleH1: return "zbh1";
+    case PipelineSchedule::ZeroBubbleV: return "zbv";
+    case PipelineSchedule::DualPipeV: return "dualpipev";
   }
   return "?";
 }
@@ -23,13 +26,21 @@ const char* schedule_name(PipelineSchedule schedule) {
 const std::vector<PipelineSchedule>& all_pipeline_schedules() {
   static const std::vector<PipelineSchedule> all{
       PipelineSchedule::AllForwardAllBackward, PipelineSchedule::OneFOneB,
-      PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1};
+      PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1, PipelineSchedule::ZeroBubbleV,
+      PipelineSchedule::DualPipeV};
   return all;
 }
 
 bool splits_backward(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::ZeroBubbleH1;
+  return schedule == PipelineSchedule::ZeroBubbleH1 || schedule == PipelineSchedule::ZeroBubbleV ||
+         schedule == PipelineSchedule::DualPipeV;
 }
+
+StagePlacement stage_placement(PipelineSchedule schedule) {
+  const bool v = schedule == PipelineSchedule::ZeroBubbleV || schedule == PipelineSchedule::DualPipeV;
+  return v ? StagePlacement::V : StagePlacement::RoundRobin;
+}
+
 
 const char* op_letter(PipeOp op) {
   switch (op) {
@@ -60,9 +71,19 @@ void validate(PipelineSchedule schedule, int64_t p, int64_t m, int64_t v) {
     if (m % p != 0)
       throw_error("pipeline schedule interleaved: m (micro-batches) = ", m,
                   " is not a multiple of p (pipeline ranks) = ", p);
+  } else if (stage_placement(schedule) == StagePlacement::V) {
+    if (v != 2)
+      throw_error("pipeline schedule ", name, ": v (chunks per rank) = ", v,
+                  ", expected 2 (the V holds two chunks on every rank)");
+    // The warm-up forwards 2p - 1 micro-batches of chunk 0 on rank 0 before its first B; with
+    // fewer the steady state never forms and the schedule is not the paper's (DualPipeV
+    // asserts the same).
+    if (m < 2 * p)
+      throw_error("pipeline schedule ", name, ": m (micro-batches) = ", m, " with p (pipeline ranks) = ", p,
+                  ", expected m >= 2p = ", 2 * p, " (or use zbh1 or 1f1b, which need m >= p)");
   } else if (v != 1) {
     throw_error("pipeline schedule ", name, ": v (chunks per rank) = ", v,
-                ", expected 1 (only interleaved splits a rank's layers into chunks)");
+                ", expected 1 (only interleaved, zbv and dualpipev split a rank's layers into chunks)");
   }
 }
 
@@ -114,6 +135,115 @@ std::vector<PipeAction> zero_bubble_h1(int64_t rank, int64_t p, int64_t m) {
   return actions;
 }
 
+// ZB-V on one rank (Qi et al. 2024 sec 3, fig. 5; the order of PyTorch's ScheduleZBVZeroBubble).
+// Chunk 0 is stage `rank`, chunk 1 stage 2p - 1 - rank. Micro-batch k reaches rank r's chunk 1
+// after 2(p - r) - 1 chunk passes beyond its chunk 0, so rank r forwards that many of chunk 0
+// first; the r pairs that follow fill the time until the first gradient comes back up the V,
+// and from then each F is followed by a B and its W, keeping 2p passes in flight on every rank.
+std::vector<PipeAction> zero_bubble_v(int64_t rank, int64_t p, int64_t m) {
+  std::vector<PipeAction> actions;
+  actions.reserve(static_cast<size_t>(6 * m));
+  int64_t f0 = 0, f1 = 0, b0 = 0, b1 = 0;
+  auto add = [&](PipeOp op, int64_t chunk, int64_t& counter) {
+    actions.push_back({op, counter++, chunk});
+  };
+  auto b_then_w = [&](int64_t chunk, int64_t& counter) {
+    actions.push_back({PipeOp::BackwardInput, counter, chunk});
+    actions.push_back({PipeOp::BackwardWeight, counter++, chunk});
+  };
+  for (int64_t i = 0; i < 2 * (p - rank) - 1; ++i) add(PipeOp::Forward, 0, f0);
+  for (int64_t i = 0; i < rank; ++i) {
+    add(PipeOp::Forward, 1, f1);
+    add(PipeOp::Forward, 0, f0);
+  }
+  for (int64_t i = 0; i < p - rank; ++i) {
+    add(PipeOp::Forward, 1, f1);
+    b_then_w(1, b1);
+  }
+  while (f1 < m) {  // m >= 2p, so chunk 0 still has forwards left when this starts
+    if (f0 < m) add(PipeOp::Forward, 0, f0);
+    b_then_w(0, b0);
+    add(PipeOp::Forward, 1, f1);
+    b_then_w(1, b1);
+  }
+  // Cool-down: the B's the previous rank waits for first, their W's after.
+  int64_t w0 = b0, w1 = b1;
+  for (int64_t i = 0; i < rank; ++i) {
+    actions.push_back({PipeOp::BackwardInput, b0++, 0});
+    actions.push_back({PipeOp::BackwardInput, b1++, 1});
+  }
+  for (int64_t i = 0; i < p - rank; ++i) {
+    actions.push_back({PipeOp::BackwardInput, b0++, 0});
+    actions.push_back({PipeOp::BackwardWeight, w0++, 0});
+  }
+  while (w1 < m) actions.push_back({PipeOp::BackwardWeight, w1++, 1});
+  while (w0 < m) actions.push_back({PipeOp::BackwardWeight, w0++, 0});
+  return actions;
+}
+
+// DualPipeV on one rank (DeepSeek's DualPipe folded into the V, as in its dualpipev.py; torchtitan
+// ships the same as ScheduleDualPipeV). Chunk 0 is stage `rank`, chunk 1 stage 2p - 1 - rank.
+// Its steady state pairs the forward of one micro-batch with the whole backward of another on
+// the other chunk ("F0 B1", "F1 B0"), which a device overlaps (one's compute under the other's
+// communication); this engine runs each pair's two actions one after the other, F first. Only
+// the warm-up's chunk-1 backwards and the cool-down's second half split into B and W (its
+// WeightGradStore queue, run in order).
+std::vector<PipeAction> dual_pipe_v(int64_t rank, int64_t p, int64_t m) {
+  std::vector<PipeAction> actions;
+  actions.reserve(static_cast<size_t>(6 * m));
+  int64_t forwards[2] = {0, 0}, backwards[2] = {0, 0};
+  std::deque<std::pair<int64_t, int64_t>> weights;  // (micro-batch, chunk) whose W waits
+  auto forward = [&](int64_t c) { actions.push_back({PipeOp::Forward, forwards[c]++, c}); };
+  auto backward = [&](int64_t c, bool split) {
+    if (split) {
+      actions.push_back({PipeOp::BackwardInput, backwards[c], c});
+      weights.emplace_back(backwards[c], c);
+    } else {
+      actions.push_back({PipeOp::Backward, backwards[c], c});
+    }
+    ++backwards[c];
+  };
+  auto weight = [&] {
+    actions.push_back({PipeOp::BackwardWeight, weights.front().first, weights.front().second});
+    weights.pop_front();
+  };
+  for (int64_t i = 0; i < 2 * (p - rank - 1); ++i) forward(0);  // 1: nF0
+  for (int64_t i = 0; i < rank + 1; ++i) {                         // 2: nF0F1
+    forward(0);
+    forward(1);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 3: nB1W1F1, zero bubble
+    backward(1, true);
+    weight();
+    forward(1);
+  }
+  for (int64_t i = 0; i < m - 2 * p + rank + 1; ++i) {  // 4: nF0B1F1B0, the overlapped pairs
+    forward(0);
+    backward(1, false);
+    forward(1);
+    backward(0, false);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 5: nB1F1B0
+    backward(1, false);
+    forward(1);
+    backward(0, false);
+  }
+  // 6: nB1B0, the second half split (odd ranks from chunk 1's backward, even from chunk 0's).
+  bool split = false;
+  for (int64_t i = 0; i < rank + 1; ++i) {
+    if (i == (rank + 1) / 2 && rank % 2 == 1) split = true;
+    backward(1, split);
+    if (i == (rank + 1) / 2 && rank % 2 == 0) split = true;
+    backward(0, split);
+  }
+  for (int64_t i = 0; i < p - rank - 1; ++i) {  // 7: nWB0
+    weight();
+    backward(0, true);
+  }
+  while (!weights.empty()) weight();  // 8: nW
+  return actions;
+}
+
 }  // namespace
 
 std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule, int64_t p,
@@ -141,6 +271,12 @@ std::vector<std::vector<PipeAction>> pipeline_actions(PipelineSchedule schedule,
       case PipelineSchedule::ZeroBubbleH1:
         actions = zero_bubble_h1(rank, p, m);
         break;
+      case PipelineSchedule::ZeroBubbleV:
+        actions = zero_bubble_v(rank, p, m);
+        break;
+      case PipelineSchedule::DualPipeV:
+        actions = dual_pipe_v(rank, p, m);
+        break;
     }
   }
   return ranks;
@@ -157,25 +293,29 @@ std::vector<std::vector<PipeAction>> forward_only_actions(int64_t p, int64_t m, 
 }
 
 std::optional<PipeTransfer> transfer_into(const PipeAction& action, int64_t rank, int64_t p,
-                                          int64_t v) {
-  const int64_t stage = action.chunk * p + rank, stages = p * v;
+                                          int64_t v, StagePlacement placement) {
+  const int64_t stage = stage_of(action.chunk, rank, p, placement), stages = p * v;
   if (action.op == PipeOp::Forward) {
     if (stage == 0) return std::nullopt;
-    return PipeTransfer{PipeMessage::Activation, action.micro_batch, stage, (stage - 1) % p, rank};
+    return PipeTransfer{PipeMessage::Activation, action.micro_batch, stage,
+                        rank_of_stage(stage - 1, p, placement), rank};
   }
   if (!sends_gradient(action.op) || stage == stages - 1) return std::nullopt;
-  return PipeTransfer{PipeMessage::Gradient, action.micro_batch, stage, (stage + 1) % p, rank};
+  return PipeTransfer{PipeMessage::Gradient, action.micro_batch, stage,
+                      rank_of_stage(stage + 1, p, placement), rank};
 }
 
 std::optional<PipeTransfer> transfer_out_of(const PipeAction& action, int64_t rank, int64_t p,
-                                            int64_t v) {
-  const int64_t stage = action.chunk * p + rank, stages = p * v;
+                                            int64_t v, StagePlacement placement) {
+  const int64_t stage = stage_of(action.chunk, rank, p, placement), stages = p * v;
   if (action.op == PipeOp::Forward) {
     if (stage == stages - 1) return std::nullopt;
-    return PipeTransfer{PipeMessage::Activation, action.micro_batch, stage + 1, rank, (stage + 1) % p};
+    return PipeTransfer{PipeMessage::Activation, action.micro_batch, stage + 1, rank,
+                        rank_of_stage(stage + 1, p, placement)};
   }
   if (!sends_gradient(action.op) || stage == 0) return std::nullopt;
-  return PipeTransfer{PipeMessage::Gradient, action.micro_batch, stage - 1, rank, (stage - 1) % p};
+  return PipeTransfer{PipeMessage::Gradient, action.micro_batch, stage - 1, rank,
+                      rank_of_stage(stage - 1, p, placement)};
 }
 
 namespace {
@@ -203,7 +343,7 @@ struct Step {
 }  // namespace
 
 std::string pipeline_transfer_problem(const std::vector<std::vector<PipeAction>>& actions,
-                                      int64_t p, int64_t v) {
+                                      int64_t p, int64_t v, StagePlacement placement) {
   if (static_cast<int64_t>(actions.size()) != p) {
     std::ostringstream out;
     out << actions.size() << " action lists for " << p << " pipeline ranks";
@@ -219,11 +359,11 @@ std::string pipeline_transfer_problem(const std::vector<std::vector<PipeAction>>
         out << "rank " << rank << " runs chunk " << action.chunk << " of " << v;
         return out.str();
       }
-      if (const auto in = transfer_into(action, rank, p, v)) {
+      if (const auto in = transfer_into(action, rank, p, v, placement)) {
         program[static_cast<size_t>(rank)].push_back({true, *in});
         received[channel_of(*in)].push_back(*in);
       }
-      if (const auto out = transfer_out_of(action, rank, p, v)) {
+      if (const auto out = transfer_out_of(action, rank, p, v, placement)) {
         program[static_cast<size_t>(rank)].push_back({false, *out});
         sent[channel_of(*out)].push_back(*out);
       }

@@ -103,6 +103,11 @@ double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro
     // held-back W's keep copies of what they read rather than the whole stash, counted as the
     // stash here: an upper bound).
     case PipelineSchedule::ZeroBubbleH1: return layers / p * std::min(mb, p);
+    // ZB-V keeps 2p chunk passes (half a rank's layers each) between F and W on every rank:
+    // p micro-batches of its layers, 1F1B's first-rank peak (Qi et al. 2024 sec 3).
+    case PipelineSchedule::ZeroBubbleV: return layers / p * std::min(mb, p);
+    // DualPipeV's steady state forwards one more chunk before each whole backward: 2p + 1.
+    case PipelineSchedule::DualPipeV: return layers / p * std::min(mb, p + 0.5);
     case PipelineSchedule::Interleaved:
       return mb >= p ? layers * (1.0 + (p - 1.0) / (p * v)) : layers / p * mb;
   }
@@ -123,6 +128,8 @@ int64_t chunks_in_flight(const PlanLayout& l, int64_t micro_batches, int64_t ran
     case PipelineSchedule::AllForwardAllBackward: return micro_batches * l.vp;
     case PipelineSchedule::OneFOneB: return std::min(micro_batches, l.pp - rank);
     case PipelineSchedule::ZeroBubbleH1: return std::min(micro_batches, l.pp);
+    case PipelineSchedule::ZeroBubbleV: return std::min(2 * micro_batches, 2 * l.pp);
+    case PipelineSchedule::DualPipeV: return std::min(2 * micro_batches, 2 * l.pp + 1);
     case PipelineSchedule::Interleaved:
       return std::min(micro_batches * l.vp, 2 * (l.pp - rank - 1) + (l.vp - 1) * l.pp + 1);
   }

@@ -84,12 +84,14 @@ int64_t check_complete(const std::vector<std::vector<PipeAction>>& actions, int6
 
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
                                    int64_t v, double t_forward_s, double t_backward_s,
-                                   double p2p_s) {
-  return simulate_pipeline(actions, p, v, PassTimes{t_forward_s, t_backward_s / 2, t_backward_s / 2}, p2p_s);
+                                   double p2p_s, StagePlacement placement) {
+  return simulate_pipeline(actions, p, v, PassTimes{t_forward_s, t_backward_s / 2, t_backward_s / 2}, p2p_s,
+                           placement);
 }
 
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
-                                   int64_t v, const PassTimes& times, double p2p_s) {
+                                   int64_t v, const PassTimes& times, double p2p_s,
+                                   StagePlacement placement) {
   if (p < 1 || v < 1) throw_error("simulate_pipeline: p = ", p, ", v = ", v, ", expected >= 1");
   if (static_cast<int64_t>(actions.size()) != p)
     throw_error("simulate_pipeline: ", actions.size(), " action lists for p = ", p, " ranks");
@@ -111,14 +113,17 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
   // When the action could start given the other stages, or nullopt while a dependency is
   // pending. The step is transported by p2p only when it crosses ranks (p = 1 keeps it local).
   auto ready_at = [&](int64_t rank, const PipeAction& a) -> std::optional<double> {
-    const int64_t stage = a.chunk * p + rank;
+    const int64_t stage = stage_of(a.chunk, rank, p, placement);
     double t = free_at[static_cast<size_t>(rank)];
-    const double hop = p > 1 ? p2p_s : 0.0;
+    // A message crosses ranks unless both stages are on this one (p = 1, or the V's turn).
+    auto hop = [&](int64_t other_stage) {
+      return rank_of_stage(other_stage, p, placement) != rank ? p2p_s : 0.0;
+    };
     if (a.op == PipeOp::Forward) {
       if (stage > 0) {
         const double prev = end.forward_end(a.micro_batch, stage - 1);
         if (std::isnan(prev)) return std::nullopt;
-        t = std::max(t, prev + hop);
+        t = std::max(t, prev + hop(stage - 1));
       }
     } else if (a.op == PipeOp::BackwardWeight) {
       const double input_grad = end.gradient_end(a.micro_batch, stage);
@@ -131,7 +136,7 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
       if (stage + 1 < stages) {
         const double later = end.gradient_end(a.micro_batch, stage + 1);
         if (std::isnan(later)) return std::nullopt;
-        t = std::max(t, later + hop);
+        t = std::max(t, later + hop(stage + 1));
       }
     }
     return t;
@@ -147,7 +152,7 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
         const PipeAction& a = actions[r][next[r]];
         const std::optional<double> start = ready_at(rank, a);
         if (!start) break;
-        const int64_t stage = a.chunk * p + rank;
+        const int64_t stage = stage_of(a.chunk, rank, p, placement);
         double duration = times.forward_s;
         switch (a.op) {
           case PipeOp::Forward: end.forward_end(a.micro_batch, stage) = *start + duration; break;

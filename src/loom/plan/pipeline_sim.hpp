@@ -33,16 +33,19 @@ struct PassTimes {
 // Each rank runs its actions in order, one at a time. Forward(mb, stage s) starts once
 // Forward(mb, s - 1) has ended plus p2p_s; a backward of (mb, s) (whole, or its B) once the
 // backward (or B) of (mb, s + 1) has ended plus p2p_s and Forward(mb, s) has ended (stage =
-// chunk * p + rank); a W once its B has. p2p_s is paid only between different ranks. Throws
+// stage_of(chunk, rank) under `placement`); a W once its B has. p2p_s is paid only between
+// different ranks. Throws
 // loom::Error on bad arguments, on lists that do not run every (micro-batch, chunk) forward and
 // backward once per rank (whole, or as one B and one W after it), and on deadlock (an action
 // whose dependencies can never be met).
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
-                                   int64_t v, const PassTimes& times, double p2p_s);
+                                   int64_t v, const PassTimes& times, double p2p_s,
+                                   StagePlacement placement = StagePlacement::RoundRobin);
 // The same with a whole backward of t_backward_s, split evenly where a list splits it.
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
                                    int64_t v, double t_forward_s, double t_backward_s,
-                                   double p2p_s);
+                                   double p2p_s,
+                                   StagePlacement placement = StagePlacement::RoundRobin);
 
 // Activation memory of one rank's list, replayed in its order: a forward holds one activation
 // set until its backward (whole, or B) ends; a B holds what its W reads (`deferred_bytes`) from

@@ -34,7 +34,8 @@ std::string pipeline_timeline_svg(const Candidate& candidate, const std::string&
     throw_error("pipeline timeline: ", actions, " forward and backward passes in one step (pp ", l.pp, " x v ", l.vp, " x ",
                 t.micro_batches, " micro-batches x 2) exceed the ", max_spans, " a readable chart can show");
   const PipelineTimeline timeline = simulate_pipeline(pipeline_actions(l.schedule, l.pp, t.micro_batches, l.vp), l.pp, l.vp,
-                                                      t.chunk_forward_s, t.chunk_backward_s, l.pp > 1 ? t.p2p_s : 0);
+                                                      t.chunk_forward_s, t.chunk_backward_s, l.pp > 1 ? t.p2p_s : 0,
+                                                      stage_placement(l.schedule));
   std::vector<TimelineSpan> spans;
   for (const PipelineTimeline::Span& s : timeline.spans)
     spans.push_back({s.rank, s.op != PipeOp::Forward, s.micro_batch, s.chunk, 1e3 * s.start, 1e3 * s.end,

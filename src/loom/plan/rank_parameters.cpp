@@ -45,7 +45,7 @@ RankParameters on_rank(const ModelConfig& m, const PlanLayout& l, const Tally& t
                        const std::vector<int64_t>& stage_layers, int64_t pp_rank) {
   RankParameters r;
   bool first = false, last = false;
-  for (const ModelChunk& chunk : pipeline_chunks(stage_layers, l.pp, pp_rank)) {
+  for (const ModelChunk& chunk : pipeline_chunks(stage_layers, l.pp, pp_rank, stage_placement(l.schedule))) {
     first = first || chunk.first_stage();
     last = last || chunk.last_stage();
     r.layers += chunk.layers();

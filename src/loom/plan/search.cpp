@@ -54,6 +54,13 @@ void for_each_layout(const ModelConfig& m, int64_t gpus, int64_t gpus_per_node, 
                     l.schedule = PipelineSchedule::ZeroBubbleH1;
                     visit(l);
                   }
+                  // Two chunks per rank: ZB-V too, when the layers cut into 2p equal stages.
+                  if (pp > 1 && vp == 2 && zero <= 1 && m.n_layer % (2 * pp) == 0) {
+                    l.schedule = PipelineSchedule::ZeroBubbleV;
+                    visit(l);
+                    l.schedule = PipelineSchedule::DualPipeV;
+                    visit(l);
+                  }
                 }
               }
             }
@@ -101,6 +108,7 @@ SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, co
       ++result.fitting;
       if (!batch_ok) continue;
       if (l.schedule == PipelineSchedule::Interleaved && mem.micro_batches % l.pp != 0) continue;
+      if (stage_placement(l.schedule) == StagePlacement::V && mem.micro_batches < 2 * l.pp) continue;
       ++result.batch_ok;
       TrainingJob j = job;
       j.memory = mem;

@@ -258,7 +258,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   t_w = std::min(t_w, t_b / 2);  // the slowest stage's B is never shorter than its W
   for (int64_t rank = 0; rank < l.pp; ++rank) {
     double work = 0, layers = 0;
-    for (int64_t stage = rank; stage < stages; stage += l.pp) {
+    for (int64_t chunk = 0; chunk < l.vp; ++chunk) {
+      const int64_t stage = stage_of(chunk, rank, l.pp, stage_placement(l.schedule));
       const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
       work += n * (layer.forward_s + layer.backward_s) + (stage == stages - 1 ? 3 * head_fwd : 0);
       layers += n;
@@ -284,8 +285,14 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
             // m (F + B + W) + (p - 1)(F + B - W), B the input-gradient part (Qi et al. 2023, sec 3.1)
             ? static_cast<double>(micro) * (t_f + t_b) +
                   static_cast<double>(l.pp - 1) * (t_f + t_b - 2 * t_w + 2 * p2p)
+        : stage_placement(l.schedule) == StagePlacement::V
+            // 2m (F + B + W) + (p - 1)(F + p2p): only the last rank's wait for the first
+            // activation down the V, exact when F = B = W (tests/test_pipeline_zbv.cpp)
+            ? static_cast<double>(2 * micro) * (t_f + t_b) + static_cast<double>(l.pp - 1) * (t_f + p2p)
             : static_cast<double>(micro * l.vp + l.pp - 1) * (t_f + t_b + 2 * p2p);
-    makespan = simulate ? simulate_pipeline(pipeline_actions(l.schedule, l.pp, micro, l.vp), l.pp, l.vp, passes, p2p).makespan
+    makespan = simulate ? simulate_pipeline(pipeline_actions(l.schedule, l.pp, micro, l.vp), l.pp, l.vp, passes, p2p,
+                                            stage_placement(l.schedule))
+                              .makespan
                         : closed_form;
   }
   const double busy = static_cast<double>(micro * l.vp) * (t_f + t_b);

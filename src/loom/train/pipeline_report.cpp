@@ -18,6 +18,10 @@ double textbook_bubble(PipelineSchedule schedule, int64_t p, int64_t m, int64_t 
     // Idle (p - 1)(F + B - W) against busy m (F + B + W) (Qi et al. 2023, sec 3.1), with the
     // three passes equally long: (p - 1) / 3m.
     case PipelineSchedule::ZeroBubbleH1: return idle_slots / static_cast<double>(3 * m);
+    // Idle (p - 1) chunk passes against busy 6m (F, B and W of two chunks per micro-batch) with
+    // the three equally long: the last rank's wait for the first activation down the V.
+    case PipelineSchedule::ZeroBubbleV:
+    case PipelineSchedule::DualPipeV: return idle_slots / static_cast<double>(6 * m);
     default: return idle_slots / static_cast<double>(m);
   }
 }
@@ -47,12 +51,17 @@ std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp,
                                                    PipelineSchedule schedule, int64_t m, int64_t v,
                                                    const std::string& svg_path) {
   constexpr int64_t kFields = 5;  // op, micro-batch, chunk, start, end
-  const auto actions = static_cast<int64_t>(mine.size());
+  // Ranks may run different counts (DualPipeV splits only some backwards into B and W): every
+  // rank sends the most, padded with rows of op -1.
+  float most = static_cast<float>(mine.size());
+  comm::all_reduce(pp, &most, 1, ReduceOp::Max)->wait();
+  const auto actions = static_cast<int64_t>(most);
   std::vector<float> packed;
   for (const ActionTiming& t : mine)
     for (double x : {static_cast<double>(t.op), static_cast<double>(t.micro_batch),
                      static_cast<double>(t.chunk), t.start_s, t.end_s})
       packed.push_back(static_cast<float>(x));
+  packed.resize(static_cast<size_t>(actions * kFields), -1.0f);
   std::vector<float> all(packed.size() * static_cast<size_t>(pp.size()));
   comm::all_gather(pp, packed.data(), all.data(), actions * kFields)->wait();
   if (pp.rank() != 0) return std::nullopt;
@@ -62,6 +71,7 @@ std::optional<PipelineBubble> report_pipeline_step(ProcessGroup& pp,
   for (int r = 0; r < pp.size(); ++r)
     for (int64_t a = 0; a < actions; ++a) {
       const float* f = all.data() + (r * actions + a) * kFields;
+      if (f[0] < 0) continue;  // padding
       const ActionTiming t{static_cast<PipeOp>(std::lround(f[0])), static_cast<int64_t>(f[1]),
                            static_cast<int64_t>(f[2]), f[3], f[4]};
       ranks[static_cast<size_t>(r)].push_back(t);

@@ -178,7 +178,7 @@ void check_sequence_parallel_rows(const TrainConfig& c) {
 PipelineSchedule parse_pipeline_schedule(const std::string& name) {
   for (PipelineSchedule s : all_pipeline_schedules())
     if (name == schedule_name(s)) return s;
-  throw_error("config key 'parallel.pp_schedule' has value '", name, "', expected afab, 1f1b, interleaved or zbh1");
+  throw_error("config key 'parallel.pp_schedule' has value '", name, "', expected afab, 1f1b, interleaved, zbh1, zbv or dualpipev");
 }
 
 // The schedule has the micro-batches it needs; pp_layers, when given, cuts the model into
@@ -191,6 +191,11 @@ void check_pipeline_micro_batches(const TrainConfig& c) {
     throw_error("config key 'train.grad_accum' has value ", m, ": ", schedule_name(c.pp_schedule), " over parallel.pp = ",
                 c.pp, " stages needs at least ", c.pp, " micro-batches (grad_accum) to fill the pipeline; set "
                 "grad_accum >= ", c.pp, " (or pp_schedule = \"afab\")");
+  if (stage_placement(c.pp_schedule) == StagePlacement::V && m < 2 * c.pp)
+    throw_error("config key 'train.grad_accum' has value ", m, ": ", schedule_name(c.pp_schedule),
+                " over parallel.pp = ", c.pp,
+                " ranks forwards 2 x pp - 1 = ", 2 * c.pp - 1, " micro-batches before its first backward, so it needs "
+                "grad_accum >= 2 x pp = ", 2 * c.pp, " (or pp_schedule = \"zbh1\", which needs ", c.pp, ")");
   if (c.pp_schedule == PipelineSchedule::Interleaved && m % c.pp != 0)
     throw_error("config key 'train.grad_accum' has value ", m, ": the interleaved schedule sends micro-batches "
                 "through each chunk in groups of parallel.pp = ", c.pp, "; use a multiple of ", c.pp);

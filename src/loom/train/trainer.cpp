@@ -102,7 +102,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (groups_.pp)
     chunks = pipeline_chunks(stage_layer_counts(config_.model.n_layer, int64_t{config_.pp} * config_.pp_chunks,
                                                 config_.pp_layers, "parallel.pp_layers"),
-                             config_.pp, groups_.pp_rank);
+                             config_.pp, groups_.pp_rank, stage_placement(config_.pp_schedule));
   if (config_.print_schedule && !groups_.pp)
     throw_error("--print-schedule draws the pipeline schedule, and this run has none: set parallel.pp > 1");
   if (config_.threads > 0) cpu::set_num_threads(config_.threads);

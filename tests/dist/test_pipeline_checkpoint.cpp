@@ -166,9 +166,10 @@ TEST(PipelineMemory, FirstStageBytesAreThePlannersEngineFigure) {
   };
   const Case cases[] = {{"gpt2", "afab", "none", 1},      {"gpt2", "1f1b", "selective", 1},
                         {"llama", "1f1b", "full", 1},     {"gpt2", "zbh1", "none", 1},
-                        {"llama", "zbh1", "selective", 1}, {"gpt2", "interleaved", "none", 2}};
+                        {"llama", "zbh1", "selective", 1}, {"gpt2", "interleaved", "none", 2},
+                        {"gpt2", "zbv", "none", 2},        {"llama", "dualpipev", "full", 2}};
   for (const Case& c : cases) {
-    if (layers % (p * c.v) != 0) continue;  // interleaved at pp = 4 would need 8 layers
+    if (layers % (p * c.v) != 0) continue;  // two chunks per rank at pp = 4 would need 8 layers
     const std::string what = c.arch + " " + c.schedule + " recompute=" + c.recompute;
     const TrainConfig config = pipeline_config(
         run, c.arch, 1,

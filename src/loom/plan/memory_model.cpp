@@ -1,10 +1,12 @@
 #include "loom/plan/memory_model.hpp"
 
 #include <algorithm>
+#include <map>
 
 #include "loom/core/error.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/model/pipeline_layout.hpp"
+#include "loom/model/stage_placement.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 #include "loom/plan/rank_parameters.hpp"
@@ -376,10 +378,14 @@ MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanL
   if (m.is_moe() && splits_backward(l.schedule))
     throw_error("predict_engine_pipeline_memory: a mixture-of-experts model under ",
                 schedule_name(l.schedule), " (its W keeps what routing sends each expert)");
-  const int64_t v = l.schedule == PipelineSchedule::Interleaved ? l.vp : 1;
+  const StagePlacement placement = stage_placement(l.schedule);
+  const int64_t v = l.schedule == PipelineSchedule::Interleaved ? l.vp
+                    : placement == StagePlacement::V            ? 2
+                                                                : 1;
   const std::vector<ModelChunk> chunks =
-      pipeline_chunks(stage_layer_counts(m.n_layer, l.pp * v), l.pp, 0);
-  // Rank 0's parameters: its chunks' blocks and the embedding tables (the first stage's).
+      pipeline_chunks(stage_layer_counts(m.n_layer, l.pp * v), l.pp, 0, placement);
+  // Rank 0's parameters: its chunks' blocks and the embedding tables (the first stage's; under
+  // the V placement the last stage's final norm and head too, with the tied table held once).
   std::vector<ParameterSpec> mine;
   for (ParameterSpec& s : parameter_specs(m)) {
     if (s.expert && s.expert_index >= m.n_experts / l.ep) continue;
@@ -393,32 +399,76 @@ MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanL
   }
   MemoryBreakdown mem =
       engine_model_states(m, mine, l.dp * l.cp, l.zero_stage, bucket_bytes, false, l.tp, l.ep);
-  // Activations: as many sets as the schedule ever has micro-batch-chunks in flight on rank 0
-  // (the pool reuses idle ones; plan/pipeline_sim's replay of the same list), each sized for
-  // the rank's largest chunk, plus the B's copies a split backward holds for its W.
+  // Activations: replay rank 0's action list through the engine's pool
+  // (parallel/pipeline_activations): a forward takes the most recently idled set of as many
+  // layers, or a new one; a set that serves the last stage gains its extras (final norm output
+  // and statistics) and keeps them; a backward idles its set; a B (split backward) holds copies
+  // for its W until the W runs. Sets are never freed, so the peak is the sets made plus the W
+  // copies held at the worst moment.
   const std::vector<PipeAction> actions = pipeline_actions(l.schedule, l.pp, micro_batches, v)[0];
-  const double sets = static_cast<double>(peak_activation_bytes(actions, 1, 0));
   const EngineActivationShape shape(m, l.micro_batch, seq_len, l.tp, l.sequence_parallel, l.cp);
-  double largest = 0, rank_dense = 0;
+  const int64_t rows = l.micro_batch * seq_len / l.cp;
+  struct ChunkBytes {
+    double base = 0, last_extras = 0, deferred = 0;
+  };
+  std::vector<ChunkBytes> per_chunk;
+  double rank_dense = 0;
   for (const ModelChunk& c : chunks) {
     double moe = 0;
     for (int64_t layer = c.first_layer; layer < c.end_layer; ++layer)
       moe += m.is_moe_layer(layer) ? 1 : 0;
     const double dense = static_cast<double>(c.layers()) - moe;
     rank_dense += dense;
-    largest = std::max(largest, shape.set_bytes(dense, moe, c.last_stage(), l.recompute));
+    ChunkBytes bytes;
+    bytes.base = shape.set_bytes(dense, moe, false, l.recompute);
+    if (c.last_stage())
+      bytes.last_extras = shape.set_bytes(dense, moe, true, l.recompute) - bytes.base;
+    if (splits_backward(l.schedule))
+      bytes.deferred = static_cast<double>(
+          deferred_weight_grad_bytes(m, c.layers(), c.first_stage(), c.last_stage(), rows, 4));
+    per_chunk.push_back(bytes);
   }
-  const double model_moe = static_cast<double>(m.moe_layer_count());
-  mem.activations =
-      sets * largest + shape.shared_bytes(l.recompute, rank_dense > 0,
-                                          model_moe<static_cast<double>(m.n_layer), model_moe> 0);
-  if (splits_backward(l.schedule)) {
-    const ModelChunk& c = chunks.front();
-    const int64_t rows = l.micro_batch * seq_len / l.cp;
-    mem.activations += static_cast<double>(peak_activation_bytes(
-        actions, 0,
-        deferred_weight_grad_bytes(m, c.layers(), c.first_stage(), c.last_stage(), rows, 4)));
+  struct Set {
+    int64_t layers = 0;
+    bool last_extras = false;
+  };
+  std::vector<Set> idle;
+  std::map<std::pair<int64_t, int64_t>, Set> in_flight;
+  double sets_bytes = 0, deferred = 0, peak = 0;
+  for (const PipeAction& a : actions) {
+    const auto chunk = static_cast<size_t>(a.chunk);
+    const ChunkBytes& bytes = per_chunk[chunk];
+    const std::pair<int64_t, int64_t> key{a.chunk, a.micro_batch};
+    switch (a.op) {
+      case PipeOp::Forward: {
+        Set set{chunks[chunk].layers(), false};
+        auto it = std::find_if(idle.rbegin(), idle.rend(),
+                               [&](const Set& s) { return s.layers == set.layers; });
+        if (it != idle.rend()) {
+          set = *it;
+          idle.erase(std::next(it).base());
+        } else {
+          sets_bytes += bytes.base;
+        }
+        if (bytes.last_extras > 0 && !set.last_extras) {
+          sets_bytes += bytes.last_extras;
+          set.last_extras = true;
+        }
+        in_flight[key] = set;
+        break;
+      }
+      case PipeOp::Backward:
+      case PipeOp::BackwardInput:
+        idle.push_back(in_flight.at(key));
+        in_flight.erase(key);
+        if (a.op == PipeOp::BackwardInput) deferred += bytes.deferred;
+        break;
+      case PipeOp::BackwardWeight: deferred -= bytes.deferred; break;
+    }
+    peak = std::max(peak, sets_bytes + deferred);
   }
+  const bool model_dense = m.moe_layer_count()<m.n_layer, model_moe = m.moe_layer_count()> 0;
+  mem.activations = peak + shape.shared_bytes(l.recompute, rank_dense > 0, model_dense, model_moe);
   return mem;
 }
 

@@ -112,12 +112,12 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int 
                                       int64_t tp = 1, bool sequence_parallel = false, int64_t cp = 1,
                                       int64_t ep = 1);
 
-// The same for the first pipeline rank of a layout with pp >= 2 (f32): the model states of its
-// stages (its blocks and the embedding tables) over dp x cp replicas under ZeRO, and its
-// activations: as many sets as its action list ever holds micro-batch-chunks in flight (the
-// engine's pool reuses idle sets), each sized for its largest chunk, what selective or full
-// recomputation keeps once, and under a split backward (ZB-H1) the copies its B's hold for
-// their W's. `micro_batches` per step per pipeline.
+// The same for the first pipeline rank of a layout with pp >= 2 (f32), any schedule and
+// placement: the model states of its stages (its blocks, the embedding tables, and under the V
+// placement the final norm and head) over dp x cp replicas under ZeRO, and its activations:
+// rank 0's action list replayed through the engine's pool of activation sets (reused when idle,
+// the last stage's extras added once per set), what selective or full recomputation keeps once,
+// and under a split backward the copies its B's hold until their W's. `micro_batches` per step.
 MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& model, const PlanLayout& layout,
                                                int64_t seq_len, int64_t micro_batches,
                                                int64_t bucket_bytes);

@@ -148,7 +148,17 @@ AsyncCheckpointer::~AsyncCheckpointer() {
 }
 
 void AsyncCheckpointer::step_done() {
-  if (pending_ && !pending_->outcome->done.load()) ++pending_->steps_during_write;
+  if (!pending_) return;
+  // Commit as soon as every rank's writer is done, not only at the next save: a rank lost
+  // between two saves must find the earlier one complete on relaunch. One flag per rank,
+  // reduced while a write is in flight (the ranks call this at the same steps).
+  float writing = pending_->outcome->done.load() ? 0.0f : 1.0f;
+  if (world_ && world_->size() > 1) comm::all_reduce(*world_, &writing, 1, ReduceOp::Max)->wait();
+  if (writing > 0.0f) {
+    ++pending_->steps_during_write;
+    return;
+  }
+  finish();
 }
 
 std::vector<nlohmann::json> AsyncCheckpointer::take_records() {

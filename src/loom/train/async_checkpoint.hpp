@@ -63,7 +63,9 @@ class AsyncCheckpointer {
   // Waits for the write in flight and commits it: its directory, or "" when none was in
   // flight. Throws on every rank when the write failed on any.
   std::string finish();
-  // The training thread calls this after every step: counts steps done while a write runs.
+  // The training thread calls this after every step, on every rank: while a write is in
+  // flight, one tiny all-reduce asks whether every rank's writer is done, and if so the save is
+  // committed at once (as finish()); else the step is counted as done during the write.
   void step_done();
   // Metrics records since the last call: {"kind": "checkpoint"} per save (blocked_ms: the
   // training thread's cost, of which waited_ms for the previous write) and

@@ -582,7 +582,7 @@ TrainSummary Trainer::run() {
                   partial.string().c_str());
   }
   if (!config_.checkpoint_dir.empty() && config_.checkpoint_async)
-    checkpointer_ = std::make_unique<AsyncCheckpointer>(checkpoint_options(), groups_.world);
+    checkpointer_ = std::make_unique<AsyncCheckpointer>(checkpoint_options(), control_ ? control_ : groups_.world);
   if (!config_.checkpoint_dir.empty() && config_.resume) {
     if (auto latest = latest_checkpoint(config_.checkpoint_dir)) {
       start_step = restore(*latest);

@@ -8,19 +8,6 @@
 
 namespace loom {
 
-const char* fp8_recipe_name(Fp8Recipe recipe) {
-  switch (recipe) {
-    case Fp8Recipe::Delayed: return "delayed";
-    case Fp8Recipe::Current: return "current";
-    case Fp8Recipe::Blockwise: return "blockwise";
-  }
-  return "?";
-}
-
-const char* fp8_formats_name(Fp8Formats formats) {
-  return formats == Fp8Formats::Hybrid ? "hybrid" : "e4m3";
-}
-
 float Fp8TensorScaling::history_amax() const {
   float amax = 0.0f;
   for (float a : history) amax = std::max(amax, a);

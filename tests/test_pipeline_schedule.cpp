@@ -299,6 +299,46 @@ TEST(PipelineSim, DeadlockAndIncompleteListsAreRefused) {
   expect_contains(error_message([] { simulate_pipeline(Actions(2), 2, 1, 1, 2, 0); }), {"empty"});
 }
 
+TEST(PipelineSim, EachStageRunsAtItsOwnPace) {
+  // AFAB, p = 2, m = 2, no p2p; stage 0: F 1 s, B 2 s; stage 1 (the head's): F 2 s, B 4 s.
+  // Rank 0 forwards at [0,1] and [1,2]; rank 1 at [1,3] and [3,5], then backwards at [5,9] and
+  // [9,13]; rank 0's backwards wait on those: [9,11] and [13,15]. Paced by the slowest stage
+  // every chunk would take 2 + 4 s: (m + p - 1) x 6 = 18 s.
+  const Actions afab = pipeline_actions(Schedule::AllForwardAllBackward, 2, 2, 1);
+  const PipelineTimeline t =
+      simulate_pipeline(afab, 2, 1, std::vector<plan::PassTimes>{{1, 1, 1}, {2, 2, 2}}, 0);
+  EXPECT_DOUBLE_EQ(t.makespan, 15);
+  EXPECT_DOUBLE_EQ(simulate_pipeline(afab, 2, 1, 2, 4, 0).makespan, 18);
+  expect_contains(error_message([&] { simulate_pipeline(afab, 2, 1, std::vector<plan::PassTimes>{{1, 1, 1}}, 0); }),
+                  {"1 stages' pass times", "p x v = 2"});
+  expect_contains(
+      error_message([&] { simulate_pipeline(afab, 2, 1, std::vector<plan::PassTimes>{{1, 1, 1}, {2, 0, 2}}, 0); }),
+      {"stage 1", "input-gradient backward 0 s"});
+}
+
+TEST(PipelineSim, RanksSharingCoresTakeTurnsAndIdleRanksLendTheirs) {
+  // AFAB, p = 2, m = 2, F = B = 1 s at full speed, one core. Rank 0 forwards mb 0 alone at
+  // [0,1]; then its mb 1 and rank 1's mb 0 share the core at half speed and both end at 3; rank
+  // 1 forwards mb 1 alone [3,4] and backwards mb 0 [4,5]; its mb-1 backward and rank 0's mb-0
+  // backward share [5,7]; rank 0's mb-1 backward runs alone [7,8]. 8 s = the 8 s of work on one
+  // core; with a core each the same list takes 6 s (the bubble is idle time again).
+  const Actions afab = pipeline_actions(Schedule::AllForwardAllBackward, 2, 2, 1);
+  const std::vector<plan::PassTimes> unit(2, plan::PassTimes{1, 0.5, 0.5});
+  const auto one_core =
+      plan::simulate_pipeline_on_shared_cores(afab, 2, 1, unit, 0, StagePlacement::RoundRobin, 1, 1);
+  EXPECT_NEAR(one_core.makespan, 8, 1e-12);
+  EXPECT_NEAR(plan::simulate_pipeline_on_shared_cores(afab, 2, 1, unit, 0, StagePlacement::RoundRobin, 2, 1).makespan,
+              simulate_pipeline(afab, 2, 1, unit, 0).makespan, 1e-12);
+  EXPECT_DOUBLE_EQ(simulate_pipeline(afab, 2, 1, unit, 0).makespan, 6);
+  // Two replicas of the pipeline (dp = 2) in lockstep on 2 cores: the same turns as above.
+  EXPECT_NEAR(plan::simulate_pipeline_on_shared_cores(afab, 2, 1, unit, 0, StagePlacement::RoundRobin, 2, 2).makespan,
+              8, 1e-12);
+  expect_contains(error_message([&] {
+                    plan::simulate_pipeline_on_shared_cores(afab, 2, 1, unit, 0, StagePlacement::RoundRobin, 0, 1);
+                  }),
+                  {"cores = 0"});
+}
+
 // Hand-derived from stage = chunk * p + rank: with p = 2 and v = 2, rank 1's chunk 0 is stage 1,
 // whose output activation goes to stage 2 on rank 0 (the ring closes) and whose gradient comes
 // back from there; rank 1's chunk 1 is the last stage, which sends no activation and receives

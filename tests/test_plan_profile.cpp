@@ -107,6 +107,41 @@ TEST(PlanProfile, FileRoundTripsAndMergesByRankCount) {
   std::filesystem::remove(path);
 }
 
+TEST(PlanProfile, MoreRanksThanCoresComputeAtTheFullSpeedEntryAndShareTheCores) {
+  // 2 cores, entries at 1, 2 and 4 ranks: 4 ranks take turns, so their compute rates are the
+  // 2-rank entry's (each rank on a core of its own) and the time model shares the 2 cores; the
+  // collectives are the 4-rank entry's, measured with all four running.
+  MachineProfile profile;
+  profile.machine = "test CPU (2 cores)";
+  profile.cores = 2;
+  merge_profile_entry(profile, sample_entry(1));
+  ProfileEntry two = sample_entry(2);
+  two.peak_flops = 2e11;
+  merge_profile_entry(profile, two);
+  ProfileEntry four = sample_entry(4);
+  four.peak_flops = 5e10;
+  merge_profile_entry(profile, four);
+  const std::string path = temp_path("cores.json");
+  write_machine_profile(profile, path);
+  const MachineProfile read = read_machine_profile(path);
+  EXPECT_EQ(read.cores, 2);
+  const ProfiledMachine shared = profiled_machine(read, 4, 1e9);
+  EXPECT_EQ(shared.cluster.cores, 2);
+  EXPECT_EQ(shared.cluster.gpu.bf16_tflops, 2e11 / 1e12);
+  EXPECT_EQ(shared.cluster.gpus_per_node, 4);
+  ASSERT_TRUE(shared.cluster.measured_comm);
+  EXPECT_NE(shared.cluster.measured_comm->find(Collective::AllReduce, 4), nullptr);
+  const ProfiledMachine own = profiled_machine(read, 2, 1e9);  // as many ranks as cores: its own entry
+  EXPECT_EQ(own.cluster.gpu.bf16_tflops, 2e11 / 1e12);
+  EXPECT_EQ(own.cluster.cores, 0);
+  // A profile that does not say its cores (written before the field) predicts each rank count
+  // from its own entry.
+  profile.cores = 0;
+  write_machine_profile(profile, path);
+  EXPECT_EQ(profiled_machine(read_machine_profile(path), 4, 1e9).cluster.gpu.bf16_tflops, 5e10 / 1e12);
+  std::filesystem::remove(path);
+}
+
 TEST(PlanProfile, BadFilesNameTheField) {
   MachineProfile profile;
   profile.machine = "m";
@@ -130,6 +165,8 @@ TEST(PlanProfile, BadFilesNameTheField) {
   EXPECT_THROW_MSG(read_machine_profile(with("\"op\": \"all_gather\"", "\"op\": \"all_gathr\"")),
                    "entries[0].collectives[1].op: \"all_gathr\" is not a collective");
   EXPECT_THROW_MSG(read_machine_profile(with("\"ranks\": 2", "\"ranks\": 3")), "does not divide the entry's 3 ranks");
+  EXPECT_THROW_MSG(read_machine_profile(with("\"machine\": \"m\"", "\"machine\": \"m\", \"cores\": 0")),
+                   "top level.cores: expected an integer >= 1, got 0");
   std::ofstream(path) << "{ not json";
   EXPECT_THROW_MSG(read_machine_profile(path), "is not JSON");
   std::filesystem::remove(path);

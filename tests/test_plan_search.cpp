@@ -39,16 +39,46 @@ TEST(PlanTime, OneGpuIsComputePlusOptimizerAndMfuStaysBelowTheGemmCeiling) {
   EXPECT_NEAR(t.tokens_per_s, 32.0 * 2048 / t.total_s, 1e-6 * t.tokens_per_s);
 }
 
+TEST(PlanTime, RanksBeyondTheCoresTakeTurns) {
+  // loom's engine with 4 ranks on 2 cores: with every rank busy throughout (dp = 4) each runs at
+  // half speed, so compute and the optimizer take twice as long and the traffic is unchanged.
+  const ModelConfig m = model_preset("llama-1b");
+  plan::ClusterSpec own = h100s(4), shared = h100s(4);
+  shared.cores = 2;
+  const plan::PlanLayout dp4 = plan::parse_layout("dp=4,mbs=1");
+  const plan::StepTime a = plan::predict_step_time(m, dp4, own, job(2048, 16));
+  const plan::StepTime b = plan::predict_step_time(m, dp4, shared, job(2048, 16));
+  EXPECT_NEAR(b.compute_s, 2 * a.compute_s, 1e-12 * b.compute_s);
+  EXPECT_NEAR(b.optimizer_s, 2 * a.optimizer_s, 1e-12 * b.optimizer_s);
+  EXPECT_NEAR(b.dp_comm_s, a.dp_comm_s, 1e-12 * a.dp_comm_s);
+  // A pipeline (pp 2 x dp 2): ranks idle in the bubble lend their cores, so the step is shorter
+  // than the dedicated one's at half speed, yet longer than the dedicated one.
+  const plan::PlanLayout pp2 = plan::parse_layout("pp=2,dp=2,mbs=1");
+  const plan::StepTime c = plan::predict_step_time(m, pp2, own, job(2048, 16));
+  const plan::StepTime d = plan::predict_step_time(m, pp2, shared, job(2048, 16));
+  const double makespan_c = c.compute_s + c.bubble_s + c.tp_comm_s, makespan_d = d.compute_s + d.bubble_s + d.tp_comm_s;
+  EXPECT_LT(makespan_d, 2 * makespan_c);
+  EXPECT_GT(makespan_d, makespan_c);
+  shared.cores = -1;
+  EXPECT_THROW(shared.validate(), Error);
+}
+
 TEST(PlanTime, PipelineBubbleFollowsTheScheduleAndRecomputationCostsCompute) {
   const ModelConfig m = model_preset("llama-8b");
   const plan::ClusterSpec cluster = h100s(8);
-  // Same GPUs, p = 4 stages, m = 8 micro-batches: 1F1B idles about (p-1)/m of the ideal,
-  // interleaving with v = 2 about half that.
-  const plan::StepTime one = plan::predict_step_time(m, plan::parse_layout("pp=4,dp=2,mbs=1"), cluster, job(4096, 16));
+  // Same GPUs, p = 4 stages of 8 layers, m = 8 micro-batches. The last stage also runs the head,
+  // so it sets the pace and the others wait on it; its own idle time is the first forward's way
+  // down stages 0-2 and the last backward's way back: 3 (F + B) of an 8-layer stage plus 6
+  // sends, (p - 1)/m of the work as 1F1B's formula says when every stage is alike, less here.
+  const plan::PlanLayout one_layout = plan::parse_layout("pp=4,dp=2,mbs=1");
+  const plan::StepTime one = plan::predict_step_time(m, one_layout, cluster, job(4096, 16));
   const plan::StepTime inter = plan::predict_step_time(m, plan::parse_layout("pp=4,dp=2,mbs=1,v=2"), cluster, job(4096, 16));
-  const double busy = one.compute_s + one.tp_comm_s;  // tp = 1: busy time is compute
-  EXPECT_NEAR(one.bubble_s / busy, 3.0 / 8, 0.05);
-  EXPECT_NEAR(inter.bubble_s / busy, 3.0 / 16, 0.05);
+  const plan::LayerTime layer = plan::predict_layer_time(m, one_layout, cluster, job(4096, 16));
+  const double light = 8 * (layer.forward_s + layer.backward_s);
+  EXPECT_NEAR(one.bubble_s, 3 * light + 6 * one.p2p_s, 1e-9 * one.bubble_s);
+  EXPECT_LT(one.bubble_s / one.compute_s, 3.0 / 8);
+  // Interleaving with v = 2 halves the fill and drain, about.
+  EXPECT_NEAR(inter.bubble_s / one.bubble_s, 0.5, 0.1);
   const plan::StepTime full = plan::predict_step_time(m, plan::parse_layout("pp=4,dp=2,recompute=full"), cluster, job(4096, 16));
   EXPECT_NEAR(full.compute_s / one.compute_s, 4.0 / 3, 0.1);  // one more forward per backward
   EXPECT_THROW(plan::predict_step_time(m, plan::parse_layout("dp=8,mbs=3"), cluster, job(4096, 16)), Error);

@@ -225,12 +225,12 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   std::map<std::string, std::string> medians;
   for (const plan::SourceCoverage& src : s.by_source)
     if (src.rates.count > 0) medians[src.label] = pct(src.rates.median);
-  EXPECT_EQ(medians["Narayanan et al. 2021"], "5.4");
+  EXPECT_EQ(medians["Narayanan et al. 2021"], "7.1");
   EXPECT_EQ(medians["MosaicML llm-foundry"], "6.8");
-  EXPECT_EQ(medians["Hagemann et al. 2023"], "4.7");
-  EXPECT_EQ(medians["Korthikanti et al. 2022"], "13.9");
-  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "28.3");
-  EXPECT_EQ(medians["Megatron-LM README (H100)"], "8.7");
+  EXPECT_EQ(medians["Hagemann et al. 2023"], "1.3");
+  EXPECT_EQ(medians["Korthikanti et al. 2022"], "10.2");
+  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "27.9");
+  EXPECT_EQ(medians["Megatron-LM README (H100)"], "5.2");
   EXPECT_EQ(medians["NeMo 24.07"], "17.4");
   EXPECT_EQ(medians["Megatron-Bridge 25.11"], "21.6");
   EXPECT_EQ(medians["torchtitan"], "6.3");

@@ -25,6 +25,7 @@ int run_calibrate(const CalibrateArgs& args) {
   if (!dir.empty() && !std::filesystem::is_directory(dir))
     throw_error("calibrate: the directory of --out ", args.out, " does not exist");
   profile.machine = machine;
+  profile.cores = plan::usable_cores();
 
   cpu::set_num_threads(args.threads);
   DistRuntime runtime;

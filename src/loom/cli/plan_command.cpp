@@ -83,7 +83,7 @@ Machine machine_of(const PlanArgs& args, int64_t gpus) {
     throw_error("plan: --profile predicts loom's engine, whose attention is flash-style; drop --attention ", args.attention);
   const plan::MachineProfile profile = plan::read_machine_profile(args.profile);
   const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  plan::ProfiledMachine m = plan::profiled_machine(profile.entry(gpus), ram / static_cast<double>(gpus));
+  plan::ProfiledMachine m = plan::profiled_machine(profile, gpus, ram / static_cast<double>(gpus));
   m.job.seq_len = args.seq_len;
   m.job.global_batch = args.global_batch;
   m.job.memory.seq_len = args.seq_len;

@@ -100,6 +100,7 @@ void ClusterSpec::validate() const {
     throw_error("cluster: gpus_per_node = ", gpus_per_node, " is out of range; expected 1 to 1024");
   if (nodes < 1 || nodes > 10'000'000)
     throw_error("cluster: nodes = ", nodes, " is out of range; expected 1 to 10,000,000");
+  if (cores < 0) throw_error("cluster: cores = ", cores, " is out of range; expected >= 0 (0 = one device per rank)");
   if (gpus() > 100'000'000)
     throw_error("cluster: gpus_per_node x nodes = ", gpus(), " exceeds 100,000,000 GPUs");
   require_positive("inter_node_bytes_per_s_per_gpu", inter_node_bytes_per_s_per_gpu);

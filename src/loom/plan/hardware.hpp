@@ -75,6 +75,10 @@ struct ClusterSpec {
   // A machine `loom calibrate` measured (plan/machine_profile): MPI's measured collective and
   // send/recv costs replace the link models. Null for the presets' clusters.
   std::shared_ptr<const MeasuredComm> measured_comm;
+  // Processors the ranks share, in ranks at full speed (a calibrated CPU's cores / threads per
+  // rank): with more ranks than this they take turns (time_model, simulate_pipeline_on_shared_
+  // cores). 0: one device per rank, the GPU clusters.
+  int64_t cores = 0;
 
   int64_t gpus() const { return gpus_per_node * nodes; }
   // Throws a loom::Error naming the field, its value and the accepted range.

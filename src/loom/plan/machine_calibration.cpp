@@ -1,5 +1,7 @@
 #include "loom/plan/machine_calibration.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -240,6 +242,13 @@ std::string describe_machine() {
     }
   const unsigned cores = std::thread::hardware_concurrency();
   return (model.empty() ? std::string("unknown CPU") : model) + " (" + std::to_string(cores) + " cores)";
+}
+
+int64_t usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
 }
 
 ProfileEntry calibrate_machine(ProcessGroup& world, const CalibrationOptions& options) {

@@ -31,5 +31,8 @@ ProfileEntry calibrate_machine(ProcessGroup& world, const CalibrationOptions& op
 
 // "<CPU model> (<n> cores)" from /proc/cpuinfo, or "unknown CPU".
 std::string describe_machine();
+// The cores this process may run on (its CPU affinity; the machine's count if that is unknown):
+// what ranks started together on this machine share.
+int64_t usable_cores();
 
 }  // namespace loom::plan

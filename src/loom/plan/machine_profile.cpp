@@ -167,6 +167,10 @@ const ProfileEntry& MachineProfile::entry(int64_t ranks) const {
               " loom calibrate --out FILE` to add one");
 }
 
+bool MachineProfile::has_entry(int64_t ranks) const {
+  return std::any_of(entries.begin(), entries.end(), [&](const ProfileEntry& e) { return e.ranks == ranks; });
+}
+
 void merge_profile_entry(MachineProfile& profile, ProfileEntry entry) {
   auto& entries = profile.entries;
   entries.erase(std::remove_if(entries.begin(), entries.end(), [&](const ProfileEntry& e) { return e.ranks == entry.ranks; }),
@@ -191,6 +195,7 @@ MachineProfile read_machine_profile(const std::string& path) {
   const nlohmann::json& machine = r.field(doc, "top level", "machine");
   if (!machine.is_string()) r.fail("machine", "expected a string");
   profile.machine = machine.get<std::string>();
+  if (doc.contains("cores")) profile.cores = r.count(doc, "top level", "cores");
   const nlohmann::json& entries = r.field(doc, "top level", "entries");
   if (!entries.is_array() || entries.empty()) r.fail("entries", "expected a non-empty array");
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -278,7 +283,8 @@ void write_machine_profile(const MachineProfile& profile, const std::string& pat
     }
     entries.push_back(j);
   }
-  const nlohmann::json doc = {{"format", kFormat}, {"machine", profile.machine}, {"entries", entries}};
+  nlohmann::json doc = {{"format", kFormat}, {"machine", profile.machine}, {"entries", entries}};
+  if (profile.cores > 0) doc["cores"] = profile.cores;
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
@@ -311,6 +317,20 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
   job.memory.state = kF32Adam;
   job.memory.activation_bytes = 4;
   job.memory.workspace_bytes = 0;
+  return out;
+}
+
+ProfiledMachine profiled_machine(const MachineProfile& profile, int64_t ranks, double memory_bytes_per_rank) {
+  const ProfileEntry& own = profile.entry(ranks);
+  const int64_t at_once = profile.cores / std::max<int64_t>(1, own.threads_per_rank);
+  if (at_once < 1 || ranks <= at_once || !profile.has_entry(at_once)) return profiled_machine(own, memory_bytes_per_rank);
+  ProfiledMachine out = profiled_machine(profile.entry(at_once), memory_bytes_per_rank);
+  const ProfiledMachine comm = profiled_machine(own, memory_bytes_per_rank);
+  out.cluster.gpus_per_node = comm.cluster.gpus_per_node;
+  out.cluster.gpu.nvlink_bytes_per_s = comm.cluster.gpu.nvlink_bytes_per_s;
+  out.cluster.inter_node_bytes_per_s_per_gpu = comm.cluster.inter_node_bytes_per_s_per_gpu;
+  out.cluster.measured_comm = comm.cluster.measured_comm;
+  out.cluster.cores = at_once;
   return out;
 }
 

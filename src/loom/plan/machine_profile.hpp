@@ -56,9 +56,14 @@ struct ProfileEntry {
 
 struct MachineProfile {
   std::string machine;  // the CPU model and core count, as calibrate found them
+  // The cores the ranks may run on (calibrate's CPU affinity); 0 when the file does not say
+  // (profiles written before the field), which predicts every rank count from its own entry.
+  int64_t cores = 0;
   std::vector<ProfileEntry> entries;
   // The entry measured at `ranks`; throws loom::Error listing the rank counts the file has.
   const ProfileEntry& entry(int64_t ranks) const;
+  // Whether there is one.
+  bool has_entry(int64_t ranks) const;
 };
 
 // JSON (format "loom-machine-profile/1"). read_machine_profile throws loom::Error naming the
@@ -78,5 +83,12 @@ struct ProfiledMachine {
   TrainingJob job;
 };
 ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_per_rank);
+// The same for `ranks` ranks from a whole profile. With more ranks than the profile's cores can
+// run at once (cores / threads per rank), the ranks take turns: compute, attention and memory
+// rates come from the entry at that many ranks (full speed, no turns taken), cluster.cores says
+// how many run at once, and the time model shares them out; collectives and send/recv come
+// from the entry at `ranks`, measured with every rank running. Otherwise profiled_machine of
+// entry(ranks). Throws loom::Error as entry() does.
+ProfiledMachine profiled_machine(const MachineProfile& profile, int64_t ranks, double memory_bytes_per_rank);
 
 }  // namespace loom::plan

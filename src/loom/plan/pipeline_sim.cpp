@@ -80,6 +80,25 @@ int64_t check_complete(const std::vector<std::vector<PipeAction>>& actions, int6
   return m;
 }
 
+// What both simulations check before running: the shapes, one positive pass time per stage,
+// and complete lists. Returns m.
+int64_t check_arguments(const std::vector<std::vector<PipeAction>>& actions, int64_t p, int64_t v,
+                        const std::vector<PassTimes>& stage_times, double p2p_s) {
+  if (p < 1 || v < 1) throw_error("simulate_pipeline: p = ", p, ", v = ", v, ", expected >= 1");
+  if (static_cast<int64_t>(actions.size()) != p)
+    throw_error("simulate_pipeline: ", actions.size(), " action lists for p = ", p, " ranks");
+  if (static_cast<int64_t>(stage_times.size()) != p * v)
+    throw_error("simulate_pipeline: ", stage_times.size(), " stages' pass times for p x v = ", p * v, " stages");
+  for (size_t stage = 0; stage < stage_times.size(); ++stage) {
+    const PassTimes& times = stage_times[stage];
+    if (!(times.forward_s > 0) || !(times.input_grad_s > 0) || !(times.weight_grad_s > 0) || !(p2p_s >= 0))
+      throw_error("simulate_pipeline: stage ", stage, ": forward ", times.forward_s, " s, input-gradient backward ",
+                  times.input_grad_s, " s, weight-gradient backward ", times.weight_grad_s, " s, p2p_s = ", p2p_s,
+                  ", expected times > 0 and p2p_s >= 0");
+  }
+  return check_complete(actions, v);
+}
+
 }  // namespace
 
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
@@ -93,13 +112,14 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
                                    int64_t v, const PassTimes& times, double p2p_s,
                                    StagePlacement placement) {
   if (p < 1 || v < 1) throw_error("simulate_pipeline: p = ", p, ", v = ", v, ", expected >= 1");
-  if (static_cast<int64_t>(actions.size()) != p)
-    throw_error("simulate_pipeline: ", actions.size(), " action lists for p = ", p, " ranks");
-  if (!(times.forward_s > 0) || !(times.input_grad_s > 0) || !(times.weight_grad_s > 0) || !(p2p_s >= 0))
-    throw_error("simulate_pipeline: forward ", times.forward_s, " s, input-gradient backward ", times.input_grad_s,
-                " s, weight-gradient backward ", times.weight_grad_s, " s, p2p_s = ", p2p_s,
-                ", expected times > 0 and p2p_s >= 0");
-  const int64_t m = check_complete(actions, v);
+  return simulate_pipeline(actions, p, v, std::vector<PassTimes>(static_cast<size_t>(p * v), times), p2p_s,
+                           placement);
+}
+
+PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
+                                   int64_t v, const std::vector<PassTimes>& stage_times, double p2p_s,
+                                   StagePlacement placement) {
+  const int64_t m = check_arguments(actions, p, v, stage_times, p2p_s);
   const int64_t stages = p * v;
   EndTimes end(m, stages);
 
@@ -153,6 +173,7 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
         const std::optional<double> start = ready_at(rank, a);
         if (!start) break;
         const int64_t stage = stage_of(a.chunk, rank, p, placement);
+        const PassTimes& times = stage_times[static_cast<size_t>(stage)];
         double duration = times.forward_s;
         switch (a.op) {
           case PipeOp::Forward: end.forward_end(a.micro_batch, stage) = *start + duration; break;
@@ -195,6 +216,132 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
   // at 0: the makespan is the last end time.
   double idle_fraction_sum = 0;
   for (double b : busy) idle_fraction_sum += (timeline.makespan - b) / timeline.makespan;
+  timeline.bubble_fraction = idle_fraction_sum / static_cast<double>(p);
+  return timeline;
+}
+
+PipelineTimeline simulate_pipeline_on_shared_cores(const std::vector<std::vector<PipeAction>>& actions,
+                                                   int64_t p, int64_t v, const std::vector<PassTimes>& stage_times,
+                                                   double p2p_s, StagePlacement placement, double cores,
+                                                   int64_t ranks_per_stage_rank) {
+  if (!(cores > 0) || !std::isfinite(cores))
+    throw_error("simulate_pipeline_on_shared_cores: cores = ", cores, ", expected a positive number");
+  if (ranks_per_stage_rank < 1)
+    throw_error("simulate_pipeline_on_shared_cores: ranks_per_stage_rank = ", ranks_per_stage_rank,
+                ", expected >= 1");
+  const int64_t m = check_arguments(actions, p, v, stage_times, p2p_s);
+  const int64_t stages = p * v;
+  EndTimes end(m, stages);
+  PipelineTimeline timeline;
+  timeline.peak_in_flight.assign(static_cast<size_t>(p), 0);
+  struct Running {
+    bool on = false;
+    double left = 0, start = 0;  // full-speed seconds still to do; when it started
+  };
+  std::vector<Running> running(static_cast<size_t>(p));
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  std::vector<double> wall_busy(static_cast<size_t>(p), 0.0);
+  std::vector<int64_t> in_flight(static_cast<size_t>(p), 0);
+
+  // When the action's inputs are there (its own rank's order aside), or nullopt while one is
+  // pending: the same dependencies as simulate_pipeline's.
+  auto inputs_at = [&](int64_t rank, const PipeAction& a) -> std::optional<double> {
+    const int64_t stage = stage_of(a.chunk, rank, p, placement);
+    auto hop = [&](int64_t other) { return rank_of_stage(other, p, placement) != rank ? p2p_s : 0.0; };
+    double t = 0;
+    if (a.op == PipeOp::Forward) {
+      if (stage > 0) {
+        const double prev = end.forward_end(a.micro_batch, stage - 1);
+        if (std::isnan(prev)) return std::nullopt;
+        t = prev + hop(stage - 1);
+      }
+    } else if (a.op == PipeOp::BackwardWeight) {
+      t = end.gradient_end(a.micro_batch, stage);
+      if (std::isnan(t)) return std::nullopt;
+    } else {
+      t = end.forward_end(a.micro_batch, stage);
+      if (std::isnan(t)) return std::nullopt;
+      if (stage + 1 < stages) {
+        const double later = end.gradient_end(a.micro_batch, stage + 1);
+        if (std::isnan(later)) return std::nullopt;
+        t = std::max(t, later + hop(stage + 1));
+      }
+    }
+    return t;
+  };
+  auto work_of = [&](int64_t rank, const PipeAction& a) {
+    const PassTimes& t = stage_times[static_cast<size_t>(stage_of(a.chunk, rank, p, placement))];
+    switch (a.op) {
+      case PipeOp::Forward: return t.forward_s;
+      case PipeOp::Backward: return t.backward_s();
+      case PipeOp::BackwardInput: return t.input_grad_s;
+      case PipeOp::BackwardWeight: return t.weight_grad_s;
+    }
+    return 0.0;
+  };
+
+  // Processor sharing, event by event: every busy process runs at min(1, cores / busy
+  // processes) of its full speed, the pipeline's ranks and the ranks_per_stage_rank - 1
+  // replicas beside each (data, tensor, context parallel peers) in lockstep with it.
+  double now = 0;
+  for (;;) {
+    double next_input = std::numeric_limits<double>::infinity();
+    int64_t busy = 0;
+    bool left_to_run = false;
+    for (int64_t rank = 0; rank < p; ++rank) {
+      const auto r = static_cast<size_t>(rank);
+      if (!running[r].on && next[r] < actions[r].size()) {
+        const PipeAction& a = actions[r][next[r]];
+        if (const std::optional<double> at = inputs_at(rank, a)) {
+          if (*at <= now) running[r] = {true, work_of(rank, a), now};
+          else next_input = std::min(next_input, *at);
+        }
+      }
+      left_to_run = left_to_run || next[r] < actions[r].size();
+      busy += running[r].on ? 1 : 0;
+    }
+    if (!left_to_run) break;
+    if (busy == 0 && !std::isfinite(next_input)) {
+      for (int64_t rank = 0; rank < p; ++rank) {
+        const auto r = static_cast<size_t>(rank);
+        if (next[r] < actions[r].size()) {
+          const PipeAction& a = actions[r][next[r]];
+          throw_error("simulate_pipeline_on_shared_cores: deadlock: rank ", rank, " waits forever at action ",
+                      next[r], " (", op_name(a.op), " of micro-batch ", a.micro_batch, " chunk ", a.chunk, ")");
+        }
+      }
+    }
+    const double rate = std::min(1.0, cores / static_cast<double>(busy * ranks_per_stage_rank));
+    double step = next_input - now;
+    for (const Running& run : running)
+      if (run.on) step = std::min(step, run.left / rate);
+    now += step;
+    for (int64_t rank = 0; rank < p; ++rank) {
+      const auto r = static_cast<size_t>(rank);
+      Running& run = running[r];
+      if (!run.on) continue;
+      run.left -= rate * step;
+      if (run.left > 1e-12 * std::max(1.0, now)) continue;
+      const PipeAction& a = actions[r][next[r]];
+      const int64_t stage = stage_of(a.chunk, rank, p, placement);
+      switch (a.op) {
+        case PipeOp::Forward: end.forward_end(a.micro_batch, stage) = now; break;
+        case PipeOp::Backward: end.gradient_end(a.micro_batch, stage) = end.weights_end(a.micro_batch, stage) = now; break;
+        case PipeOp::BackwardInput: end.gradient_end(a.micro_batch, stage) = now; break;
+        case PipeOp::BackwardWeight: end.weights_end(a.micro_batch, stage) = now; break;
+      }
+      if (a.op == PipeOp::Forward) ++in_flight[r];
+      if (a.op == PipeOp::Backward || a.op == PipeOp::BackwardWeight) --in_flight[r];
+      timeline.peak_in_flight[r] = std::max(timeline.peak_in_flight[r], in_flight[r]);
+      timeline.spans.push_back({rank, a.op, a.micro_batch, a.chunk, run.start, now});
+      wall_busy[r] += now - run.start;
+      run.on = false;
+      ++next[r];
+    }
+  }
+  timeline.makespan = now;
+  double idle_fraction_sum = 0;
+  for (double b : wall_busy) idle_fraction_sum += (now - b) / now;
   timeline.bubble_fraction = idle_fraction_sum / static_cast<double>(p);
   return timeline;
 }

@@ -41,6 +41,21 @@ struct PassTimes {
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
                                    int64_t v, const PassTimes& times, double p2p_s,
                                    StagePlacement placement = StagePlacement::RoundRobin);
+// The same with each stage's own pass times (p x v of them, by stage): a stage of more layers,
+// or the last with the head, takes longer, and the timeline shows where that stalls the others.
+PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
+                                   int64_t v, const std::vector<PassTimes>& stage_times, double p2p_s,
+                                   StagePlacement placement = StagePlacement::RoundRobin);
+// The same on a machine whose `cores` are shared by the pipeline's p ranks and, beside each, the
+// ranks_per_stage_rank - 1 data/tensor/context-parallel peers that run its list in lockstep
+// (loom's engine under mpirun on a CPU with fewer cores than ranks). Stage times are at full
+// speed (one core per process); while b of the pipeline's ranks are busy each runs at
+// min(1, cores / (b x ranks_per_stage_rank)) of it (processor sharing), so a rank idle in the
+// bubble lends its core to the busy ones. Messages (p2p_s) use no core. Same checks and errors.
+PipelineTimeline simulate_pipeline_on_shared_cores(const std::vector<std::vector<PipeAction>>& actions,
+                                                   int64_t p, int64_t v, const std::vector<PassTimes>& stage_times,
+                                                   double p2p_s, StagePlacement placement, double cores,
+                                                   int64_t ranks_per_stage_rank);
 // The same with a whole backward of t_backward_s, split evenly where a list splits it.
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
                                    int64_t v, double t_forward_s, double t_backward_s,

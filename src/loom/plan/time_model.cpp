@@ -247,31 +247,47 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   // The simulation below runs uniform chunks, so the slowest stage sets their pace: a stage's
   // layers, plus the head on the last one. The critical rank's own work is the most any pp
   // rank does over its v chunks.
-  double t_f = 0, t_b = 0, t_w = 0, compute_per_micro = 0, layers_per_rank = 0;
+  // Each stage's passes: its layers, plus the head on the last. The closed forms pace every
+  // chunk at the slowest stage's; the simulation takes each stage's own.
+  double t_f = 0, t_b = 0, t_w = 0, compute_per_micro = 0, layers_per_rank = 0, busy_per_micro = 0;
+  std::vector<PassTimes> stage_passes;
   for (int64_t stage = 0; stage < stages; ++stage) {
     const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
     const double head = stage == stages - 1 ? head_fwd : 0;
-    t_f = std::max(t_f, n * (layer.forward_s + blocking + layer.cp_exposed_forward_s) + head);
-    t_b = std::max(t_b, n * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + 2 * head);
-    t_w = std::max(t_w, n * layer.weight_grad_s + head);
+    const double f = n * (layer.forward_s + blocking + layer.cp_exposed_forward_s) + head;
+    const double b = n * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + 2 * head;
+    const double w = std::min(n * layer.weight_grad_s + head, b / 2);  // B is never shorter than W
+    stage_passes.push_back({f, b - w, w});
+    t_f = std::max(t_f, f);
+    t_b = std::max(t_b, b);
+    t_w = std::max(t_w, w);
   }
-  t_w = std::min(t_w, t_b / 2);  // the slowest stage's B is never shorter than its W
+  t_w = std::min(t_w, t_b / 2);
   for (int64_t rank = 0; rank < l.pp; ++rank) {
-    double work = 0, layers = 0;
+    double work = 0, layers = 0, busy_here = 0;
     for (int64_t chunk = 0; chunk < l.vp; ++chunk) {
       const int64_t stage = stage_of(chunk, rank, l.pp, stage_placement(l.schedule));
       const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
       work += n * (layer.forward_s + layer.backward_s) + (stage == stages - 1 ? 3 * head_fwd : 0);
       layers += n;
+      const PassTimes& passes = stage_passes[static_cast<size_t>(stage)];
+      busy_here += passes.forward_s + passes.backward_s();
     }
     compute_per_micro = std::max(compute_per_micro, work);
     layers_per_rank = std::max(layers_per_rank, layers);
+    busy_per_micro = std::max(busy_per_micro, busy_here);
   }
+  // loom's engine on a CPU with fewer cores than ranks: processes share the cores, each at
+  // cores / ranks of its full speed while all are busy (times above are at full speed).
+  const bool shared_cores = cluster.cores > 0 && l.gpus() > cluster.cores;
+  const double sharing = shared_cores ? static_cast<double>(l.gpus()) / static_cast<double>(cluster.cores) : 1.0;
 
   out.chunk_forward_s = t_f;
   out.chunk_backward_s = t_b;
   // Pipeline: simulate the schedule's own per-rank action lists.
-  double makespan = static_cast<double>(micro * l.vp) * (t_f + t_b);
+  // Without one, every rank is busy throughout: compute at the shared pace, tp and cp traffic
+  // (measured with every rank running) as it is.
+  double makespan = static_cast<double>(micro) * (busy_per_micro + compute_per_micro * (sharing - 1));
   if (l.pp > 1) {
     const double act_bytes = tokens * static_cast<double>(m.n_embd) * job.memory.activation_bytes / static_cast<double>(l.tp);
     const int64_t pp_stride = l.dp * l.cp * l.ep * l.tp;
@@ -279,7 +295,6 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     const double p2p = p2p_time(act_bytes, link);
     out.p2p_s = p2p;
     out.pp_comm_s = 2 * p2p * static_cast<double>(micro * l.vp);
-    const PassTimes passes{t_f, t_b - t_w, t_w};
     const double closed_form =
         l.schedule == PipelineSchedule::ZeroBubbleH1
             // m (F + B + W) + (p - 1)(F + B - W), B the input-gradient part (Qi et al. 2023, sec 3.1)
@@ -290,14 +305,22 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
             // activation down the V, exact when F = B = W (tests/test_pipeline_zbv.cpp)
             ? static_cast<double>(2 * micro) * (t_f + t_b) + static_cast<double>(l.pp - 1) * (t_f + p2p)
             : static_cast<double>(micro * l.vp + l.pp - 1) * (t_f + t_b + 2 * p2p);
-    makespan = simulate ? simulate_pipeline(pipeline_actions(l.schedule, l.pp, micro, l.vp), l.pp, l.vp, passes, p2p,
-                                            stage_placement(l.schedule))
-                              .makespan
-                        : closed_form;
+    const std::vector<std::vector<PipeAction>> actions = pipeline_actions(l.schedule, l.pp, micro, l.vp);
+    if (!simulate) {
+      makespan = closed_form * sharing;
+    } else if (shared_cores) {
+      makespan = simulate_pipeline_on_shared_cores(actions, l.pp, l.vp, stage_passes, p2p, stage_placement(l.schedule),
+                                                   static_cast<double>(cluster.cores), l.gpus() / l.pp)
+                     .makespan;
+    } else {
+      makespan = simulate_pipeline(actions, l.pp, l.vp, stage_passes, p2p, stage_placement(l.schedule)).makespan;
+    }
   }
-  const double busy = static_cast<double>(micro * l.vp) * (t_f + t_b);
+  // The critical rank's own passes; on shared cores a pipeline rank idle in the bubble lends
+  // its core to the busy ones, so the bubble can be smaller than the sharing suggests (>= 0).
+  const double busy = std::min(makespan, static_cast<double>(micro) * (busy_per_micro + compute_per_micro * (sharing - 1)));
   out.bubble_s = makespan - busy;
-  out.compute_s = static_cast<double>(micro) * compute_per_micro;
+  out.compute_s = std::min(busy, static_cast<double>(micro) * compute_per_micro * sharing);
   out.tp_comm_s = static_cast<double>(micro) * layers_per_rank * layer.tp_comm_s;
   out.cp_comm_s = static_cast<double>(micro) * layers_per_rank * layer.cp_comm_s;
   out.ep_comm_s = static_cast<double>(micro) * layers_per_rank * layer.ep_comm_s;
@@ -349,7 +372,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const double owned = l.zero_stage >= 1 ? params_per_rank / static_cast<double>(replicas) +
                                                experts_per_rank / static_cast<double>(expert_replicas)
                                          : params_per_rank + experts_per_rank;
-  out.optimizer_s = owned * 32 / gpu.hbm_bandwidth_bytes_per_s;
+  out.optimizer_s = owned * 32 / gpu.hbm_bandwidth_bytes_per_s * sharing;
   out.total_s = makespan + (out.exposed_comm_s - (busy - out.compute_s)) + out.optimizer_s;
   const double step_tokens = static_cast<double>(job.global_batch * job.seq_len);
   out.tokens_per_s = step_tokens / out.total_s;

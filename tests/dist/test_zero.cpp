@@ -53,12 +53,25 @@ TEST_P(ZeroStages, MemoryAndWireBytesPerStepMatchTheTextbook) {
   EXPECT_NEAR(live(MemCategory::Gradients), p4 * fraction(2), pad) << "gradients";
   EXPECT_NEAR(live(MemCategory::OptimizerState), 2 * p4 * fraction(1), 2 * pad) << "optimizer state";
   EXPECT_GE(live(MemCategory::Parameters), p4 * fraction(3));
-  // The planner's model of the engine predicts the same bytes without building anything.
+  // The planner's model of the engine predicts, without building anything, each category's
+  // peak within the last step (the allocator's window restarts every step): what stays after
+  // it, and for stages 2-3 the full-size gradients (and stage 3 the gathered units) it holds
+  // on the way.
+  auto peak = [&](MemCategory c) {
+    const size_t i = static_cast<size_t>(c);
+    return after.peak_bytes[i] - before.live_bytes[i];
+  };
   const plan::MemoryBreakdown predicted =
       plan::predict_engine_memory(trainer.model().config(), n, stage, 2000, false, 4, 16, Recompute::None);
-  EXPECT_EQ(predicted.parameters, live(MemCategory::Parameters));
-  EXPECT_EQ(predicted.gradients, live(MemCategory::Gradients));
-  EXPECT_EQ(predicted.optimizer_state, live(MemCategory::OptimizerState));
+  EXPECT_EQ(predicted.parameters, peak(MemCategory::Parameters));
+  EXPECT_EQ(predicted.gradients, peak(MemCategory::Gradients));
+  EXPECT_EQ(predicted.optimizer_state, peak(MemCategory::OptimizerState));
+  if (effective < 2) {
+    EXPECT_EQ(peak(MemCategory::Parameters), live(MemCategory::Parameters));
+    EXPECT_EQ(peak(MemCategory::Gradients), live(MemCategory::Gradients));
+  } else {
+    EXPECT_GT(peak(MemCategory::Gradients), live(MemCategory::Gradients));
+  }
   if (zero) {  // and to the byte against the padded layout
     EXPECT_EQ(live(MemCategory::OptimizerState), 2 * 4 * shard);
     EXPECT_EQ(live(MemCategory::Gradients), 4 * (effective >= 2 ? shard : shard * n));

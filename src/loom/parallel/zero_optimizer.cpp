@@ -136,6 +136,7 @@ void ZeroOptimizer::install_hooks() {
   if (zero_.stage == 1) return;
   Transformer::UnitHooks hooks;
   hooks.before_backward = [this](int64_t unit) {
+    retire_reduces();
     if (zero_.stage == 3) {
       ensure_gathered(flats_[static_cast<size_t>(unit)]);
       // The next unit backward needs: the last block after the root, then downwards.
@@ -183,6 +184,7 @@ void ZeroOptimizer::on_grad_ready(Parameter& param) {
 void ZeroOptimizer::issue_reduce(Flat& flat) {
   flat.ready = 0;
   flat.reduce_work = comm::reduce_scatter(*flat.group, flat.grad_full, flat.reduced, ReduceOp::Avg);
+  if (zero_.stage >= 2) in_flight_.push_back(static_cast<size_t>(&flat - flats_.data()));
   // Stages 2-3: nothing may write these gradients again this micro-batch; the buffer itself
   // stays alive (held by grad_full) until the reduce-scatter has read it.
   if (zero_.stage >= 2)
@@ -192,6 +194,8 @@ void ZeroOptimizer::issue_reduce(Flat& flat) {
 void ZeroOptimizer::complete_reduce(Flat& flat) {
   flat.reduce_work->wait();
   flat.reduce_work.reset();
+  const size_t index = static_cast<size_t>(&flat - flats_.data());
+  in_flight_.erase(std::remove(in_flight_.begin(), in_flight_.end(), index), in_flight_.end());
   if (flat.grad_scale != 1.0f) ops::scale_(flat.reduced, flat.grad_scale);
   const bool first = !flat.reduced_this_step;
   flat.reduced_this_step = true;
@@ -201,12 +205,20 @@ void ZeroOptimizer::complete_reduce(Flat& flat) {
   flat.grad_full = Tensor();  // "free after use": the full-size gradients are gone
 }
 
-// MPI progresses only inside MPI calls: testing finished reductions from the backward pass
-// both drives them and frees their full-size gradient buffers early.
+// MPI progresses only inside MPI calls: testing the reductions in flight from the backward
+// pass drives them. Their buffers are freed at retire_reduces only, whenever they finish, so
+// that the memory a step holds does not depend on how fast the other ranks are.
 void ZeroOptimizer::poll_reduces() {
   if (zero_.stage == 1) return;
-  for (Flat& flat : flats_)
-    if (flat.reduce_work && flat.reduce_work->test()) complete_reduce(flat);
+  for (size_t f : in_flight_) flats_[f].reduce_work->test();
+}
+
+// At each unit's backward: the reduce-scatter issued last may go on behind this unit's
+// compute; the older ones are finished (by now they have had a unit's backward to run) and
+// their full-size gradients freed. So a backward holds the unit's gradients, the previous
+// unit's in flight and the root's (its embedding gradients come last), as FSDP does.
+void ZeroOptimizer::retire_reduces() {
+  while (in_flight_.size() > 1) complete_reduce(flats_[in_flight_.front()]);
 }
 
 void ZeroOptimizer::zero_grad() {

@@ -10,6 +10,9 @@
 //   stage 2: gradients sharded too: every micro-batch reduce-scatters each bucket as it
 //            completes and adds the result to the rank's gradient shard; the full-size
 //            gradient buffer lives only from the unit's backward until its reduce-scatter ends.
+//            At most one reduce-scatter stays in flight past the start of the next unit's
+//            backward; the older ones are finished and their buffers freed there (and only
+//            there, so the peak is the same every step: plan/memory_model's replay of it).
 //   stage 3: parameters sharded too: a unit's parameters are all-gathered just before its
 //            forward and again before its backward (the next unit's gather is issued ahead,
 //            so it overlaps compute) and freed after each use.
@@ -125,6 +128,7 @@ class ZeroOptimizer final : public Optimizer {
   void issue_reduce(Flat& flat);
   void complete_reduce(Flat& flat);
   void poll_reduces();
+  void retire_reduces();  // finishes all but the latest reduce-scatter in flight
   void issue_gather(Flat& flat);
   void ensure_gathered(Flat& flat);
   void release(Flat& flat);
@@ -138,6 +142,7 @@ class ZeroOptimizer final : public Optimizer {
   std::vector<Flat> flats_;
   std::unordered_map<const Parameter*, size_t> flat_of_;
   std::vector<std::vector<size_t>> flats_of_unit_;  // which flats hold each unit's parameters
+  std::vector<size_t> in_flight_;  // stages 2-3: flats whose reduce-scatter was issued, oldest first
   bool sync_ = true;
   int64_t step_ = 0;
 };

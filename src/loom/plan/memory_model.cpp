@@ -239,27 +239,33 @@ MemoryBreakdown engine_model_states(const ModelConfig& m, const std::vector<Para
   }
   // ZeroOptimizer's flats: size-capped buckets in gradient-ready order (stages 1-2) or one
   // per unit (stage 3), each padded to a multiple of its group: dp, or dp / ep for experts.
+  struct Flat {
+    double padded = 0;
+    std::vector<const ParameterSpec*> members;
+  };
+  std::vector<Flat> flats;
   double shard = 0, padded = 0;
   auto add_flats = [&](const std::vector<ParameterSpec>& group_specs, int64_t ranks) {
-    std::vector<int64_t> flats;
+    std::vector<std::vector<const ParameterSpec*>> groups;
     if (stage == 3) {
-      flats.assign(static_cast<size_t>(m.n_layer + 1), 0);
-      for (const ParameterSpec& s : group_specs)
-        flats[static_cast<size_t>(s.unit)] += numel_here(s);
+      groups.resize(static_cast<size_t>(m.n_layer + 1));
+      for (const ParameterSpec& s : group_specs) groups[static_cast<size_t>(s.unit)].push_back(&s);
     } else {
       std::vector<int64_t> numels;
       for (const ParameterSpec& s : group_specs) numels.push_back(numel_here(s));
       for (const std::vector<size_t>& bucket : group_into_buckets(numels, bucket_bytes)) {
-        int64_t n = 0;
-        for (size_t i : bucket) n += numels[i];
-        flats.push_back(n);
+        groups.emplace_back();
+        for (size_t i : bucket) groups.back().push_back(&group_specs[i]);
       }
     }
-    for (int64_t n : flats) {
+    for (std::vector<const ParameterSpec*>& members : groups) {
+      int64_t n = 0;
+      for (const ParameterSpec* s : members) n += numel_here(*s);
       if (n == 0) continue;  // a unit this rank holds nothing of
       const int64_t piece = (n + ranks - 1) / ranks;
       shard += static_cast<double>(piece);
       padded += static_cast<double>(piece * ranks);
+      flats.push_back({static_cast<double>(piece * ranks), std::move(members)});
     }
   };
   if (ep == 1) {
@@ -268,9 +274,74 @@ MemoryBreakdown engine_model_states(const ModelConfig& m, const std::vector<Para
     add_flats(dense, dp);
     add_flats(experts, dp / ep);
   }
+  // Stages 2-3 hold full-size gradients within the step: replay one backward as ZeroOptimizer
+  // runs it. A unit's backward first finishes every reduce-scatter in flight but the latest
+  // and frees its flat, then allocates the unit's flats; a flat's reduce-scatter is issued once
+  // all its gradients are ready: the head's and final norm's first, each block's after its
+  // backward (last block first), the embedding tables' at the very end. The root's backward
+  // begins with the loss.
+  double grads_in_step = 0, params_in_step = 0;
+  if (stage >= 2) {
+    const int64_t blocks = m.n_layer;
+    auto ready_event = [&](const ParameterSpec& s) -> int64_t {
+      switch (s.part) {
+        case ModelPart::FinalNorm:
+        case ModelPart::OutputHead: return 0;
+        case ModelPart::Block: return blocks - s.unit + 1;
+        default: return blocks + 1;  // the token and position tables
+      }
+    };
+    std::vector<bool> live(flats.size(), false), issued(flats.size(), false);
+    std::vector<size_t> in_flight;
+    double alive = 0;
+    auto unit_backward = [&](int64_t unit) {  // before_backward(unit)
+      while (in_flight.size() > 1) {
+        live[in_flight.front()] = false;
+        alive -= flats[in_flight.front()].padded;
+        in_flight.erase(in_flight.begin());
+      }
+      for (size_t f = 0; f < flats.size(); ++f) {
+        const bool touches = std::any_of(flats[f].members.begin(), flats[f].members.end(),
+                                         [&](const ParameterSpec* s) { return s->unit == unit; });
+        if (touches && !live[f] && !issued[f]) {
+          live[f] = true;
+          alive += flats[f].padded;
+        }
+      }
+      grads_in_step = std::max(grads_in_step, alive);
+    };
+    auto ready_until = [&](int64_t event) {  // issue every flat whose gradients are all ready
+      for (size_t f = 0; f < flats.size(); ++f)
+        if (!issued[f] && std::all_of(flats[f].members.begin(), flats[f].members.end(),
+                                      [&](const ParameterSpec* s) { return ready_event(*s) <= event; })) {
+          issued[f] = true;
+          in_flight.push_back(f);
+        }
+    };
+    unit_backward(0);
+    ready_until(0);
+    for (int64_t unit = blocks; unit >= 1; --unit) {
+      unit_backward(unit);
+      ready_until(blocks - unit + 1);
+    }
+    ready_until(blocks + 1);
+    // Stage 3 gathers the root for the whole step and each block with its neighbour prefetched:
+    // forward block u beside u + 1, backward u beside u - 1.
+    if (stage == 3) {
+      auto unit_size = [&](int64_t unit) {
+        double n = 0;
+        for (const Flat& f : flats)
+          if (!f.members.empty() && f.members.front()->unit == unit) n += f.padded;
+        return n;
+      };
+      double pair = blocks >= 1 ? unit_size(1) : 0;
+      for (int64_t unit = 1; unit < blocks; ++unit) pair = std::max(pair, unit_size(unit) + unit_size(unit + 1));
+      params_in_step = unit_size(0) + pair;
+    }
+  }
   MemoryBreakdown mem;
-  mem.parameters = state.parameter * (stage >= 3 ? shard : padded);
-  mem.gradients = state.gradient * (stage >= 2 ? shard : padded);
+  mem.parameters = state.parameter * (stage >= 3 ? shard + params_in_step : padded);
+  mem.gradients = state.gradient * (stage >= 2 ? shard + grads_in_step : padded);
   mem.optimizer_state = (state.master + state.moments) * shard;
   return mem;
 }

@@ -97,8 +97,12 @@ int64_t deferred_weight_grad_bytes(const ModelConfig& model, int64_t layers, boo
 MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
 
 // The CPU engine as built, exactly: bytes of parameters, gradients and optimizer state on one
-// rank after a step, for `dp` ranks under ZeRO `stage` (stage ignored with one rank) with the
-// engine's bucket size and flat padding; `bf16` adds the fp32 masters. Activations: what
+// rank at their peak within a step (what the allocator's per-step peaks show), for `dp` ranks
+// under ZeRO `stage` (stage ignored with one rank) with the engine's bucket size and flat
+// padding; `bf16` adds the fp32 masters. Up to stage 1 that is what stays after the step;
+// stages 2-3 add the full-size gradients they hold on the way (ZeroOptimizer's order replayed:
+// the root's flats, the unit in hand and the one reduce-scatter left in flight) and stage 3 the
+// gathered units (the root and two neighbouring blocks). Activations: what
 // Transformer::forward allocates for (batch, seq_len) under `recompute`, on one rank of `tp`
 // (heads and MLP columns divide by tp; with `sequence_parallel` the residual stream, norms and
 // their outputs divide by tp too), holding seq_len / `cp` tokens of each sequence (context

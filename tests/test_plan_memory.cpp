@@ -192,15 +192,19 @@ TEST(PlanMemory, Fp8LinearInputsTakeOneByte) {
   m.n_head = m.n_kv_head = 16;
   m.max_seq_len = 2048;
   PlanLayout l;
-  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true), 2048.0 * ((4100 + 7168 + 5136) * 2 - 7168));
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
+                   2048.0 * ((4100 + 7168 + 5136) * 2 - 7168));
   l.recompute = Recompute::Selective;  // the attention output and MLP activation are recomputed
-  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true), 2048.0 * ((4100 + 7168) * 2 - 2048));
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
+                   2048.0 * ((4100 + 7168) * 2 - 2048));
   l.recompute = Recompute::None;
   l.tp = 4;
   l.sequence_parallel = true;
-  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true), 2048.0 * ((4100 + 7168 + 5136) * 2 - 7168) / 4);
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
+                   2048.0 * ((4100 + 7168 + 5136) * 2 - 7168) / 4);
   l.recompute = Recompute::Full;  // the layer input, kept in 16 bits
-  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true), 2048.0 * 1024 * 2 / 4);
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
+                   2048.0 * 1024 * 2 / 4);
 }
 
 }  // namespace

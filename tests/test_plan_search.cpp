@@ -121,8 +121,10 @@ TEST(PlanTime, DeepSpeedZeroThreeSendsEveryGpusBytesOverItsOwnLink) {
 // chunk is (16 F + head) / 2: exactly half the v = 1 stage of 16 layers with the head.
 TEST(PlanTime, InterleavedChunksRunAtTheBusiestRanksMeanPace) {
   const ModelConfig m = model_preset("llama-8b");
-  const plan::StepTime one = plan::predict_step_time(m, plan::parse_layout("pp=2,dp=4,mbs=1"), h100s(8), job(4096, 16));
-  const plan::StepTime two = plan::predict_step_time(m, plan::parse_layout("pp=2,dp=4,mbs=1,v=2"), h100s(8), job(4096, 16));
+  const plan::StepTime one =
+      plan::predict_step_time(m, plan::parse_layout("pp=2,dp=4,mbs=1"), h100s(8), job(4096, 16));
+  const plan::StepTime two = plan::predict_step_time(m, plan::parse_layout("pp=2,dp=4,mbs=1,v=2"),
+                                                     h100s(8), job(4096, 16));
   EXPECT_NEAR(two.chunk_forward_s, one.chunk_forward_s / 2, 1e-12);
   EXPECT_NEAR(two.chunk_backward_s, one.chunk_backward_s / 2, 1e-12);
 }

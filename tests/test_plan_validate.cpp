@@ -343,8 +343,10 @@ TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
   auto run = [](const std::string& name, const std::string& parallelism, const std::string& extra) {
     const std::string text = R"([{"id": ")" + name + R"(", "kind": "throughput",
       "model": {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128},
-      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8)" + extra + R"(},
-      "parallelism": {"total_gpus": 16, "tp": 1, "pp": 2, "dp": 8, )" + parallelism + R"(},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8)" +
+                             extra + R"(},
+      "parallelism": {"total_gpus": 16, "tp": 1, "pp": 2, "dp": 8, )" +
+                             parallelism + R"(},
       "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4}}])";
     return plan::read_published_runs(write_file(name + ".json", text)).front();
   };
@@ -354,9 +356,11 @@ TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
   const plan::RunCheck c = plan::check_published_run(inter);
   EXPECT_TRUE(c.fits);
   EXPECT_GE(c.layout.vp, 2);
-  EXPECT_FALSE(run("plain", R"x("pp_schedule": "1F1B (non-interleaved)")x", "").unstated.interleaved);
+  EXPECT_FALSE(
+      run("plain", R"x("pp_schedule": "1F1B (non-interleaved)")x", "").unstated.interleaved);
   // 1 GiB of HBM: nothing fits, so the smallest interleaving (8 layers: V = 2 or 4).
-  const plan::PublishedRun tight = run("tight", R"("pp_schedule": "interleaved")", R"(, "gpu_mem_gb": 1)");
+  const plan::PublishedRun tight =
+      run("tight", R"("pp_schedule": "interleaved")", R"(, "gpu_mem_gb": 1)");
   const plan::RunCheck none = plan::check_published_run(tight);
   EXPECT_FALSE(none.fits);
   EXPECT_EQ(none.layout.vp, 2);
@@ -385,7 +389,8 @@ TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
   EXPECT_EQ(with_config("selective").layout.recompute, Recompute::Selective);
   const plan::PublishedRun bad = with_config("sometimes");
   EXPECT_TRUE(bad.malformed);
-  expect_contains(bad.refused, {"'cfg': recompute_config = 'sometimes'; expected none, selective or full"});
+  expect_contains(bad.refused,
+                  {"'cfg': recompute_config = 'sometimes'; expected none, selective or full"});
 }
 
 }  // namespace

@@ -63,7 +63,8 @@ LayerElements layer_elements(const ModelConfig& m) {
   const double moe = static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
   if (moe == 0 || moe == 1) return layer_elements_of(m, moe == 1);
   const LayerElements a = layer_elements_of(m, true), b = layer_elements_of(m, false);
-  return {moe * a.replicated_by_tp + (1 - moe) * b.replicated_by_tp, moe * a.split_by_tp + (1 - moe) * b.split_by_tp,
+  return {moe * a.replicated_by_tp + (1 - moe) * b.replicated_by_tp,
+          moe * a.split_by_tp + (1 - moe) * b.split_by_tp,
           moe * a.recomputable + (1 - moe) * b.recomputable,
           moe * a.linear_replicated + (1 - moe) * b.linear_replicated,
           moe * a.linear_recomputable + (1 - moe) * b.linear_recomputable};
@@ -72,8 +73,8 @@ LayerElements layer_elements(const ModelConfig& m) {
 }  // namespace
 
 // Korthikanti et al. 2022, eqs. 1-6 (16-bit: 2 bytes per element, 1 per dropout mask).
-double korthikanti_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const PlanLayout& l,
-                               bool flash_attention, bool fp8_linear_inputs) {
+double korthikanti_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len,
+                               const PlanLayout& l, bool flash_attention, bool fp8_linear_inputs) {
   const double sbh = static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp) *
                      static_cast<double>(m.n_embd);
   const double t = static_cast<double>(l.tp), h = static_cast<double>(m.n_embd);
@@ -84,12 +85,14 @@ double korthikanti_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_
     per += 5 * static_cast<double>(m.n_head) * static_cast<double>(seq_len) / (h * t);
   // FP8: the Linear inputs (q|k|v and MLP inputs, 2 sbh each, replicated without SP; the
   // attention output, 2 sbh, and the MLP activation, 2 sbf, split by t) saved in 1 byte.
-  if (fp8_linear_inputs) per -= 2 / (l.sequence_parallel ? t : 1.0) + (1 + static_cast<double>(m.ffn_hidden) / h) / t;
+  if (fp8_linear_inputs)
+    per -= 2 / (l.sequence_parallel ? t : 1.0) + (1 + static_cast<double>(m.ffn_hidden) / h) / t;
   return sbh * per;
 }
 
-double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const PlanLayout& l,
-                              double bytes_per_element, bool flash_attention, bool fp8_linear_inputs) {
+double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len,
+                              const PlanLayout& l, double bytes_per_element, bool flash_attention,
+                              bool fp8_linear_inputs) {
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp);
   const double t = static_cast<double>(l.tp);
   const LayerElements e = layer_elements(m);
@@ -180,9 +183,10 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   const double bytes = job.activation_bytes;
   auto layer_bytes = [&](const PlanLayout& layout) {
     return job.accounting == ActivationAccounting::Korthikanti
-               ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout, job.flash_attention, job.fp8_linear_inputs)
-               : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes, job.flash_attention,
-                                        job.fp8_linear_inputs);
+               ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout,
+                                         job.flash_attention, job.fp8_linear_inputs)
+               : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
+                                        job.flash_attention, job.fp8_linear_inputs);
   };
   MemoryBreakdown mem;
   RankParameters held;

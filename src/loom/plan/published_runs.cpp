@@ -296,15 +296,19 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   if (run.unstated.vp && schedule.find("interleav") != std::string::npos &&
       schedule.find("non-interleav") == std::string::npos) {
     run.unstated.interleaved = true;
-    run.assumptions.push_back("pp_schedule interleaved, V not stated: V >= 2 (the fastest that fits, else 2)");
+    run.assumptions.push_back(
+        "pp_schedule interleaved, V not stated: V >= 2 (the fastest that fits, else 2)");
   }
   // DeepSpeed's ZeRO-3 moves its gathers and reduce-scatters as the ZeRO++ paper describes
   // (sec. 3), not as the hierarchical NCCL collectives FSDP and Megatron use.
   if (l.zero_stage == 3 &&
-      !contains_any(lowercase(f.text("parallelism.notes") + " " + f.text("parallelism.fsdp")), {"deepspeed"}).empty()) {
+      !contains_any(lowercase(f.text("parallelism.notes") + " " + f.text("parallelism.fsdp")),
+                    {"deepspeed"})
+           .empty()) {
     run.deepspeed_zero3 = true;
     run.assumptions.push_back(
-        "DeepSpeed ZeRO-3 (parallelism text): every gather and reduce-scatter crosses each GPU's own network link, "
+        "DeepSpeed ZeRO-3 (parallelism text): every gather and reduce-scatter crosses each GPU's "
+        "own network link, "
         "parameters gathered again for recomputation (ZeRO++ sec. 3)");
   }
 }
@@ -360,7 +364,8 @@ void fill_run(const json& entry, PublishedRun& run) {
     if (!recompute_stated)
       throw_error("published run '", run.id, "': recompute_config = '", f.text("recompute_config"),
                   "'; expected none, selective or full");
-    run.assumptions.push_back("recompute " + f.text("recompute_config") + " from the launcher config (recompute_config_note)");
+    run.assumptions.push_back("recompute " + f.text("recompute_config") +
+                              " from the launcher config (recompute_config_note)");
   }
   run.unstated.recompute = !recompute_stated;
   const std::string precision = lowercase(f.text("precision"));

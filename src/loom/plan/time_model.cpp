@@ -366,7 +366,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
       }
       out.dp_comm_s = static_cast<double>(micro) * layers * ((1 + backward_gathers) * ag + rs);
       exposed += static_cast<double>(micro) * layers *
-                 (std::max(0.0, ag - layer.forward_s) + std::max(0.0, backward_gathers * ag + rs - layer.backward_s));
+                 (std::max(0.0, ag - layer.forward_s) +
+                  std::max(0.0, backward_gathers * ag + rs - layer.backward_s));
     }
   }
   out.exposed_comm_s = std::max(0.0, exposed);

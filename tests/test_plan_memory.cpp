@@ -182,5 +182,30 @@ TEST(PlanMemory, RankParametersFollowEachParametersPlacement) {
   EXPECT_DOUBLE_EQ(split.block, (one.block - norms) / 4 + norms);
 }
 
+// FP8 (Transformer Engine): each Linear saves the FP8 cast of its input, 1 byte instead of 2.
+// The layer of LayerActivationsByHand (h 1024, f 4096) has 2h = 2048 norm outputs (q|k|v and
+// MLP inputs) and h + f = 5120 attention outputs and MLP activations among its Linear inputs.
+TEST(PlanMemory, Fp8LinearInputsTakeOneByte) {
+  ModelConfig m = tiny_gpt2();
+  m.n_embd = 1024;
+  m.ffn_hidden = 4096;
+  m.n_head = m.n_kv_head = 16;
+  m.max_seq_len = 2048;
+  PlanLayout l;
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
+                   2048.0 * ((4100 + 7168 + 5136) * 2 - 7168));
+  l.recompute = Recompute::Selective;  // the attention output and MLP activation are recomputed
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
+                   2048.0 * ((4100 + 7168) * 2 - 2048));
+  l.recompute = Recompute::None;
+  l.tp = 4;
+  l.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
+                   2048.0 * ((4100 + 7168 + 5136) * 2 - 7168) / 4);
+  l.recompute = Recompute::Full;  // the layer input, kept in 16 bits
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
+                   2048.0 * 1024 * 2 / 4);
+}
+
 }  // namespace
 }  // namespace loom::test

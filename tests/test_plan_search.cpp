@@ -126,5 +126,38 @@ TEST(PlanSearch, LargeClustersWorkAndAModelThatCannotFitSaysWhatWould) {
   EXPECT_LE(none.gpus_needed, 1024);
 }
 
+// DeepSpeed's ZeRO-3 (ZeRO++ sec. 3): each layer's 16-bit weights gathered for forward, again
+// for the recomputed forward and for backward, and its 16-bit gradients reduce-scattered, each
+// a ring over all 16 ranks on every GPU's own 50 GB/s network link: per layer and micro-batch
+// 4 x 15 steps of (9.6 us + 2 P / 16 / 50e9 s). Llama 3 8B's layer: P = 4096 x (4096 + 2 x 1024)
+// (q, k, v) + 4096^2 (o) + 3 x 4096 x 14336 (SwiGLU) + 2 x 4096 (norms) = 218,112,000.
+TEST(PlanTime, DeepSpeedZeroThreeSendsEveryGpusBytesOverItsOwnLink) {
+  const ModelConfig m = model_preset("llama-8b");
+  const plan::PlanLayout l = plan::parse_layout("dp=16,zero=3,mbs=1,recompute=full");
+  plan::TrainingJob deepspeed = job(4096, 16);
+  deepspeed.zero3_traffic = plan::Zero3Traffic::DeepSpeed;
+  const plan::StepTime t = plan::predict_step_time(m, l, h100s(16), deepspeed);
+  const double per_layer = 218112000.0;
+  const double ring = 15 * (9.6e-6 + 2 * per_layer / 16 / 50e9);
+  EXPECT_NEAR(t.dp_comm_s, 32 * 4 * ring, 1e-9);
+  // NCCL's hierarchical collectives (FSDP) move the same bytes far faster: NVLink inside the
+  // node, an eighth over each NIC.
+  const plan::StepTime fsdp = plan::predict_step_time(m, l, h100s(16), job(4096, 16));
+  EXPECT_LT(fsdp.dp_comm_s, t.dp_comm_s / 4);
+}
+
+// Interleaving: a steady pipeline runs at the busiest rank's work per micro-batch. With p = 2,
+// v = 2 the last rank holds stages 1 and 3 (8 layers each, the head on stage 3), so its mean
+// chunk is (16 F + head) / 2: exactly half the v = 1 stage of 16 layers with the head.
+TEST(PlanTime, InterleavedChunksRunAtTheBusiestRanksMeanPace) {
+  const ModelConfig m = model_preset("llama-8b");
+  const plan::StepTime one =
+      plan::predict_step_time(m, plan::parse_layout("pp=2,dp=4,mbs=1"), h100s(8), job(4096, 16));
+  const plan::StepTime two = plan::predict_step_time(m, plan::parse_layout("pp=2,dp=4,mbs=1,v=2"),
+                                                     h100s(8), job(4096, 16));
+  EXPECT_NEAR(two.chunk_forward_s, one.chunk_forward_s / 2, 1e-12);
+  EXPECT_NEAR(two.chunk_backward_s, one.chunk_backward_s / 2, 1e-12);
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -214,9 +214,9 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(s.runs, 57);
   EXPECT_EQ(s.answered, 53);
   EXPECT_EQ(s.rates.count, 45);
-  EXPECT_EQ(pct(s.rates.median), "7.1");
-  EXPECT_EQ(pct(s.rates.p90), "24.7");
-  EXPECT_EQ(pct(s.rates.worst), "298.6");
+  EXPECT_EQ(pct(s.rates.median), "6.6");
+  EXPECT_EQ(pct(s.rates.p90), "14.6");
+  EXPECT_EQ(pct(s.rates.worst), "24.7");
   EXPECT_EQ(s.memory.count, 8);
   EXPECT_EQ(pct(s.memory.median), "1.7");
   EXPECT_EQ(pct(s.memory.worst), "27.9");
@@ -225,13 +225,13 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   std::map<std::string, std::string> medians;
   for (const plan::SourceCoverage& src : s.by_source)
     if (src.rates.count > 0) medians[src.label] = pct(src.rates.median);
-  EXPECT_EQ(medians["Narayanan et al. 2021"], "7.1");
+  EXPECT_EQ(medians["Narayanan et al. 2021"], "4.9");
   EXPECT_EQ(medians["MosaicML llm-foundry"], "6.8");
   EXPECT_EQ(medians["Hagemann et al. 2023"], "1.3");
   EXPECT_EQ(medians["Korthikanti et al. 2022"], "10.2");
-  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "27.9");
+  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "14.0");
   EXPECT_EQ(medians["Megatron-LM README (H100)"], "5.2");
-  EXPECT_EQ(medians["NeMo 24.07"], "17.4");
+  EXPECT_EQ(medians["NeMo 24.07"], "6.2");
   EXPECT_EQ(medians["Megatron-Bridge 25.11"], "21.6");
   EXPECT_EQ(medians["torchtitan"], "6.3");
 }
@@ -334,6 +334,63 @@ TEST(PlanAttention, MaterialisedScoresCostMemoryAndTime) {
   const double fast = plan::predict_step_time(m, l, cluster, job).total_s;
   job.memory.flash_attention = false;
   EXPECT_GT(plan::predict_step_time(m, l, cluster, job).total_s, 1.05 * fast);
+}
+
+// The rules read from a run's text: a stated interleaved schedule with no V takes V >= 2 (the
+// fastest that fits; V = 2 when none fits); "non-interleaved" does not; DeepSpeed's ZeRO-3 is
+// read from the parallelism text; recompute_config (a loom addition) fills an unstated recompute.
+TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
+  auto run = [](const std::string& name, const std::string& parallelism, const std::string& extra) {
+    const std::string text = R"([{"id": ")" + name + R"(", "kind": "throughput",
+      "model": {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8)" +
+                             extra + R"(},
+      "parallelism": {"total_gpus": 16, "tp": 1, "pp": 2, "dp": 8, )" +
+                             parallelism + R"(},
+      "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4}}])";
+    return plan::read_published_runs(write_file(name + ".json", text)).front();
+  };
+  const plan::PublishedRun inter = run("inter", R"("pp_schedule": "interleaved 1F1B")", "");
+  ASSERT_TRUE(inter.refused.empty()) << inter.refused;
+  EXPECT_TRUE(inter.unstated.interleaved);
+  const plan::RunCheck c = plan::check_published_run(inter);
+  EXPECT_TRUE(c.fits);
+  EXPECT_GE(c.layout.vp, 2);
+  EXPECT_FALSE(
+      run("plain", R"x("pp_schedule": "1F1B (non-interleaved)")x", "").unstated.interleaved);
+  // 1 GiB of HBM: nothing fits, so the smallest interleaving (8 layers: V = 2 or 4).
+  const plan::PublishedRun tight =
+      run("tight", R"("pp_schedule": "interleaved")", R"(, "gpu_mem_gb": 1)");
+  const plan::RunCheck none = plan::check_published_run(tight);
+  EXPECT_FALSE(none.fits);
+  EXPECT_EQ(none.layout.vp, 2);
+  expect_contains(none.picks.front(), {"vp 2 (none fits: the smallest interleaving)"});
+
+  EXPECT_TRUE(run("ds", R"("zero_stage": 3, "notes": "ZeRO-3 via DeepSpeed")", "").deepspeed_zero3);
+  EXPECT_FALSE(run("fsdp", R"("zero_stage": 3, "fsdp": "FSDP")", "").deepspeed_zero3);
+  EXPECT_FALSE(run("ds1", R"("zero_stage": 1, "notes": "DeepSpeed ZeRO-1")", "").deepspeed_zero3);
+
+  const std::string unstated = R"([{"id": "cfg", "kind": "throughput",
+    "model": {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128},
+    "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8}, "parallelism": {"total_gpus": 8, "tp": 1, "pp": 1, "dp": 8},
+    "micro_batch": 1, "global_batch": 64, "recompute": null, "recompute_config": "%R%", "measured": {"mfu": 0.4}}])";
+  auto with_config = [&](const std::string& value) {
+    std::string t = unstated;
+    t.replace(t.find("%R%"), 3, value);
+    return plan::read_published_runs(write_file("cfg_" + value + ".json", t)).front();
+  };
+  const plan::PublishedRun cfg = with_config("none");
+  ASSERT_TRUE(cfg.refused.empty()) << cfg.refused;
+  EXPECT_FALSE(cfg.unstated.recompute);
+  EXPECT_EQ(cfg.layout.recompute, Recompute::None);
+  std::string said;
+  for (const std::string& a : cfg.assumptions) said += a + "; ";
+  expect_contains(said, {"recompute none from the launcher config (recompute_config_note)"});
+  EXPECT_EQ(with_config("selective").layout.recompute, Recompute::Selective);
+  const plan::PublishedRun bad = with_config("sometimes");
+  EXPECT_TRUE(bad.malformed);
+  expect_contains(bad.refused,
+                  {"'cfg': recompute_config = 'sometimes'; expected none, selective or full"});
 }
 
 }  // namespace

@@ -238,7 +238,9 @@ int run_validate(const PlanArgs& args) {
     }
     std::string notes;
     for (const std::string& a : c.run->assumptions) notes += (notes.empty() ? "" : "; ") + a;
-    for (const std::string& p : c.picks) notes += (notes.empty() ? "" : "; ") + p + " (fastest that fits)";
+    for (const std::string& p : c.picks)
+      notes += (notes.empty() ? "" : "; ") + p +
+               (p.find("none fits") == std::string::npos ? " (fastest that fits)" : "");
     if (!notes.empty()) std::printf("  assumed: %s\n", notes.c_str());
   }
   std::printf("\ncoverage: %lld of %lld runs answered, %lld refused with a reason%s\n", static_cast<long long>(summary.answered),

@@ -30,6 +30,9 @@ struct LayerElements {
   double replicated_by_tp;  // layer input, norm outputs and statistics, mid residual (divide by t under SP)
   double split_by_tp;       // q|k|v, MLP pre-activation: always divided by t
   double recomputable;      // attention output, log-sum-exp, MLP activation (dropped by selective)
+  // Of those, the inputs of Linear layers (saved in 1 byte under FP8): the two norm outputs
+  // (in replicated_by_tp) and the attention output and MLP activation (in recomputable).
+  double linear_replicated, linear_recomputable;
 };
 
 LayerElements layer_elements_of(const ModelConfig& m, bool moe_layer) {
@@ -49,6 +52,8 @@ LayerElements layer_elements_of(const ModelConfig& m, bool moe_layer) {
   e.replicated_by_tp = h /*input*/ + 2 * (h + norm_stats) /*two norms*/ + h /*mid residual*/;
   e.split_by_tp = (h + 2.0 * static_cast<double>(m.kv_dim())) + k * mlp_pre + moe_extra;
   e.recomputable = h + static_cast<double>(m.n_head) + k * f;
+  e.linear_replicated = 2 * h;
+  e.linear_recomputable = h + k * f;
   return e;
 }
 
@@ -58,15 +63,18 @@ LayerElements layer_elements(const ModelConfig& m) {
   const double moe = static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
   if (moe == 0 || moe == 1) return layer_elements_of(m, moe == 1);
   const LayerElements a = layer_elements_of(m, true), b = layer_elements_of(m, false);
-  return {moe * a.replicated_by_tp + (1 - moe) * b.replicated_by_tp, moe * a.split_by_tp + (1 - moe) * b.split_by_tp,
-          moe * a.recomputable + (1 - moe) * b.recomputable};
+  return {moe * a.replicated_by_tp + (1 - moe) * b.replicated_by_tp,
+          moe * a.split_by_tp + (1 - moe) * b.split_by_tp,
+          moe * a.recomputable + (1 - moe) * b.recomputable,
+          moe * a.linear_replicated + (1 - moe) * b.linear_replicated,
+          moe * a.linear_recomputable + (1 - moe) * b.linear_recomputable};
 }
 
 }  // namespace
 
 // Korthikanti et al. 2022, eqs. 1-6 (16-bit: 2 bytes per element, 1 per dropout mask).
-double korthikanti_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const PlanLayout& l,
-                               bool flash_attention) {
+double korthikanti_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len,
+                               const PlanLayout& l, bool flash_attention, bool fp8_linear_inputs) {
   const double sbh = static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp) *
                      static_cast<double>(m.n_embd);
   const double t = static_cast<double>(l.tp), h = static_cast<double>(m.n_embd);
@@ -75,11 +83,16 @@ double korthikanti_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_
   double per = (l.sequence_parallel ? 10 / t : 10.0) + split / t;
   if (l.recompute == Recompute::None && !flash_attention)
     per += 5 * static_cast<double>(m.n_head) * static_cast<double>(seq_len) / (h * t);
+  // FP8: the Linear inputs (q|k|v and MLP inputs, 2 sbh each, replicated without SP; the
+  // attention output, 2 sbh, and the MLP activation, 2 sbf, split by t) saved in 1 byte.
+  if (fp8_linear_inputs)
+    per -= 2 / (l.sequence_parallel ? t : 1.0) + (1 + static_cast<double>(m.ffn_hidden) / h) / t;
   return sbh * per;
 }
 
-double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len, const PlanLayout& l,
-                              double bytes_per_element, bool flash_attention) {
+double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len,
+                              const PlanLayout& l, double bytes_per_element, bool flash_attention,
+                              bool fp8_linear_inputs) {
   const double tokens = static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp);
   const double t = static_cast<double>(l.tp);
   const LayerElements e = layer_elements(m);
@@ -87,6 +100,11 @@ double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t
   double per_token = e.replicated_by_tp / (l.sequence_parallel ? t : 1.0) + e.split_by_tp / t;
   if (l.recompute == Recompute::None) per_token += e.recomputable / t;
   double bytes = tokens * per_token * bytes_per_element;
+  if (fp8_linear_inputs) {  // those elements at 1 byte instead of bytes_per_element
+    double linear = e.linear_replicated / (l.sequence_parallel ? t : 1.0);
+    if (l.recompute == Recompute::None) linear += e.linear_recomputable / t;
+    bytes -= tokens * linear * (bytes_per_element - 1);
+  }
   if (!flash_attention && l.recompute == Recompute::None)
     bytes += tokens * 5 * static_cast<double>(m.n_head) / t * static_cast<double>(seq_len);
   return bytes;
@@ -165,8 +183,10 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   const double bytes = job.activation_bytes;
   auto layer_bytes = [&](const PlanLayout& layout) {
     return job.accounting == ActivationAccounting::Korthikanti
-               ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout, job.flash_attention)
-               : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes, job.flash_attention);
+               ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout,
+                                         job.flash_attention, job.fp8_linear_inputs)
+               : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
+                                        job.flash_attention, job.fp8_linear_inputs);
   };
   MemoryBreakdown mem;
   RankParameters held;

@@ -39,8 +39,14 @@ MemoryBreakdown zero_model_states(double params, const StateBytes& bytes, int64_
 // `flash_attention` false models attention that materialises the scores (Megatron-LM before
 // FlashAttention): softmax output, dropout mask and dropout output, 5 a s bytes per token
 // (Korthikanti et al. Table 2's 5as/h term), dropped by selective recomputation.
-double layer_activation_bytes(const ModelConfig& model, int64_t micro_batch, int64_t seq_len, const PlanLayout& layout,
-                              double bytes_per_element, bool flash_attention = true);
+// `fp8_linear_inputs`: Transformer Engine's FP8 recipe, where each Linear saves the FP8 cast of
+// its input for the weight gradient (1 byte, not 2: Micikevicius et al. 2022, "FP8 Formats for
+// Deep Learning", sec. 3; Transformer Engine's Linear/LayerNormLinear save the quantised input):
+// the two norm outputs (q|k|v and MLP inputs), the attention output (projection input) and the
+// MLP activation (down-projection input) take one byte each.
+double layer_activation_bytes(const ModelConfig& model, int64_t micro_batch, int64_t seq_len,
+                              const PlanLayout& layout, double bytes_per_element,
+                              bool flash_attention = true, bool fp8_linear_inputs = false);
 
 // Layers' worth of micro-batch activations the most loaded pipeline rank holds at its peak
 // (Korthikanti et al. sec. 4.2.3; Narayanan et al. 2021 sec. 2.2): AFAB holds all m
@@ -63,6 +69,8 @@ struct GpuJob {
   double bucket_bytes = 25e6;       // data-parallel gradient buckets, two in flight
   double workspace_bytes = 2.0 * (1 << 30);  // CUDA context, cuBLAS/NCCL workspaces (Playbook: 1-2 GB)
   bool flash_attention = true;      // false: the s x s scores are materialised (pre-2022 stacks)
+  bool fp8_linear_inputs =
+      false;  // FP8 recipe: Linear inputs saved in 1 byte (layer_activation_bytes)
   ActivationAccounting accounting = ActivationAccounting::Engine;
   // Loss buffers on the last stage, bytes per logit of one micro-batch (tokens x V / tp): 0 for
   // loom's engine (a fused, vocabulary-chunked cross-entropy never holds the whole row).

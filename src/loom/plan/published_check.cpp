@@ -64,6 +64,8 @@ RunCheck check_published_run(const PublishedRun& run) {
   job.seq_len = run.seq_len;
   job.global_batch = run.global_batch;
   job.fp8_gemms = run.fp8;
+  job.memory.fp8_linear_inputs = run.fp8;
+  if (run.deepspeed_zero3) job.zero3_traffic = Zero3Traffic::DeepSpeed;
   job.memory.seq_len = run.seq_len;
   job.memory.flash_attention = run.flash_attention;
   job.memory.state = kMixedPrecisionAdam;
@@ -81,7 +83,10 @@ RunCheck check_published_run(const PublishedRun& run) {
       run.unstated.recompute ? std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full}
                              : std::vector<Recompute>{run.layout.recompute};
   for (int64_t mbs : choices(run.unstated.micro_batch, run.layout.micro_batch, {1, 2, 4, 8, 16})) {
-    for (int64_t vp : choices(run.unstated.vp, run.layout.vp, {1, 2, 3, 4, 5, 6, 8})) {
+    const std::vector<int64_t> vps = run.unstated.interleaved
+                                         ? std::vector<int64_t>{2, 3, 4, 5, 6, 8}
+                                         : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8};
+    for (int64_t vp : choices(run.unstated.vp, run.layout.vp, vps)) {
       for (Recompute recompute : recomputes) {
         PlanLayout l = run.layout;
         l.micro_batch = mbs;
@@ -101,7 +106,12 @@ RunCheck check_published_run(const PublishedRun& run) {
         const StepTime t = predict_step_time(model, l, run.cluster, job);
         const bool fits = memory.total() <= usable;
         // Prefer layouts that fit; among equals, the faster one (what the source would have run).
-        const bool better = !have || (fits && !check.fits) || (fits == check.fits && t.total_s < best_time.total_s);
+        // A stated interleaving with no V that fits takes the smallest, V = 2 (the least memory
+        // of the interleaved schedules: Narayanan et al. 2021 sec. 2.2.2, p(v - 1) extra chunks).
+        bool better =
+            !have || (fits && !check.fits) || (fits == check.fits && t.total_s < best_time.total_s);
+        if (have && !fits && !check.fits && run.unstated.interleaved && vp != check.layout.vp)
+          better = vp < check.layout.vp;
         if (!better) continue;
         have = true;
         check.layout = l;
@@ -120,7 +130,10 @@ RunCheck check_published_run(const PublishedRun& run) {
   }
   const PlanLayout& l = check.layout;
   if (run.unstated.micro_batch) check.picks.push_back("micro-batch " + std::to_string(l.micro_batch));
-  if (run.unstated.vp) check.picks.push_back("vp " + std::to_string(l.vp));
+  if (run.unstated.vp)
+    check.picks.push_back(
+        "vp " + std::to_string(l.vp) +
+        (run.unstated.interleaved && !check.fits ? " (none fits: the smallest interleaving)" : ""));
   if (run.unstated.recompute) check.picks.push_back(std::string("recompute ") + recompute_word(l.recompute));
   if (!best_split_note.empty()) check.picks.push_back(best_split_note);
 

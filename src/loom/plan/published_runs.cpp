@@ -290,6 +290,27 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   const std::optional<int64_t> vp = f.integer("parallelism.vp");
   l.vp = std::max<int64_t>(1, vp.value_or(1));
   run.unstated.vp = !vp && l.pp > 1;
+  // A schedule stated as interleaved runs at least two model chunks per rank (Narayanan et al.
+  // 2021 sec. 2.2.2), whatever V the source leaves out; "non-interleaved" says the opposite.
+  const std::string schedule = lowercase(f.text("parallelism.pp_schedule"));
+  if (run.unstated.vp && schedule.find("interleav") != std::string::npos &&
+      schedule.find("non-interleav") == std::string::npos) {
+    run.unstated.interleaved = true;
+    run.assumptions.push_back(
+        "pp_schedule interleaved, V not stated: V >= 2 (the fastest that fits, else 2)");
+  }
+  // DeepSpeed's ZeRO-3 moves its gathers and reduce-scatters as the ZeRO++ paper describes
+  // (sec. 3), not as the hierarchical NCCL collectives FSDP and Megatron use.
+  if (l.zero_stage == 3 &&
+      !contains_any(lowercase(f.text("parallelism.notes") + " " + f.text("parallelism.fsdp")),
+                    {"deepspeed"})
+           .empty()) {
+    run.deepspeed_zero3 = true;
+    run.assumptions.push_back(
+        "DeepSpeed ZeRO-3 (parallelism text): every gather and reduce-scatter crosses each GPU's "
+        "own network link, "
+        "parameters gathered again for recomputation (ZeRO++ sec. 3)");
+  }
 }
 
 Recompute recompute_of(const std::string& printed, bool* stated) {
@@ -336,6 +357,16 @@ void fill_run(const json& entry, PublishedRun& run) {
 
   bool recompute_stated = false;
   run.layout.recompute = recompute_of(f.text("recompute"), &recompute_stated);
+  // loom's copy may add what the run's launcher config states (recompute_config, with a
+  // recompute_config_note naming the file and line; published/README.md).
+  if (!recompute_stated && !f.text("recompute_config").empty()) {
+    run.layout.recompute = recompute_of(f.text("recompute_config"), &recompute_stated);
+    if (!recompute_stated)
+      throw_error("published run '", run.id, "': recompute_config = '", f.text("recompute_config"),
+                  "'; expected none, selective or full");
+    run.assumptions.push_back("recompute " + f.text("recompute_config") +
+                              " from the launcher config (recompute_config_note)");
+  }
   run.unstated.recompute = !recompute_stated;
   const std::string precision = lowercase(f.text("precision"));
   run.fp8 = precision.find("fp8") != std::string::npos;

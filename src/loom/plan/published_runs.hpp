@@ -43,6 +43,9 @@ struct Measured {
 // rule; these say which.
 struct Unstated {
   bool micro_batch = false, vp = false, recompute = false;
+  // parallelism.pp_schedule names an interleaved schedule but not V: V >= 2 (the fastest that
+  // fits, else 2, the smallest interleaving).
+  bool interleaved = false;
 };
 
 struct PublishedRun {
@@ -65,6 +68,9 @@ struct PublishedRun {
   int64_t seq_len = 0, global_batch = 0;
   bool flash_attention = true;
   bool fp8 = false;
+  // ZeRO-3 run by DeepSpeed (the record's parallelism text says so): its collectives are
+  // modelled as the ZeRO++ paper describes them (TrainingJob::zero3_traffic).
+  bool deepspeed_zero3 = false;
   double gradient_bytes = 2;  // per parameter: 4 where the stack accumulates gradients in fp32
   std::vector<int64_t> stage_layers;  // empty: even split (or the engine's)
 };

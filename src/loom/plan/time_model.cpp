@@ -244,11 +244,11 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
                           static_cast<double>(l.tp) /
                           (gpu.bf16_tflops * 1e12 * gemm.efficiency(tokens, static_cast<double>(m.vocab_size / l.tp), static_cast<double>(m.n_embd)));
   const double blocking = (layer.tp_comm_s + layer.ep_comm_s) / 2;  // per direction
-  // The simulation below runs uniform chunks, so the slowest stage sets their pace: a stage's
-  // layers, plus the head on the last one. The critical rank's own work is the most any pp
-  // rank does over its v chunks.
-  // Each stage's passes: its layers, plus the head on the last. The closed forms pace every
-  // chunk at the slowest stage's; the simulation takes each stage's own.
+  // Each stage's passes: its layers, plus the head on the last. The simulation takes each
+  // stage's own; the closed forms (ranking layouts quickly) pace uniform chunks: with one chunk
+  // per rank the slowest stage's, with several the busiest rank's mean chunk (a rank with the
+  // head spreads it over its v chunks). The critical rank's own work is the most any pp rank
+  // does over its v chunks.
   double t_f = 0, t_b = 0, t_w = 0, compute_per_micro = 0, layers_per_rank = 0, busy_per_micro = 0;
   std::vector<PassTimes> stage_passes;
   for (int64_t stage = 0; stage < stages; ++stage) {
@@ -262,20 +262,29 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     t_b = std::max(t_b, b);
     t_w = std::max(t_w, w);
   }
-  t_w = std::min(t_w, t_b / 2);
+  t_w = std::min(t_w, t_b / 2);  // the slowest stage's B is never shorter than its W
+  double mean_f = 0, mean_b = 0, mean_w = 0;
   for (int64_t rank = 0; rank < l.pp; ++rank) {
-    double work = 0, layers = 0, busy_here = 0;
+    double work = 0, layers = 0, f = 0, b = 0, w = 0;
     for (int64_t chunk = 0; chunk < l.vp; ++chunk) {
       const int64_t stage = stage_of(chunk, rank, l.pp, stage_placement(l.schedule));
       const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
-      work += n * (layer.forward_s + layer.backward_s) + (stage == stages - 1 ? 3 * head_fwd : 0);
+      const double head = stage == stages - 1 ? head_fwd : 0;
+      work += n * (layer.forward_s + layer.backward_s) + 3 * head;
       layers += n;
       const PassTimes& passes = stage_passes[static_cast<size_t>(stage)];
-      busy_here += passes.forward_s + passes.backward_s();
+      f += passes.forward_s;
+      b += passes.backward_s();
+      w += n * layer.weight_grad_s + head;
     }
+    if (f + b > mean_f + mean_b) mean_f = f, mean_b = b, mean_w = w;
     compute_per_micro = std::max(compute_per_micro, work);
     layers_per_rank = std::max(layers_per_rank, layers);
-    busy_per_micro = std::max(busy_per_micro, busy_here);
+    busy_per_micro = std::max(busy_per_micro, f + b);
+  }
+  if (l.vp > 1) {
+    const double v = static_cast<double>(l.vp);
+    t_f = mean_f / v, t_b = mean_b / v, t_w = std::min(mean_w / v, t_b / 2);
   }
   // loom's engine on a CPU with fewer cores than ranks: processes share the cores, each at
   // cores / ranks of its full speed while all are busy (times above are at full speed).
@@ -359,11 +368,25 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
       // layer's compute, so only the excess is exposed.
       const double layers = static_cast<double>(held.layers);
       const double dense_layer = held.block / layers, expert_layer = held.experts / layers;
-      const double ag = both(Collective::AllGather, dense_layer, expert_layer, param);
-      const double rs = both(Collective::ReduceScatter, dense_layer, expert_layer, grad);
-      out.dp_comm_s = static_cast<double>(micro) * layers * (2 * ag + rs);
+      double ag = 0, rs = 0, backward_gathers = 1;
+      if (job.zero3_traffic == Zero3Traffic::DeepSpeed) {
+        // Every rank's bytes over its own network link (one rank per node as far as the
+        // collective is concerned), 16-bit gradients, one more gather per recomputed forward.
+        GroupTopology flat = dp_group, flat_experts = expert_group;
+        flat.ranks_per_node = flat_experts.ranks_per_node = 1;
+        ag = collective_time(Collective::AllGather, dense_layer * param, flat).seconds +
+             collective_time(Collective::AllGather, expert_layer * param, flat_experts).seconds;
+        rs = collective_time(Collective::ReduceScatter, dense_layer * param, flat).seconds +
+             collective_time(Collective::ReduceScatter, expert_layer * param, flat_experts).seconds;
+        if (l.recompute == Recompute::Full) backward_gathers = 2;
+      } else {
+        ag = both(Collective::AllGather, dense_layer, expert_layer, param);
+        rs = both(Collective::ReduceScatter, dense_layer, expert_layer, grad);
+      }
+      out.dp_comm_s = static_cast<double>(micro) * layers * ((1 + backward_gathers) * ag + rs);
       exposed += static_cast<double>(micro) * layers *
-                 (std::max(0.0, ag - layer.forward_s) + std::max(0.0, ag + rs - layer.backward_s));
+                 (std::max(0.0, ag - layer.forward_s) +
+                  std::max(0.0, backward_gathers * ag + rs - layer.backward_s));
     }
   }
   out.exposed_comm_s = std::max(0.0, exposed);

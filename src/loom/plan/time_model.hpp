@@ -23,6 +23,18 @@ struct GemmEfficiency {
 };
 GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu);
 
+// How ZeRO-3's per-layer parameter gathers and gradient reduce-scatters travel.
+// Hierarchical: NCCL's collectives as the topology allows (NVLink inside a node, then each
+// GPU's NIC carrying 1/gpus_per_node of the cross-node bytes: FSDP, Megatron FSDP).
+// DeepSpeed: ZeRO-3 as the ZeRO++ paper (Wang et al. 2023, arXiv 2306.10209, sec. 3) and MiCS
+// (Zhang et al. 2022, arXiv 2205.00119, sec. 2) describe it: each collective spans every data-
+// parallel rank and each GPU's full share of it crosses the network over its own link (no
+// node-level aggregation), and with activation checkpointing the recomputed forward gathers
+// the parameters again (they are released after each forward), so a step moves 3M per micro-
+// batch (forward, recompute and backward all-gathers) plus M for the reduce-scatter, M the
+// model's 16-bit bytes; the gradients are reduced in 16 bits (ZeRO paper sec. 7.2.2's M).
+enum class Zero3Traffic { Hierarchical, DeepSpeed };
+
 struct TrainingJob {
   int64_t seq_len = 4096;
   int64_t global_batch = 512;  // sequences per optimizer step
@@ -36,6 +48,7 @@ struct TrainingJob {
   // attention and everything memory-bound in BF16, each GEMM input and output gradient cast to
   // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.
   bool fp8_gemms = false;
+  Zero3Traffic zero3_traffic = Zero3Traffic::Hierarchical;
 };
 
 // One transformer layer, one micro-batch: forward and backward time on a rank, including the

@@ -31,16 +31,22 @@ TEST(PlanMemory, ZeroPaperWorkedExample) {
   EXPECT_DOUBLE_EQ(model_states(plan::zero_model_states(psi, plan::kMixedPrecisionAdam, 64, 1)), 4 * psi + 12 * psi / 64);
 }
 
-// A GPT-2-style layer, h = 1024, f = 4096, 16 heads, one sequence of 2048 tokens in bf16.
-// Per token: layer input h, two norm outputs (h each) with mean + rstd, the mid residual h
-// (4100); q|k|v 3h and the MLP input f (7168); attention output h, 16 log-sum-exps, MLP
-// activation f (5136).
-TEST(PlanMemory, LayerActivationsByHand) {
+// A GPT-2-style model with h = 1024, f = 4096, 16 heads and 2048-token sequences.
+ModelConfig gpt2_layer_1024() {
   ModelConfig m = tiny_gpt2();
   m.n_embd = 1024;
   m.ffn_hidden = 4096;
   m.n_head = m.n_kv_head = 16;
   m.max_seq_len = 2048;
+  return m;
+}
+
+// A GPT-2-style layer, h = 1024, f = 4096, 16 heads, one sequence of 2048 tokens in bf16.
+// Per token: layer input h, two norm outputs (h each) with mean + rstd, the mid residual h
+// (4100); q|k|v 3h and the MLP input f (7168); attention output h, 16 log-sum-exps, MLP
+// activation f (5136).
+TEST(PlanMemory, LayerActivationsByHand) {
+  const ModelConfig m = gpt2_layer_1024();
   PlanLayout l;
   EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2), 2048.0 * (4100 + 7168 + 5136) * 2);
   l.tp = 4;  // tensor parallel: only the interiors split
@@ -186,11 +192,7 @@ TEST(PlanMemory, RankParametersFollowEachParametersPlacement) {
 // The layer of LayerActivationsByHand (h 1024, f 4096) has 2h = 2048 norm outputs (q|k|v and
 // MLP inputs) and h + f = 5120 attention outputs and MLP activations among its Linear inputs.
 TEST(PlanMemory, Fp8LinearInputsTakeOneByte) {
-  ModelConfig m = tiny_gpt2();
-  m.n_embd = 1024;
-  m.ffn_hidden = 4096;
-  m.n_head = m.n_kv_head = 16;
-  m.max_seq_len = 2048;
+  const ModelConfig m = gpt2_layer_1024();
   PlanLayout l;
   EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 1, 2048, l, 2, true, true),
                    2048.0 * ((4100 + 7168 + 5136) * 2 - 7168));

@@ -7,34 +7,12 @@
 set -u
 mpiexec=${1:?usage: kill_in_checkpoint_write.sh <mpiexec> <loom>}
 loom=${2:?usage: kill_in_checkpoint_write.sh <mpiexec> <loom>}
-dir=$(mktemp -d)
-trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
-fail() {
-  echo "kill_in_checkpoint_write: FAIL: $*"
-  for f in "$dir"/*.log; do echo "--- $f ---"; tail -n 40 "$f"; done
-  exit 1
-}
-
-/usr/bin/python3 - "$dir/train_000000.bin" <<'PY'
-import random, struct, sys
-rng = random.Random(7)
-tokens = [rng.randrange(64) for i in range(20000)]
-header = [20240520, 1, len(tokens)] + [0] * 253
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", *header))
-    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+source "$(dirname "$0")/lib.sh"
+test_workdir kill_in_checkpoint_write
+write_token_shard "$dir/train_000000.bin" 7
 config() {  # $1: run name
   cat <<TOML
-[model]
-arch = "gpt2"
-vocab_size = 64
-max_seq_len = 16
-n_layer = 2
-n_embd = 32
-n_head = 4
-[data]
-train = "$dir/train_*.bin"
+$(tiny_model_toml)
 [train]
 batch_size = 2
 seq_len = 16

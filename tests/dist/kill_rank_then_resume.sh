@@ -5,33 +5,11 @@
 set -u
 mpiexec=${1:?usage: kill_rank_then_resume.sh <mpiexec> <loom>}
 loom=${2:?usage: kill_rank_then_resume.sh <mpiexec> <loom>}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fail() {
-  echo "kill_rank_then_resume: FAIL: $*"
-  for f in "$dir"/*.log; do echo "--- $f ---"; cat "$f"; done
-  exit 1
-}
-
-# A tiny llm.c shard of random tokens (vocab 64) and a tiny GPT-2 that checkpoints every 5 steps.
-/usr/bin/python3 - "$dir/train_000000.bin" <<'PY'
-import random, struct, sys
-tokens = [random.Random(i).randrange(64) for i in range(20000)]
-header = [20240520, 1, len(tokens)] + [0] * 253
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", *header))
-    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+source "$(dirname "$0")/lib.sh"
+test_workdir kill_rank_then_resume 100000
+write_token_shard "$dir/train_000000.bin" 11
 cat > "$dir/tiny.toml" <<TOML
-[model]
-arch = "gpt2"
-vocab_size = 64
-max_seq_len = 16
-n_layer = 2
-n_embd = 32
-n_head = 4
-[data]
-train = "$dir/train_*.bin"
+$(tiny_model_toml)
 [train]
 batch_size = 2
 seq_len = 16

@@ -4,6 +4,7 @@
 # clipping that is active every step (so the world all-reduce of the norm matters) and a final
 # checkpoint that `loom export` turns into one model.safetensors for compare_runs.py.
 # Needs: $loom (the binary), $dir (an empty work directory), fail() (prints and exits 1).
+source "$(dirname "${BASH_SOURCE[0]}")/../dist/lib.sh"
 PARITY_STEPS=8
 PARITY_TP=2
 PARITY_RANKS=4  # dp 2 x tp 2
@@ -11,25 +12,9 @@ PARITY_COMPARE="$(dirname "${BASH_SOURCE[0]}")/compare_runs.py"
 
 # Writes $dir/train_000000.bin and $dir/case.toml.
 parity_prepare() {
-  /usr/bin/python3 - "$dir/train_000000.bin" <<'PY' || fail "could not write the token shard"
-import random, struct, sys
-rng = random.Random(18)
-tokens = [rng.randrange(64) for i in range(20000)]
-header = [20240520, 1, len(tokens)] + [0] * 253
-with open(sys.argv[1], "wb") as f:
-    f.write(struct.pack("<256i", *header))
-    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
-PY
+  write_token_shard "$dir/train_000000.bin" 18
   cat >"$dir/case.toml" <<TOML
-[model]
-arch = "gpt2"
-vocab_size = 64
-max_seq_len = 16
-n_layer = 2
-n_embd = 32
-n_head = 4
-[data]
-train = "$dir/train_*.bin"
+$(tiny_model_toml)
 val = ""
 [train]
 batch_size = 4

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "loom/cli/commands.hpp"
+#include "loom/core/allocator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/train/launch.hpp"
 
@@ -17,6 +18,7 @@ void add_tokenizer_options(CLI::App* command, loom::cli::TokenizerArgs& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  loom::retain_freed_host_memory();
   CLI::App app{"loom: train GPT-2 and Llama-style language models"};
   app.require_subcommand(1);
 

@@ -2,6 +2,11 @@
 
 #include <cstdlib>
 #include <new>
+#include <string>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 namespace loom {
 
@@ -16,6 +21,15 @@ const char* mem_category_name(MemCategory category) {
     case MemCategory::kCount: break;
   }
   return "unknown";
+}
+
+void retain_freed_host_memory() {
+#if defined(__GLIBC__)
+  if (const char* off = std::getenv("LOOM_RETAIN_FREED_MEMORY"); off && std::string(off) == "0") return;
+  mallopt(M_MMAP_MAX, 0);                 // large blocks from the heap, which keeps them
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);     // only a free gigabyte at the top goes back
+  mallopt(M_TOP_PAD, 256 << 20);          // and the heap grows in big steps
+#endif
 }
 
 HostAllocator& HostAllocator::instance() {

@@ -92,6 +92,7 @@ class Trainer {
   // metrics records of what it cost (async_checkpoint.hpp) to `records`.
   std::string checkpoint_in_run(int64_t step, std::vector<nlohmann::json>& records);
   AsyncCheckpointOptions checkpoint_options() const;
+  bool writes_sharded() const;  // every rank its pieces (sharded format), not rank 0 one file
   std::unique_ptr<AsyncCheckpointer> checkpointer_;  // run() with checkpoint.async
 
   TrainConfig config_;

@@ -64,6 +64,57 @@ TEST(PlanMemory, LayerActivationsByHand) {
   EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 2, 2048, l, 2), 2048.0 * (4100 + 7168 + 5136) * 2);
 }
 
+// Llama 3.1 8B (Llama 3 Table 3): h = 4096, 32 heads of 128, 8 k|v heads, f = 14336.
+ModelConfig llama31_8b() {
+  ModelConfig m = tiny_llama();
+  m.n_layer = 32;
+  m.n_embd = 4096;
+  m.n_head = 32;
+  m.n_kv_head = 8;
+  m.ffn_hidden = 14336;
+  m.vocab_size = 128256;
+  m.max_seq_len = 8192;
+  return m;
+}
+
+// torchtitan's per-op selective checkpointing on a Llama 3.1 8B layer, by hand. The policy
+// saves wq, wv, w1 (and w2, which backward never reads) and SDPA; the block input is the
+// checkpoint's. Per token in bf16: block input 4096, wq 4096, wv 1024, SDPA output 4096, w1
+// 14336 = 27,648 elements = 55,296 bytes, plus 32 fp32 log-sum-exps = 128: 55,424 bytes.
+// Megatron's selective keeps 4h + 2 + (h + 2 kv + 2f) = 51,202 elements, 102,404 bytes.
+TEST(PlanMemory, TorchtitanPerOpSelectiveByHand) {
+  const ModelConfig m = llama31_8b();
+  PlanLayout l;
+  l.recompute = Recompute::Selective;
+  l.micro_batch = 2;
+  const double tokens = 2 * 8192;
+  EXPECT_DOUBLE_EQ(plan::torchtitan_op_sac_layer_bytes(m, 2, 8192, l, 2), tokens * 55424);
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 2, 8192, l, 2), tokens * 102404);
+  // tp 2 with sequence parallelism: the block input 4096 / 2; the interiors and the output
+  // projection's reduce_scatter output (4096) / 2: (2048 + 27552 / 2) x 2 + 16 x 4 = 31,808.
+  PlanLayout tp = l;
+  tp.tp = 2;
+  tp.sequence_parallel = true;
+  EXPECT_DOUBLE_EQ(plan::torchtitan_op_sac_layer_bytes(m, 2, 8192, tp, 2), tokens * 31808);
+
+  // The whole job of torchtitan's Table 3 (FSDP over 128 GPUs, local batch 2): 32 layers'
+  // stashes and the loss buffers, 12 bytes per logit (they outweigh one layer's recomputation,
+  // (139,332 - 55,424) bytes per token).
+  plan::GpuJob job;
+  job.seq_len = 8192;
+  job.selective = plan::SelectivePolicy::TorchtitanOps;
+  job.logits_bytes_per_element = 12;
+  l.dp = 128;
+  l.zero_stage = 3;
+  PlanLayout none = l;
+  none.recompute = Recompute::None;
+  EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 2, 8192, none, 2), tokens * 139332);
+  EXPECT_DOUBLE_EQ(plan::predict_gpu_memory(m, l, job).activations,
+                   tokens * (32 * 55424.0 + 128256 * 12));
+  // Other architectures are refused: the policy counts a dense Llama block's matmuls.
+  EXPECT_THROW(plan::torchtitan_op_sac_layer_bytes(gpt2_layer_1024(), 1, 2048, l, 2), Error);
+}
+
 // Korthikanti et al. sec. 4.2.3 / Narayanan et al. 2021: L = 32 layers, p = 4, m = 8.
 TEST(PlanMemory, PipelineLayersInFlight) {
   ModelConfig m = tiny_llama();

@@ -12,6 +12,7 @@
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/published_runs.hpp"
+#include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
 
 namespace loom::test {
@@ -219,7 +220,7 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(pct(s.rates.worst), "24.7");
   EXPECT_EQ(s.memory.count, 8);
   EXPECT_EQ(pct(s.memory.median), "1.7");
-  EXPECT_EQ(pct(s.memory.worst), "27.9");
+  EXPECT_EQ(pct(s.memory.worst), "6.2");
   EXPECT_EQ(s.verdicts, 4);
   EXPECT_EQ(s.verdicts_right, 4);
   std::map<std::string, std::string> medians;
@@ -233,7 +234,40 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(medians["Megatron-LM README (H100)"], "5.2");
   EXPECT_EQ(medians["NeMo 24.07"], "6.2");
   EXPECT_EQ(medians["Megatron-Bridge 25.11"], "21.6");
-  EXPECT_EQ(medians["torchtitan"], "6.3");
+  EXPECT_EQ(medians["torchtitan"], "6.1");
+}
+
+// torchtitan's "selective activation checkpointing" is its per-op policy, read from the source
+// (not the record id); its "selective layer" option is not. Both December 2024 memory figures
+// (77 and 62 GiB reserved) then land within 10%, and the step pays for the rerun matmuls: between
+// no recomputation and Megatron's full.
+TEST(PublishedRuns, TorchtitanSelectiveIsItsPerOpPolicy) {
+  const std::vector<plan::PublishedRun> runs = plan::read_published_runs(kPublished);
+  int memory_figures = 0;
+  for (const plan::PublishedRun& r : runs) {
+    if (r.source_label != "torchtitan") continue;
+    const bool op =
+        r.layout.recompute == Recompute::Selective && r.id.find("sel_layer") == std::string::npos;
+    EXPECT_EQ(r.selective == plan::SelectivePolicy::TorchtitanOps, op) << r.id;
+    const plan::RunCheck c = plan::check_published_run(r);
+    if (const plan::FigureCheck* mem = figure(c, plan::Figure::MemoryPerGpu)) {
+      ++memory_figures;
+      EXPECT_LT(std::fabs(mem->relative_error), 0.10) << r.id << ": " << mem->predicted << " GiB";
+    }
+    if (!op) continue;
+    plan::TrainingJob job;
+    job.seq_len = job.memory.seq_len = r.seq_len;
+    job.memory.selective = plan::SelectivePolicy::TorchtitanOps;
+    plan::PlanLayout l = c.layout;
+    const double op_s = plan::predict_layer_time(r.model, l, r.cluster, job).backward_s;
+    l.recompute = Recompute::None;
+    const double none_s = plan::predict_layer_time(r.model, l, r.cluster, job).backward_s;
+    l.recompute = Recompute::Full;
+    const double full_s = plan::predict_layer_time(r.model, l, r.cluster, job).backward_s;
+    EXPECT_GT(op_s, none_s) << r.id;
+    EXPECT_LT(op_s, full_s) << r.id;
+  }
+  EXPECT_EQ(memory_figures, 2);
 }
 
 // Runs loom added after choosing the defaults (out of sample): Korthikanti et al.'s 530B with

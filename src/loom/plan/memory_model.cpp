@@ -110,6 +110,26 @@ double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t
   return bytes;
 }
 
+double torchtitan_op_sac_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len,
+                                     const PlanLayout& l, double bytes_per_element) {
+  if (m.arch != Architecture::Llama || m.moe_layer_count() > 0)
+    throw_error("torchtitan's per-op selective recomputation counts a dense Llama block's 7 matmuls; ",
+                architecture_name(m.arch), m.moe_layer_count() > 0 ? " with experts" : "", " is not one");
+  const double tokens =
+      static_cast<double>(micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp);
+  const double t = static_cast<double>(l.tp), h = static_cast<double>(m.n_embd);
+  const double q = static_cast<double>(m.n_head * m.head_dim()),
+               kv = static_cast<double>(m.kv_dim());
+  const double f = static_cast<double>(m.ffn_hidden);
+  const double block_input = h / (l.sequence_parallel ? t : 1.0);
+  double interior = q /*wq*/ + kv /*wv*/ + q /*SDPA output*/ + f /*w1*/;
+  if (l.tp > 1 && l.sequence_parallel)
+    interior += h;                       // wo's reduce_scatter output: the mid residual's input
+  constexpr double kLogSumExpBytes = 4;  // fp32, one per head and token
+  return tokens * ((block_input + interior / t) * bytes_per_element +
+                   static_cast<double>(m.n_head) / t * kLogSumExpBytes);
+}
+
 double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro_batches) {
   // Uneven stages: the first stages take the extra layers (stage_layer_counts), so the first
   // rank stashes as if every stage had as many.
@@ -181,7 +201,11 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   // sec. 5).
   const std::vector<int64_t> stage_layers = planner_stage_layers(m, l, job);
   const double bytes = job.activation_bytes;
+  const bool op_sac =
+      l.recompute == Recompute::Selective && job.selective == SelectivePolicy::TorchtitanOps;
   auto layer_bytes = [&](const PlanLayout& layout) {
+    if (layout.recompute == Recompute::Selective && job.selective == SelectivePolicy::TorchtitanOps)
+      return torchtitan_op_sac_layer_bytes(m, layout.micro_batch, job.seq_len, layout, bytes);
     return job.accounting == ActivationAccounting::Korthikanti
                ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout,
                                          job.flash_attention, job.fp8_linear_inputs)
@@ -208,9 +232,20 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
       none.recompute = Recompute::None;
       here.activations += layer_bytes(none);
     }
+    double loss_bytes = 0;
     if (rank == l.pp - 1 && job.logits_bytes_per_element > 0)
-      here.activations += static_cast<double>(l.micro_batch * job.seq_len / l.cp) * static_cast<double>(m.vocab_size) /
-                          static_cast<double>(l.tp) * job.logits_bytes_per_element;
+      loss_bytes = static_cast<double>(l.micro_batch * job.seq_len / l.cp) *
+                   static_cast<double>(m.vocab_size) / static_cast<double>(l.tp) *
+                   job.logits_bytes_per_element;
+    if (op_sac) {
+      // A layer's backward first recomputes what the policy did not save (the rest of its
+      // stash); the loss buffers are freed by then (the head's backward comes first), so the
+      // peak holds the larger of the two.
+      PlanLayout none = l;
+      none.recompute = Recompute::None;
+      loss_bytes = std::max(loss_bytes, layer_bytes(none) - layer_bytes(l));
+    }
+    here.activations += loss_bytes;
     if (rank == 0 || here.total() > mem.total()) {
       mem = here;
       held = r;

@@ -48,6 +48,32 @@ double layer_activation_bytes(const ModelConfig& model, int64_t micro_batch, int
                               const PlanLayout& layout, double bytes_per_element,
                               bool flash_attention = true, bool fp8_linear_inputs = false);
 
+// What `Recompute::Selective` keeps, by the stack that runs it.
+//   AttentionCore: Megatron-LM's (Korthikanti et al. 2022 sec. 5), as layer_activation_bytes
+//     counts it: the attention core and the MLP activation are recomputed, the rest is kept.
+//   TorchtitanOps: torchtitan's per-op selective activation checkpointing
+//     (selective_ac_option = "op", its train_configs' default; torchtitan 9dec370,
+//     torchtitan/parallelisms/parallelize_llama.py, _save_list and _apply_ac_to_transformer_block):
+//     the outputs of aten.mm, flash/efficient SDPA, reduce_scatter and max are saved "except every
+//     second mm" and every other op is recomputed. A Llama block runs its 7 matmuls in the order
+//     wq, wk, wv, wo, w1, w3, w2, so the 1st, 3rd, 5th and 7th are saved (wq, wv, w1, w2) and wk,
+//     wo, w3, the norms, RoPE, repeat_kv and SwiGLU are recomputed. Under torch.compile (the runs
+//     measured) the partitioner keeps only what backward reads (torch._functorch.partitioners
+//     treats PREFER_RECOMPUTE as must-recompute), which drops w2's output (it only feeds the
+//     residual add); torchtitan_op_sac_layer_bytes counts the rest.
+enum class SelectivePolicy { AttentionCore, TorchtitanOps };
+
+// Bytes one micro-batch leaves for backward in one Llama layer under torchtitan's per-op
+// selective checkpointing (SelectivePolicy::TorchtitanOps), per token: the block input (h, the
+// checkpoint's input), wq's output (h), wv's output (kv_dim), the SDPA output (h) and its
+// log-sum-exp (n_head in fp32), w1's output (f); with tp > 1 (torchtitan pairs it with sequence
+// parallelism) the head and MLP interiors divide by t, the block input too, and the output
+// projection's reduce_scatter output (h / t, in _save_list) is kept, since backward rebuilds the
+// mid residual from it. Llama 3.1 8B in bf16: (3 x 4096 + 1024 + 14336) x 2 + 32 x 4 = 55,424
+// bytes per token. Dense Llama blocks only (the policy counts a dense block's matmuls).
+double torchtitan_op_sac_layer_bytes(const ModelConfig& model, int64_t micro_batch, int64_t seq_len,
+                                     const PlanLayout& layout, double bytes_per_element);
+
 // Layers' worth of micro-batch activations the most loaded pipeline rank holds at its peak
 // (Korthikanti et al. sec. 4.2.3; Narayanan et al. 2021 sec. 2.2): AFAB holds all m
 // micro-batches of its L/p layers; 1F1B holds min(m, p) of them, i.e. L layers when m >= p;
@@ -72,11 +98,15 @@ struct GpuJob {
   bool fp8_linear_inputs =
       false;  // FP8 recipe: Linear inputs saved in 1 byte (layer_activation_bytes)
   ActivationAccounting accounting = ActivationAccounting::Engine;
+  SelectivePolicy selective = SelectivePolicy::AttentionCore;  // what Recompute::Selective keeps
   // Loss buffers on the last stage, bytes per logit of one micro-batch (tokens x V / tp): 0 for
   // loom's engine (a fused, vocabulary-chunked cross-entropy never holds the whole row).
   // PyTorch's unfused `cross_entropy(logits.float())` holds the bf16 logits (2), their fp32
   // copy (4) and the fp32 log-softmax it saves (4): 10; Megatron-LM's vocab-parallel
   // cross-entropy the bf16 logits (2) and the fp32 softmax it saves for backward (4): 6.
+  // torchtitan (train.py at 9dec370) deletes the bf16 logits before backward, whose
+  // log_softmax backward holds the saved fp32 log-softmax, its incoming fp32 gradient and the
+  // fp32 gradient it writes: 12.
   double logits_bytes_per_element = 0;
   // Layers per pipeline stage (pp x vp entries); empty: the engine's split (stage_layer_counts).
   std::vector<int64_t> stage_layers;

@@ -71,6 +71,7 @@ RunCheck check_published_run(const PublishedRun& run) {
   job.memory.state = kMixedPrecisionAdam;
   job.memory.state.gradient = run.gradient_bytes;
   job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;
+  job.memory.selective = run.selective;
   // Megatron-LM's GPT layers keep dropout masks: count them as Korthikanti et al. do.
   if (run.conventions.megatron && model.arch == Architecture::GPT2) job.memory.accounting = ActivationAccounting::Korthikanti;
   const double usable = run.cluster.gpu.hbm_bytes * kUsableMemoryFraction;

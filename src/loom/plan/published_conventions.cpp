@@ -44,6 +44,21 @@ SourceConventions make(const char* label, FlopCount mfu, FlopCount hfu, FlopCoun
   return c;
 }
 
+// torchtitan 9dec370 (the December 2024 benchmarks): train.py's loss_fn is
+// cross_entropy(pred.flatten(0, 1).float(), ...) and `del pred` frees the bf16 logits before
+// loss.backward(), whose log_softmax backward holds the saved fp32 log-softmax, its fp32
+// incoming gradient and the fp32 gradient it writes: 12 bytes per logit at the peak (forward's
+// bf16 + fp32 copy + log-softmax is 10). selective_ac_option = "op" in its train_configs.
+SourceConventions torchtitan() {
+  SourceConventions c =
+      make("torchtitan", FlopCount::PaLM, FlopCount::RecomputeHardware, FlopCount::PaLM, false,
+           "torchtitan get_num_flop_per_token (6N + 12Lhs); memory is max_memory_reserved in GiB; "
+           "selective recomputation is its per-op policy; loss buffers 12 bytes per logit");
+  c.logits_bytes_per_element = 12;
+  c.per_op_selective = true;
+  return c;
+}
+
 const std::vector<Row>& rows() {
   using F = FlopCount;
   static const std::vector<Row> all = {
@@ -72,8 +87,7 @@ const std::vector<Row>& rows() {
                            "Llama 3.1 8B at 8K")},
       {"megatron-lm", make("Megatron-LM README (H100)", F::PaLM, F::RecomputeHardware, F::PaLM, true,
                            "Megatron-LM training.py num_floating_point_operations: 6N + 12Lhs for GPT (MFU = TFLOP/s / 989)")},
-      {"torchtitan", make("torchtitan", F::PaLM, F::RecomputeHardware, F::PaLM, false,
-                          "torchtitan get_num_flop_per_token (6N + 12Lhs); memory is max_memory_reserved in GiB")},
+      {"torchtitan", torchtitan()},
   };
   return all;
 }

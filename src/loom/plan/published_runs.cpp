@@ -368,6 +368,19 @@ void fill_run(const json& entry, PublishedRun& run) {
                               " from the launcher config (recompute_config_note)");
   }
   run.unstated.recompute = !recompute_stated;
+  // torchtitan's "selective activation checkpointing" is its per-op policy (its configs'
+  // selective_ac_option = "op"); "selective layer" is its other option, every n-th block fully
+  // checkpointed, which loom does not model (Megatron's selective stands in).
+  const std::string recompute_text =
+      lowercase(f.text("recompute") + " " + f.text("recompute_config"));
+  if (run.conventions.per_op_selective && run.layout.recompute == Recompute::Selective &&
+      recompute_text.find("layer") == std::string::npos && run.model.arch == Architecture::Llama &&
+      run.model.moe_layer_count() == 0) {
+    run.selective = SelectivePolicy::TorchtitanOps;
+    run.assumptions.push_back(
+        "selective = torchtitan's per-op policy (selective_ac_option 'op', parallelize_llama.py at "
+        "9dec370): wq, wv, w1 and SDPA outputs kept; wk, wo, w3, norms, RoPE, SwiGLU recomputed");
+  }
   const std::string precision = lowercase(f.text("precision"));
   run.fp8 = precision.find("fp8") != std::string::npos;
   if (run.fp8 && run.cluster.gpu.fp8_tflops <= 0)

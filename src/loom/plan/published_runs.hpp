@@ -12,6 +12,7 @@
 #include "loom/model/config.hpp"
 #include "loom/plan/hardware.hpp"
 #include "loom/plan/layout.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/published_conventions.hpp"
 
 namespace loom::plan {
@@ -71,6 +72,8 @@ struct PublishedRun {
   // ZeRO-3 run by DeepSpeed (the record's parallelism text says so): its collectives are
   // modelled as the ZeRO++ paper describes them (TrainingJob::zero3_traffic).
   bool deepspeed_zero3 = false;
+  // What "selective" recomputation keeps: torchtitan's per-op policy for its Llama runs.
+  SelectivePolicy selective = SelectivePolicy::AttentionCore;
   double gradient_bytes = 2;  // per parameter: 4 where the stack accumulates gradients in fp32
   std::vector<int64_t> stage_layers;  // empty: even split (or the engine's)
 };

@@ -122,7 +122,19 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   c.forward_s = forward + scores_forward_s + memory_s / 2 + cast_forward_s;
   c.backward_s = 2 * linear_forward + attention_backward_s + scores_backward_s + memory_s / 2 + cast_backward_s;
   if (l.recompute == Recompute::Full) c.backward_s += c.forward_s;
-  if (l.recompute == Recompute::Selective) c.backward_s += c.attention_core_s;
+  if (l.recompute == Recompute::Selective) {
+    if (job.memory.selective == SelectivePolicy::TorchtitanOps) {
+      // torchtitan's per-op policy (memory_model.hpp) keeps every second matmul's output and
+      // the attention core's, so backward reruns wk, wo (not under sequence parallelism, whose
+      // saved reduce_scatter output rebuilds the mid residual) and w3 and all of the forward's
+      // memory-bound work (norms, RoPE, repeat_kv, SwiGLU), none of it saved.
+      double rerun = gemm_s(tokens, kv / t, h) + gemm_s(tokens, f / t, h) + memory_s / 2;
+      if (!(l.tp > 1 && l.sequence_parallel)) rerun += gemm_s(tokens, h, h / t);
+      c.backward_s += rerun;
+    } else {
+      c.backward_s += c.attention_core_s;
+    }
+  }
   if (l.tp > 1) {
     // Two all-reduces of the [tokens, h] activations forward and two backward (Megatron-LM,
     // Shoeybi et al. 2019, Fig. 4); sequence parallelism swaps each for a reduce-scatter plus

@@ -276,6 +276,20 @@ layout = "tp=8,dp=2,zero=1,recompute=selective,sp=1"
   r = run_loom("plan --model llama-8b --config " + dir.file("typo.toml"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("cluster.nvlink_gbs"));
+  // Expert load imbalance from the file (or --moe-imbalance): the busiest ep rank's rows over
+  // the mean slow the step; below 1 it is refused before planning.
+  const std::string moe = "plan --model mixtral-8x7b --layout \"tp=2 dp=16 ep=8 zero=1\" --seq 4096 --global-batch 64 --json";
+  r = run_loom(moe);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double balanced = nlohmann::json::parse(r.output)["time"]["step_s"].get<double>();
+  write_text_file(dir.file("moe.toml"), "[training]\nmoe_imbalance = 1.5\n");
+  r = run_loom(moe + " --config " + dir.file("moe.toml"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(nlohmann::json::parse(r.output)["time"]["step_s"].get<double>(), 1.2 * balanced);
+  write_text_file(dir.file("moe_bad.toml"), "[training]\nmoe_imbalance = 0.5\n");
+  r = run_loom(moe + " --config " + dir.file("moe_bad.toml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("training.moe_imbalance = 0.5"));
 }
 
 TEST(Cli, CorruptCheckpointIsAnErrorAndTheOlderOneSurvives) {

@@ -5,7 +5,9 @@
 
 #include "loom/model/flops.hpp"
 #include "loom/model/parameter_specs.hpp"
+#include "loom/plan/collectives.hpp"
 #include "loom/plan/search.hpp"
+#include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
 
 namespace loom::test {
@@ -67,6 +69,46 @@ TEST(PlanMoe, DispatchCostsAllToAllAndMfuCountsActiveParameters) {
   const double tokens = 64.0 * 4096;
   EXPECT_NEAR(ep8.mfu, flops_per_token(m, 4096) * tokens / (ep8.total_s * 32 * cluster.gpu.bf16_tflops * 1e12), 1e-12);
   EXPECT_LT(flops_per_token(m, 4096), 0.3 * 6 * static_cast<double>(m.parameter_count()));
+}
+
+TEST(PlanMoe, TheBusiestExpertRankSetsThePace) {
+  // GEMMs at exactly the peak (efficiency 1 at every shape) so the expert time is FLOPs / peak.
+  // Mixtral's layer under ep = 8, 4096 tokens a micro-batch: the busiest rank computes and
+  // receives twice the mean rows, so its experts' forward takes 6 x tokens x k x f_e x h more
+  // FLOPs (two up-projections of f_e and one down, 2 FLOPs per multiply-add), backward twice
+  // that, and each of the 4 all-to-alls (dispatch and combine, forward and backward) moves
+  // twice the bytes; the latter are split half to forward, half to backward.
+  const ModelConfig m = model_preset("mixtral-8x7b");
+  plan::ClusterSpec cluster;
+  cluster.nodes = 4;
+  plan::TrainingJob job;
+  job.seq_len = job.memory.seq_len = 4096;
+  job.global_batch = 64;
+  job.gemm = plan::GemmEfficiency{1.0, 0.0};
+  const plan::PlanLayout l = plan::parse_layout("dp=32,ep=8,zero=1");
+  const plan::LayerTime even = plan::predict_layer_time(m, l, cluster, job);
+  const plan::PlanLayout no_ep = plan::parse_layout("dp=32,zero=1");
+  const double no_ep_even = plan::predict_layer_time(m, no_ep, cluster, job).forward_s;
+  job.moe_imbalance = 2;
+  const plan::LayerTime skewed = plan::predict_layer_time(m, l, cluster, job);
+  const double tokens = 4096, k = 2, fe = static_cast<double>(m.expert_ffn()), h = static_cast<double>(m.n_embd);
+  const double expert_forward = 6 * tokens * k * fe * h / (cluster.gpu.bf16_tflops * 1e12);
+  const plan::GroupTopology group = plan::group_topology(cluster, 8, 1);
+  const double bytes = tokens * k * h * 2;  // bf16 rows
+  auto all_to_all = [&](double b) { return plan::collective_time(plan::Collective::AllToAll, b, group).seconds; };
+  const double comm = 2 * (all_to_all(2 * bytes) - all_to_all(bytes));  // 4 all-to-alls, half each way
+  EXPECT_NEAR(skewed.forward_s - even.forward_s, expert_forward + comm, 1e-9 * even.forward_s);
+  EXPECT_NEAR(skewed.backward_s - even.backward_s, 2 * expert_forward + comm, 1e-9 * even.backward_s);
+  // Without ep one rank holds every expert: its rows add up to k x tokens however they route.
+  EXPECT_EQ(plan::predict_layer_time(m, no_ep, cluster, job).forward_s, no_ep_even);
+  // A capacity factor drops rows past c x the mean: the factor is capped at c.
+  ModelConfig capped = m;
+  capped.moe_capacity_factor = 1.25;
+  EXPECT_EQ(plan::moe_imbalance_of(capped, job), 1.25);
+  EXPECT_EQ(plan::moe_imbalance_of(m, job), 2);
+  job.moe_imbalance = 0.5;
+  expect_contains(error_message([&] { plan::predict_layer_time(m, l, cluster, job); }),
+                  {"moe_imbalance = 0.5", "expected a finite number >= 1"});
 }
 
 TEST(PlanMoe, LayoutChecksAndTheSearchTriesExpertParallelism) {

@@ -111,6 +111,10 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingFile);
   plan_cmd->add_option("--global-batch-tokens", plan_args.global_batch_tokens, "global batch in tokens (instead of --global-batch)")
       ->check(CLI::PositiveNumber);
+  plan_cmd->add_option("--moe-imbalance", plan_args.moe_imbalance,
+                       "mixture of experts under ep: the busiest rank's routed rows over the mean (>= 1; loom train "
+                       "logs moe_load_max_over_mean)")
+      ->check(CLI::Range(1.0, 1e6));
   plan_cmd->add_option("--attention", plan_args.attention, "flash, or materialized (the s x s scores are stored)")
       ->check(CLI::IsMember({"flash", "materialized"}));
   plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")

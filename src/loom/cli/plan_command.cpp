@@ -54,6 +54,7 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   job.global_batch = args.global_batch;
   job.memory.flash_attention = args.attention == "flash";
   job.memory.seq_len = args.seq_len;
+  job.moe_imbalance = args.moe_imbalance;
   job.memory.activation_bytes = args.precision == "f32" ? 4 : 2;
   job.memory.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
   if (!args.gemm_timings.empty()) {
@@ -86,6 +87,7 @@ Machine machine_of(const PlanArgs& args, int64_t gpus) {
   plan::ProfiledMachine m = plan::profiled_machine(profile, gpus, ram / static_cast<double>(gpus));
   m.job.seq_len = args.seq_len;
   m.job.global_batch = args.global_batch;
+  m.job.moe_imbalance = args.moe_imbalance;
   m.job.memory.seq_len = args.seq_len;
   m.cluster.gpu.name = "ranks of " + profile.machine;
   return {m.cluster, m.job};

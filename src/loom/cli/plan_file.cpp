@@ -62,6 +62,7 @@ void apply_plan_file(PlanArgs& args) {
   set_unless_given("precision", args.precision, r.get_string("training.precision", args.precision));
   set_unless_given("attention", args.attention, r.get_string("training.attention", args.attention));
   set_unless_given("train-tokens", args.train_tokens, r.get_double("training.train_tokens", args.train_tokens));
+  set_unless_given("moe-imbalance", args.moe_imbalance, r.get_double("training.moe_imbalance", args.moe_imbalance));
   set_unless_given("layout", args.layout, r.get_string("plan.layout", args.layout));
   set_unless_given("top", args.top, r.get_int("plan.top", args.top));
   r.reject_unknown_keys();
@@ -69,6 +70,9 @@ void apply_plan_file(PlanArgs& args) {
     throw_error(args.config, ": training.precision = '", args.precision, "'; expected bf16 or f32");
   if (args.attention != "flash" && args.attention != "materialized")
     throw_error(args.config, ": training.attention = '", args.attention, "'; expected flash or materialized");
+  if (!(args.moe_imbalance >= 1 && args.moe_imbalance <= 1e6))
+    throw_error(args.config, ": training.moe_imbalance = ", args.moe_imbalance,
+                "; expected 1 (balanced) or more: the busiest expert-parallel rank's routed rows over the mean");
   if (args.gpus < 0 || args.gpus_per_node < 1 || args.seq_len < 1 || args.global_batch < 1 || args.top < 1)
     throw_error(args.config, ": cluster.gpus must be >= 0, and gpus_per_node, seq_len, global_batch and top >= 1");
 }

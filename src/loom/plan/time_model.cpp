@@ -75,14 +75,17 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     // run on every token.
     const double k = static_cast<double>(m.experts_per_token), experts = static_cast<double>(m.n_experts);
     const double ep = static_cast<double>(l.ep), fe = static_cast<double>(m.expert_ffn());
-    double moe = experts / ep * mlp_s(tokens * k * ep / experts, fe) + gemm_s(tokens, experts, h);
+    // Under ep the busiest rank's experts see `imbalance` x the mean rows (TrainingJob); with one
+    // rank holding every expert the rows add up to k x tokens however they are routed.
+    const double imbalance = l.ep > 1 ? moe_imbalance_of(m, job) : 1.0;
+    double moe = experts / ep * mlp_s(imbalance * tokens * k * ep / experts, fe) + gemm_s(tokens, experts, h);
     if (m.n_shared_experts > 0) moe += mlp_s(tokens, static_cast<double>(m.n_shared_experts) * fe);
     forward += moe_share * moe;
     if (l.ep > 1) {
       // Dispatch and combine: each all-to-all moves this rank's k routed copies of its tokens
       // (split over tp, as with sequence-parallel dispatch); backward runs both again. Not
       // overlapped: the experts wait for their tokens.
-      const double bytes = tokens * k * h / t * job.memory.activation_bytes;
+      const double bytes = imbalance * tokens * k * h / t * job.memory.activation_bytes;
       c.ep_comm_s = moe_share * 4 * collective_time(Collective::AllToAll, bytes, group_topology(cluster, l.ep, l.tp)).seconds;
     }
   }
@@ -186,6 +189,14 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
 }
 
 }  // namespace
+
+double moe_imbalance_of(const ModelConfig& m, const TrainingJob& job) {
+  if (!(job.moe_imbalance >= 1) || !std::isfinite(job.moe_imbalance))
+    throw_error("moe_imbalance = ", job.moe_imbalance,
+                "; expected a finite number >= 1 (the busiest expert-parallel rank's rows over the mean)");
+  return m.moe_capacity_factor > 0 ? std::min(job.moe_imbalance, std::max(1.0, m.moe_capacity_factor))
+                                   : job.moe_imbalance;
+}
 
 LayerTime predict_layer_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job) {
   const LayerCost c = layer_cost(m, l, cluster, job, job.gemm.value_or(default_gemm_efficiency(cluster.gpu)));

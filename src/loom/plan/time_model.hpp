@@ -49,7 +49,19 @@ struct TrainingJob {
   // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.
   bool fp8_gemms = false;
   Zero3Traffic zero3_traffic = Zero3Traffic::Hierarchical;
+  // Mixture-of-experts load imbalance under expert parallelism: the routed rows the busiest ep
+  // rank computes and receives over the mean (1: balanced, as aux-loss or loss-free balancing
+  // aims for and force-balanced benchmarks run). The step waits for that rank, so its expert
+  // GEMMs and its share of the dispatch and combine all-to-alls scale by it. A capacity factor
+  // c drops rows past c x the mean per expert, so the factor is capped at c (Switch
+  // Transformer, Fedus et al. 2021, sec. 2.2). `loom train` logs the engine's per-expert
+  // figure, moe_load_max_over_mean, which bounds the per-rank one.
+  double moe_imbalance = 1.0;
 };
+
+// The load imbalance the time model applies: job.moe_imbalance, capped at the model's capacity
+// factor when it has one. Throws loom::Error for a value below 1 or not finite.
+double moe_imbalance_of(const ModelConfig& model, const TrainingJob& job);
 
 // One transformer layer, one micro-batch: forward and backward time on a rank, including the
 // recomputation the layout asks for and the tensor-parallel collectives it waits for (the

@@ -49,13 +49,23 @@ TEST(PlanMoe, ExpertsShardOverEpAndTheirOptimizerOverTheRemainingReplicas) {
   EXPECT_GT(plan::layer_activation_bytes(m, 1, 4096, one, 2), 1.5 * plan::layer_activation_bytes(dense_twin, 1, 4096, one, 2));
 }
 
-TEST(PlanMoe, DispatchCostsAllToAllAndMfuCountsActiveParameters) {
-  const ModelConfig m = model_preset("mixtral-8x7b");
+// Four 8-GPU H100 nodes, and a job of `sequences` sequences of 4096 tokens a step.
+plan::ClusterSpec four_nodes() {
   plan::ClusterSpec cluster;
   cluster.nodes = 4;
+  return cluster;
+}
+plan::TrainingJob sequences_of_4096(int64_t sequences) {
   plan::TrainingJob job;
   job.seq_len = job.memory.seq_len = 4096;
-  job.global_batch = 64;
+  job.global_batch = sequences;
+  return job;
+}
+
+TEST(PlanMoe, DispatchCostsAllToAllAndMfuCountsActiveParameters) {
+  const ModelConfig m = model_preset("mixtral-8x7b");
+  const plan::ClusterSpec cluster = four_nodes();
+  plan::TrainingJob job = sequences_of_4096(64);
   job.memory.micro_batches = 2;
   const plan::StepTime no_ep = plan::predict_step_time(m, plan::parse_layout("dp=32,zero=1"), cluster, job);
   const plan::StepTime ep8 = plan::predict_step_time(m, plan::parse_layout("dp=32,ep=8,zero=1"), cluster, job);
@@ -79,11 +89,8 @@ TEST(PlanMoe, TheBusiestExpertRankSetsThePace) {
   // that, and each of the 4 all-to-alls (dispatch and combine, forward and backward) moves
   // twice the bytes; the latter are split half to forward, half to backward.
   const ModelConfig m = model_preset("mixtral-8x7b");
-  plan::ClusterSpec cluster;
-  cluster.nodes = 4;
-  plan::TrainingJob job;
-  job.seq_len = job.memory.seq_len = 4096;
-  job.global_batch = 64;
+  const plan::ClusterSpec cluster = four_nodes();
+  plan::TrainingJob job = sequences_of_4096(64);
   job.gemm = plan::GemmEfficiency{1.0, 0.0};
   const plan::PlanLayout l = plan::parse_layout("dp=32,ep=8,zero=1");
   const plan::LayerTime even = plan::predict_layer_time(m, l, cluster, job);

@@ -38,12 +38,12 @@ with open(sys.argv[1], "wb") as f:
 PY
 }
 
-# The [model] and [data] tables of the tiny GPT-2 (2 layers of 32, vocabulary 64, 16 tokens)
-# reading $dir/train_*.bin.
+# The [model] and [data] tables of the tiny model (2 layers of 32, vocabulary 64, 16 tokens;
+# GPT-2 unless $1 names another arch) reading $dir/train_*.bin.
 tiny_model_toml() {
   cat <<TOML
 [model]
-arch = "gpt2"
+arch = "${1:-gpt2}"
 vocab_size = 64
 max_seq_len = 16
 n_layer = 2

@@ -32,13 +32,13 @@ if [ "$test_device" = cuda ] && [ "$(nvidia-smi -L | grep -c '^GPU')" -lt "${LOO
   echo "fewer than ${LOOM_LAYOUT_MIN_GPUS} GPUs: not run"
   exit 77
 fi
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
 fail() {
   echo "layout_on_cuda ($ranks ranks, $arch, $precision, ${parallel_keys[*]:-dp}): FAIL: $*"
   for f in "$dir"/*.log; do echo "--- $f ---"; cat "$f"; done
   exit 1
 }
+source "$(dirname "$0")/../dist/lib.sh"  # keeps the fail() above
+test_workdir layout_on_cuda
 
 # A learnable llm.c shard (vocab 64: each token mostly follows from the one before).
 /usr/bin/python3 - "$dir/train_000000.bin" <<'PY'
@@ -57,15 +57,7 @@ for side in ref test; do
   device=cpu
   [ "$side" = test ] && device=$test_device
   cat > "$dir/$side.toml" <<TOML
-[model]
-arch = "$arch"
-vocab_size = 64
-max_seq_len = 16
-n_layer = 2
-n_embd = 32
-n_head = 4
-[data]
-train = "$dir/train_*.bin"
+$(tiny_model_toml "$arch")
 [train]
 batch_size = 2
 seq_len = 16

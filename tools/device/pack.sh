@@ -21,7 +21,7 @@ OUT_DIR=${2:-.device}
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 [ -x "$BUILD/loom" ] || { echo "pack.sh: no $BUILD/loom" >&2; exit 1; }
-ldd "$BUILD/loom" | grep -q libcudart || echo "pack.sh: warning: $BUILD/loom is not a CUDA build" >&2
+case "$(ldd "$BUILD/loom")" in *libcudart*) ;; *) echo "pack.sh: warning: $BUILD/loom is not a CUDA build" >&2 ;; esac
 SRC=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" 2>/dev/null || true)
 
 STAGE=$(mktemp -d)
@@ -86,6 +86,8 @@ packed_at=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 host=$(uname -n)
 loom_commit=$(git -C "${SRC:-.}" rev-parse --short HEAD 2>/dev/null || echo unknown)
 cuda=$(ldd "$BUILD/loom" | awk '/libcudart|libcublasLt|libnccl/ {print $1}' | tr '\n' ' ')
+needs_glibc=$(find "$P/build" "$P/lib" "$P/mpi/bin" -type f -exec objdump -T {} + 2>/dev/null | grep -oE 'GLIBC_2\.[0-9]+' | sort -uV | tail -1)
+needs_libstdcxx=$(find "$P/build" "$P/lib" -type f -exec objdump -T {} + 2>/dev/null | grep -oE 'GLIBCXX_3\.4\.[0-9]+' | sort -uV | tail -1)
 INFO
 (cd "$STAGE" && find loom-device \( -type f -o -type l \) -printf '%10s %p\n' | sort -k2) > "$P/MANIFEST"
 

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# The GPU checks, ON the lent device machine, from the repository root (see tools/device/README.md):
+#   bash tools/device/run_gpu_checks.sh
+# Unpacks .device/loom-device.tar.xz (tools/device/pack.sh) into /tmp/loomdev unless already there,
+# sets the environment (tools/device/env.sh: the pack's libraries first, then the image's CUDA),
+# prints nvidia-smi and `ldd loom` (stops at once if a library is not found), then, each under
+# `timeout` and within one time budget (LOOM_CHECK_BUDGET_S, default 480 s), in this order:
+#   1. gpu_tests   tests/gpu/loom_gpu_tests (every CUDA kernel, op, model and trainer test)
+#   2. nccl_np1    mpirun -np 1 tests/gpu/nccl/loom_nccl_tests
+#   3. smoke_*     mpirun -np 1 / -np 2 loom train --device cuda on a tiny GPT-2 and Llama (f32, bf16)
+#   4. layouts     ctest -L gpu -R gpu_layout (layout_on_cuda.sh: 13 MPI layouts, ranks share the
+#                  GPU; the NCCL ones need 2+ GPUs and report Skipped) from the unpacked tree
+#   5. bench       bench/run_gpu_benchmarks.sh's parts: loom vs PyTorch eager / torch.compile on
+#                  GPT-2 124M (then Llama 1B) at seq 1024, bf16, as long as the budget lasts
+# Results go to $OUT (the device's result folder; .device/out when unset), at most 8 files:
+#   summary.txt (one PASS/FAIL/SKIP/TIMEOUT line per check, read this first), env.txt,
+#   gpu_tests.log, mpi_smoke.log, layouts.log, bench.log, bench.jsonl, details.tar.xz (every log,
+#   gtest XML, metrics.jsonl).
+set -u
+REPO=$(pwd)
+[ -f tools/device/env.sh ] || { echo "run from the repository root"; exit 2; }
+START=$(date +%s)
+BUDGET=${LOOM_CHECK_BUDGET_S:-480}
+OUT=${OUT:-$REPO/.device/out}
+mkdir -p "$OUT"
+DEST=${LOOM_DEVICE_DIR:-/tmp/loomdev}
+ARCHIVE=${LOOM_DEVICE_ARCHIVE:-$REPO/.device/loom-device.tar.xz}
+W=$(mktemp -d /tmp/loomchecks.XXXX)   # detailed logs, tarred into $OUT/details.tar.xz
+SUMMARY=$OUT/summary.txt
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+finish() {
+  note "total: $(( $(date +%s) - START )) s of a ${BUDGET} s budget"
+  tar -C "$W" --exclude='*.bin' --exclude='*.safetensors' --exclude=ctest --exclude='ckpt*' \
+    -cJf "$OUT/details.tar.xz" . 2>/dev/null
+  exit "${1:-0}"
+}
+# check NAME TIMEOUT LOGFILE command...: runs it under timeout (cut to the budget left), one line.
+check() {
+  local name=$1 limit=$2 log=$3; shift 3
+  local l; l=$(left)
+  if [ "$l" -lt 20 ]; then note "SKIP    $name (budget spent)"; return 0; fi
+  [ "$limit" -gt "$l" ] && limit=$l
+  echo "===== $name: $* (timeout ${limit}s)" >> "$log"
+  local t0=$(date +%s) rc
+  timeout -k 5 "$limit" "$@" >> "$log" 2>&1; rc=$?
+  local dt=$(( $(date +%s) - t0 )) word=FAIL
+  case $rc in 0) word=PASS ;; 77) word=SKIP ;; 124|137) word=TIMEOUT ;; esac
+  note "$(printf '%-7s %-28s rc=%-3s %4ss' "$word" "$name" "$rc" "$dt")"
+  echo "===== $name: $word rc=$rc ${dt}s" >> "$log"
+  return 0
+}
+
+# 0. Unpack and environment.
+if [ ! -x "$DEST/loom-device/build/loom" ]; then
+  [ -f "$ARCHIVE" ] || { note "FAIL    no $ARCHIVE: run tools/device/pack.sh here first and carry .device"; finish 2; }
+  mkdir -p "$DEST" && tar xf "$ARCHIVE" -C "$DEST" || { note "FAIL    could not unpack $ARCHIVE"; finish 2; }
+fi
+P=$DEST/loom-device
+# shellcheck source=env.sh
+source tools/device/env.sh "$P"
+# The repo's test scripts call /usr/bin/python3 (stdlib only); the bench's PyTorch side uses `python3`.
+PY=$(command -v python3)
+[ -x /usr/bin/python3 ] || ln -s "$PY" /usr/bin/python3 2>/dev/null || true
+{
+  echo "date: $(date -u)"; echo "host: $(uname -a)"; cat "$P/PACK_INFO"
+  echo "--- nvidia-smi"; nvidia-smi 2>&1; nvidia-smi -L 2>&1
+  echo "--- python3: $PY $($PY -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1)"
+  echo "--- /usr/bin/python3: $(/usr/bin/python3 --version 2>&1)"
+  echo "--- nvcc: $(nvcc --version 2>&1 | tail -2 | tr '\n' ' ')"
+  echo "--- ctest: $(command -v ctest) $(ctest --version 2>&1 | head -1)"
+  echo "--- LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "--- OPAL_PREFIX=$OPAL_PREFIX"
+  echo "--- ldd loom"; ldd "$P/build/loom"
+  echo "--- ldd loom_gpu_tests loom_nccl_tests (not found only)"
+  ldd "$P/build/tests/gpu/loom_gpu_tests" "$P"/build/tests/gpu/nccl/* 2>&1 | grep 'not found'
+  echo "--- mpirun --version"; mpirun --version 2>&1 | head -1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+missing=$(for b in "$P/build/loom" "$P/build/tests/gpu/loom_gpu_tests" "$P"/build/tests/gpu/nccl/*; do ldd "$b"; done 2>&1 | grep 'not found' | sort -u)
+if [ -n "$missing" ]; then
+  note "FAIL    libraries not found (see env.txt); nothing run:"
+  note "$missing"
+  for n in $(awk '{print $1}' <<<"$missing" | sort -u); do   # where this image keeps them, if anywhere
+    note "        $n on this machine: $(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$n*" -print 2>/dev/null | head -5 | tr '\n' ' ')"
+  done
+  finish 3
+fi
+note "ok      every library found: $(ldd "$P/build/loom" | awk '/libcudart|libcublasLt|libnccl|libcuda\./ {print $1 "=" $3}' | tr '\n' ' ')"
+
+# 1. The CUDA unit tests (one process; --gtest_output keeps each test's result).
+( cd "$P/build/tests/gpu" && OMP_NUM_THREADS=2 check gpu_tests 200 "$OUT/gpu_tests.log" \
+    ./loom_gpu_tests --gtest_output=xml:"$W/gpu_tests.xml" )
+grep -E '^\[ *(PASSED|SKIPPED|FAILED) *\] [0-9]+ tests?|^\[  FAILED  \] [A-Za-z]|tests? from .* ran' "$OUT/gpu_tests.log" | tail -n 40 | sed 's/^/        /' | tee -a "$SUMMARY"
+
+# 2. NCCL collectives at 1 rank.
+check nccl_np1 60 "$OUT/mpi_smoke.log" mpirun --allow-run-as-root -np 1 "$P/build/tests/gpu/nccl/loom_nccl_tests"
+
+# 3. loom train --device cuda on a tiny model, 1 and 2 ranks (2 share the GPU over MPI).
+/usr/bin/python3 - "$W/data/train_000000.bin" <<'PY'
+import os, random, struct, sys
+os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
+rng = random.Random(7)
+tokens, t = [], 0
+for _ in range(20000):
+    t = (5 * t + 1) % 64 if rng.random() < 0.8 else rng.randrange(64)
+    tokens.append(t)
+with open(sys.argv[1], "wb") as f:
+    f.write(struct.pack("<256i", *([20240520, 1, len(tokens)] + [0] * 253)))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+smoke() {  # name ranks arch precision
+  cat > "$W/$1.toml" <<TOML
+[model]
+arch = "$3"
+vocab_size = 64
+max_seq_len = 16
+n_layer = 2
+n_embd = 32
+n_head = 4
+[data]
+train = "$W/data/train_*.bin"
+[train]
+batch_size = 2
+seq_len = 16
+steps = 10
+threads = 1
+device = "cuda"
+precision = "$4"
+[checkpoint]
+dir = "$W/$1/ckpt"
+[log]
+dir = "$W/$1"
+TOML
+  check "$1" 90 "$OUT/mpi_smoke.log" mpirun --allow-run-as-root -np "$2" "$P/build/loom" train "$W/$1.toml" --device cuda
+}
+smoke smoke_np1_gpt2_f32 1 gpt2 f32
+smoke smoke_np1_llama_bf16 1 llama bf16
+smoke smoke_np2_gpt2_f32 2 gpt2 f32
+grep -E '^(step 10/10|done:)' "$OUT/mpi_smoke.log" | sed 's/^/        /' | tee -a "$SUMMARY"
+
+# 4. The layout tests through ctest, from the unpacked tree (paths rewritten to here).
+if command -v ctest >/dev/null; then
+  # shellcheck disable=SC1090
+  . <(grep -E '^(build_dir|source_dir|mpiexec)=' "$P/PACK_INFO" | sed 's/^/pack_/')
+  CT=$W/ctest
+  rm -rf "$CT" && cp -r "$P/build" "$CT.tmp" && mkdir -p "$CT" && cp "$CT.tmp/CTestTestfile.cmake" "$CT/"
+  for d in tests/gpu tests/gpu/nccl; do
+    mkdir -p "$CT/$d"
+    for f in "$CT.tmp/$d"/*.cmake; do
+      sed -e "s#${pack_build_dir}#$P/build#g" -e "s#${pack_source_dir}/#$REPO/#g" -e "s#${pack_mpiexec}#$P/mpi/bin/mpiexec#g" "$f" > "$CT/$d/$(basename "$f")"
+    done
+  done
+  rm -rf "$CT.tmp"
+  check layouts 240 "$OUT/layouts.log" ctest --test-dir "$CT" -L gpu -R 'gpu_layout_' --output-on-failure
+  grep -E 'tests passed|Passed|Failed|\*\*\*|Not Run' "$OUT/layouts.log" | sed 's/^/        /' | tail -n 25 | tee -a "$SUMMARY"
+else
+  note "SKIP    layouts (no ctest on this machine)"
+fi
+
+# 5. The benchmark (bench/run_gpu_benchmarks.sh's steps, with the packed loom and python3's torch).
+STEPS=${STEPS:-20}
+B=$W/bench
+mkdir -p "$B"
+if [ "$(left)" -gt 60 ]; then
+  /usr/bin/python3 - "$B" <<'PY'
+import struct, sys, random
+random.seed(0)
+tokens = [random.randrange(50257) for _ in range(4_000_000)]
+with open(f"{sys.argv[1]}/bench_train_000000.bin", "wb") as f:
+    f.write(struct.pack("<256i", *([20240520, 1, len(tokens)] + [0] * 253)))
+    f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+PY
+fi
+bench_loom() {  # preset batch
+  cat > "$B/$1.toml" <<TOML
+[model]
+preset = "$1"
+max_seq_len = 1024
+[data]
+train = "$B/bench_train_*.bin"
+[train]
+batch_size = $2
+seq_len = 1024
+steps = $STEPS
+precision = "bf16"
+device = "cuda"
+[optim]
+warmup_steps = 0
+[log]
+dir = "$B/loom_$1"
+TOML
+  check "bench_loom_$1" 120 "$OUT/bench.log" "$P/build/loom" train "$B/$1.toml"
+  /usr/bin/python3 - "$B/loom_$1/metrics.jsonl" "$1" "$2" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
+import json, sys, statistics
+records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]
+ms = statistics.median(r["step_ms"] for r in records)
+memory = max((r["memory_bytes"] or 0) for r in records) / 2 ** 30
+print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": 1024,
+                  "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * 1024 / ms * 1e3,
+                  "peak_memory_gib": memory}))
+PY
+}
+bench_torch() {  # preset batch [--compile]
+  local tag=eager; [ -n "${3:-}" ] && tag=compile
+  check "bench_torch_${tag}_$1" 150 "$W/torch_${tag}_$1.out" "$PY" bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" ${3:-}
+  cat "$W/torch_${tag}_$1.out" >> "$OUT/bench.log"
+  grep '^{' "$W/torch_${tag}_$1.out" >> "$OUT/bench.jsonl"
+}
+for case in "gpt2-124m 16" "llama-1b 4"; do
+  set -- $case
+  bench_loom "$1" "$2"
+  bench_torch "$1" "$2"
+  bench_torch "$1" "$2" --compile
+done
+[ -s "$OUT/bench.jsonl" ] && sed 's/^/        /' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
+cp "$SUMMARY" "$W/"
+grep -q '^FAIL\|^TIMEOUT' "$SUMMARY" && finish 1
+finish 0

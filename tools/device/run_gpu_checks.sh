@@ -62,11 +62,13 @@ P=$DEST/loom-device
 source tools/device/env.sh "$P"
 # The repo's test scripts call /usr/bin/python3 (stdlib only); the bench's PyTorch side uses `python3`.
 PY=$(command -v python3)
+# Python (PyTorch, the stdlib helpers) runs with the image's own libraries, not the pack's.
+SYSENV=(env LD_LIBRARY_PATH="$LOOM_DEVICE_ORIG_LD_LIBRARY_PATH")
 [ -x /usr/bin/python3 ] || ln -s "$PY" /usr/bin/python3 2>/dev/null || true
 {
   echo "date: $(date -u)"; echo "host: $(uname -a)"; cat "$P/PACK_INFO"
   echo "--- nvidia-smi"; nvidia-smi 2>&1; nvidia-smi -L 2>&1
-  echo "--- python3: $PY $($PY -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1)"
+  echo "--- python3: $PY $("${SYSENV[@]}" "$PY" -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.is_available())' 2>&1)"
   echo "--- /usr/bin/python3: $(/usr/bin/python3 --version 2>&1)"
   echo "--- nvcc: $(nvcc --version 2>&1 | tail -2 | tr '\n' ' ')"
   echo "--- ctest: $(command -v ctest) $(ctest --version 2>&1 | head -1)"
@@ -98,7 +100,7 @@ grep -E '^\[ *(PASSED|SKIPPED|FAILED) *\] [0-9]+ tests?|^\[  FAILED  \] [A-Za-z]
 check nccl_np1 60 "$OUT/mpi_smoke.log" mpirun --allow-run-as-root -np 1 "$P/build/tests/gpu/nccl/loom_nccl_tests"
 
 # 3. loom train --device cuda on a tiny model, 1 and 2 ranks (2 share the GPU over MPI).
-/usr/bin/python3 - "$W/data/train_000000.bin" <<'PY'
+"${SYSENV[@]}" /usr/bin/python3 - "$W/data/train_000000.bin" <<'PY'
 import os, random, struct, sys
 os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
 rng = random.Random(7)
@@ -155,6 +157,7 @@ if command -v ctest >/dev/null; then
   rm -rf "$CT.tmp"
   check layouts 240 "$OUT/layouts.log" ctest --test-dir "$CT" -L gpu -R 'gpu_layout_' --output-on-failure
   grep -E 'tests passed|Passed|Failed|\*\*\*|Not Run' "$OUT/layouts.log" | sed 's/^/        /' | tail -n 25 | tee -a "$SUMMARY"
+  note "        layouts: $(grep -c ' Passed ' "$OUT/layouts.log") passed, $(grep -c '\*\*\*Skipped' "$OUT/layouts.log") skipped (a NCCL layout needs 2+ GPUs), $(grep -cE '\*\*\*(Failed|Timeout|Exception)' "$OUT/layouts.log") failed"
 else
   note "SKIP    layouts (no ctest on this machine)"
 fi
@@ -164,7 +167,7 @@ STEPS=${STEPS:-20}
 B=$W/bench
 mkdir -p "$B"
 if [ "$(left)" -gt 60 ]; then
-  /usr/bin/python3 - "$B" <<'PY'
+  "${SYSENV[@]}" /usr/bin/python3 - "$B" <<'PY'
 import struct, sys, random
 random.seed(0)
 tokens = [random.randrange(50257) for _ in range(4_000_000)]
@@ -192,7 +195,7 @@ warmup_steps = 0
 dir = "$B/loom_$1"
 TOML
   check "bench_loom_$1" 120 "$OUT/bench.log" "$P/build/loom" train "$B/$1.toml"
-  /usr/bin/python3 - "$B/loom_$1/metrics.jsonl" "$1" "$2" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
+  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$1/metrics.jsonl" "$1" "$2" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]
 ms = statistics.median(r["step_ms"] for r in records)
@@ -204,7 +207,7 @@ PY
 }
 bench_torch() {  # preset batch [--compile]
   local tag=eager; [ -n "${3:-}" ] && tag=compile
-  check "bench_torch_${tag}_$1" 150 "$W/torch_${tag}_$1.out" "$PY" bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" ${3:-}
+  check "bench_torch_${tag}_$1" 150 "$W/torch_${tag}_$1.out" "${SYSENV[@]}" "$PY" bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" ${3:-}
   cat "$W/torch_${tag}_$1.out" >> "$OUT/bench.log"
   grep '^{' "$W/torch_${tag}_$1.out" >> "$OUT/bench.jsonl"
 }

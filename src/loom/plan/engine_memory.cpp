@@ -1,0 +1,339 @@
+// The CPU engine's own memory, as its allocator counts it: model states through ZeroOptimizer's
+// flats (with ZeRO-2/3's in-step peak replayed) and activation sets per schedule.
+#include "loom/plan/memory_model.hpp"
+#include "loom/plan/layer_elements.hpp"
+#include <algorithm>
+#include <map>
+#include "loom/core/error.hpp"
+#include "loom/model/parameter_specs.hpp"
+#include "loom/model/pipeline_layout.hpp"
+#include "loom/model/stage_placement.hpp"
+#include "loom/parallel/gradient_buckets.hpp"
+#include "loom/plan/pipeline_sim.hpp"
+#include "loom/plan/rank_parameters.hpp"
+
+namespace loom::plan {
+
+namespace {
+
+// The engine's model states on one rank holding `specs` (its tp block of each: tp rank 0's, the
+// largest), replicated over `dp` ranks (the experts over dp / ep) under ZeRO `stage`.
+MemoryBreakdown engine_model_states(const ModelConfig& m, const std::vector<ParameterSpec>& specs,
+                                    int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
+                                    int64_t tp, int64_t ep) {
+  std::vector<ParameterSpec> dense, experts;
+  for (const ParameterSpec& s : specs) (s.expert ? experts : dense).push_back(s);
+  auto numel_here = [&](const ParameterSpec& s) { return s.numel_on_tp_rank(tp, 0); };
+  const StateBytes state{4, 4, bf16 ? 4.0 : 0.0, 8};  // f32 storage even for bf16 values on the CPU
+  if (dp == 1 || stage == 0) {
+    double params = 0;
+    for (const ParameterSpec& s : specs) params += static_cast<double>(numel_here(s));
+    return zero_model_states(params, state, 1, 0);
+  }
+  // ZeroOptimizer's flats: size-capped buckets in gradient-ready order (stages 1-2) or one
+  // per unit (stage 3), each padded to a multiple of its group: dp, or dp / ep for experts.
+  struct Flat {
+    double padded = 0;
+    std::vector<const ParameterSpec*> members;
+  };
+  std::vector<Flat> flats;
+  double shard = 0, padded = 0;
+  auto add_flats = [&](const std::vector<ParameterSpec>& group_specs, int64_t ranks) {
+    std::vector<std::vector<const ParameterSpec*>> groups;
+    if (stage == 3) {
+      groups.resize(static_cast<size_t>(m.n_layer + 1));
+      for (const ParameterSpec& s : group_specs) groups[static_cast<size_t>(s.unit)].push_back(&s);
+    } else {
+      std::vector<int64_t> numels;
+      for (const ParameterSpec& s : group_specs) numels.push_back(numel_here(s));
+      for (const std::vector<size_t>& bucket : group_into_buckets(numels, bucket_bytes)) {
+        groups.emplace_back();
+        for (size_t i : bucket) groups.back().push_back(&group_specs[i]);
+      }
+    }
+    for (std::vector<const ParameterSpec*>& members : groups) {
+      int64_t n = 0;
+      for (const ParameterSpec* s : members) n += numel_here(*s);
+      if (n == 0) continue;  // a unit this rank holds nothing of
+      const int64_t piece = (n + ranks - 1) / ranks;
+      shard += static_cast<double>(piece);
+      padded += static_cast<double>(piece * ranks);
+      flats.push_back({static_cast<double>(piece * ranks), std::move(members)});
+    }
+  };
+  if (ep == 1) {
+    add_flats(specs, dp);
+  } else {
+    add_flats(dense, dp);
+    add_flats(experts, dp / ep);
+  }
+  // Stages 2-3 hold full-size gradients within the step: replay one backward as ZeroOptimizer
+  // runs it. A unit's backward first finishes every reduce-scatter in flight but the latest
+  // and frees its flat, then allocates the unit's flats; a flat's reduce-scatter is issued once
+  // all its gradients are ready: the head's and final norm's first, each block's after its
+  // backward (last block first), the embedding tables' at the very end. The root's backward
+  // begins with the loss.
+  double grads_in_step = 0, params_in_step = 0;
+  if (stage >= 2) {
+    const int64_t blocks = m.n_layer;
+    auto ready_event = [&](const ParameterSpec& s) -> int64_t {
+      switch (s.part) {
+        case ModelPart::FinalNorm:
+        case ModelPart::OutputHead: return 0;
+        case ModelPart::Block: return blocks - s.unit + 1;
+        default: return blocks + 1;  // the token and position tables
+      }
+    };
+    std::vector<bool> live(flats.size(), false), issued(flats.size(), false);
+    std::vector<size_t> in_flight;
+    double alive = 0;
+    auto unit_backward = [&](int64_t unit) {  // before_backward(unit)
+      while (in_flight.size() > 1) {
+        live[in_flight.front()] = false;
+        alive -= flats[in_flight.front()].padded;
+        in_flight.erase(in_flight.begin());
+      }
+      for (size_t f = 0; f < flats.size(); ++f) {
+        const bool touches = std::any_of(flats[f].members.begin(), flats[f].members.end(),
+                                         [&](const ParameterSpec* s) { return s->unit == unit; });
+        if (touches && !live[f] && !issued[f]) {
+          live[f] = true;
+          alive += flats[f].padded;
+        }
+      }
+      grads_in_step = std::max(grads_in_step, alive);
+    };
+    auto ready_until = [&](int64_t event) {  // issue every flat whose gradients are all ready
+      for (size_t f = 0; f < flats.size(); ++f)
+        if (!issued[f] && std::all_of(flats[f].members.begin(), flats[f].members.end(),
+                                      [&](const ParameterSpec* s) { return ready_event(*s) <= event; })) {
+          issued[f] = true;
+          in_flight.push_back(f);
+        }
+    };
+    unit_backward(0);
+    ready_until(0);
+    for (int64_t unit = blocks; unit >= 1; --unit) {
+      unit_backward(unit);
+      ready_until(blocks - unit + 1);
+    }
+    ready_until(blocks + 1);
+    // Stage 3 gathers the root for the whole step and each block with its neighbour prefetched:
+    // forward block u beside u + 1, backward u beside u - 1.
+    if (stage == 3) {
+      auto unit_size = [&](int64_t unit) {
+        double n = 0;
+        for (const Flat& f : flats)
+          if (!f.members.empty() && f.members.front()->unit == unit) n += f.padded;
+        return n;
+      };
+      double pair = blocks >= 1 ? unit_size(1) : 0;
+      for (int64_t unit = 1; unit < blocks; ++unit) pair = std::max(pair, unit_size(unit) + unit_size(unit + 1));
+      params_in_step = unit_size(0) + pair;
+    }
+  }
+  MemoryBreakdown mem;
+  mem.parameters = state.parameter * (stage >= 3 ? shard + params_in_step : padded);
+  mem.gradients = state.gradient * (stage >= 2 ? shard + grads_in_step : padded);
+  mem.optimizer_state = (state.master + state.moments) * shard;
+  return mem;
+}
+
+// Activation elements per token of the engine's stashes (model/stash.cpp), for one rank of tp
+// holding seq_len / cp tokens of each sequence. `rowwise` elements sit in the residual-stream
+// region (split by tp only under sequence parallelism), the rest in the tensor-parallel region
+// (always split by tp).
+struct EngineActivationShape {
+  double tokens = 0, h = 0, row_split = 1, norm_stats = 0;
+  double stash_rowwise = 0;  // a block stash's rows outside the residual stream
+  double dense_split = 0, dense_recomputable = 0;  // a dense block's, in the tp region
+  double moe_split = 0, moe_recomputable = 0;      // a mixture-of-experts block's
+  double attention_split = 0;
+
+  EngineActivationShape(const ModelConfig& m, int64_t batch, int64_t seq_len, int64_t tp,
+                        bool sequence_parallel, int64_t cp) {
+    tokens = static_cast<double>(batch * seq_len / cp);
+    h = static_cast<double>(m.n_embd);
+    const double t = static_cast<double>(tp);
+    row_split = sequence_parallel ? t : 1.0;
+    norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;
+    const LayerElements e = layer_elements_of(m, false);
+    stash_rowwise = e.replicated_by_tp - h;  // the input lives in the residual stream
+    dense_split = e.split_by_tp / t;
+    dense_recomputable = e.recomputable / t;
+    attention_split = (h + 2 * static_cast<double>(m.kv_dim())) / t;
+    // A MoE block keeps its experts' activations with the rest of its stash (MoeStash, f32),
+    // none in the recomputable set, which holds the attention output and log-sum-exps only.
+    const double k = static_cast<double>(m.experts_per_token),
+                 fe = static_cast<double>(m.expert_ffn());
+    moe_split = attention_split + 2 * static_cast<double>(m.n_experts) + k + k * (2 * h + 3 * fe) +
+                static_cast<double>(m.n_shared_experts) * 3 * fe;
+    moe_recomputable = (h + static_cast<double>(m.n_head)) / t;
+  }
+
+  double bytes(double rowwise, double split) const {
+    return 4 * tokens * (rowwise / row_split + split);
+  }
+
+  // One activation set (ChunkActivations) of `dense` + `moe` blocks: the residual stream (one
+  // row per block plus the output), on the last stage the final norm's output and statistics,
+  // and each block's stash but what selective recomputation shares (none under full).
+  double set_bytes(double dense, double moe, bool last_stage, Recompute recompute) const {
+    double rowwise = (dense + moe + 1) * h + (last_stage ? h + norm_stats : 0), split = 0;
+    if (recompute != Recompute::Full) {
+      rowwise += (dense + moe) * stash_rowwise;
+      split += recompute == Recompute::None ? dense * (dense_split + dense_recomputable) +
+                                                  moe * (moe_split + moe_recomputable)
+                                            : dense * dense_split + moe * moe_split;
+    }
+    return bytes(rowwise, split);
+  }
+
+  // What a rank keeps once, beside its sets: under selective recomputation the shared
+  // attention output (and a dense MLP activation where the rank has a dense block); under full,
+  // the model's single stash, with a dense MLP if any layer of the model is dense.
+  double shared_bytes(Recompute recompute, bool rank_has_dense, bool model_has_dense,
+                      bool model_has_moe) const {
+    switch (recompute) {
+      case Recompute::None: return 0;
+      case Recompute::Selective:
+        return bytes(0, rank_has_dense ? dense_recomputable : moe_recomputable);
+      case Recompute::Full:
+        return bytes(stash_rowwise, model_has_dense
+                                        ? dense_split + dense_recomputable +
+                                              (model_has_moe ? moe_split - attention_split : 0)
+                                        : moe_split + moe_recomputable);
+    }
+    return 0;
+  }
+};
+
+}  // namespace
+
+MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage,
+                                      int64_t bucket_bytes, bool bf16, int64_t batch,
+                                      int64_t seq_len, Recompute recompute, int64_t tp,
+                                      bool sequence_parallel, int64_t cp, int64_t ep) {
+  if (ep < 1 || dp % ep != 0 || (m.is_moe() ? m.n_experts % ep != 0 : ep != 1))
+    throw_error("predict_engine_memory: ep = ", ep, " with dp = ", dp, " and ", m.n_experts,
+                " experts");
+  // This rank's parameters: every dense one, and the experts of ep rank 0 (all ranks hold as
+  // many), in gradient-ready order; the engine buckets (or, under ZeRO, flattens) the two apart.
+  std::vector<ParameterSpec> mine;
+  for (ParameterSpec& s : parameter_specs(m))
+    if (!s.expert || s.expert_index < m.n_experts / ep) mine.push_back(std::move(s));
+  MemoryBreakdown mem = engine_model_states(m, mine, dp, stage, bucket_bytes, bf16, tp, ep);
+  // Transformer::ensure_activations: the whole model as one set, which holds the final norm.
+  const EngineActivationShape shape(m, batch, seq_len, tp, sequence_parallel, cp);
+  const double moe_layers = static_cast<double>(m.moe_layer_count());
+  const double dense_layers = static_cast<double>(m.n_layer) - moe_layers;
+  mem.activations =
+      shape.set_bytes(dense_layers, moe_layers, true, recompute) +
+      shape.shared_bytes(recompute, dense_layers > 0, dense_layers > 0, moe_layers > 0);
+  return mem;
+}
+
+MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanLayout& l,
+                                               int64_t seq_len, int64_t micro_batches,
+                                               int64_t bucket_bytes) {
+  if (l.pp < 2)
+    throw_error("predict_engine_pipeline_memory: pp = ", l.pp,
+                "; use predict_engine_memory without a pipeline");
+  if (m.is_moe() && splits_backward(l.schedule))
+    throw_error("predict_engine_pipeline_memory: a mixture-of-experts model under ",
+                schedule_name(l.schedule), " (its W keeps what routing sends each expert)");
+  const StagePlacement placement = stage_placement(l.schedule);
+  const int64_t v = l.schedule == PipelineSchedule::Interleaved ? l.vp
+                    : placement == StagePlacement::V            ? 2
+                                                                : 1;
+  const std::vector<ModelChunk> chunks =
+      pipeline_chunks(stage_layer_counts(m.n_layer, l.pp * v), l.pp, 0, placement);
+  // Rank 0's parameters: its chunks' blocks and the embedding tables (the first stage's; under
+  // the V placement the last stage's final norm and head too, with the tied table held once).
+  std::vector<ParameterSpec> mine;
+  for (ParameterSpec& s : parameter_specs(m)) {
+    if (s.expert && s.expert_index >= m.n_experts / l.ep) continue;
+    bool held = s.part == ModelPart::TokenTable || s.part == ModelPart::PositionTable;
+    for (const ModelChunk& c : chunks)
+      held =
+          held ||
+          (s.part == ModelPart::Block && s.unit - 1 >= c.first_layer && s.unit - 1 < c.end_layer) ||
+          ((s.part == ModelPart::FinalNorm || s.part == ModelPart::OutputHead) && c.last_stage());
+    if (held) mine.push_back(std::move(s));
+  }
+  MemoryBreakdown mem =
+      engine_model_states(m, mine, l.dp * l.cp, l.zero_stage, bucket_bytes, false, l.tp, l.ep);
+  // Activations: replay rank 0's action list through the engine's pool
+  // (parallel/pipeline_activations): a forward takes the most recently idled set of as many
+  // layers, or a new one; a set that serves the last stage gains its extras (final norm output
+  // and statistics) and keeps them; a backward idles its set; a B (split backward) holds copies
+  // for its W until the W runs. Sets are never freed, so the peak is the sets made plus the W
+  // copies held at the worst moment.
+  const std::vector<PipeAction> actions = pipeline_actions(l.schedule, l.pp, micro_batches, v)[0];
+  const EngineActivationShape shape(m, l.micro_batch, seq_len, l.tp, l.sequence_parallel, l.cp);
+  const int64_t rows = l.micro_batch * seq_len / l.cp;
+  struct ChunkBytes {
+    double base = 0, last_extras = 0, deferred = 0;
+  };
+  std::vector<ChunkBytes> per_chunk;
+  double rank_dense = 0;
+  for (const ModelChunk& c : chunks) {
+    double moe = 0;
+    for (int64_t layer = c.first_layer; layer < c.end_layer; ++layer)
+      moe += m.is_moe_layer(layer) ? 1 : 0;
+    const double dense = static_cast<double>(c.layers()) - moe;
+    rank_dense += dense;
+    ChunkBytes bytes;
+    bytes.base = shape.set_bytes(dense, moe, false, l.recompute);
+    if (c.last_stage())
+      bytes.last_extras = shape.set_bytes(dense, moe, true, l.recompute) - bytes.base;
+    if (splits_backward(l.schedule))
+      bytes.deferred = static_cast<double>(
+          deferred_weight_grad_bytes(m, c.layers(), c.first_stage(), c.last_stage(), rows, 4));
+    per_chunk.push_back(bytes);
+  }
+  struct Set {
+    int64_t layers = 0;
+    bool last_extras = false;
+  };
+  std::vector<Set> idle;
+  std::map<std::pair<int64_t, int64_t>, Set> in_flight;
+  double sets_bytes = 0, deferred = 0, peak = 0;
+  for (const PipeAction& a : actions) {
+    const auto chunk = static_cast<size_t>(a.chunk);
+    const ChunkBytes& bytes = per_chunk[chunk];
+    const std::pair<int64_t, int64_t> key{a.chunk, a.micro_batch};
+    switch (a.op) {
+      case PipeOp::Forward: {
+        Set set{chunks[chunk].layers(), false};
+        auto it = std::find_if(idle.rbegin(), idle.rend(),
+                               [&](const Set& s) { return s.layers == set.layers; });
+        if (it != idle.rend()) {
+          set = *it;
+          idle.erase(std::next(it).base());
+        } else {
+          sets_bytes += bytes.base;
+        }
+        if (bytes.last_extras > 0 && !set.last_extras) {
+          sets_bytes += bytes.last_extras;
+          set.last_extras = true;
+        }
+        in_flight[key] = set;
+        break;
+      }
+      case PipeOp::Backward:
+      case PipeOp::BackwardInput:
+        idle.push_back(in_flight.at(key));
+        in_flight.erase(key);
+        if (a.op == PipeOp::BackwardInput) deferred += bytes.deferred;
+        break;
+      case PipeOp::BackwardWeight: deferred -= bytes.deferred; break;
+    }
+    peak = std::max(peak, sets_bytes + deferred);
+  }
+  const bool model_dense = m.moe_layer_count()<m.n_layer, model_moe = m.moe_layer_count()> 0;
+  mem.activations = peak + shape.shared_bytes(l.recompute, rank_dense > 0, model_dense, model_moe);
+  return mem;
+}
+
+}  // namespace loom::plan

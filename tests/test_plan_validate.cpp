@@ -11,7 +11,9 @@
 #include "loom/core/error.hpp"
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/memory_model.hpp"
+#include "loom/plan/published_conventions.hpp"
 #include "loom/plan/published_runs.hpp"
+#include "loom/plan/search.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
 
@@ -373,6 +375,74 @@ TEST(PlanAttention, MaterialisedScoresCostMemoryAndTime) {
 // The rules read from a run's text: a stated interleaved schedule with no V takes V >= 2 (the
 // fastest that fits; V = 2 when none fits); "non-interleaved" does not; DeepSpeed's ZeRO-3 is
 // read from the parallelism text; recompute_config (a loom addition) fills an unstated recompute.
+// A run that does not state its attention takes it from its source's date: Megatron-LM in
+// 2021-22 and the ZeRO paper stored the s x s scores (FlashAttention is from May 2022), and an
+// unknown source dated before 2022 is read the same way; a run whose text names flash runs flash.
+TEST(PublishedRuns, UnstatedAttentionFollowsTheSourceDate) {
+  EXPECT_EQ(plan::latest_year_named("Rajbhandari et al. 2019/2020, 'ZeRO'"), 2020);
+  EXPECT_EQ(plan::latest_year_named("Narayanan et al. (arXiv 2104.04473)"), 0);
+  EXPECT_EQ(plan::latest_year_named("arXiv 2012.01234, Doe 2023."), 2023);
+  EXPECT_EQ(plan::latest_year_named("SC'21, v2019x, 12021"), 0);
+  auto run = [](const std::string& name, const std::string& source, const std::string& notes) {
+    const std::string text = R"([{"id": ")" + name + R"(", "kind": "throughput", "source": ")" + source + R"(",
+      "model": {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128},
+      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 8, "tp": 1, "pp": 1, "dp": 8},
+      "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4, "notes": ")" +
+                             notes + R"("}}])";
+    return plan::read_published_runs(write_file(name + ".json", text)).front();
+  };
+  auto said = [](const plan::PublishedRun& r) {
+    std::string all;
+    for (const std::string& a : r.assumptions) all += a + "; ";
+    return all;
+  };
+  const plan::PublishedRun narayanan = run("n", "Narayanan et al. 2021, Table 1", "");
+  ASSERT_TRUE(narayanan.refused.empty()) << narayanan.refused;
+  EXPECT_FALSE(narayanan.flash_attention);
+  expect_contains(said(narayanan), {"attention not stated: materialized scores (the source predates FlashAttention"});
+  EXPECT_FALSE(run("k", "Korthikanti et al. 2022 (arXiv 2205.05198)", "").flash_attention);
+  EXPECT_FALSE(run("old", "Doe et al. 2021, a workshop paper", "").flash_attention);
+  EXPECT_TRUE(run("new", "Doe et al. 2024, a blog", "").flash_attention);
+  EXPECT_TRUE(run("undated", "a blog", "").flash_attention);
+  EXPECT_TRUE(run("mosaic", "mosaicml/llm-foundry README", "").flash_attention);
+  const plan::PublishedRun named = run("named", "Doe et al. 2021", "kernel: flash_attention2");
+  EXPECT_TRUE(named.flash_attention);
+  EXPECT_EQ(said(named).find("attention not stated"), std::string::npos);
+}
+
+// The fit test: the fragmentation allowance (10%) falls on the whole peak, or, for a stack whose
+// model states sit in buffers allocated once (Megatron-Core), on the activations and
+// communication buffers alone. By hand, in GiB: states 56 + workspace 2 + activations 16.8:
+// 74.8 > 0.9 x 80 = 72, but 58 + 16.8 / 0.9 = 76.67 <= 80.
+TEST(PublishedRuns, ContiguousModelStatesLeaveTheAllowanceToActivations) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  plan::MemoryBreakdown m;
+  m.parameters = 15 * gib;
+  m.gradients = 30 * gib;
+  m.optimizer_state = 11 * gib;
+  m.workspace = 2 * gib;
+  m.activations = 16.8 * gib;
+  EXPECT_FALSE(plan::fits_in_hbm(m, 80 * gib, false));
+  EXPECT_TRUE(plan::fits_in_hbm(m, 80 * gib, true));
+  m.activations = 20 * gib;  // 58 + 22.2 > 80
+  EXPECT_FALSE(plan::fits_in_hbm(m, 80 * gib, true));
+  // NeMo 24.07's FP8 Llama 3.1 8B (cp 2, mbs 1) states no recomputation: its recipe runs none
+  // (NeMo-Framework-Launcher llama3_1_8b.yaml), which the planner now finds fits by itself.
+  std::ifstream in(kPublished);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string key = "\"recompute_config\": \"none\"";
+  ASSERT_NE(text.find(key), std::string::npos);
+  text.replace(text.find(key), key.size(), "\"recompute_config\": \"\"");
+  for (const plan::PublishedRun& r : plan::read_published_runs(write_file("no_config.json", text))) {
+    if (r.id != "nemo2407_h100_fp8_LLAMA3-8B_8gpu") continue;
+    ASSERT_TRUE(r.unstated.recompute);
+    const plan::RunCheck c = plan::check_published_run(r);
+    EXPECT_TRUE(c.fits);
+    EXPECT_EQ(c.layout.recompute, Recompute::None);
+  }
+}
+
 TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
   auto run = [](const std::string& name, const std::string& parallelism, const std::string& extra) {
     const std::string text = R"([{"id": ")" + name + R"(", "kind": "throughput",

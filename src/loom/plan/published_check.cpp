@@ -74,7 +74,6 @@ RunCheck check_published_run(const PublishedRun& run) {
   job.memory.selective = run.selective;
   // Megatron-LM's GPT layers keep dropout masks: count them as Korthikanti et al. do.
   if (run.conventions.megatron && model.arch == Architecture::GPT2) job.memory.accounting = ActivationAccounting::Korthikanti;
-  const double usable = run.cluster.gpu.hbm_bytes * kUsableMemoryFraction;
 
   bool have = false;
   StepTime best_time;
@@ -105,7 +104,7 @@ RunCheck check_published_run(const PublishedRun& run) {
         job.memory.micro_batches = micro;
         const MemoryBreakdown memory = predict_gpu_memory(model, l, job.memory);
         const StepTime t = predict_step_time(model, l, run.cluster, job);
-        const bool fits = memory.total() <= usable;
+        const bool fits = fits_in_hbm(memory, run.cluster.gpu.hbm_bytes, run.conventions.megatron);
         // Prefer layouts that fit; among equals, the faster one (what the source would have run).
         // A stated interleaving with no V that fits takes the smallest, V = 2 (the least memory
         // of the interleaved schedules: Narayanan et al. 2021 sec. 2.2.2, p(v - 1) extra chunks).

@@ -1,5 +1,6 @@
 #include "loom/plan/published_conventions.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <vector>
 
@@ -44,6 +45,14 @@ SourceConventions make(const char* label, FlopCount mfu, FlopCount hfu, FlopCoun
   return c;
 }
 
+// Megatron-LM in 2021-22 (Narayanan et al.; Korthikanti et al., whose Table 2 counts the
+// 5as/h bytes of stored scores that selective recomputation drops) and the ZeRO paper's
+// DeepSpeed on V100s computed softmax(QK^T) in HBM: FlashAttention appeared in May 2022.
+SourceConventions materialized(SourceConventions c) {
+  c.materialized_attention = true;
+  return c;
+}
+
 // torchtitan 9dec370 (the December 2024 benchmarks): train.py's loss_fn is
 // cross_entropy(pred.flatten(0, 1).float(), ...) and `del pred` frees the bf16 logits before
 // loss.backward(), whose log_softmax backward holds the saved fp32 log-softmax, its fp32
@@ -62,15 +71,15 @@ SourceConventions torchtitan() {
 const std::vector<Row>& rows() {
   using F = FlopCount;
   static const std::vector<Row> all = {
-      {"narayanan", make("Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
-                         "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count the recomputed forward")},
-      {"korthikanti", make("Korthikanti et al. 2022", F::KorthikantiModel, F::KorthikantiHardware, F::KorthikantiModel, true,
+      {"narayanan", materialized(make("Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
+                         "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count the recomputed forward"))},
+      {"korthikanti", materialized(make("Korthikanti et al. 2022", F::KorthikantiModel, F::KorthikantiHardware, F::KorthikantiModel, true,
                            "Korthikanti et al. 2022 sec. 6.3 (model and hardware FLOPs); Fig. 1 sums states and activations "
-                           "by their eqs.", MemoryCount::StatesAndActivations)},
+                           "by their eqs.; Table 2's 5as/h term is the stored scores", MemoryCount::StatesAndActivations))},
       {"mosaicml", make("MosaicML llm-foundry", F::PaLM, F::RecomputeHardware, F::PaLM, false,
                         "llm-foundry benchmarking README: MFU (6N + 12Lds) per token, HFU 4/3 of it when checkpointing")},
-      {"rajbhandari", make("ZeRO (Rajbhandari et al. 2020)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
-                           "the ZeRO paper: Fig. 1 model states (2 + 2 + 12) Psi / Nd, GB")},
+      {"rajbhandari", materialized(make("ZeRO (Rajbhandari et al. 2020)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                           "the ZeRO paper: Fig. 1 model states (2 + 2 + 12) Psi / Nd, GB"))},
       {"hagemann", make("Hagemann et al. 2023", F::PaLM, F::RecomputeHardware, F::PaLM, false,
                         "Hagemann et al. 2023: MFU after PaLM (6N + 12Lhs)")},
       {"llama team", make("Llama 3 (Meta 2024)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
@@ -104,7 +113,24 @@ SourceConventions conventions_of_source(const std::string& source) {
   while (!other.label.empty() && other.label.back() == ' ') other.label.pop_back();
   if (other.label.empty()) other.label = "other";
   other.where = "not a known source: PaLM's 6N + 12Lhs assumed";
+  // A source dated before 2022 predates FlashAttention (May 2022) and its uptake.
+  const int year = latest_year_named(source);
+  other.materialized_attention = year != 0 && year < 2022;
   return other;
+}
+
+int latest_year_named(const std::string& text) {
+  const auto digit = [&](size_t i) { return i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); };
+  const auto word = [&](size_t i) { return i < text.size() && std::isalnum(static_cast<unsigned char>(text[i])); };
+  int latest = 0;
+  for (size_t i = 0; i + 4 <= text.size(); ++i) {
+    if (text[i] != '2' || text[i + 1] != '0' || !digit(i + 2) || !digit(i + 3)) continue;
+    if (i > 0 && (word(i - 1) || text[i - 1] == '.')) continue;          // inside a word or number
+    if (word(i + 4) || (i + 4 < text.size() && text[i + 4] == '.' && digit(i + 5))) continue;  // 2012.01234
+    const int year = 2000 + (text[i + 2] - '0') * 10 + (text[i + 3] - '0');
+    if (year >= 2010 && year < 2040) latest = std::max(latest, year);
+  }
+  return latest;
 }
 
 double flops_per_token(FlopCount count, const ModelConfig& m, double params, double seq, Recompute recompute) {

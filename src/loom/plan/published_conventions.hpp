@@ -40,9 +40,17 @@ struct SourceConventions {
   // "Selective" recomputation means torchtitan's per-op policy (SelectivePolicy::TorchtitanOps),
   // not Megatron's attention-core recomputation.
   bool per_op_selective = false;
+  // The source's stack computed attention by materialising the s x s scores in HBM: its runs
+  // predate FlashAttention (Dao et al., arXiv 2205.14135, May 2022) or ran on GPUs it does not
+  // support. Used where a run does not state its attention.
+  bool materialized_attention = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);
+
+// The latest year from 2010 to 2039 that the text names as a word of its own ("Smith et al.
+// 2021", "(SC '21)" is not read), or 0. arXiv numbers like 2104.04473 are not years.
+int latest_year_named(const std::string& text);
 
 // FLOPs per token of `count` for a model of `params` parameters (the source's N) at `seq`.
 double flops_per_token(FlopCount count, const ModelConfig& model, double params, double seq, Recompute recompute);

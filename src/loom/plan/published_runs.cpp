@@ -395,10 +395,21 @@ void fill_run(const json& entry, PublishedRun& run) {
   if (!attention.empty() && attention != "flash" && attention != "materialized")
     throw_error("published run '", run.id, "': attention = '", attention, "'; expected flash or materialized");
   if (attention.empty()) {
-    const bool notes_flash = lowercase(f.text("measured.notes")).find("flash") != std::string::npos;
-    if (!notes_flash) run.assumptions.push_back("attention not stated: flash");
+    const bool notes_flash = lowercase(f.text("measured.notes") + " " + f.text("notes") + " " + f.text("model.notes") + " " +
+                                       f.text("parallelism.notes") + " " + f.text("precision"))
+                                 .find("flash") != std::string::npos;
+    if (notes_flash) {
+      run.flash_attention = true;
+    } else if (run.conventions.materialized_attention) {
+      run.flash_attention = false;
+      run.assumptions.push_back("attention not stated: materialized scores (the source predates FlashAttention, May 2022)");
+    } else {
+      run.flash_attention = true;
+      run.assumptions.push_back("attention not stated: flash");
+    }
+  } else {
+    run.flash_attention = attention != "materialized";
   }
-  run.flash_attention = attention != "materialized";
 
   const std::optional<int64_t> mbs = f.integer("micro_batch");
   run.layout.micro_batch = mbs.value_or(1);

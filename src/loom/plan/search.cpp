@@ -71,6 +71,16 @@ void for_each_layout(const ModelConfig& m, int64_t gpus, int64_t gpus_per_node, 
   }
 }
 
+}  // namespace
+
+bool fits_in_hbm(const MemoryBreakdown& m, double hbm_bytes, bool contiguous_states) {
+  if (!contiguous_states) return m.total() <= hbm_bytes * kUsableMemoryFraction;
+  return m.parameters + m.gradients + m.optimizer_state + m.workspace + (m.activations + m.comm_buffers) / kUsableMemoryFraction <=
+         hbm_bytes;
+}
+
+namespace {
+
 bool fits_somewhere(const ModelConfig& m, int64_t gpus, const ClusterSpec& cluster, const TrainingJob& job) {
   bool fits = false;
   const double usable = cluster.gpu.hbm_bytes * kUsableMemoryFraction;

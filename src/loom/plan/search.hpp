@@ -35,6 +35,14 @@ struct SearchResult {
 // allocator typically loses 5-10%).
 constexpr double kUsableMemoryFraction = 0.9;
 
+// Whether a rank's predicted peak fits in `hbm_bytes`: the whole of it within
+// kUsableMemoryFraction of HBM. With `contiguous_states` (Megatron-Core: parameters and
+// gradients live in the ParamAndGradBuffer and the distributed optimizer's shards in buffers
+// allocated once at start, docs/source/api-guide/dist_optimizer.md) the model states and the
+// workspace do not fragment: the allowance falls on the activations and communication buffers
+// the allocator hands out and takes back each step.
+bool fits_in_hbm(const MemoryBreakdown& memory, double hbm_bytes, bool contiguous_states);
+
 SearchResult search_layouts(const ModelConfig& model, const ClusterSpec& cluster, const TrainingJob& job,
                             int64_t simulate_top = 32);
 

@@ -134,6 +134,15 @@ int latest_year_named(const std::string& text) {
 }
 
 double flops_per_token(FlopCount count, const ModelConfig& m, double params, double seq, Recompute recompute) {
+  // A mixture of experts counts the parameters a token meets (its top-k routed experts, the
+  // shared ones and the rest of the model), as every source's MoE MFU does: the stated total
+  // scaled by the model's active share.
+  double inactive = 0;
+  if (m.is_moe()) {
+    inactive = static_cast<double>(m.moe_layer_count()) * static_cast<double>(m.n_experts - m.experts_per_token) *
+               static_cast<double>(m.expert_parameter_count());
+    params *= 1 - inactive / static_cast<double>(m.parameter_count());
+  }
   const double l = static_cast<double>(m.n_layer), h = static_cast<double>(m.n_embd), v = static_cast<double>(m.vocab_size);
   const double attention = 12 * l * h * seq;  // QK^T and PV, forward and backward, full s x s
   switch (count) {
@@ -152,7 +161,7 @@ double flops_per_token(FlopCount count, const ModelConfig& m, double params, dou
     case FlopCount::NonEmbeddingCausal: {
       ModelConfig no_blocks = m;
       no_blocks.n_layer = 0;
-      const double blocks = static_cast<double>(m.parameter_count() - no_blocks.parameter_count());
+      const double blocks = static_cast<double>(m.parameter_count() - no_blocks.parameter_count()) - inactive;
       return 6 * (blocks + v * h) + (count == FlopCount::NonEmbeddingFull ? attention : attention / 2);
     }
   }

@@ -37,6 +37,17 @@ ModelConfig gpt_shape(int64_t layers, int64_t hidden, int64_t heads, int64_t voc
   return c;
 }
 
+ModelConfig moe_shape(ModelConfig c, int64_t experts, int64_t top_k) {
+  c.n_experts = experts;
+  c.experts_per_token = top_k;
+  return c;
+}
+
+ModelConfig tied(ModelConfig c) {
+  c.tied_embeddings = true;
+  return c;
+}
+
 struct Entry {
   const char* family;  // normalised family key (see family_of)
   double size_b;       // the size as models are named ("13" for LLaMA 13B)
@@ -54,38 +65,71 @@ const char* const kLlama3 =
     "Llama Team 2024, 'The Llama 3 Herd of Models' (arXiv 2407.21783), Table 3 (layers, model dimension, FFN "
     "dimension, heads, 8 key/value heads, 8K context); vocabulary 128,256 from the released config.json";
 
+const char* const kLlama32 = "Llama 3.2 1B / 3B config.json (meta-llama, 2024)";
+const char* const kQwen25 = "Qwen Team 2024, 'Qwen2.5 Technical Report' (arXiv 2412.15115), Table 1; config.json";
+
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> all = {
-      {"llama1", 7, {"LLaMA 7B", llama_shape(32, 4096, 32, 32, 11008, 32000, 2048), 4 << 20, kLlama1, ""}},
-      {"llama1", 13, {"LLaMA 13B", llama_shape(40, 5120, 40, 40, 13824, 32000, 2048), 4 << 20, kLlama1, ""}},
+      {"llama1", 7, {"LLaMA 7B", llama_shape(32, 4096, 32, 32, 11008, 32000, 2048), 4 << 20, kLlama1, "", ""}},
+      {"llama1", 13, {"LLaMA 13B", llama_shape(40, 5120, 40, 40, 13824, 32000, 2048), 4 << 20, kLlama1, "", ""}},
       // Table 2 names it 33B (32.5B parameters); the weights were first released as "30B".
-      {"llama1", 30, {"LLaMA 30B/33B", llama_shape(60, 6656, 52, 52, 17920, 32000, 2048), 4 << 20, kLlama1, ""}},
-      {"llama1", 33, {"LLaMA 30B/33B", llama_shape(60, 6656, 52, 52, 17920, 32000, 2048), 4 << 20, kLlama1, ""}},
-      {"llama1", 65, {"LLaMA 65B", llama_shape(80, 8192, 64, 64, 22016, 32000, 2048), 4 << 20, kLlama1, ""}},
-      {"llama2", 7, {"Llama 2 7B", llama_shape(32, 4096, 32, 32, 11008, 32000, 4096), 4 << 20, kLlama2, ""}},
-      {"llama2", 13, {"Llama 2 13B", llama_shape(40, 5120, 40, 40, 13824, 32000, 4096), 4 << 20, kLlama2, ""}},
-      {"llama2", 70, {"Llama 2 70B", llama_shape(80, 8192, 64, 8, 28672, 32000, 4096), 4 << 20, kLlama2, ""}},
-      {"llama3", 8, {"Llama 3 8B", llama_shape(32, 4096, 32, 8, 14336, 128256, 8192), 0, kLlama3, ""}},
-      {"llama3", 70, {"Llama 3 70B", llama_shape(80, 8192, 64, 8, 28672, 128256, 8192), 0, kLlama3, ""}},
-      {"llama3", 405, {"Llama 3 405B", llama_shape(126, 16384, 128, 8, 53248, 128256, 8192), 0, kLlama3, ""}},
+      {"llama1", 30, {"LLaMA 30B/33B", llama_shape(60, 6656, 52, 52, 17920, 32000, 2048), 4 << 20, kLlama1, "", ""}},
+      {"llama1", 33, {"LLaMA 30B/33B", llama_shape(60, 6656, 52, 52, 17920, 32000, 2048), 4 << 20, kLlama1, "", ""}},
+      {"llama1", 65, {"LLaMA 65B", llama_shape(80, 8192, 64, 64, 22016, 32000, 2048), 4 << 20, kLlama1, "", ""}},
+      {"llama2", 7, {"Llama 2 7B", llama_shape(32, 4096, 32, 32, 11008, 32000, 4096), 4 << 20, kLlama2, "", ""}},
+      {"llama2", 13, {"Llama 2 13B", llama_shape(40, 5120, 40, 40, 13824, 32000, 4096), 4 << 20, kLlama2, "", ""}},
+      {"llama2", 70, {"Llama 2 70B", llama_shape(80, 8192, 64, 8, 28672, 32000, 4096), 4 << 20, kLlama2, "", ""}},
+      {"llama3", 8, {"Llama 3 8B", llama_shape(32, 4096, 32, 8, 14336, 128256, 8192), 0, kLlama3, "", ""}},
+      {"llama3", 70, {"Llama 3 70B", llama_shape(80, 8192, 64, 8, 28672, 128256, 8192), 0, kLlama3, "", ""}},
+      {"llama3", 405, {"Llama 3 405B", llama_shape(126, 16384, 128, 8, 53248, 128256, 8192), 0, kLlama3, "", ""}},
       // Brown et al. 2020, 'Language Models are Few-Shot Learners' (arXiv 2005.14165), Table 2.1:
       // 96 layers, d_model 12288, 96 heads of 128, context 2048, 3.2M-token batch; GPT-2's
       // 50,257-token BPE vocabulary (sec. 2.1 follows GPT-2).
-      {"gpt3", 175, {"GPT-3 175B", gpt_shape(96, 12288, 96, 50257, 2048), 3200000, "Brown et al. 2020, Table 2.1", ""}},
+      {"gpt3", 175, {"GPT-3 175B", gpt_shape(96, 12288, 96, 50257, 2048), 3200000, "Brown et al. 2020, Table 2.1", "", ""}},
       // NeMo's GPT-3 5B recipe (NVIDIA NeMo-Framework-Launcher, launcher_scripts/conf/training/
       // gpt3/5b.yaml): 24 layers, hidden 4096, FFN 16384, 32 heads, sequence 2048; GPT-2 BPE
       // vocabulary padded to a multiple of 128 (50,304).
-      {"gpt3", 5, {"NeMo GPT-3 5B", gpt_shape(24, 4096, 32, 50304, 2048), 0, "NeMo-Framework-Launcher conf/training/gpt3/5b.yaml", ""}},
+      {"gpt3", 5, {"NeMo GPT-3 5B", gpt_shape(24, 4096, 32, 50304, 2048), 0, "NeMo-Framework-Launcher conf/training/gpt3/5b.yaml", "", ""}},
       // OpenAI 2025, 'gpt-oss-120b & gpt-oss-20b Model Card': 36 layers, residual width 2880,
       // 64 query heads of width 64 (4096 != 2880), alternating banded (128-token) and dense
       // attention, 128 experts, top-4.
       {"gptoss", 120, {"GPT-OSS 120B", ModelConfig{}, 0, "OpenAI gpt-oss model card (2025)",
                        "its 64 heads of width 64 do not divide the 2880-wide residual stream (loom's ModelConfig has "
-                       "head width = hidden / heads) and half its layers use 128-token banded attention"}},
-      // DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report' (arXiv 2412.19437), sec. 2.1 and 4.2.
-      {"deepseekv3", 671, {"DeepSeek-V3 671B", ModelConfig{}, 0, "DeepSeek-V3 Technical Report, sec. 4.2",
-                           "multi-head latent attention (compressed key/value projections) and its first three "
-                           "dense layers are not in loom's ModelConfig"}},
+                       "head width = hidden / heads) and half its layers use 128-token banded attention", ""}},
+      // DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report' (arXiv 2412.19437), sec. 2.1 and 4.2:
+      // 61 layers of 7168, the first 3 dense (18432), 256 routed experts of 2048 + 1 shared,
+      // top 8. Its multi-head latent attention is not loom's: the deepseek-v3-gqa preset puts
+      // 128 full heads of 56 in its place. MLA's projections (q 7168 x 1536 x 24576, kv 7168 x
+      // 576 and 512 x 32768, o 16384 x 7168: 187M per layer) are within 10% of the stand-in's 4
+      // x 7168^2 = 206M, so the parameters (about 671B, 37B active) and GEMM FLOPs hold; its
+      // attention core (q.k over 192 wide heads, p.v over 128) is about 2.9x the stand-in's, some
+      // 8% of a token's FLOPs at 4K.
+      {"deepseekv3", 671, {"DeepSeek-V3 671B", model_preset("deepseek-v3-gqa"), 0, "DeepSeek-V3 Technical Report, sec. 4.2",
+                           "", "multi-head latent attention approximated by 128 full heads of 56 (parameters within 10%, "
+                           "attention core about a third of MLA's FLOPs)"}},
+      // Jiang et al. 2024, 'Mixtral of Experts' (arXiv 2401.04088), Table 1: 32 layers of 4096,
+      // 32 heads, 8 key/value heads, experts of 14336, 8 experts, top 2, 32,000-token vocabulary;
+      // Mixtral 8x22B from its released config.json: 56 layers of 6144, 48 heads, 8 kv, experts
+      // of 16384, vocabulary 32,768.
+      {"mixtral", 7, {"Mixtral 8x7B", moe_shape(llama_shape(32, 4096, 32, 8, 14336, 32000, 32768), 8, 2), 0,
+                      "Jiang et al. 2024, Table 1", "", ""}},
+      {"mixtral", 22, {"Mixtral 8x22B", moe_shape(llama_shape(56, 6144, 48, 8, 16384, 32768, 65536), 8, 2), 0,
+                       "Mixtral 8x22B config.json (mistralai, 2024)", "", ""}},
+      // Jiang et al. 2023, 'Mistral 7B' (arXiv 2310.06825), Table 1: 32 layers of 4096, 32
+      // heads, 8 kv heads, hidden 14336, vocabulary 32,000 (its 4096-token sliding window is
+      // not modelled: full causal attention is charged).
+      {"mistral", 7, {"Mistral 7B", llama_shape(32, 4096, 32, 8, 14336, 32000, 8192), 0, "Jiang et al. 2023, Table 1", "", ""}},
+      // Llama 3.2 1B and 3B (the released config.json): 16 layers of 2048 and 28 of 3072, 8 kv
+      // heads, hidden 8192, tied embeddings.
+      {"llama3", 1, {"Llama 3.2 1B", tied(llama_shape(16, 2048, 32, 8, 8192, 128256, 8192)), 0, kLlama32, "", ""}},
+      {"llama3", 3, {"Llama 3.2 3B", tied(llama_shape(28, 3072, 24, 8, 8192, 128256, 8192)), 0, kLlama32, "", ""}},
+      // Qwen2.5 (Qwen Team 2024, arXiv 2412.15115, Table 1, and the released config.json files):
+      // layers, hidden, heads / kv heads, intermediate width; vocabulary 152,064 (the q/k/v
+      // biases are not counted).
+      {"qwen2", 7, {"Qwen2.5 7B", llama_shape(28, 3584, 28, 4, 18944, 152064, 32768), 0, kQwen25, "", ""}},
+      {"qwen2", 14, {"Qwen2.5 14B", llama_shape(48, 5120, 40, 8, 13824, 152064, 32768), 0, kQwen25, "", ""}},
+      {"qwen2", 32, {"Qwen2.5 32B", llama_shape(64, 5120, 40, 8, 27648, 152064, 32768), 0, kQwen25, "", ""}},
+      {"qwen2", 72, {"Qwen2.5 72B", llama_shape(80, 8192, 64, 8, 29568, 152064, 32768), 0, kQwen25, "", ""}},
   };
   return all;
 }
@@ -105,6 +149,9 @@ std::string family_of(const std::string& name) {
       {std::regex(R"(gpt[\s_-]*oss)"), "gptoss"},
       {std::regex(R"(gpt[\s_-]*3(?![0-9]))"), "gpt3"},
       {std::regex(R"(deepseek[\s_-]*v3)"), "deepseekv3"},
+      {std::regex(R"(mixtral)"), "mixtral"},
+      {std::regex(R"(mistral)"), "mistral"},
+      {std::regex(R"(qwen[\s_-]*2)"), "qwen2"},
   };
   for (const auto& [pattern, family] : families)
     if (std::regex_search(name, pattern)) return family;

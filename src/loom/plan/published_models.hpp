@@ -18,6 +18,9 @@ struct PublishedModel {
   int64_t batch_tokens = 0;     // the pre-training global batch in tokens, 0 if not published
   std::string source;           // where the dimensions come from
   std::string not_representable;  // non-empty: why loom's ModelConfig cannot hold this model
+  // Non-empty: `config` stands in for an architecture ModelConfig cannot hold exactly, and how;
+  // the run is answered with this printed among its assumptions.
+  std::string approximation;
 };
 
 // The preset whose family and size the printed name matches (case-insensitive; "LLaMA 30B"

@@ -159,12 +159,58 @@ void read_measured(const RunFields& f, PublishedRun& run) {
   }
 }
 
+// model.moe: {"routed_experts", "top_k", "shared_experts", "expert_ffn"}, and where a source
+// gives them the dense layers before the first expert layer ("first_dense_layers"), the
+// spacing of expert layers ("moe_every") and a capacity factor (null: dropless, as NeMo and
+// Megatron-Bridge run their MoE benchmarks). Experts are SwiGLU MLPs (Mixtral, DeepSeekMoE,
+// Qwen-MoE), so the layer is Llama's.
+void read_moe(const RunFields& f, bool ffn_stated, ModelConfig& m, PublishedRun& run) {
+  if (!f.find("model.moe")->is_object())
+    throw_error("published run '", f.text("id"), "': model.moe = ", f.find("model.moe")->dump(), " is not an object");
+  const std::optional<int64_t> experts = f.integer("model.moe.routed_experts"), top_k = f.integer("model.moe.top_k");
+  if (!experts || !top_k) throw Refusal{"model.moe does not state routed_experts and top_k"};
+  if (*experts < 2 || *top_k < 1 || *top_k > *experts)
+    throw_error("published run '", f.text("id"), "': model.moe has routed_experts = ", *experts, " and top_k = ", *top_k,
+                "; expected at least 2 experts and 1 <= top_k <= routed_experts");
+  m.n_experts = *experts;
+  m.experts_per_token = *top_k;
+  m.n_shared_experts = f.integer("model.moe.shared_experts").value_or(0);
+  if (const std::optional<int64_t> width = f.integer("model.moe.expert_ffn")) {
+    m.moe_ffn_hidden = *width;
+    if (!ffn_stated) m.ffn_hidden = *width;
+  } else if (!ffn_stated) {
+    throw Refusal{"model.moe states no expert_ffn and model.ffn is not stated either"};
+  }
+  for (const char* key : {"model.moe.first_dense_layers", "model.moe.dense_layers", "model.moe.first_k_dense"})
+    if (const std::optional<int64_t> dense = f.integer(key)) m.moe_first_dense = *dense;
+  m.moe_every = std::max<int64_t>(1, f.integer("model.moe.moe_every").value_or(1));
+  m.moe_capacity_factor = f.number("model.moe.capacity_factor").value_or(0.0);
+  if (m.arch != Architecture::Llama) {
+    m.arch = Architecture::Llama;
+    m.tied_embeddings = false;
+    run.assumptions.push_back("mixture of experts: SwiGLU experts, untied embeddings (Llama's layer)");
+  }
+  run.assumptions.push_back("mixture of experts: " + std::to_string(m.n_experts) + " experts, top " +
+                            std::to_string(m.experts_per_token) +
+                            (m.n_shared_experts > 0 ? ", " + std::to_string(m.n_shared_experts) + " shared" : std::string()) +
+                            ", balanced routing" + (m.moe_capacity_factor > 0 ? "" : ", dropless"));
+}
+
 ModelConfig model_of(const RunFields& f, PublishedRun& run) {
   const std::string name = f.text("model.name");
   const std::optional<int64_t> layers = f.integer("model.layers"), hidden = f.integer("model.hidden"),
                                heads = f.integer("model.heads");
   ModelConfig m;
-  if (layers && hidden && heads) {
+  const std::optional<PublishedModel> named = find_published_model(name);
+  if (named && !named->not_representable.empty()) throw Refusal{named->name + ": " + named->not_representable};
+  if (named && !named->approximation.empty()) {
+    // A model loom holds only approximately is taken whole from its preset, whatever the run
+    // states, so the stand-in stays the one its comment describes.
+    if ((layers && *layers != named->config.n_layer) || (hidden && *hidden != named->config.n_embd))
+      throw Refusal{"model.name '" + name + "' reads as " + named->name + ", but its layers or hidden size differ from it"};
+    m = named->config;
+    run.assumptions.push_back("model from preset " + named->name + ": " + named->approximation);
+  } else if (layers && hidden && heads) {
     m.n_layer = *layers;
     m.n_embd = *hidden;
     m.n_head = *heads;
@@ -180,14 +226,12 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
     m.tied_embeddings = !llama;
     if (!ffn) run.assumptions.push_back(llama ? "ffn not stated: 4h" : "ffn not stated: 4h (GPT)");
     if (!vocab) run.assumptions.push_back("vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
-    if (f.find("model.moe") != nullptr)
-      throw Refusal{"model.moe is given but its expert dimensions are not in loom's schema reader"};
+    if (f.find("model.moe") != nullptr) read_moe(f, ffn.has_value(), m, run);
   } else {
-    const std::optional<PublishedModel> preset = find_published_model(name);
+    const std::optional<PublishedModel>& preset = named;
     if (!preset)
       throw Refusal{"model dimensions (layers, hidden, heads) are not stated and no published architecture matches "
                     "model.name '" + name + "'"};
-    if (!preset->not_representable.empty()) throw Refusal{preset->name + ": " + preset->not_representable};
     m = preset->config;
     run.assumptions.push_back("model from preset " + preset->name + " (" + preset->source.substr(0, preset->source.find(',')) + ")");
     if (!f.integer("model.seq_len")) run.assumptions.push_back("seq_len not stated: the preset's " + std::to_string(m.max_seq_len));

@@ -514,6 +514,34 @@ TEST(PublishedRuns, MixtureOfExpertsRunsAreReadAndCountActiveParameters) {
   EXPECT_EQ(qwen.model.ffn_hidden, 29568);
 }
 
+// A stated parameter count settles the MLP form the dimensions leave open: Nemotron-4 15B
+// (Parmar et al. 2024: 32 layers of 6144, 48 heads, 8 kv heads, a squared-ReLU MLP of 24576,
+// 256,000-token vocabulary, untied) would be 20.5B as SwiGLU (+37%); as a 2-matrix MLP, by
+// hand, 32 x (2 x 6144^2 + 2 x 6144 x 1024 + 2 x 6144 x 24576 + 2 x 6144) + 2 x 256000 x 6144
+// + 6144 = 15.63B (+4.2%), charged as a SwiGLU of 16384 (3 x 16384 = 2 x 24576).
+TEST(PublishedRuns, StatedParameterCountSettlesTheMlpForm) {
+  auto run = [](const std::string& id, const std::string& params) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "a 2024 test",
+      "model": {"name": "Nemotron-4 15B", "layers": 32, "hidden": 6144, "heads": 48, "kv_heads": 8, "ffn": 24576,
+                "vocab": 256000, "seq_len": 4096, "params_b": )" + params + R"(},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8}, "parallelism": {"total_gpus": 64, "tp": 8, "pp": 1, "dp": 8},
+      "micro_batch": 1, "global_batch": 64, "recompute": "selective", "measured": {"mfu": 0.3}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun nemotron = run("nemotron", "15");
+  ASSERT_TRUE(nemotron.refused.empty()) << nemotron.refused;
+  EXPECT_EQ(nemotron.model.ffn_hidden, 16384);
+  EXPECT_FALSE(nemotron.model.tied_embeddings);
+  const double by_hand = 32.0 * (2.0 * 6144 * 6144 + 2.0 * 6144 * 1024 + 2.0 * 6144 * 24576 + 2 * 6144) + 2.0 * 256000 * 6144 + 6144;
+  EXPECT_EQ(static_cast<double>(nemotron.model.parameter_count()), by_hand);
+  std::string said;
+  for (const std::string& a : nemotron.assumptions) said += a + "; ";
+  expect_contains(said, {"a 2-matrix MLP of 24576 (charged as a SwiGLU of 16384"});
+  // Without a parameter count (or with one the guess meets) the guess stands.
+  EXPECT_EQ(run("unstated", "null").model.ffn_hidden, 24576);
+  EXPECT_EQ(run("swiglu", "20.5").model.ffn_hidden, 24576);
+}
+
 TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
   auto run = [](const std::string& name, const std::string& parallelism, const std::string& extra) {
     const std::string text = R"([{"id": ")" + name + R"(", "kind": "throughput",

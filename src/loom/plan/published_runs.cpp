@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -196,6 +197,58 @@ void read_moe(const RunFields& f, bool ffn_stated, ModelConfig& m, PublishedRun&
                             ", balanced routing" + (m.moe_capacity_factor > 0 ? "" : ", dropless"));
 }
 
+// The layer read from the dimensions alone is a guess (GQA or a Llama name: SwiGLU, untied;
+// else GPT's 2-matrix MLP, tied). Where the run states its parameter count and the guess misses
+// it by more than 3%, the MLP form and the embedding tying that land nearest are taken instead,
+// when they halve the miss. A 2-matrix MLP of width F beside grouped-query attention (Nemotron-4,
+// Falcon, StarCoder2) is charged as a SwiGLU of 2F/3: the same parameters and GEMM FLOPs
+// (3 h 2F/3 = 2 h F), and the same saved activations (gate, up and product, 3 x 2F/3 = 2F,
+// against a pre-activation and an activation of F each).
+void match_stated_parameters(ModelConfig& m, PublishedRun& run) {
+  auto miss = [&](const ModelConfig& c) { return std::fabs(static_cast<double>(c.parameter_count()) / run.params - 1); };
+  const double guessed = miss(m);
+  if (guessed <= 0.03) return;
+  struct Candidate {
+    ModelConfig config;
+    std::string why;
+  };
+  std::vector<Candidate> candidates;
+  for (bool tied : {false, true}) {
+    ModelConfig gated = m;
+    if (m.arch == Architecture::GPT2) {
+      // An MHA layer with a gated MLP is Llama's (RMSNorm, RoPE), as long as RoPE fits.
+      gated.arch = Architecture::Llama;
+      if (gated.head_dim() % 2 != 0) continue;
+    }
+    gated.tied_embeddings = tied;
+    const std::string tying = tied ? "tied embeddings" : "untied embeddings";
+    if (m.arch == Architecture::GPT2) {
+      candidates.push_back({gated, "a gated (SwiGLU) MLP of " + std::to_string(m.ffn_hidden) + ", " + tying});
+      ModelConfig plain = m;
+      plain.tied_embeddings = tied;
+      candidates.push_back({plain, "GPT's 2-matrix MLP, " + tying});
+    } else {
+      candidates.push_back({gated, "a gated (SwiGLU) MLP, " + tying});
+      ModelConfig plain = gated;
+      plain.ffn_hidden = std::max<int64_t>(1, (2 * m.ffn_hidden + 1) / 3);
+      candidates.push_back({plain, "a 2-matrix MLP of " + std::to_string(m.ffn_hidden) + " (charged as a SwiGLU of " +
+                                       std::to_string(plain.ffn_hidden) + ": the same parameters, FLOPs and saved bytes), " +
+                                       tying});
+    }
+  }
+  const Candidate* best = nullptr;
+  for (const Candidate& c : candidates)
+    if (best == nullptr || miss(c.config) < miss(best->config)) best = &c;
+  if (best == nullptr || miss(best->config) > guessed / 2) return;
+  char text[160];
+  std::snprintf(text, sizeof text, "params_b %.4g: the layer guess gives %.4g B (%+.1f%%); ", run.params / 1e9,
+                static_cast<double>(m.parameter_count()) / 1e9, 100 * (static_cast<double>(m.parameter_count()) / run.params - 1));
+  m = best->config;
+  char after[64];
+  std::snprintf(after, sizeof after, " gives %.4g B", static_cast<double>(m.parameter_count()) / 1e9);
+  run.assumptions.push_back(text + best->why + after);
+}
+
 ModelConfig model_of(const RunFields& f, PublishedRun& run) {
   const std::string name = f.text("model.name");
   const std::optional<int64_t> layers = f.integer("model.layers"), hidden = f.integer("model.hidden"),
@@ -227,6 +280,7 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
     if (!ffn) run.assumptions.push_back(llama ? "ffn not stated: 4h" : "ffn not stated: 4h (GPT)");
     if (!vocab) run.assumptions.push_back("vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
     if (f.find("model.moe") != nullptr) read_moe(f, ffn.has_value(), m, run);
+    if (run.params > 0 && ffn && !m.is_moe()) match_stated_parameters(m, run);
   } else {
     const std::optional<PublishedModel>& preset = named;
     if (!preset)

@@ -230,8 +230,9 @@ TEST(PlanProfile, MeasuredAttentionRatesSetTheCoreTime) {
   // 2 matmuls x 2 x tokens x mean keys x d = 4 x 64 x 32 x 64 = 524,288 (flash: each query
   // meets seq / 2 keys). Only the attention efficiencies differ between the two jobs, so the
   // layer times differ by exactly the core's: forward 524,288 / (1e11 x e_f) and backward
-  // 524,288 / (1e11 x e_b) against the GEMM-rate defaults (forward at the GEMM efficiency,
-  // backward twice that), each efficiency 0.5 x prod d / (d + 32) over (64, 32, 16).
+  // 524,288 / (1e11 x e_b) against the fused-attention defaults (fused_attention_efficiency:
+  // 0.25 x 32 keys / (32 + 256) x 16 / (16 + 24) for a GPU other than an A100, backward 2.5x the
+  // forward's FLOPs), each measured efficiency 0.5 x prod d / (d + 32) over (64, 32, 16).
   ModelConfig model;
   model.arch = Architecture::Llama;
   model.vocab_size = 128;
@@ -253,9 +254,9 @@ TEST(PlanProfile, MeasuredAttentionRatesSetTheCoreTime) {
   const LayerTime without = predict_layer_time(model, layout, m.cluster, plain);
   const double flops = 4.0 * 64 * 32 * 64;
   auto eff = [](double frac, double half) { return frac * (64 / (64 + half)) * (32 / (32 + half)) * (16 / (16 + half)); };
-  const double gemm_core = flops / (1e11 * eff(0.8, 16));
-  EXPECT_NEAR(with.forward_s - without.forward_s, flops / (1e11 * eff(0.5, 32)) - gemm_core, 1e-12);
-  EXPECT_NEAR(with.backward_s - without.backward_s, flops / (1e11 * eff(0.25, 32)) - 2 * gemm_core, 1e-12);
+  const double fused_core = flops / (1e11 * 0.25 * (32.0 / 288) * (16.0 / 40));
+  EXPECT_NEAR(with.forward_s - without.forward_s, flops / (1e11 * eff(0.5, 32)) - fused_core, 1e-12);
+  EXPECT_NEAR(with.backward_s - without.backward_s, flops / (1e11 * eff(0.25, 32)) - 2.5 * fused_core, 1e-12);
 }
 
 }  // namespace

@@ -231,9 +231,9 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(s.runs, 57);
   EXPECT_EQ(s.answered, 54);
   EXPECT_EQ(s.rates.count, 46);
-  EXPECT_EQ(pct(s.rates.median), "6.7");
+  EXPECT_EQ(pct(s.rates.median), "6.2");
   EXPECT_EQ(pct(s.rates.p90), "14.6");
-  EXPECT_EQ(pct(s.rates.worst), "24.7");
+  EXPECT_EQ(pct(s.rates.worst), "23.9");
   EXPECT_EQ(s.memory.count, 8);
   EXPECT_EQ(pct(s.memory.median), "1.7");
   EXPECT_EQ(pct(s.memory.worst), "6.2");
@@ -243,15 +243,15 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   for (const plan::SourceCoverage& src : s.by_source)
     if (src.rates.count > 0) medians[src.label] = pct(src.rates.median);
   EXPECT_EQ(medians["Narayanan et al. 2021"], "4.9");
-  EXPECT_EQ(medians["MosaicML llm-foundry"], "6.8");
-  EXPECT_EQ(medians["Hagemann et al. 2023"], "1.3");
+  EXPECT_EQ(medians["MosaicML llm-foundry"], "5.7");
+  EXPECT_EQ(medians["Hagemann et al. 2023"], "2.0");
   EXPECT_EQ(medians["Korthikanti et al. 2022"], "10.2");
-  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "14.0");
-  EXPECT_EQ(medians["Megatron-LM README (H100)"], "5.2");
-  EXPECT_EQ(medians["NeMo 24.07"], "6.2");
-  EXPECT_EQ(medians["Megatron-Bridge 25.11"], "21.6");
-  EXPECT_EQ(medians["torchtitan"], "6.1");
-  EXPECT_EQ(medians["NeMo Automodel"], "12.5");
+  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "13.9");
+  EXPECT_EQ(medians["Megatron-LM README (H100)"], "4.7");
+  EXPECT_EQ(medians["NeMo 24.07"], "6.3");
+  EXPECT_EQ(medians["Megatron-Bridge 25.11"], "23.9");
+  EXPECT_EQ(medians["torchtitan"], "7.1");
+  EXPECT_EQ(medians["NeMo Automodel"], "8.5");
   }
 }
 
@@ -540,6 +540,31 @@ TEST(PublishedRuns, StatedParameterCountSettlesTheMlpForm) {
   // Without a parameter count (or with one the guess meets) the guess stands.
   EXPECT_EQ(run("unstated", "null").model.ffn_hidden, 24576);
   EXPECT_EQ(run("swiglu", "20.5").model.ffn_hidden, 24576);
+}
+
+// Every row of llm-foundry's MPT benchmark tables (published/loom_mosaicml_tables.json, made
+// by tools/published/mosaicml_tables.py): 201 runs from 512 to 65,536 tokens, heads of 64 and
+// 128, A100 40/80 GB and H100 in BF16 and FP8, all answered, at the errors docs/PLANNER.md
+// gives. Heads of 64 at long sequences (125M, 350M on A100s) were predicted 30-41% slow while
+// attention ran at a GEMM's rate with the head width as k; fused attention holds them within 15%.
+TEST(PublishedRuns, MosaicMlTablesAreAnsweredAtTheirPinnedErrors) {
+  const std::vector<plan::PublishedRun> runs =
+      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_mosaicml_tables.json");
+  ASSERT_EQ(runs.size(), 201u);
+  const std::vector<plan::RunCheck> checks = check_all(runs);
+  const plan::ValidationSummary s = plan::summarize(checks);
+  EXPECT_EQ(s.answered, 201);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
+  EXPECT_EQ(std::string(text), "5.2 14.8");
+  for (const plan::RunCheck& c : checks) {
+    const std::string& id = c.run->id;
+    if (id.find("a100") == std::string::npos || (id.find("_125m_") == std::string::npos && id.find("_350m_") == std::string::npos))
+      continue;
+    const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
+    ASSERT_NE(tokens, nullptr) << id;
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.15) << id;
+  }
 }
 
 TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {

@@ -146,7 +146,13 @@ RunCheck check_published_run(const PublishedRun& run) {
   // cuBLAS workspaces (GpuJob::workspace_bytes) lie outside it.
   check.reserved_gib = check.allocated_gib / kUsableMemoryFraction;
   const double n = run.params > 0 ? run.params : static_cast<double>(model.parameter_count());
-  const double s = static_cast<double>(run.seq_len), peak = run.cluster.gpu.bf16_tflops * 1e12;
+  // MosaicML's FP8 rows divide by the FP8 peak (llm-foundry's benchmark tables: the FP8 MFU of a
+  // row is half what its tokens/s give over the BF16 peak).
+  const double peak = (run.fp8 && run.conventions.fp8_mfu_over_fp8_peak
+                           ? std::max(run.cluster.gpu.bf16_tflops, run.cluster.gpu.fp8_tflops)
+                           : run.cluster.gpu.bf16_tflops) *
+                      1e12;
+  const double s = static_cast<double>(run.seq_len);
   auto per_token = [&](FlopCount count) { return flops_per_token(count, model, n, s, l.recompute); };
   for (const Measured& m : run.measured) {
     double predicted = 0;

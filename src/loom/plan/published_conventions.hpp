@@ -44,6 +44,8 @@ struct SourceConventions {
   // predate FlashAttention (Dao et al., arXiv 2205.14135, May 2022) or ran on GPUs it does not
   // support. Used where a run does not state its attention.
   bool materialized_attention = false;
+  // An FP8 run's MFU and HFU are over the FP8 tensor-core peak, not the BF16 one.
+  bool fp8_mfu_over_fp8_peak = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

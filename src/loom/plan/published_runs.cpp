@@ -280,7 +280,6 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
     if (!ffn) run.assumptions.push_back(llama ? "ffn not stated: 4h" : "ffn not stated: 4h (GPT)");
     if (!vocab) run.assumptions.push_back("vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
     if (f.find("model.moe") != nullptr) read_moe(f, ffn.has_value(), m, run);
-    if (run.params > 0 && ffn && !m.is_moe()) match_stated_parameters(m, run);
   } else {
     const std::optional<PublishedModel>& preset = named;
     if (!preset)
@@ -298,6 +297,8 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
   }
   m.max_seq_len = f.integer("model.seq_len").value_or(m.max_seq_len);
   if (m.max_seq_len <= 0) throw Refusal{"model.seq_len is not stated"};
+  if (layers && hidden && heads && !named && run.params > 0 && f.integer("model.ffn") && !m.is_moe())
+    match_stated_parameters(m, run);
   try {
     m.validate();
   } catch (const Error& e) {

@@ -28,6 +28,22 @@ GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
   return {ampere ? 0.75 : 0.60, 256};
 }
 
+// Fused attention runs at its own rate, not a GEMM's: a kernel that keeps its tiles on chip
+// loses little to a 64- or 128-wide head (FlashAttention-2 at head 64 runs about 0.87x its
+// rate at 128: Dao 2023, Fig. 4), so the head width saturates at 24, the keys per query at 256
+// (short sequences spend more of the kernel on its diagonal block and its prologue). The two
+// fractions are what training sustains end to end, chosen like the GEMM ones on a 0.05 grid:
+// against the long-sequence rows of llm-foundry's benchmark tables (scripts/train/benchmarking/
+// README.md at 061f2c7: 201 rows, 512 to 65,536 tokens, heads of 64 and 128, whose 18 the shared
+// file holds) and the shared file's flash-attention runs. A100 0.40 (about 105 TFLOP/s at 128-wide
+// heads and long sequences), H100 0.25 (about 210: 2023's kernels were not Hopper's); H200 and
+// B200 take the H100 figure until runs say otherwise.
+double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim) {
+  const bool ampere = gpu.name.rfind("a100", 0) == 0;
+  const double fraction = ampere ? 0.40 : 0.25;
+  return fraction * keys / (keys + 256) * head_dim / (head_dim + 24);
+}
+
 namespace {
 
 struct LayerCost {
@@ -94,10 +110,17 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   const bool flash = job.memory.flash_attention;
   const double keys = flash ? seq / 2 : seq;
   const double head_dim = static_cast<double>(m.head_dim()), core_flops = 2 * 2 * tokens * keys * (h / t);
-  c.attention_core_s = core_flops / (peak * job.attention_forward.value_or(gemm).efficiency(tokens, keys, head_dim));
-  const double attention_backward_s =
-      job.attention_backward ? core_flops / (peak * job.attention_backward->efficiency(tokens, keys, head_dim))
-                             : 2 * c.attention_core_s;
+  double attention_backward_s = 0;
+  if (flash && !job.attention_forward) {
+    const double eff = fused_attention_efficiency(gpu, keys, head_dim);
+    c.attention_core_s = core_flops / (peak * eff);
+    attention_backward_s = kFusedAttentionBackwardFlops * core_flops / (peak * eff);
+  } else {
+    c.attention_core_s = core_flops / (peak * job.attention_forward.value_or(gemm).efficiency(tokens, keys, head_dim));
+    attention_backward_s = job.attention_backward
+                               ? core_flops / (peak * job.attention_backward->efficiency(tokens, keys, head_dim))
+                               : 2 * c.attention_core_s;
+  }
   // W: the weight-gradient GEMMs, as many FLOPs as the forward's linear layers (Qi et al. 2023,
   // sec 2: B carries the input-gradient GEMMs and the attention backward).
   c.weight_grad_s = forward;

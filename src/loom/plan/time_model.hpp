@@ -72,6 +72,12 @@ struct LayerTime {
 LayerTime predict_layer_time(const ModelConfig& model, const PlanLayout& layout, const ClusterSpec& cluster,
                              const TrainingJob& job);
 
+// Fused (flash-style) attention's share of the dense peak on `gpu`, for `keys` keys per query on
+// average and heads of `head_dim`. FlashAttention's backward recomputes the scores: 5 matmuls
+// to the forward's 2, 2.5x its FLOPs (Dao 2023, sec. 3.1.2).
+double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim);
+constexpr double kFusedAttentionBackwardFlops = 2.5;
+
 struct StepTime {
   double compute_s = 0;          // one pipeline rank's forward + backward work of the whole step, no bubble
   double exposed_comm_s = 0;     // communication not hidden behind compute (tp, cp, dp, ZeRO)

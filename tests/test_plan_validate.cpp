@@ -231,7 +231,7 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(s.runs, 57);
   EXPECT_EQ(s.answered, 54);
   EXPECT_EQ(s.rates.count, 46);
-  EXPECT_EQ(pct(s.rates.median), "6.2");
+  EXPECT_EQ(pct(s.rates.median), "5.7");
   EXPECT_EQ(pct(s.rates.p90), "14.6");
   EXPECT_EQ(pct(s.rates.worst), "23.9");
   EXPECT_EQ(s.memory.count, 8);
@@ -250,7 +250,7 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(medians["Megatron-LM README (H100)"], "4.7");
   EXPECT_EQ(medians["NeMo 24.07"], "6.3");
   EXPECT_EQ(medians["Megatron-Bridge 25.11"], "23.9");
-  EXPECT_EQ(medians["torchtitan"], "7.1");
+  EXPECT_EQ(medians["torchtitan"], "4.4");
   EXPECT_EQ(medians["NeMo Automodel"], "8.5");
   }
 }
@@ -565,6 +565,41 @@ TEST(PublishedRuns, MosaicMlTablesAreAnsweredAtTheirPinnedErrors) {
     ASSERT_NE(tokens, nullptr) << id;
     EXPECT_LT(std::fabs(tokens->relative_error), 0.15) << id;
   }
+}
+
+// Every row of torchtitan's December 2024 H100 benchmark (published/loom_torchtitan_tables.json,
+// tools/published/torchtitan_tables.py): "Float8" is FP8; the 500 W power limit of these
+// 700 W parts takes the peak to (500/700)^(1/3) = 0.894x; a pipeline's "local batch size" is
+// split into pp micro-batches, and its interleaved schedule puts 2 stages on a rank, as
+// torchtitan 9dec370 does by default. Throughput within 21% on every row.
+TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
+  const std::vector<plan::PublishedRun> runs =
+      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_torchtitan_tables.json");
+  ASSERT_EQ(runs.size(), 18u);
+  const std::vector<plan::RunCheck> checks = check_all(runs);
+  for (const plan::RunCheck& c : checks) {
+    const plan::PublishedRun& r = *c.run;
+    ASSERT_TRUE(c.answered) << r.id << ": " << r.refused;
+    EXPECT_NEAR(r.cluster.gpu.bf16_tflops, 989.5 * std::cbrt(500.0 / 700.0), 1e-9) << r.id;
+    EXPECT_EQ(r.fp8, r.id.find("fp8") != std::string::npos || r.id.find("_t2_") != std::string::npos ||
+                         r.id.find("_t4_") != std::string::npos || r.id.find("_t5_") != std::string::npos ||
+                         r.id.find("_t6_") != std::string::npos)
+        << r.id;
+    const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
+    ASSERT_NE(tokens, nullptr) << r.id;
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
+  }
+  const plan::RunCheck& one_f_one_b = checks[13 - 1];
+  ASSERT_EQ(one_f_one_b.run->id, "torchtitan_h100_202412_t5_1f1b");
+  EXPECT_EQ(one_f_one_b.layout.micro_batch, 4);  // local batch 32 over pp 8
+  EXPECT_EQ(one_f_one_b.layout.vp, 1);
+  const plan::RunCheck& interleaved = checks[14 - 1];
+  EXPECT_EQ(interleaved.layout.micro_batch, 4);
+  EXPECT_EQ(interleaved.layout.vp, 2);
+  const plan::ValidationSummary s = plan::summarize(checks);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
+  EXPECT_EQ(std::string(text), "8.3 15.2");
 }
 
 TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {

@@ -70,6 +70,7 @@ SourceConventions torchtitan() {
            "selective recomputation is its per-op policy; loss buffers 12 bytes per logit");
   c.logits_bytes_per_element = 12;
   c.per_op_selective = true;
+  c.torchtitan_pipeline = true;
   return c;
 }
 

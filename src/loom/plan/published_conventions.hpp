@@ -46,6 +46,11 @@ struct SourceConventions {
   bool materialized_attention = false;
   // An FP8 run's MFU and HFU are over the FP8 tensor-core peak, not the BF16 one.
   bool fp8_mfu_over_fp8_peak = false;
+  // torchtitan's pipeline defaults (9dec370, parallelisms/pipeline_llama.py and
+  // pipelining_utils.py): a data-parallel rank's local batch is split into pp micro-batches
+  // (pipeline_parallel_microbatches defaults to pipeline_parallel_degree), and a looped
+  // (interleaved) schedule puts 2 stages on each rank when no split points are given.
+  bool torchtitan_pipeline = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

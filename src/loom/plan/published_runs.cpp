@@ -389,6 +389,13 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   const std::optional<int64_t> vp = f.integer("parallelism.vp");
   l.vp = std::max<int64_t>(1, vp.value_or(1));
   run.unstated.vp = !vp && l.pp > 1;
+  // A schedule named without interleaving ("1F1B", "GPipe", "AFAB") runs one chunk per rank.
+  const std::string named_schedule = lowercase(f.text("parallelism.pp_schedule"));
+  if (run.unstated.vp && named_schedule.find("interleav") == std::string::npos &&
+      !contains_any(named_schedule, {"1f1b", "gpipe", "afab", "all-forward"}).empty()) {
+    run.unstated.vp = false;
+    run.assumptions.push_back("pp_schedule '" + f.text("parallelism.pp_schedule") + "': one chunk per rank (V = 1)");
+  }
   // A schedule stated as interleaved runs at least two model chunks per rank (Narayanan et al.
   // 2021 sec. 2.2.2), whatever V the source leaves out; "non-interleaved" says the opposite.
   const std::string schedule = lowercase(f.text("parallelism.pp_schedule"));
@@ -448,6 +455,25 @@ void fill_run(const json& entry, PublishedRun& run) {
     run.cluster.gpu.hbm_bytes = *mem * 1024.0 * 1024.0 * 1024.0;
     run.assumptions.push_back("HBM from hardware.gpu_mem_gb: " + std::to_string(static_cast<int>(*mem)) + " GiB");
   }
+  // A power limit below the part's TDP lowers its clocks: dynamic power goes as f V^2 with V
+  // roughly proportional to f, so the sustained clock, and the tensor-core peak with it, scales
+  // as (limit / TDP)^(1/3). torchtitan's H100s ran at 500 W of 700 (0.89x).
+  {
+    std::smatch watts;
+    const std::string text = lowercase(f.text("hardware.gpu") + " " + f.text("hardware.notes"));
+    if (std::regex_search(text, watts, std::regex(R"(([0-9]{3,4})\s*w\s*power\s*limit|power\s*limit\D{0,12}([0-9]{3,4})\s*w)"))) {
+      const double limit = std::stod(watts[1].matched ? watts[1].str() : watts[2].str());
+      if (limit < run.cluster.gpu.tdp_watts) {
+        const double scale = std::cbrt(limit / run.cluster.gpu.tdp_watts);
+        if (!f.number("hardware.peak_dense_tflops_assumed")) run.cluster.gpu.bf16_tflops *= scale;
+        run.cluster.gpu.fp8_tflops *= scale;
+        char text_scale[160];
+        std::snprintf(text_scale, sizeof text_scale, "%.0f W power limit of a %.0f W part: tensor-core peak x %.3f ((limit / TDP)^(1/3))",
+                      limit, run.cluster.gpu.tdp_watts, scale);
+        run.assumptions.push_back(text_scale);
+      }
+    }
+  }
   run.cluster.inter_node_bytes_per_s_per_gpu = default_inter_node_bytes_per_s(run.cluster.gpu);
   const std::optional<int64_t> per_node = f.integer("hardware.gpus_per_node");
   if (!per_node) run.assumptions.push_back("gpus_per_node not stated: 8 (HGX/DGX baseboard)");
@@ -481,7 +507,8 @@ void fill_run(const json& entry, PublishedRun& run) {
         "9dec370): wq, wv, w1 and SDPA outputs kept; wk, wo, w3, norms, RoPE, SwiGLU recomputed");
   }
   const std::string precision = lowercase(f.text("precision"));
-  run.fp8 = precision.find("fp8") != std::string::npos;
+  // "FP8", "amp_fp8", "FP8-CS", "Float8 (torchao)", "E4M3": Linear layers in 8-bit floats.
+  run.fp8 = !contains_any(precision, {"fp8", "float8", "e4m3"}).empty();
   if (run.fp8 && run.cluster.gpu.fp8_tflops <= 0)
     throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name + ", which has no FP8 tensor cores"};
   if (precision.find("fp32 grad") != std::string::npos) {
@@ -526,6 +553,31 @@ void fill_run(const json& entry, PublishedRun& run) {
     run.assumptions.push_back("global_batch not stated: 4M tokens = " + std::to_string(run.global_batch) + " sequences");
   }
   if (run.global_batch <= 0) throw Refusal{"global_batch comes to no sequences"};
+  // A pipeline fed fewer micro-batches than it has stages idles most ranks most of the time; no
+  // published benchmark runs one. Where the stated micro-batch leaves fewer than pp per step,
+  // it is the data-parallel rank's local batch, which the stack splits into micro-batches
+  // (torchtitan's "local batch size": its pipeline schedules take as many micro-batches as
+  // stages by default); the planner picks the split, the fastest that fits.
+  const PlanLayout& l = run.layout;
+  if (mbs && l.pp > 1 && run.global_batch / std::max<int64_t>(1, l.dp * *mbs) < l.pp) {
+    const std::string read = "micro_batch " + std::to_string(*mbs) + " leaves " +
+                             std::to_string(run.global_batch / std::max<int64_t>(1, l.dp * *mbs)) + " micro-batches for " +
+                             std::to_string(l.pp) + " pipeline stages: read as the local batch";
+    if (run.conventions.torchtitan_pipeline && *mbs % l.pp == 0) {
+      run.layout.micro_batch = *mbs / l.pp;
+      run.assumptions.push_back(read + ", split into pp = " + std::to_string(l.pp) +
+                                " micro-batches of " + std::to_string(run.layout.micro_batch) +
+                                " (torchtitan's pipeline_parallel_microbatches default)");
+    } else {
+      run.unstated.micro_batch = true;
+      run.assumptions.push_back(read + ", split by the planner");
+    }
+  }
+  if (run.conventions.torchtitan_pipeline && run.unstated.interleaved) {
+    run.layout.vp = 2;
+    run.unstated.vp = run.unstated.interleaved = false;
+    run.assumptions.push_back("interleaved: 2 stages per rank (torchtitan's default without split points)");
+  }
 }
 
 PublishedRun parse_run(const json& entry, size_t index) {

@@ -231,8 +231,8 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(s.runs, 57);
   EXPECT_EQ(s.answered, 54);
   EXPECT_EQ(s.rates.count, 46);
-  EXPECT_EQ(pct(s.rates.median), "5.7");
-  EXPECT_EQ(pct(s.rates.p90), "14.6");
+  EXPECT_EQ(pct(s.rates.median), "5.3");
+  EXPECT_EQ(pct(s.rates.p90), "13.9");
   EXPECT_EQ(pct(s.rates.worst), "23.9");
   EXPECT_EQ(s.memory.count, 8);
   EXPECT_EQ(pct(s.memory.median), "1.7");
@@ -242,10 +242,10 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   std::map<std::string, std::string> medians;
   for (const plan::SourceCoverage& src : s.by_source)
     if (src.rates.count > 0) medians[src.label] = pct(src.rates.median);
-  EXPECT_EQ(medians["Narayanan et al. 2021"], "4.9");
+  EXPECT_EQ(medians["Narayanan et al. 2021"], "5.6");
   EXPECT_EQ(medians["MosaicML llm-foundry"], "5.7");
   EXPECT_EQ(medians["Hagemann et al. 2023"], "2.0");
-  EXPECT_EQ(medians["Korthikanti et al. 2022"], "10.2");
+  EXPECT_EQ(medians["Korthikanti et al. 2022"], "4.7");
   EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "13.9");
   EXPECT_EQ(medians["Megatron-LM README (H100)"], "4.7");
   EXPECT_EQ(medians["NeMo 24.07"], "6.3");
@@ -600,6 +600,24 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
   char text[64];
   std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
   EXPECT_EQ(std::string(text), "8.3 15.2");
+}
+
+// Korthikanti et al. Table 4 times one 22B layer with selective recomputation (7.7 ms forward,
+// 13.2 ms backward): with materialised scores, QK^T and PV run at the GEMM rate of their long
+// sides and the scores' HBM trips are charged on their own, both within 10% (they were +8% and
+// +23% while the matmuls also paid a GEMM's short-k rate for the head width).
+TEST(PublishedRuns, KorthikantiLayerTimesWithMaterialisedScores) {
+  const std::vector<plan::PublishedRun> runs = plan::read_published_runs(kPublished);
+  for (const plan::PublishedRun& r : runs) {
+    if (r.id != "korthikanti22_t4_22B_layer_selective_recompute") continue;
+    EXPECT_FALSE(r.flash_attention);
+    const plan::RunCheck c = plan::check_published_run(r);
+    ASSERT_NE(figure(c, plan::Figure::LayerForwardMs), nullptr);
+    EXPECT_LT(std::fabs(figure(c, plan::Figure::LayerForwardMs)->relative_error), 0.10);
+    EXPECT_LT(std::fabs(figure(c, plan::Figure::LayerBackwardMs)->relative_error), 0.10);
+    return;
+  }
+  FAIL() << "the Table 4 run is missing";
 }
 
 TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {

@@ -391,7 +391,9 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   run.unstated.vp = !vp && l.pp > 1;
   // A schedule named without interleaving ("1F1B", "GPipe", "AFAB") runs one chunk per rank.
   const std::string named_schedule = lowercase(f.text("parallelism.pp_schedule"));
-  if (run.unstated.vp && named_schedule.find("interleav") == std::string::npos &&
+  const bool says_interleaved = named_schedule.find("interleav") != std::string::npos &&
+                                named_schedule.find("non-interleav") == std::string::npos;
+  if (run.unstated.vp && !says_interleaved &&
       !contains_any(named_schedule, {"1f1b", "gpipe", "afab", "all-forward"}).empty()) {
     run.unstated.vp = false;
     run.assumptions.push_back("pp_schedule '" + f.text("parallelism.pp_schedule") + "': one chunk per rank (V = 1)");

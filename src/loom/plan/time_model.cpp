@@ -116,7 +116,11 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     c.attention_core_s = core_flops / (peak * eff);
     attention_backward_s = kFusedAttentionBackwardFlops * core_flops / (peak * eff);
   } else {
-    c.attention_core_s = core_flops / (peak * job.attention_forward.value_or(gemm).efficiency(tokens, keys, head_dim));
+    // Materialised scores: QK^T and PV are batched GEMMs whose short side is the head width,
+    // but what that costs is the scores' trips through HBM, charged below byte by byte; the
+    // matmuls themselves run at the GEMM rate of their long sides (a k of 1e9 saturates).
+    const double k = !flash && !job.attention_forward ? 1e9 : head_dim;
+    c.attention_core_s = core_flops / (peak * job.attention_forward.value_or(gemm).efficiency(tokens, keys, k));
     attention_backward_s = job.attention_backward
                                ? core_flops / (peak * job.attention_backward->efficiency(tokens, keys, head_dim))
                                : 2 * c.attention_core_s;

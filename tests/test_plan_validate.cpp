@@ -620,6 +620,31 @@ TEST(PublishedRuns, KorthikantiLayerTimesWithMaterialisedScores) {
   FAIL() << "the Table 4 run is missing";
 }
 
+// What records write loosely is read by its meaning: numbers as strings, a utilisation in
+// percent, checkpointing as true/false or "True"; a string that is not a number still names
+// the field (BadFilesNameTheRunAndTheField).
+TEST(PublishedRuns, LooselyTypedFieldsAreReadByTheirMeaning) {
+  auto run = [](const std::string& id, const std::string& tp, const std::string& recompute, const std::string& mfu) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput",
+      "model": {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128},
+      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 8, "tp": )" + tp + R"(, "pp": 1, "dp": 4, "sequence_parallel": "yes"},
+      "micro_batch": 1, "global_batch": 64, "recompute": )" + recompute + R"(, "measured": {"mfu": )" + mfu + R"(}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun loose = run("loose", "\"2\"", "true", "42.5");
+  ASSERT_TRUE(loose.refused.empty()) << loose.refused;
+  EXPECT_EQ(loose.layout.tp, 2);
+  EXPECT_TRUE(loose.layout.sequence_parallel);
+  EXPECT_EQ(loose.layout.recompute, Recompute::Full);
+  ASSERT_EQ(loose.measured.size(), 1u);
+  EXPECT_DOUBLE_EQ(loose.measured.front().value, 0.425);
+  EXPECT_EQ(run("t", "2", "\"True\"", "0.4").layout.recompute, Recompute::Full);
+  EXPECT_EQ(run("f", "2", "false", "0.4").layout.recompute, Recompute::None);
+  EXPECT_EQ(run("ac", "2", "\"activation checkpointing every layer\"", "0.4").layout.recompute, Recompute::Full);
+  EXPECT_TRUE(run("bad", "\"two\"", "true", "0.4").malformed);
+}
+
 TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
   auto run = [](const std::string& name, const std::string& parallelism, const std::string& extra) {
     const std::string text = R"([{"id": ")" + name + R"(", "kind": "throughput",

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -83,8 +84,16 @@ class RunFields {
   std::optional<double> number(const std::string& path) const {
     const json* v = find(path);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_number()) throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not a number");
-    return v->get<double>();
+    if (v->is_number()) return v->get<double>();
+    // A number written as a string ("8", "0.42", "1e9") is read as that number; anything else
+    // in the string is not guessed at.
+    if (v->is_string()) {
+      const std::string t = v->get<std::string>();
+      char* end = nullptr;
+      const double parsed = std::strtod(t.c_str(), &end);
+      if (!t.empty() && end != nullptr && *end == '\0' && std::isfinite(parsed)) return parsed;
+    }
+    throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not a number");
   }
   std::optional<int64_t> integer(const std::string& path) const {
     const std::optional<double> v = number(path);
@@ -102,8 +111,13 @@ class RunFields {
   std::optional<bool> flag(const std::string& path) const {
     const json* v = find(path);
     if (v == nullptr) return std::nullopt;
-    if (!v->is_boolean()) throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not true or false");
-    return v->get<bool>();
+    if (v->is_boolean()) return v->get<bool>();
+    if (v->is_string()) {
+      const std::string t = lowercase(v->get<std::string>());
+      if (t == "true" || t == "yes") return true;
+      if (t == "false") return false;
+    }
+    throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not true or false");
   }
   // Sections must be objects when present.
   void require_object(const std::string& path) const {
@@ -138,8 +152,17 @@ void read_measured(const RunFields& f, PublishedRun& run) {
   auto add = [&](Figure figure, std::optional<double> value, std::string convention) {
     if (value) run.measured.push_back({figure, *value, std::move(convention)});
   };
-  add(Figure::Mfu, f.number("measured.mfu"), flop_count_name(c.mfu));
-  add(Figure::Hfu, f.number("measured.hfu"), flop_count_name(c.hfu));
+  // A utilisation above 1 is a percentage (MosaicML's tables print 42.57 for 0.4257).
+  auto fraction = [&](const char* path) -> std::optional<double> {
+    std::optional<double> v = f.number(path);
+    if (v && *v > 1.0 && *v <= 100.0) {
+      run.assumptions.push_back(std::string(path) + " " + std::to_string(*v).substr(0, 6) + " > 1: read as a percentage");
+      *v /= 100.0;
+    }
+    return v;
+  };
+  add(Figure::Mfu, fraction("measured.mfu"), flop_count_name(c.mfu));
+  add(Figure::Hfu, fraction("measured.hfu"), flop_count_name(c.hfu));
   add(Figure::TflopsPerGpu, f.number("measured.tflops_per_gpu"), flop_count_name(c.tflops));
   add(Figure::TokensPerSecond, f.number("measured.tokens_per_s_per_gpu"), "");
   add(Figure::StepTime, f.number("measured.step_time_s"), "");
@@ -426,7 +449,13 @@ Recompute recompute_of(const std::string& printed, bool* stated) {
   *stated = true;
   if (r.rfind("full", 0) == 0) return Recompute::Full;
   if (r.find("selective") != std::string::npos) return Recompute::Selective;
-  if (r.rfind("none", 0) == 0 || r.rfind("disabled", 0) == 0 || r == "no") return Recompute::None;
+  if (r.rfind("none", 0) == 0 || r.rfind("disabled", 0) == 0 || r == "no" || r == "false" || r == "off" ||
+      r.rfind("no ", 0) == 0)
+    return Recompute::None;
+  // A bare yes (MosaicML's "Activation Checkpointing: True") is the whole block.
+  if (r == "true" || r == "yes" || r == "on" || r.find("checkpointing") != std::string::npos ||
+      r.find("recomput") != std::string::npos)
+    return Recompute::Full;
   *stated = false;
   return Recompute::None;
 }
@@ -483,7 +512,12 @@ void fill_run(const json& entry, PublishedRun& run) {
   run.cluster.nodes = std::max<int64_t>(1, run.layout.gpus() / run.cluster.gpus_per_node);
 
   bool recompute_stated = false;
-  run.layout.recompute = recompute_of(f.text("recompute"), &recompute_stated);
+  // recompute: a text, or true / false (checkpointing on or off).
+  const json* recompute_node = f.find("recompute");
+  const std::string recompute_said = recompute_node != nullptr && recompute_node->is_boolean()
+                                         ? (recompute_node->get<bool>() ? "full" : "none")
+                                         : f.text("recompute");
+  run.layout.recompute = recompute_of(recompute_said, &recompute_stated);
   // loom's copy may add what the run's launcher config states (recompute_config, with a
   // recompute_config_note naming the file and line; published/README.md).
   if (!recompute_stated && !f.text("recompute_config").empty()) {
@@ -499,7 +533,7 @@ void fill_run(const json& entry, PublishedRun& run) {
   // selective_ac_option = "op"); "selective layer" is its other option, every n-th block fully
   // checkpointed, which loom does not model (Megatron's selective stands in).
   const std::string recompute_text =
-      lowercase(f.text("recompute") + " " + f.text("recompute_config"));
+      lowercase(recompute_said + " " + f.text("recompute_config"));
   if (run.conventions.per_op_selective && run.layout.recompute == Recompute::Selective &&
       recompute_text.find("layer") == std::string::npos && run.model.arch == Architecture::Llama &&
       run.model.moe_layer_count() == 0) {

@@ -64,10 +64,17 @@ TEST(GpuPresets, MatchDatasheetsHalvedForSparsity) {
   EXPECT_DOUBLE_EQ(b200.fp8_tflops, 4500);
   EXPECT_DOUBLE_EQ(b200.nvlink_bytes_per_s, 900e9);
   EXPECT_DOUBLE_EQ(b200.tdp_watts, 1000);
+  const plan::GpuSpec& b300 = gpu_preset("b300");
+  EXPECT_DOUBLE_EQ(b300.fp8_tflops, 4500);      // DGX B300: 72 PF sparse FP8 per 8 GPUs
+  EXPECT_DOUBLE_EQ(b300.hbm_bytes, 288 * kGiB);  // 2.3 TB per 8
+  const plan::GpuSpec& gb200 = gpu_preset("gb200");
+  EXPECT_DOUBLE_EQ(gb200.bf16_tflops, 2500);  // NVL72: 360 PF sparse per 72
+  EXPECT_DOUBLE_EQ(gb200.fp8_tflops, 5000);
+  EXPECT_DOUBLE_EQ(gb200.hbm_bytes, 186 * kGiB);
 
   EXPECT_EQ(&gpu_preset("H100-SXM"), &h100) << "names match case-insensitively";
   EXPECT_EQ(plan::gpu_preset_names(),
-            (std::vector<std::string>{"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h200", "b200"}));
+            (std::vector<std::string>{"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h200", "b200", "b300", "gb200", "gb300"}));
 }
 
 TEST(GpuPresets, UnknownNameListsValidOnes) {

@@ -231,9 +231,9 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(s.runs, 57);
   EXPECT_EQ(s.answered, 54);
   EXPECT_EQ(s.rates.count, 46);
-  EXPECT_EQ(pct(s.rates.median), "5.3");
-  EXPECT_EQ(pct(s.rates.p90), "13.9");
-  EXPECT_EQ(pct(s.rates.worst), "23.9");
+  EXPECT_EQ(pct(s.rates.median), "5.1");
+  EXPECT_EQ(pct(s.rates.p90), "13.3");
+  EXPECT_EQ(pct(s.rates.worst), "23.7");
   EXPECT_EQ(s.memory.count, 8);
   EXPECT_EQ(pct(s.memory.median), "1.7");
   EXPECT_EQ(pct(s.memory.worst), "6.2");
@@ -249,9 +249,9 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "13.9");
   EXPECT_EQ(medians["Megatron-LM README (H100)"], "4.7");
   EXPECT_EQ(medians["NeMo 24.07"], "6.3");
-  EXPECT_EQ(medians["Megatron-Bridge 25.11"], "23.9");
+  EXPECT_EQ(medians["Megatron-Bridge 25.11"], "3.6");
   EXPECT_EQ(medians["torchtitan"], "4.4");
-  EXPECT_EQ(medians["NeMo Automodel"], "8.5");
+  EXPECT_EQ(medians["NeMo Automodel"], "4.4");
   }
 }
 
@@ -643,6 +643,37 @@ TEST(PublishedRuns, LooselyTypedFieldsAreReadByTheirMeaning) {
   EXPECT_EQ(run("f", "2", "false", "0.4").layout.recompute, Recompute::None);
   EXPECT_EQ(run("ac", "2", "\"activation checkpointing every layer\"", "0.4").layout.recompute, Recompute::Full);
   EXPECT_TRUE(run("bad", "\"two\"", "true", "0.4").malformed);
+}
+
+// Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,
+// tools/published/megatron_bridge_tables.py): Megatron's "DDP" runs the distributed optimizer
+// (ZeRO-1), its 2025 stack's fused attention is FlashAttention-3-class (2x the 2023-24 rate),
+// GB200 is its own part in one 72-GPU NVLink domain. The H100 rows land within 12%; the
+// Blackwell rows are all predicted slow (10-34%), which docs/PLANNER.md leaves open.
+TEST(PublishedRuns, MegatronBridgeTablesOnHopperAndBlackwell) {
+  const std::vector<plan::PublishedRun> runs =
+      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_megatron_bridge_tables.json");
+  ASSERT_EQ(runs.size(), 12u);
+  for (const plan::RunCheck& c : check_all(runs)) {
+    const plan::PublishedRun& r = *c.run;
+    ASSERT_TRUE(c.answered) << r.id << ": " << r.refused;
+    EXPECT_TRUE(r.fp8) << r.id;
+    EXPECT_DOUBLE_EQ(r.conventions.attention_kernel_speedup, 2.0);
+    const bool megatron_fsdp = r.id.find("70b_64gpu") != std::string::npos && r.id.find("h100") == std::string::npos;
+    EXPECT_EQ(r.layout.zero_stage, megatron_fsdp || r.id == "mbridge2511_h100_llama8b_8gpu" ? 3 : 1) << r.id;
+    const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
+    ASSERT_NE(tokens, nullptr) << r.id;
+    if (r.id.find("_h100_") != std::string::npos) {
+      EXPECT_LT(std::fabs(tokens->relative_error), 0.12) << r.id;
+    } else {
+      EXPECT_EQ(r.cluster.gpu.name, r.id.find("gb200") != std::string::npos ? "gb200" : "b200") << r.id;
+      EXPECT_LT(tokens->relative_error, -0.05) << r.id;  // the open miss: Blackwell predicted slow
+      EXPECT_GT(tokens->relative_error, -0.40) << r.id;
+    }
+    if (r.id.find("gb200_llama405b") != std::string::npos) {
+      EXPECT_EQ(r.cluster.gpus_per_node, 72);
+    }
+  }
 }
 
 TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {

@@ -38,6 +38,16 @@ const std::vector<GpuSpec>& presets() {
       // 72 PF and FP16/BF16 36 PF sparse per system -> 9 and 4.5 PF per GPU sparse; 1,440 GB
       // and 64 TB/s HBM3e per system -> 180 GB and 8 TB/s; NVLink 5 1.8 TB/s; 1,000 W.
       {"b200", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 180 * kGiB, 8e12, 1800e9 / 2, 1000},
+      // NVIDIA DGX B300 datasheet, per GPU (8 per system): FP8 72 PF sparse per system as
+      // B200 (BF16 not restated there: B200's), 2.3 TB HBM3e -> 288 GB at 8 TB/s, NVLink 5
+      // 1.8 TB/s, about 1,100 W.
+      {"b300", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1100},
+      // NVIDIA GB200 NVL72 datasheet, per GPU (72 per rack): FP8 720 PF and FP16/BF16 360 PF
+      // sparse per rack -> 5 and 2.5 PF dense; 13.4 TB HBM3e at 576 TB/s -> 186 GB, 8 TB/s;
+      // NVLink 5 1.8 TB/s; about 1,200 W.
+      {"gb200", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 186 * kGiB, 8e12, 1800e9 / 2, 1200},
+      // GB300 NVL72 datasheet: the same FP8 and BF16 per rack as GB200, 20.7 TB HBM3e -> 288 GB.
+      {"gb300", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1400},
   };
   return table;
 }

@@ -26,7 +26,7 @@ struct GpuSpec {
   double tdp_watts = 0;
 };
 
-// Presets: "v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h200", "b200". The name is matched
+// Presets: "v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h200", "b200", "b300", "gb200", "gb300". The name is matched
 // case-insensitively; an unknown name throws a loom::Error that lists the valid ones.
 const GpuSpec& gpu_preset(const std::string& name);
 std::vector<std::string> gpu_preset_names();

@@ -64,6 +64,7 @@ RunCheck check_published_run(const PublishedRun& run) {
   job.seq_len = run.seq_len;
   job.global_batch = run.global_batch;
   job.fp8_gemms = run.fp8;
+  job.attention_kernel_speedup = run.conventions.attention_kernel_speedup;
   job.memory.fp8_linear_inputs = run.fp8;
   if (run.deepspeed_zero3) job.zero3_traffic = Zero3Traffic::DeepSpeed;
   job.memory.seq_len = run.seq_len;

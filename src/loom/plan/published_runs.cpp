@@ -139,9 +139,9 @@ std::string preset_of_gpu(const std::string& printed) {
   if (g.find("v100") != std::string::npos) return "v100-32gb";
   if (g.find("h800") != std::string::npos) return "h800-sxm";
   if (g.find("h100") != std::string::npos) return "h100-sxm";
-  for (const char* name : {"h200", "b200"})
+  for (const char* name : {"gb300", "gb200", "h200", "b300", "b200"})
     if (g.find(name) != std::string::npos) return name;
-  throw Refusal{"no GPU preset matches hardware.gpu '" + printed + "' (known: V100, A100 40/80GB, H100, H800, H200, B200)"};
+  throw Refusal{"no GPU preset matches hardware.gpu '" + printed + "' (known: V100, A100 40/80GB, H100, H800, H200, B200, B300, GB200, GB300)"};
 }
 
 // The measured figures, in the order the summary picks its headline from.
@@ -391,7 +391,9 @@ void read_layout(const RunFields& f, PublishedRun& run) {
     if (!fsdp.empty() && !contains_any(fsdp, {"zero-2", "zero2", "grads sharded"}).empty()) {
       l.zero_stage = 2;
     } else if (!fsdp.empty() && !contains_any(fsdp, {"ddp", "fsdp=0"}).empty()) {
-      l.zero_stage = 0;
+      // Megatron's "DDP" (no FSDP) still shards the optimizer: its performance recipes run the
+      // distributed optimizer (use_distributed_optimizer=True).
+      l.zero_stage = run.conventions.megatron && l.dp * l.cp > 1 ? 1 : 0;
     } else if (!fsdp.empty() && fsdp.find("fsdp") != std::string::npos) {
       l.zero_stage = 3;
     } else {
@@ -507,8 +509,19 @@ void fill_run(const json& entry, PublishedRun& run) {
   }
   run.cluster.inter_node_bytes_per_s_per_gpu = default_inter_node_bytes_per_s(run.cluster.gpu);
   const std::optional<int64_t> per_node = f.integer("hardware.gpus_per_node");
-  if (!per_node) run.assumptions.push_back("gpus_per_node not stated: 8 (HGX/DGX baseboard)");
-  run.cluster.gpus_per_node = std::max<int64_t>(1, std::min(run.layout.gpus(), per_node.value_or(8)));
+  // A Grace-Blackwell NVL72 rack (GB200, GB300) joins its 72 GPUs, 4 to a compute tray, by one
+  // NVLink switch fabric: the NVLink domain is the rack, not the tray.
+  const std::string system = lowercase(f.text("hardware.gpu") + " " + f.text("hardware.intra_node") + " " +
+                                       f.text("hardware.notes"));
+  const bool nvl72 = !contains_any(system, {"gb200", "gb300", "nvl72"}).empty();
+  int64_t nvlink_domain = per_node.value_or(8);
+  if (nvl72 && nvlink_domain < 72) {
+    nvlink_domain = 72;
+    run.assumptions.push_back("NVL72 system: one NVLink domain of 72 GPUs");
+  } else if (!per_node) {
+    run.assumptions.push_back("gpus_per_node not stated: 8 (HGX/DGX baseboard)");
+  }
+  run.cluster.gpus_per_node = std::max<int64_t>(1, std::min(run.layout.gpus(), nvlink_domain));
   run.cluster.nodes = std::max<int64_t>(1, run.layout.gpus() / run.cluster.gpus_per_node);
 
   bool recompute_stated = false;
@@ -544,6 +557,8 @@ void fill_run(const json& entry, PublishedRun& run) {
   }
   const std::string precision = lowercase(f.text("precision"));
   // "FP8", "amp_fp8", "FP8-CS", "Float8 (torchao)", "E4M3": Linear layers in 8-bit floats.
+  if (!contains_any(precision, {"fp4", "float4", "e2m1"}).empty())
+    throw Refusal{"precision '" + f.text("precision") + "': 4-bit GEMMs are not modelled (BF16 and FP8 are)"};
   run.fp8 = !contains_any(precision, {"fp8", "float8", "e4m3"}).empty();
   if (run.fp8 && run.cluster.gpu.fp8_tflops <= 0)
     throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name + ", which has no FP8 tensor cores"};

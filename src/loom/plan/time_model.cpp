@@ -38,9 +38,9 @@ GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
 // file holds) and the shared file's flash-attention runs. A100 0.40 (about 105 TFLOP/s at 128-wide
 // heads and long sequences), H100 0.25 (about 210: 2023's kernels were not Hopper's); H200 and
 // B200 take the H100 figure until runs say otherwise.
-double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim) {
+double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim, double kernel_speedup) {
   const bool ampere = gpu.name.rfind("a100", 0) == 0;
-  const double fraction = ampere ? 0.40 : 0.25;
+  const double fraction = ampere ? 0.40 : 0.25 * kernel_speedup;
   return fraction * keys / (keys + 256) * head_dim / (head_dim + 24);
 }
 
@@ -112,7 +112,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   const double head_dim = static_cast<double>(m.head_dim()), core_flops = 2 * 2 * tokens * keys * (h / t);
   double attention_backward_s = 0;
   if (flash && !job.attention_forward) {
-    const double eff = fused_attention_efficiency(gpu, keys, head_dim);
+    const double eff = fused_attention_efficiency(gpu, keys, head_dim, job.attention_kernel_speedup);
     c.attention_core_s = core_flops / (peak * eff);
     attention_backward_s = kFusedAttentionBackwardFlops * core_flops / (peak * eff);
   } else {

@@ -44,6 +44,11 @@ struct TrainingJob {
   // keys, head_dim) per head at these efficiencies of the peak, backward in the forward's FLOPs.
   // Unset: forward at the GEMM efficiency, backward twice the forward.
   std::optional<GemmEfficiency> attention_forward, attention_backward;
+  // Fused attention kernels this much faster than fused_attention_efficiency's Hopper rate,
+  // which 2023-24 PyTorch stacks set (FlashAttention-2, Triton): FlashAttention-3 and cuDNN 9's
+  // fused attention run 1.5-2.0x FlashAttention-2 on an H100 (Shah et al. 2024, "FlashAttention-3",
+  // Fig. 5-7). 1 unless a source's stack says otherwise.
+  double attention_kernel_speedup = 1.0;
   // FP8 GEMMs (Transformer Engine's recipe: the linear layers in FP8 at the GPU's FP8 peak,
   // attention and everything memory-bound in BF16, each GEMM input and output gradient cast to
   // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.
@@ -75,7 +80,9 @@ LayerTime predict_layer_time(const ModelConfig& model, const PlanLayout& layout,
 // Fused (flash-style) attention's share of the dense peak on `gpu`, for `keys` keys per query on
 // average and heads of `head_dim`. FlashAttention's backward recomputes the scores: 5 matmuls
 // to the forward's 2, 2.5x its FLOPs (Dao 2023, sec. 3.1.2).
-double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim);
+// `kernel_speedup` scales the Hopper-and-later rate for stacks with FlashAttention-3-class
+// kernels (TrainingJob::attention_kernel_speedup).
+double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim, double kernel_speedup = 1.0);
 constexpr double kFusedAttentionBackwardFlops = 2.5;
 
 struct StepTime {

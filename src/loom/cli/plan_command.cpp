@@ -57,6 +57,15 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   job.moe_imbalance = args.moe_imbalance;
   job.memory.activation_bytes = args.precision == "f32" ? 4 : 2;
   job.memory.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
+  // fp8: Transformer Engine's recipe, Linear GEMMs in FP8 and their saved inputs in 1 byte;
+  // the rest in bf16 with fp32 master weights.
+  if (args.precision == "fp8") {
+    const plan::GpuSpec gpu = plan_cluster(args, args.gpus_per_node).gpu;
+    if (gpu.fp8_tflops <= 0)
+      throw_error("plan: --precision fp8 on ", gpu.name, ", which has no FP8 tensor cores; use bf16");
+    job.fp8_gemms = true;
+    job.memory.fp8_linear_inputs = true;
+  }
   if (!args.gemm_timings.empty()) {
     const std::vector<plan::GemmTiming> timings = plan::read_gemm_timings(args.gemm_timings);
     job.gemm = plan::fit_gemm_efficiency(timings, plan_cluster(args, args.gpus_per_node).gpu.bf16_tflops * 1e12);

@@ -676,6 +676,39 @@ TEST(PublishedRuns, MegatronBridgeTablesOnHopperAndBlackwell) {
   }
 }
 
+// Records at the edges: each is answered, refused with a reason or malformed naming its field,
+// and none stops the others (tests/fuzz/fuzz_published_runs runs the same under ASan/UBSan).
+TEST(PublishedRuns, EdgeRecordsAreRefusedOrAnsweredNeverFatal) {
+  auto run = [](const std::string& id, const std::string& parallelism, const std::string& rest) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 8, "tp": 1, "pp": 1, "dp": 8)" + parallelism + R"(}, )" + rest + R"(}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const std::string ok = R"("micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4})";
+  const plan::PublishedRun zero_mbs = run("mbs0", "", R"("micro_batch": 0, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4})");
+  EXPECT_TRUE(zero_mbs.unstated.micro_batch);
+  EXPECT_TRUE(plan::check_published_run(zero_mbs).answered);
+  expect_contains(run("cp", R"(, "cp": 3, "total_gpus": 24)", ok).refused, {"cp = 3 does not divide seq_len 1024"});
+  EXPECT_EQ(run("zero", R"(, "zero_stage": "ZeRO-1")", ok).layout.zero_stage, 1);
+  EXPECT_TRUE(run("zero_bad", R"(, "zero_stage": "sharded")", ok).malformed);
+  // What the fuzzer found: total_gpus 0 gave dp 0 and a division by zero.
+  expect_contains(run("no_gpus", R"(, "cp": 2, "dp": 4, "total_gpus": 0)", ok).refused, {"parallelism.total_gpus = 0"});
+  const plan::PublishedRun huge = run("huge", R"(, "tp": 100000000)", ok);
+  EXPECT_TRUE(huge.malformed);
+  expect_contains(huge.refused, {"parallelism.tp = 1e+08 is out of range"});
+  expect_contains(run("neg", "", R"("micro_batch": 1, "global_batch": 64, "measured": {"mfu": -0.4})").refused,
+                  {"'neg': a measured MFU of -0.4 is not a positive number"});
+  // A billion sequences through two pipeline stages: the closed form stands in for the
+  // simulation (no action lists of 10^9 chunks), and the bubble is nil.
+  const plan::PublishedRun many = run("many", R"(, "pp": 2, "dp": 1, "total_gpus": 2)",
+                                      R"("micro_batch": 1, "global_batch": 1000000000, "recompute": "none", "measured": {"mfu": 0.4})");
+  const plan::RunCheck c = plan::check_published_run(many);
+  EXPECT_TRUE(c.answered);
+  EXPECT_GT(c.step_s, 0);
+}
+
 TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
   auto run = [](const std::string& name, const std::string& parallelism, const std::string& extra) {
     const std::string text = R"([{"id": ")" + name + R"(", "kind": "throughput",

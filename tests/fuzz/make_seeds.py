@@ -179,6 +179,23 @@ dir = "ckpt"
 inject_nan_at_steps = [3, 5]
 """)
 
+    # published_runs: one record per file, a record of every kind and source loom reads (the
+    # repository's published/ files).
+    published = os.path.join(here, "..", "..", "published")
+    picks = {"public_runs.json": ["narayanan21_t1_1.7B", "mpt_h100_80gb_30b_seq8192_8gpu", "zero_fig1_7.5B_64gpu_P_os",
+                                  "hagemann_13B_seq8192_64gpu_tp1_pp1_mbs4_disabled_sp1_132876",
+                                  "korthikanti22_t4_22B_layer_selective_recompute", "llama3_405B_8192gpu_seq8192",
+                                  "automodel_h100_bf16_deepseekv3_1024gpu", "nemo2407_h100_fp8_LLAMA3-8B_8gpu",
+                                  "torchtitan_h100_202412_t1_fsdp_compile"],
+             "loom_torchtitan_tables.json": ["torchtitan_h100_202412_t5_inter", "torchtitan_h100_202412_t6_cp2"],
+             "loom_megatron_bridge_tables.json": ["mbridge2511_gb200_llama405b_256gpu"]}
+    for name, ids in picks.items():
+        with open(os.path.join(published, name)) as f:
+            runs = {r["id"]: r for r in json.load(f)}
+        for run_id in ids:
+            write(f"{out}/published_runs/{run_id.replace(' ', '_')}",
+                  json.dumps([runs[run_id]], separators=(",", ":")).encode())
+
     for i, directory in enumerate(sys.argv[2:]):
         write(f"{out}/checkpoint/ckpt{i}_as_is", pack_checkpoint(directory, False))
         write(f"{out}/checkpoint/ckpt{i}_fixed", pack_checkpoint(directory, True))

@@ -100,7 +100,23 @@ class RunFields {
     if (!v) return std::nullopt;
     if (*v < 0 || *v != std::floor(*v))
       throw_error("published run '", id_, "': ", path, " = ", *v, " is not a non-negative integer");
+    // Far above anything built (10,000 layers, a 10^6-wide residual stream, 10^8-token contexts
+    // and vocabularies, 10^7 GPUs), so a typo cannot overflow the models' integer arithmetic.
+    const double limit = integer_limit(path);
+    if (*v > limit)
+      throw_error("published run '", id_, "': ", path, " = ", *v, " is out of range (at most ", limit, ")");
     return static_cast<int64_t>(*v);
+  }
+  static double integer_limit(const std::string& path) {
+    static const std::vector<std::pair<std::string, double>> limits = {
+        {"model.layers", 1e4},           {"model.hidden", 1e6},       {"model.heads", 1e5},
+        {"model.kv_heads", 1e5},         {"model.ffn", 1e7},          {"model.vocab", 1e8},
+        {"model.seq_len", 1e8},          {"model.moe.routed_experts", 1e5}, {"model.moe.top_k", 1e5},
+        {"model.moe.shared_experts", 1e3}, {"model.moe.expert_ffn", 1e7}, {"micro_batch", 1e7},
+        {"hardware.gpus_per_node", 1e4}};
+    for (const auto& [name, limit] : limits)
+      if (path == name) return limit;
+    return 1e7;  // parallel degrees, GPU counts, dense-layer counts
   }
   std::string text(const std::string& path) const {
     const json* v = find(path);
@@ -150,7 +166,12 @@ void read_measured(const RunFields& f, PublishedRun& run) {
   f.require_object("measured.other");
   const SourceConventions& c = run.conventions;
   auto add = [&](Figure figure, std::optional<double> value, std::string convention) {
-    if (value) run.measured.push_back({figure, *value, std::move(convention)});
+    if (!value) return;
+    // A measurement is a positive finite number (a verdict is 0 or 1).
+    if (!std::isfinite(*value) || *value < 0 || (*value == 0 && figure != Figure::Fits))
+      throw_error("published run '", run.id, "': a measured ", figure_name(figure), " of ", *value,
+                  " is not a positive number");
+    run.measured.push_back({figure, *value, std::move(convention)});
   };
   // A utilisation above 1 is a percentage (MosaicML's tables print 42.57 for 0.4257).
   auto fraction = [&](const char* path) -> std::optional<double> {
@@ -318,7 +339,19 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
                                 " tokens = " + std::to_string(run.global_batch) + " sequences");
     }
   }
-  m.max_seq_len = f.integer("model.seq_len").value_or(m.max_seq_len);
+  // A model past 10^15 parameters is a typo, and its parameter count would overflow.
+  {
+    const double h = static_cast<double>(m.n_embd), layers_d = static_cast<double>(m.n_layer);
+    const double experts = static_cast<double>(std::max<int64_t>(1, m.n_experts + m.n_shared_experts));
+    const double size = layers_d * (4 * h * h + 3 * h * static_cast<double>(m.ffn_hidden) +
+                                    experts * 3 * h * static_cast<double>(m.expert_ffn())) +
+                        2 * static_cast<double>(m.vocab_size) * h;
+    if (size > 1e15) throw Refusal{"the model comes to about " + std::to_string(size / 1e12) + "T parameters, past 10^15"};
+  }
+  const std::optional<int64_t> seq = f.integer("model.seq_len");
+  // A preset brings its pre-training context; dimensions alone bring none.
+  if (!seq && !(named && !(layers && hidden && heads))) throw Refusal{"model.seq_len is not stated"};
+  m.max_seq_len = seq.value_or(m.max_seq_len);
   if (m.max_seq_len <= 0) throw Refusal{"model.seq_len is not stated"};
   if (layers && hidden && heads && !named && run.params > 0 && f.integer("model.ffn") && !m.is_moe())
     match_stated_parameters(m, run);
@@ -361,6 +394,7 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   l.cp = std::max<int64_t>(1, f.integer("parallelism.cp").value_or(1));
   l.ep = std::max<int64_t>(1, f.integer("parallelism.ep").value_or(1));
   const std::optional<int64_t> dp = f.integer("parallelism.dp"), total = f.integer("parallelism.total_gpus");
+  if (total && *total == 0) throw_error("published run '", run.id, "': parallelism.total_gpus = 0");
   const int64_t model_parallel = l.tp * l.pp * l.cp;
   if (dp) {
     l.dp = std::max<int64_t>(1, *dp);
@@ -383,7 +417,18 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   // ZeRO stage: stated; else read from the fsdp text; else Megatron's distributed optimizer
   // (ZeRO-1, no extra traffic: a reduce-scatter and an all-gather move what one all-reduce
   // does) for Megatron stacks with dp > 1, and plain data parallelism for others.
-  if (const std::optional<int64_t> z = f.integer("parallelism.zero_stage")) {
+  // A stage written as text ("ZeRO-1", "stage 3") is its digit.
+  std::optional<int64_t> stated_zero;
+  if (const json* z = f.find("parallelism.zero_stage"); z != nullptr && z->is_string()) {
+    std::smatch digit;
+    const std::string t = z->get<std::string>();
+    if (!std::regex_search(t, digit, std::regex(R"(^\D*([0-3])\D*$)")))
+      throw_error("published run '", run.id, "': parallelism.zero_stage = \"", t, "\" names no stage 0-3");
+    stated_zero = std::stoll(digit[1].str());
+  } else {
+    stated_zero = f.integer("parallelism.zero_stage");
+  }
+  if (const std::optional<int64_t> z = stated_zero) {
     if (*z > 3) throw_error("published run '", run.id, "': parallelism.zero_stage = ", *z, " is not 0-3");
     l.zero_stage = static_cast<int>(*z);
   } else {
@@ -481,6 +526,15 @@ void fill_run(const json& entry, PublishedRun& run) {
   }
   run.model = model_of(f, run);
   run.seq_len = run.model.max_seq_len;
+  if (run.seq_len % run.layout.cp != 0)
+    throw Refusal{"cp = " + std::to_string(run.layout.cp) + " does not divide seq_len " + std::to_string(run.seq_len)};
+  if (run.layout.ep > 1 && !run.model.is_moe()) {
+    run.assumptions.push_back("ep " + std::to_string(run.layout.ep) + " on a dense model: no experts to place, ep = 1");
+    run.layout.ep = 1;
+  } else if (run.model.is_moe() && run.model.n_experts % run.layout.ep != 0) {
+    throw Refusal{"ep = " + std::to_string(run.layout.ep) + " does not divide the " + std::to_string(run.model.n_experts) +
+                  " experts"};
+  }
   run.cluster.gpu = gpu_preset(preset_of_gpu(f.text("hardware.gpu")));
   if (const std::optional<double> peak = f.number("hardware.peak_dense_tflops_assumed")) run.cluster.gpu.bf16_tflops = *peak;
   if (const std::optional<double> mem = f.number("hardware.gpu_mem_gb");
@@ -588,16 +642,19 @@ void fill_run(const json& entry, PublishedRun& run) {
     run.flash_attention = attention != "materialized";
   }
 
-  const std::optional<int64_t> mbs = f.integer("micro_batch");
-  run.layout.micro_batch = mbs.value_or(1);
-  run.unstated.micro_batch = !mbs;
+  // The stated micro-batch, 0 when not stated (a stated 0 reads as not stated).
+  const int64_t mbs = f.integer("micro_batch").value_or(0);
+  if (f.integer("micro_batch") && mbs == 0) run.assumptions.push_back("micro_batch 0: read as not stated");
+  run.layout.micro_batch = mbs > 0 ? mbs : 1;
+  run.unstated.micro_batch = mbs == 0;
   if (const json* gb = f.find("global_batch")) {
-    if (gb->is_number_integer() && gb->get<int64_t>() > 0)
+    if (gb->is_number_integer() && gb->get<int64_t>() > 0 && gb->get<int64_t>() <= int64_t{10'000'000'000})
       run.global_batch = gb->get<int64_t>();
     else if (gb->is_string())
       run.global_batch = parse_global_batch_text(gb->get<std::string>(), run.layout.dp, run.seq_len, run.assumptions);
     else
-      throw_error("published run '", run.id, "': global_batch = ", gb->dump(), " is not a positive integer or a text");
+      throw_error("published run '", run.id, "': global_batch = ", gb->dump(),
+                  " is not a positive integer (at most 10^10) or a text");
   } else if (run.global_batch == 0) {
     // 4M tokens (2^22): the batch of LLaMA 1 and 2 at every size, near GPT-3's 3.2M.
     run.global_batch = std::max<int64_t>(1, (int64_t{1} << 22) / run.seq_len);
@@ -610,12 +667,12 @@ void fill_run(const json& entry, PublishedRun& run) {
   // (torchtitan's "local batch size": its pipeline schedules take as many micro-batches as
   // stages by default); the planner picks the split, the fastest that fits.
   const PlanLayout& l = run.layout;
-  if (mbs && l.pp > 1 && run.global_batch / std::max<int64_t>(1, l.dp * *mbs) < l.pp) {
-    const std::string read = "micro_batch " + std::to_string(*mbs) + " leaves " +
-                             std::to_string(run.global_batch / std::max<int64_t>(1, l.dp * *mbs)) + " micro-batches for " +
+  if (mbs > 0 && l.pp > 1 && run.global_batch / std::max<int64_t>(1, l.dp * mbs) < l.pp) {
+    const std::string read = "micro_batch " + std::to_string(mbs) + " leaves " +
+                             std::to_string(run.global_batch / std::max<int64_t>(1, l.dp * mbs)) + " micro-batches for " +
                              std::to_string(l.pp) + " pipeline stages: read as the local batch";
-    if (run.conventions.torchtitan_pipeline && *mbs % l.pp == 0) {
-      run.layout.micro_batch = *mbs / l.pp;
+    if (run.conventions.torchtitan_pipeline && mbs % l.pp == 0) {
+      run.layout.micro_batch = mbs / l.pp;
       run.assumptions.push_back(read + ", split into pp = " + std::to_string(l.pp) +
                                 " micro-batches of " + std::to_string(run.layout.micro_batch) +
                                 " (torchtitan's pipeline_parallel_microbatches default)");
@@ -653,19 +710,25 @@ PublishedRun parse_run(const json& entry, size_t index) {
 
 }  // namespace
 
-std::vector<PublishedRun> read_published_runs(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_error("published runs: cannot open '", path, "'");
+std::vector<PublishedRun> parse_published_runs(const std::string& text, const std::string& name) {
   json doc;
   try {
-    doc = json::parse(in);
+    doc = json::parse(text);
   } catch (const json::exception& e) {
-    throw_error("published runs: '", path, "' is not valid JSON: ", e.what());
+    throw_error("published runs: '", name, "' is not valid JSON: ", e.what());
   }
-  if (!doc.is_array()) throw_error("published runs: '", path, "' must hold a JSON array of runs");
+  if (!doc.is_array()) throw_error("published runs: '", name, "' must hold a JSON array of runs");
   std::vector<PublishedRun> runs;
   for (size_t i = 0; i < doc.size(); ++i) runs.push_back(parse_run(doc[i], i));
   return runs;
+}
+
+std::vector<PublishedRun> read_published_runs(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw_error("published runs: cannot open '", path, "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_published_runs(text.str(), path);
 }
 
 }  // namespace loom::plan

@@ -82,6 +82,8 @@ struct PublishedRun {
 // JSON, not an array); a run with a missing or malformed field comes back refused, with a
 // message naming its id and the field.
 std::vector<PublishedRun> read_published_runs(const std::string& path);
+// The same from the file's text; `name` is what error messages call it.
+std::vector<PublishedRun> parse_published_runs(const std::string& text, const std::string& name);
 
 struct FigureCheck {
   Measured measured;

@@ -364,8 +364,13 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
             // activation down the V, exact when F = B = W (tests/test_pipeline_zbv.cpp)
             ? static_cast<double>(2 * micro) * (t_f + t_b) + static_cast<double>(l.pp - 1) * (t_f + p2p)
             : static_cast<double>(micro * l.vp + l.pp - 1) * (t_f + t_b + 2 * p2p);
-    const std::vector<std::vector<PipeAction>> actions = pipeline_actions(l.schedule, l.pp, micro, l.vp);
-    if (!simulate) {
+    // Past kMaxSimulatedChunks chunks per rank the bubble is a rounding error of the step and
+    // the action lists would not fit in memory: the closed form stands in.
+    constexpr int64_t kMaxSimulatedChunks = 1 << 16;
+    const bool simulate_here = simulate && micro * l.vp <= kMaxSimulatedChunks;
+    const std::vector<std::vector<PipeAction>> actions =
+        simulate_here ? pipeline_actions(l.schedule, l.pp, micro, l.vp) : std::vector<std::vector<PipeAction>>{};
+    if (!simulate_here) {
       makespan = closed_form * sharing;
     } else if (shared_cores) {
       makespan = simulate_pipeline_on_shared_cores(actions, l.pp, l.vp, stage_passes, p2p, stage_placement(l.schedule),

@@ -13,6 +13,8 @@ table's column. The shared file's Megatron-Bridge Llama 3.1 8B run lends source 
 import json
 import sys
 
+from records import template, write_runs
+
 MODELS = {
     '8': dict(name='Llama 3.1 8B', layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, params_b=8),
     '70': dict(name='Llama 3 70B', layers=80, hidden=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256, params_b=70),
@@ -39,12 +41,12 @@ ROWS = [
 
 
 def main(shared_path, out_path):
-    template = next(r for r in json.load(open(shared_path)) if r['id'] == 'mbridge2511_h100_LLAMA3_8B_8gpu')
+    first = template(shared_path, 'mbridge2511_h100_LLAMA3_8B_8gpu')
     runs = []
     for release, system, model, gpus, precision, gbs, mbs, fsdp, tp, pp, cp, vp, tokens, tflops in ROWS:
-        run = json.loads(json.dumps(template))
+        run = json.loads(json.dumps(first))
         run['id'] = f'mbridge{release.replace(".", "")}_{system}_llama{model}b_{gpus}gpu'
-        run['source'] = template['source'].replace("'25.11 NeMo Container'", f"'{release} NeMo Container'")
+        run['source'] = first['source'].replace("'25.11 NeMo Container'", f"'{release} NeMo Container'")
         run['model'].update(MODELS[model])
         run['model']['seq_len'] = 8192
         gpu, mem = SYSTEMS[system]
@@ -56,9 +58,7 @@ def main(shared_path, out_path):
         run['precision'] = precision
         run['measured'].update(tflops_per_gpu=tflops, tokens_per_s_per_gpu=tokens, notes=None)
         runs.append(run)
-    with open(out_path, 'w') as out:
-        out.write('[\n' + ',\n'.join(json.dumps(r, separators=(',', ':')) for r in runs) + '\n]\n')
-    print(f'{len(runs)} runs -> {out_path}')
+    write_runs(out_path, runs)
 
 
 if __name__ == '__main__':

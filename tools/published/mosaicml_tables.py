@@ -15,6 +15,8 @@ import json
 import re
 import sys
 
+from records import write_runs
+
 # size: (d_model, n_heads, n_layers) from mpt-<size>.yaml at 061f2c7c
 DIMS = {'125m': (768, 12, 12), '350m': (1024, 16, 24), '760m': (1536, 12, 24), '1b': (2048, 16, 24),
         '3b': (2560, 20, 32), '7b': (4096, 32, 32), '13b': (5120, 40, 40), '30b': (7168, 56, 48),
@@ -60,9 +62,7 @@ def main(readme_path, shared_path, out_path):
                                    notes=template['measured']['notes'])
             run['notes'] = 'grad accumulation ' + row['GradAccum']
             runs.append(run)
-    with open(out_path, 'w') as out:
-        out.write('[\n' + ',\n'.join(json.dumps(r, separators=(',', ':')) for r in runs) + '\n]\n')
-    print(f'{len(runs)} runs -> {out_path}')
+    write_runs(out_path, runs)
 
 
 if __name__ == '__main__':

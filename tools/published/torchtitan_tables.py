@@ -13,6 +13,8 @@ table gives none. The shared file's torchtitan Table 1 run lends source text and
 import json
 import sys
 
+from records import write_runs
+
 if len(sys.argv) != 3:
     sys.exit(__doc__)
 pub=json.load(open(sys.argv[1]))
@@ -43,6 +45,4 @@ add('tt_t5_1f1b',L405,8192,512,8,8,1,8,32,256,full,'Float8 (torchao) on nn.Linea
 add('tt_t5_inter',L405,8192,512,8,8,1,8,32,256,full,'Float8 (torchao) on nn.Linear','FSDP + TP + PP + AsyncTP + Float8',128,72.7,'Interleaved 1F1B')
 for dp,cp,seq,tps,mem in [(8,1,32768,76,75.3),(4,2,65536,47,75.9),(2,4,131072,31,77.1),(1,8,262144,16,84.9)]:
     add(f'tt_t6_cp{cp}',L405,seq,512,8,8,cp,dp,8,8*dp,full,'Float8 (torchao) on nn.Linear','FSDP + TP + PP + CP + AsyncTP + Float8 + 1F1B',tps,mem,'1F1B')
-with open(sys.argv[2], 'w') as out:
-    out.write('[\n' + ',\n'.join(json.dumps(r, separators=(',', ':')) for r in rows) + '\n]\n')
-print(f'{len(rows)} runs -> {sys.argv[2]}')
+write_runs(sys.argv[2], rows)

@@ -67,6 +67,11 @@ TEST(GpuPresets, MatchDatasheetsHalvedForSparsity) {
   const plan::GpuSpec& b300 = gpu_preset("b300");
   EXPECT_DOUBLE_EQ(b300.fp8_tflops, 4500);      // DGX B300: 72 PF sparse FP8 per 8 GPUs
   EXPECT_DOUBLE_EQ(b300.hbm_bytes, 288 * kGiB);  // 2.3 TB per 8
+  EXPECT_DOUBLE_EQ(gpu_preset("h100-pcie").bf16_tflops, 756.5);  // 1,513 sparse / 2
+  EXPECT_DOUBLE_EQ(gpu_preset("h100-nvl").hbm_bytes, 94 * kGiB);
+  EXPECT_DOUBLE_EQ(gpu_preset("a800-80gb").nvlink_bytes_per_s, 200e9);  // 400 GB/s both ways
+  EXPECT_TRUE(plan::ampere_part(gpu_preset("a800-80gb")));
+  EXPECT_FALSE(plan::ampere_part(h100));
   const plan::GpuSpec& gb200 = gpu_preset("gb200");
   EXPECT_DOUBLE_EQ(gb200.bf16_tflops, 2500);  // NVL72: 360 PF sparse per 72
   EXPECT_DOUBLE_EQ(gb200.fp8_tflops, 5000);
@@ -74,12 +79,12 @@ TEST(GpuPresets, MatchDatasheetsHalvedForSparsity) {
 
   EXPECT_EQ(&gpu_preset("H100-SXM"), &h100) << "names match case-insensitively";
   EXPECT_EQ(plan::gpu_preset_names(),
-            (std::vector<std::string>{"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h200", "b200", "b300", "gb200", "gb300"}));
+            (std::vector<std::string>{"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h100-pcie", "h100-nvl", "a800-80gb", "h200", "b200", "b300", "gb200", "gb300"}));
 }
 
 TEST(GpuPresets, UnknownNameListsValidOnes) {
-  const std::string message = error_message([] { gpu_preset("h100-pcie"); });
-  expect_contains(message, {"'h100-pcie'", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200"});
+  const std::string message = error_message([] { gpu_preset("mi300x"); });
+  expect_contains(message, {"'mi300x'", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200"});
 }
 
 TEST(ClusterSpec, DefaultsReproduceLlama3FailureRate) {

@@ -31,6 +31,14 @@ const std::vector<GpuSpec>& presets() {
       // and HBM3 (BF16 1,979 TF, FP8 3,958 TF sparse, 80 GB, 3.35 TB/s, 700 W), NVLink cut to
       // 400 GB/s.
       {"h800-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 400e9 / 2, 700},
+      // The same H100 datasheet, PCIe column: BF16 1,513 TF and FP8 3,026 TF sparse, 80 GB
+      // HBM2e at 2.0 TB/s, NVLink bridge 600 GB/s, 350 W; H100 NVL column: BF16 1,671 TF and
+      // FP8 3,341 TF sparse, 94 GB HBM3 at 3.9 TB/s, NVLink bridge 600 GB/s, 400 W.
+      {"h100-pcie", 1513.0 / 2, 3026.0 / 2, 80 * kGiB, 2.0e12, 600e9 / 2, 350},
+      {"h100-nvl", 1671.0 / 2, 3341.0 / 2, 94 * kGiB, 3.9e12, 600e9 / 2, 400},
+      // NVIDIA A800 80GB SXM (the export variant of the A100 80GB SXM): A100 compute and HBM2e,
+      // NVLink cut to 400 GB/s.
+      {"a800-80gb", 624.0 / 2, 0, 80 * kGiB, 2039e9, 400e9 / 2, 400},
       // NVIDIA H200 Tensor Core GPU datasheet, SXM column: same compute as H100 SXM (BF16
       // 1,979 TF, FP8 3,958 TF sparse), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, up to 700 W.
       {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700},
@@ -76,6 +84,8 @@ void require_positive(const char* field, double value) {
 
 }  // namespace
 
+bool ampere_part(const GpuSpec& gpu) { return gpu.name.rfind("a100", 0) == 0 || gpu.name.rfind("a800", 0) == 0; }
+
 const GpuSpec& gpu_preset(const std::string& name) {
   const std::string wanted = lowercase(name);
   for (const GpuSpec& spec : presets())
@@ -92,7 +102,7 @@ std::vector<std::string> gpu_preset_names() {
 double default_inter_node_bytes_per_s(const GpuSpec& gpu) {
   // NVIDIA DGX-2: eight 100 Gb/s EDR InfiniBand ports for 16 V100s (6.25 GB/s per GPU).
   if (gpu.name.rfind("v100", 0) == 0) return 8 * 100e9 / 8 / 16;
-  return gpu.name.rfind("a100", 0) == 0 ? 25e9 : 50e9;
+  return ampere_part(gpu) ? 25e9 : 50e9;
 }
 
 // The upper bounds only catch typos (an extra zero, watts given as kW); they sit far above

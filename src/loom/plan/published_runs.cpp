@@ -154,10 +154,15 @@ std::string preset_of_gpu(const std::string& printed) {
   if (g.find("a100") != std::string::npos) return g.find("40") != std::string::npos ? "a100-40gb" : "a100-80gb";
   if (g.find("v100") != std::string::npos) return "v100-32gb";
   if (g.find("h800") != std::string::npos) return "h800-sxm";
-  if (g.find("h100") != std::string::npos) return "h100-sxm";
+  if (g.find("a800") != std::string::npos) return "a800-80gb";
+  if (g.find("h100") != std::string::npos) {
+    if (g.find("pcie") != std::string::npos) return "h100-pcie";
+    if (std::regex_search(g, std::regex(R"(h100[\s_-]*nvl(?!ink))"))) return "h100-nvl";
+    return "h100-sxm";
+  }
   for (const char* name : {"gb300", "gb200", "h200", "b300", "b200"})
     if (g.find(name) != std::string::npos) return name;
-  throw Refusal{"no GPU preset matches hardware.gpu '" + printed + "' (known: V100, A100 40/80GB, H100, H800, H200, B200, B300, GB200, GB300)"};
+  throw Refusal{"no GPU preset matches hardware.gpu '" + printed + "' (known: V100, A100 40/80GB, A800, H100 SXM/PCIe/NVL, H800, H200, B200, B300, GB200, GB300)"};
 }
 
 // The measured figures, in the order the summary picks its headline from.

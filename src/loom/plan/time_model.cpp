@@ -24,7 +24,7 @@ double GemmEfficiency::efficiency(double m, double n, double k) const {
 // overlap lose more). half_dim 256: a 2048-wide GEMM runs at 89% of a large one. H200 and
 // B200 take the H100 figure until published runs say otherwise.
 GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
-  const bool ampere = gpu.name.rfind("a100", 0) == 0;
+  const bool ampere = ampere_part(gpu);
   return {ampere ? 0.75 : 0.60, 256};
 }
 
@@ -39,7 +39,7 @@ GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
 // heads and long sequences), H100 0.25 (about 210: 2023's kernels were not Hopper's); H200 and
 // B200 take the H100 figure until runs say otherwise.
 double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim, double kernel_speedup) {
-  const bool ampere = gpu.name.rfind("a100", 0) == 0;
+  const bool ampere = ampere_part(gpu);
   const double fraction = ampere ? 0.40 : 0.25 * kernel_speedup;
   return fraction * keys / (keys + 256) * head_dim / (head_dim + 24);
 }

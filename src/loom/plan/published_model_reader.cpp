@@ -1,0 +1,175 @@
+// The model of a published run: its stated dimensions (with model.moe, and the MLP form and
+// tying that a stated parameter count settles) or the preset its name matches.
+#include <algorithm>
+#include <cstdio>
+#include <regex>
+
+#include "loom/plan/published_fields.hpp"
+#include "loom/plan/published_models.hpp"
+
+namespace loom::plan::published_detail {
+
+namespace {
+
+// model.moe: {"routed_experts", "top_k", "shared_experts", "expert_ffn"}, and where a source
+// gives them the dense layers before the first expert layer ("first_dense_layers"), the
+// spacing of expert layers ("moe_every") and a capacity factor (null: dropless, as NeMo and
+// Megatron-Bridge run their MoE benchmarks). Experts are SwiGLU MLPs (Mixtral, DeepSeekMoE,
+// Qwen-MoE), so the layer is Llama's.
+void read_moe(const RunFields& f, bool ffn_stated, ModelConfig& m, PublishedRun& run) {
+  if (!f.find("model.moe")->is_object())
+    throw_error("published run '", f.text("id"), "': model.moe = ", f.find("model.moe")->dump(), " is not an object");
+  const std::optional<int64_t> experts = f.integer("model.moe.routed_experts"), top_k = f.integer("model.moe.top_k");
+  if (!experts || !top_k) throw Refusal{"model.moe does not state routed_experts and top_k"};
+  if (*experts < 2 || *top_k < 1 || *top_k > *experts)
+    throw_error("published run '", f.text("id"), "': model.moe has routed_experts = ", *experts, " and top_k = ", *top_k,
+                "; expected at least 2 experts and 1 <= top_k <= routed_experts");
+  m.n_experts = *experts;
+  m.experts_per_token = *top_k;
+  m.n_shared_experts = f.integer("model.moe.shared_experts").value_or(0);
+  if (const std::optional<int64_t> width = f.integer("model.moe.expert_ffn")) {
+    m.moe_ffn_hidden = *width;
+    if (!ffn_stated) m.ffn_hidden = *width;
+  } else if (!ffn_stated) {
+    throw Refusal{"model.moe states no expert_ffn and model.ffn is not stated either"};
+  }
+  for (const char* key : {"model.moe.first_dense_layers", "model.moe.dense_layers", "model.moe.first_k_dense"})
+    if (const std::optional<int64_t> dense = f.integer(key)) m.moe_first_dense = *dense;
+  m.moe_every = std::max<int64_t>(1, f.integer("model.moe.moe_every").value_or(1));
+  m.moe_capacity_factor = f.number("model.moe.capacity_factor").value_or(0.0);
+  if (m.arch != Architecture::Llama) {
+    m.arch = Architecture::Llama;
+    m.tied_embeddings = false;
+    run.assumptions.push_back("mixture of experts: SwiGLU experts, untied embeddings (Llama's layer)");
+  }
+  run.assumptions.push_back("mixture of experts: " + std::to_string(m.n_experts) + " experts, top " +
+                            std::to_string(m.experts_per_token) +
+                            (m.n_shared_experts > 0 ? ", " + std::to_string(m.n_shared_experts) + " shared" : std::string()) +
+                            ", balanced routing" + (m.moe_capacity_factor > 0 ? "" : ", dropless"));
+}
+
+// The layer read from the dimensions alone is a guess (GQA or a Llama name: SwiGLU, untied;
+// else GPT's 2-matrix MLP, tied). Where the run states its parameter count and the guess misses
+// it by more than 3%, the MLP form and the embedding tying that land nearest are taken instead,
+// when they halve the miss. A 2-matrix MLP of width F beside grouped-query attention (Nemotron-4,
+// Falcon, StarCoder2) is charged as a SwiGLU of 2F/3: the same parameters and GEMM FLOPs
+// (3 h 2F/3 = 2 h F), and the same saved activations (gate, up and product, 3 x 2F/3 = 2F,
+// against a pre-activation and an activation of F each).
+void match_stated_parameters(ModelConfig& m, PublishedRun& run) {
+  auto miss = [&](const ModelConfig& c) { return std::fabs(static_cast<double>(c.parameter_count()) / run.params - 1); };
+  const double guessed = miss(m);
+  if (guessed <= 0.03) return;
+  struct Candidate {
+    ModelConfig config;
+    std::string why;
+  };
+  std::vector<Candidate> candidates;
+  for (bool tied : {false, true}) {
+    ModelConfig gated = m;
+    if (m.arch == Architecture::GPT2) {
+      // An MHA layer with a gated MLP is Llama's (RMSNorm, RoPE), as long as RoPE fits.
+      gated.arch = Architecture::Llama;
+      if (gated.head_dim() % 2 != 0) continue;
+    }
+    gated.tied_embeddings = tied;
+    const std::string tying = tied ? "tied embeddings" : "untied embeddings";
+    if (m.arch == Architecture::GPT2) {
+      candidates.push_back({gated, "a gated (SwiGLU) MLP of " + std::to_string(m.ffn_hidden) + ", " + tying});
+      ModelConfig plain = m;
+      plain.tied_embeddings = tied;
+      candidates.push_back({plain, "GPT's 2-matrix MLP, " + tying});
+    } else {
+      candidates.push_back({gated, "a gated (SwiGLU) MLP, " + tying});
+      ModelConfig plain = gated;
+      plain.ffn_hidden = std::max<int64_t>(1, (2 * m.ffn_hidden + 1) / 3);
+      candidates.push_back({plain, "a 2-matrix MLP of " + std::to_string(m.ffn_hidden) + " (charged as a SwiGLU of " +
+                                       std::to_string(plain.ffn_hidden) + ": the same parameters, FLOPs and saved bytes), " +
+                                       tying});
+    }
+  }
+  const Candidate* best = nullptr;
+  for (const Candidate& c : candidates)
+    if (best == nullptr || miss(c.config) < miss(best->config)) best = &c;
+  if (best == nullptr || miss(best->config) > guessed / 2) return;
+  char text[160];
+  std::snprintf(text, sizeof text, "params_b %.4g: the layer guess gives %.4g B (%+.1f%%); ", run.params / 1e9,
+                static_cast<double>(m.parameter_count()) / 1e9, 100 * (static_cast<double>(m.parameter_count()) / run.params - 1));
+  m = best->config;
+  char after[64];
+  std::snprintf(after, sizeof after, " gives %.4g B", static_cast<double>(m.parameter_count()) / 1e9);
+  run.assumptions.push_back(text + best->why + after);
+}
+
+}  // namespace
+
+ModelConfig model_of(const RunFields& f, PublishedRun& run) {
+  const std::string name = f.text("model.name");
+  const std::optional<int64_t> layers = f.integer("model.layers"), hidden = f.integer("model.hidden"),
+                               heads = f.integer("model.heads");
+  ModelConfig m;
+  const std::optional<PublishedModel> named = find_published_model(name);
+  if (named && !named->not_representable.empty()) throw Refusal{named->name + ": " + named->not_representable};
+  if (named && !named->approximation.empty()) {
+    // A model loom holds only approximately is taken whole from its preset, whatever the run
+    // states, so the stand-in stays the one its comment describes.
+    if ((layers && *layers != named->config.n_layer) || (hidden && *hidden != named->config.n_embd))
+      throw Refusal{"model.name '" + name + "' reads as " + named->name + ", but its layers or hidden size differ from it"};
+    m = named->config;
+    run.assumptions.push_back("model from preset " + named->name + ": " + named->approximation);
+  } else if (layers && hidden && heads) {
+    m.n_layer = *layers;
+    m.n_embd = *hidden;
+    m.n_head = *heads;
+    m.n_kv_head = f.integer("model.kv_heads").value_or(m.n_head);
+    const std::optional<int64_t> ffn = f.integer("model.ffn");
+    m.ffn_hidden = ffn.value_or(4 * m.n_embd);
+    const std::optional<int64_t> vocab = f.integer("model.vocab");
+    m.vocab_size = vocab.value_or(51200);
+    // Grouped-query attention or a Llama name means SwiGLU + RMSNorm + RoPE; otherwise the
+    // GPT layout (Megatron GPT, MPT) with tied embeddings.
+    const bool llama = m.n_kv_head < m.n_head || lowercase(name).find("llama") != std::string::npos;
+    m.arch = llama ? Architecture::Llama : Architecture::GPT2;
+    m.tied_embeddings = !llama;
+    if (!ffn) run.assumptions.push_back(llama ? "ffn not stated: 4h" : "ffn not stated: 4h (GPT)");
+    if (!vocab) run.assumptions.push_back("vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
+    if (f.find("model.moe") != nullptr) read_moe(f, ffn.has_value(), m, run);
+  } else {
+    const std::optional<PublishedModel>& preset = named;
+    if (!preset)
+      throw Refusal{"model dimensions (layers, hidden, heads) are not stated and no published architecture matches "
+                    "model.name '" + name + "'"};
+    m = preset->config;
+    run.assumptions.push_back("model from preset " + preset->name + " (" + preset->source.substr(0, preset->source.find(',')) + ")");
+    if (!f.integer("model.seq_len")) run.assumptions.push_back("seq_len not stated: the preset's " + std::to_string(m.max_seq_len));
+    if (!f.find("global_batch") && preset->batch_tokens > 0) {
+      const int64_t seq = f.integer("model.seq_len").value_or(m.max_seq_len);
+      run.global_batch = std::max<int64_t>(1, preset->batch_tokens / seq);
+      run.assumptions.push_back("global_batch not stated: the model's published batch, " + std::to_string(preset->batch_tokens) +
+                                " tokens = " + std::to_string(run.global_batch) + " sequences");
+    }
+  }
+  // A model past 10^15 parameters is a typo, and its parameter count would overflow.
+  {
+    const double h = static_cast<double>(m.n_embd), layers_d = static_cast<double>(m.n_layer);
+    const double experts = static_cast<double>(std::max<int64_t>(1, m.n_experts + m.n_shared_experts));
+    const double size = layers_d * (4 * h * h + 3 * h * static_cast<double>(m.ffn_hidden) +
+                                    experts * 3 * h * static_cast<double>(m.expert_ffn())) +
+                        2 * static_cast<double>(m.vocab_size) * h;
+    if (size > 1e15) throw Refusal{"the model comes to about " + std::to_string(size / 1e12) + "T parameters, past 10^15"};
+  }
+  const std::optional<int64_t> seq = f.integer("model.seq_len");
+  // A preset brings its pre-training context; dimensions alone bring none.
+  if (!seq && !(named && !(layers && hidden && heads))) throw Refusal{"model.seq_len is not stated"};
+  m.max_seq_len = seq.value_or(m.max_seq_len);
+  if (m.max_seq_len <= 0) throw Refusal{"model.seq_len is not stated"};
+  if (layers && hidden && heads && !named && run.params > 0 && f.integer("model.ffn") && !m.is_moe())
+    match_stated_parameters(m, run);
+  try {
+    m.validate();
+  } catch (const Error& e) {
+    throw_error("published run '", f.text("id"), "': model: ", e.what());
+  }
+  return m;
+}
+
+}  // namespace loom::plan::published_detail

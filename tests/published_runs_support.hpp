@@ -1,0 +1,33 @@
+#pragma once
+// What the published-runs tests share: the repository's copy of the shared file, predicting a
+// file's every run, one figure of a run's check, and input files in a temporary directory.
+#include <string>
+#include <vector>
+
+#include "loom/plan/published_runs.hpp"
+#include "test_support.hpp"
+
+namespace loom::test {
+
+inline const std::string kPublished = std::string(LOOM_SOURCE_DIR) + "/published/public_runs.json";
+
+inline std::vector<plan::RunCheck> check_all(const std::vector<plan::PublishedRun>& runs) {
+  std::vector<plan::RunCheck> checks;
+  for (const plan::PublishedRun& r : runs) checks.push_back(plan::check_published_run(r));
+  return checks;
+}
+
+inline const plan::FigureCheck* figure(const plan::RunCheck& c, plan::Figure f) {
+  for (const plan::FigureCheck& fc : c.figures)
+    if (fc.measured.figure == f) return &fc;
+  return nullptr;
+}
+
+// Input files of the tests below, in a directory removed after the test binary ends.
+inline std::string write_file(const std::string& name, const std::string& text) {
+  static const TempDir dir("plan_validate");
+  write_text_file(dir.file(name), text);
+  return dir.file(name);
+}
+
+}  // namespace loom::test

@@ -1,0 +1,264 @@
+// Published-run records beyond the shared file: whole tables of three sources (llm-foundry's
+// MPT tables, torchtitan's H100 benchmark, Megatron-Bridge's dense rows), and how records are
+// read: mixture-of-experts fields, the MLP form a parameter count settles, loose typing, edge
+// values that must be refused rather than fatal.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "loom/plan/published_conventions.hpp"
+#include "loom/plan/published_runs.hpp"
+#include "published_runs_support.hpp"
+#include "test_support.hpp"
+
+namespace loom::test {
+namespace {
+
+// model.moe is read into the experts, and MoE utilisation counts the parameters a token meets:
+// Mixtral 8x7B (Jiang et al. 2024: 47B parameters, 13B active) by name, and by dimensions with
+// the same experts; a malformed moe names the field, an incomplete one is refused; DeepSeek-V3
+// is answered through its stand-in with the approximation printed.
+TEST(PublishedRuns, MixtureOfExpertsRunsAreReadAndCountActiveParameters) {
+  auto run = [](const std::string& id, const std::string& model) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "a 2024 test",
+      "model": )" + model + R"(, "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 64, "tp": 1, "pp": 1, "dp": 8, "ep": 8},
+      "micro_batch": 1, "global_batch": 64, "recompute": "full", "measured": {"mfu": 0.3}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun named = run("mixtral", R"({"name": "Mixtral 8x7B", "seq_len": 4096})");
+  ASSERT_TRUE(named.refused.empty()) << named.refused;
+  EXPECT_EQ(named.model.n_experts, 8);
+  EXPECT_EQ(named.model.experts_per_token, 2);
+  const plan::PublishedRun dims = run("dims", R"({"name": "an MoE", "layers": 32, "hidden": 4096, "heads": 32,
+      "kv_heads": 8, "ffn": null, "vocab": 32000, "seq_len": 4096,
+      "moe": {"routed_experts": 8, "shared_experts": 0, "top_k": 2, "expert_ffn": 14336}})");
+  ASSERT_TRUE(dims.refused.empty()) << dims.refused;
+  EXPECT_EQ(dims.model.parameter_count(), named.model.parameter_count());
+  const double total = static_cast<double>(named.model.parameter_count());
+  EXPECT_NEAR(total / 1e9, 46.7, 0.1);  // "47B"
+  // 6 x active + 12 L h s, active = total - 32 layers x 6 idle experts x 3 x 4096 x 14336.
+  const double active = total - 32.0 * 6 * 3 * 4096 * 14336;
+  EXPECT_NEAR(active / 1e9, 12.9, 0.1);  // "13B active"
+  EXPECT_NEAR(plan::flops_per_token(plan::FlopCount::PaLM, named.model, total, 4096, Recompute::None),
+              6 * active + 12.0 * 32 * 4096 * 4096, 1e3);
+  EXPECT_TRUE(plan::check_published_run(dims).answered);
+
+  const plan::PublishedRun bad = run("bad", R"({"name": "x", "layers": 4, "hidden": 256, "heads": 4, "seq_len": 128,
+      "moe": {"routed_experts": 4, "top_k": 6, "expert_ffn": 512}})");
+  EXPECT_TRUE(bad.malformed);
+  expect_contains(bad.refused, {"'bad': model.moe has routed_experts = 4 and top_k = 6"});
+  const plan::PublishedRun vague = run("vague", R"({"name": "x", "layers": 4, "hidden": 256, "heads": 4, "seq_len": 128,
+      "moe": {"routed_experts": 4}})");
+  EXPECT_FALSE(vague.malformed);
+  expect_contains(vague.refused, {"model.moe does not state routed_experts and top_k"});
+
+  const plan::PublishedRun ds = run("ds", R"x({"name": "DeepSeek-V3 671B (37B active)", "layers": 61, "hidden": 7168,
+      "heads": 128, "seq_len": 4096, "moe": {"routed_experts": 256, "shared_experts": 1, "top_k": 8, "expert_ffn": 2048}})x");
+  ASSERT_TRUE(ds.refused.empty()) << ds.refused;
+  EXPECT_EQ(ds.model.moe_first_dense, 3);
+  std::string said;
+  for (const std::string& a : ds.assumptions) said += a + "; ";
+  expect_contains(said, {"multi-head latent attention approximated by 128 full heads of 56"});
+  const plan::PublishedRun wrong = run("wrong", R"({"name": "DeepSeek-V3 671B", "layers": 30, "hidden": 7168, "heads": 128,
+      "seq_len": 4096})");
+  expect_contains(wrong.refused, {"reads as DeepSeek-V3 671B, but its layers or hidden size differ"});
+  const plan::PublishedRun qwen = run("qwen", R"({"name": "Qwen2.5-72B", "seq_len": 8192})");
+  ASSERT_TRUE(qwen.refused.empty()) << qwen.refused;
+  EXPECT_EQ(qwen.model.n_layer, 80);
+  EXPECT_EQ(qwen.model.ffn_hidden, 29568);
+}
+
+// A stated parameter count settles the MLP form the dimensions leave open: Nemotron-4 15B
+// (Parmar et al. 2024: 32 layers of 6144, 48 heads, 8 kv heads, a squared-ReLU MLP of 24576,
+// 256,000-token vocabulary, untied) would be 20.5B as SwiGLU (+37%); as a 2-matrix MLP, by
+// hand, 32 x (2 x 6144^2 + 2 x 6144 x 1024 + 2 x 6144 x 24576 + 2 x 6144) + 2 x 256000 x 6144
+// + 6144 = 15.63B (+4.2%), charged as a SwiGLU of 16384 (3 x 16384 = 2 x 24576).
+TEST(PublishedRuns, StatedParameterCountSettlesTheMlpForm) {
+  auto run = [](const std::string& id, const std::string& params) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "a 2024 test",
+      "model": {"name": "Nemotron-4 15B", "layers": 32, "hidden": 6144, "heads": 48, "kv_heads": 8, "ffn": 24576,
+                "vocab": 256000, "seq_len": 4096, "params_b": )" + params + R"(},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8}, "parallelism": {"total_gpus": 64, "tp": 8, "pp": 1, "dp": 8},
+      "micro_batch": 1, "global_batch": 64, "recompute": "selective", "measured": {"mfu": 0.3}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun nemotron = run("nemotron", "15");
+  ASSERT_TRUE(nemotron.refused.empty()) << nemotron.refused;
+  EXPECT_EQ(nemotron.model.ffn_hidden, 16384);
+  EXPECT_FALSE(nemotron.model.tied_embeddings);
+  const double by_hand = 32.0 * (2.0 * 6144 * 6144 + 2.0 * 6144 * 1024 + 2.0 * 6144 * 24576 + 2 * 6144) + 2.0 * 256000 * 6144 + 6144;
+  EXPECT_EQ(static_cast<double>(nemotron.model.parameter_count()), by_hand);
+  std::string said;
+  for (const std::string& a : nemotron.assumptions) said += a + "; ";
+  expect_contains(said, {"a 2-matrix MLP of 24576 (charged as a SwiGLU of 16384"});
+  // Without a parameter count (or with one the guess meets) the guess stands.
+  EXPECT_EQ(run("unstated", "null").model.ffn_hidden, 24576);
+  EXPECT_EQ(run("swiglu", "20.5").model.ffn_hidden, 24576);
+}
+
+// Every row of llm-foundry's MPT benchmark tables (published/loom_mosaicml_tables.json, made
+// by tools/published/mosaicml_tables.py): 201 runs from 512 to 65,536 tokens, heads of 64 and
+// 128, A100 40/80 GB and H100 in BF16 and FP8, all answered, at the errors docs/PLANNER.md
+// gives. Heads of 64 at long sequences (125M, 350M on A100s) were predicted 30-41% slow while
+// attention ran at a GEMM's rate with the head width as k; fused attention holds them within 15%.
+TEST(PublishedRuns, MosaicMlTablesAreAnsweredAtTheirPinnedErrors) {
+  const std::vector<plan::PublishedRun> runs =
+      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_mosaicml_tables.json");
+  ASSERT_EQ(runs.size(), 201u);
+  const std::vector<plan::RunCheck> checks = check_all(runs);
+  const plan::ValidationSummary s = plan::summarize(checks);
+  EXPECT_EQ(s.answered, 201);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
+  EXPECT_EQ(std::string(text), "5.2 14.8");
+  for (const plan::RunCheck& c : checks) {
+    const std::string& id = c.run->id;
+    if (id.find("a100") == std::string::npos || (id.find("_125m_") == std::string::npos && id.find("_350m_") == std::string::npos))
+      continue;
+    const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
+    ASSERT_NE(tokens, nullptr) << id;
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.15) << id;
+  }
+}
+
+// Every row of torchtitan's December 2024 H100 benchmark (published/loom_torchtitan_tables.json,
+// tools/published/torchtitan_tables.py): "Float8" is FP8; the 500 W power limit of these
+// 700 W parts takes the peak to (500/700)^(1/3) = 0.894x; a pipeline's "local batch size" is
+// split into pp micro-batches, and its interleaved schedule puts 2 stages on a rank, as
+// torchtitan 9dec370 does by default. Throughput within 21% on every row.
+TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
+  const std::vector<plan::PublishedRun> runs =
+      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_torchtitan_tables.json");
+  ASSERT_EQ(runs.size(), 18u);
+  const std::vector<plan::RunCheck> checks = check_all(runs);
+  for (const plan::RunCheck& c : checks) {
+    const plan::PublishedRun& r = *c.run;
+    ASSERT_TRUE(c.answered) << r.id << ": " << r.refused;
+    EXPECT_NEAR(r.cluster.gpu.bf16_tflops, 989.5 * std::cbrt(500.0 / 700.0), 1e-9) << r.id;
+    EXPECT_EQ(r.fp8, r.id.find("fp8") != std::string::npos || r.id.find("_t2_") != std::string::npos ||
+                         r.id.find("_t4_") != std::string::npos || r.id.find("_t5_") != std::string::npos ||
+                         r.id.find("_t6_") != std::string::npos)
+        << r.id;
+    const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
+    ASSERT_NE(tokens, nullptr) << r.id;
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
+  }
+  const plan::RunCheck& one_f_one_b = checks[13 - 1];
+  ASSERT_EQ(one_f_one_b.run->id, "torchtitan_h100_202412_t5_1f1b");
+  EXPECT_EQ(one_f_one_b.layout.micro_batch, 4);  // local batch 32 over pp 8
+  EXPECT_EQ(one_f_one_b.layout.vp, 1);
+  const plan::RunCheck& interleaved = checks[14 - 1];
+  EXPECT_EQ(interleaved.layout.micro_batch, 4);
+  EXPECT_EQ(interleaved.layout.vp, 2);
+  const plan::ValidationSummary s = plan::summarize(checks);
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
+  EXPECT_EQ(std::string(text), "8.3 15.2");
+}
+
+// Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,
+// tools/published/megatron_bridge_tables.py): Megatron's "DDP" runs the distributed optimizer
+// (ZeRO-1), its 2025 stack's fused attention is FlashAttention-3-class (2x the 2023-24 rate),
+// GB200 is its own part in one 72-GPU NVLink domain. The H100 rows land within 12%; the
+// Blackwell rows are all predicted slow (10-34%), which docs/PLANNER.md leaves open.
+TEST(PublishedRuns, MegatronBridgeTablesOnHopperAndBlackwell) {
+  const std::vector<plan::PublishedRun> runs =
+      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_megatron_bridge_tables.json");
+  ASSERT_EQ(runs.size(), 12u);
+  for (const plan::RunCheck& c : check_all(runs)) {
+    const plan::PublishedRun& r = *c.run;
+    ASSERT_TRUE(c.answered) << r.id << ": " << r.refused;
+    EXPECT_TRUE(r.fp8) << r.id;
+    EXPECT_DOUBLE_EQ(r.conventions.attention_kernel_speedup, 2.0);
+    const bool megatron_fsdp = r.id.find("70b_64gpu") != std::string::npos && r.id.find("h100") == std::string::npos;
+    EXPECT_EQ(r.layout.zero_stage, megatron_fsdp || r.id == "mbridge2511_h100_llama8b_8gpu" ? 3 : 1) << r.id;
+    const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
+    ASSERT_NE(tokens, nullptr) << r.id;
+    if (r.id.find("_h100_") != std::string::npos) {
+      EXPECT_LT(std::fabs(tokens->relative_error), 0.12) << r.id;
+    } else {
+      EXPECT_EQ(r.cluster.gpu.name, r.id.find("gb200") != std::string::npos ? "gb200" : "b200") << r.id;
+      EXPECT_LT(tokens->relative_error, -0.05) << r.id;  // the open miss: Blackwell predicted slow
+      EXPECT_GT(tokens->relative_error, -0.40) << r.id;
+    }
+    if (r.id.find("gb200_llama405b") != std::string::npos) {
+      EXPECT_EQ(r.cluster.gpus_per_node, 72);
+    }
+  }
+}
+
+// What records write loosely is read by its meaning: numbers as strings, a utilisation in
+// percent, checkpointing as true/false or "True"; a string that is not a number still names
+// the field (BadFilesNameTheRunAndTheField).
+TEST(PublishedRuns, LooselyTypedFieldsAreReadByTheirMeaning) {
+  auto run = [](const std::string& id, const std::string& tp, const std::string& recompute, const std::string& mfu) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput",
+      "model": {"layers": 8, "hidden": 256, "heads": 4, "vocab": 1000, "seq_len": 128},
+      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 8, "tp": )" + tp + R"(, "pp": 1, "dp": 4, "sequence_parallel": "yes"},
+      "micro_batch": 1, "global_batch": 64, "recompute": )" + recompute + R"(, "measured": {"mfu": )" + mfu + R"(}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun loose = run("loose", "\"2\"", "true", "42.5");
+  ASSERT_TRUE(loose.refused.empty()) << loose.refused;
+  EXPECT_EQ(loose.layout.tp, 2);
+  EXPECT_TRUE(loose.layout.sequence_parallel);
+  EXPECT_EQ(loose.layout.recompute, Recompute::Full);
+  ASSERT_EQ(loose.measured.size(), 1u);
+  EXPECT_DOUBLE_EQ(loose.measured.front().value, 0.425);
+  EXPECT_EQ(run("t", "2", "\"True\"", "0.4").layout.recompute, Recompute::Full);
+  EXPECT_EQ(run("f", "2", "false", "0.4").layout.recompute, Recompute::None);
+  EXPECT_EQ(run("ac", "2", "\"activation checkpointing every layer\"", "0.4").layout.recompute, Recompute::Full);
+  EXPECT_TRUE(run("bad", "\"two\"", "true", "0.4").malformed);
+}
+
+// Records at the edges: each is answered, refused with a reason or malformed naming its field,
+// and none stops the others (tests/fuzz/fuzz_published_runs runs the same under ASan/UBSan).
+TEST(PublishedRuns, EdgeRecordsAreRefusedOrAnsweredNeverFatal) {
+  auto run = [](const std::string& id, const std::string& parallelism, const std::string& rest) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 8, "tp": 1, "pp": 1, "dp": 8)" + parallelism + R"(}, )" + rest + R"(}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const std::string ok = R"("micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4})";
+  const plan::PublishedRun zero_mbs = run("mbs0", "", R"("micro_batch": 0, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4})");
+  EXPECT_TRUE(zero_mbs.unstated.micro_batch);
+  EXPECT_TRUE(plan::check_published_run(zero_mbs).answered);
+  expect_contains(run("cp", R"(, "cp": 3, "total_gpus": 24)", ok).refused, {"cp = 3 does not divide seq_len 1024"});
+  EXPECT_EQ(run("zero", R"(, "zero_stage": "ZeRO-1")", ok).layout.zero_stage, 1);
+  EXPECT_TRUE(run("zero_bad", R"(, "zero_stage": "sharded")", ok).malformed);
+  // GPUs as sources print them: the H100's PCIe and NVL parts are not its SXM part ("NVLink" is
+  // not "NVL"), an A800 is an A100 with NVLink cut to 400 GB/s.
+  auto gpu_of = [&](const std::string& id, const std::string& gpu) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": ")" + gpu + R"(", "gpus_per_node": 8}, "parallelism": {"total_gpus": 8, "dp": 8},
+      "micro_batch": 1, "global_batch": 64, "measured": {"mfu": 0.4}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front().cluster.gpu.name;
+  };
+  EXPECT_EQ(gpu_of("pcie", "NVIDIA H100 PCIe 80GB"), "h100-pcie");
+  EXPECT_EQ(gpu_of("nvl", "H100 NVL 94GB"), "h100-nvl");
+  EXPECT_EQ(gpu_of("sxm", "H100 SXM5 80GB (NVLink 4)"), "h100-sxm");
+  EXPECT_EQ(gpu_of("a800", "A800-SXM4-80GB"), "a800-80gb");
+  // What the fuzzer found: total_gpus 0 gave dp 0 and a division by zero.
+  expect_contains(run("no_gpus", R"(, "cp": 2, "dp": 4, "total_gpus": 0)", ok).refused, {"parallelism.total_gpus = 0"});
+  const plan::PublishedRun huge = run("huge", R"(, "tp": 100000000)", ok);
+  EXPECT_TRUE(huge.malformed);
+  expect_contains(huge.refused, {"parallelism.tp = 1e+08 is out of range"});
+  expect_contains(run("neg", "", R"("micro_batch": 1, "global_batch": 64, "measured": {"mfu": -0.4})").refused,
+                  {"'neg': a measured MFU of -0.4 is not a positive number"});
+  // A billion sequences through two pipeline stages: the closed form stands in for the
+  // simulation (no action lists of 10^9 chunks), and the bubble is nil.
+  const plan::PublishedRun many = run("many", R"(, "pp": 2, "dp": 1, "total_gpus": 2)",
+                                      R"("micro_batch": 1, "global_batch": 1000000000, "recompute": "none", "measured": {"mfu": 0.4})");
+  const plan::RunCheck c = plan::check_published_run(many);
+  EXPECT_TRUE(c.answered);
+  EXPECT_GT(c.step_s, 0);
+}
+
+}  // namespace
+}  // namespace loom::test

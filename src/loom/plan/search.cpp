@@ -83,13 +83,12 @@ namespace {
 
 bool fits_somewhere(const ModelConfig& m, int64_t gpus, const ClusterSpec& cluster, const TrainingJob& job) {
   bool fits = false;
-  const double usable = cluster.gpu.hbm_bytes * kUsableMemoryFraction;
   for_each_layout(m, gpus, cluster.gpus_per_node, job.seq_len, [&](PlanLayout l) {
     if (fits) return;
     GpuJob mem = job.memory;
     mem.seq_len = job.seq_len;
     mem.micro_batches = std::max<int64_t>(1, job.global_batch / l.dp);
-    fits = predict_gpu_memory(m, l, mem).total() <= usable;
+    fits = fits_in_hbm(predict_gpu_memory(m, l, mem), cluster.gpu.hbm_bytes, false);
   });
   return fits;
 }
@@ -114,7 +113,7 @@ SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, co
       const MemoryBreakdown memory = predict_gpu_memory(m, l, mem);
       if (!have_least || memory.total() < result.least_memory.memory.total()) result.least_memory = {l, memory, {}, ""};
       have_least = true;
-      if (memory.total() > result.usable_bytes) continue;
+      if (!fits_in_hbm(memory, cluster.gpu.hbm_bytes, false)) continue;
       ++result.fitting;
       if (!batch_ok) continue;
       if (l.schedule == PipelineSchedule::Interleaved && mem.micro_batches % l.pp != 0) continue;

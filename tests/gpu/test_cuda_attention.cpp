@@ -17,7 +17,16 @@
 namespace loom::cuda::test {
 namespace {
 
-class CudaAttentionTest : public CudaTest {};
+// These tests are the scalar kernels' (bf16 would otherwise take the tensor cores for head_dim
+// 64 and 128: test_cuda_attention_tensor_cores.cpp).
+class CudaAttentionTest : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    set_attention_kernel(AttentionKernel::scalar);
+  }
+  void TearDown() override { set_attention_kernel(AttentionKernel::automatic); }
+};
 
 const AttentionShape kShapes[] = {
     {2, 70, 4, 4, 16},    // two query tiles, the second partial; multi-head attention

@@ -6,15 +6,22 @@
 // h / (heads / kv_heads)). Scores, probabilities and accumulators are f32; the bf16 variant
 // stores only q|k|v, out, d_out and d_qkv in bf16.
 //
-// Tiling (attention_common.cuh): 64 query rows x 64 keys per step, head_dim <= 128 held in
-// shared memory as f32, plain FMA loops (no tensor cores): written to be clearly correct first.
-// The backward pass is deterministic: one kernel owns each (key tile, kv head) and writes its
+// Two implementations (attention_kernel() picks for bf16; f32 always takes the first):
+// - scalar (attention_forward.cu, attention_backward.cu): 64 query rows x 64 keys per step,
+//   head_dim <= 128 held in shared memory as f32, plain FMA loops; the reference the other is
+//   tested against.
+// - tensor cores (attention_mma.cu): bf16 only, head_dim 64 or 128, mma.sync m16n8k16 with f32
+//   accumulators (sm_80 and later); probabilities and dS are rounded to bf16 once before their
+//   products, as FlashAttention-2 does, and the softmax statistics stay f32.
+// Both backward passes are deterministic: one kernel owns each (key tile, kv head) and writes its
 // dK and dV, another owns each (query tile, head) and writes its dQ, so no gradient is ever
 // accumulated with atomics; the price is computing the scores and dP twice.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 
 #include "loom/kernels/cpu/attention.hpp"
 
@@ -28,6 +35,20 @@ using cpu::AttentionShape;
 
 // Largest head_dim the kernels take (shared-memory tiles are sized for it).
 constexpr int64_t kMaxAttentionHeadDim = 128;
+
+// Which kernels bf16 attention runs. `automatic` (the default) takes the tensor-core kernels
+// wherever they apply (tensor_cores_apply) and the scalar ones elsewhere; `scalar` always the
+// scalar ones; `tensor_cores` throws for a shape they do not take. The environment variable
+// LOOM_CUDA_ATTENTION (auto | scalar | tensor_cores) sets the process's starting value; any
+// other value is an error naming it.
+enum class AttentionKernel { automatic, scalar, tensor_cores };
+void set_attention_kernel(AttentionKernel kernel);
+AttentionKernel attention_kernel();
+// Why the tensor-core kernels cannot take this bf16 call (empty when they can): head_dim not 64
+// or 128, a pointer not 16-byte aligned, or a device before sm_80. `pointers` are every q|k|v,
+// out, d_out and d_qkv pointer of the call.
+std::string tensor_cores_refusal(const AttentionShape& shape,
+                                 std::initializer_list<const void*> pointers);
 
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape,
                        cudaStream_t stream = 0);

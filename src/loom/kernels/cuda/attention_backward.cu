@@ -6,8 +6,11 @@
 // One kernel owns a (key tile, kv head) and sums dK, dV over every query head of its group and
 // every query tile at or after the diagonal; another owns a (query tile, head) and sums dQ over
 // the key tiles up to the diagonal. Every gradient element has exactly one writer.
+#include <type_traits>
+
 #include "loom/kernels/cuda/attention.hpp"
 #include "loom/kernels/cuda/attention_common.cuh"
+#include "loom/kernels/cuda/attention_mma.cuh"
 
 namespace loom::cuda {
 
@@ -241,6 +244,12 @@ void backward_impl(T* d_qkv, const T* d_out, const T* qkv, const T* out, const f
   row_dot_kernel<<<static_cast<unsigned>(ceil_div(rows, kRowsPerBlock)), kAttnThreads, 0, stream>>>(
       delta.get(), d_out, out, d);
   LOOM_CUDA_CHECK_LAUNCH();
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (use_tensor_cores(shape, {d_qkv, d_out, qkv, out})) {
+      mma_attention_backward(d_qkv, d_out, qkv, lse, delta.get(), d, stream);
+      return;
+    }
+  }
   if (d.head_dim <= 64)
     launch_backward<T, 64>(d_qkv, d_out, qkv, lse, delta.get(), d, stream);
   else

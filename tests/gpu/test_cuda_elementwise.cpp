@@ -4,6 +4,8 @@
 // rtol 1e-5 with an absolute floor of 1e-6 x max|want|.
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "gpu_test_support.hpp"
 #include "loom/kernels/cpu/adamw.hpp"
 #include "loom/kernels/cpu/elementwise.hpp"
@@ -67,6 +69,24 @@ TEST_F(CudaElementwiseTest, SumOfSquaresIsAccurateAndDeterministic) {
   EXPECT_NEAR(first, want, 1e-12 * want);
   EXPECT_EQ(first, second) << "same input, same bits";
   EXPECT_EQ(sum_of_squares(gx.get(), 0), 0.0);
+}
+
+TEST_F(CudaElementwiseTest, SumsOfSquaresEqualTheSingleCallsBitForBit) {
+  const std::vector<int64_t> sizes = {1000, 0, 70001, 3};
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> buffers;
+  std::vector<const float*> pointers;
+  std::vector<double> want;
+  uint32_t seed = 40;
+  for (int64_t n : sizes) {
+    buffers.push_back(std::make_unique<DeviceBuffer<float>>(
+        random_vector(static_cast<size_t>(std::max<int64_t>(n, 1)), ++seed, -3.0f, 3.0f)));
+    pointers.push_back(buffers.back()->get());
+    want.push_back(sum_of_squares(buffers.back()->get(), n));
+  }
+  EXPECT_EQ(want[1], 0.0);
+  std::vector<double> got(sizes.size(), -1.0);
+  sums_of_squares(got.data(), pointers.data(), sizes.data(), static_cast<int64_t>(sizes.size()));
+  EXPECT_EQ(got, want);  // the same kernels in the same order: the same bits, empty ones 0
 }
 
 TEST_F(CudaElementwiseTest, Bf16ConversionsMatchHostRounding) {

@@ -186,5 +186,27 @@ TEST_F(CudaGemmTest, LinearBf16ForwardAndBackward) {
   }
 }
 
+TEST_F(CudaGemmTest, HeuristicRunsOncePerProductAndCachedPlansGiveTheSameResult) {
+  // A product no other test uses (odd sizes), run three times, then with another shape.
+  const int64_t m = 37, n = 53, k = 29;
+  const auto a = random_vector(m * k, 90), b = random_vector(k * n, 91);
+  DeviceBuffer<float> ga(a), gb(b), gc(m * n), gd(m * n);
+  const MatmulPlanStats before = matmul_plan_stats();
+  gemm(false, false, m, n, k, 1.0f, ga.get(), k, gb.get(), n, 0.0f, gc.get(), n);
+  const MatmulPlanStats first = matmul_plan_stats();
+  EXPECT_EQ(first.misses, before.misses + 1);
+  EXPECT_EQ(first.plans, before.plans + 1);
+  gemm(false, false, m, n, k, 1.0f, ga.get(), k, gb.get(), n, 0.0f, gd.get(), n);
+  gemm(false, false, m, n, k, 2.0f, ga.get(), k, gb.get(), n, 0.0f, gd.get(), n);  // alpha only
+  const MatmulPlanStats cached = matmul_plan_stats();
+  EXPECT_EQ(cached.misses, first.misses);
+  EXPECT_EQ(cached.hits, first.hits + 2);
+  auto twice = gc.download();
+  for (float& x : twice) x *= 2.0f;  // exact in f32
+  EXPECT_EQ(gd.download(), twice);
+  gemm(false, false, m, n, k - 1, 1.0f, ga.get(), k, gb.get(), n, 0.0f, gc.get(), n);
+  EXPECT_EQ(matmul_plan_stats().misses, cached.misses + 1);  // another shape, another plan
+}
+
 }  // namespace
 }  // namespace loom::cuda::test

@@ -517,6 +517,18 @@ double sum_of_squares(const Tensor& x) {
   return cpu::sum_of_squares(x.f32(), x.numel());
 }
 
+std::vector<double> sums_of_squares(const std::vector<const Tensor*>& xs) {
+  bool all_cuda = !xs.empty();
+  for (const Tensor* x : xs) all_cuda = all_cuda && x->device() == Device::CUDA;
+  if (all_cuda) {
+    LOOM_OPS_ON_CUDA(Device::CUDA, sums_of_squares(xs))
+  }
+  std::vector<double> sums;
+  sums.reserve(xs.size());
+  for (const Tensor* x : xs) sums.push_back(sum_of_squares(*x));
+  return sums;
+}
+
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step) {
   const Device device =

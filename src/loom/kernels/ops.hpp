@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cpu/adamw.hpp"
@@ -197,6 +198,9 @@ void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_
 void add_into(const Tensor& dst, const Tensor& src);  // dst += src
 void scale_(const Tensor& x, float factor);
 double sum_of_squares(const Tensor& x);  // in double, deterministic; waits for the device
+// sum_of_squares of each tensor, each the single call's bits, with one wait for the device
+// when they are all on a GPU (a gradient norm reads every parameter's sum in one go).
+std::vector<double> sums_of_squares(const std::vector<const Tensor*>& xs);
 // ---- optimizer --------------------------------------------------------------------------
 using AdamWStep = cpu::AdamWStep;
 // One AdamW step (cpu::adamw_update's arithmetic) on `param`, F32: the parameter itself, or its

@@ -1,15 +1,26 @@
 #include "loom/optim/grad_clip.hpp"
 
 #include <cmath>
+#include <vector>
 
 #include "loom/dist/tensor_comm.hpp"
 #include "loom/kernels/ops.hpp"
 
 namespace loom {
 
+namespace {
+// Each parameter's sum of squared gradients, read from the device in one go.
+std::vector<double> grad_sums_of_squares(const ParameterList& params) {
+  std::vector<const Tensor*> grads;
+  grads.reserve(params.size());
+  for (const Parameter* p : params) grads.push_back(&p->grad);
+  return ops::sums_of_squares(grads);
+}
+}  // namespace
+
 double global_grad_norm(const ParameterList& params) {
   double sum = 0.0;
-  for (const Parameter* p : params) sum += ops::sum_of_squares(p->grad);
+  for (double s : grad_sums_of_squares(params)) sum += s;  // in parameter order, as before
   return std::sqrt(sum);
 }
 
@@ -29,10 +40,15 @@ double sum_squares_over_model_parallel(double sharded, double replicated, ModelP
 }
 
 double global_grad_norm(const ParameterList& params, ModelParallelGroups groups) {
+  ParameterList counted;  // a pipeline stage's copy of a tied weight is counted once, elsewhere
+  for (Parameter* p : params)
+    if (!p->pipeline_copy) counted.push_back(p);
   double sharded = 0.0, replicated = 0.0, experts = 0.0;
-  for (const Parameter* p : params)
-    if (!p->pipeline_copy)
-      (p->expert_sharded ? experts : p->placement.replicated ? replicated : sharded) += ops::sum_of_squares(p->grad);
+  const std::vector<double> sums = grad_sums_of_squares(counted);
+  for (size_t i = 0; i < counted.size(); ++i) {
+    const Parameter* p = counted[i];
+    (p->expert_sharded ? experts : p->placement.replicated ? replicated : sharded) += sums[i];
+  }
   return std::sqrt(sum_squares_over_model_parallel(sharded, replicated, groups, experts));
 }
 

@@ -75,22 +75,33 @@ inline unsigned grid_for(int64_t n, int block_threads) {
 }  // namespace loom::cuda::detail
 
 #include "loom/core/cuda/cuda_check.hpp"
+#include "loom/core/cuda/device_allocator.hpp"
 
 namespace loom::cuda::detail {
 
-// Temporary device memory for one kernel sequence, stream-ordered (cudaMallocAsync /
-// cudaFreeAsync): the free is queued behind the kernels that use the buffer, so the host never
-// waits, and an exception between allocation and use still returns it.
+// Temporary device memory for one kernel sequence. On the default stream (every op today) it
+// comes from the caching DeviceAllocator, counted as Workspace, and goes back to it when the
+// buffer dies: the block may be handed out again at once, which is safe because its next user
+// is queued on the same stream, behind the kernels that use it here (the allocator's stream
+// rule). On another stream it is stream-ordered cudaMallocAsync / cudaFreeAsync. Either way
+// the host never waits, and an exception between allocation and use still returns it.
 template <typename T>
 class ScratchBuffer {
  public:
-  ScratchBuffer(int64_t count, cudaStream_t stream) : stream_(stream) {
-    if (count > 0)
-      LOOM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ptr_),
-                                      static_cast<size_t>(count) * sizeof(T), stream));
+  ScratchBuffer(int64_t count, cudaStream_t stream)
+      : stream_(stream), bytes_(count > 0 ? static_cast<size_t>(count) * sizeof(T) : 0) {
+    if (bytes_ == 0) return;
+    if (stream_ == nullptr)
+      ptr_ = static_cast<T*>(DeviceAllocator::current().allocate(bytes_, MemCategory::Workspace));
+    else
+      LOOM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), bytes_, stream));
   }
   ~ScratchBuffer() {
-    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);  // destructors must not throw
+    if (!ptr_) return;
+    if (stream_ == nullptr)
+      DeviceAllocator::current().release(ptr_, bytes_, MemCategory::Workspace);
+    else
+      (void)cudaFreeAsync(ptr_, stream_);  // destructors must not throw
   }
   ScratchBuffer(const ScratchBuffer&) = delete;
   ScratchBuffer& operator=(const ScratchBuffer&) = delete;
@@ -99,6 +110,7 @@ class ScratchBuffer {
  private:
   T* ptr_ = nullptr;
   cudaStream_t stream_;
+  size_t bytes_;
 };
 
 }  // namespace loom::cuda::detail

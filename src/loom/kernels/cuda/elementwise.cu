@@ -101,6 +101,27 @@ double sum_of_squares(const float* x, int64_t n, cudaStream_t stream) {
   return result;
 }
 
+void sums_of_squares(double* results, const float* const* xs, const int64_t* ns, int64_t count,
+                     cudaStream_t stream) {
+  if (count <= 0) return;
+  // Each tensor's partials and sum exactly as sum_of_squares computes them, into slots of one
+  // buffer, then one copy back and one wait.
+  detail::ScratchBuffer<double> scratch(count * (kSumBlocks + 1), stream);
+  double* sums = scratch.get() + count * kSumBlocks;
+  LOOM_CUDA_CHECK(cudaMemsetAsync(sums, 0, static_cast<size_t>(count) * sizeof(double), stream));
+  for (int64_t t = 0; t < count; ++t) {
+    if (ns[t] <= 0) continue;
+    double* partials = scratch.get() + t * kSumBlocks;
+    sum_of_squares_partials<<<kSumBlocks, kThreads, 0, stream>>>(partials, xs[t], ns[t]);
+    LOOM_CUDA_CHECK_LAUNCH();
+    sum_partials<<<1, kThreads, 0, stream>>>(sums + t, partials, kSumBlocks);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(results, sums, static_cast<size_t>(count) * sizeof(double),
+                                  cudaMemcpyDeviceToHost, stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 void convert(bf16* out, const float* in, int64_t n, cudaStream_t stream) {
   launch_pointwise(n, stream, [=] __device__(int64_t i) { out[i] = __float2bfloat16_rn(in[i]); });
 }

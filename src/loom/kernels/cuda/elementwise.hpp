@@ -21,6 +21,10 @@ void scale_inplace(bf16* x, float factor, int64_t n, cudaStream_t stream = 0);
 // elements, block partials are combined in a fixed order, then one block adds the partials.
 // Waits for `stream` (the result is returned to the host).
 double sum_of_squares(const float* x, int64_t n, cudaStream_t stream = 0);
+// sum_of_squares of `count` arrays (xs[t] with ns[t] elements), each bit for bit the single
+// call's, with one wait for `stream` in all: a gradient norm's per-tensor sums in one go.
+void sums_of_squares(double* results, const float* const* xs, const int64_t* ns, int64_t count,
+                     cudaStream_t stream = 0);
 
 // Round-to-nearest-even conversions (loom::f32_to_bf16 on the host gives the same bits).
 void convert(bf16* out, const float* in, int64_t n, cudaStream_t stream = 0);

@@ -1,7 +1,11 @@
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 
-#include "loom/kernels/cuda/cublas_context.hpp"
 #include "loom/core/cuda/cuda_check.hpp"
+#include "loom/kernels/cuda/cublas_context.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 #include "loom/kernels/cuda/elementwise.hpp"
 #include "loom/kernels/cuda/gemm.hpp"
@@ -78,16 +82,60 @@ struct MatmulSpec {
   void* bias = nullptr;  // bias (BIAS, per column of row-major C) or bias gradient (BGRADB)
 };
 
+// One cached plan: the descriptors and the algorithm cuBLASLt's heuristic chose for a shape,
+// or that it found none. Keyed by everything the heuristic sees (the device, transposes, sizes,
+// leading dimensions, types, epilogue and operand alignments), never by pointers or alpha/beta.
+struct PlanKey {
+  int device;
+  bool transpose_a, transpose_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  cudaDataType_t ab_type, c_type;
+  cublasLtEpilogue_t epilogue;
+  uint32_t align_a, align_b, align_c;
+  bool operator==(const PlanKey&) const = default;
+};
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    size_t h = 0;
+    auto mix = [&h](uint64_t v) {
+      h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    };
+    mix(static_cast<uint64_t>(key.device));
+    mix(uint64_t{key.transpose_a} | uint64_t{key.transpose_b} << 1);
+    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc})
+      mix(static_cast<uint64_t>(v));
+    mix(static_cast<uint64_t>(key.ab_type) << 32 | static_cast<uint64_t>(key.c_type));
+    mix(static_cast<uint64_t>(key.epilogue));
+    mix(uint64_t{key.align_a} << 32 | uint64_t{key.align_b} << 16 | key.align_c);
+    return h;
+  }
+};
+struct Plan {
+  std::unique_ptr<MatmulDesc> desc;
+  std::unique_ptr<MatrixLayout> a_layout, b_layout, c_layout;
+  cublasLtMatmulHeuristicResult_t result{};
+  bool supported = false;
+};
+
+struct PlanCache {
+  std::mutex mutex;
+  std::unordered_map<PlanKey, std::unique_ptr<Plan>, PlanKeyHash> plans;
+  MatmulPlanStats stats;
+};
+PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
 // cuBLAS is column-major. A row-major matrix is its transpose in column-major, so row-major
 // C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T: cuBLAS's "A" is our B,
 // its "B" is our A, its M = n and N = m. Then BIAS (one value per row of cuBLAS's D) is one
 // value per column of our C, and BGRADB (sums of cuBLAS's op(B) over k, one per column of D)
 // is the row sums of our op(A): for d_weight = d_out^T @ input, the column sums of d_out.
-// Returns CUBLAS_STATUS_NOT_SUPPORTED when no algorithm exists (callers fall back); throws on
-// any other failure.
-cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
-  CublasContext& context = cublas_context();
-  MatmulDesc desc;
+std::unique_ptr<Plan> make_plan(const MatmulSpec& s, const PlanKey& key, CublasContext& context) {
+  auto plan = std::make_unique<Plan>();
+  plan->desc = std::make_unique<MatmulDesc>();
+  MatmulDesc& desc = *plan->desc;
   desc.set(CUBLASLT_MATMUL_DESC_TRANSA,
            static_cast<int32_t>(s.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N));
   desc.set(CUBLASLT_MATMUL_DESC_TRANSB,
@@ -96,35 +144,73 @@ cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, s.epilogue);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, s.bias);
   }
-  const MatrixLayout a_layout(s.ab_type, s.transpose_b ? s.k : s.n, s.transpose_b ? s.n : s.k,
-                              s.ldb);
-  const MatrixLayout b_layout(s.ab_type, s.transpose_a ? s.m : s.k, s.transpose_a ? s.k : s.m,
-                              s.lda);
-  const MatrixLayout c_layout(s.c_type, s.n, s.m, s.ldc);
+  plan->a_layout = std::make_unique<MatrixLayout>(s.ab_type, s.transpose_b ? s.k : s.n,
+                                                  s.transpose_b ? s.n : s.k, s.ldb);
+  plan->b_layout = std::make_unique<MatrixLayout>(s.ab_type, s.transpose_a ? s.m : s.k,
+                                                  s.transpose_a ? s.k : s.m, s.lda);
+  plan->c_layout = std::make_unique<MatrixLayout>(s.c_type, s.n, s.m, s.ldc);
   MatmulPreference pref;
   pref.set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
            static_cast<uint64_t>(context.workspace_bytes));
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_bytes(s.b));
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_bytes(s.a));
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_bytes(s.c));
-  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_bytes(s.c));
-
-  cublasLtMatmulHeuristicResult_t result{};
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
+  pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
   int found = 0;
   const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
-      context.handle, desc.desc, a_layout.layout, b_layout.layout, c_layout.layout, c_layout.layout,
-      pref.pref, 1, &result, &found);
+      context.handle, desc.desc, plan->a_layout->layout, plan->b_layout->layout,
+      plan->c_layout->layout, plan->c_layout->layout, pref.pref, 1, &plan->result, &found);
   if (heuristic == CUBLAS_STATUS_NOT_SUPPORTED ||
       (heuristic == CUBLAS_STATUS_SUCCESS && found == 0))
-    return CUBLAS_STATUS_NOT_SUPPORTED;
+    return plan;  // supported = false: callers fall back
   LOOM_CUBLAS_CHECK(heuristic);
-  const cublasStatus_t rc =
-      cublasLtMatmul(context.handle, desc.desc, &s.alpha, s.b, a_layout.layout, s.a,
-                     b_layout.layout, &s.beta, s.c, c_layout.layout, s.c, c_layout.layout,
-                     &result.algo, context.workspace, context.workspace_bytes, stream);
-  if (rc == CUBLAS_STATUS_NOT_SUPPORTED) return rc;
-  LOOM_CUBLAS_CHECK(rc);
-  return rc;
+  plan->supported = true;
+  return plan;
+}
+
+// Returns CUBLAS_STATUS_NOT_SUPPORTED when no algorithm exists (callers fall back); throws on
+// any other failure. The heuristic runs once per shape; later calls take the cached plan.
+cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
+  CublasContext& context = cublas_context();
+  const PlanKey key{context.device,
+                    s.transpose_a,
+                    s.transpose_b,
+                    s.m,
+                    s.n,
+                    s.k,
+                    s.lda,
+                    s.ldb,
+                    s.ldc,
+                    s.ab_type,
+                    s.c_type,
+                    s.epilogue,
+                    alignment_bytes(s.a),
+                    alignment_bytes(s.b),
+                    alignment_bytes(s.c)};
+  PlanCache& cache = plan_cache();
+  Plan* plan = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(cache.mutex);
+    auto it = cache.plans.find(key);
+    if (it == cache.plans.end()) {
+      ++cache.stats.misses;
+      it = cache.plans.emplace(key, make_plan(s, key, context)).first;
+    } else {
+      ++cache.stats.hits;
+    }
+    plan = it->second.get();
+    if (!plan->supported) return CUBLAS_STATUS_NOT_SUPPORTED;
+    // The bias (or bias-gradient) pointer is the one attribute that changes between calls.
+    if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+      plan->desc->set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, s.bias);
+    const cublasStatus_t rc = cublasLtMatmul(
+        context.handle, plan->desc->desc, &s.alpha, s.b, plan->a_layout->layout, s.a,
+        plan->b_layout->layout, &s.beta, s.c, plan->c_layout->layout, s.c, plan->c_layout->layout,
+        &plan->result.algo, context.workspace, context.workspace_bytes, stream);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED) return rc;
+    LOOM_CUBLAS_CHECK(rc);
+    return rc;
+  }
 }
 
 void run_matmul(const MatmulSpec& s, cudaStream_t stream) {
@@ -248,6 +334,14 @@ void linear_backward_impl(T* d_input, bool accumulate_input, float* d_weight, fl
 }
 
 }  // namespace
+
+MatmulPlanStats matmul_plan_stats() {
+  PlanCache& cache = plan_cache();
+  const std::lock_guard<std::mutex> lock(cache.mutex);
+  MatmulPlanStats stats = cache.stats;
+  stats.plans = static_cast<int64_t>(cache.plans.size());
+  return stats;
+}
 
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,

@@ -43,4 +43,12 @@ void linear_backward(bf16* d_input, bool accumulate_input, float* d_weight, floa
                      const bf16* d_out, int64_t d_out_ld, const bf16* input, const bf16* weight,
                      int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream = 0);
 
+// cuBLASLt's heuristic runs once per distinct product (shape, leading dimensions, types,
+// epilogue, operand alignment, device); every later call of that product reuses the plan it
+// chose. The counts since the process started: misses ran the heuristic, hits did not.
+struct MatmulPlanStats {
+  int64_t hits = 0, misses = 0, plans = 0;
+};
+MatmulPlanStats matmul_plan_stats();
+
 }  // namespace loom::cuda

@@ -40,17 +40,19 @@ bool is_bf16(const char* op, std::initializer_list<const Tensor*> activations) {
   return first != nullptr && first->dtype() == DType::BF16;
 }
 
-// Host ids to a device copy, valid until the default stream has used it (the copy and the
-// kernels that read it are ordered on it; the buffer is freed after the stream is drained).
+// Host ids to a device copy for the kernels queued after it on the default stream. The copy is
+// asynchronous: from pageable memory, cudaMemcpyAsync returns once the ids are staged, so the
+// caller may reuse its array at once and the host never waits for the device. The buffer goes
+// back to the caching allocator when this dies, before the kernels have run: its next user is
+// queued on the same stream, behind them (the allocator's stream rule).
 class DeviceIds {
  public:
   DeviceIds(const int32_t* ids, int64_t n)
       : ids_(Tensor::empty({n}, DType::F32, MemCategory::Workspace, Device::CUDA)) {
     static_assert(sizeof(int32_t) == sizeof(float));
-    LOOM_CUDA_CHECK(cudaMemcpy(ids_.raw(), ids, static_cast<size_t>(n) * sizeof(int32_t),
-                               cudaMemcpyHostToDevice));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(ids_.raw(), ids, static_cast<size_t>(n) * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, 0));
   }
-  ~DeviceIds() { (void)cudaStreamSynchronize(0); }
   DeviceIds(const DeviceIds&) = delete;
   DeviceIds& operator=(const DeviceIds&) = delete;
   const int32_t* get() const { return static_cast<const int32_t*>(ids_.raw()); }
@@ -262,6 +264,22 @@ double sum_of_squares(const Tensor& x) {
     throw_error("ops::sum_of_squares (cuda): takes F32 tensors (gradients), got ",
                 dtype_name(x.dtype()));
   return cuda::sum_of_squares(f32(x), x.numel());
+}
+
+std::vector<double> sums_of_squares(const std::vector<const Tensor*>& xs) {
+  std::vector<const float*> pointers;
+  std::vector<int64_t> sizes;
+  for (const Tensor* x : xs) {
+    if (x->dtype() != DType::F32)
+      throw_error("ops::sums_of_squares (cuda): takes F32 tensors (gradients), got ",
+                  dtype_name(x->dtype()));
+    pointers.push_back(f32(*x));
+    sizes.push_back(x->numel());
+  }
+  std::vector<double> sums(xs.size());
+  cuda::sums_of_squares(sums.data(), pointers.data(), sizes.data(),
+                        static_cast<int64_t>(xs.size()));
+  return sums;
 }
 
 void round_to_bf16_(const Tensor& x) { cuda::round_to_bf16_inplace(f32(x), x.numel()); }

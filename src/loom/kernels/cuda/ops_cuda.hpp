@@ -43,6 +43,7 @@ double lm_head_cross_entropy(const CrossEntropyArgs& args);
 void add_into(const Tensor& dst, const Tensor& src);
 void scale_(const Tensor& x, float factor);
 double sum_of_squares(const Tensor& x);
+std::vector<double> sums_of_squares(const std::vector<const Tensor*>& xs);
 void round_to_bf16_(const Tensor& x);
 int64_t max_attention_head_dim();
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,

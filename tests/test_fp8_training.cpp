@@ -10,6 +10,7 @@
 #include <memory>
 #include <tuple>
 
+#include "loom/core/device_memory.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/trainer.hpp"
 #include "trainer_fixture.hpp"
@@ -154,10 +155,29 @@ TEST(Fp8Config, BadKeysAndLayoutsAreRefusedWithWhatWorks) {
                     (void)parse(gpt2, {fp8, "parallel.pp=2"});
                   }),
                   {"parallel.pp = 2", "one process or under data parallelism"});
-  TrainConfig dense = parse(gpt2, {fp8});
-  dense.device = Device::CUDA;  // a config handed to the trainer directly is checked there too
-  expect_contains(error_message([&] { Trainer trainer(dense); }),
-                  {"train.device = \"cuda\"", "train.device = \"cpu\""});
+  // On CUDA: per-tensor recipes only, and every GEMM dimension a multiple of 16 (cuBLASLt).
+  const std::string cuda = "train.device=\"cuda\"";
+  expect_contains(error_message([&] {
+                    (void)parse(gpt2, {fp8, cuda, "train.fp8_recipe=\"blockwise\""});
+                  }),
+                  {"blockwise", "cuda", "delayed or current"});
+  expect_contains(error_message([&] {
+                    (void)parse(gpt2, {fp8, cuda, "train.seq_len=10"});
+                  }),
+                  {"tokens per micro-batch", "40", "multiple of 16"});
+  expect_contains(error_message([&] {
+                    (void)parse(gpt2, {fp8, cuda, "model.n_embd=40", "model.n_head=4"});
+                  }),
+                  {"model.n_embd", "40", "multiple of 16"});
+  TrainConfig blockwise = parse(gpt2, {fp8, "train.fp8_recipe=\"blockwise\""});
+  blockwise.device = Device::CUDA;  // a config handed to the trainer directly is checked there too
+  expect_contains(error_message([&] { Trainer trainer(blockwise); }), {"blockwise", "cuda"});
+  // A CUDA FP8 config the engine takes gets as far as looking for the GPU.
+  if (device_memory::cuda_device_count() == 0)
+    expect_contains(error_message([&] {
+                      Trainer trainer(parse(gpt2, {fp8, cuda}));
+                    }),
+                    {"train.device = \"cuda\""});
   TrainConfig experts = parse(gpt2, {fp8});
   experts.model.n_experts = 4;
   experts.model.experts_per_token = 2;

@@ -37,6 +37,14 @@ int cuda_device_count() {
 #endif
 }
 
+int cuda_min_compute_capability() {
+#ifdef LOOM_HAVE_CUDA
+  return cuda::min_compute_capability();
+#else
+  return 0;
+#endif
+}
+
 int select_cuda_device(int local_rank) {
 #ifdef LOOM_HAVE_CUDA
   return cuda::select_device(local_rank);

@@ -18,6 +18,9 @@ namespace loom::device_memory {
 bool built_with(Device device);
 // CUDA devices this process can see (0 without CUDA, a driver or a GPU).
 int cuda_device_count();
+// The lowest compute capability of the visible GPUs as 10 major + minor (89: Ada, 90: Hopper);
+// 0 without one or without CUDA.
+int cuda_min_compute_capability();
 // The CUDA device this process computes on: local_rank % the visible devices, so the ranks of a
 // node spread over its GPUs (or share one). Call before the first CUDA tensor. Returns the
 // device index, or -1 without a visible device (allocation then says why).

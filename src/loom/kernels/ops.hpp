@@ -19,6 +19,7 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cpu/adamw.hpp"
 #include "loom/kernels/cpu/attention.hpp"
+#include "loom/kernels/cpu/fp8.hpp"
 #include "loom/kernels/cpu/rope.hpp"
 
 namespace loom::ops {
@@ -213,5 +214,33 @@ void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad
 // Rounds an F32 tensor's values to bf16 values in place (the CPU's bf16 emulation); a BF16
 // tensor already holds bf16 values and is left alone.
 void round_to_bf16_(const Tensor& x);
+
+// ---- FP8 on CUDA (model/fp8_linear's device path; the CPU emulates FP8 in f32) -------------
+// The CPU has no FP8 codes: every function here throws for a CPU tensor.
+// One operand of an FP8 GEMM: the codes of a [rows, cols] block (row-major, and when asked the
+// transpose [cols, rows]) and its {scale, 1 / scale} pair, all in device memory.
+struct Fp8Codes {
+  Tensor codes, codes_t, scale_pair;  // codes: bytes in an F32 tensor's storage
+  cpu::Fp8Format format = cpu::Fp8Format::E4M3;
+  int64_t rows = 0, cols = 0;
+};
+// max |x| over columns [col, col + cols) of x [rows, ld] (BF16 or F32), as a new device F32 [1].
+Tensor fp8_amax(const Tensor& x, int64_t col, int64_t cols);
+// slots[index] = max(slots[index], amax[0]) on the device (slots: a device F32 tensor).
+void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax);
+// {scale, 1 / scale}: a host scale uploaded without a wait, or cpu::fp8_scale of a device amax
+// computed on the device.
+Tensor fp8_scale_pair(float scale);
+Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin);
+Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
+                      cpu::Fp8Format format, bool transposed);
+// Columns [c_col, c_col + N) of c [M, ld] (BF16 or F32) = beta c + op(a) op(b)^T dequantised,
+// op = the codes or their transpose: op(a) [M, K], op(b) [N, K].
+void fp8_gemm(const Tensor& c, int64_t c_col, float beta, const Fp8Codes& a, bool a_transposed,
+              const Fp8Codes& b, bool b_transposed);
+// d_bias (F32) += column sums of columns [col, col + d_bias.numel()) of d_out.
+void bias_grad_columns(const Tensor& d_bias, const Tensor& d_out, int64_t col);
+// Columns [col, col + bias.numel()) of out += bias, per row (out and bias of one dtype).
+void add_bias_columns(const Tensor& out, int64_t col, const Tensor& bias);
 
 }  // namespace loom::ops

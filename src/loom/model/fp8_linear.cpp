@@ -45,12 +45,82 @@ Tensor Fp8Linear::quantize(const float* x, int64_t rows, int64_t cols, int64_t s
   return q;
 }
 
+namespace {
+float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? NAN : std::max(a, b); }
+}  // namespace
+
+ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_t cols,
+                                            Fp8TensorScaling& scaling, int slot,
+                                            cpu::Fp8Format format, bool transposed) {
+  Fp8Context& ctx = *context_;
+  LOOM_CHECK(ctx.config.recipe != Fp8Recipe::Blockwise,
+             "FP8 on CUDA scales per tensor (delayed or current); blockwise runs on the CPU");
+  const Tensor amax = ops::fp8_amax(x, col, cols);
+  const float history = scaling.history_amax();
+  const bool use_current = ctx.config.recipe == Fp8Recipe::Current || history == 0.0f;
+  Tensor pair;
+  if (use_current && ctx.in_step && ctx.reduce_max) {
+    // The amax one process would see, reduced over the replicas on the host.
+    float reduced = amax.to(Device::CPU, MemCategory::Workspace).f32()[0];
+    ctx.reduce_max(std::span<float>(&reduced, 1));
+    pair = ops::fp8_scale_pair(cpu::fp8_scale(reduced, format, ctx.config.margin));
+    scaling.step_amax = nan_max(scaling.step_amax, reduced);
+  } else if (use_current) {
+    pair = ops::fp8_scale_pair(amax, format, ctx.config.margin);
+  } else {
+    pair = ops::fp8_scale_pair(cpu::fp8_scale(history, format, ctx.config.margin));
+  }
+  if (ctx.in_step) {
+    if (!ctx.device_step_amax.defined())
+      ctx.device_step_amax = Tensor::zeros({3 * std::max<int64_t>(ctx.layer_count, index + 1)},
+                                           DType::F32, MemCategory::Workspace, Device::CUDA);
+    ops::fp8_max_into(ctx.device_step_amax, 3 * index + slot, amax);
+  }
+  return ops::fp8_quantize(x, col, cols, pair, format, transposed);
+}
+
+void Fp8Linear::forward_on_device(const Tensor& out, int64_t out_col, const Tensor& input_value,
+                                  const Tensor& weight_value, const Tensor* bias) {
+  const int64_t in = input_value.size(1);
+  const ops::Fp8Codes x =
+      quantize_on_device(input_value, 0, in, input, 0, cpu::Fp8Format::E4M3, false);
+  const ops::Fp8Codes w =
+      quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, false);
+  ops::fp8_gemm(out, out_col, 0.0f, x, false, w, false);  // out = x @ w^T
+  if (bias) ops::add_bias_columns(out, out_col, *bias);
+}
+
+void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
+                                   const Tensor& d_weight, const Tensor& d_bias,
+                                   const Tensor& d_out, int64_t d_out_col,
+                                   const Tensor& input_value, const Tensor& weight_value) {
+  const int64_t in = input_value.size(1), out_features = weight_value.size(0);
+  const ops::Fp8Codes g =
+      quantize_on_device(d_out, d_out_col, out_features, grad_output, 2,
+                         context_->config.gradient_format(), d_weight.defined());
+  if (d_input.defined()) {
+    const ops::Fp8Codes w =
+        quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, true);
+    // d_input [rows, in] (+)= g [rows, out] @ (w^T [in, out])^T
+    ops::fp8_gemm(d_input, 0, accumulate_input ? 1.0f : 0.0f, g, false, w, true);
+  }
+  if (d_weight.defined()) {
+    const ops::Fp8Codes x =
+        quantize_on_device(input_value, 0, in, input, 0, cpu::Fp8Format::E4M3, true);
+    // d_weight [out, in] += g^T [out, rows] @ (x^T [in, rows])^T
+    ops::fp8_gemm(d_weight, 0, 1.0f, g, true, x, true);
+  }
+  // From the unquantised gradient, as on the CPU.
+  if (d_bias.defined()) ops::bias_grad_columns(d_bias, d_out, d_out_col);
+}
+
 void Fp8Linear::forward(const Tensor& out, int64_t out_col, const Tensor& input,
                         const Tensor& weight_value, const Tensor* bias) {
-  LOOM_CHECK(
-      input.device() == Device::CPU && input.dtype() == DType::F32,
-      "FP8 linear layers are emulated on the CPU in f32 storage (train.precision = \"fp8\" needs "
-      "train.device = \"cpu\")");
+  if (input.device() == Device::CUDA)
+    return forward_on_device(out, out_col, input, weight_value, bias);
+  LOOM_CHECK(input.dtype() == DType::F32,
+             "FP8 linear layers on the CPU are emulated in f32 storage (train.precision = \"fp8\" "
+             "keeps f32 activations there)");
   const int64_t rows = input.size(0), in = input.size(1), out_features = weight_value.size(0);
   const Tensor x = quantize(input.f32(), rows, in, in, this->input, cpu::Fp8Format::E4M3, 1);
   const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight, cpu::Fp8Format::E4M3,
@@ -61,6 +131,9 @@ void Fp8Linear::forward(const Tensor& out, int64_t out_col, const Tensor& input,
 void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
                          const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
                          const Tensor& input_value, const Tensor& weight_value) {
+  if (input_value.device() == Device::CUDA)
+    return backward_on_device(d_input, accumulate_input, d_weight, d_bias, d_out, d_out_col,
+                              input_value, weight_value);
   const int64_t rows = input_value.size(0), in = input_value.size(1),
                 out_features = weight_value.size(0);
   const float* g = d_out.f32() + d_out_col;
@@ -80,21 +153,35 @@ void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Ten
 }
 
 Fp8Training::Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers)
-    : context_(std::move(context)), layers_(std::move(layers)) {}
+    : context_(std::move(context)), layers_(std::move(layers)) {
+  context_->layer_count = static_cast<int64_t>(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->index = static_cast<int64_t>(i);
+}
 
 void Fp8Training::begin_step() {
   for (Fp8Linear* layer : layers_)
     for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
       s->step_amax = 0.0f;
+  if (context_->device_step_amax.defined()) context_->device_step_amax.zero_();
   context_->in_step = true;
 }
 
 void Fp8Training::finish_step(bool keep) {
   context_->in_step = false;
+  // The device's step amaxes, in one copy (CUDA only).
+  std::vector<float> device;
+  if (context_->device_step_amax.defined()) {
+    const Tensor host = context_->device_step_amax.to(Device::CPU, MemCategory::Workspace);
+    device.assign(host.f32(), host.f32() + host.numel());
+  }
   std::vector<float> amaxes;
+  size_t slot = 0;
   for (Fp8Linear* layer : layers_)
-    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
-      amaxes.push_back(s->step_amax);
+    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output}) {
+      const float on_device = slot < device.size() ? device[slot] : 0.0f;
+      amaxes.push_back(nan_max(s->step_amax, on_device));
+      ++slot;
+    }
   if (context_->reduce_max && !amaxes.empty()) context_->reduce_max(amaxes);
   if (!keep) return;
   size_t k = 0;

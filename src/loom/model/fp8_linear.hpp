@@ -18,7 +18,15 @@
 //             output gradients and per 128 x 128 block of weights. One simplification: the
 //             weight-gradient GEMM reads the same 1 x 128 input tiles (DeepSeek-V3 requantises the
 //             input in 128 x 1 tiles for it).
-// Every scale and amax of a layer lives in its Fp8Linear, so a CUDA path can take them as they are.
+// Every scale and amax of a layer lives in its Fp8Linear.
+// On CUDA (bf16 activations and weights; delayed or current scaling) the same recipe runs on FP8
+// tensor cores: each operand is quantised to FP8 codes on the device (the CPU's rounding,
+// kernels/cuda/fp8) and cuBLASLt multiplies the codes with f32 accumulation and the operands'
+// dequantisation factors. The backward quantises the output gradient, input and weight again
+// (the same scales: they do not move within a step) with transposed copies, so each product is
+// the "TN" form cuBLASLt's FP8 kernels take. Step amaxes stay on the device until finish_step
+// reads them all in one copy; only the current recipe under data parallelism reads one back per
+// quantisation, to reduce it over the replicas before it becomes a scale.
 // Under data parallelism the amaxes are reduced (max) over the replicas, as Transformer Engine
 // does over its amax reduction group, so every replica uses the scale one process would.
 #include <functional>
@@ -28,6 +36,7 @@
 
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cpu/fp8.hpp"
+#include "loom/kernels/ops.hpp"
 
 namespace loom {
 
@@ -58,6 +67,10 @@ struct Fp8Context {
   // Amaxes are recorded, and current amaxes reduced, only inside a training step: evaluation
   // and sampling between steps neither change the history nor call collectives.
   bool in_step = false;
+  // CUDA: every layer's step amaxes (input, weight, output gradient: slots 3 i .. 3 i + 2 of
+  // layer i) in one device buffer, made at the first quantisation on the device.
+  Tensor device_step_amax;
+  int64_t layer_count = 0;
 };
 
 // One operand of a linear layer's GEMMs: the amax history (newest first) and the largest amax of
@@ -79,8 +92,19 @@ class Fp8Linear {
                 const Tensor& weight);
 
   Fp8TensorScaling input, weight, grad_output;
+  int64_t index = 0;  // this layer's place among its model's FP8 layers (Fp8Training sets it)
 
  private:
+  void forward_on_device(const Tensor& out, int64_t out_col, const Tensor& input,
+                         const Tensor& weight, const Tensor* bias);
+  void backward_on_device(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                          const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
+                          const Tensor& input, const Tensor& weight);
+  // Columns [col, col + cols) of a device tensor as FP8 codes (and their transpose), with the
+  // recipe's scale; `slot` 0, 1, 2 = input, weight, output gradient.
+  ops::Fp8Codes quantize_on_device(const Tensor& x, int64_t col, int64_t cols,
+                                   Fp8TensorScaling& scaling, int slot, cpu::Fp8Format format,
+                                   bool transposed);
   // A new [rows, cols] tensor of the quantised-dequantised block at `x` (rows `stride` apart).
   Tensor quantize(const float* x, int64_t rows, int64_t cols, int64_t stride,
                   Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows);

@@ -1,5 +1,7 @@
 #include "loom/train/fp8_config.hpp"
 
+#include <utility>
+
 #include "loom/core/error.hpp"
 #include "loom/train/train_config.hpp"
 
@@ -54,11 +56,24 @@ void check_fp8_training(const TrainConfig& c) {
   if (c.precision != Precision::FP8) return;
   const char* works =
       "; FP8 runs on the CPU in one process or under data parallelism (plain or ZeRO)";
-  if (c.device == Device::CUDA)
-    throw_error(
-        "train.precision = \"fp8\" with train.device = \"cuda\": FP8 is emulated on the CPU only "
-        "so far "
-        "(no cuBLASLt FP8 path yet): set train.device = \"cpu\" or train.precision = \"bf16\"");
+  if (c.device == Device::CUDA) {
+    if (c.fp8.recipe == Fp8Recipe::Blockwise)
+      throw_error(
+          "train.fp8_recipe = \"blockwise\" with train.device = \"cuda\": the CUDA FP8 path "
+          "scales per tensor so far (delayed or current); blockwise runs on the CPU");
+    // cuBLASLt's FP8 kernels take every GEMM dimension a multiple of 16.
+    const int64_t tokens = c.batch_size * c.seq_len, width = c.model.n_embd,
+                  hidden = c.model.ffn_hidden, kv = c.model.kv_dim();
+    for (const auto& [name, value] :
+         {std::pair<const char*, int64_t>{
+              "train.batch_size x train.seq_len (tokens per micro-batch)", tokens},
+          {"model.n_embd", width},
+          {"model.ffn_hidden", hidden},
+          {"the key/value width (n_kv_head x head_dim)", kv}})
+      if (value % 16 != 0)  // q|k|v's width, n_embd + 2 kv, follows
+        throw_error("train.precision = \"fp8\" on CUDA: ", name, " = ", value,
+                    " is not a multiple of 16, which cuBLASLt's FP8 GEMMs need");
+  }
   if (c.tp > 1)
     throw_error("train.precision = \"fp8\" with parallel.tp = ", c.tp, ": not supported", works);
   if (c.pp > 1)

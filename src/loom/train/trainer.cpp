@@ -63,6 +63,12 @@ TrainConfig checked_for_device(TrainConfig config) {
   if (config.device == Device::CUDA) {
     check_cuda_training(config);
     check_cuda_available();
+    const int capability = device_memory::cuda_min_compute_capability();
+    if (config.precision == Precision::FP8 && capability < 89)
+      throw_error(
+          "train.precision = \"fp8\" on CUDA needs FP8 tensor cores (compute capability 8.9 or "
+          "later: Ada, Hopper); this GPU is ",
+          capability / 10, ".", capability % 10, ": use train.precision = \"bf16\"");
   }
   // Packed documents a row cannot hold are refused before anything is built.
   if (config.document_mask && !config.split_long_documents) {
@@ -106,7 +112,11 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (config_.print_schedule && !groups_.pp)
     throw_error("--print-schedule draws the pipeline schedule, and this run has none: set parallel.pp > 1");
   if (config_.threads > 0) cpu::set_num_threads(config_.threads);
-  const bool bf16 = config_.precision == Precision::BF16;
+  // bf16 storage with fp32 masters: bf16 training, and FP8 on CUDA (bf16 activations and working
+  // weights around the FP8 GEMMs, as Transformer Engine keeps them). FP8 on the CPU emulates in
+  // f32.
+  const bool bf16 = config_.precision == Precision::BF16 ||
+                    (config_.precision == Precision::FP8 && config_.device == Device::CUDA);
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan, chunks);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(bf16);

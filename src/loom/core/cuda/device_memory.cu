@@ -1,10 +1,11 @@
-#include "loom/core/cuda/cuda_check.hpp"
-#include "loom/core/cuda/device_allocator.hpp"
-#include "loom/core/cuda/device_memory.hpp"
-
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <unordered_map>
+
+#include "loom/core/cuda/cuda_check.hpp"
+#include "loom/core/cuda/device_allocator.hpp"
+#include "loom/core/cuda/device_memory.hpp"
 
 namespace loom::cuda {
 
@@ -38,6 +39,19 @@ PinnedCache& pinned() {
 }  // namespace
 
 int visible_device_count() { return visible().count; }
+
+int min_compute_capability() {
+  const int count = visible().count;
+  int lowest = 0;
+  for (int d = 0; d < count; ++d) {
+    int major = 0, minor = 0;
+    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d));
+    LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d));
+    const int cc = 10 * major + minor;
+    lowest = d == 0 ? cc : std::min(lowest, cc);
+  }
+  return lowest;
+}
 
 int select_device(int local_rank) {
   const int count = visible().count;

@@ -9,6 +9,8 @@ namespace loom::cuda {
 
 // Devices visible to this process, asked once (0 when the runtime finds no driver or GPU).
 int visible_device_count();
+// The lowest compute capability (10 major + minor, e.g. 90) of the visible devices; 0 without one.
+int min_compute_capability();
 // Makes device local_rank % visible_device_count() this thread's (ranks of one node spread over
 // its GPUs, or share the one there is); returns it, or -1 when none is visible.
 int select_device(int local_rank);

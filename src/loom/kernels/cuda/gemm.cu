@@ -77,7 +77,10 @@ struct MatmulSpec {
   int64_t ldb = 0;
   void* c = nullptr;
   int64_t ldc = 0;
-  cudaDataType_t ab_type = CUDA_R_32F, c_type = CUDA_R_32F;
+  cudaDataType_t a_type = CUDA_R_32F, b_type = CUDA_R_32F, c_type = CUDA_R_32F;
+  // FP8 operands' dequantisation factors (device floats; null for other types).
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // bias (BIAS, per column of row-major C) or bias gradient (BGRADB)
 };
@@ -89,7 +92,7 @@ struct PlanKey {
   int device;
   bool transpose_a, transpose_b;
   int64_t m, n, k, lda, ldb, ldc;
-  cudaDataType_t ab_type, c_type;
+  cudaDataType_t a_type, b_type, c_type;
   cublasLtEpilogue_t epilogue;
   uint32_t align_a, align_b, align_c;
   bool operator==(const PlanKey&) const = default;
@@ -104,7 +107,8 @@ struct PlanKeyHash {
     mix(uint64_t{key.transpose_a} | uint64_t{key.transpose_b} << 1);
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc})
       mix(static_cast<uint64_t>(v));
-    mix(static_cast<uint64_t>(key.ab_type) << 32 | static_cast<uint64_t>(key.c_type));
+    mix(static_cast<uint64_t>(key.a_type) << 40 | static_cast<uint64_t>(key.b_type) << 20 |
+        static_cast<uint64_t>(key.c_type));
     mix(static_cast<uint64_t>(key.epilogue));
     mix(uint64_t{key.align_a} << 32 | uint64_t{key.align_b} << 16 | key.align_c);
     return h;
@@ -127,6 +131,15 @@ PlanCache& plan_cache() {
   return cache;
 }
 
+bool is_fp8(cudaDataType_t type) { return type == CUDA_R_8F_E4M3 || type == CUDA_R_8F_E5M2; }
+
+// FP8 operands' scale factors (cuBLAS's A is our B, see below). Other types take none.
+void set_scale_pointers(MatmulDesc& desc, const MatmulSpec& s) {
+  if (!is_fp8(s.a_type) && !is_fp8(s.b_type)) return;
+  desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(s.b_scale));
+  desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(s.a_scale));
+}
+
 // cuBLAS is column-major. A row-major matrix is its transpose in column-major, so row-major
 // C = op(A) op(B) is computed as column-major C^T = op(B)^T op(A)^T: cuBLAS's "A" is our B,
 // its "B" is our A, its M = n and N = m. Then BIAS (one value per row of cuBLAS's D) is one
@@ -144,9 +157,10 @@ std::unique_ptr<Plan> make_plan(const MatmulSpec& s, const PlanKey& key, CublasC
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, s.epilogue);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, s.bias);
   }
-  plan->a_layout = std::make_unique<MatrixLayout>(s.ab_type, s.transpose_b ? s.k : s.n,
+  set_scale_pointers(desc, s);
+  plan->a_layout = std::make_unique<MatrixLayout>(s.b_type, s.transpose_b ? s.k : s.n,
                                                   s.transpose_b ? s.n : s.k, s.ldb);
-  plan->b_layout = std::make_unique<MatrixLayout>(s.ab_type, s.transpose_a ? s.m : s.k,
+  plan->b_layout = std::make_unique<MatrixLayout>(s.a_type, s.transpose_a ? s.m : s.k,
                                                   s.transpose_a ? s.k : s.m, s.lda);
   plan->c_layout = std::make_unique<MatrixLayout>(s.c_type, s.n, s.m, s.ldc);
   MatmulPreference pref;
@@ -181,7 +195,8 @@ cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
                     s.lda,
                     s.ldb,
                     s.ldc,
-                    s.ab_type,
+                    s.a_type,
+                    s.b_type,
                     s.c_type,
                     s.epilogue,
                     alignment_bytes(s.a),
@@ -203,6 +218,7 @@ cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
     // The bias (or bias-gradient) pointer is the one attribute that changes between calls.
     if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
       plan->desc->set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, s.bias);
+    set_scale_pointers(*plan->desc, s);  // FP8's dequantisation factors change with the call
     const cublasStatus_t rc = cublasLtMatmul(
         context.handle, plan->desc->desc, &s.alpha, s.b, plan->a_layout->layout, s.a,
         plan->b_layout->layout, &s.beta, s.c, plan->c_layout->layout, s.c, plan->c_layout->layout,
@@ -260,7 +276,7 @@ void gemm_impl(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t
   s.transpose_b = transpose_b;
   s.m = m, s.n = n, s.k = k, s.alpha = alpha, s.beta = beta;
   s.a = a, s.lda = lda, s.b = b, s.ldb = ldb, s.c = c, s.ldc = ldc;
-  s.ab_type = data_type<In>();
+  s.a_type = s.b_type = data_type<In>();
   s.c_type = data_type<Out>();
   run_matmul(s, stream);
 }
@@ -274,7 +290,7 @@ void linear_forward_impl(T* out, int64_t out_ld, const T* input, const T* weight
   s.transpose_b = true;  // out = input @ weight^T
   s.m = n, s.n = out_features, s.k = in_features;
   s.a = input, s.lda = in_features, s.b = weight, s.ldb = in_features, s.c = out, s.ldc = out_ld;
-  s.ab_type = s.c_type = data_type<T>();
+  s.a_type = s.b_type = s.c_type = data_type<T>();
   if (bias && bias_epilogues_enabled()) {
     s.epilogue = CUBLASLT_EPILOGUE_BIAS;
     s.bias = const_cast<T*>(bias);
@@ -307,7 +323,7 @@ void linear_backward_impl(T* d_input, bool accumulate_input, float* d_weight, fl
     s.m = out_features, s.n = in_features, s.k = n, s.beta = 1.0f;
     s.a = d_out, s.lda = d_out_ld, s.b = input, s.ldb = in_features, s.c = d_weight,
     s.ldc = in_features;
-    s.ab_type = data_type<T>();
+    s.a_type = s.b_type = data_type<T>();
     s.c_type = CUDA_R_32F;
     if (d_bias && bias_epilogues_enabled()) {
       // BGRADB overwrites its output, so it goes to scratch and is then added into d_bias.
@@ -335,6 +351,21 @@ void linear_backward_impl(T* d_input, bool accumulate_input, float* d_weight, fl
 
 }  // namespace
 
+void add_bias(float* out, int64_t ld, const float* bias, int64_t rows, int64_t cols,
+              cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  add_bias_kernel<<<detail::grid_for(rows * cols, 256), 256, 0, stream>>>(out, ld, bias, rows,
+                                                                          cols);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+void add_bias(bf16* out, int64_t ld, const bf16* bias, int64_t rows, int64_t cols,
+              cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  add_bias_kernel<<<detail::grid_for(rows * cols, 256), 256, 0, stream>>>(out, ld, bias, rows,
+                                                                          cols);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
 MatmulPlanStats matmul_plan_stats() {
   PlanCache& cache = plan_cache();
   const std::lock_guard<std::mutex> lock(cache.mutex);
@@ -357,6 +388,53 @@ void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, f
           const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc,
           cudaStream_t stream) {
   gemm_impl(transpose_a, transpose_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
+}
+
+namespace {
+cudaDataType_t fp8_type(cpu::Fp8Format format) {
+  return format == cpu::Fp8Format::E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+template <typename Out>
+void fp8_gemm_impl(Out* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b,
+                   int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  LOOM_CHECK(m > 0 && n > 0 && k > 0, "FP8 gemm of empty shape ", m, "x", n, "x", k);
+  if (a.format == cpu::Fp8Format::E5M2 && b.format == cpu::Fp8Format::E5M2)
+    throw_error(
+        "FP8 gemm: cuBLASLt multiplies E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3, not two "
+        "E5M2 operands");
+  // cuBLASLt's FP8 kernels want 16-byte aligned operands and every dimension a multiple of 16.
+  if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0 || ldc % 8 != 0 || alignment_bytes(a.codes) < 16 ||
+      alignment_bytes(b.codes) < 16 || alignment_bytes(c) < 16)
+    throw_error(
+        "FP8 gemm on CUDA needs m, n and k multiples of 16 and 16-byte aligned operands "
+        "(cuBLASLt's FP8 kernels), got ",
+        m, "x", n, "x", k,
+        " (rows are tokens per "
+        "micro-batch, the others model widths)");
+  MatmulSpec s;
+  s.transpose_b = true;  // c = a @ b^T: both operands K-contiguous, the "TN" form FP8 takes
+  s.m = m, s.n = n, s.k = k, s.beta = beta;
+  s.a = a.codes, s.lda = k, s.b = b.codes, s.ldb = k, s.c = c, s.ldc = ldc;
+  s.a_type = fp8_type(a.format);
+  s.b_type = fp8_type(b.format);
+  s.c_type = data_type<Out>();
+  s.a_scale = a.inverse_scale;
+  s.b_scale = b.inverse_scale;
+  if (try_matmul(s, stream) != CUBLAS_STATUS_SUCCESS)
+    throw_error("cuBLASLt has no FP8 algorithm for a ", m, "x", n, "x", k, " product (",
+                cpu::fp8_format_name(a.format), " x ", cpu::fp8_format_name(b.format),
+                "); FP8 GEMMs need a Hopper (sm_90) or later GPU");
+}
+}  // namespace
+
+void fp8_gemm(bf16* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b, int64_t m,
+              int64_t n, int64_t k, cudaStream_t stream) {
+  fp8_gemm_impl(c, ldc, beta, a, b, m, n, k, stream);
+}
+void fp8_gemm(float* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b,
+              int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  fp8_gemm_impl(c, ldc, beta, a, b, m, n, k, stream);
 }
 
 void linear_forward(float* out, int64_t out_ld, const float* input, const float* weight,

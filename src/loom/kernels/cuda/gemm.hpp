@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "loom/kernels/cpu/fp8.hpp"
+
 namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -42,6 +44,27 @@ void linear_backward(float* d_input, bool accumulate_input, float* d_weight, flo
 void linear_backward(bf16* d_input, bool accumulate_input, float* d_weight, float* d_bias,
                      const bf16* d_out, int64_t d_out_ld, const bf16* input, const bf16* weight,
                      int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream = 0);
+
+// out[r, c] += bias[c] for a [rows, cols] block whose rows are ld apart.
+void add_bias(float* out, int64_t ld, const float* bias, int64_t rows, int64_t cols,
+              cudaStream_t stream = 0);
+void add_bias(bf16* out, int64_t ld, const bf16* bias, int64_t rows, int64_t cols,
+              cudaStream_t stream = 0);
+
+// One FP8 operand of fp8_gemm: row-major codes [rows, k] (k contiguous) of the given format
+// and the device float that turns them back into values (1 / the quantisation scale).
+struct Fp8Operand {
+  const uint8_t* codes = nullptr;
+  cpu::Fp8Format format = cpu::Fp8Format::E4M3;
+  const float* inverse_scale = nullptr;
+};
+// c[m, n] = beta * c + (a.inverse_scale * b.inverse_scale) * A[m, k] @ B[n, k]^T on FP8 tensor
+// cores (cuBLASLt, f32 accumulation; Hopper or later), c in bf16 (ld ldc) or f32. m, n and k
+// multiples of 16; two E5M2 operands are refused (cuBLASLt has no such kernel).
+void fp8_gemm(bf16* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b, int64_t m,
+              int64_t n, int64_t k, cudaStream_t stream = 0);
+void fp8_gemm(float* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b,
+              int64_t m, int64_t n, int64_t k, cudaStream_t stream = 0);
 
 // cuBLASLt's heuristic runs once per distinct product (shape, leading dimensions, types,
 // epilogue, operand alignment, device); every later call of that product reuses the plan it

@@ -66,4 +66,15 @@ void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_s
 void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
                       const Tensor& d_hidden, const Tensor& d_weight);
 
+Tensor fp8_amax(const Tensor& x, int64_t col, int64_t cols);
+void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax);
+Tensor fp8_scale_pair(float scale);
+Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin);
+Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
+                      cpu::Fp8Format format, bool transposed);
+void fp8_gemm(const Tensor& c, int64_t c_col, float beta, const Fp8Codes& a, bool a_transposed,
+              const Fp8Codes& b, bool b_transposed);
+void bias_grad_columns(const Tensor& d_bias, const Tensor& d_out, int64_t col);
+void add_bias_columns(const Tensor& out, int64_t col, const Tensor& bias);
+
 }  // namespace loom::ops::cuda_impl

@@ -1,0 +1,39 @@
+#pragma once
+// FP8 quantisation on the device, the twin of loom::cpu's fp8.hpp: the same amax, the same
+// scale formula and the same round-to-nearest-even, saturating conversion (cuda_fp8.h's
+// __NV_SATFINITE), so a CUDA FP8 GEMM sees exactly the codes the CPU's emulation rounds to.
+// Scales live on the device ({scale, 1 / scale}: the second is the dequantisation factor
+// cuBLASLt's FP8 GEMMs take), so quantising needs no round trip to the host.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "loom/kernels/cpu/fp8.hpp"
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// *amax = max(*amax, max |x|) over a [rows, cols] block whose rows are `stride` elements apart;
+// a NaN anywhere makes it NaN (cpu::abs_max's rule). *amax must start >= 0 (or NaN).
+void fp8_amax(float* amax, const bf16* x, int64_t rows, int64_t cols, int64_t stride,
+              cudaStream_t stream = 0);
+void fp8_amax(float* amax, const float* x, int64_t rows, int64_t cols, int64_t stride,
+              cudaStream_t stream = 0);
+
+// scale_pair = {cpu::fp8_scale(*amax, format, margin), 1 / that}, computed on the device.
+void fp8_scale_from_amax(float* scale_pair, const float* amax, cpu::Fp8Format format, int margin,
+                         cudaStream_t stream = 0);
+
+// codes[r * cols + c] = the code of x[r * stride + c] * scale_pair[0] (cpu::fp8_encode of the
+// f32 product), and, when codes_t is not null, the transposed copy codes_t[c * rows + r]: the
+// K-contiguous operand a backward GEMM needs.
+void fp8_quantize(uint8_t* codes, uint8_t* codes_t, const bf16* x, int64_t rows, int64_t cols,
+                  int64_t stride, const float* scale_pair, cpu::Fp8Format format,
+                  cudaStream_t stream = 0);
+void fp8_quantize(uint8_t* codes, uint8_t* codes_t, const float* x, int64_t rows, int64_t cols,
+                  int64_t stride, const float* scale_pair, cpu::Fp8Format format,
+                  cudaStream_t stream = 0);
+
+}  // namespace loom::cuda

@@ -24,8 +24,9 @@ with open(f"{sys.argv[1]}/bench_train_000000.bin", "wb") as f:
     f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
 
-run_loom() {  # preset batch
-  cat > "$DATA/$1.toml" <<TOML
+run_loom() {  # preset batch [precision [attention kernels]]
+  local precision=${3:-bf16} attention=${4:-auto} name="$1_${3:-bf16}_${4:-auto}"
+  cat > "$DATA/$name.toml" <<TOML
 [model]
 preset = "$1"
 max_seq_len = 1024
@@ -35,21 +36,21 @@ train = "$DATA/bench_train_*.bin"
 batch_size = $2
 seq_len = 1024
 steps = $STEPS
-precision = "bf16"
+precision = "$precision"
 device = "cuda"
 [optim]
 warmup_steps = 0
 [log]
-dir = "$OUT/loom_$1"
+dir = "$OUT/loom_$name"
 TOML
-  "$BUILD/loom" train "$DATA/$1.toml" > "$OUT/loom_$1.log"
-  /usr/bin/python3 - "$OUT/loom_$1/metrics.jsonl" "$1" "$2" <<'PY' | tee "$OUT/loom_$1.json"
+  LOOM_CUDA_ATTENTION="$attention" "$BUILD/loom" train "$DATA/$name.toml" > "$OUT/loom_$name.log"
+  /usr/bin/python3 - "$OUT/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention" <<'PY' | tee "$OUT/loom_$name.json"
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]  # after warm-up
 ms = statistics.median(r["step_ms"] for r in records)
 memory = max((r["memory_bytes"] or 0) for r in records) / 2 ** 30  # the trainer's device peak
 print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": 1024,
-                  "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * 1024 / ms * 1e3,
+                  "precision": sys.argv[4], "attention": sys.argv[5], "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * 1024 / ms * 1e3,
                   "peak_memory_gib": memory}))
 PY
 }
@@ -62,6 +63,10 @@ for case in "gpt2-124m 16" "llama-1b 4"; do
   /usr/bin/python3 bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" --compile \
     | tee "$OUT/torch_compile_$1.json"
 done
+# What the tensor-core attention and FP8 GEMMs each buy, on the same machine in the same run.
+run_loom gpt2-124m 16 bf16 scalar
+run_loom llama-1b 4 fp8
+run_loom gpt2-124m 16 fp8
 rm -rf "$DATA"
 
 /usr/bin/python3 - "$OUT" <<'PY'
@@ -72,7 +77,7 @@ print("|---|---|---|---|---|---|---|---|")
 for preset in ["gpt2-124m", "llama-1b"]:
     eager = json.load(open(os.path.join(out, f"torch_eager_{preset}.json")))
     comp = json.load(open(os.path.join(out, f"torch_compile_{preset}.json")))
-    loom = json.load(open(os.path.join(out, f"loom_{preset}.json")))
+    loom = json.load(open(os.path.join(out, f"loom_{preset}_bf16_auto.json")))
     best = max(eager["tokens_per_s"], comp["tokens_per_s"])
     flops_per_token = eager["model_tflops"] * 1e12 / eager["tokens_per_s"]  # same model, same formula
     for name, d in [("loom", loom), ("PyTorch eager", eager), ("PyTorch compile", comp)]:
@@ -82,4 +87,21 @@ for preset in ["gpt2-124m", "llama-1b"]:
         mem = d.get("peak_memory_gib", float("nan"))
         print(f"| {preset} | {name} | {d['ms_per_step']:.1f} | {d['tokens_per_s']:.0f} | "
               f"{d['tokens_per_s']/best:.2f}x | {100*mfu:.1f}% | {100*mfu_gemm:.1f}% | {mem:.1f} |")
+PY
+
+# loom's own ablations against its default (bf16, tensor-core attention), same run.
+/usr/bin/python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+print("\n| model | loom precision | attention kernels | ms/step | tokens/s | vs loom bf16 |")
+print("|---|---|---|---|---|---|")
+for preset in ["gpt2-124m", "llama-1b"]:
+    base = json.load(open(os.path.join(out, f"loom_{preset}_bf16_auto.json")))
+    for precision, attention in [("bf16", "auto"), ("bf16", "scalar"), ("fp8", "auto")]:
+        path = os.path.join(out, f"loom_{preset}_{precision}_{attention}.json")
+        if not os.path.exists(path):
+            continue
+        d = json.load(open(path))
+        print(f"| {preset} | {precision} | {attention} | {d['ms_per_step']:.1f} | "
+              f"{d['tokens_per_s']:.0f} | {d['tokens_per_s'] / base['tokens_per_s']:.2f}x |")
 PY

@@ -176,8 +176,9 @@ with open(f"{sys.argv[1]}/bench_train_000000.bin", "wb") as f:
     f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
 fi
-bench_loom() {  # preset batch
-  cat > "$B/$1.toml" <<TOML
+bench_loom() {  # preset batch [precision [attention kernels]]
+  local precision=${3:-bf16} attention=${4:-auto} name="$1_${3:-bf16}_${4:-auto}"
+  cat > "$B/$name.toml" <<TOML
 [model]
 preset = "$1"
 max_seq_len = 1024
@@ -187,21 +188,21 @@ train = "$B/bench_train_*.bin"
 batch_size = $2
 seq_len = 1024
 steps = $STEPS
-precision = "bf16"
+precision = "$precision"
 device = "cuda"
 [optim]
 warmup_steps = 0
 [log]
-dir = "$B/loom_$1"
+dir = "$B/loom_$name"
 TOML
-  check "bench_loom_$1" 120 "$OUT/bench.log" "$P/build/loom" train "$B/$1.toml"
-  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$1/metrics.jsonl" "$1" "$2" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
+  check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" "$P/build/loom" train "$B/$name.toml"
+  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]
 ms = statistics.median(r["step_ms"] for r in records)
 memory = max((r["memory_bytes"] or 0) for r in records) / 2 ** 30
 print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": 1024,
-                  "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * 1024 / ms * 1e3,
+                  "precision": sys.argv[4], "attention": sys.argv[5], "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * 1024 / ms * 1e3,
                   "peak_memory_gib": memory}))
 PY
 }
@@ -217,6 +218,10 @@ for case in "gpt2-124m 16" "llama-1b 4"; do
   bench_torch "$1" "$2"
   bench_torch "$1" "$2" --compile
 done
+# What the tensor-core attention and FP8 GEMMs each buy, on the same machine in the same run.
+bench_loom gpt2-124m 16 bf16 scalar
+bench_loom llama-1b 4 fp8
+bench_loom gpt2-124m 16 fp8
 [ -s "$OUT/bench.jsonl" ] && sed 's/^/        /' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
 cp "$SUMMARY" "$W/"
 grep -q '^FAIL\|^TIMEOUT' "$SUMMARY" && finish 1

@@ -186,6 +186,35 @@ __device__ void load_rows(bf16* rows, bf16* transposed, const bf16* src, int64_t
   }
 }
 
+// The backward's two products over the head dimension for one warp and 32 columns:
+// x = A1 B1^T and y = A2 B2^T, with A rows [row0, row0 + 16) and B rows [n0, n0 + 32) of
+// row-major [64][D + 8] tiles (scores and dP of 32 queries or keys at once).
+template <int D>
+__device__ __forceinline__ void paired_products(float (&x)[4][4], float (&y)[4][4],
+                                                const bf16* a1_tile, const bf16* a2_tile,
+                                                const bf16* b1_tile, const bf16* b2_tile, int row0,
+                                                int n0, int g, int t) {
+  constexpr int kS = kRowStride<D>;
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[nt][e] = y[nt][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t a1[4], a2[4];
+    load_a(a1, a1_tile, kS, row0, kk * 16, g, t);
+    load_a(a2, a2_tile, kS, row0, kk * 16, g, t);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      uint32_t b0, b1;
+      load_b(b0, b1, b1_tile, kS, n0 + nt * 8, kk * 16, g, t);
+      mma(x[nt], a1, b0, b1);
+      load_b(b0, b1, b2_tile, kS, n0 + nt * 8, kk * 16, g, t);
+      mma(y[nt], a2, b0, b1);
+    }
+  }
+}
+
 __device__ __forceinline__ void store_pair(bf16* dst, float lo, float hi) {
   *reinterpret_cast<uint32_t*>(dst) = pack_bf16(lo, hi);
 }
@@ -310,7 +339,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     mma_backward_kv_kernel(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
                            const float* delta, AttentionDims d) {
-  constexpr int kS = kRowStride<D>, kDimTiles = D / 8, kDimSlabs = D / 16;
+  constexpr int kS = kRowStride<D>, kDimTiles = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem);
   bf16* v_s = k_s + kTile * kS;
@@ -357,25 +386,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int c0 = half * 32;   // first query of this half within the tile
-        float st[4][4], dpt[4][4];  // S^T and dP^T: rows keys, columns queries
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < kDimSlabs; ++kk) {
-          uint32_t ka[4], va[4];
-          load_a(ka, k_s, kS, w0, kk * 16, g, t);
-          load_a(va, v_s, kS, w0, kk * 16, g, t);
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            uint32_t b0, b1;
-            load_b(b0, b1, q_s, kS, c0 + nt * 8, kk * 16, g, t);
-            mma(st[nt], ka, b0, b1);
-            load_b(b0, b1, do_s, kS, c0 + nt * 8, kk * 16, g, t);
-            mma(dpt[nt], va, b0, b1);
-          }
-        }
+        float st[4][4], dpt[4][4];  // S^T = K Q^T and dP^T = V dO^T: rows keys, columns queries
+        paired_products<D>(st, dpt, k_s, v_s, q_s, do_s, w0, c0, g, t);
         // P^T and dS^T / scale (the scale is applied to dK once, at the end).
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
@@ -425,7 +437,7 @@ template <int D>
 __global__ void __launch_bounds__(kThreads)
     mma_backward_q_kernel(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
                           const float* delta, AttentionDims d) {
-  constexpr int kS = kRowStride<D>, kDimTiles = D / 8, kDimSlabs = D / 16;
+  constexpr int kS = kRowStride<D>, kDimTiles = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem);
   bf16* do_s = q_s + kTile * kS;
@@ -468,25 +480,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int c0 = half * 32;  // first key of this half within the tile
-      float s[4][4], dp[4][4];
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kDimSlabs; ++kk) {
-        uint32_t qa[4], da[4];
-        load_a(qa, q_s, kS, w0, kk * 16, g, t);
-        load_a(da, do_s, kS, w0, kk * 16, g, t);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          uint32_t b0, b1;
-          load_b(b0, b1, k_s, kS, c0 + nt * 8, kk * 16, g, t);
-          mma(s[nt], qa, b0, b1);  // S = Q K^T
-          load_b(b0, b1, v_s, kS, c0 + nt * 8, kk * 16, g, t);
-          mma(dp[nt], da, b0, b1);  // dP = dO V^T
-        }
-      }
+      float s[4][4], dp[4][4];   // S = Q K^T and dP = dO V^T
+      paired_products<D>(s, dp, q_s, do_s, k_s, v_s, w0, c0, g, t);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll

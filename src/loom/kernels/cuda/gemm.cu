@@ -351,19 +351,24 @@ void linear_backward_impl(T* d_input, bool accumulate_input, float* d_weight, fl
 
 }  // namespace
 
-void add_bias(float* out, int64_t ld, const float* bias, int64_t rows, int64_t cols,
-              cudaStream_t stream) {
+namespace {
+template <typename T>
+void add_bias_impl(T* out, int64_t ld, const T* bias, int64_t rows, int64_t cols,
+                   cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   add_bias_kernel<<<detail::grid_for(rows * cols, 256), 256, 0, stream>>>(out, ld, bias, rows,
                                                                           cols);
   LOOM_CUDA_CHECK_LAUNCH();
 }
+}  // namespace
+
+void add_bias(float* out, int64_t ld, const float* bias, int64_t rows, int64_t cols,
+              cudaStream_t stream) {
+  add_bias_impl(out, ld, bias, rows, cols, stream);
+}
 void add_bias(bf16* out, int64_t ld, const bf16* bias, int64_t rows, int64_t cols,
               cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return;
-  add_bias_kernel<<<detail::grid_for(rows * cols, 256), 256, 0, stream>>>(out, ld, bias, rows,
-                                                                          cols);
-  LOOM_CUDA_CHECK_LAUNCH();
+  add_bias_impl(out, ld, bias, rows, cols, stream);
 }
 
 MatmulPlanStats matmul_plan_stats() {

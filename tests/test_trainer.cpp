@@ -454,5 +454,34 @@ TEST(TrainerDataSources, MixesTheConfiguredSourcesByWeightAndSavesTheirCounts) {
   expect_contains(error_message([&] { Trainer{missing}; }), {"data.sources[0]", "nothing_*.bin", "no token shards match"});
 }
 
+// train.vocab_chunk = 0 (the default) chooses the lm-head's chunk for the device; the expected
+// chunks are worked by hand from the rule in train_config.hpp.
+TEST(Trainer, VocabChunkIsChosenForTheDevice) {
+  TinyRun run("vocab_chunk");
+  TrainConfig c = parse(run.config("gpt2", 4));
+  EXPECT_EQ(c.vocab_chunk, 0);
+  EXPECT_EQ(resolved_vocab_chunk(c, 0), 64);  // the CPU: min(8192, vocab 64)
+  c.model.vocab_size = 50257;
+  EXPECT_EQ(resolved_vocab_chunk(c, 0), 8192);
+  // GPT-2 124M on an 80 GB GPU, 16 x 1024 tokens in bf16: 16384 x 50257 x 6 bytes = 4.9 GB is
+  // under 80 GB / 16 = 5 GB, so the logits are made once and never recomputed.
+  c.device = Device::CUDA;
+  c.precision = Precision::BF16;
+  c.batch_size = 16, c.seq_len = 1024;
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{80} << 30), 50257);
+  // On 16 GiB: 2^30 / (16384 x 6) = 10922 entries fit, down to a multiple of 1024: 10240.
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{16} << 30), 10240);
+  // On 4 GiB only 2730 fit: never below 8192.
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{4} << 30), 8192);
+  // f32 keeps 4 bytes a logit: 16 GiB / 16 / (16384 x 4) = 16384 entries.
+  c.precision = Precision::F32;
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{16} << 30), 16384);
+  // A chunk the user sets is kept; a negative one is refused.
+  c.vocab_chunk = 300;
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{80} << 30), 300);
+  expect_contains(error_message([&] { (void)parse(run.config("gpt2", 4), {"train.vocab_chunk=-1"}); }),
+                  {"train.vocab_chunk", "-1", "0 to choose it for the device"});
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -414,7 +414,9 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (!c.init_from.empty() && !std::filesystem::is_directory(c.init_from))
     throw_error("config key 'train.init_from': '", c.init_from,
                 "' is not a directory (expected a Hugging Face model directory: config.json and model.safetensors)");
-  require_positive("train.vocab_chunk", static_cast<double>(c.vocab_chunk));
+  if (c.vocab_chunk < 0)
+    throw_error("config key 'train.vocab_chunk' has value ", c.vocab_chunk,
+                ", expected > 0, or 0 to choose it for the device");
   if (c.threads < 0) throw_error("config key 'train.threads' has value ", c.threads, ", expected >= 0 (0 = all cores)");
   require_positive("optim.lr", c.schedule.peak_lr);
   require_range("optim.min_lr", c.schedule.min_lr, 0.0, c.schedule.peak_lr);
@@ -465,6 +467,18 @@ TrainConfig parse_train_config(ConfigReader& r) {
   if (c.device == Device::CUDA) check_cuda_training(c);
   c.schedule.total_steps = c.steps;
   return c;
+}
+
+int64_t resolved_vocab_chunk(const TrainConfig& c, int64_t device_memory_bytes) {
+  if (c.vocab_chunk > 0) return c.vocab_chunk;
+  const int64_t vocab = c.model.vocab_size;
+  if (c.device != Device::CUDA) return std::min(kDefaultVocabChunk, vocab);
+  const bool bf16 = c.precision != Precision::F32;  // bf16 and FP8 keep bf16 logit gradients
+  const int64_t bytes_per_logit = bf16 ? 6 : 4;
+  const int64_t rows = std::max<int64_t>(1, c.batch_size * c.seq_len);
+  const int64_t fits = device_memory_bytes / 16 / (rows * bytes_per_logit);
+  if (fits >= vocab) return vocab;
+  return std::min(vocab, std::max(kDefaultVocabChunk, fits / 1024 * 1024));
 }
 
 void check_cuda_available() {

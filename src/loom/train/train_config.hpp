@@ -57,7 +57,7 @@ struct TrainConfig {
   Fp8Config fp8;               // train.fp8_*: read when precision is fp8
   int threads = 0;             // 0: all cores
   Device device = Device::CPU; // where the model trains: the CPU reference, or one CUDA GPU
-  int64_t vocab_chunk = kDefaultVocabChunk;
+  int64_t vocab_chunk = 0;     // 0: chosen for the device (resolved_vocab_chunk)
 
   LrSchedule schedule;
   AdamWConfig adamw;
@@ -132,5 +132,13 @@ void check_cuda_training(const TrainConfig& config);
 // That this loom was built with CUDA and this process sees a device: a loom::Error saying which
 // is missing and what to do. The CLI calls it before starting MPI, the trainer before building.
 void check_cuda_available();
+
+// The lm-head's vocabulary chunk the trainer uses: train.vocab_chunk when set (> 0); otherwise
+// kDefaultVocabChunk on the CPU (whose logits buffer stays small and in cache), and on CUDA the
+// whole vocabulary, so the backward never recomputes the logits (a second lm-head forward: 2 N
+// V d FLOPs, about 10% of GPT-2 124M's step), when one micro-batch's logits and their gradient
+// (4 + 2 bytes each in bf16, 4 in f32) take at most 1/16 of the device's memory; past that the
+// largest multiple of 1024 that fits, and never below kDefaultVocabChunk.
+int64_t resolved_vocab_chunk(const TrainConfig& config, int64_t device_memory_bytes);
 
 }  // namespace loom

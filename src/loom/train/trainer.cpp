@@ -53,6 +53,14 @@ std::string cuda_device_name() {
 #endif
   return "cuda";
 }
+
+int64_t cuda_device_memory() {
+#ifdef LOOM_HAVE_CUDA
+  const cuda::DeviceInfo info = cuda::device_info();
+  if (!info.devices.empty()) return info.devices.front().total_memory_bytes;
+#endif
+  return 0;
+}
 }  // namespace
 
 namespace {
@@ -117,7 +125,9 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   // f32.
   const bool bf16 = config_.precision == Precision::BF16 ||
                     (config_.precision == Precision::FP8 && config_.device == Device::CUDA);
-  model_ = std::make_unique<Transformer>(config_.model, config_.recompute, config_.vocab_chunk, plan, chunks);
+  const int64_t device_memory = config_.device == Device::CUDA ? cuda_device_memory() : 0;
+  model_ = std::make_unique<Transformer>(config_.model, config_.recompute,
+                                         resolved_vocab_chunk(config_, device_memory), plan, chunks);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(bf16);
   if (config_.precision == Precision::FP8) fp8_ = &model_->enable_fp8(config_.fp8);

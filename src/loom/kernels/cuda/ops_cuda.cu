@@ -9,37 +9,16 @@
 #include "loom/kernels/cuda/cross_entropy.hpp"
 #include "loom/kernels/cuda/elementwise.hpp"
 #include "loom/kernels/cuda/embedding.hpp"
-#include "loom/kernels/cuda/fp8.hpp"
 #include "loom/kernels/cuda/gemm.hpp"
 #include "loom/kernels/cuda/norms.hpp"
 #include "loom/kernels/cuda/ops_cuda.hpp"
+#include "loom/kernels/cuda/ops_cuda_common.cuh"
 #include "loom/kernels/cuda/rope.hpp"
 #include "loom/kernels/cuda/vocab_shard.hpp"
 
 namespace loom::ops::cuda_impl {
 
 namespace {
-
-using bf16 = __nv_bfloat16;
-
-bf16* b16(const Tensor& t) { return t.defined() ? reinterpret_cast<bf16*>(t.bf16()) : nullptr; }
-float* f32(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
-float* f32(const Tensor* t) { return t != nullptr && t->defined() ? t->f32() : nullptr; }
-bf16* b16(const Tensor* t) { return t != nullptr && t->defined() ? b16(*t) : nullptr; }
-
-// Whether the activations of one call are bf16 (else f32); every one of them must agree.
-bool is_bf16(const char* op, std::initializer_list<const Tensor*> activations) {
-  const Tensor* first = nullptr;
-  for (const Tensor* t : activations) {
-    if (t == nullptr || !t->defined()) continue;
-    if (first == nullptr)
-      first = t;
-    else if (t->dtype() != first->dtype())
-      throw_error("ops::", op, " (cuda): activations and weights mix ", dtype_name(first->dtype()),
-                  " and ", dtype_name(t->dtype()));
-  }
-  return first != nullptr && first->dtype() == DType::BF16;
-}
 
 // Host ids to a device copy for the kernels queued after it on the default stream. The copy is
 // asynchronous: from pageable memory, cudaMemcpyAsync returns once the ids are staged, so the
@@ -422,118 +401,6 @@ void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_
     cuda::shard_logit_grad(shard_args<float>(args, targets.get(), [](const Tensor& t) { return f32(t); }),
                            f32(device_lse), grad_scale, f32(d_hidden), f32(d_weight));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(0));  // device_lse and the scratch die here
-}
-
-// ---- FP8 --------------------------------------------------------------------------------
-
-namespace {
-Tensor device_floats(int64_t n) {
-  return Tensor::empty({n}, DType::F32, MemCategory::Workspace, Device::CUDA);
-}
-// Bytes in an F32 tensor's storage (Tensor has no byte dtype).
-Tensor device_bytes(int64_t n) { return device_floats((n + 3) / 4); }
-const uint8_t* bytes(const Tensor& t) { return static_cast<const uint8_t*>(t.raw()); }
-uint8_t* mutable_bytes(const Tensor& t) { return static_cast<uint8_t*>(t.raw()); }
-
-__global__ void max_into_kernel(float* slot, const float* amax) {
-  // Non-negative floats (and a positive NaN) order as their bits: cpu's NaN-wins max.
-  *slot = __int_as_float(max(__float_as_int(*slot), __float_as_int(*amax)));
-}
-}  // namespace
-
-Tensor fp8_amax(const Tensor& x, int64_t col, int64_t cols) {
-  const int64_t rows = x.size(0), ld = x.size(1);
-  LOOM_CHECK(col >= 0 && cols >= 0 && col + cols <= ld, "fp8_amax: columns [", col, ", ",
-             col + cols, ") of a tensor ", ld, " wide");
-  Tensor amax = Tensor::zeros({1}, DType::F32, MemCategory::Workspace, Device::CUDA);
-  if (x.dtype() == DType::BF16)
-    cuda::fp8_amax(f32(amax), b16(x) + col, rows, cols, ld);
-  else
-    cuda::fp8_amax(f32(amax), f32(x) + col, rows, cols, ld);
-  return amax;
-}
-
-void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax) {
-  LOOM_CHECK(index >= 0 && index < slots.numel(), "fp8_max_into: slot ", index, " of ",
-             slots.numel());
-  max_into_kernel<<<1, 1>>>(f32(slots) + index, f32(amax));
-  LOOM_CUDA_CHECK_LAUNCH();
-}
-
-Tensor fp8_scale_pair(float scale) {
-  Tensor pair = device_floats(2);
-  const float host[2] = {scale, 1.0f / scale};
-  // From pageable memory the copy returns once `host` is staged: no wait for the device.
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(pair.raw(), host, sizeof host, cudaMemcpyHostToDevice, 0));
-  return pair;
-}
-
-Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin) {
-  Tensor pair = device_floats(2);
-  cuda::fp8_scale_from_amax(f32(pair), f32(amax), format, margin);
-  return pair;
-}
-
-Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
-                      cpu::Fp8Format format, bool transposed) {
-  const int64_t rows = x.size(0), ld = x.size(1);
-  LOOM_CHECK(col >= 0 && cols >= 0 && col + cols <= ld, "fp8_quantize: columns [", col, ", ",
-             col + cols, ") of a tensor ", ld, " wide");
-  Fp8Codes q;
-  q.format = format, q.rows = rows, q.cols = cols, q.scale_pair = scale_pair;
-  q.codes = device_bytes(rows * cols);
-  if (transposed) q.codes_t = device_bytes(rows * cols);
-  uint8_t* codes_t = transposed ? mutable_bytes(q.codes_t) : nullptr;
-  if (x.dtype() == DType::BF16)
-    cuda::fp8_quantize(mutable_bytes(q.codes), codes_t, b16(x) + col, rows, cols, ld,
-                       f32(scale_pair), format);
-  else
-    cuda::fp8_quantize(mutable_bytes(q.codes), codes_t, f32(x) + col, rows, cols, ld,
-                       f32(scale_pair), format);
-  return q;
-}
-
-void fp8_gemm(const Tensor& c, int64_t c_col, float beta, const Fp8Codes& a, bool a_transposed,
-              const Fp8Codes& b, bool b_transposed) {
-  auto operand = [](const Fp8Codes& q, bool transposed) {
-    LOOM_CHECK(!transposed || q.codes_t.defined(),
-               "fp8_gemm: the transposed codes were not made (fp8_quantize's `transposed`)");
-    return cuda::Fp8Operand{bytes(transposed ? q.codes_t : q.codes), q.format,
-                            f32(q.scale_pair) + 1};
-  };
-  const int64_t m = a_transposed ? a.cols : a.rows, k = a_transposed ? a.rows : a.cols;
-  const int64_t n = b_transposed ? b.cols : b.rows, kb = b_transposed ? b.rows : b.cols;
-  LOOM_CHECK(k == kb, "fp8_gemm: inner sizes ", k, " and ", kb);
-  LOOM_CHECK(c.size(0) == m && c_col >= 0 && c_col + n <= c.size(1), "fp8_gemm: output [",
-             c.size(0), ", ", c.size(1), "] cannot take columns [", c_col, ", ", c_col + n, ") of ",
-             m, " rows");
-  const cuda::Fp8Operand oa = operand(a, a_transposed), ob = operand(b, b_transposed);
-  if (c.dtype() == DType::BF16)
-    cuda::fp8_gemm(b16(c) + c_col, c.size(1), beta, oa, ob, m, n, k);
-  else
-    cuda::fp8_gemm(f32(c) + c_col, c.size(1), beta, oa, ob, m, n, k);
-}
-
-void bias_grad_columns(const Tensor& d_bias, const Tensor& d_out, int64_t col) {
-  const int64_t rows = d_out.size(0), width = d_bias.numel(), ld = d_out.size(1);
-  LOOM_CHECK(col >= 0 && col + width <= ld, "bias_grad_columns: columns [", col, ", ", col + width,
-             ") of ", ld);
-  if (d_out.dtype() == DType::BF16)
-    cuda::linear_backward(static_cast<bf16*>(nullptr), false, nullptr, f32(d_bias),
-                          b16(d_out) + col, ld, nullptr, nullptr, rows, 0, width);
-  else
-    cuda::linear_backward(static_cast<float*>(nullptr), false, nullptr, f32(d_bias),
-                          f32(d_out) + col, ld, nullptr, nullptr, rows, 0, width);
-}
-
-void add_bias_columns(const Tensor& out, int64_t col, const Tensor& bias) {
-  const int64_t rows = out.size(0), width = bias.numel(), ld = out.size(1);
-  LOOM_CHECK(col >= 0 && col + width <= ld, "add_bias_columns: columns [", col, ", ", col + width,
-             ") of ", ld);
-  if (is_bf16("add_bias_columns", {&out, &bias}))
-    cuda::add_bias(b16(out) + col, ld, b16(bias), rows, width);
-  else
-    cuda::add_bias(f32(out) + col, ld, f32(bias), rows, width);
 }
 
 }  // namespace loom::ops::cuda_impl

@@ -82,11 +82,21 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
 void Fp8Linear::forward_on_device(const Tensor& out, int64_t out_col, const Tensor& input_value,
                                   const Tensor& weight_value, const Tensor* bias) {
   const int64_t in = input_value.size(1);
+  // cuBLASLt's FP8 kernels take row counts in multiples of 16; training's (tokens per
+  // micro-batch) are checked before the run, but sampling's grow one token at a time. Those
+  // products run in bf16, outside any step (nothing is recorded).
+  if (input_value.size(0) % 16 != 0) {
+    LOOM_CHECK(!context_->in_step, "FP8 on CUDA inside a training step with ", input_value.size(0),
+               " rows, not a multiple of 16");
+    return ops::linear_forward(out, out_col, input_value, weight_value, bias);
+  }
   const ops::Fp8Codes x =
       quantize_on_device(input_value, 0, in, input, 0, cpu::Fp8Format::E4M3, false);
   const ops::Fp8Codes w =
       quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, false);
   ops::fp8_gemm(out, out_col, 0.0f, x, false, w, false);  // out = x @ w^T
+  // Added after the product's bf16 rounding: two roundings where the CPU makes one (cuBLASLt's
+  // bias epilogue for FP8 would make it one; not used until a GPU has shown it works).
   if (bias) ops::add_bias_columns(out, out_col, *bias);
 }
 

@@ -21,12 +21,14 @@
 // Every scale and amax of a layer lives in its Fp8Linear.
 // On CUDA (bf16 activations and weights; delayed or current scaling) the same recipe runs on FP8
 // tensor cores: each operand is quantised to FP8 codes on the device (the CPU's rounding,
-// kernels/cuda/fp8) and cuBLASLt multiplies the codes with f32 accumulation and the operands'
-// dequantisation factors. The backward quantises the output gradient, input and weight again
-// (the same scales: they do not move within a step) with transposed copies, so each product is
-// the "TN" form cuBLASLt's FP8 kernels take. Step amaxes stay on the device until finish_step
-// reads them all in one copy; only the current recipe under data parallelism reads one back per
-// quantisation, to reduce it over the replicas before it becomes a scale.
+// kernels/cuda/fp8) and cuBLASLt multiplies the codes (accumulating at the FP8 tensor cores'
+// precision, promoted to f32 periodically) with the operands' dequantisation factors. The
+// backward quantises the output gradient, input and weight again (the same scales: they do not
+// move within a step) with transposed copies, so each product is the "TN" form cuBLASLt's FP8
+// kernels take. Step amaxes stay on the device until finish_step reads them all in one copy;
+// only the current recipe under data parallelism reads one back per quantisation, to reduce it
+// over the replicas before it becomes a scale. Products whose row count is not a multiple of
+// 16 (sampling, outside any step) run in bf16.
 // Under data parallelism the amaxes are reduced (max) over the replicas, as Transformer Engine
 // does over its amax reduction group, so every replica uses the scale one process would.
 #include <functional>

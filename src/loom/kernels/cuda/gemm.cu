@@ -94,7 +94,7 @@ struct PlanKey {
   int64_t m, n, k, lda, ldb, ldc;
   cudaDataType_t a_type, b_type, c_type;
   cublasLtEpilogue_t epilogue;
-  uint32_t align_a, align_b, align_c;
+  uint32_t align_a, align_b, align_c, align_bias;  // the heuristic reads the bias pointer's too
   bool operator==(const PlanKey&) const = default;
 };
 struct PlanKeyHash {
@@ -110,7 +110,8 @@ struct PlanKeyHash {
     mix(static_cast<uint64_t>(key.a_type) << 40 | static_cast<uint64_t>(key.b_type) << 20 |
         static_cast<uint64_t>(key.c_type));
     mix(static_cast<uint64_t>(key.epilogue));
-    mix(uint64_t{key.align_a} << 32 | uint64_t{key.align_b} << 16 | key.align_c);
+    mix(uint64_t{key.align_a} << 48 | uint64_t{key.align_b} << 32 | uint64_t{key.align_c} << 16 |
+        key.align_bias);
     return h;
   }
 };
@@ -201,7 +202,8 @@ cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
                     s.epilogue,
                     alignment_bytes(s.a),
                     alignment_bytes(s.b),
-                    alignment_bytes(s.c)};
+                    alignment_bytes(s.c),
+                    s.bias ? alignment_bytes(s.bias) : 0u};
   PlanCache& cache = plan_cache();
   Plan* plan = nullptr;
   {

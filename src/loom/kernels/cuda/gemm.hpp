@@ -59,7 +59,8 @@ struct Fp8Operand {
   const float* inverse_scale = nullptr;
 };
 // c[m, n] = beta * c + (a.inverse_scale * b.inverse_scale) * A[m, k] @ B[n, k]^T on FP8 tensor
-// cores (cuBLASLt, f32 accumulation; Hopper or later), c in bf16 (ld ldc) or f32. m, n and k
+// cores (cuBLASLt; sm_89 or later; their accumulator keeps about 14 bits between cuBLASLt's
+// promotions to f32, not IEEE f32 throughout), c in bf16 (ld ldc) or f32. m, n and k
 // multiples of 16; two E5M2 operands are refused (cuBLASLt has no such kernel).
 void fp8_gemm(bf16* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b, int64_t m,
               int64_t n, int64_t k, cudaStream_t stream = 0);

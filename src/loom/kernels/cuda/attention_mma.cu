@@ -165,14 +165,14 @@ __device__ __forceinline__ void accumulators_to_a(uint32_t (&a)[4], const float 
   a[3] = pack_bf16(hi[2], hi[3]);
 }
 
-// Sequence rows [row0, row0 + 64) of a [seq, D] slice at stride ld into a row-major tile
-// [64][D + 8] and/or a transposed one [D][64 + 8] (either may be null), in 16-byte loads;
+// Sequence rows [row0, row0 + kRows) of a [seq, D] slice at stride ld into a row-major tile
+// [kRows][D + 8] and/or a transposed one [D][kRows + 8] (either may be null), in 16-byte loads;
 // rows past the sequence end become zeros.
-template <int D>
+template <int D, int kRows = kTile>
 __device__ void load_rows(bf16* rows, bf16* transposed, const bf16* src, int64_t ld, int row0,
                           int seq) {
   constexpr int kVectors = D / 8;
-  for (int idx = threadIdx.x; idx < kTile * kVectors; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < kRows * kVectors; idx += kThreads) {
     const int r = idx / kVectors, v = idx % kVectors;
     uint4 value = make_uint4(0, 0, 0, 0);
     if (row0 + r < seq)
@@ -181,14 +181,14 @@ __device__ void load_rows(bf16* rows, bf16* transposed, const bf16* src, int64_t
     if (transposed) {
       const bf16* elements = reinterpret_cast<const bf16*>(&value);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) transposed[(v * 8 + e) * kTransposedStride + r] = elements[e];
+      for (int e = 0; e < 8; ++e) transposed[(v * 8 + e) * (kRows + kPad) + r] = elements[e];
     }
   }
 }
 
 // The backward's two products over the head dimension for one warp and 32 columns:
 // x = A1 B1^T and y = A2 B2^T, with A rows [row0, row0 + 16) and B rows [n0, n0 + 32) of
-// row-major [64][D + 8] tiles (scores and dP of 32 queries or keys at once).
+// row-major [*][D + 8] tiles (scores and dP of 32 queries or keys at once).
 template <int D>
 __device__ __forceinline__ void paired_products(float (&x)[4][4], float (&y)[4][4],
                                                 const bf16* a1_tile, const bf16* a2_tile,
@@ -333,22 +333,34 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dK and dV: one CTA per (key tile, kv head, batch), summing over every query head of the
-// group and every query tile from the diagonal on; warp w owns keys [16w, 16w + 16). The query
-// tile is taken in two halves of 32 so the transposed scores and dP fit in registers.
+// group and every 32-query tile from the diagonal on; warp w owns keys [16w, 16w + 16). Query
+// tiles of 32 keep the transposed scores and dP in registers and the shared tiles within the
+// 99 KB an sm_86 / sm_89 block may have at head_dim 128 (71 KB; 64-query tiles took 105 KB).
+constexpr int kQueryTile = 32;
+constexpr int kQueryTransposedStride = kQueryTile + kPad;  // 20 words: conflict-free like 36
+
+template <int D>
+constexpr size_t kv_tile_bytes() {
+  return (size_t(2) * kTile * kRowStride<D> + size_t(2) * kQueryTile * kRowStride<D> +
+          size_t(2) * D * kQueryTransposedStride) *
+             sizeof(bf16) +
+         size_t(2) * kQueryTile * sizeof(float);
+}
+
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     mma_backward_kv_kernel(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
                            const float* delta, AttentionDims d) {
-  constexpr int kS = kRowStride<D>, kDimTiles = D / 8;
+  constexpr int kDimTiles = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* k_s = reinterpret_cast<bf16*>(smem);
-  bf16* v_s = k_s + kTile * kS;
-  bf16* q_s = v_s + kTile * kS;
-  bf16* do_s = q_s + kTile * kS;
-  bf16* qt_s = do_s + kTile * kS;                                          // Q transposed
-  bf16* dot_s = qt_s + D * kTransposedStride;                              // dO transposed
-  float* lse_s = reinterpret_cast<float*>(dot_s + D * kTransposedStride);  // x log2(e)
-  float* delta_s = lse_s + kTile;
+  bf16* v_s = k_s + kTile * kRowStride<D>;
+  bf16* q_s = v_s + kTile * kRowStride<D>;          // [32][D + 8]
+  bf16* do_s = q_s + kQueryTile * kRowStride<D>;    // [32][D + 8]
+  bf16* qt_s = do_s + kQueryTile * kRowStride<D>;   // Q transposed: [D][32 + 8]
+  bf16* dot_s = qt_s + D * kQueryTransposedStride;  // dO transposed: [D][32 + 8]
+  float* lse_s = reinterpret_cast<float*>(dot_s + D * kQueryTransposedStride);  // x log2(e)
+  float* delta_s = lse_s + kQueryTile;
 
   const int kt = static_cast<int>(blockIdx.x), kvh = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
@@ -358,6 +370,7 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* base = qkv + int64_t{b} * d.seq * d.qkv_ld;
   const bf16* d_out_base = d_out + int64_t{b} * d.seq * d.out_ld;
   const float scale_log2 = d.scale * kLog2e;
+  const int query_tiles = (d.seq + kQueryTile - 1) / kQueryTile;
 
   load_rows<D>(k_s, nullptr, base + k_column(d, kvh), d.qkv_ld, j0, d.seq);
   load_rows<D>(v_s, nullptr, base + v_column(d, kvh), d.qkv_ld, j0, d.seq);
@@ -370,12 +383,12 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int hh = 0; hh < d.group; ++hh) {
     const int h = kvh * d.group + hh;
-    for (int it = kt; it < d.tiles; ++it) {
-      const int i0 = it * kTile;
+    for (int it = j0 / kQueryTile; it < query_tiles; ++it) {
+      const int i0 = it * kQueryTile;
       __syncthreads();  // the previous tile's Q, dO and statistics are no longer read
-      load_rows<D>(q_s, qt_s, base + q_column(d, h), d.qkv_ld, i0, d.seq);
-      load_rows<D>(do_s, dot_s, d_out_base + q_column(d, h), d.out_ld, i0, d.seq);
-      for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      load_rows<D, kQueryTile>(q_s, qt_s, base + q_column(d, h), d.qkv_ld, i0, d.seq);
+      load_rows<D, kQueryTile>(do_s, dot_s, d_out_base + q_column(d, h), d.out_ld, i0, d.seq);
+      for (int r = threadIdx.x; r < kQueryTile; r += kThreads) {
         const bool valid = i0 + r < d.seq;
         const int64_t at = (int64_t{b} * d.heads + h) * d.seq + i0 + r;
         lse_s[r] = valid ? lse[at] * kLog2e : 0.0f;
@@ -383,36 +396,32 @@ __global__ void __launch_bounds__(kThreads)
       }
       __syncthreads();
 
+      float st[4][4], dpt[4][4];  // S^T = K Q^T and dP^T = V dO^T: rows keys, columns queries
+      paired_products<D>(st, dpt, k_s, v_s, q_s, do_s, w0, 0, g, t);
+      // P^T and dS^T / scale (the scale is applied to dK once, at the end).
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c0 = half * 32;   // first query of this half within the tile
-        float st[4][4], dpt[4][4];  // S^T = K Q^T and dP^T = V dO^T: rows keys, columns queries
-        paired_products<D>(st, dpt, k_s, v_s, q_s, do_s, w0, c0, g, t);
-        // P^T and dS^T / scale (the scale is applied to dK once, at the end).
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int e = 0; e < 4; ++e) {
+          const int local = nt * 8 + 2 * t + (e & 1), query = i0 + local;
+          const int r = e >> 1;
+          const bool visible = query >= key[r] && query < d.seq && key[r] < d.seq;
+          const float p = visible ? exp2f(st[nt][e] * scale_log2 - lse_s[local]) : 0.0f;
+          st[nt][e] = p;
+          dpt[nt][e] = p * (dpt[nt][e] - delta_s[local]);
+        }
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int local = c0 + nt * 8 + 2 * t + (e & 1), query = i0 + local;
-            const int r = e >> 1;
-            const bool visible = query >= key[r] && query < d.seq && key[r] < d.seq;
-            const float p = visible ? exp2f(st[nt][e] * scale_log2 - lse_s[local]) : 0.0f;
-            st[nt][e] = p;
-            dpt[nt][e] = p * (dpt[nt][e] - delta_s[local]);
-          }
+      for (int ks = 0; ks < 2; ++ks) {
+        uint32_t pa[4], dsa[4];
+        accumulators_to_a(pa, st[2 * ks], st[2 * ks + 1]);
+        accumulators_to_a(dsa, dpt[2 * ks], dpt[2 * ks + 1]);
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-          uint32_t pa[4], dsa[4];
-          accumulators_to_a(pa, st[2 * ks], st[2 * ks + 1]);
-          accumulators_to_a(dsa, dpt[2 * ks], dpt[2 * ks + 1]);
-#pragma unroll
-          for (int dt = 0; dt < kDimTiles; ++dt) {
-            uint32_t b0, b1;
-            load_b(b0, b1, dot_s, kTransposedStride, dt * 8, c0 + ks * 16, g, t);
-            mma(dv[dt], pa, b0, b1);  // dV += P^T dO
-            load_b(b0, b1, qt_s, kTransposedStride, dt * 8, c0 + ks * 16, g, t);
-            mma(dk[dt], dsa, b0, b1);  // dK += dS^T Q
-          }
+        for (int dt = 0; dt < kDimTiles; ++dt) {
+          uint32_t b0, b1;
+          load_b(b0, b1, dot_s, kQueryTransposedStride, dt * 8, ks * 16, g, t);
+          mma(dv[dt], pa, b0, b1);  // dV += P^T dO
+          load_b(b0, b1, qt_s, kQueryTransposedStride, dt * 8, ks * 16, g, t);
+          mma(dk[dt], dsa, b0, b1);  // dK += dS^T Q
         }
       }
     }
@@ -528,7 +537,7 @@ void forward(bf16* out, float* lse, const bf16* qkv, const AttentionDims& d, cud
 template <int D>
 void backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse, const float* delta,
               const AttentionDims& d, cudaStream_t stream) {
-  constexpr size_t kv_bytes = tile_bytes<D>(4, 2, 2 * kTile), q_bytes = tile_bytes<D>(4, 1, 0);
+  constexpr size_t kv_bytes = kv_tile_bytes<D>(), q_bytes = tile_bytes<D>(4, 1, 0);
   allow_shared_memory(mma_backward_kv_kernel<D>, kv_bytes);
   allow_shared_memory(mma_backward_q_kernel<D>, q_bytes);
   const auto tiles = static_cast<unsigned>(d.tiles);

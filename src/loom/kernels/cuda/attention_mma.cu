@@ -186,6 +186,21 @@ __device__ void load_rows(bf16* rows, bf16* transposed, const bf16* src, int64_t
   }
 }
 
+// Where a warp of a (query tile, head, batch) CTA stands, heaviest (latest) query tiles first:
+// the forward's and the dQ kernel's layout. Lane 4g + t; the warp owns rows [w0, w0 + 16).
+struct QueryTileWarp {
+  int q_tile, h, b, kvh, g, t, w0, i0;
+};
+__device__ __forceinline__ QueryTileWarp query_tile_warp(const AttentionDims& d) {
+  QueryTileWarp c;
+  c.q_tile = d.tiles - 1 - static_cast<int>(blockIdx.x);
+  c.h = blockIdx.y, c.b = blockIdx.z, c.kvh = c.h / d.group;
+  const int lane = threadIdx.x % kWarpSize;
+  c.g = lane / 4, c.t = lane % 4, c.w0 = threadIdx.x / kWarpSize * kWarpRows;
+  c.i0 = c.q_tile * kTile;
+  return c;
+}
+
 // The backward's two products over the head dimension for one warp and 32 columns:
 // x = A1 B1^T and y = A2 B2^T, with A rows [row0, row0 + 16) and B rows [n0, n0 + 32) of
 // row-major [*][D + 8] tiles (scores and dP of 32 queries or keys at once).
@@ -229,11 +244,9 @@ __global__ void __launch_bounds__(kThreads)
   bf16* k_s = q_s + kTile * kS;
   bf16* vt_s = k_s + kTile * kS;  // V transposed: [D][64 + 8]
 
-  const int q_tile = d.tiles - 1 - static_cast<int>(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, kvh = h / d.group;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int g = lane / 4, t = lane % 4, w0 = warp * kWarpRows;
-  const int i0 = q_tile * kTile;
+  const QueryTileWarp c = query_tile_warp(d);
+  const int q_tile = c.q_tile, h = c.h, b = c.b, kvh = c.kvh, g = c.g, t = c.t, w0 = c.w0,
+            i0 = c.i0;
   const int row[2] = {i0 + w0 + g, i0 + w0 + g + 8};
   const bf16* base = qkv + int64_t{b} * d.seq * d.qkv_ld;
   const float scale_log2 = d.scale * kLog2e;
@@ -454,11 +467,9 @@ __global__ void __launch_bounds__(kThreads)
   bf16* v_s = k_s + kTile * kS;
   bf16* kt_s = v_s + kTile * kS;  // K transposed
 
-  const int q_tile = d.tiles - 1 - static_cast<int>(blockIdx.x);
-  const int h = blockIdx.y, b = blockIdx.z, kvh = h / d.group;
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  const int g = lane / 4, t = lane % 4, w0 = warp * kWarpRows;
-  const int i0 = q_tile * kTile;
+  const QueryTileWarp c = query_tile_warp(d);
+  const int q_tile = c.q_tile, h = c.h, b = c.b, kvh = c.kvh, g = c.g, t = c.t, w0 = c.w0,
+            i0 = c.i0;
   const int row[2] = {i0 + w0 + g, i0 + w0 + g + 8};
   const bf16* base = qkv + int64_t{b} * d.seq * d.qkv_ld;
   const float scale_log2 = d.scale * kLog2e;

@@ -219,10 +219,9 @@ TEST(Trainer, PackedDocumentsTrainWithTheDocumentMask) {
                   {"data.document_positions", "without data.document_mask"});
   EXPECT_TRUE(parse(base, {"data.document_mask=true", "data.eot_token=63", "data.document_positions=true"})
                   .document_positions);
-  expect_contains(error_message([&] {
-                    (void)parse(base, {"data.document_mask=true", "data.eot_token=63", "train.device=\"cuda\""});
-                  }),
-                  {"data.document_mask", "CPU only"});
+  // Packed documents run on CUDA as well (the ranged attention kernels): the config is accepted.
+  EXPECT_TRUE(parse(base, {"data.document_mask=true", "data.eot_token=63", "train.device=\"cuda\""})
+                  .document_mask);
 }
 
 // A mixture-of-experts Llama through the config: it learns the markov stream (well under
@@ -376,8 +375,17 @@ TEST(TrainConfigContextParallel, BadLayoutsAreRejectedWithWhatWorks) {
                                                         "train.batch_size=1", "train.seq_len=12"});
                   }),
                   {"parallel.sequence_parallel", "/ parallel.cp = 6 rows", "parallel.tp = 4"});
-  expect_contains(error_message([&] { (void)parse(llama, {"parallel.cp=2", "train.device=\"cuda\""}); }),
-                  {"parallel.cp = 2", "CPU only so far"});
+  // Ring and all-gather attention run on CUDA; Ulysses' all-to-all packs host arrays and is refused
+  // there.
+  EXPECT_EQ(parse(llama, {"parallel.cp=2", "train.device=\"cuda\""}).cp, 2);
+  EXPECT_EQ(
+      parse(llama, {"parallel.cp=2", "parallel.cp_comm=\"allgather\"", "train.device=\"cuda\""}).cp,
+      2);
+  expect_contains(
+      error_message([&] {
+        (void)parse(llama, {"parallel.cp=2", "parallel.cp_comm=\"a2a\"", "train.device=\"cuda\""});
+      }),
+      {"parallel.cp_comm = \"a2a\"", "CPU only so far", "\"p2p\""});
   // One process cannot be two cp ranks.
   expect_contains(error_message([&] { Trainer trainer(parse(llama, {"parallel.cp=2"})); }),
                   {"parallel.tp = 1, parallel.pp = 1 and parallel.cp = 2 need 2 ranks", "mpirun -np 2"});

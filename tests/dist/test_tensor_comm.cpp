@@ -63,6 +63,18 @@ TEST(TensorComm, StagesBf16TensorsAndWritesTheResultBackOnWait) {
       recv->wait();
       const float from = 7.0f * static_cast<float>((rank + n - 1) % n);
       EXPECT_EQ(received.to_f32_vector(), (std::vector<float>{from, from + 1}));
+
+      // The same ring as exchanges (a ring-attention step): to the successor and from the
+      // predecessor in one operation, which counts one send and one receive.
+      const CommStats before = group->stats();
+      const Tensor exchanged = Tensor::zeros({2}, dtype, MemCategory::Workspace);
+      comm::send_recv(*group, to_send, (rank + 1) % n, exchanged, (rank + n - 1) % n, 6)->wait();
+      EXPECT_EQ(exchanged.to_f32_vector(), (std::vector<float>{from, from + 1}));
+      EXPECT_EQ(to_send.to_f32_vector(),
+                (std::vector<float>{7.0f * rank, 7.0f * rank + 1}));  // untouched
+      const CommStats after = group->stats();
+      EXPECT_EQ(after.calls[size_t(CommOp::Send)] - before.calls[size_t(CommOp::Send)], 1);
+      EXPECT_EQ(after.calls[size_t(CommOp::Recv)] - before.calls[size_t(CommOp::Recv)], 1);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/core/dtype.hpp"
@@ -26,6 +27,23 @@ class Work {
   virtual bool test() = 0;  // true once complete; never blocks
 };
 using WorkHandle = std::shared_ptr<Work>;
+
+// Several operations as one: complete when every one of them is.
+class WorkGroup final : public Work {
+ public:
+  explicit WorkGroup(std::vector<WorkHandle> parts) : parts_(std::move(parts)) {}
+  void wait() override {
+    for (const WorkHandle& w : parts_) w->wait();
+  }
+  bool test() override {
+    bool done = true;
+    for (const WorkHandle& w : parts_) done = w->test() && done;  // test every one: progress
+    return done;
+  }
+
+ private:
+  std::vector<WorkHandle> parts_;
+};
 
 enum class CommOp {
   AllReduce,
@@ -154,6 +172,17 @@ class ProcessGroup {
                                  float* out, const std::vector<int64_t>& recv_counts) = 0;
   virtual WorkHandle send(const float* data, int64_t count, int peer, int tag) = 0;
   virtual WorkHandle recv(float* data, int64_t count, int peer, int tag) = 0;
+  // A send to one peer and a receive from another (or the same) as one operation: the exchange
+  // of a ring step. Every rank of a ring must issue it in the same order, as a collective: NCCL
+  // runs the pair as one group, where two separate calls on its stream could wait on each other
+  // around the ring. MPI posts both at once.
+  virtual WorkHandle send_recv(const float* send_data, int64_t send_count, int send_peer,
+                               float* recv_data, int64_t recv_count, int recv_peer, int tag) {
+    WorkHandle sent = send(send_data, send_count, send_peer, tag);
+    WorkHandle received = recv(recv_data, recv_count, recv_peer, tag);
+    return std::make_shared<WorkGroup>(
+        std::vector<WorkHandle>{std::move(sent), std::move(received)});
+  }
   virtual void barrier() = 0;  // blocking, under the same timeout as wait()
 
   // Collective over this group: a new group of the ranks that passed the same `color`,

@@ -136,6 +136,22 @@ WorkHandle recv(ProcessGroup& group, const Tensor& data, int peer, int tag) {
   return std::make_shared<StagedWork>(std::move(work), buffer, data, Tensor{});
 }
 
+WorkHandle send_recv(ProcessGroup& group, const Tensor& to_send, int send_peer,
+                     const Tensor& to_receive, int recv_peer, int tag) {
+  check_defined("send_recv", group, to_send, "the tensor to send");
+  check_defined("send_recv", group, to_receive, "the tensor to receive into");
+  const bool send_direct = takes_directly(group, to_send),
+             recv_direct = takes_directly(group, to_receive);
+  const Tensor send_buffer = send_direct ? to_send : staged(group, to_send, true);
+  const Tensor recv_buffer = recv_direct ? to_receive : staged(group, to_receive, false);
+  WorkHandle work = group.send_recv(send_buffer.f32(), send_buffer.numel(), send_peer,
+                                    recv_buffer.f32(), recv_buffer.numel(), recv_peer, tag);
+  if (send_direct && recv_direct) return work;
+  return std::make_shared<StagedWork>(std::move(work), recv_direct ? Tensor{} : recv_buffer,
+                                      recv_direct ? Tensor{} : to_receive,
+                                      send_direct ? Tensor{} : send_buffer);
+}
+
 namespace {
 // A copy of `count` host floats in the group's memory (values copied when `with_values`).
 Tensor staged_host(const ProcessGroup& group, const float* host, int64_t count, bool with_values) {

@@ -25,6 +25,9 @@ WorkHandle all_gather(ProcessGroup& group, const Tensor& in, const Tensor& out);
 WorkHandle broadcast(ProcessGroup& group, const Tensor& data, int root);
 WorkHandle send(ProcessGroup& group, const Tensor& data, int peer, int tag);
 WorkHandle recv(ProcessGroup& group, const Tensor& data, int peer, int tag);
+// ProcessGroup::send_recv on tensors: `to_send` to send_peer, `to_receive` from recv_peer.
+WorkHandle send_recv(ProcessGroup& group, const Tensor& to_send, int send_peer,
+                     const Tensor& to_receive, int recv_peer, int tag);
 
 // Host f32 arrays (scalars, small statistics) on any group: the group's own call on a host
 // group, staged through its memory otherwise (an NCCL group reads device memory only).

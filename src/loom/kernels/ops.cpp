@@ -256,13 +256,11 @@ void check_key_ranges(const char* op, std::span<const int32_t> ranges, int64_t b
   }
 }
 
-// Key ranges fit the rows and keep every row causal and non-empty; they run on the CPU only.
+// Key ranges fit the rows and keep every row causal and non-empty (checked on the host, before
+// a device kernel reads them).
 const int32_t* checked_key_ranges(const char* op, std::span<const int32_t> ranges,
-                                  const AttentionShape& shape, Device device) {
+                                  const AttentionShape& shape) {
   if (ranges.empty()) return nullptr;
-  if (device != Device::CPU)
-    throw_error("ops::", op, ": key ranges (packed documents, windows) run on the CPU only so far; ",
-                "this call is on ", device_name(device));
   check_key_ranges(op, ranges, shape.batch, shape.seq_len, true, shape.seq_len);
   return ranges.data();
 }
@@ -278,8 +276,8 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                 shape_to_string(out.shape()), ", lse ", shape_to_string(lse.shape()),
                 " do not fit batch ", shape.batch, " x ", shape.seq_len, ", ", shape.heads,
                 " heads, ", shape.kv_heads, " kv heads of ", shape.head_dim);
-  const int32_t* ranges = checked_key_ranges("attention_forward", key_ranges, shape, device);
-  LOOM_OPS_ON_CUDA(device, attention_forward(out, lse, qkv, shape))
+  const int32_t* ranges = checked_key_ranges("attention_forward", key_ranges, shape);
+  LOOM_OPS_ON_CUDA(device, attention_forward(out, lse, qkv, shape, key_ranges))
   require_cpu_f32("attention_forward", {&out, &qkv});
   cpu::attention_forward(out.f32(), lse.f32(), qkv.f32(), shape, ranges);
 }
@@ -292,8 +290,8 @@ void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& 
              "ops::attention_backward: d_qkv ", shape_to_string(d_qkv.shape()), " / d_out ",
              shape_to_string(d_out.shape()), " for qkv ", shape_to_string(qkv.shape()), " / out ",
              shape_to_string(out.shape()));
-  const int32_t* ranges = checked_key_ranges("attention_backward", key_ranges, shape, device);
-  LOOM_OPS_ON_CUDA(device, attention_backward(d_qkv, d_out, qkv, out, lse, shape))
+  const int32_t* ranges = checked_key_ranges("attention_backward", key_ranges, shape);
+  LOOM_OPS_ON_CUDA(device, attention_backward(d_qkv, d_out, qkv, out, lse, shape, key_ranges))
   require_cpu_f32("attention_backward", {&d_qkv, &d_out, &qkv, &out});
   cpu::attention_backward(d_qkv.f32(), d_out.f32(), qkv.f32(), out.f32(), lse.f32(), shape, ranges);
 }
@@ -320,9 +318,10 @@ const int32_t* checked_cross(const char* op, const Tensor& out, const Tensor& ls
 
 void cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
                              const CrossAttentionShape& shape, std::span<const int32_t> key_ranges) {
-  (void)device_of("cross_attention_forward", {&out, &lse, &q, &kv});
-  require_cpu_f32("cross_attention_forward", {&out, &lse, &q, &kv});
+  const Device device = device_of("cross_attention_forward", {&out, &lse, &q, &kv});
   const int32_t* ranges = checked_cross("cross_attention_forward", out, lse, q, kv, shape, key_ranges);
+  LOOM_OPS_ON_CUDA(device, cross_attention_forward(out, lse, q, kv, shape, key_ranges))
+  require_cpu_f32("cross_attention_forward", {&out, &lse, &q, &kv});
   cpu::cross_attention_forward(out.f32(), lse.f32(), q.f32(), q.size(1), kv.f32(), kv.size(1), shape,
                                ranges);
 }
@@ -330,22 +329,24 @@ void cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 void cross_attention_backward(const Tensor& d_q, const Tensor& d_kv, const Tensor& d_out,
                               const Tensor& q, const Tensor& kv, const Tensor& out, const Tensor& lse,
                               const CrossAttentionShape& shape, std::span<const int32_t> key_ranges) {
-  (void)device_of("cross_attention_backward", {&d_q, &d_kv, &d_out, &q, &kv, &out, &lse});
-  require_cpu_f32("cross_attention_backward", {&d_q, &d_kv, &d_out, &q, &kv, &out, &lse});
+  const Device device =
+      device_of("cross_attention_backward", {&d_q, &d_kv, &d_out, &q, &kv, &out, &lse});
   const int32_t* ranges = checked_cross("cross_attention_backward", out, lse, q, kv, shape, key_ranges);
-  LOOM_CHECK(d_q.numel() == q.numel() && d_kv.numel() == kv.numel() && d_out.numel() == out.numel(),
+  LOOM_CHECK(d_q.shape() == q.shape() && d_kv.shape() == kv.shape() && d_out.numel() == out.numel(),
              "ops::cross_attention_backward: d_q ", shape_to_string(d_q.shape()), " / d_kv ",
              shape_to_string(d_kv.shape()), " / d_out ", shape_to_string(d_out.shape()), " for q ",
              shape_to_string(q.shape()), " / kv ", shape_to_string(kv.shape()), " / out ",
              shape_to_string(out.shape()));
+  LOOM_OPS_ON_CUDA(device,
+                   cross_attention_backward(d_q, d_kv, d_out, q, kv, out, lse, shape, key_ranges))
+  require_cpu_f32("cross_attention_backward", {&d_q, &d_kv, &d_out, &q, &kv, &out, &lse});
   cpu::cross_attention_backward(d_q.f32(), d_kv.f32(), d_out.f32(), q.f32(), q.size(1), kv.f32(),
                                 kv.size(1), out.f32(), lse.f32(), shape, ranges);
 }
 
 void merge_attention_partials(const Tensor& out, const Tensor& lse, const Tensor& part,
                               const Tensor& part_lse, int64_t batch, int64_t heads) {
-  (void)device_of("merge_attention_partials", {&out, &lse, &part, &part_lse});
-  require_cpu_f32("merge_attention_partials", {&out, &lse, &part, &part_lse});
+  const Device device = device_of("merge_attention_partials", {&out, &lse, &part, &part_lse});
   require_2d("merge_attention_partials", "out", out);
   const int64_t rows = out.size(0);
   if (batch <= 0 || heads <= 0 || rows % batch != 0 || out.size(1) % heads != 0 ||
@@ -353,19 +354,22 @@ void merge_attention_partials(const Tensor& out, const Tensor& lse, const Tensor
     throw_error("ops::merge_attention_partials: out ", shape_to_string(out.shape()), ", part ",
                 shape_to_string(part.shape()), ", lse ", shape_to_string(lse.shape()), ", part_lse ",
                 shape_to_string(part_lse.shape()), " do not fit batch ", batch, " x ", heads, " heads");
+  LOOM_OPS_ON_CUDA(device, merge_attention_partials(out, lse, part, part_lse, batch, heads))
+  require_cpu_f32("merge_attention_partials", {&out, &lse, &part, &part_lse});
   cpu::merge_attention_partials(out.f32(), lse.f32(), part.f32(), part_lse.f32(), batch, rows / batch,
                                 heads, out.size(1) / heads);
 }
 
 void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols) {
-  (void)device_of("copy_columns", {&dst, &src});
-  require_cpu_f32("copy_columns", {&dst, &src});
+  const Device device = device_of("copy_columns", {&dst, &src});
   require_2d("copy_columns", "dst", dst);
   require_2d("copy_columns", "src", src);
   if (dst.size(0) != src.size(0) || cols < 0 || dst_col < 0 || src_col < 0 || dst_col + cols > dst.size(1) ||
       src_col + cols > src.size(1))
     throw_error("ops::copy_columns: ", cols, " columns from ", src_col, " of ", shape_to_string(src.shape()),
                 " to ", dst_col, " of ", shape_to_string(dst.shape()));
+  LOOM_OPS_ON_CUDA(device, copy_columns(dst, dst_col, src, src_col, cols))
+  require_cpu_f32("copy_columns", {&dst, &src});
   const int64_t rows = dst.size(0), dst_ld = dst.size(1), src_ld = src.size(1);
   float* d = dst.f32();
   const float* s = src.f32();
@@ -405,13 +409,13 @@ void Rope::apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
   if (seq_len > table_.max_positions)
     throw_error("ops::rope_apply: sequence ", seq_len, " is longer than the table's ",
                 table_.max_positions);
-  const int32_t* ids = checked_positions("rope_apply", positions, 0, batch * seq_len,
-                                         table_.max_positions, x.device());
+  const int32_t* ids =
+      checked_positions("rope_apply", positions, 0, batch * seq_len, table_.max_positions);
 #ifdef LOOM_HAVE_CUDA
   if (x.device() == Device::CUDA) {
     if (!device_)
       device_ = std::make_unique<DeviceTable>(DeviceTable{cuda_impl::upload_rope_table(table_)});
-    cuda_impl::rope_apply(x, batch, seq_len, heads, device_->table.get(), inverse);
+    cuda_impl::rope_apply(x, batch, seq_len, heads, device_->table.get(), inverse, ids);
     return;
   }
 #endif
@@ -425,14 +429,14 @@ void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& t
                        const Tensor* position_table, int64_t batch, int64_t seq_len,
                        std::span<const int32_t> positions) {
   const Device device = device_of("embedding_forward", {&out, &token_table, position_table});
-  const int32_t* ids = position_table ? checked_positions("embedding_forward", positions, 0, batch * seq_len,
-                                                          position_table->size(0), device)
+  const int32_t* ids = position_table ? checked_positions("embedding_forward", positions, 0,
+                                                          batch * seq_len, position_table->size(0))
                                       : nullptr;
   const int64_t dim = token_table.size(1);
   LOOM_CHECK(out.numel() == batch * seq_len * dim, "ops::embedding_forward: out ",
              shape_to_string(out.shape()), " for ", batch, " x ", seq_len, " tokens of ", dim);
   LOOM_OPS_ON_CUDA(device,
-                   embedding_forward(out, tokens, token_table, position_table, batch, seq_len))
+                   embedding_forward(out, tokens, token_table, position_table, batch, seq_len, ids))
   require_cpu_f32("embedding_forward", {&out, &token_table, position_table});
   cpu::embedding_forward(out.f32(), tokens, token_table.f32(), f32_or_null(position_table), batch,
                          seq_len, dim, ids);
@@ -453,11 +457,12 @@ void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_ta
     return;
   }
   const Device device = device_of("embedding_backward", {&d_token_table, d_position_table, &d_out});
-  const int32_t* ids = d_position_table ? checked_positions("embedding_backward", positions, 0, batch * seq_len,
-                                                            d_position_table->size(0), device)
-                                        : nullptr;
-  LOOM_OPS_ON_CUDA(
-      device, embedding_backward(d_token_table, d_position_table, d_out, tokens, batch, seq_len))
+  const int32_t* ids = d_position_table
+                           ? checked_positions("embedding_backward", positions, 0, batch * seq_len,
+                                               d_position_table->size(0))
+                           : nullptr;
+  LOOM_OPS_ON_CUDA(device, embedding_backward(d_token_table, d_position_table, d_out, tokens, batch,
+                                              seq_len, ids))
   require_cpu_f32("embedding_backward", {&d_token_table, d_position_table, &d_out});
   cpu::embedding_backward(f32_or_null(d_token_table), f32_or_null(d_position_table), d_out.f32(),
                           tokens, batch, seq_len, d_out.numel() / (batch * seq_len), ids);

@@ -63,7 +63,8 @@ void swiglu_backward(const Tensor& d_fused, const Tensor& d_out,
 // Causal GQA flash attention over the fused qkv [B*T, (H + 2 KV) D]; out [B*T, H D]; lse
 // [B, H, T] F32. `key_ranges` (host, 2 per query row of the B*T, empty for causal) narrows
 // what each query row i sees to the keys [begin, end), 0 <= begin < end <= i + 1: packed
-// documents (begin = the document's first token) or a sliding window. CPU only so far.
+// documents (begin = the document's first token) or a sliding window. On CUDA, ranges take the
+// ranged kernels (cuda/attention.hpp); the causal call keeps the causal (or tensor-core) ones.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
                        const AttentionShape& shape, std::span<const int32_t> key_ranges = {});
 void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
@@ -74,7 +75,8 @@ void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& 
 // the keys and values gathered from the whole sequence). q [B*q_len, >= H D] (heads in its
 // first H D columns, as in a fused qkv row), kv [B*kv_len, 2 KV D] (k | v), key_ranges (host, 2
 // per query row, required) in kv rows: 0 <= begin < end <= kv_len. out [B*q_len, H D], lse
-// [B, H, q_len] F32. The backward writes d_q's first H D columns and all of d_kv. CPU, f32.
+// [B, H, q_len] F32. The backward writes d_q's first H D columns and all of d_kv. The CPU takes
+// f32; CUDA also bf16 q (d_out, out) over f32 kv with f32 or bf16 results, the ring's layout.
 void cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
                              const CrossAttentionShape& shape, std::span<const int32_t> key_ranges);
 void cross_attention_backward(const Tensor& d_q, const Tensor& d_kv, const Tensor& d_out,
@@ -85,12 +87,13 @@ void cross_attention_backward(const Tensor& d_q, const Tensor& d_kv, const Tenso
 // through their log-sum-exps: lse' = log(e^lse + e^part_lse), out' = out e^(lse - lse') +
 // part e^(part_lse - lse'). out, part [batch * T, heads * D]; lse, part_lse [batch, heads, T]
 // F32. A -inf log-sum-exp (no key seen) weighs 0; two of them leave out and lse as they are.
-// CPU, f32.
+// F32 tensors, on either device.
 void merge_attention_partials(const Tensor& out, const Tensor& lse, const Tensor& part,
                               const Tensor& part_lse, int64_t batch, int64_t heads);
 
 // dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols], both 2-D with as many
-// rows (the k|v columns of a fused qkv and a k|v block). CPU.
+// rows (the k|v columns of a fused qkv and a k|v block). F32 on the CPU; on CUDA f32 or bf16,
+// converting (round to nearest even) where the two differ.
 void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col, int64_t cols);
 
 // The largest head_dim the attention ops take on `device` (the CPU has no limit; 0 for a
@@ -106,8 +109,8 @@ class Rope {
   Rope(const Rope&) = delete;
   Rope& operator=(const Rope&) = delete;
   // In place on the first `heads` heads of each row of x [B*T, *] (q and k side by side);
-  // inverse rotates back (the backward). `positions` (host, one per row; CPU only so far)
-  // replace each row's index in its sequence.
+  // inverse rotates back (the backward). `positions` (host, one per row) replace each row's
+  // index in its sequence.
   void apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads, bool inverse,
              std::span<const int32_t> positions = {}) const;
   const cpu::RopeTable& table() const { return table_; }
@@ -122,8 +125,8 @@ class Rope {
 // out[b*t] = token_table[tokens[b*t]] (+ position_table[t]). Token ids are the data loader's,
 // on the host, and are checked there; the op uploads them when the tables are on a device.
 // Table gradients are F32 and accumulated.
-// `positions` (host, one per token; CPU only so far) replace each token's index t in its
-// sequence as the position-table row.
+// `positions` (host, one per token) replace each token's index t in its sequence as the
+// position-table row.
 void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
                        const Tensor* position_table, int64_t batch, int64_t seq_len,
                        std::span<const int32_t> positions = {});
@@ -168,8 +171,7 @@ void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const 
                               int64_t vocab_begin);
 // out[r] += table[(first_row + r) % seq_len]: learned positions for a block of rows starting at
 // row first_row of the whole batch; the backward adds into d_table (F32).
-// `positions` (host, one per row of the whole batch; CPU only so far) replace (first_row + r) %
-// seq_len.
+// `positions` (host, one per row of the whole batch) replace (first_row + r) % seq_len.
 void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row,
                        int64_t seq_len, std::span<const int32_t> positions = {});
 void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,

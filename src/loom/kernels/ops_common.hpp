@@ -44,15 +44,12 @@ inline void require_2d(const char* op, const char* what, const Tensor& t) {
 
 inline float* f32_or_null(const Tensor& t) { return t.defined() ? t.f32() : nullptr; }
 
-// Position ids for `rows` rows (from `first` of the whole batch), each below `table_rows`; on
-// the CPU only so far. Returns the pointer the CPU kernels take (null: each row's index).
+// Position ids for `rows` rows (from `first` of the whole batch), each below `table_rows`,
+// checked on the host (a device kernel indexes its table with them). Returns the whole batch's
+// ids, the pointer the kernels take (null: each row's index).
 inline const int32_t* checked_positions(const char* op, std::span<const int32_t> positions,
-                                        int64_t first, int64_t rows, int64_t table_rows,
-                                        Device device) {
+                                        int64_t first, int64_t rows, int64_t table_rows) {
   if (positions.empty()) return nullptr;
-  if (device != Device::CPU)
-    throw_error("ops::", op, ": position ids (packed documents) run on the CPU only so far; this call is on ",
-                device_name(device));
   if (static_cast<int64_t>(positions.size()) < first + rows)
     throw_error("ops::", op, ": ", positions.size(), " position ids for rows up to ", first + rows);
   for (int64_t r = first; r < first + rows; ++r)

@@ -103,10 +103,11 @@ void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row
   const Device device = device_of("add_position_rows", {&out, &table});
   check_rows("add_position_rows", out, table);
   const int32_t* ids = checked_positions("add_position_rows", positions, first_row,
-                                         out.numel() / table.size(1), table.size(0), device);
+                                         out.numel() / table.size(1), table.size(0));
   LOOM_CHECK(seq_len > 0 && seq_len <= table.size(0), "ops::add_position_rows: sequence ", seq_len,
              " for a table of ", table.size(0), " positions");
-  LOOM_OPS_ON_CUDA(device, add_position_rows(out, table, first_row, seq_len))
+  LOOM_OPS_ON_CUDA(
+      device, add_position_rows(out, table, first_row, seq_len, ids ? ids + first_row : nullptr))
   require_cpu_f32("add_position_rows", {&out, &table});
   const int64_t dim = table.size(1);
   cpu::add_position_rows(out.f32(), table.f32(), out.numel() / dim, dim, first_row, seq_len, ids);
@@ -124,10 +125,11 @@ void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t 
   const Device device = device_of("position_rows_backward", {&d_table, &d_out});
   check_rows("position_rows_backward", d_out, d_table);
   const int32_t* ids = checked_positions("position_rows_backward", positions, first_row,
-                                         d_out.numel() / d_table.size(1), d_table.size(0), device);
+                                         d_out.numel() / d_table.size(1), d_table.size(0));
   LOOM_CHECK(seq_len > 0 && seq_len <= d_table.size(0), "ops::position_rows_backward: sequence ",
              seq_len, " for a table of ", d_table.size(0), " positions");
-  LOOM_OPS_ON_CUDA(device, position_rows_backward(d_table, d_out, first_row, seq_len))
+  LOOM_OPS_ON_CUDA(device, position_rows_backward(d_table, d_out, first_row, seq_len,
+                                                  ids ? ids + first_row : nullptr))
   require_cpu_f32("position_rows_backward", {&d_table, &d_out});
   const int64_t dim = d_table.size(1);
   cpu::position_rows_backward(d_table.f32(), d_out.f32(), d_out.numel() / dim, dim, first_row,

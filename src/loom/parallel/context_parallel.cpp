@@ -39,7 +39,8 @@ class ContextAttentionBase : public ContextAttention {
     split_.check(d.seq_len);
     return d;
   }
-  // This rank's k | v block [rows, 2 KV D], a copy of qkv's key and value columns.
+  // This rank's k | v block [rows, 2 KV D], an f32 copy of qkv's key and value columns (bf16
+  // ones widened: the blocks travel and their gradients add up in f32).
   Tensor kv_block(const Tensor& qkv, const Dims& d) const {
     Tensor kv = Tensor::empty({d.rows, d.kv_cols}, DType::F32, MemCategory::CommBuffers, qkv.device());
     ops::copy_columns(kv, 0, qkv, d.q_cols, d.kv_cols);
@@ -92,9 +93,16 @@ class AllGatherAttention final : public ContextAttentionBase {
     Tensor whole;  // gathered again: the forward kept nothing of it
     timed("all-gather k|v", false, [&] { whole = gather(qkv, d); });
     const Tensor d_whole = Tensor::empty(whole.shape(), DType::F32, MemCategory::Workspace, qkv.device());
+    // The query gradient in f32 like the key/value one: d_qkv itself, or a copy written back.
+    const Tensor d_q =
+        d_qkv.dtype() == DType::F32
+            ? d_qkv
+            : Tensor::empty(d_qkv.shape(), DType::F32, MemCategory::Workspace, qkv.device());
     timed("attention backward", true, [&] {
-      ops::cross_attention_backward(d_qkv, d_whole, d_out, qkv, whole, out, lse, cross_shape(s, d.seq_len), ranges);
+      ops::cross_attention_backward(d_q, d_whole, d_out, qkv, whole, out, lse,
+                                    cross_shape(s, d.seq_len), ranges);
     });
+    if (d_q.raw() != d_qkv.raw()) ops::copy_columns(d_qkv, 0, d_q, 0, d.q_cols);
     // Every rank's gradient of every block, summed at the block's owner.
     const Tensor blocks = Tensor::empty({split_.size * d.rows, d.kv_cols}, DType::F32, MemCategory::CommBuffers,
                                         qkv.device());
@@ -145,20 +153,21 @@ class RingAttention final : public ContextAttentionBase {
     const int n = split_.size;
     Tensor held = kv_block(qkv, d);
     Tensor next = n > 1 ? empty_like(held, MemCategory::CommBuffers) : Tensor();
+    // Partial results merge in f32: into out itself, or (bf16 out) a copy written back at the end.
+    const Tensor result = out.dtype() == DType::F32 ? out : empty_like(out, MemCategory::Workspace);
     Tensor part, part_lse;
     std::vector<int32_t> block_ranges;
     for (int step = 0; step < n; ++step) {
-      WorkHandle sent, received;
+      WorkHandle exchanged;
       const double issued = TraceRecorder::now_s();
-      if (step + 1 < n) {  // the next block travels while this one is computed
-        sent = comm::send(*group_, held, next_rank(), kTagKv);
-        received = comm::recv(*group_, next, previous_rank(), kTagKv);
-      }
+      if (step + 1 < n)  // the next block travels while this one is computed
+        exchanged = comm::send_recv(*group_, held, next_rank(), next, previous_rank(), kTagKv);
       const int holder = holder_at(step);
       if (map_ranges(ranges, d, holder, block_ranges))
         timed("attention block of rank " + std::to_string(holder), true, [&] {
           if (step == 0) {  // the diagonal block: every row sees itself, so it starts the result
-            ops::cross_attention_forward(out, lse, qkv, held, cross_shape(s, d.local_len), block_ranges);
+            ops::cross_attention_forward(result, lse, qkv, held, cross_shape(s, d.local_len),
+                                         block_ranges);
             return;
           }
           if (!part.defined()) {
@@ -166,48 +175,48 @@ class RingAttention final : public ContextAttentionBase {
             part_lse = empty_like(lse, MemCategory::Workspace);
           }
           ops::cross_attention_forward(part, part_lse, qkv, held, cross_shape(s, d.local_len), block_ranges);
-          ops::merge_attention_partials(out, lse, part, part_lse, s.batch, s.heads);
+          ops::merge_attention_partials(result, lse, part, part_lse, s.batch, s.heads);
         });
-      if (sent) {
-        timed("wait for block", false, [&] {
-          sent->wait();
-          received->wait();
-        });
+      if (exchanged) {
+        timed("wait for block", false, [&] { exchanged->wait(); });
         transfer_span("block of rank " + std::to_string(holder_at(step + 1)) + " in", issued, TraceRecorder::now_s());
         std::swap(held, next);
       }
     }
+    if (result.raw() != out.raw()) ops::copy_columns(out, 0, result, 0, d.q_cols);
   }
 
   // The blocks go round again, each with the gradient of its keys and values: that gradient
   // starts at the holder's successor, gathers every other rank's part, and reaches the holder
-  // (which adds its own diagonal part) after C - 1 hops.
+  // (which adds its own diagonal part) after C - 1 hops. Each step's transfers are exchanges
+  // with both neighbours (ProcessGroup::send_recv), issued in the same order on every rank: the
+  // next block at the start of the step, under its compute; the gradient at its end.
   void backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv, const Tensor& out,
                 const Tensor& lse, const ops::AttentionShape& s, std::span<const int32_t> ranges) override {
     const Dims d = dims(qkv, s, ranges);
     const int n = split_.size;
     const Device device = qkv.device();
     // The queries alone, compact: the cross-attention backward writes a d_q shaped like its q.
-    const Tensor q = Tensor::empty({d.rows, d.q_cols}, DType::F32, MemCategory::Workspace, device);
+    const Tensor q = Tensor::empty({d.rows, d.q_cols}, qkv.dtype(), MemCategory::Workspace, device);
     ops::copy_columns(q, 0, qkv, 0, d.q_cols);
     const Tensor d_q = Tensor::zeros({d.rows, d.q_cols}, DType::F32, MemCategory::Workspace, device);
     const Tensor d_q_part = empty_like(d_q, MemCategory::Workspace);
     Tensor held = kv_block(qkv, d);
     Tensor next = n > 1 ? empty_like(held, MemCategory::CommBuffers) : Tensor();
     const Tensor own = empty_like(held, MemCategory::Workspace);  // the diagonal block's gradient
-    Tensor travelling = n > 1 ? empty_like(held, MemCategory::CommBuffers) : Tensor();  // sent on
-    Tensor arriving = n > 2 ? empty_like(held, MemCategory::CommBuffers) : Tensor();
-    WorkHandle gradient_sent;
+    const Tensor travelling =
+        n > 1 ? empty_like(held, MemCategory::CommBuffers) : Tensor();  // sent on
+    const Tensor arriving = n > 1 ? empty_like(held, MemCategory::CommBuffers) : Tensor();
+    WorkHandle
+        gradient_exchanged;  // travelling out to the successor, arriving in from the predecessor
     std::vector<int32_t> block_ranges;
     for (int step = 0; step < n; ++step) {
-      WorkHandle sent, received, gradient_received;
-      if (step + 1 < n) {
-        sent = comm::send(*group_, held, next_rank(), kTagKv);
-        received = comm::recv(*group_, next, previous_rank(), kTagKv);
-      }
-      if (step >= 2) gradient_received = comm::recv(*group_, arriving, previous_rank(), kTagGradient);
-      // The last step's gradient send must be done before its buffer is written again.
-      if (gradient_sent) gradient_sent->wait();
+      WorkHandle exchanged;
+      if (step + 1 < n)
+        exchanged = comm::send_recv(*group_, held, next_rank(), next, previous_rank(), kTagKv);
+      // The last step's gradient must have left before its buffer is written again.
+      if (gradient_exchanged)
+        timed("wait for gradient", false, [&] { gradient_exchanged->wait(); });
       const Tensor& d_block = step == 0 ? own : travelling;
       if (map_ranges(ranges, d, holder_at(step), block_ranges)) {
         timed("attention backward block of rank " + std::to_string(holder_at(step)), true, [&] {
@@ -219,27 +228,19 @@ class RingAttention final : public ContextAttentionBase {
         d_block.zero_();
       }
       if (step >= 1) {
-        if (gradient_received) {
-          timed("wait for gradient", false, [&] { gradient_received->wait(); });
-          ops::add_into(travelling, arriving);
-        }
-        gradient_sent = comm::send(*group_, travelling, next_rank(), kTagGradient);
+        if (step >= 2)
+          ops::add_into(travelling, arriving);  // the predecessors' parts of this block
+        gradient_exchanged = comm::send_recv(*group_, travelling, next_rank(), arriving,
+                                             previous_rank(), kTagGradient);
       }
-      if (sent) {
-        timed("wait for block", false, [&] {
-          sent->wait();
-          received->wait();
-        });
+      if (exchanged) {
+        timed("wait for block", false, [&] { exchanged->wait(); });
         std::swap(held, next);
       }
     }
     if (n > 1) {  // this rank's own block's gradient, from every other rank
-      const Tensor from_others = empty_like(held, MemCategory::CommBuffers);
-      timed("wait for own gradient", false, [&] {
-        comm::recv(*group_, from_others, previous_rank(), kTagGradient)->wait();
-        gradient_sent->wait();
-      });
-      ops::add_into(own, from_others);
+      timed("wait for own gradient", false, [&] { gradient_exchanged->wait(); });
+      ops::add_into(own, arriving);
     }
     ops::copy_columns(d_qkv, 0, d_q, 0, d.q_cols);
     ops::copy_columns(d_qkv, d.q_cols, own, 0, d.kv_cols);

@@ -491,16 +491,15 @@ void check_cuda_available() {
 }
 
 void check_cuda_training(const TrainConfig& c) {
-  if (c.cp > 1)
-    throw_error("parallel.cp = ", c.cp, " (context parallelism) runs on the CPU only so far; its attention "
-                "over key blocks is not on CUDA yet: set train.device = \"cpu\" or parallel.cp = 1");
+  if (c.cp > 1 && c.cp_comm == CpComm::AllToAll)
+    throw_error(
+        "parallel.cp_comm = \"a2a\" (Ulysses) runs on the CPU only so far: its all-to-all packs "
+        "host arrays. On CUDA use parallel.cp_comm = \"p2p\" (ring) or \"allgather\", or train "
+        "on the CPU");
   if (c.model.is_moe())
-    throw_error("model.n_experts = ", c.model.n_experts, " (mixture of experts) runs on the CPU only so far: set "
+    throw_error("model.n_experts = ", c.model.n_experts,
+                " (mixture of experts) runs on the CPU only so far: set "
                 "train.device = \"cpu\"");
-  if (c.document_mask)
-    throw_error("data.document_mask = true (packed documents) runs on the CPU only so far; the CUDA "
-                "attention kernel is causal over whole sequences: set train.device = \"cpu\" or drop "
-                "the document mask");
   const int64_t max_head_dim = ops::max_attention_head_dim(Device::CUDA);
   if (max_head_dim > 0 && c.model.head_dim() > max_head_dim)
     throw_error("model.n_embd / model.n_head = ", c.model.n_embd, " / ", c.model.n_head, " = head_dim ",

@@ -396,6 +396,36 @@ WorkHandle NcclProcessGroup::recv(float* data, int64_t count, int peer, int tag)
   return enqueued(context.str());
 }
 
+WorkHandle NcclProcessGroup::send_recv(const float* send_data, int64_t send_count, int send_peer,
+                                       float* recv_data, int64_t recv_count, int recv_peer,
+                                       int tag) {
+  const size_t n_send = checked_count(send_count, "send_recv", "send_count");
+  const size_t n_recv = checked_count(recv_count, "send_recv", "recv_count");
+  check_peer_argument(send_peer, tag, "send_recv");
+  check_peer_argument(recv_peer, tag, "send_recv");
+  std::ostringstream context;
+  context << describe("send_recv") << " to rank " << send_peer << ", from rank " << recv_peer
+          << " (tag " << tag << ")";
+  check_buffer(send_data, send_count, context.str(), "send_data");
+  check_buffer(recv_data, recv_count, context.str(), "recv_data");
+  check_disjoint(send_data, send_count, recv_data, recv_count, context.str());
+  stats_.record(CommOp::Send, {send_count * kFloatBytes, 0});
+  stats_.record(CommOp::Recv, {0, recv_count * kFloatBytes});
+  after_compute(*nccl_, context.str());
+  // One group, closed even when a call inside it fails (see enqueue_all_to_allv).
+  check_nccl(ncclGroupStart(), "ncclGroupStart", context.str());
+  ncclResult_t rc = ncclSend(send_data, n_send, ncclFloat, send_peer, nccl_->comm, nccl_->stream);
+  const char* failed_call = "ncclSend";
+  if (rc == ncclSuccess) {
+    rc = ncclRecv(recv_data, n_recv, ncclFloat, recv_peer, nccl_->comm, nccl_->stream);
+    failed_call = "ncclRecv";
+  }
+  const ncclResult_t end_rc = ncclGroupEnd();
+  check_nccl(rc, failed_call, context.str());
+  check_nccl(end_rc, "ncclGroupEnd", context.str());
+  return enqueued(context.str());
+}
+
 void NcclProcessGroup::barrier() {
   stats_.record(CommOp::Barrier, {});
   if (size_ == 1) return;

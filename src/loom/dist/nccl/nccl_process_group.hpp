@@ -65,6 +65,8 @@ class NcclProcessGroup final : public ProcessGroup {
   // `tag` is only checked (>= 0, as on MPI). A receive must name the sender's exact count.
   WorkHandle send(const float* data, int64_t count, int peer, int tag) override;
   WorkHandle recv(float* data, int64_t count, int peer, int tag) override;
+  WorkHandle send_recv(const float* send_data, int64_t send_count, int send_peer, float* recv_data,
+                       int64_t recv_count, int recv_peer, int tag) override;
   void barrier() override;
 
   std::shared_ptr<ProcessGroup> split(int color, int key, std::string name) override;

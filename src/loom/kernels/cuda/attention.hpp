@@ -61,4 +61,69 @@ void attention_backward(float* d_qkv, const float* d_out, const float* qkv, cons
 void attention_backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const bf16* out,
                         const float* lse, const AttentionShape& shape, cudaStream_t stream = 0);
 
+// ---- attention with a key range per query row (attention_ranged.cu) ------------------------
+// The twin of loom::cpu's cross_attention_forward / _backward, and of its attention with key
+// ranges (packed documents: q, k and v are then the columns of one fused qkv). Query row i of
+// sequence b (row r = b q_len + i) sees exactly the kv rows [ranges[2r], ranges[2r + 1]) of its
+// sequence, 0 <= begin <= end <= kv_len (device int32, checked by the caller); a row that sees
+// none gets out 0 and lse -inf and adds nothing in backward. Query head h is at column h D of a
+// q row, kv head g at column g D of a k row and of a v row, out head h at column h D; lse is
+// [batch, heads, q_len] f32. Scalar kernels on the causal ones' 64 x 64 tiles; each query tile
+// visits only the key tiles its rows' ranges touch, and the backward keeps one writer per
+// gradient element (no atomics).
+//
+// Element types: q, d_out and out are TQ; k and v TKV; the forward's out (TO) and the backward's
+// gradients (TG) may be wider than their inputs, so that context parallelism keeps its partial
+// results and travelling gradients in f32. Instantiated for (TQ, TKV, TO/TG) = (f32, f32, f32),
+// (bf16, bf16, bf16), (bf16, f32, f32) and (bf16, f32, bf16).
+struct RangedAttentionShape {
+  int64_t batch, q_len, kv_len, heads, kv_heads, head_dim;
+};
+template <typename TQ, typename TKV, typename TO>
+struct RangedForwardArgs {
+  TO* out;
+  int64_t out_ld;
+  float* lse;
+  const TQ* q;
+  int64_t q_ld;
+  const TKV* k;
+  const TKV* v;
+  int64_t kv_ld;
+  const int32_t* ranges;
+};
+template <typename TQ, typename TKV, typename TO>
+void ranged_attention_forward(const RangedForwardArgs<TQ, TKV, TO>& args,
+                              const RangedAttentionShape& shape, cudaStream_t stream = 0);
+
+// Writes (overwrites) the query heads' columns of every d_q row and the kv heads' columns of
+// every d_k and d_v row.
+template <typename TQ, typename TKV, typename TG>
+struct RangedBackwardArgs {
+  TG* d_q;
+  int64_t d_q_ld;
+  TG* d_k;
+  TG* d_v;
+  int64_t d_kv_ld;
+  const TQ* d_out;
+  const TQ* out;
+  int64_t out_ld;
+  const float* lse;
+  const TQ* q;
+  int64_t q_ld;
+  const TKV* k;
+  const TKV* v;
+  int64_t kv_ld;
+  const int32_t* ranges;
+};
+template <typename TQ, typename TKV, typename TG>
+void ranged_attention_backward(const RangedBackwardArgs<TQ, TKV, TG>& args,
+                               const RangedAttentionShape& shape, cudaStream_t stream = 0);
+
+// Ring attention's exact merge (loom::cpu::merge_attention_partials): out, lse absorb part,
+// part_lse, partial softmaxes over disjoint keys. out, part [batch * seq, heads * head_dim] f32;
+// lse, part_lse [batch, heads, seq] f32.
+void merge_attention_partials(float* out, float* lse, const float* part, const float* part_lse,
+                              int64_t batch, int64_t seq_len, int64_t heads, int64_t head_dim,
+                              cudaStream_t stream = 0);
+
 }  // namespace loom::cuda

@@ -41,25 +41,6 @@ __global__ void row_dot_kernel(float* delta, const T* d_out, const T* out, Atten
   if (lane == 0) delta[task] = sum;  // task = (b * heads + h) * seq + i, lse's layout
 }
 
-// Scores and dP of this thread's 16 (row, column) entries: s = q_row . k_col, dp = dO_row . v_col.
-__device__ __forceinline__ void scores_and_dp(float* score, float* dp, const float* q_tile,
-                                              const float* do_tile, const float* k_tile,
-                                              const float* v_tile, int row, int quad,
-                                              int head_dim) {
-  const int stride = head_dim + 1;
-#pragma unroll
-  for (int jj = 0; jj < kAttnColsPerThread; ++jj) score[jj] = dp[jj] = 0.0f;
-  for (int c = 0; c < head_dim; ++c) {
-    const float qc = q_tile[row * stride + c], doc = do_tile[row * stride + c];
-#pragma unroll
-    for (int jj = 0; jj < kAttnColsPerThread; ++jj) {
-      const int col = quad + kAttnThreadsPerRow * jj;
-      score[jj] += qc * k_tile[col * stride + c];
-      dp[jj] += doc * v_tile[col * stride + c];
-    }
-  }
-}
-
 template <typename T, int kMaxD>
 __global__ void __launch_bounds__(kAttnThreads)
     attention_backward_kv_kernel(T* d_qkv, const T* d_out, const T* qkv, const float* lse,

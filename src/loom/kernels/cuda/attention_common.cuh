@@ -90,6 +90,25 @@ __device__ __forceinline__ float row_quad_max(float v) {
   return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
 }
 
+// Scores and dP of this thread's 16 (row, column) entries: s = q_row . k_col, dp = dO_row . v_col.
+__device__ __forceinline__ void scores_and_dp(float* score, float* dp, const float* q_tile,
+                                              const float* do_tile, const float* k_tile,
+                                              const float* v_tile, int row, int quad,
+                                              int head_dim) {
+  const int stride = head_dim + 1;
+#pragma unroll
+  for (int jj = 0; jj < kAttnColsPerThread; ++jj) score[jj] = dp[jj] = 0.0f;
+  for (int c = 0; c < head_dim; ++c) {
+    const float qc = q_tile[row * stride + c], doc = do_tile[row * stride + c];
+#pragma unroll
+    for (int jj = 0; jj < kAttnColsPerThread; ++jj) {
+      const int col = quad + kAttnThreadsPerRow * jj;
+      score[jj] += qc * k_tile[col * stride + c];
+      dp[jj] += doc * v_tile[col * stride + c];
+    }
+  }
+}
+
 // Kernels with more than 48 KiB of dynamic shared memory must opt in; this also names the
 // limit when a GPU has less than the tiles need.
 template <typename Kernel>

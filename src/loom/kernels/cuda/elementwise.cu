@@ -1,3 +1,5 @@
+#include <type_traits>
+
 #include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 #include "loom/kernels/cuda/elementwise.hpp"
@@ -131,6 +133,42 @@ void convert(float* out, const bf16* in, int64_t n, cudaStream_t stream) {
 void round_to_bf16_inplace(float* x, int64_t n, cudaStream_t stream) {
   launch_pointwise(
       n, stream, [=] __device__(int64_t i) { x[i] = __bfloat162float(__float2bfloat16_rn(x[i])); });
+}
+
+namespace {
+template <typename TD, typename TS>
+void copy_columns_impl(TD* dst, int64_t dst_ld, const TS* src, int64_t src_ld, int64_t rows,
+                       int64_t cols, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  if constexpr (std::is_same_v<TD, TS>) {
+    LOOM_CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_ld) * sizeof(TD), src,
+                                      static_cast<size_t>(src_ld) * sizeof(TS),
+                                      static_cast<size_t>(cols) * sizeof(TS),
+                                      static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream));
+  } else {
+    launch_pointwise(rows * cols, stream, [=] __device__(int64_t i) {
+      const int64_t r = i / cols, c = i % cols;
+      dst[r * dst_ld + c] = from_f32<TD>(to_f32(src[r * src_ld + c]));
+    });
+  }
+}
+}  // namespace
+
+void copy_columns(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t stream) {
+  copy_columns_impl(dst, dst_ld, src, src_ld, rows, cols, stream);
+}
+void copy_columns(bf16* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t stream) {
+  copy_columns_impl(dst, dst_ld, src, src_ld, rows, cols, stream);
+}
+void copy_columns(float* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t stream) {
+  copy_columns_impl(dst, dst_ld, src, src_ld, rows, cols, stream);
+}
+void copy_columns(bf16* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t stream) {
+  copy_columns_impl(dst, dst_ld, src, src_ld, rows, cols, stream);
 }
 
 }  // namespace loom::cuda

@@ -31,4 +31,15 @@ void convert(bf16* out, const float* in, int64_t n, cudaStream_t stream = 0);
 void convert(float* out, const bf16* in, int64_t n, cudaStream_t stream = 0);
 void round_to_bf16_inplace(float* x, int64_t n, cudaStream_t stream = 0);
 
+// dst[r * dst_ld + c] = src[r * src_ld + c] for rows x cols, converting with the rounding above
+// where the types differ (a block of columns: the k|v of a fused qkv, a gradient written back).
+void copy_columns(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t stream = 0);
+void copy_columns(bf16* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t stream = 0);
+void copy_columns(float* dst, int64_t dst_ld, const bf16* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t stream = 0);
+void copy_columns(bf16* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t stream = 0);
+
 }  // namespace loom::cuda

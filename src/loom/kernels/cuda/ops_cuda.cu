@@ -18,31 +18,6 @@
 
 namespace loom::ops::cuda_impl {
 
-namespace {
-
-// Host ids to a device copy for the kernels queued after it on the default stream. The copy is
-// asynchronous: from pageable memory, cudaMemcpyAsync returns once the ids are staged, so the
-// caller may reuse its array at once and the host never waits for the device. The buffer goes
-// back to the caching allocator when this dies, before the kernels have run: its next user is
-// queued on the same stream, behind them (the allocator's stream rule).
-class DeviceIds {
- public:
-  DeviceIds(const int32_t* ids, int64_t n)
-      : ids_(Tensor::empty({n}, DType::F32, MemCategory::Workspace, Device::CUDA)) {
-    static_assert(sizeof(int32_t) == sizeof(float));
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(ids_.raw(), ids, static_cast<size_t>(n) * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, 0));
-  }
-  DeviceIds(const DeviceIds&) = delete;
-  DeviceIds& operator=(const DeviceIds&) = delete;
-  const int32_t* get() const { return static_cast<const int32_t*>(ids_.raw()); }
-
- private:
-  Tensor ids_;
-};
-
-}  // namespace
-
 void linear_forward(const Tensor& out, int64_t out_col, const Tensor& input, const Tensor& weight,
                     const Tensor* bias) {
   const int64_t rows = input.size(0), in = weight.size(1), n_out = weight.size(0), ld = out.size(1);
@@ -142,61 +117,44 @@ void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& f
                           f32(fused) + dim, rows, dim, 2 * dim);
 }
 
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                       const AttentionShape& shape) {
-  if (shape.head_dim > cuda::kMaxAttentionHeadDim)
-    throw_error("ops::attention_forward (cuda): head_dim ", shape.head_dim,
-                " is above the kernel's ", cuda::kMaxAttentionHeadDim);
-  if (is_bf16("attention_forward", {&out, &qkv}))
-    cuda::attention_forward(b16(out), f32(lse), b16(qkv), shape);
-  else
-    cuda::attention_forward(f32(out), f32(lse), f32(qkv), shape);
-}
-
-void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
-                        const Tensor& out, const Tensor& lse, const AttentionShape& shape) {
-  if (is_bf16("attention_backward", {&d_qkv, &d_out, &qkv, &out}))
-    cuda::attention_backward(b16(d_qkv), b16(d_out), b16(qkv), b16(out), f32(lse), shape);
-  else
-    cuda::attention_backward(f32(d_qkv), f32(d_out), f32(qkv), f32(out), f32(lse), shape);
-}
-
 std::shared_ptr<void> upload_rope_table(const cpu::RopeTable& table) {
   return std::make_shared<cuda::RopeTableDevice>(table);
 }
 
 void rope_apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
-                const void* device_table, bool inverse) {
+                const void* device_table, bool inverse, const int32_t* positions) {
   const auto& table = *static_cast<const cuda::RopeTableDevice*>(device_table);
+  const DeviceIds ids(positions, batch * seq_len);
   if (x.dtype() == DType::BF16)
-    cuda::rope_apply(b16(x), batch, seq_len, heads, x.size(1), table, inverse);
+    cuda::rope_apply(b16(x), batch, seq_len, heads, x.size(1), table, inverse, ids.get());
   else
-    cuda::rope_apply(f32(x), batch, seq_len, heads, x.size(1), table, inverse);
+    cuda::rope_apply(f32(x), batch, seq_len, heads, x.size(1), table, inverse, ids.get());
 }
 
 void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
-                       const Tensor* position_table, int64_t batch, int64_t seq_len) {
-  const DeviceIds ids(tokens, batch * seq_len);
+                       const Tensor* position_table, int64_t batch, int64_t seq_len,
+                       const int32_t* positions) {
+  const DeviceIds ids(tokens, batch * seq_len), position_ids(positions, batch * seq_len);
   const int64_t dim = token_table.size(1);
   if (is_bf16("embedding_forward", {&out, &token_table, position_table}))
     cuda::embedding_forward(b16(out), ids.get(), b16(token_table), b16(position_table), batch,
-                            seq_len, dim);
+                            seq_len, dim, position_ids.get());
   else
     cuda::embedding_forward(f32(out), ids.get(), f32(token_table), f32(position_table), batch,
-                            seq_len, dim);
+                            seq_len, dim, position_ids.get());
 }
 
 void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
-                        const Tensor& d_out, const int32_t* tokens, int64_t batch,
-                        int64_t seq_len) {
-  const DeviceIds ids(tokens, batch * seq_len);
+                        const Tensor& d_out, const int32_t* tokens, int64_t batch, int64_t seq_len,
+                        const int32_t* positions) {
+  const DeviceIds ids(tokens, batch * seq_len), position_ids(positions, batch * seq_len);
   const int64_t dim = d_out.numel() / (batch * seq_len);
   if (d_out.dtype() == DType::BF16)
     cuda::embedding_backward(f32(d_token_table), f32(d_position_table), b16(d_out), ids.get(),
-                             batch, seq_len, dim);
+                             batch, seq_len, dim, position_ids.get());
   else
     cuda::embedding_backward(f32(d_token_table), f32(d_position_table), f32(d_out), ids.get(),
-                             batch, seq_len, dim);
+                             batch, seq_len, dim, position_ids.get());
 }
 
 namespace {
@@ -333,22 +291,26 @@ void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const 
     cuda::embedding_shard_backward(f32(d_table), f32(d_out), ids.get(), rows, dim, vocab_begin, end);
 }
 
-void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row,
-                       int64_t seq_len) {
+void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row, int64_t seq_len,
+                       const int32_t* positions) {
   const int64_t dim = table.size(1), rows = out.numel() / dim;
+  const DeviceIds ids(positions, rows);
   if (is_bf16("add_position_rows", {&out, &table}))
-    cuda::add_position_rows(b16(out), b16(table), rows, dim, first_row, seq_len);
+    cuda::add_position_rows(b16(out), b16(table), rows, dim, first_row, seq_len, ids.get());
   else
-    cuda::add_position_rows(f32(out), f32(table), rows, dim, first_row, seq_len);
+    cuda::add_position_rows(f32(out), f32(table), rows, dim, first_row, seq_len, ids.get());
 }
 
 void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
-                            int64_t seq_len) {
+                            int64_t seq_len, const int32_t* positions) {
   const int64_t dim = d_table.size(1), rows = d_out.numel() / dim;
+  const DeviceIds ids(positions, rows);
   if (d_out.dtype() == DType::BF16)
-    cuda::position_rows_backward(f32(d_table), b16(d_out), rows, dim, first_row, seq_len);
+    cuda::position_rows_backward(f32(d_table), b16(d_out), rows, dim, first_row, seq_len,
+                                 ids.get());
   else
-    cuda::position_rows_backward(f32(d_table), f32(d_out), rows, dim, first_row, seq_len);
+    cuda::position_rows_backward(f32(d_table), f32(d_out), rows, dim, first_row, seq_len,
+                                 ids.get());
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // them without seeing a CUDA header. Each picks the f32 or the bf16 kernel of loom::cuda from
 // the activations' dtype and runs on the default stream.
 #include <memory>
+#include <span>
 
 #include "loom/kernels/ops.hpp"
 
@@ -27,18 +28,34 @@ void gelu_forward(const Tensor& out, const Tensor& input);
 void gelu_backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input);
 void swiglu_forward(const Tensor& out, const Tensor& fused);
 void swiglu_backward(const Tensor& d_fused, const Tensor& d_out, const Tensor& fused);
+// ops_cuda_attention.cu. Key ranges and position ids are the host arrays ops.cpp has checked
+// (empty / null: causal, each row's own index); the CUDA side uploads them for its kernels.
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv,
-                       const AttentionShape& shape);
+                       const AttentionShape& shape, std::span<const int32_t> key_ranges);
 void attention_backward(const Tensor& d_qkv, const Tensor& d_out, const Tensor& qkv,
-                        const Tensor& out, const Tensor& lse, const AttentionShape& shape);
+                        const Tensor& out, const Tensor& lse, const AttentionShape& shape,
+                        std::span<const int32_t> key_ranges);
+void cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
+                             const Tensor& kv, const CrossAttentionShape& shape,
+                             std::span<const int32_t> key_ranges);
+void cross_attention_backward(const Tensor& d_q, const Tensor& d_kv, const Tensor& d_out,
+                              const Tensor& q, const Tensor& kv, const Tensor& out,
+                              const Tensor& lse, const CrossAttentionShape& shape,
+                              std::span<const int32_t> key_ranges);
+void merge_attention_partials(const Tensor& out, const Tensor& lse, const Tensor& part,
+                              const Tensor& part_lse, int64_t batch, int64_t heads);
+void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t src_col,
+                  int64_t cols);
 // A device copy of the table (owned by the returned pointer) and the rotation that reads it.
 std::shared_ptr<void> upload_rope_table(const cpu::RopeTable& table);
 void rope_apply(const Tensor& x, int64_t batch, int64_t seq_len, int64_t heads,
-                const void* device_table, bool inverse);
+                const void* device_table, bool inverse, const int32_t* positions);
 void embedding_forward(const Tensor& out, const int32_t* tokens, const Tensor& token_table,
-                       const Tensor* position_table, int64_t batch, int64_t seq_len);
+                       const Tensor* position_table, int64_t batch, int64_t seq_len,
+                       const int32_t* positions);
 void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_table,
-                        const Tensor& d_out, const int32_t* tokens, int64_t batch, int64_t seq_len);
+                        const Tensor& d_out, const int32_t* tokens, int64_t batch, int64_t seq_len,
+                        const int32_t* positions);
 double lm_head_cross_entropy(const CrossEntropyArgs& args);
 void add_into(const Tensor& dst, const Tensor& src);
 void scale_(const Tensor& x, float factor);
@@ -57,10 +74,11 @@ void embedding_shard_forward(const Tensor& out, const int32_t* tokens, const Ten
                              int64_t vocab_begin);
 void embedding_shard_backward(const Tensor& d_table, const Tensor& d_out, const int32_t* tokens,
                               int64_t vocab_begin);
-void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row,
-                       int64_t seq_len);
+// positions: this block's rows' ids (host), or null.
+void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row, int64_t seq_len,
+                       const int32_t* positions);
 void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
-                            int64_t seq_len);
+                            int64_t seq_len, const int32_t* positions);
 void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_sum,
                        float* target_logit);
 void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,

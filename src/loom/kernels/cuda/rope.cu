@@ -50,12 +50,12 @@ using detail::to_f32;
 template <typename T>
 __global__ void rope_kernel(T* x, const float* cos_table, const float* sin_table, int64_t rows,
                             int64_t seq_len, int64_t heads, int64_t row_ld, int64_t head_dim,
-                            float sign) {
+                            float sign, const int32_t* positions) {
   const int64_t half = head_dim / 2, total = rows * heads * half;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < total;
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = idx % half, h = (idx / half) % heads, row = idx / (half * heads);
-    const int64_t pos = row % seq_len;
+    const int64_t pos = positions ? positions[row] : row % seq_len;
     const float c = cos_table[pos * half + i], s = sin_table[pos * half + i];
     T* head = x + row * row_ld + h * head_dim;
     const float a = to_f32(head[i]), b = to_f32(head[i + half]);
@@ -66,7 +66,8 @@ __global__ void rope_kernel(T* x, const float* cos_table, const float* sin_table
 
 template <typename T>
 void rope_impl(T* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
-               const RopeTableDevice& table, bool inverse, cudaStream_t stream) {
+               const RopeTableDevice& table, bool inverse, const int32_t* positions,
+               cudaStream_t stream) {
   LOOM_CHECK(seq_len <= table.max_positions(), "sequence ", seq_len, " longer than RoPE table ",
              table.max_positions());
   const int64_t total = batch * seq_len * heads * (table.head_dim() / 2);
@@ -74,19 +75,21 @@ void rope_impl(T* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_
   constexpr int kThreads = 256;
   rope_kernel<<<detail::grid_for(total, kThreads), kThreads, 0, stream>>>(
       x, table.cos(), table.sin(), batch * seq_len, seq_len, heads, row_ld, table.head_dim(),
-      inverse ? -1.0f : 1.0f);
+      inverse ? -1.0f : 1.0f, positions);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
 void rope_apply(float* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
-                const RopeTableDevice& table, bool inverse, cudaStream_t stream) {
-  rope_impl(x, batch, seq_len, heads, row_ld, table, inverse, stream);
+                const RopeTableDevice& table, bool inverse, const int32_t* positions,
+                cudaStream_t stream) {
+  rope_impl(x, batch, seq_len, heads, row_ld, table, inverse, positions, stream);
 }
 void rope_apply(bf16* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
-                const RopeTableDevice& table, bool inverse, cudaStream_t stream) {
-  rope_impl(x, batch, seq_len, heads, row_ld, table, inverse, stream);
+                const RopeTableDevice& table, bool inverse, const int32_t* positions,
+                cudaStream_t stream) {
+  rope_impl(x, batch, seq_len, heads, row_ld, table, inverse, positions, stream);
 }
 
 }  // namespace loom::cuda

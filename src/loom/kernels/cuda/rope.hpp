@@ -34,11 +34,14 @@ class RopeTableDevice {
   float* sin_ = nullptr;
 };
 
-// In place on `heads` heads of head_dim per row (rows b*t, position t), rows at stride row_ld.
-// inverse=true rotates by -angle (the backward of the forward rotation).
+// In place on `heads` heads of head_dim per row (rows b*t, position t, or positions[b*t] when
+// `positions` (device, one per row, each below the table's max_positions) is given), rows at
+// stride row_ld. inverse=true rotates by -angle (the backward of the forward rotation).
 void rope_apply(float* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
-                const RopeTableDevice& table, bool inverse, cudaStream_t stream = 0);
+                const RopeTableDevice& table, bool inverse, const int32_t* positions = nullptr,
+                cudaStream_t stream = 0);
 void rope_apply(bf16* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
-                const RopeTableDevice& table, bool inverse, cudaStream_t stream = 0);
+                const RopeTableDevice& table, bool inverse, const int32_t* positions = nullptr,
+                cudaStream_t stream = 0);
 
 }  // namespace loom::cuda

@@ -35,11 +35,20 @@ __global__ void shard_lookup_grad_kernel(float* d_table, const T* d_out, const i
 
 template <typename T>
 __global__ void position_rows_kernel(T* out, const T* table, int64_t rows, int64_t dim,
-                                     int64_t first_row, int64_t seq_len) {
+                                     int64_t first_row, int64_t seq_len, const int32_t* positions) {
   LOOM_GRID_STRIDE(idx, rows * dim) {
     const int64_t row = idx / dim, i = idx % dim;
-    out[idx] =
-        from_f32<T>(to_f32(out[idx]) + to_f32(table[((first_row + row) % seq_len) * dim + i]));
+    const int64_t pos = positions ? positions[row] : (first_row + row) % seq_len;
+    out[idx] = from_f32<T>(to_f32(out[idx]) + to_f32(table[pos * dim + i]));
+  }
+}
+
+template <typename T>
+__global__ void position_ids_grad_kernel(float* d_table, const T* d_out, int64_t rows, int64_t dim,
+                                         const int32_t* positions) {
+  LOOM_GRID_STRIDE(idx, rows * dim) {
+    const int64_t row = idx / dim, i = idx % dim;
+    atomicAdd(d_table + static_cast<int64_t>(positions[row]) * dim + i, to_f32(d_out[idx]));
   }
 }
 
@@ -99,23 +108,34 @@ void embedding_shard_backward(float* d_table, const bf16* d_out, const int32_t* 
          vocab_begin, vocab_end);
 }
 void add_position_rows(float* out, const float* table, int64_t rows, int64_t dim, int64_t first_row,
-                       int64_t seq_len, cudaStream_t stream) {
-  launch(rows * dim, stream, position_rows_kernel<float>, out, table, rows, dim, first_row,
-         seq_len);
+                       int64_t seq_len, const int32_t* positions, cudaStream_t stream) {
+  launch(rows * dim, stream, position_rows_kernel<float>, out, table, rows, dim, first_row, seq_len,
+         positions);
 }
 void add_position_rows(bf16* out, const bf16* table, int64_t rows, int64_t dim, int64_t first_row,
-                       int64_t seq_len, cudaStream_t stream) {
-  launch(rows * dim, stream, position_rows_kernel<bf16>, out, table, rows, dim, first_row, seq_len);
+                       int64_t seq_len, const int32_t* positions, cudaStream_t stream) {
+  launch(rows * dim, stream, position_rows_kernel<bf16>, out, table, rows, dim, first_row, seq_len,
+         positions);
 }
 void position_rows_backward(float* d_table, const float* d_out, int64_t rows, int64_t dim,
-                            int64_t first_row, int64_t seq_len, cudaStream_t stream) {
-  launch(seq_len * dim, stream, position_rows_grad_kernel<float>, d_table, d_out, rows, dim,
-         first_row, seq_len);
+                            int64_t first_row, int64_t seq_len, const int32_t* positions,
+                            cudaStream_t stream) {
+  if (positions)
+    launch(rows * dim, stream, position_ids_grad_kernel<float>, d_table, d_out, rows, dim,
+           positions);
+  else
+    launch(seq_len * dim, stream, position_rows_grad_kernel<float>, d_table, d_out, rows, dim,
+           first_row, seq_len);
 }
 void position_rows_backward(float* d_table, const bf16* d_out, int64_t rows, int64_t dim,
-                            int64_t first_row, int64_t seq_len, cudaStream_t stream) {
-  launch(seq_len * dim, stream, position_rows_grad_kernel<bf16>, d_table, d_out, rows, dim,
-         first_row, seq_len);
+                            int64_t first_row, int64_t seq_len, const int32_t* positions,
+                            cudaStream_t stream) {
+  if (positions)
+    launch(rows * dim, stream, position_ids_grad_kernel<bf16>, d_table, d_out, rows, dim,
+           positions);
+  else
+    launch(seq_len * dim, stream, position_rows_grad_kernel<bf16>, d_table, d_out, rows, dim,
+           first_row, seq_len);
 }
 void add_row_vector(float* out, const float* v, int64_t rows, int64_t width, cudaStream_t stream) {
   launch(rows * width, stream, add_row_vector_kernel<float>, out, v, rows, width);

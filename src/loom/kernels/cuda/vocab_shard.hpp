@@ -24,17 +24,23 @@ void embedding_shard_backward(float* d_table, const float* d_out, const int32_t*
 void embedding_shard_backward(float* d_table, const bf16* d_out, const int32_t* tokens,
                               int64_t rows, int64_t dim, int64_t vocab_begin, int64_t vocab_end,
                               cudaStream_t stream = 0);
-// out[r] += table[(first_row + r) % seq_len].
+// out[r] += table[(first_row + r) % seq_len], or table[positions[r]] when `positions` (device,
+// one per row of this block) is given.
 void add_position_rows(float* out, const float* table, int64_t rows, int64_t dim, int64_t first_row,
-                       int64_t seq_len, cudaStream_t stream = 0);
+                       int64_t seq_len, const int32_t* positions = nullptr,
+                       cudaStream_t stream = 0);
 void add_position_rows(bf16* out, const bf16* table, int64_t rows, int64_t dim, int64_t first_row,
-                       int64_t seq_len, cudaStream_t stream = 0);
+                       int64_t seq_len, const int32_t* positions = nullptr,
+                       cudaStream_t stream = 0);
 // d_table[p] += the rows r with (first_row + r) % seq_len == p, added in row order (one thread
-// per table element: deterministic).
+// per table element: deterministic); with `positions`, d_table[positions[r]] += d_out[r]
+// (atomicAdd, as embedding_backward's).
 void position_rows_backward(float* d_table, const float* d_out, int64_t rows, int64_t dim,
-                            int64_t first_row, int64_t seq_len, cudaStream_t stream = 0);
+                            int64_t first_row, int64_t seq_len, const int32_t* positions = nullptr,
+                            cudaStream_t stream = 0);
 void position_rows_backward(float* d_table, const bf16* d_out, int64_t rows, int64_t dim,
-                            int64_t first_row, int64_t seq_len, cudaStream_t stream = 0);
+                            int64_t first_row, int64_t seq_len, const int32_t* positions = nullptr,
+                            cudaStream_t stream = 0);
 // out[r, :] += v.
 void add_row_vector(float* out, const float* v, int64_t rows, int64_t width,
                     cudaStream_t stream = 0);

@@ -119,7 +119,9 @@ def weights(side):
             total *= s
         full = [None] * total
         for piece in entry["pieces"]:
-            f = files.setdefault(piece["file"], tensors(step / piece["file"]))
+            if piece["file"] not in files:  # each file parsed once (setdefault would parse it every time)
+                files[piece["file"]] = tensors(step / piece["file"])
+            f = files[piece["file"]]
             src = f[name][piece["offset"]:piece["offset"] + piece["count"]]
             full[piece["start"]:piece["start"] + piece["count"]] = src
         assert None not in full, f"{name}: pieces do not cover the tensor"

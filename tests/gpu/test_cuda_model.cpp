@@ -145,6 +145,41 @@ INSTANTIATE_TEST_SUITE_P(Archs, ModelOnCuda,
                                   recompute_name(info.param.recompute);
                          });
 
+// Mixture-of-experts Llamas on CUDA against the CPU (f32): the rows gathered, run through each
+// expert's GEMMs and combined on the device, routed on the host from the device's logits. A
+// softmax router, dropless; and a sigmoid router with a capacity that drops slots, a shared
+// expert and the z-loss, under full recomputation. Routing is discrete: logits that differ
+// only in summation order (1e-7 relative) pick the same experts unless two scores tie to that
+// precision; such a flip would show as a gradient error far above 1e-4 (read a failure with
+// that in mind: the op-level test in test_cuda_moe.cpp isolates the row movement).
+TEST_F(CudaTest, MixtureOfExpertsModelsMatchTheCpuModel) {
+  for (const bool sigmoid : {false, true}) {
+    ModelConfig c = tiny_llama();
+    c.n_experts = 4;
+    c.experts_per_token = 2;
+    c.moe_aux_loss_coef = 0.01;
+    if (sigmoid) {
+      c.moe_router = MoeRouter::Sigmoid;
+      c.moe_capacity_factor = 0.75;
+      c.n_shared_experts = 1;
+      c.moe_z_loss_coef = 1e-3;
+    }
+    const Recompute recompute = sigmoid ? Recompute::Full : Recompute::None;
+    const auto cpu_model = model_on(c, recompute, Device::CPU);
+    const auto gpu_model = model_on(c, recompute, Device::CUDA);
+    const Batch batch(c);
+    for (int pass = 0; pass < 2; ++pass) {
+      const double want = train_pass(*cpu_model, batch), got = train_pass(*gpu_model, batch);
+      const std::string what =
+          std::string(sigmoid ? "sigmoid" : "softmax") + ", pass " + std::to_string(pass);
+      EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << what;
+      for (size_t i = 0; i < cpu_model->parameters().size(); ++i)
+        expect_close_to_scale(gpu_model->parameters()[i]->grad, cpu_model->parameters()[i]->grad,
+                              1e-4, cpu_model->parameters()[i]->name + ", " + what);
+    }
+  }
+}
+
 // Two pipeline stages on the GPU, driven by hand (stage 0's output into stage 1, stage 1's
 // input gradient back), against the whole model on the CPU: the stages' split, their activation
 // sets and the hand-over between them run unchanged on the device.

@@ -197,6 +197,23 @@ void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_s
 void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
                       const Tensor& d_hidden, const Tensor& d_weight);
 
+// ---- mixture of experts (ops_moe.cpp) ------------------------------------------------------
+// The routed copies of a MoE layer's tokens (cpu/moe.hpp's contracts): position (host, [rows k])
+// is each slot's row in the routed buffers, -1 for a dropped slot. Rows (x, routed, out,
+// expert_out and their gradients) in the activations' dtype; weights and d_weights [rows, k]
+// F32 on the same device.
+void moe_gather(const Tensor& routed, const Tensor& x, std::span<const int32_t> position,
+                int64_t k);
+void moe_gather_backward(const Tensor& d_x, const Tensor& d_routed,
+                         std::span<const int32_t> position,
+                         int64_t k);  // d_x accumulated
+void moe_combine(const Tensor& out, const Tensor& expert_out, const Tensor& weights,
+                 std::span<const int32_t> position, int64_t k);  // out written
+void moe_combine_backward(const Tensor& d_expert_out, const Tensor& d_weights, const Tensor& d_out,
+                          const Tensor& expert_out, const Tensor& weights,
+                          std::span<const int32_t> position,
+                          int64_t k);  // both written
+
 // ---- elementwise ------------------------------------------------------------------------
 void add_into(const Tensor& dst, const Tensor& src);  // dst += src
 void scale_(const Tensor& x, float factor);

@@ -71,14 +71,26 @@ namespace {
 
 void require_host(const char* what, const Tensor& t) {
   if (t.device() != Device::CPU || t.dtype() != DType::F32)
-    throw_error("mixture of experts: ", what, " is ", device_name(t.device()), " ", dtype_name(t.dtype()),
-                "; MoE layers run on host f32 tensors so far");
+    throw_error("mixture of experts: ", what, " is ", device_name(t.device()), " ",
+                dtype_name(t.dtype()),
+                "; expert parallelism's exchange runs on host f32 tensors so far");
 }
 
 // Every buffer below is written whole before it is read (routing, GEMMs with beta 0, the
-// gather of every kept slot), so none needs clearing.
-Tensor activations(const Shape& shape) { return Tensor::empty(shape, DType::F32, MemCategory::Activations); }
-Tensor workspace(const Shape& shape) { return Tensor::empty(shape, DType::F32, MemCategory::Workspace); }
+// gather of every kept slot), so none needs clearing. Rows live where the layer's input does,
+// in its dtype; the routing itself (logits, probabilities, weights) is host f32.
+Tensor activations(const Shape& shape, const Tensor& like) {
+  return Tensor::empty(shape, like.dtype(), MemCategory::Activations, like.device());
+}
+Tensor workspace(const Shape& shape, const Tensor& like) {
+  return Tensor::empty(shape, like.dtype(), MemCategory::Workspace, like.device());
+}
+Tensor host_activations(const Shape& shape) {
+  return Tensor::empty(shape, DType::F32, MemCategory::Activations);
+}
+Tensor host_workspace(const Shape& shape) {
+  return Tensor::empty(shape, DType::F32, MemCategory::Workspace);
+}
 
 // Under expert parallelism the rows a rank received arrive source rank by source rank (and,
 // within a source, expert by expert); the experts want them expert by expert. Moves rows of
@@ -102,19 +114,24 @@ void regroup(const float* in, float* out, const MoeStash& s, int64_t width, bool
 }  // namespace
 
 void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
-  require_host("the input", x);
-  require_host("the output", out);
   const int64_t rows = x.size(0), c = spec_.dim, n = spec_.experts, k = spec_.top_k, f = spec_.ffn_hidden;
   if (x.size(1) != c || out.size(0) != rows || out.size(1) != c)
     throw_error("MoeLayer::forward: x ", shape_to_string(x.shape()), ", out ", shape_to_string(out.shape()),
                 ", expected [rows, ", c, "]");
   s.rows = rows;
-  s.logits = activations({rows, n});
-  s.probs = activations({rows, n});
-  s.weights = activations({rows, k});
+  s.logits = host_activations({rows, n});
+  s.probs = host_activations({rows, n});
+  s.weights = host_activations({rows, k});
   s.selected.assign(static_cast<size_t>(rows * k), 0);
   s.counts.assign(static_cast<size_t>(n), 0);
-  ops::linear_forward(s.logits, 0, x, router.value, nullptr);
+  const bool on_host = x.device() == Device::CPU;
+  if (on_host) {
+    ops::linear_forward(s.logits, 0, x, router.value, nullptr);
+  } else {  // the logits on the device, in the activations' dtype (Megatron's default), routed here
+    const Tensor logits = workspace({rows, n}, x);
+    ops::linear_forward(logits, 0, x, router.value, nullptr);
+    s.logits.copy_from(logits);
+  }
   const cpu::MoeRouteArgs args{rows, n, k, spec_.router == MoeRouter::Sigmoid};
   cpu::moe_route(args, s.logits.f32(), bias_.data(), s.probs.f32(), s.selected.data(), s.weights.f32(),
                  s.counts.data());
@@ -136,24 +153,24 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
     if (next[e] < s.offsets[e + 1]) s.position[static_cast<size_t>(slot)] = static_cast<int32_t>(next[e]++);
   }
 
+  // The router's weights where the rows are (the combine reads them there).
+  s.device_weights = on_host ? Tensor() : s.weights.to(x.device(), MemCategory::Activations);
+
   // The tokens' kept copies, expert by expert.
   const bool parallel = spec_.ep_size > 1;
-  const Tensor gathered = parallel ? workspace({std::max<int64_t>(total, 1), c}) : activations({std::max<int64_t>(total, 1), c});
-  const float* xs = x.f32();
-  float* routed = gathered.f32();
-  for (int64_t slot = 0; slot < rows * k; ++slot)
-    if (const int32_t p = s.position[static_cast<size_t>(slot)]; p >= 0)
-      std::copy(xs + (slot / k) * c, xs + (slot / k + 1) * c, routed + p * c);
-  s.expert_out = activations({std::max<int64_t>(total, 1), c});
+  const Tensor gathered = parallel ? workspace({std::max<int64_t>(total, 1), c}, x)
+                                   : activations({std::max<int64_t>(total, 1), c}, x);
+  ops::moe_gather(gathered, x, s.position, k);
+  s.expert_out = activations({std::max<int64_t>(total, 1), c}, x);
   if (!parallel) {
     s.routed_input = gathered;
     s.local_offsets = s.offsets;
     run_experts(s.expert_out, s);
   } else {
     plan_exchange(s, kept);
-    s.routed_input = activations({std::max<int64_t>(s.local_offsets.back(), 1), c});
+    s.routed_input = activations({std::max<int64_t>(s.local_offsets.back(), 1), c}, x);
     dispatch(gathered, s.routed_input, s);
-    const Tensor local_out = workspace(s.routed_input.shape());
+    const Tensor local_out = workspace(s.routed_input.shape(), x);
     run_experts(local_out, s);
     bring_home(local_out, s.expert_out, s);
   }
@@ -161,32 +178,19 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
   // The shared experts, for every token: their output starts the sum.
   if (spec_.shared_experts > 0) {
     const int64_t w = spec_.shared_experts * f;
-    s.shared_pre = activations({rows, 2 * w});
-    s.shared_act = activations({rows, w});
+    s.shared_pre = activations({rows, 2 * w}, x);
+    s.shared_act = activations({rows, w}, x);
     ops::linear_forward(s.shared_pre, 0, x, shared_gate.value, nullptr);
     ops::linear_forward(s.shared_pre, w, x, shared_up.value, nullptr);
     if (bf16_activations_) ops::round_to_bf16_(s.shared_pre);
     ops::swiglu_forward(s.shared_act, s.shared_pre);
     if (bf16_activations_) ops::round_to_bf16_(s.shared_act);
   }
-  // Combine: each token's kept slots, weighted, in slot order.
-  float* o = out.f32();
-  const float* eo = s.expert_out.f32();
-  const float* w = s.weights.f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < rows; ++t) {
-    float* row = o + t * c;
-    std::fill(row, row + c, 0.0f);  // (the shared experts' output is added after)
-    for (int64_t q = 0; q < k; ++q) {
-      const int32_t p = s.position[static_cast<size_t>(t * k + q)];
-      if (p < 0) continue;
-      const float weight = w[t * k + q];
-      const float* src = eo + int64_t{p} * c;
-      for (int64_t j = 0; j < c; ++j) row[j] += weight * src[j];
-    }
-  }
+  // Combine: each token's kept slots, weighted, in slot order (the shared experts' output is
+  // added after).
+  ops::moe_combine(out, s.expert_out, on_host ? s.weights : s.device_weights, s.position, k);
   if (spec_.shared_experts > 0) {
-    const Tensor shared_out = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace);
+    const Tensor shared_out = workspace({rows, c}, x);
     ops::linear_forward(shared_out, 0, s.shared_act, shared_down.value, nullptr);
     ops::add_into(out, shared_out);
   }
@@ -215,23 +219,25 @@ void MoeLayer::plan_exchange(MoeStash& s, const std::vector<int64_t>& kept) cons
 }
 
 void MoeLayer::dispatch(const Tensor& home, const Tensor& at_experts, const MoeStash& s) const {
+  require_host("a dispatched row", home);
   const int64_t c = home.size(1);
-  const Tensor inbox = workspace(at_experts.shape());
+  const Tensor inbox = host_workspace(at_experts.shape());
   exchange_->exchange_rows(home.f32(), s.send_rows, inbox.f32(), s.recv_rows, c);
   regroup(inbox.f32(), at_experts.f32(), s, c, true);
 }
 
 void MoeLayer::bring_home(const Tensor& at_experts, const Tensor& home, const MoeStash& s) const {
+  require_host("a row brought home", home);
   const int64_t c = home.size(1);
-  const Tensor outbox = workspace(at_experts.shape());
+  const Tensor outbox = host_workspace(at_experts.shape());
   regroup(at_experts.f32(), outbox.f32(), s, c, false);
   exchange_->exchange_rows(outbox.f32(), s.recv_rows, home.f32(), s.send_rows, c);
 }
 
 void MoeLayer::run_experts(const Tensor& out, MoeStash& s) const {
   const int64_t f = spec_.ffn_hidden, rows = s.routed_input.size(0);
-  s.pre = activations({rows, 2 * f});
-  s.act = activations({rows, f});
+  s.pre = activations({rows, 2 * f}, s.routed_input);
+  s.act = activations({rows, f}, s.routed_input);
   // One GEMM per expert over its rows: gate | up, SwiGLU, down.
   for (size_t i = 0; i < gate.size(); ++i) {
     const int64_t begin = s.local_offsets[i], end = s.local_offsets[i + 1];
@@ -251,8 +257,8 @@ void MoeLayer::run_experts(const Tensor& out, MoeStash& s) const {
 
 void MoeLayer::run_experts_backward(const Tensor& d_in, const Tensor& d_out, const MoeStash& s) {
   const int64_t f = spec_.ffn_hidden;
-  const Tensor d_act = workspace(s.act.shape());
-  const Tensor d_pre = workspace(s.pre.shape());
+  const Tensor d_act = workspace(s.act.shape(), s.act);
+  const Tensor d_pre = workspace(s.pre.shape(), s.pre);
   for (size_t i = 0; i < gate.size(); ++i) {
     const int64_t begin = s.local_offsets[i], end = s.local_offsets[i + 1];
     if (begin == end) continue;
@@ -268,68 +274,52 @@ void MoeLayer::run_experts_backward(const Tensor& d_in, const Tensor& d_out, con
 
 void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x, const MoeStash& s, float aux_scale,
                         float z_scale) {
-  require_host("the input gradient", d_x);
-  require_host("the output gradient", d_out);
-  const int64_t rows = s.rows, c = spec_.dim, n = spec_.experts, k = spec_.top_k, f = spec_.ffn_hidden;
+  const int64_t rows = s.rows, n = spec_.experts, k = spec_.top_k, f = spec_.ffn_hidden;
+  const bool on_host = x.device() == Device::CPU;
   // Combine backward: each kept slot's output gradient is its weight x the token's, and each
   // weight's gradient the dot of the token's output gradient with its expert's output.
-  const Tensor d_expert_out = workspace(s.expert_out.shape());  // every kept row is some slot's
-  const Tensor d_weights = Tensor::zeros({rows, k}, DType::F32, MemCategory::Workspace);  // dropped slots stay 0
-  {
-    const float* g = d_out.f32();
-    const float* eo = s.expert_out.f32();
-    const float* w = s.weights.f32();
-    float* de = d_expert_out.f32();
-    float* dw = d_weights.f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t q = 0; q < k; ++q) {
-        const int32_t p = s.position[static_cast<size_t>(t * k + q)];
-        if (p < 0) continue;
-        double dot = 0;
-        for (int64_t j = 0; j < c; ++j) {
-          de[int64_t{p} * c + j] = w[t * k + q] * g[t * c + j];
-          dot += static_cast<double>(g[t * c + j]) * eo[int64_t{p} * c + j];
-        }
-        dw[t * k + q] = static_cast<float>(dot);
-      }
-  }
+  const Tensor d_expert_out =
+      workspace(s.expert_out.shape(), s.expert_out);  // every kept row is some slot's
+  const Tensor d_weights = Tensor::empty({rows, k}, DType::F32, MemCategory::Workspace, x.device());
+  ops::moe_combine_backward(d_expert_out, d_weights, d_out, s.expert_out,
+                            on_host ? s.weights : s.device_weights, s.position, k);
   // Experts backward, one GEMM each; under expert parallelism on the experts' holders, the
   // output gradients sent there and the input gradients brought back as the forward did.
-  const Tensor d_routed = workspace(s.expert_out.shape());
+  const Tensor d_routed = workspace(s.expert_out.shape(), s.expert_out);
   if (spec_.ep_size == 1) {
     run_experts_backward(d_routed, d_expert_out, s);
   } else {
-    const Tensor d_local_out = workspace(s.routed_input.shape()), d_local_in = workspace(s.routed_input.shape());
+    const Tensor d_local_out = workspace(s.routed_input.shape(), x),
+                 d_local_in = workspace(s.routed_input.shape(), x);
     dispatch(d_expert_out, d_local_out, s);
     run_experts_backward(d_local_in, d_local_out, s);
     bring_home(d_local_in, d_routed, s);
   }
-  // The router: d_logits from the weights' gradient and the two losses, then into x.
-  const Tensor d_logits = workspace({rows, n});
+  // The router on the host: d_logits from the weights' gradient and the two losses, then
+  // into x where x is.
+  const Tensor d_weights_host =
+      on_host ? d_weights : d_weights.to(Device::CPU, MemCategory::Workspace);
+  const Tensor d_logits = host_workspace({rows, n});
   const cpu::MoeRouteArgs args{rows, n, k, spec_.router == MoeRouter::Sigmoid};
-  cpu::moe_route_backward(args, d_logits.f32(), d_weights.f32(), s.logits.f32(), s.probs.f32(), s.selected.data(),
-                          s.weights.f32(), s.counts.data(), aux_scale, z_scale);
-  ops::linear_backward(d_x, false, router.grad, Tensor(), d_logits, 0, x, router.value);
+  cpu::moe_route_backward(args, d_logits.f32(), d_weights_host.f32(), s.logits.f32(), s.probs.f32(),
+                          s.selected.data(), s.weights.f32(), s.counts.data(), aux_scale, z_scale);
+  Tensor d_logits_here = d_logits;
+  if (!on_host) {
+    d_logits_here = workspace({rows, n}, x);
+    d_logits_here.copy_from(d_logits);
+  }
+  ops::linear_backward(d_x, false, router.grad, Tensor(), d_logits_here, 0, x, router.value);
   // The shared experts' input gradient, added to the router's.
   if (spec_.shared_experts > 0) {
     const int64_t w = spec_.shared_experts * f;
-    const Tensor d_shared_act = workspace({rows, w}), d_shared_pre = workspace({rows, 2 * w});
+    const Tensor d_shared_act = workspace({rows, w}, x), d_shared_pre = workspace({rows, 2 * w}, x);
     ops::linear_backward(d_shared_act, false, shared_down.grad, Tensor(), d_out, 0, s.shared_act, shared_down.value);
     ops::swiglu_backward(d_shared_pre, d_shared_act, s.shared_pre);
     ops::linear_backward(d_x, true, shared_gate.grad, Tensor(), d_shared_pre, 0, x, shared_gate.value);
     ops::linear_backward(d_x, true, shared_up.grad, Tensor(), d_shared_pre, w, x, shared_up.value);
   }
   // Gather backward: every kept copy's gradient back to its token, in slot order.
-  float* dx = d_x.f32();
-  const float* dr = d_routed.f32();
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < rows; ++t)
-    for (int64_t q = 0; q < k; ++q) {
-      const int32_t p = s.position[static_cast<size_t>(t * k + q)];
-      if (p < 0) continue;
-      for (int64_t j = 0; j < c; ++j) dx[t * c + j] += dr[int64_t{p} * c + j];
-    }
+  ops::moe_gather_backward(d_x, d_routed, s.position, k);
 }
 
 void MoeLayer::collect(ParameterList& out) {

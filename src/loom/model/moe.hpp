@@ -15,7 +15,10 @@
 // Parameters under Mixtral's Hugging Face names, with `prefix` = "model.layers.N.block_sparse_moe":
 // gate.weight [E, C] (the router), experts.i.w1 (gate) and w3 (up) [F, C], w2 (down) [C, F];
 // shared experts (DeepSeekMoE) as shared_experts.w1 / w3 / w2, one MLP of S x F for every token.
-// Host f32 tensors so far.
+// The rows live where the layer's input does (host f32, or a GPU in f32 or bf16) and move
+// through kernels/ops (moe_gather, moe_combine and their backward); routing runs on the host in
+// f32 (cpu::moe_route: the per-expert counts size the experts' GEMMs there anyway), from logits
+// computed on the device in the activations' dtype. Expert parallelism's exchange is host f32.
 //
 // Expert parallelism (GShard, Lepikhin et al. 2020; Megatron-Core's token dispatcher): the ep
 // ranks of a group each hold E / ep consecutive experts (rank r: experts r E/ep ...) and their
@@ -70,9 +73,10 @@ struct MoeSpec {
 // What the forward keeps for the backward, and what it saw.
 struct MoeStash {
   int64_t rows = 0;
-  Tensor logits, probs;            // [rows, E]
+  Tensor logits, probs;            // [rows, E], host f32
   std::vector<int32_t> selected;   // [rows, k] expert ids
   Tensor weights;                  // [rows, k]
+  Tensor device_weights;           // a copy where the rows are, when that is not the host
   std::vector<int64_t> counts;     // [E] routed slots per expert, before any dropping
   std::vector<int64_t> offsets;    // [E + 1] kept rows of each expert in the routed buffers
   std::vector<int32_t> position;   // [rows, k] row of slot (t, s) in the routed buffers, -1 dropped

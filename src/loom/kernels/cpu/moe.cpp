@@ -131,4 +131,58 @@ void moe_route_backward(const MoeRouteArgs& a, float* d_logits, const float* d_w
   }
 }
 
+void moe_gather(float* routed, const float* x, const int32_t* position, int64_t rows, int64_t k,
+                int64_t c) {
+  for (int64_t slot = 0; slot < rows * k; ++slot)
+    if (const int32_t p = position[slot]; p >= 0)
+      std::copy(x + (slot / k) * c, x + (slot / k + 1) * c, routed + p * c);
+}
+
+void moe_gather_backward(float* d_x, const float* d_routed, const int32_t* position, int64_t rows,
+                         int64_t k, int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t q = 0; q < k; ++q) {
+      const int32_t p = position[t * k + q];
+      if (p < 0) continue;
+      for (int64_t j = 0; j < c; ++j) d_x[t * c + j] += d_routed[int64_t{p} * c + j];
+    }
+}
+
+void moe_combine(float* out, const float* expert_out, const float* weights, const int32_t* position,
+                 int64_t rows, int64_t k, int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t) {
+    float* row = out + t * c;
+    std::fill(row, row + c, 0.0f);
+    for (int64_t q = 0; q < k; ++q) {
+      const int32_t p = position[t * k + q];
+      if (p < 0) continue;
+      const float weight = weights[t * k + q];
+      const float* src = expert_out + int64_t{p} * c;
+      for (int64_t j = 0; j < c; ++j) row[j] += weight * src[j];
+    }
+  }
+}
+
+void moe_combine_backward(float* d_expert_out, float* d_weights, const float* d_out,
+                          const float* expert_out, const float* weights, const int32_t* position,
+                          int64_t rows, int64_t k, int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t q = 0; q < k; ++q) {
+      const int32_t p = position[t * k + q];
+      if (p < 0) {
+        d_weights[t * k + q] = 0.0f;
+        continue;
+      }
+      double dot = 0;
+      for (int64_t j = 0; j < c; ++j) {
+        d_expert_out[int64_t{p} * c + j] = weights[t * k + q] * d_out[t * c + j];
+        dot += static_cast<double>(d_out[t * c + j]) * expert_out[int64_t{p} * c + j];
+      }
+      d_weights[t * k + q] = static_cast<float>(dot);
+    }
+}
+
 }  // namespace loom::cpu

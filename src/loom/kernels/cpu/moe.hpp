@@ -44,4 +44,23 @@ void moe_route_backward(const MoeRouteArgs& a, float* d_logits, const float* d_w
                         const float* probs, const int32_t* selected, const float* weights, const int64_t* counts,
                         float aux_scale, float z_scale);
 
+// The routed copies of the tokens (MoeLayer's grouped layout). position [rows k]: the row of
+// slot s = t k + q in the routed buffers, or -1 for a slot dropped by the capacity.
+//   gather:           routed[position[s]] = x[t]                      (routed [kept, C])
+//   gather_backward:  d_x[t] += d_routed[position[t k + q]], q in order
+//   combine:          out[t] = sum over kept q, in order, of weights[t k + q] expert_out[p]
+//                     (written; 0 for a token whose slots were all dropped)
+//   combine_backward: d_expert_out[p] = weights[s] d_out[t]; d_weights[s] = d_out[t] .
+//   expert_out[p]
+//                     (summed in double; 0 for a dropped slot), both written
+void moe_gather(float* routed, const float* x, const int32_t* position, int64_t rows, int64_t k,
+                int64_t c);
+void moe_gather_backward(float* d_x, const float* d_routed, const int32_t* position, int64_t rows,
+                         int64_t k, int64_t c);
+void moe_combine(float* out, const float* expert_out, const float* weights, const int32_t* position,
+                 int64_t rows, int64_t k, int64_t c);
+void moe_combine_backward(float* d_expert_out, float* d_weights, const float* d_out,
+                          const float* expert_out, const float* weights, const int32_t* position,
+                          int64_t rows, int64_t k, int64_t c);
+
 }  // namespace loom::cpu

@@ -84,6 +84,17 @@ void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_s
 void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
                       const Tensor& d_hidden, const Tensor& d_weight);
 
+// ops_cuda_moe.cu; positions are the host array ops_moe.cpp has checked.
+void moe_gather(const Tensor& routed, const Tensor& x, std::span<const int32_t> position,
+                int64_t k);
+void moe_gather_backward(const Tensor& d_x, const Tensor& d_routed,
+                         std::span<const int32_t> position, int64_t k);
+void moe_combine(const Tensor& out, const Tensor& expert_out, const Tensor& weights,
+                 std::span<const int32_t> position, int64_t k);
+void moe_combine_backward(const Tensor& d_expert_out, const Tensor& d_weights, const Tensor& d_out,
+                          const Tensor& expert_out, const Tensor& weights,
+                          std::span<const int32_t> position, int64_t k);
+
 Tensor fp8_amax(const Tensor& x, int64_t col, int64_t cols);
 void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax);
 Tensor fp8_scale_pair(float scale);

@@ -227,7 +227,7 @@ TEST(Trainer, PackedDocumentsTrainWithTheDocumentMask) {
 // A mixture-of-experts Llama through the config: it learns the markov stream (well under
 // ln 64 = 4.16; kLearnableSteps take a dense model to about 1.2-1.4 nats), logs its experts'
 // metrics, and the sigmoid router's selection bias moves with the loads; GPT-2-style experts,
-// a bias rate for the softmax router, MoE under tp and ep on CUDA are refused before any work.
+// and a bias rate for the softmax router are refused before any work.
 TEST(Trainer, MixtureOfExpertsLearnsLogsAndBalances) {
   TinyRun run("moe");
   run.write_learnable_shards();
@@ -292,13 +292,9 @@ TEST(Trainer, MixtureOfExpertsLearnsLogsAndBalances) {
                   {"model.n_experts = 4", "Llama-style"});
   expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_bias_rate=0.01"})); }),
                   {"model.moe_bias_rate", "sigmoid router"});
-  // MoE layers run on CUDA (routing on the host, rows on the device); expert parallelism's
-  // host all-to-all does not yet.
+  // MoE layers run on CUDA (routing on the host, rows on the device), with ep too.
   EXPECT_EQ(parse(base, with_moe({"train.device=\"cuda\""})).model.n_experts, 4);
-  expect_contains(error_message([&] {
-                    (void)parse(base, with_moe({"train.device=\"cuda\"", "parallel.ep=2"}));
-                  }),
-                  {"parallel.ep = 2", "CPU only so far", "parallel.ep = 1"});
+  EXPECT_EQ(parse(base, with_moe({"train.device=\"cuda\"", "parallel.ep=2"})).ep, 2);
   expect_contains(error_message([&] { (void)parse(base, with_moe({"model.moe_router=\"topk\""})); }),
                   {"model.moe_router", "'topk'", "softmax", "sigmoid"});
   expect_contains(error_message([&] { (void)parse(base, with_moe({"model.experts_per_token=5"})); }),
@@ -380,17 +376,13 @@ TEST(TrainConfigContextParallel, BadLayoutsAreRejectedWithWhatWorks) {
                                                         "train.batch_size=1", "train.seq_len=12"});
                   }),
                   {"parallel.sequence_parallel", "/ parallel.cp = 6 rows", "parallel.tp = 4"});
-  // Ring and all-gather attention run on CUDA; Ulysses' all-to-all packs host arrays and is refused
-  // there.
-  EXPECT_EQ(parse(llama, {"parallel.cp=2", "train.device=\"cuda\""}).cp, 2);
-  EXPECT_EQ(
-      parse(llama, {"parallel.cp=2", "parallel.cp_comm=\"allgather\"", "train.device=\"cuda\""}).cp,
-      2);
-  expect_contains(
-      error_message([&] {
-        (void)parse(llama, {"parallel.cp=2", "parallel.cp_comm=\"a2a\"", "train.device=\"cuda\""});
-      }),
-      {"parallel.cp_comm = \"a2a\"", "CPU only so far", "\"p2p\""});
+  // Every way of attending over the split sequence runs on CUDA too: the configs are accepted.
+  for (const char* comm : {"p2p", "allgather", "a2a"})
+    EXPECT_EQ(parse(llama, {"parallel.cp=2", std::string("parallel.cp_comm=\"") + comm + "\"",
+                            "train.device=\"cuda\""})
+                  .cp,
+              2)
+        << comm;
   // One process cannot be two cp ranks.
   expect_contains(error_message([&] { Trainer trainer(parse(llama, {"parallel.cp=2"})); }),
                   {"parallel.tp = 1, parallel.pp = 1 and parallel.cp = 2 need 2 ranks", "mpirun -np 2"});

@@ -48,6 +48,35 @@ TEST(TensorComm, StagesBf16TensorsAndWritesTheResultBackOnWait) {
                 second = static_cast<float>((2 * rank + 1) * n);
     EXPECT_EQ(out.to_f32_vector(), (std::vector<float>{first, second}));
 
+    // all_to_all: rank r sends value 10 r + j to rank j, so rank r gets 10 i + r from rank i;
+    // all_to_allv with i + 1 values from rank i (the same value repeated).
+    {
+      std::vector<float> mine(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) mine[j] = 10.0f * rank + j;
+      const Tensor in = Tensor::empty({n}, dtype, MemCategory::Workspace);
+      in.copy_from(tensor_of({n}, mine));
+      const Tensor got = Tensor::zeros({n}, dtype, MemCategory::Workspace);
+      comm::all_to_all(*group, in, got)->wait();
+      const std::vector<float> a2a = got.to_f32_vector();
+      for (int i = 0; i < n; ++i) EXPECT_EQ(a2a[i], 10.0f * i + rank) << "from rank " << i;
+      std::vector<int64_t> send_counts(static_cast<size_t>(n), rank + 1),
+          recv_counts(static_cast<size_t>(n));
+      std::vector<float> send_values;
+      for (int j = 0; j < n; ++j) send_values.insert(send_values.end(), rank + 1, 10.0f * rank + j);
+      for (int i = 0; i < n; ++i) recv_counts[i] = i + 1;
+      const int64_t total_in = (rank + 1) * n, total_out = n * (n + 1) / 2;
+      const Tensor vin = Tensor::empty({total_in}, dtype, MemCategory::Workspace);
+      vin.copy_from(tensor_of({total_in}, send_values));
+      const Tensor vout =
+          Tensor::zeros({total_out + 1}, dtype, MemCategory::Workspace);  // one spare
+      comm::all_to_allv(*group, vin, send_counts, vout, recv_counts)->wait();
+      const std::vector<float> v = vout.to_f32_vector();
+      int64_t at = 0;
+      for (int i = 0; i < n; ++i)
+        for (int c = 0; c <= i; ++c) EXPECT_EQ(v[at++], 10.0f * i + rank) << "from rank " << i;
+      EXPECT_EQ(v[total_out], 0.0f);  // beyond the counts: untouched
+    }
+
     // broadcast from the last rank.
     const Tensor b = ramp(4, rank == n - 1 ? 100.0f : -1.0f, dtype);
     comm::broadcast(*group, b, n - 1)->wait();

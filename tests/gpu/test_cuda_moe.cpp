@@ -42,12 +42,14 @@ using CudaMoeOps = CudaTest;
 
 TEST_F(CudaMoeOps, GatherCombineAndTheirBackwardMatchTheCpu) {
   const int64_t rows = 37, k = 3, c = 48, kept = 90;  // 111 slots, 21 dropped
-  // Each kept row is one slot's: a permutation of the slots, the last 21 dropped.
+  // Each kept row is one slot's, in a scrambled order (47 is coprime to 111); token 0 loses all
+  // three of its slots (its combined output must be 0) and 18 more slots are dropped.
   std::vector<int32_t> position(rows * k, -1);
-  std::vector<int32_t> order(rows * k);
-  for (int32_t i = 0; i < rows * k; ++i)
-    order[i] = (i * 47) % int32_t(rows * k);  // 47 is coprime to 111
-  for (int32_t i = 0; i < kept; ++i) position[order[i]] = i;
+  int32_t next_row = 0;
+  for (int32_t i = 0; i < rows * k && next_row < kept; ++i) {
+    const int32_t slot = (i * 47) % int32_t(rows * k);
+    if (slot >= k) position[slot] = next_row++;
+  }
   const Tensor x = host_tensor(random_vector(rows * c, 1), {rows, c});
   const Tensor weights = host_tensor(random_vector(rows * k, 2, 0.0f, 1.0f), {rows, k});
   const Tensor expert_out = host_tensor(random_vector(kept * c, 3), {kept, c});
@@ -74,17 +76,22 @@ TEST_F(CudaMoeOps, GatherCombineAndTheirBackwardMatchTheCpu) {
     ops::moe_gather_backward(d_x_d, on_cuda(dr, dtype), position, k);
     expect_near(d_x_d, d_x, bf16 ? 1.0 / 256 : 0.0, name + ": gather backward");
 
+    // Outputs start as NaN: every element must be written (a token whose slots were all dropped
+    // gets 0, a dropped slot's weight gradient 0).
+    const Tensor nans = host_tensor(std::vector<float>(rows * c, std::nanf("")), {rows, c});
     Tensor out = Tensor::empty({rows, c}, DType::F32, MemCategory::Workspace),
-           out_d = on_cuda(out, dtype);
+           out_d = on_cuda(nans, dtype);
     const Tensor weights_d = on_cuda(weights);
     ops::moe_combine(out, eo, weights, position, k);
     ops::moe_combine(out_d, on_cuda(eo, dtype), weights_d, position, k);
     expect_near(out_d, out, bf16 ? 1.0 / 256 : 1e-6, name + ": combine");
+    const auto token0 = out_d.to_f32_vector();
+    for (int64_t j = 0; j < c; ++j) ASSERT_EQ(token0[j], 0.0f) << name << ": token 0 kept no slot";
 
     Tensor d_eo = Tensor::zeros({kept, c}, DType::F32, MemCategory::Workspace),
            d_eo_d = on_cuda(d_eo, dtype);
     Tensor d_w = Tensor::empty({rows, k}, DType::F32, MemCategory::Workspace);
-    Tensor d_w_d = on_cuda(Tensor::zeros({rows, k}, DType::F32, MemCategory::Workspace));
+    Tensor d_w_d = on_cuda(host_tensor(std::vector<float>(rows * k, std::nanf("")), {rows, k}));
     ops::moe_combine_backward(d_eo, d_w, g, eo, weights, position, k);
     ops::moe_combine_backward(d_eo_d, d_w_d, on_cuda(g, dtype), on_cuda(eo, dtype), weights_d,
                               position, k);

@@ -8,7 +8,7 @@
 #   1. gpu_tests   tests/gpu/loom_gpu_tests (every CUDA kernel, op, model and trainer test)
 #   2. nccl_np1    mpirun -np 1 tests/gpu/nccl/loom_nccl_tests
 #   3. smoke_*     mpirun -np 1 / -np 2 loom train --device cuda on a tiny GPT-2 and Llama (f32, bf16)
-#   4. layouts     ctest -L gpu -R gpu_layout (layout_on_cuda.sh: 21 MPI layouts, ranks share the
+#   4. layouts     ctest -L gpu -R gpu_layout (layout_on_cuda.sh: 23 MPI layouts, ranks share the
 #                  GPU; the NCCL ones need 2+ GPUs and report Skipped) from the unpacked tree
 #   5. bench       bench/run_gpu_benchmarks.sh's parts: loom vs PyTorch eager / torch.compile on
 #                  GPT-2 124M (then Llama 1B) at seq 1024, bf16, as long as the budget lasts

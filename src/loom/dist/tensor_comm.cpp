@@ -93,6 +93,43 @@ WorkHandle reduce_scatter(ProcessGroup& group, const Tensor& in, const Tensor& o
   return std::make_shared<StagedWork>(std::move(work), staged_out, out, staged_in);
 }
 
+WorkHandle all_to_all(ProcessGroup& group, const Tensor& in, const Tensor& out) {
+  check_defined("all_to_all", group, in, "the input");
+  check_defined("all_to_all", group, out, "the output");
+  if (in.numel() != out.numel() || in.numel() % group.size() != 0)
+    throw_error("comm::all_to_all on group '", group.name(), "': ", shape_to_string(in.shape()),
+                " in and ", shape_to_string(out.shape()), " out are not ", group.size(),
+                " equal blocks each");
+  const int64_t block = in.numel() / group.size();
+  if (takes_directly(group, in) && takes_directly(group, out))
+    return group.all_to_all(in.f32(), out.f32(), block);
+  Tensor staged_in = takes_directly(group, in) ? in : staged(group, in, true);
+  Tensor staged_out = staged(group, out, false);
+  WorkHandle work = group.all_to_all(staged_in.f32(), staged_out.f32(), block);
+  return std::make_shared<StagedWork>(std::move(work), staged_out, out, staged_in);
+}
+
+WorkHandle all_to_allv(ProcessGroup& group, const Tensor& in,
+                       const std::vector<int64_t>& send_counts, const Tensor& out,
+                       const std::vector<int64_t>& recv_counts) {
+  check_defined("all_to_allv", group, in, "the input");
+  check_defined("all_to_allv", group, out, "the output");
+  int64_t sent = 0, received = 0;
+  for (int64_t n : send_counts) sent += n;
+  for (int64_t n : recv_counts) received += n;
+  if (sent > in.numel() || received > out.numel())
+    throw_error("comm::all_to_allv on group '", group.name(), "': ", sent,
+                " elements to send from ", shape_to_string(in.shape()), ", ", received,
+                " to receive into ", shape_to_string(out.shape()));
+  if (takes_directly(group, in) && takes_directly(group, out))
+    return group.all_to_allv(in.f32(), send_counts, out.f32(), recv_counts);
+  Tensor staged_in = takes_directly(group, in) ? in : staged(group, in, true);
+  // With its values: the staged copy goes back whole, and what the counts leave out must stay.
+  Tensor staged_out = staged(group, out, true);
+  WorkHandle work = group.all_to_allv(staged_in.f32(), send_counts, staged_out.f32(), recv_counts);
+  return std::make_shared<StagedWork>(std::move(work), staged_out, out, staged_in);
+}
+
 WorkHandle all_gather(ProcessGroup& group, const Tensor& in, const Tensor& out) {
   check_defined("all_gather", group, in, "the input");
   check_defined("all_gather", group, out, "the output");

@@ -22,6 +22,13 @@ WorkHandle all_reduce(ProcessGroup& group, const Tensor& data, ReduceOp op);
 WorkHandle reduce_scatter(ProcessGroup& group, const Tensor& in, const Tensor& out, ReduceOp op);
 // out: size() blocks of in.numel(), block r from rank r.
 WorkHandle all_gather(ProcessGroup& group, const Tensor& in, const Tensor& out);
+// in and out: size() blocks; block j of this rank's in becomes block r(this rank) of rank j's out.
+WorkHandle all_to_all(ProcessGroup& group, const Tensor& in, const Tensor& out);
+// ProcessGroup::all_to_allv on tensors (counts in elements, blocks packed in rank order from
+// each tensor's start; the tensors may hold more than the counts add up to).
+WorkHandle all_to_allv(ProcessGroup& group, const Tensor& in,
+                       const std::vector<int64_t>& send_counts, const Tensor& out,
+                       const std::vector<int64_t>& recv_counts);
 WorkHandle broadcast(ProcessGroup& group, const Tensor& data, int root);
 WorkHandle send(ProcessGroup& group, const Tensor& data, int peer, int tag);
 WorkHandle recv(ProcessGroup& group, const Tensor& data, int peer, int tag);

@@ -69,13 +69,6 @@ std::vector<int64_t> MoeLayer::parameter_slots() const {
 
 namespace {
 
-void require_host(const char* what, const Tensor& t) {
-  if (t.device() != Device::CPU || t.dtype() != DType::F32)
-    throw_error("mixture of experts: ", what, " is ", device_name(t.device()), " ",
-                dtype_name(t.dtype()),
-                "; expert parallelism's exchange runs on host f32 tensors so far");
-}
-
 // Every buffer below is written whole before it is read (routing, GEMMs with beta 0, the
 // gather of every kept slot), so none needs clearing. Rows live where the layer's input does,
 // in its dtype; the routing itself (logits, probabilities, weights) is host f32.
@@ -93,20 +86,23 @@ Tensor host_workspace(const Shape& shape) {
 }
 
 // Under expert parallelism the rows a rank received arrive source rank by source rank (and,
-// within a source, expert by expert); the experts want them expert by expert. Moves rows of
-// `width` floats between the two orders: source-major to expert-major, or back.
-void regroup(const float* in, float* out, const MoeStash& s, int64_t width, bool to_expert_major) {
+// within a source, expert by expert); the experts want them expert by expert. Moves rows
+// between the two orders: source-major to expert-major, or back (runs of rows, copied where
+// the tensors are).
+void regroup(const Tensor& in, const Tensor& out, const MoeStash& s, bool to_expert_major) {
   const auto ranks = static_cast<int64_t>(s.recv_rows.size());
-  const int64_t local = static_cast<int64_t>(s.local_offsets.size()) - 1;
+  const int64_t local = static_cast<int64_t>(s.local_offsets.size()) - 1, width = in.size(1);
   int64_t source_row = 0;
   for (int64_t src = 0; src < ranks; ++src)
     for (int64_t e = 0; e < local; ++e) {
       int64_t expert_row = s.local_offsets[static_cast<size_t>(e)];
       for (int64_t before = 0; before < src; ++before) expert_row += s.recv_counts[static_cast<size_t>(e * ranks + before)];
       const int64_t n = s.recv_counts[static_cast<size_t>(e * ranks + src)];
-      const float* from = in + (to_expert_major ? source_row : expert_row) * width;
-      float* to = out + (to_expert_major ? expert_row : source_row) * width;
-      std::copy(from, from + n * width, to);
+      if (n > 0) {
+        const int64_t from = to_expert_major ? source_row : expert_row,
+                      to = to_expert_major ? expert_row : source_row;
+        ops::copy_columns(out.narrow_rows(to, to + n), 0, in.narrow_rows(from, from + n), 0, width);
+      }
       source_row += n;
     }
 }
@@ -219,19 +215,15 @@ void MoeLayer::plan_exchange(MoeStash& s, const std::vector<int64_t>& kept) cons
 }
 
 void MoeLayer::dispatch(const Tensor& home, const Tensor& at_experts, const MoeStash& s) const {
-  require_host("a dispatched row", home);
-  const int64_t c = home.size(1);
-  const Tensor inbox = host_workspace(at_experts.shape());
-  exchange_->exchange_rows(home.f32(), s.send_rows, inbox.f32(), s.recv_rows, c);
-  regroup(inbox.f32(), at_experts.f32(), s, c, true);
+  const Tensor inbox = workspace(at_experts.shape(), at_experts);
+  exchange_->exchange_rows(home, s.send_rows, inbox, s.recv_rows);
+  regroup(inbox, at_experts, s, true);
 }
 
 void MoeLayer::bring_home(const Tensor& at_experts, const Tensor& home, const MoeStash& s) const {
-  require_host("a row brought home", home);
-  const int64_t c = home.size(1);
-  const Tensor outbox = host_workspace(at_experts.shape());
-  regroup(at_experts.f32(), outbox.f32(), s, c, false);
-  exchange_->exchange_rows(outbox.f32(), s.recv_rows, home.f32(), s.send_rows, c);
+  const Tensor outbox = workspace(at_experts.shape(), at_experts);
+  regroup(at_experts, outbox, s, false);
+  exchange_->exchange_rows(outbox, s.recv_rows, home, s.send_rows);
 }
 
 void MoeLayer::run_experts(const Tensor& out, MoeStash& s) const {

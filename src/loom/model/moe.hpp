@@ -18,7 +18,8 @@
 // The rows live where the layer's input does (host f32, or a GPU in f32 or bf16) and move
 // through kernels/ops (moe_gather, moe_combine and their backward); routing runs on the host in
 // f32 (cpu::moe_route: the per-expert counts size the experts' GEMMs there anyway), from logits
-// computed on the device in the activations' dtype. Expert parallelism's exchange is host f32.
+// computed on the device in the activations' dtype. Expert parallelism's exchange moves rows
+// where they are (dist/tensor_comm stages them for the group).
 //
 // Expert parallelism (GShard, Lepikhin et al. 2020; Megatron-Core's token dispatcher): the ep
 // ranks of a group each hold E / ep consecutive experts (rank r: experts r E/ep ...) and their
@@ -50,10 +51,11 @@ class ExpertExchange {
   virtual int size() const = 0;
   // send[j] values go to rank j; returns what each rank j sent here (all equal length).
   virtual std::vector<int64_t> exchange_counts(std::span<const int64_t> send, int64_t per_rank) = 0;
-  // Rows of `width` floats: the first send_rows[0] rows of `in` go to rank 0, the next
-  // send_rows[1] to rank 1, ...; `out` receives recv_rows[j] rows from rank j, in rank order.
-  virtual void exchange_rows(const float* in, std::span<const int64_t> send_rows, float* out,
-                             std::span<const int64_t> recv_rows, int64_t width) = 0;
+  // Rows of in's width (tensors of one device and dtype): the first send_rows[0] rows of `in`
+  // go to rank 0, the next send_rows[1] to rank 1, ...; `out` receives recv_rows[j] rows from
+  // rank j, in rank order.
+  virtual void exchange_rows(const Tensor& in, std::span<const int64_t> send_rows,
+                             const Tensor& out, std::span<const int64_t> recv_rows) = 0;
 };
 
 struct MoeSpec {
@@ -115,7 +117,10 @@ class MoeLayer {
   void collect(ParameterList& out);
   // Mixed precision on the CPU: round what the layer stores for backward (the experts' and the
   // shared experts' pre-activations, activations and outputs) to bf16 values, as the dense MLP
-  // does; the router's logits and probabilities stay f32 (a sensitive op).
+  // does; the router's logits and probabilities stay f32 (a sensitive op). With real bf16
+  // storage (CUDA) the router GEMM writes bf16 logits (Megatron's default; DeepSeek-V3 keeps
+  // them f32), which are routed in f32 from there, so near ties may route differently from the
+  // CPU's emulation.
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
 
   // Expert parallelism's three steps, which forward and backward use (public for tests):

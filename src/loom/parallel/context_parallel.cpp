@@ -273,7 +273,9 @@ class RingAttention final : public ContextAttentionBase {
 // Rank j of C attends with head group j (H / C query heads, KV / C kv heads) over the whole
 // sequence: an all-to-all turns this rank's rows of every head into every rank's rows of its
 // heads, attention runs as on one process, and an all-to-all turns the output back. The
-// log-sum-exps and the backward's operands travel the same way. Host f32 (CPU) tensors.
+// log-sum-exps and the backward's operands travel the same way. Rows are packed and unpacked
+// with ops::copy_columns on views, so the same code runs on either device; the all-to-all's
+// buffers are f32 (bf16 activations are widened on the way in and rounded on the way out).
 class AllToAllAttention final : public ContextAttentionBase {
  public:
   using ContextAttentionBase::ContextAttentionBase;
@@ -286,11 +288,12 @@ class AllToAllAttention final : public ContextAttentionBase {
     count_flops(all_ranges, {s.batch, s.seq_len, h.q, h.kv, s.head_dim});
     const Tensor qkv_heads = to_heads(qkv, qkv_columns(s, h), d);
     const ops::AttentionShape mine{d.batch, d.seq_len, h.q, h.kv, s.head_dim};
-    const Tensor out_heads = workspace({d.batch * d.seq_len, h.q * s.head_dim}, qkv.device());
-    const Tensor lse_heads = workspace({d.batch, h.q, d.seq_len}, qkv.device());
+    const Tensor out_heads =
+        workspace({d.batch * d.seq_len, h.q * s.head_dim}, qkv.dtype(), qkv.device());
+    const Tensor lse_heads = workspace({d.batch, h.q, d.seq_len}, DType::F32, qkv.device());
     timed("attention", true, [&] { ops::attention_forward(out_heads, lse_heads, qkv_heads, mine, all_ranges); });
     from_heads(out_heads, out, out_columns(s, h), d);
-    const Tensor lse_rows = workspace({d.rows, s.heads}, qkv.device());
+    const Tensor lse_rows = workspace({d.rows, s.heads}, DType::F32, qkv.device());
     from_heads(rows_of_lse(lse_heads, d.batch, h.q, d.seq_len), lse_rows, lse_columns(h), d);
     lse_from_rows(lse_rows, lse, d.batch, s.heads, d.local_len);
   }
@@ -306,7 +309,7 @@ class AllToAllAttention final : public ContextAttentionBase {
     const Tensor lse_heads = lse_from_row_layout(to_heads(rows_of_lse(lse, d.batch, s.heads, d.local_len),
                                                           lse_columns(h), d),
                                                  d.batch, h.q, d.seq_len);
-    const Tensor d_qkv_heads = workspace(qkv_heads.shape(), qkv.device());
+    const Tensor d_qkv_heads = workspace(qkv_heads.shape(), qkv_heads.dtype(), qkv.device());
     timed("attention backward", true, [&] {
       ops::attention_backward(d_qkv_heads, d_out_heads, qkv_heads, out_heads, lse_heads,
                               {d.batch, d.seq_len, h.q, h.kv, s.head_dim}, all_ranges);
@@ -347,13 +350,8 @@ class AllToAllAttention final : public ContextAttentionBase {
     for (const auto& [first, cols] : columns(0)) w += cols;
     return w;
   }
-  static Tensor workspace(const Shape& shape, Device device) {
-    return Tensor::empty(shape, DType::F32, MemCategory::Workspace, device);
-  }
-  static void require_host(const Tensor& t) {
-    if (t.device() != Device::CPU || t.dtype() != DType::F32)
-      throw_error("cp_comm = \"a2a\" (Ulysses) runs on host f32 tensors so far; got ", device_name(t.device()), " ",
-                  dtype_name(t.dtype()));
+  static Tensor workspace(const Shape& shape, DType dtype, Device device) {
+    return Tensor::empty(shape, dtype, MemCategory::Workspace, device);
   }
 
   // Every rank's key ranges (global positions) in sequence order, from this rank's.
@@ -370,82 +368,86 @@ class AllToAllAttention final : public ContextAttentionBase {
     return whole;
   }
 
+  // Rank i's rows of the all-to-all's [C rows, w] buffer <-> their places in sequence order
+  // [batch * T, w]: each of rank i's two chunks of each sequence is a run of rows on both sides.
+  void permute(const Tensor& sequence, const Tensor& ranks, const Dims& d, bool to_sequence) const {
+    const int64_t chunk = d.local_len / 2, w = sequence.size(1);
+    for (int i = 0; i < split_.size; ++i)
+      for (int64_t b = 0; b < d.batch; ++b)
+        for (int64_t half = 0; half < 2; ++half) {
+          const int64_t rank_row = i * d.rows + b * d.local_len + half * chunk;
+          const int64_t seq_row =
+              b * d.seq_len + split_.global_position(half * chunk, d.seq_len, i);
+          const Tensor in_sequence = sequence.narrow_rows(seq_row, seq_row + chunk);
+          const Tensor in_ranks = ranks.narrow_rows(rank_row, rank_row + chunk);
+          if (to_sequence)
+            ops::copy_columns(in_sequence, 0, in_ranks, 0, w);
+          else
+            ops::copy_columns(in_ranks, 0, in_sequence, 0, w);
+        }
+  }
+
   // This rank's rows of every head -> every rank's rows of this rank's heads, in sequence order
-  // [batch * T, width].
+  // [batch * T, width], in `local`'s dtype.
   Tensor to_heads(const Tensor& local, const Columns& columns, const Dims& d) {
-    require_host(local);
-    const int64_t w = width(columns), ld = local.size(1), n = split_.size;
-    std::vector<float> send(static_cast<size_t>(n * d.rows * w)), received(send.size());
-    const float* src = local.f32();
+    const int64_t w = width(columns), n = split_.size;
+    const Tensor send =
+        Tensor::empty({n * d.rows, w}, DType::F32, MemCategory::CommBuffers, local.device());
+    const Tensor received =
+        Tensor::empty(send.shape(), DType::F32, MemCategory::CommBuffers, local.device());
     for (int j = 0; j < n; ++j) {
-      const auto runs = columns(j);
-      for (int64_t row = 0; row < d.rows; ++row) {
-        float* dst = &send[static_cast<size_t>((j * d.rows + row) * w)];
-        for (const auto& [first, cols] : runs) dst = std::copy(src + row * ld + first, src + row * ld + first + cols, dst);
+      const Tensor block = send.narrow_rows(j * d.rows, (j + 1) * d.rows);
+      int64_t col = 0;
+      for (const auto& [first, cols] : columns(j)) {
+        ops::copy_columns(block, col, local, first, cols);
+        col += cols;
       }
     }
-    timed("all-to-all", false, [&] {
-      group_->all_to_all(send.data(), received.data(), d.rows * w)->wait();
-    });
-    const Tensor heads = workspace({d.batch * d.seq_len, w}, local.device());
-    float* out = heads.f32();
-    for (int i = 0; i < n; ++i)
-      for (int64_t b = 0; b < d.batch; ++b)
-        for (int64_t t = 0; t < d.local_len; ++t) {
-          const float* row = &received[static_cast<size_t>((i * d.rows + b * d.local_len + t) * w)];
-          std::copy(row, row + w, out + (b * d.seq_len + split_.global_position(t, d.seq_len, i)) * w);
-        }
+    timed("all-to-all", false, [&] { comm::all_to_all(*group_, send, received)->wait(); });
+    const Tensor heads = workspace({d.batch * d.seq_len, w}, local.dtype(), local.device());
+    permute(heads, received, d, true);
     return heads;
   }
 
   // The inverse: this rank's heads over the whole sequence -> its rows of every head, written
   // into `local`'s columns.
   void from_heads(const Tensor& heads, const Tensor& local, const Columns& columns, const Dims& d) {
-    require_host(local);
-    const int64_t w = width(columns), ld = local.size(1), n = split_.size;
-    std::vector<float> send(static_cast<size_t>(n * d.rows * w)), received(send.size());
-    const float* in = heads.f32();
-    for (int i = 0; i < n; ++i)
-      for (int64_t b = 0; b < d.batch; ++b)
-        for (int64_t t = 0; t < d.local_len; ++t) {
-          const float* row = in + (b * d.seq_len + split_.global_position(t, d.seq_len, i)) * w;
-          std::copy(row, row + w, &send[static_cast<size_t>((i * d.rows + b * d.local_len + t) * w)]);
-        }
-    timed("all-to-all", false, [&] {
-      group_->all_to_all(send.data(), received.data(), d.rows * w)->wait();
-    });
-    float* dst = local.f32();
+    const int64_t w = width(columns), n = split_.size;
+    const Tensor send =
+        Tensor::empty({n * d.rows, w}, DType::F32, MemCategory::CommBuffers, local.device());
+    const Tensor received =
+        Tensor::empty(send.shape(), DType::F32, MemCategory::CommBuffers, local.device());
+    permute(heads, send, d, false);
+    timed("all-to-all", false, [&] { comm::all_to_all(*group_, send, received)->wait(); });
     for (int j = 0; j < n; ++j) {
-      const auto runs = columns(j);
-      for (int64_t row = 0; row < d.rows; ++row) {
-        const float* from = &received[static_cast<size_t>((j * d.rows + row) * w)];
-        for (const auto& [first, cols] : runs) {
-          std::copy(from, from + cols, dst + row * ld + first);
-          from += cols;
-        }
+      const Tensor block = received.narrow_rows(j * d.rows, (j + 1) * d.rows);
+      int64_t col = 0;
+      for (const auto& [first, cols] : columns(j)) {
+        ops::copy_columns(local, first, block, col, cols);
+        col += cols;
       }
     }
   }
 
-  // lse [batch, heads, len] <-> rows [batch * len, heads], so it travels like the activations.
+  // lse [batch, heads, len] <-> rows [batch * len, heads], so it travels like the activations:
+  // one column copy per (sequence, head).
   static Tensor rows_of_lse(const Tensor& lse, int64_t batch, int64_t heads, int64_t len) {
-    const Tensor rows = workspace({batch * len, heads}, lse.device());
-    const float* l = lse.f32();
-    float* r = rows.f32();
+    const Tensor rows = workspace({batch * len, heads}, DType::F32, lse.device());
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t h = 0; h < heads; ++h)
-        for (int64_t t = 0; t < len; ++t) r[(b * len + t) * heads + h] = l[(b * heads + h) * len + t];
+        ops::copy_columns(rows.narrow_rows(b * len, (b + 1) * len), h,
+                          lse.slice_as((b * heads + h) * len, {len, 1}), 0, 1);
     return rows;
   }
-  static void lse_from_rows(const Tensor& rows, const Tensor& lse, int64_t batch, int64_t heads, int64_t len) {
-    const float* r = rows.f32();
-    float* l = lse.f32();
+  static void lse_from_rows(const Tensor& rows, const Tensor& lse, int64_t batch, int64_t heads,
+                            int64_t len) {
     for (int64_t b = 0; b < batch; ++b)
       for (int64_t h = 0; h < heads; ++h)
-        for (int64_t t = 0; t < len; ++t) l[(b * heads + h) * len + t] = r[(b * len + t) * heads + h];
+        ops::copy_columns(lse.slice_as((b * heads + h) * len, {len, 1}), 0,
+                          rows.narrow_rows(b * len, (b + 1) * len), h, 1);
   }
   static Tensor lse_from_row_layout(const Tensor& rows, int64_t batch, int64_t heads, int64_t len) {
-    const Tensor lse = workspace({batch, heads, len}, rows.device());
+    const Tensor lse = workspace({batch, heads, len}, DType::F32, rows.device());
     lse_from_rows(rows, lse, batch, heads, len);
     return lse;
   }

@@ -12,8 +12,8 @@
 //     sequence; backward gathers again and reduce-scatters the key/value gradients.
 //   a2a (Ulysses): an all-to-all gives rank j head group j (H/C heads, KV/C kv heads) over the
 //     whole sequence; attention runs as on one process; an all-to-all brings the output back
-//     (and, in backward, the operands go round again). Needs heads and kv heads divisible by
-//     C. Host f32 tensors so far (the trainer refuses it on CUDA).
+//     (and, in backward, the operands go round again). Needs heads and kv heads divisible by C;
+//     its buffers are f32 too.
 // Blocks are this rank's [batch * T/C, 2 KV D] k | v columns of the fused qkv, in f32 whatever
 // the activations' dtype: with bf16 activations (CUDA) the blocks travel, the ring's partial
 // results merge and the key/value gradients add up in f32, and only the final output and

@@ -17,8 +17,8 @@ class GroupExpertExchange final : public ExpertExchange {
   int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
   std::vector<int64_t> exchange_counts(std::span<const int64_t> send, int64_t per_rank) override;
-  void exchange_rows(const float* in, std::span<const int64_t> send_rows, float* out,
-                     std::span<const int64_t> recv_rows, int64_t width) override;
+  void exchange_rows(const Tensor& in, std::span<const int64_t> send_rows, const Tensor& out,
+                     std::span<const int64_t> recv_rows) override;
 
   ProcessGroup& group() const { return *group_; }
   // Row exchanges since the last reset: bytes sent to other ranks (a rank's own rows stay

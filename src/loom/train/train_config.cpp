@@ -491,16 +491,6 @@ void check_cuda_available() {
 }
 
 void check_cuda_training(const TrainConfig& c) {
-  if (c.cp > 1 && c.cp_comm == CpComm::AllToAll)
-    throw_error(
-        "parallel.cp_comm = \"a2a\" (Ulysses) runs on the CPU only so far: its all-to-all packs "
-        "host arrays. On CUDA use parallel.cp_comm = \"p2p\" (ring) or \"allgather\", or train "
-        "on the CPU");
-  if (c.model.is_moe() && c.ep > 1)
-    throw_error("parallel.ep = ", c.ep,
-                " (expert parallelism) runs on the CPU only so far: its all-to-all moves "
-                "host rows. On CUDA use parallel.ep = 1 (every rank holds all ",
-                c.model.n_experts, " experts), or train on the CPU");
   const int64_t max_head_dim = ops::max_attention_head_dim(Device::CUDA);
   if (max_head_dim > 0 && c.model.head_dim() > max_head_dim)
     throw_error("model.n_embd / model.n_head = ", c.model.n_embd, " / ", c.model.n_head, " = head_dim ",

@@ -17,31 +17,10 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cuda/attention.hpp"
 #include "loom/kernels/ops.hpp"
+#include "tensor_test_support.hpp"
 
 namespace loom::cuda::test {
 namespace {
-
-Tensor host_tensor(const std::vector<float>& values, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::F32, MemCategory::Workspace);
-  std::memcpy(t.f32(), values.data(), values.size() * sizeof(float));
-  return t;
-}
-Tensor host_zeros(const Shape& shape) {
-  return Tensor::zeros(shape, DType::F32, MemCategory::Workspace);
-}
-Tensor on_cuda(const Tensor& t, DType dtype = DType::F32) {
-  Tensor d = Tensor::empty(t.shape(), dtype, MemCategory::Activations, Device::CUDA);
-  d.copy_from(t);
-  return d;
-}
-Tensor cuda_zeros(const Shape& shape, DType dtype = DType::F32) {
-  return Tensor::zeros(shape, dtype, MemCategory::Activations, Device::CUDA);
-}
-Tensor rounded(const Tensor& t) {  // the values a bf16 copy holds
-  Tensor r = t.clone(MemCategory::Workspace);
-  ops::round_to_bf16_(r);
-  return r;
-}
 
 constexpr double kF32Rel = 1e-4, kBf16Rel = 1.0 / 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();

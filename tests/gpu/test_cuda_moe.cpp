@@ -13,25 +13,11 @@
 #include "gpu_test_support.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/ops.hpp"
+#include "tensor_test_support.hpp"
 
 namespace loom::cuda::test {
 namespace {
 
-Tensor host_tensor(const std::vector<float>& values, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::F32, MemCategory::Workspace);
-  std::memcpy(t.f32(), values.data(), values.size() * sizeof(float));
-  return t;
-}
-Tensor on_cuda(const Tensor& t, DType dtype = DType::F32) {
-  Tensor d = Tensor::empty(t.shape(), dtype, MemCategory::Activations, Device::CUDA);
-  d.copy_from(t);
-  return d;
-}
-Tensor rounded(const Tensor& t) {
-  Tensor r = t.clone(MemCategory::Workspace);
-  ops::round_to_bf16_(r);
-  return r;
-}
 void expect_near(const Tensor& device, const Tensor& reference, double rel,
                  const std::string& what) {
   const auto got = device.to_f32_vector(), want = reference.to_f32_vector();

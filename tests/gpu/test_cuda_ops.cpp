@@ -9,26 +9,10 @@
 #include "loom/core/device_memory.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/ops.hpp"
+#include "tensor_test_support.hpp"
 
 namespace loom::cuda::test {
 namespace {
-
-Tensor host_tensor(const std::vector<float>& values, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::F32, MemCategory::Workspace);
-  std::memcpy(t.f32(), values.data(), values.size() * sizeof(float));
-  return t;
-}
-Tensor on_cuda(const Tensor& t, DType dtype = DType::F32) {
-  Tensor d = Tensor::empty(t.shape(), dtype, MemCategory::Activations, Device::CUDA);
-  d.copy_from(t);
-  return d;
-}
-// The host tensor with every value rounded to bf16 (what a bf16 device copy holds).
-Tensor rounded(const Tensor& t) {
-  Tensor r = t.clone(MemCategory::Workspace);
-  ops::round_to_bf16_(r);
-  return r;
-}
 
 void expect_close(const Tensor& device, const Tensor& reference, double rel, double abs,
                   const char* what) {

@@ -3,13 +3,23 @@
 # (the ranks on the machine's GPU(s): GPU local_rank % count, so one GPU may be shared and
 # collectives are staged through host memory) against the same command with --device cpu,
 # 10 steps of a tiny model (gpt2 or llama) on a learnable token stream.
-#   f32:  only the summation order inside the kernels differs, so every step's loss must agree
-#         to 1e-4 relative (the GPU trainer test's f32 bound) and the final checkpoints' weights
-#         to 1e-4 of each tensor's largest weight.
+#   f32:  only the summation order inside the kernels differs, so every step's loss and the
+#         first step's gradient norm must agree to 1e-4 relative (the GPU trainer test's bound).
 #   bf16: the GPU stores activations and working weights in bf16, the CPU emulates them by
-#         rounding; losses must agree to 1e-2 relative and each tensor's weights to 1e-2 of its
-#         largest weight (the issue's bounds: a few bf16 roundings, 2^-9 each, per layer). The
-#         stream is learnable, so the loss must also fall: a bf16 path with zero gradients fails.
+#         rounding; losses and the first gradient norm must agree to 1e-2 relative (a few bf16
+#         roundings, 2^-9 each, per layer). The stream is learnable, so the loss must also fall:
+#         a bf16 path with zero gradients fails.
+#   Weights: AdamW moves an element by at most about lr per step whatever its gradient's size,
+#   so an element whose true gradient is zero (the key bias: softmax ignores it) or tiny moves
+#   by rounding noise, differently on each side (an H100 showed 0.16 lr on the key bias in bf16).
+#   The final weights are therefore compared in units of S = the sum of the 10 steps' lr, the
+#   farthest AdamW can move an element: per tensor, the RMS difference <= 2^-10 S (f32) or 2^-3 S
+#   (bf16), and every element <= 2^-6 S (f32) or S/2 (bf16). A parameter with a wrong gradient
+#   moves by about S in a wrong direction (RMS difference ~S/2 and up); rounding noise measured on
+#   an H100 stayed below 0.05 S (the norm weights: sums over rows of products of bf16 values with
+#   cancellation, 0.033-0.042 S; every other tensor below 0.031 S), so 2^-3 S lies between them.
+#   The first step's gradient norm is the sharp check of the gradients' scale, which AdamW hides
+#   (later steps' norms follow weights that AdamW has already moved apart: 1-2% in bf16 by step 8).
 # Exit 77 (ctest: Skipped) without a visible NVIDIA GPU (or fewer than LOOM_LAYOUT_MIN_GPUS). LOOM_LAYOUT_TEST_DEVICE=cpu runs the
 # second side on the CPU too (a check of this script itself on a machine without a GPU).
 # Usage: layout_on_cuda.sh <mpiexec> <loom> <ranks> <arch> <precision> [parallel.key=value ...]
@@ -83,13 +93,20 @@ done
 import json, struct, sys, pathlib
 d = pathlib.Path(sys.argv[1])
 tol = 1e-4 if sys.argv[2] == "f32" else 1e-2
-def losses(side):
-    return [r["loss"] for r in map(json.loads, (d / f"run_{side}" / "metrics.jsonl").read_text().splitlines())
+def records(side):
+    return [r for r in map(json.loads, (d / f"run_{side}" / "metrics.jsonl").read_text().splitlines())
             if "loss" in r and r.get("kind", "train") == "train"]
-cpu, gpu = losses("ref"), losses("test")
+ref, test = records("ref"), records("test")
+cpu, gpu = [r["loss"] for r in ref], [r["loss"] for r in test]
 assert len(cpu) == 10 and len(gpu) == 10, (len(cpu), len(gpu))
 for s, (want, got) in enumerate(zip(cpu, gpu), 1):
     assert abs(got - want) <= tol * abs(want), f"step {s}: loss {got} on CUDA, {want} on the CPU"
+# Step 1 starts from the same weights on the same batch: its gradient norm differs by arithmetic
+# alone. Later steps start from weights that AdamW has already moved apart (see above).
+want, got = ref[0]["grad_norm"], test[0]["grad_norm"]
+assert abs(got - want) <= tol * abs(want), f"step 1: gradient norm {got} on CUDA, {want} on the CPU"
+reach = sum(r["lr"] for r in ref)  # S: the farthest AdamW can move one element in these steps
+rms_tol, element_tol = (2.0 ** -10, 2.0 ** -6) if sys.argv[2] == "f32" else (2.0 ** -3, 0.5)
 first, last = sum(gpu[:3]) / 3, sum(gpu[-3:]) / 3  # batches differ from step to step: average
 assert last < first - 0.05, f"the CUDA run does not learn: mean loss {first} over steps 1-3, {last} over 8-10"
 def tensors(path):
@@ -130,8 +147,9 @@ def weights(side):
 w_cpu, w_gpu = weights("ref"), weights("test")
 assert w_cpu.keys() == w_gpu.keys()
 for name in w_cpu:
-    scale = max(max(abs(v) for v in w_cpu[name]), 0.02)
-    worst = max(abs(a - b) for a, b in zip(w_cpu[name], w_gpu[name]))
-    assert worst <= tol * scale, f"{name}: differs by {worst} (scale {scale})"
+    diffs = [abs(a - b) for a, b in zip(w_cpu[name], w_gpu[name])]
+    rms, worst = (sum(x * x for x in diffs) / len(diffs)) ** 0.5, max(diffs)
+    assert rms <= rms_tol * reach, f"{name}: RMS difference {rms:.3g} > {rms_tol:.3g} x the lr sum {reach:.3g}"
+    assert worst <= element_tol * reach, f"{name}: an element differs by {worst:.3g} > {element_tol:.3g} x the lr sum {reach:.3g}"
 print("layout_on_cuda: 10 steps and final weights agree")
 PY

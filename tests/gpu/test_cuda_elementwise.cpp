@@ -146,6 +146,8 @@ TEST_F(CudaElementwiseTest, EmbeddingBf16) {
   const auto d_out = rounded_to_bf16(random_vector(static_cast<size_t>(kBatch * kSeq * kDim), 14));
   std::vector<float> out(d_out.size()), d_tok(tok_table.size(), 0.0f),
       d_pos(pos_table.size(), 0.0f);
+  // The device gradients start from the same zeros; both sides accumulate into them.
+  DeviceBuffer<float> g_dtok(d_tok), g_dpos(d_pos);
   cpu::embedding_forward(out.data(), tokens.data(), tok_table.data(), pos_table.data(), kBatch,
                          kSeq, kDim);
   cpu::round_to_bf16_inplace(out.data(), static_cast<int64_t>(out.size()));
@@ -154,7 +156,6 @@ TEST_F(CudaElementwiseTest, EmbeddingBf16) {
   DeviceBuffer<int32_t> g_tokens(tokens);
   DeviceBuffer<bf16> g_tok(to_bf16(tok_table)), g_pos(to_bf16(pos_table)), g_dout(to_bf16(d_out));
   DeviceBuffer<bf16> g_out(out.size());
-  DeviceBuffer<float> g_dtok(d_tok), g_dpos(d_pos);
   embedding_forward(g_out.get(), g_tokens.get(), g_tok.get(), g_pos.get(), kBatch, kSeq, kDim);
   embedding_backward(g_dtok.get(), g_dpos.get(), g_dout.get(), g_tokens.get(), kBatch, kSeq, kDim);
   expect_exact(from_bf16(g_out.download()), out, "embedding (one rounding of tok + pos)");

@@ -89,7 +89,7 @@ TEST_F(CudaFp8Test, QuantisationGivesTheCpuCodesAmaxAndScale) {
           fp8_quantize(codes.get(), codes_t.get(), x32.get(), rows, cols, cols, pair.get(), format);
 
         // A fixed scale as a delayed recipe's can be: x * 64 saturates the largest values.
-        DeviceBuffer<float> fixed(std::vector<float>{64.0f, 1.0f / 64});
+        DeviceBuffer<float> fixed(std::vector<float>{1.0f / 64, 64.0f});  // {inverse, scale}
         DeviceBuffer<uint8_t> saturated(rows * cols);
         if (bf16_input)
           fp8_quantize(saturated.get(), nullptr, x16.get(), rows, cols, cols, fixed.get(), format);
@@ -102,7 +102,7 @@ TEST_F(CudaFp8Test, QuantisationGivesTheCpuCodesAmaxAndScale) {
         const float want_amax = cpu::abs_max(x.data(), rows * cols);
         const float scale = cpu::fp8_scale(want_amax, format, margin);
         EXPECT_EQ(amax.download()[0], want_amax);
-        EXPECT_EQ(pair.download(), (std::vector<float>{scale, 1.0f / scale}));
+        EXPECT_EQ(pair.download(), (std::vector<float>{1.0f / scale, scale}));
         const auto got = codes.download(), got_t = codes_t.download();
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t c = 0; c < cols; ++c) {
@@ -174,8 +174,8 @@ TEST_F(CudaFp8Test, GemmEqualsTheDequantisedProduct) {
         want[i * n + j] = static_cast<float>(sum + start[i * n + j]);  // beta = 1 below
         magnitude[i * n + j] = abs_sum + std::fabs(start[i * n + j]);
       }
-    const Fp8Operand oa{qa.codes->get(), fa, qa.pair->get() + 1};
-    const Fp8Operand ob{qb.codes->get(), fb, qb.pair->get() + 1};
+    const Fp8Operand oa{qa.codes->get(), fa, qa.pair->get()};
+    const Fp8Operand ob{qb.codes->get(), fb, qb.pair->get()};
     DeviceBuffer<float> c32(start);
     fp8_gemm(c32.get(), n, 1.0f, oa, ob, m, n, k);
     DeviceBuffer<bf16> c16(m * n);
@@ -191,8 +191,8 @@ TEST_F(CudaFp8Test, GemmEqualsTheDequantisedProduct) {
   }
   const Quantised e5 = quantise(a, m, k, Fp8Format::E5M2), e4 = quantise(a, m, k, Fp8Format::E4M3);
   DeviceBuffer<float> c(m * m);
-  const Fp8Operand o5{e5.codes->get(), Fp8Format::E5M2, e5.pair->get() + 1};
-  const Fp8Operand o4{e4.codes->get(), Fp8Format::E4M3, e4.pair->get() + 1};
+  const Fp8Operand o5{e5.codes->get(), Fp8Format::E5M2, e5.pair->get()};
+  const Fp8Operand o4{e4.codes->get(), Fp8Format::E4M3, e4.pair->get()};
   EXPECT_THROW(fp8_gemm(c.get(), m, 0.0f, o5, o5, m, m, k), Error);      // two E5M2: no kernel
   EXPECT_THROW(fp8_gemm(c.get(), m, 0.0f, o4, o4, m, m, k - 8), Error);  // k not a multiple of 16
 }

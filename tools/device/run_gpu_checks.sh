@@ -98,9 +98,21 @@ if [ -n "$missing" ]; then
 fi
 note "ok      every library found: $(ldd "$P/build/loom" | awk '/libcudart|libcublasLt|libnccl|libcuda\./ {print $1 "=" $3}' | tr '\n' ' ')"
 
-# LOOM_CHECKS picks the phases (default all): tests nccl smoke layouts bench.
-CHECKS=" ${LOOM_CHECKS:-tests nccl smoke layouts bench} "
+# LOOM_CHECKS picks the phases (default all): probe tests nccl smoke layouts profile bench.
+# LOOM_BENCH_TORCH=0 leaves out the PyTorch runs of the bench.
+CHECKS=" ${LOOM_CHECKS:-probe tests nccl smoke layouts profile bench} "
 want() { [[ "$CHECKS" == *" $1 "* ]]; }
+
+# 0b. probe: which FP8 matmuls this cuBLASLt takes (.device/fp8_probe, built here from
+# tools/device/fp8_probe.cu), and the FP8 tests once more under cuBLASLt's API trace.
+if want probe; then
+  [ -x "$REPO/.device/fp8_probe" ] && check fp8_probe 30 "$W/fp8_probe.log" "$REPO/.device/fp8_probe"
+  grep -E 'found [1-9]' "$W/fp8_probe.log" | head -n 12 | sed 's/^/        /' | tee -a "$SUMMARY"
+  note "        fp8_probe: $(grep -c 'found [1-9]' "$W/fp8_probe.log") of $(grep -c '^fp8_probe m=' "$W/fp8_probe.log") configurations found an algorithm"
+  ( cd "$P/build/tests/gpu" && CUBLASLT_LOG_LEVEL=5 check fp8_trace 30 "$W/fp8_trace.log" \
+      ./loom_gpu_tests --gtest_filter='CudaFp8Test.GemmEqualsTheDequantisedProduct' )
+  grep -iE 'error|fail|not supported|heuristic' "$W/fp8_trace.log" | head -n 8 | cut -c1-400 | sed 's/^/        /' | tee -a "$SUMMARY"
+fi
 
 # 1. The CUDA unit tests: one process per test suite, 6 at a time on the one GPU, so that a
 # sticky CUDA error (an illegal address) in one suite cannot fail the others.
@@ -227,22 +239,76 @@ print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv
 PY
 }
 bench_torch() {  # preset batch [--compile]
+  [ "${LOOM_BENCH_TORCH:-1}" = 0 ] && return 0
   local tag=eager; [ -n "${3:-}" ] && tag=compile
   check "bench_torch_${tag}_$1" 150 "$W/torch_${tag}_$1.out" "${SYSENV[@]}" "$PY" bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" ${3:-}
   cat "$W/torch_${tag}_$1.out" >> "$OUT/bench.log"
   grep '^{' "$W/torch_${tag}_$1.out" >> "$OUT/bench.jsonl"
 }
-want bench && for case in "gpt2-124m 16" "llama-1b 4"; do
-  set -- $case
-  bench_loom "$1" "$2"
-  bench_torch "$1" "$2"
-  bench_torch "$1" "$2" --compile
-done
-# What the tensor-core attention and FP8 GEMMs each buy, on the same machine in the same run.
-if want bench; then
-bench_loom gpt2-124m 16 bf16 scalar
-bench_loom llama-1b 4 fp8
-bench_loom gpt2-124m 16 fp8
+# 5b. profile: Nsight Compute's duration of every kernel of a 2-step GPT-2 124M run (bf16,
+# batch 16 x 1024), summed per kernel name and per step: where the step's time goes.
+if want profile && command -v ncu >/dev/null && [ -s "$B/bench_train_000000.bin" ]; then
+  cat > "$B/profile.toml" <<TOML
+[model]
+preset = "gpt2-124m"
+max_seq_len = 1024
+[data]
+train = "$B/bench_train_*.bin"
+[train]
+batch_size = 16
+seq_len = 1024
+steps = 2
+precision = "bf16"
+device = "cuda"
+[optim]
+warmup_steps = 0
+[log]
+dir = "$B/profile_run"
+TOML
+  check profile 150 "$W/profile.log" ncu --clock-control none --metrics gpu__time_duration.sum \
+      --csv --page raw --log-file "$W/profile_ncu.txt" -f -o "$W/profile_report" "$P/build/loom" train "$B/profile.toml"
+  # LOOM_PROFILE_KERNEL=regex: Nsight Compute's full section set for one launch of that kernel.
+  if [ -n "${LOOM_PROFILE_KERNEL:-}" ]; then
+    check profile_kernel 60 "$W/profile_kernel.txt" ncu --clock-control none --set full -k "regex:$LOOM_PROFILE_KERNEL" \
+        -s 3 -c 1 "$P/build/loom" train "$B/profile.toml"
+    grep -E 'Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|L1/TEX Hit|L2 Hit|Theoretical Occupancy|Block Limit|Waves Per SM|Compute \(SM\) Throughput|uncoalesced|excessive' \
+        "$W/profile_kernel.txt" | head -n 24 | cut -c1-200 | sed 's/^/        /' | tee -a "$SUMMARY"
+  fi
+  ncu --import "$W/profile_report.ncu-rep" --csv --page raw --print-units base --metrics gpu__time_duration.sum > "$W/profile.csv" 2>>"$W/profile.log"
+  "${SYSENV[@]}" /usr/bin/python3 - "$W/profile.csv" <<'PY' | tee -a "$SUMMARY"
+import csv, sys, collections
+rows = list(csv.reader(open(sys.argv[1])))
+head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
+if head is None:
+    print("        profile: no kernels in the report"); sys.exit()
+h = rows[head]; name_i = h.index("Kernel Name"); t_i = h.index("gpu__time_duration.sum")
+total, per, count = 0.0, collections.Counter(), collections.Counter()
+for r in rows[head + 1:]:
+    try: t = float(r[t_i].replace(",", ""))
+    except (ValueError, IndexError): continue
+    unit_ns = t  # ncu reports nsecond for gpu__time_duration.sum
+    name = r[name_i].split("(")[0].split("<")[0].strip()
+    per[name] += unit_ns; count[name] += 1; total += unit_ns
+print(f"        profile: {sum(count.values())} kernels, {total/1e6:.1f} ms of kernel time over 2 steps; top kernel names (ms over 2 steps, launches):")
+for name, t in per.most_common(25):
+    print(f"          {t/1e6:8.2f} ms {100*t/total:5.1f}%  {count[name]:5d}  {name[:90]}")
+PY
+fi
+
+# LOOM_BENCH_LOOM="preset:batch:precision:attention ..." replaces the default runs (loom only).
+if want bench && [ -n "${LOOM_BENCH_LOOM:-}" ]; then
+  for case in $LOOM_BENCH_LOOM; do IFS=: read -r pr ba pc at <<<"$case"; bench_loom "$pr" "$ba" "$pc" "$at"; done
+elif want bench; then
+  for case in "gpt2-124m 16" "llama-1b 4"; do
+    set -- $case
+    bench_loom "$1" "$2"
+    bench_torch "$1" "$2"
+    bench_torch "$1" "$2" --compile
+  done
+  # What the tensor-core attention and FP8 GEMMs each buy, on the same machine in the same run.
+  bench_loom gpt2-124m 16 bf16 scalar
+  bench_loom llama-1b 4 fp8
+  bench_loom gpt2-124m 16 fp8
 fi
 [ -s "$OUT/bench.jsonl" ] && sed 's/^/        /' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
 cp "$SUMMARY" "$W/"

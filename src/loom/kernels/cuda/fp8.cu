@@ -48,15 +48,15 @@ __global__ void scale_kernel(float* scale_pair, const float* amax, float max_fin
   const float a = *amax;
   // cpu::fp8_scale: 1 for a zero or non-finite amax, else max_finite / amax / 2^margin.
   const float scale = (!(a > 0.0f) || !isfinite(a)) ? 1.0f : ldexpf(max_finite / a, -margin);
-  scale_pair[0] = scale;
-  scale_pair[1] = 1.0f / scale;
+  scale_pair[0] = 1.0f / scale;  // first: cuBLASLt reads it, and wants it aligned
+  scale_pair[1] = scale;
 }
 
 template <typename T>
 __global__ void quantize_kernel(uint8_t* codes, uint8_t* codes_t, const T* x, int64_t rows,
                                 int64_t cols, int64_t stride, const float* scale_pair,
                                 __nv_fp8_interpretation_t kind) {
-  const float scale = scale_pair[0];
+  const float scale = scale_pair[1];
   const int64_t total = rows * cols;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
        i += int64_t{gridDim.x} * blockDim.x) {

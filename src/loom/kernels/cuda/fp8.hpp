@@ -22,11 +22,13 @@ void fp8_amax(float* amax, const bf16* x, int64_t rows, int64_t cols, int64_t st
 void fp8_amax(float* amax, const float* x, int64_t rows, int64_t cols, int64_t stride,
               cudaStream_t stream = 0);
 
-// scale_pair = {cpu::fp8_scale(*amax, format, margin), 1 / that}, computed on the device.
+// scale_pair = {1 / s, s} with s = cpu::fp8_scale(*amax, format, margin), computed on the device.
+// The inverse comes first: it is cuBLASLt's dequantisation factor, and cuBLASLt refused (an H100,
+// CUDA 13.0) a scale pointer 4 bytes into an allocation, while one at its start runs.
 void fp8_scale_from_amax(float* scale_pair, const float* amax, cpu::Fp8Format format, int margin,
                          cudaStream_t stream = 0);
 
-// codes[r * cols + c] = the code of x[r * stride + c] * scale_pair[0] (cpu::fp8_encode of the
+// codes[r * cols + c] = the code of x[r * stride + c] * scale_pair[1] (cpu::fp8_encode of the
 // f32 product), and, when codes_t is not null, the transposed copy codes_t[c * rows + r]: the
 // K-contiguous operand a backward GEMM needs.
 void fp8_quantize(uint8_t* codes, uint8_t* codes_t, const bf16* x, int64_t rows, int64_t cols,

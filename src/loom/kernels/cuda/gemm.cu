@@ -171,6 +171,11 @@ std::unique_ptr<Plan> make_plan(const MatmulSpec& s, const PlanKey& key, CublasC
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
+  // Split-K partial sums reduced in the output type would round a bf16 result once per split
+  // (an H100 gave 0.5 for 0.5127 on a 12x16x24 product): only f32 (compute-type) reductions.
+  pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+           static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_MASK &
+                                 ~CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE));
   int found = 0;
   const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
       context.handle, desc.desc, plan->a_layout->layout, plan->b_layout->layout,

@@ -46,7 +46,7 @@ void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax) {
 
 Tensor fp8_scale_pair(float scale) {
   Tensor pair = device_floats(2);
-  const float host[2] = {scale, 1.0f / scale};
+  const float host[2] = {1.0f / scale, scale};  // {inverse, scale}: see fp8.hpp
   // From pageable memory the copy returns once `host` is staged: no wait for the device.
   LOOM_CUDA_CHECK(cudaMemcpyAsync(pair.raw(), host, sizeof host, cudaMemcpyHostToDevice, 0));
   return pair;
@@ -82,8 +82,7 @@ void fp8_gemm(const Tensor& c, int64_t c_col, float beta, const Fp8Codes& a, boo
   auto operand = [](const Fp8Codes& q, bool transposed) {
     LOOM_CHECK(!transposed || q.codes_t.defined(),
                "fp8_gemm: the transposed codes were not made (fp8_quantize's `transposed`)");
-    return cuda::Fp8Operand{bytes(transposed ? q.codes_t : q.codes), q.format,
-                            f32(q.scale_pair) + 1};
+    return cuda::Fp8Operand{bytes(transposed ? q.codes_t : q.codes), q.format, f32(q.scale_pair)};
   };
   const int64_t m = a_transposed ? a.cols : a.rows, k = a_transposed ? a.rows : a.cols;
   const int64_t n = b_transposed ? b.cols : b.rows, kb = b_transposed ? b.rows : b.cols;

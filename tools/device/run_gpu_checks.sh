@@ -276,7 +276,7 @@ TOML
   fi
   ncu --import "$W/profile_report.ncu-rep" --csv --page raw --print-units base --metrics gpu__time_duration.sum > "$W/profile.csv" 2>>"$W/profile.log"
   "${SYSENV[@]}" /usr/bin/python3 - "$W/profile.csv" <<'PY' | tee -a "$SUMMARY"
-import csv, sys, collections
+import csv, sys, collections, re
 rows = list(csv.reader(open(sys.argv[1])))
 head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
 if head is None:
@@ -286,9 +286,9 @@ total, per, count = 0.0, collections.Counter(), collections.Counter()
 for r in rows[head + 1:]:
     try: t = float(r[t_i].replace(",", ""))
     except (ValueError, IndexError): continue
-    unit_ns = t  # ncu reports nsecond for gpu__time_duration.sum
-    name = r[name_i].split("(")[0].split("<")[0].strip()
-    per[name] += unit_ns; count[name] += 1; total += unit_ns
+    name = re.sub(r"^void ", "", r[name_i].replace("<unnamed>::", ""))  # nanoseconds (--print-units base)
+    name = name[:110] if name.startswith(("cutlass", "loom::pointwise")) else re.sub(r"[(<].*", "", name)
+    per[name] += t; count[name] += 1; total += t
 print(f"        profile: {sum(count.values())} kernels, {total/1e6:.1f} ms of kernel time over 2 steps; top kernel names (ms over 2 steps, launches):")
 for name, t in per.most_common(25):
     print(f"          {t/1e6:8.2f} ms {100*t/total:5.1f}%  {count[name]:5d}  {name[:90]}")

@@ -118,18 +118,19 @@ __global__ void finalize_loss(double* loss, float* lse, float* row_losses, const
   if (threadIdx.x == 0) *loss = total;
 }
 
-// d_logits = grad_scale * (softmax - onehot) for one chunk; rows without a target get zeros.
+// d_logits = grad_scale * (softmax - onehot) for one chunk; rows without a target get zeros,
+// and so do the padding columns [width, padded) (see padded_last_chunk).
 // `out` may be the f32 logits themselves (in place) or a bf16 copy.
 template <typename Out>
-__global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t width, int64_t v0,
-                             const int32_t* targets, const float* lse, float grad_scale,
-                             int64_t rows) {
-  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < rows * width;
+__global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t width,
+                             int64_t padded, int64_t v0, const int32_t* targets, const float* lse,
+                             float grad_scale, int64_t rows) {
+  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < rows * padded;
        idx += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = idx / width, j = idx % width;
+    const int64_t r = idx / padded, j = idx % padded;
     const int64_t t = targets[r];
     float g = 0.0f;
-    if (t >= 0) {
+    if (t >= 0 && j < width) {
       g = grad_scale * expf(logits[r * ld + j] - lse[r]);
       if (t == v0 + j) g -= grad_scale;
     }
@@ -158,9 +159,32 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
   const Workspace w = layout(base, a.rows, a.dim, ld, kBf16);
   const unsigned row_blocks = static_cast<unsigned>(detail::ceil_div(a.rows, kRowsPerBlock));
 
+  // A last chunk whose width is not a multiple of 16 (GPT-2's 50257) would leave the logits and
+  // d_hidden products, where it is cuBLAS's M or K, on cuBLASLt's align-1 kernels (22 of the
+  // 80 ms of a GPT-2 124M step on an H100). Its weight rows are copied once per call into a
+  // buffer padded with zero rows to 16, and those two products run on `padded` columns: the
+  // padding logits are never read, and their gradients are zeros, so the sums are unchanged.
+  const int64_t last_v0 = (chunks - 1) * chunk, last_width = a.vocab - last_v0;
+  const int64_t last_padded = logits_ld(last_width);  // <= ld
+  std::unique_ptr<detail::ScratchBuffer<T>> padded_last_chunk;
+  if (last_padded != last_width) {
+    padded_last_chunk = std::make_unique<detail::ScratchBuffer<T>>(last_padded * a.dim, stream);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(padded_last_chunk->get(), a.weight + last_v0 * a.dim,
+                                    static_cast<size_t>(last_width * a.dim) * sizeof(T),
+                                    cudaMemcpyDeviceToDevice, stream));
+    LOOM_CUDA_CHECK(cudaMemsetAsync(
+        padded_last_chunk->get() + last_width * a.dim, 0,
+        static_cast<size_t>((last_padded - last_width) * a.dim) * sizeof(T), stream));
+  }
+  auto padded_of = [&](int64_t v0, int64_t width) {
+    return padded_last_chunk && v0 == last_v0 ? last_padded : width;
+  };
+  auto weight_of = [&](int64_t v0) -> const T* {
+    return padded_last_chunk && v0 == last_v0 ? padded_last_chunk->get() : a.weight + v0 * a.dim;
+  };
   auto logits_of_chunk = [&](int64_t v0, int64_t width) {
-    gemm(false, true, a.rows, width, a.dim, 1.0f, a.hidden, a.dim, a.weight + v0 * a.dim, a.dim,
-         0.0f, w.logits, ld, stream);
+    gemm(false, true, a.rows, padded_of(v0, width), a.dim, 1.0f, a.hidden, a.dim, weight_of(v0),
+         a.dim, 0.0f, w.logits, ld, stream);
   };
 
   // Pass 1: online log-sum-exp over the chunks.
@@ -196,12 +220,12 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
         d_logits = w.d_logits;
       else
         d_logits = w.logits;  // in place
-      softmax_grad<<<detail::grid_for(a.rows * width, kThreads), kThreads, 0, stream>>>(
-          d_logits, w.logits, ld, width, v0, a.targets, w.lse, a.grad_scale, a.rows);
+      const int64_t padded = padded_of(v0, width);
+      softmax_grad<<<detail::grid_for(a.rows * padded, kThreads), kThreads, 0, stream>>>(
+          d_logits, w.logits, ld, width, padded, v0, a.targets, w.lse, a.grad_scale, a.rows);
       LOOM_CUDA_CHECK_LAUNCH();
-      const T* chunk_weight = a.weight + v0 * a.dim;
       if (d_hidden_f32)
-        gemm(false, false, a.rows, a.dim, width, 1.0f, d_logits, ld, chunk_weight, a.dim,
+        gemm(false, false, a.rows, a.dim, padded, 1.0f, d_logits, ld, weight_of(v0), a.dim,
              c == 0 ? 0.0f : 1.0f, d_hidden_f32, a.dim, stream);
       if (a.d_weight)
         gemm(true, false, width, a.dim, a.rows, 1.0f, d_logits, ld, a.hidden, a.dim, 1.0f,
@@ -267,7 +291,7 @@ void shard_grad_impl(const ShardLogitsT<T>& a, const float* lse, float grad_scal
     else
       d_logits = a.logits;  // in place
     softmax_grad<<<detail::grid_for(a.rows * width, kThreads), kThreads, 0, stream>>>(
-        d_logits, a.logits, a.chunk, width, a.vocab_begin + v0, a.targets, lse, grad_scale,
+        d_logits, a.logits, a.chunk, width, width, a.vocab_begin + v0, a.targets, lse, grad_scale,
         a.rows);
     LOOM_CUDA_CHECK_LAUNCH();
     const T* chunk_weight = a.weight + v0 * a.dim;

@@ -93,12 +93,32 @@ __global__ void norm_backward_input_kernel(T* d_input, const T* d_out, const T* 
   }
   const float n = static_cast<float>(dim);
   const float mean_g = warp_sum(sum_g) / n, mean_gx = warp_sum(sum_gx) / n;
-  for (int64_t i = lane; i < dim; i += kWarpSize) {
-    const float x = to_f32(input[base + i]);
-    const float g = to_f32(d_out[base + i]) * to_f32(weight[i]);
-    const float delta =
-        kLayerNorm ? s * (g - mean_g - (x - m) * s * mean_gx) : s * (g - x * s * mean_gx);
-    d_input[base + i] = from_f32<T>(to_f32(d_input[base + i]) + delta);
+  // The update in batches of kBatch elements per lane, every load of a batch before any store:
+  // a load after a store to d_input (which may alias the others as far as the compiler knows)
+  // cannot be hoisted above it, so element by element each iteration waited a whole DRAM
+  // latency for its d_input (0.41 ms per 16384 x 768 call on an H100, 382 cycles stalled per
+  // instruction, against 28 us for the forward). The arithmetic per element is unchanged.
+  constexpr int kBatch = 8;
+  for (int64_t i0 = lane; i0 < dim; i0 += int64_t{kWarpSize} * kBatch) {
+    float x[kBatch], g[kBatch], acc[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0 + int64_t{u} * kWarpSize;
+      if (i < dim) {
+        x[u] = to_f32(input[base + i]);
+        g[u] = to_f32(d_out[base + i]) * to_f32(weight[i]);
+        acc[u] = to_f32(d_input[base + i]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t i = i0 + int64_t{u} * kWarpSize;
+      if (i < dim) {
+        const float delta = kLayerNorm ? s * (g[u] - mean_g - (x[u] - m) * s * mean_gx)
+                                       : s * (g[u] - x[u] * s * mean_gx);
+        d_input[base + i] = from_f32<T>(acc[u] + delta);
+      }
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 #include <cuda_fp8.h>
 
+#include <algorithm>
+
 #include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 #include "loom/kernels/cuda/fp8.hpp"
@@ -52,19 +54,37 @@ __global__ void scale_kernel(float* scale_pair, const float* amax, float max_fin
   scale_pair[1] = scale;
 }
 
+// codes and, when asked, codes_t = codes transposed, a 32 x 32 tile per block (32 x 8 threads,
+// 4 rows each): the tile's codes are written row by row as they are made and then, through
+// shared memory, column by column, so both stores are coalesced. (A byte per thread written
+// straight to codes_t[c * rows + r] touched one 32-byte sector per byte.) Tile rows beyond
+// gridDim.y's limit are taken in a grid-stride loop.
+constexpr int kTile = 32, kTileRows = 8;
 template <typename T>
 __global__ void quantize_kernel(uint8_t* codes, uint8_t* codes_t, const T* x, int64_t rows,
                                 int64_t cols, int64_t stride, const float* scale_pair,
                                 __nv_fp8_interpretation_t kind) {
+  __shared__ uint8_t tile[kTile][kTile + 4];  // a row of 36 bytes: column reads hit 32 banks
   const float scale = scale_pair[1];
-  const int64_t total = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = i / cols, c = i % cols;
-    const auto code = static_cast<uint8_t>(
-        __nv_cvt_float_to_fp8(to_f32(x[r * stride + c]) * scale, __NV_SATFINITE, kind));
-    codes[i] = code;
-    if (codes_t) codes_t[c * rows + r] = code;
+  const int64_t c0 = int64_t{blockIdx.x} * kTile;
+  for (int64_t r0 = int64_t{blockIdx.y} * kTile; r0 < rows; r0 += int64_t{gridDim.y} * kTile) {
+    for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+      const int64_t r = r0 + j, c = c0 + threadIdx.x;
+      if (r < rows && c < cols) {
+        const auto code = static_cast<uint8_t>(
+            __nv_cvt_float_to_fp8(to_f32(x[r * stride + c]) * scale, __NV_SATFINITE, kind));
+        codes[r * cols + c] = code;
+        tile[j][threadIdx.x] = code;
+      }
+    }
+    if (codes_t) {  // the same for the whole block, so are the barriers
+      __syncthreads();
+      for (int j = threadIdx.y; j < kTile; j += kTileRows) {
+        const int64_t c = c0 + j, r = r0 + threadIdx.x;
+        if (c < cols && r < rows) codes_t[c * rows + r] = tile[threadIdx.x][j];
+      }
+      __syncthreads();
+    }
   }
 }
 
@@ -86,7 +106,9 @@ void quantize_impl(uint8_t* codes, uint8_t* codes_t, const T* x, int64_t rows, i
                    int64_t stride, const float* scale_pair, cpu::Fp8Format format,
                    cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  quantize_kernel<<<detail::grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(
+  const dim3 grid(static_cast<unsigned>(detail::ceil_div(cols, kTile)),
+                  static_cast<unsigned>(std::min<int64_t>(detail::ceil_div(rows, kTile), 65535)));
+  quantize_kernel<<<grid, dim3(kTile, kTileRows), 0, stream>>>(
       codes, codes_t, x, rows, cols, stride, scale_pair, interpretation(format));
   LOOM_CUDA_CHECK_LAUNCH();
 }

@@ -24,12 +24,13 @@ template <typename T>
 __global__ void amax_kernel(float* amax, const T* x, int64_t rows, int64_t cols, int64_t stride) {
   __shared__ float scratch[detail::kWarpSize];
   float m = 0.0f;
-  const int64_t total = rows * cols;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = fabsf(to_f32(x[(i / cols) * stride + i % cols]));
-    m = __int_as_float(max(__float_as_int(m), __float_as_int(v)));  // NaN-propagating max
-  }
+  // Rows over blockIdx.y, columns over the threads of blockIdx.x: no 64-bit division per element.
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < cols;
+         c += int64_t{gridDim.x} * blockDim.x) {
+      const float v = fabsf(to_f32(x[r * stride + c]));
+      m = __int_as_float(max(__float_as_int(m), __float_as_int(v)));  // NaN-propagating max
+    }
   // Block max through the same ordering of bit patterns.
   for (int offset = detail::kWarpSize / 2; offset > 0; offset /= 2)
     m = __int_as_float(
@@ -96,8 +97,9 @@ template <typename T>
 void amax_impl(float* amax, const T* x, int64_t rows, int64_t cols, int64_t stride,
                cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  amax_kernel<<<detail::grid_for(rows * cols, kThreads), kThreads, 0, stream>>>(amax, x, rows,
-                                                                                 cols, stride);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(detail::ceil_div(cols, kThreads), 64)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 2048)));
+  amax_kernel<<<grid, kThreads, 0, stream>>>(amax, x, rows, cols, stride);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -125,17 +125,26 @@ template <typename Out>
 __global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t width,
                              int64_t padded, int64_t v0, const int32_t* targets, const float* lse,
                              float grad_scale, int64_t rows) {
-  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < rows * padded;
-       idx += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t r = idx / padded, j = idx % padded;
+  // Rows over blockIdx.y, columns over the threads of blockIdx.x (no 64-bit division per
+  // element: this kernel touches every logit).
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const int64_t t = targets[r];
-    float g = 0.0f;
-    if (t >= 0 && j < width) {
-      g = grad_scale * expf(logits[r * ld + j] - lse[r]);
-      if (t == v0 + j) g -= grad_scale;
+    const float row_lse = t >= 0 ? lse[r] : 0.0f;
+    for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < padded;
+         j += int64_t{gridDim.x} * blockDim.x) {
+      float g = 0.0f;
+      if (t >= 0 && j < width) {
+        g = grad_scale * expf(logits[r * ld + j] - row_lse);
+        if (t == v0 + j) g -= grad_scale;
+      }
+      out[r * ld + j] = from_f32<Out>(g);
     }
-    out[r * ld + j] = from_f32<Out>(g);
   }
+}
+
+dim3 softmax_grad_grid(int64_t rows, int64_t padded) {
+  return dim3(static_cast<unsigned>(std::min<int64_t>(detail::ceil_div(padded, kThreads), 1024)),
+              static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
 }
 
 template <typename T>
@@ -221,7 +230,7 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
       else
         d_logits = w.logits;  // in place
       const int64_t padded = padded_of(v0, width);
-      softmax_grad<<<detail::grid_for(a.rows * padded, kThreads), kThreads, 0, stream>>>(
+      softmax_grad<<<softmax_grad_grid(a.rows, padded), kThreads, 0, stream>>>(
           d_logits, w.logits, ld, width, padded, v0, a.targets, w.lse, a.grad_scale, a.rows);
       LOOM_CUDA_CHECK_LAUNCH();
       if (d_hidden_f32)
@@ -290,7 +299,7 @@ void shard_grad_impl(const ShardLogitsT<T>& a, const float* lse, float grad_scal
       d_logits = d_logits_b16->get();
     else
       d_logits = a.logits;  // in place
-    softmax_grad<<<detail::grid_for(a.rows * width, kThreads), kThreads, 0, stream>>>(
+    softmax_grad<<<softmax_grad_grid(a.rows, width), kThreads, 0, stream>>>(
         d_logits, a.logits, a.chunk, width, width, a.vocab_begin + v0, a.targets, lse, grad_scale,
         a.rows);
     LOOM_CUDA_CHECK_LAUNCH();

@@ -237,7 +237,8 @@ void round_to_bf16_(const Tensor& x);
 // ---- FP8 on CUDA (model/fp8_linear's device path; the CPU emulates FP8 in f32) -------------
 // The CPU has no FP8 codes: every function here throws for a CPU tensor.
 // One operand of an FP8 GEMM: the codes of a [rows, cols] block (row-major, and when asked the
-// transpose [cols, rows]) and its {scale, 1 / scale} pair, all in device memory.
+// transpose [cols, rows]) and its {1 / scale, scale} pair, all in device memory (the inverse
+// first: cuBLASLt's scale pointer, at the start of its allocation).
 struct Fp8Codes {
   Tensor codes, codes_t, scale_pair;  // codes: bytes in an F32 tensor's storage
   cpu::Fp8Format format = cpu::Fp8Format::E4M3;
@@ -247,7 +248,7 @@ struct Fp8Codes {
 Tensor fp8_amax(const Tensor& x, int64_t col, int64_t cols);
 // slots[index] = max(slots[index], amax[0]) on the device (slots: a device F32 tensor).
 void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax);
-// {scale, 1 / scale}: a host scale uploaded without a wait, or cpu::fp8_scale of a device amax
+// {1 / scale, scale}: a host scale uploaded without a wait, or cpu::fp8_scale of a device amax
 // computed on the device.
 Tensor fp8_scale_pair(float scale);
 Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin);

@@ -2,8 +2,8 @@
 // FP8 quantisation on the device, the twin of loom::cpu's fp8.hpp: the same amax, the same
 // scale formula and the same round-to-nearest-even, saturating conversion (cuda_fp8.h's
 // __NV_SATFINITE), so a CUDA FP8 GEMM sees exactly the codes the CPU's emulation rounds to.
-// Scales live on the device ({scale, 1 / scale}: the second is the dequantisation factor
-// cuBLASLt's FP8 GEMMs take), so quantising needs no round trip to the host.
+// Scales live on the device ({1 / scale, scale}: the first is the dequantisation factor
+// cuBLASLt's FP8 GEMMs take as their scale pointer), so quantising needs no round trip to the host.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

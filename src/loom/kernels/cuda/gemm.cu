@@ -172,10 +172,14 @@ std::unique_ptr<Plan> make_plan(const MatmulSpec& s, const PlanKey& key, CublasC
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
   pref.set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
   // Split-K partial sums reduced in the output type would round a bf16 result once per split
-  // (an H100 gave 0.5 for 0.5127 on a 12x16x24 product): only f32 (compute-type) reductions.
-  pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-           static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_MASK &
-                                 ~CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE));
+  // (an H100 gave 0.5 for 0.5127 on a 12x16x24 product). OUTPUT_TYPE does that, and so does
+  // INPLACE (it accumulates in the output buffer, in its type): for a non-f32 output only
+  // COMPUTE_TYPE (f32 partials in the workspace) is allowed, besides no split at all.
+  const uint32_t reductions = s.c_type == CUDA_R_32F
+                                  ? static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_INPLACE |
+                                                          CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                                  : static_cast<uint32_t>(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  pref.set(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, reductions);
   int found = 0;
   const cublasStatus_t heuristic = cublasLtMatmulAlgoGetHeuristic(
       context.handle, desc.desc, plan->a_layout->layout, plan->b_layout->layout,

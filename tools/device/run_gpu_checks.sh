@@ -208,25 +208,28 @@ with open(f"{sys.argv[1]}/bench_train_000000.bin", "wb") as f:
     f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
 fi
-bench_loom() {  # preset batch [precision [attention kernels]]
-  local precision=${3:-bf16} attention=${4:-auto} name="$1_${3:-bf16}_${4:-auto}"
-  cat > "$B/$name.toml" <<TOML
+bench_toml() {  # file preset batch precision steps log_dir: a seq-1024 run on the bench data
+  cat > "$1" <<TOML
 [model]
-preset = "$1"
+preset = "$2"
 max_seq_len = 1024
 [data]
 train = "$B/bench_train_*.bin"
 [train]
-batch_size = $2
+batch_size = $3
 seq_len = 1024
-steps = $STEPS
-precision = "$precision"
+steps = $5
+precision = "$4"
 device = "cuda"
 [optim]
 warmup_steps = 0
 [log]
-dir = "$B/loom_$name"
+dir = "$6"
 TOML
+}
+bench_loom() {  # preset batch [precision [attention kernels]]
+  local precision=${3:-bf16} attention=${4:-auto} name="$1_${3:-bf16}_${4:-auto}"
+  bench_toml "$B/$name.toml" "$1" "$2" "$precision" "$STEPS" "$B/loom_$name"
   check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" "$P/build/loom" train "$B/$name.toml"
   "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
 import json, sys, statistics
@@ -248,23 +251,7 @@ bench_torch() {  # preset batch [--compile]
 # 5b. profile: Nsight Compute's duration of every kernel of a 2-step GPT-2 124M run (bf16,
 # batch 16 x 1024), summed per kernel name and per step: where the step's time goes.
 if want profile && command -v ncu >/dev/null && [ -s "$B/bench_train_000000.bin" ]; then
-  cat > "$B/profile.toml" <<TOML
-[model]
-preset = "gpt2-124m"
-max_seq_len = 1024
-[data]
-train = "$B/bench_train_*.bin"
-[train]
-batch_size = 16
-seq_len = 1024
-steps = 2
-precision = "bf16"
-device = "cuda"
-[optim]
-warmup_steps = 0
-[log]
-dir = "$B/profile_run"
-TOML
+  bench_toml "$B/profile.toml" gpt2-124m 16 bf16 2 "$B/profile_run"
   check profile 150 "$W/profile.log" ncu --clock-control none --metrics gpu__time_duration.sum \
       --csv --page raw --log-file "$W/profile_ncu.txt" -f -o "$W/profile_report" "$P/build/loom" train "$B/profile.toml"
   # LOOM_PROFILE_KERNEL=regex: Nsight Compute's full section set for one launch of that kernel.

@@ -63,10 +63,11 @@ Workspace layout(char* base, int64_t rows, int64_t dim, int64_t chunk, bool bf16
 int64_t effective_chunk(int64_t vocab_chunk, int64_t vocab) {
   return std::min(std::max<int64_t>(vocab_chunk, 1), vocab);
 }
-// The logits buffers' row stride: the chunk rounded up to 16 columns. GPT-2's 50257 as a
-// stride leaves every row 2-byte aligned, and cuBLASLt then runs its align-1 kernels: on an
-// H100 the three lm-head products took 30.6 of the 85 ms of a GPT-2 124M step (batch 16 x 1024).
-int64_t logits_ld(int64_t chunk) { return (chunk + 15) / 16 * 16; }
+// Vocabulary widths rounded up to 16 columns: the logits buffers' row stride (the chunk's), and
+// the width the last chunk's products run on (below). GPT-2's 50257 as a stride leaves every row
+// 2-byte aligned, and cuBLASLt then runs its align-1 kernels: on an H100 the three lm-head
+// products took 30.6 of the 85 ms of a GPT-2 124M step (batch 16 x 1024).
+int64_t padded_to_16(int64_t width) { return (width + 15) / 16 * 16; }
 
 __global__ void init_row_stats(float* row_max, float* row_sum, float* target_logit, int64_t rows) {
   for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < rows;
@@ -164,7 +165,7 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
     owned = std::make_unique<detail::ScratchBuffer<char>>(static_cast<int64_t>(needed), stream);
     base = owned->get();
   }
-  const int64_t ld = logits_ld(chunk);
+  const int64_t ld = padded_to_16(chunk);
   const Workspace w = layout(base, a.rows, a.dim, ld, kBf16);
   const unsigned row_blocks = static_cast<unsigned>(detail::ceil_div(a.rows, kRowsPerBlock));
 
@@ -174,7 +175,7 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
   // buffer padded with zero rows to 16, and those two products run on `padded` columns: the
   // padding logits are never read, and their gradients are zeros, so the sums are unchanged.
   const int64_t last_v0 = (chunks - 1) * chunk, last_width = a.vocab - last_v0;
-  const int64_t last_padded = logits_ld(last_width);  // <= ld
+  const int64_t last_padded = padded_to_16(last_width);  // <= ld
   std::unique_ptr<detail::ScratchBuffer<T>> padded_last_chunk;
   if (last_padded != last_width) {
     padded_last_chunk = std::make_unique<detail::ScratchBuffer<T>>(last_padded * a.dim, stream);
@@ -336,7 +337,7 @@ void shard_logit_grad(const ShardLogitsT<bf16>& args, const float* lse, float gr
 
 size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, int64_t vocab_chunk,
                                      bool bf16_variant) {
-  return layout(nullptr, rows, dim, logits_ld(effective_chunk(vocab_chunk, vocab)), bf16_variant)
+  return layout(nullptr, rows, dim, padded_to_16(effective_chunk(vocab_chunk, vocab)), bf16_variant)
       .bytes;
 }
 

@@ -141,31 +141,42 @@ const AttentionShape kShapes[] = {
     {1, 64, 2, 1, 128},   // exactly one tile, every head on one kv head
     {1, 1024, 4, 4, 64},  // GPT-2's head width at its 1024-token context
     {1, 512, 8, 2, 128},  // Llama 3's head width and grouping
+    {1, 130, 2, 2, 64},   // the pipelined forward's 128-row tile and two rows past it
 };
 
-TEST_F(TensorCoreAttentionTest, ForwardAndBackwardWithinTheirRoundings) {
-  set_attention_kernel(AttentionKernel::tensor_cores);  // throws if a shape would fall back
-  uint32_t seed = 500;
-  for (const AttentionShape& s : kShapes) {
-    SCOPED_TRACE(describe(s));
-    const auto qkv = rounded_to_bf16(
-        random_vector(static_cast<size_t>(s.batch * s.seq_len * s.qkv_ld()), ++seed, -2.0f, 2.0f));
-    const auto d_out = rounded_to_bf16(
-        random_vector(static_cast<size_t>(s.batch * s.seq_len * s.out_ld()), ++seed));
-    const Reference want = reference(qkv, d_out, s, nullptr);
+// The two tensor-core implementations: attention_mma.cu's, and attention_pipelined.cu's (cp.async
+// stages, ldmatrix fragments, 128-row forward tiles at head_dim 64).
+const AttentionKernel kTensorCoreKernels[] = {AttentionKernel::tensor_cores,
+                                              AttentionKernel::pipelined};
+const char* name(AttentionKernel kernel) {
+  return kernel == AttentionKernel::pipelined ? "pipelined" : "tensor_cores";
+}
 
-    DeviceBuffer<bf16> g_qkv(to_bf16(qkv)), g_dout(to_bf16(d_out)), g_out(want.out.size());
-    DeviceBuffer<bf16> g_dqkv(to_bf16(random_vector(qkv.size(), ++seed, 1e3f, 2e3f)));
-    DeviceBuffer<float> g_lse(want.lse.size());
-    cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
-    expect_within_roundings(from_bf16(g_out.download()), want.out, want.out_magnitude, "out");
-    expect_close(g_lse.download(), want.lse, 1e-4, 1e-5, "lse");
-    cuda::attention_backward(g_dqkv.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
-    const auto got_out = from_bf16(g_out.download());
-    const Reference grads = reference(qkv, d_out, s, &got_out);
-    expect_within_roundings(from_bf16(g_dqkv.download()), grads.d_qkv, grads.d_qkv_magnitude,
-                            "d_qkv");
-  }
+TEST_F(TensorCoreAttentionTest, ForwardAndBackwardWithinTheirRoundings) {
+  for (const AttentionKernel kernel : kTensorCoreKernels)
+    for (const AttentionShape& s : kShapes) {
+      SCOPED_TRACE(std::string(name(kernel)) + ": " + describe(s));
+      set_attention_kernel(kernel);  // throws if a shape would fall back
+      uint32_t seed = 500 + 3 * static_cast<uint32_t>(&s - kShapes);
+      const auto qkv = rounded_to_bf16(random_vector(
+          static_cast<size_t>(s.batch * s.seq_len * s.qkv_ld()), ++seed, -2.0f, 2.0f));
+      const auto d_out = rounded_to_bf16(
+          random_vector(static_cast<size_t>(s.batch * s.seq_len * s.out_ld()), ++seed));
+      const Reference want = reference(qkv, d_out, s, nullptr);
+
+      DeviceBuffer<bf16> g_qkv(to_bf16(qkv)), g_dout(to_bf16(d_out)), g_out(want.out.size());
+      DeviceBuffer<bf16> g_dqkv(to_bf16(random_vector(qkv.size(), ++seed, 1e3f, 2e3f)));
+      DeviceBuffer<float> g_lse(want.lse.size());
+      cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
+      expect_within_roundings(from_bf16(g_out.download()), want.out, want.out_magnitude, "out");
+      expect_close(g_lse.download(), want.lse, 1e-4, 1e-5, "lse");
+      cuda::attention_backward(g_dqkv.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(),
+                               s);
+      const auto got_out = from_bf16(g_out.download());
+      const Reference grads = reference(qkv, d_out, s, &got_out);
+      expect_within_roundings(from_bf16(g_dqkv.download()), grads.d_qkv, grads.d_qkv_magnitude,
+                              "d_qkv");
+    }
 }
 
 TEST_F(TensorCoreAttentionTest, AgreesWithTheScalarKernels) {
@@ -190,18 +201,49 @@ TEST_F(TensorCoreAttentionTest, AgreesWithTheScalarKernels) {
                "tensor cores vs scalar");
 }
 
+// The pipelined kernels compute the same products as attention_mma.cu's, in the same order per
+// element; only where tiles come from differs (and the compiler's fusing of a multiply-add may),
+// so, as the scalar comparison above, they agree within two roundings of the largest value.
+TEST_F(TensorCoreAttentionTest, PipelinedAgreesWithTheFirstTensorCoreKernels) {
+  for (const AttentionShape& s :
+       {AttentionShape{2, 300, 4, 2, 64}, AttentionShape{1, 200, 8, 2, 128}}) {
+    SCOPED_TRACE(describe(s));
+    const auto qkv =
+        to_bf16(random_vector(static_cast<size_t>(s.batch * s.seq_len * s.qkv_ld()), 610, -2, 2));
+    const auto d_out =
+        to_bf16(random_vector(static_cast<size_t>(s.batch * s.seq_len * s.out_ld()), 611));
+    std::vector<float> out[2], d_qkv[2];
+    for (int k = 0; k < 2; ++k) {
+      set_attention_kernel(kTensorCoreKernels[k]);
+      DeviceBuffer<bf16> g_qkv(qkv), g_dout(d_out), g_out(d_out.size()), g_dqkv(qkv.size());
+      DeviceBuffer<float> g_lse(static_cast<size_t>(s.batch * s.heads * s.seq_len));
+      cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
+      cuda::attention_backward(g_dqkv.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(),
+                               s);
+      out[k] = from_bf16(g_out.download());
+      d_qkv[k] = from_bf16(g_dqkv.download());
+    }
+    expect_close(out[1], out[0], 0.0, 2 * kBf16Rounding * max_abs(out[0]), "out");
+    expect_close(d_qkv[1], d_qkv[0], 0.0, 2 * kBf16Rounding * max_abs(d_qkv[0]), "d_qkv");
+  }
+}
+
 TEST_F(TensorCoreAttentionTest, BackwardIsDeterministic) {
-  set_attention_kernel(AttentionKernel::tensor_cores);
-  const AttentionShape s{2, 200, 8, 2, 128};
-  DeviceBuffer<bf16> g_qkv(to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.qkv_ld()), 700))),
-      g_dout(to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.out_ld()), 701)));
-  DeviceBuffer<bf16> g_out(g_dout.size()), first(g_qkv.size()), second(g_qkv.size());
-  DeviceBuffer<float> g_lse(static_cast<size_t>(2 * 8 * 200));
-  cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
-  cuda::attention_backward(first.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
-  cuda::attention_backward(second.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
-  const auto a = first.download(), b = second.download();
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)));
+  for (const AttentionKernel kernel : kTensorCoreKernels) {
+    SCOPED_TRACE(name(kernel));
+    set_attention_kernel(kernel);
+    const AttentionShape s{2, 200, 8, 2, 128};
+    DeviceBuffer<bf16> g_qkv(
+        to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.qkv_ld()), 700))),
+        g_dout(to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.out_ld()), 701)));
+    DeviceBuffer<bf16> g_out(g_dout.size()), first(g_qkv.size()), second(g_qkv.size());
+    DeviceBuffer<float> g_lse(static_cast<size_t>(2 * 8 * 200));
+    cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
+    cuda::attention_backward(first.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
+    cuda::attention_backward(second.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
+    const auto a = first.download(), b = second.download();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)));
+  }
 }
 
 TEST_F(TensorCoreAttentionTest, SelectionAndRefusals) {
@@ -216,6 +258,8 @@ TEST_F(TensorCoreAttentionTest, SelectionAndRefusals) {
   set_attention_kernel(AttentionKernel::automatic);
   EXPECT_NO_THROW(cuda::attention_forward(buf.get(), lse.get(), buf.get(), {1, 8, 2, 2, 80}));
   set_attention_kernel(AttentionKernel::tensor_cores);
+  EXPECT_THROW(cuda::attention_forward(buf.get(), lse.get(), buf.get(), {1, 8, 2, 2, 80}), Error);
+  set_attention_kernel(AttentionKernel::pipelined);
   EXPECT_THROW(cuda::attention_forward(buf.get(), lse.get(), buf.get(), {1, 8, 2, 2, 80}), Error);
 }
 

@@ -37,11 +37,14 @@ using cpu::AttentionShape;
 constexpr int64_t kMaxAttentionHeadDim = 128;
 
 // Which kernels bf16 attention runs. `automatic` (the default) takes the tensor-core kernels
-// wherever they apply (tensor_cores_apply) and the scalar ones elsewhere; `scalar` always the
-// scalar ones; `tensor_cores` throws for a shape they do not take. The environment variable
-// LOOM_CUDA_ATTENTION (auto | scalar | tensor_cores) sets the process's starting value; any
-// other value is an error naming it.
-enum class AttentionKernel { automatic, scalar, tensor_cores };
+// wherever they apply (tensor_cores_refusal is empty) and the scalar ones elsewhere; `scalar`
+// always the scalar ones; `tensor_cores` throws for a shape they do not take. `pipelined` is the
+// same algorithm on tensor cores with cp.async double buffering and ldmatrix fragment loads
+// (attention_pipelined.cu); it takes the same shapes and throws for the others. It is not yet
+// what `automatic` picks: it has not yet run on a GPU. The environment variable
+// LOOM_CUDA_ATTENTION (auto | scalar | tensor_cores | pipelined) sets the process's starting
+// value; any other value is an error naming it.
+enum class AttentionKernel { automatic, scalar, tensor_cores, pipelined };
 void set_attention_kernel(AttentionKernel kernel);
 AttentionKernel attention_kernel();
 // Why the tensor-core kernels cannot take this bf16 call (empty when they can): head_dim not 64

@@ -26,11 +26,15 @@
 #include <mutex>
 #include <string>
 
+#include "loom/kernels/cuda/attention_fragments.cuh"
 #include "loom/kernels/cuda/attention_mma.cuh"
 #include "loom/kernels/cuda/device_info.hpp"
 
 namespace loom::cuda {
 
+// The kernel selection and launches are the host's; tools/cuda_emulation compiles only the
+// kernels (and launches them itself).
+#if !defined(LOOM_CUDA_EMULATION)
 namespace {
 
 std::atomic<int> g_kernel{-1};  // -1: not yet read from LOOM_CUDA_ATTENTION
@@ -42,7 +46,9 @@ AttentionKernel kernel_from_environment() {
   if (value == "auto") return AttentionKernel::automatic;
   if (value == "scalar") return AttentionKernel::scalar;
   if (value == "tensor_cores") return AttentionKernel::tensor_cores;
-  throw_error("LOOM_CUDA_ATTENTION='", value, "': expected auto, scalar or tensor_cores");
+  if (value == "pipelined") return AttentionKernel::pipelined;
+  throw_error("LOOM_CUDA_ATTENTION='", value,
+              "': expected auto, scalar, tensor_cores or pipelined");
 }
 
 // Compute capability major of each device, read once.
@@ -82,17 +88,23 @@ std::string tensor_cores_refusal(const AttentionShape& shape,
   return {};
 }
 
+#endif  // !LOOM_CUDA_EMULATION
+
 namespace detail {
 
+#if !defined(LOOM_CUDA_EMULATION)
 bool use_tensor_cores(const AttentionShape& shape, std::initializer_list<const void*> pointers) {
   const AttentionKernel kernel = attention_kernel();
   if (kernel == AttentionKernel::scalar) return false;
   const std::string refusal = tensor_cores_refusal(shape, pointers);
   if (refusal.empty()) return true;
-  if (kernel == AttentionKernel::tensor_cores)
-    throw_error("tensor-core attention (LOOM_CUDA_ATTENTION=tensor_cores) cannot take ", refusal);
+  if (kernel == AttentionKernel::tensor_cores || kernel == AttentionKernel::pipelined)
+    throw_error("tensor-core attention (LOOM_CUDA_ATTENTION=",
+                kernel == AttentionKernel::pipelined ? "pipelined" : "tensor_cores",
+                ") cannot take ", refusal);
   return false;
 }
+#endif  // !LOOM_CUDA_EMULATION
 
 namespace {
 
@@ -102,8 +114,6 @@ constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kWarpRows = kTile / kWarps;  // 16: one mma's M
 constexpr int kPad = 8;                    // bf16 of padding per shared row (16 bytes)
 constexpr int kTransposedStride = kTile + kPad;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int D>
 constexpr int kRowStride = D + kPad;
@@ -120,25 +130,6 @@ __device__ __forceinline__ uint32_t word(const bf16* tile, int stride, int row, 
   return *reinterpret_cast<const uint32_t*>(tile + row * stride + col);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// c (16 x 8, f32) += a (16 x 16, bf16) b (16 x 8, bf16).
-__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-  __trap();  // tensor_cores_refusal keeps devices before sm_80 off this path
-#endif
-}
-
 // A fragment of rows [row0, row0 + 16) and columns [col0, col0 + 16) of a row-major tile.
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* tile, int stride, int row0,
                                        int col0, int g, int t) {
@@ -153,16 +144,6 @@ __device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const bf16* t
                                        int n0, int k0, int g, int t) {
   b0 = word(tile, stride, n0 + g, k0 + 2 * t);
   b1 = word(tile, stride, n0 + g, k0 + 2 * t + 8);
-}
-
-// The A fragment of columns [16s, 16s + 16) from the C tiles of columns [16s, 16s + 8) (lo) and
-// [16s + 8, 16s + 16) (hi), rounded to bf16.
-__device__ __forceinline__ void accumulators_to_a(uint32_t (&a)[4], const float (&lo)[4],
-                                                  const float (&hi)[4]) {
-  a[0] = pack_bf16(lo[0], lo[1]);
-  a[1] = pack_bf16(lo[2], lo[3]);
-  a[2] = pack_bf16(hi[0], hi[1]);
-  a[3] = pack_bf16(hi[2], hi[3]);
 }
 
 // Sequence rows [row0, row0 + kRows) of a [seq, D] slice at stride ld into a row-major tile
@@ -228,10 +209,6 @@ __device__ __forceinline__ void paired_products(float (&x)[4][4], float (&y)[4][
       mma(y[nt], a2, b0, b1);
     }
   }
-}
-
-__device__ __forceinline__ void store_pair(bf16* dst, float lo, float hi) {
-  *reinterpret_cast<uint32_t*>(dst) = pack_bf16(lo, hi);
 }
 
 // Forward: one CTA per (query tile, head, batch), heaviest (latest) query tiles first.
@@ -535,6 +512,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+#if !defined(LOOM_CUDA_EMULATION)
 template <int D>
 void forward(bf16* out, float* lse, const bf16* qkv, const AttentionDims& d, cudaStream_t stream) {
   constexpr size_t bytes = tile_bytes<D>(2, 1, 0);
@@ -561,11 +539,17 @@ void backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
          q_bytes, stream>>>(d_qkv, d_out, qkv, lse, delta, d);
   LOOM_CUDA_CHECK_LAUNCH();
 }
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace
 
+#if !defined(LOOM_CUDA_EMULATION)
 void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, const AttentionDims& d,
                            cudaStream_t stream) {
+  if (attention_kernel() == AttentionKernel::pipelined) {
+    pipelined_attention_forward(out, lse, qkv, d, stream);
+    return;
+  }
   if (d.head_dim == 64)
     forward<64>(out, lse, qkv, d, stream);
   else if (d.head_dim == 128)
@@ -576,6 +560,10 @@ void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, const Attenti
 
 void mma_attention_backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
                             const float* delta, const AttentionDims& d, cudaStream_t stream) {
+  if (attention_kernel() == AttentionKernel::pipelined) {
+    pipelined_attention_backward(d_qkv, d_out, qkv, lse, delta, d, stream);
+    return;
+  }
   if (d.head_dim == 64)
     backward<64>(d_qkv, d_out, qkv, lse, delta, d, stream);
   else if (d.head_dim == 128)
@@ -583,6 +571,7 @@ void mma_attention_backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, con
   else
     throw_error("tensor-core attention takes head_dim 64 or 128, got ", d.head_dim);
 }
+#endif  // !LOOM_CUDA_EMULATION
 
 }  // namespace detail
 

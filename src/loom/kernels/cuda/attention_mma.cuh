@@ -14,10 +14,17 @@ namespace loom::cuda::detail {
 // kernels; throws (naming why) under AttentionKernel::tensor_cores when they cannot take it.
 bool use_tensor_cores(const AttentionShape& shape, std::initializer_list<const void*> pointers);
 
+// Under AttentionKernel::pipelined these two run the pipelined kernels below.
 void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, const AttentionDims& d,
                            cudaStream_t stream);
 // delta: D_i = dO_i . O_i per (batch, head, row), lse's layout (the scalar path's row_dot).
 void mma_attention_backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
                             const float* delta, const AttentionDims& d, cudaStream_t stream);
+
+// The pipelined tensor-core kernels (attention_pipelined.cu): the same arguments and results.
+void pipelined_attention_forward(bf16* out, float* lse, const bf16* qkv, const AttentionDims& d,
+                                 cudaStream_t stream);
+void pipelined_attention_backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
+                                  const float* delta, const AttentionDims& d, cudaStream_t stream);
 
 }  // namespace loom::cuda::detail

@@ -39,13 +39,14 @@ void with_ranged_types(const char* op, DType q, DType kv, DType o, F f) {
 }
 
 // Key ranges take the scalar ranged kernels; a process that demands the tensor cores
-// (LOOM_CUDA_ATTENTION=tensor_cores) is told so instead of silently getting them.
+// (LOOM_CUDA_ATTENTION=tensor_cores or pipelined) is told so instead of silently getting them.
 void refuse_forced_tensor_cores(const char* op) {
-  if (cuda::attention_kernel() == cuda::AttentionKernel::tensor_cores)
-    throw_error(
-        "ops::", op,
-        " (cuda): tensor-core attention (LOOM_CUDA_ATTENTION=tensor_cores) cannot take key ",
-        "ranges (packed documents); the ranged kernels are scalar: use LOOM_CUDA_ATTENTION=auto");
+  const cuda::AttentionKernel kernel = cuda::attention_kernel();
+  if (kernel == cuda::AttentionKernel::tensor_cores || kernel == cuda::AttentionKernel::pipelined)
+    throw_error("ops::", op, " (cuda): tensor-core attention (LOOM_CUDA_ATTENTION=",
+                kernel == cuda::AttentionKernel::pipelined ? "pipelined" : "tensor_cores",
+                ") cannot take key ranges (packed documents); the ranged kernels are scalar: use "
+                "LOOM_CUDA_ATTENTION=auto");
 }
 
 cuda::RangedAttentionShape self_shape(const AttentionShape& s) {

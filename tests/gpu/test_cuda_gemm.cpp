@@ -6,6 +6,8 @@
 // cuBLASLt's bias epilogues and with loom's fallback bias kernels.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "gpu_test_support.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/kernels/cuda/cublas_context.hpp"
@@ -184,6 +186,92 @@ TEST_F(CudaGemmTest, LinearBf16ForwardAndBackward) {
     expect_f32(g_dw.download(), want_dw, "d_weight");
     expect_f32(g_db.download(), want_db, "d_bias");
   }
+}
+
+// GPT-2's tanh GELU (HF "gelu_new") and its derivative, in double.
+double gelu(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  return 0.5 * x * (1.0 + std::tanh(u));
+}
+double gelu_grad(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x);
+  const double th = std::tanh(u);
+  return 0.5 * (1.0 + th) +
+         0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * x * x);
+}
+
+// The MLP's fused GELU epilogues against the same products and GELU in double. Bounds, element
+// by element, with M the sum of the absolute products (|x||w| summed, plus |b|): pre is one
+// bf16 rounding of an f32 sum (2^-8 |pre| + 2^-14 M); act is gelu of the f32 sum, rounded
+// (2^-8 |act|), with cuBLASLt's tanh allowed an error of 2^-8 (0.5 |pre| 2^-8), since its GELU's
+// tanh is not documented to be exact; d_pre is gelu'(pre) times an f32 sum, rounded (2^-8
+// |d_pre| + 2^-14 |gelu'| M), with the same tanh allowance through gelu', whose dependence on
+// tanh is at most 0.5 + |x| |u'(x)| <= 16 for |x| <= 4 (2^-8 x 16 |d_out W|): inputs are scaled
+// so every pre-activation stays within 4. Below M a wrong index or a missing bias is O(1).
+TEST_F(CudaGemmTest, GeluEpiloguesMatchTheTwoKernelPath) {
+  const int64_t n = 64, in = 96, out = 136, ld = out + 8;  // ld a multiple of 8, as cuBLASLt needs
+  auto input = random_vector(static_cast<size_t>(n * in), 40);
+  auto weight = random_vector(static_cast<size_t>(out * in), 41, -0.25f, 0.25f);
+  auto bias = random_vector(static_cast<size_t>(out), 42);
+  input = rounded_to_bf16(input), weight = rounded_to_bf16(weight), bias = rounded_to_bf16(bias);
+  DeviceBuffer<bf16> g_input(to_bf16(input)), g_weight(to_bf16(weight)), g_bias(to_bf16(bias));
+  DeviceBuffer<bf16> g_act(static_cast<size_t>(n * ld)), g_pre(static_cast<size_t>(n * ld));
+  ASSERT_TRUE(linear_gelu_forward(g_act.get(), g_pre.get(), ld, g_input.get(), g_weight.get(),
+                                  g_bias.get(), n, in, out))
+      << "cuBLASLt has no GELU_AUX_BIAS kernel for a bf16 " << n << "x" << out << "x" << in
+      << " product";
+  const auto act = from_bf16(g_act.download()), pre = from_bf16(g_pre.download());
+  size_t failures = 0;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < out; ++j) {
+      double sum = bias[static_cast<size_t>(j)], magnitude = std::fabs(sum);
+      for (int64_t c = 0; c < in; ++c) {
+        const double product = double(input[static_cast<size_t>(r * in + c)]) *
+                               weight[static_cast<size_t>(j * in + c)];
+        sum += product, magnitude += std::fabs(product);
+      }
+      ASSERT_LE(std::fabs(sum), 4.0) << "the inputs' scale leaves the bounded range";
+      const size_t at = static_cast<size_t>(r * ld + j);
+      const double pre_bound = std::fabs(sum) / 256 + magnitude / 16384;
+      const double act_bound = std::fabs(gelu(sum)) / 256 + 0.5 * std::fabs(sum) / 256 + pre_bound;
+      if (std::fabs(pre[at] - sum) > pre_bound || std::fabs(act[at] - gelu(sum)) > act_bound)
+        ++failures;
+    }
+  EXPECT_EQ(failures, 0u) << "pre / act elements beyond their bounds";
+
+  // Backward through a second product [in2 = out] -> [out2]: d_pre = gelu'(pre) * (d_out @ W2).
+  const int64_t out2 = 72;
+  auto w2 = rounded_to_bf16(random_vector(static_cast<size_t>(out2 * out), 43, -0.25f, 0.25f));
+  auto d_out = rounded_to_bf16(random_vector(static_cast<size_t>(n * out2), 44));
+  DeviceBuffer<bf16> g_w2(to_bf16(w2)), g_dout(to_bf16(d_out));
+  DeviceBuffer<bf16> g_dpre(static_cast<size_t>(n * ld));
+  ASSERT_TRUE(
+      gelu_input_grad(g_dpre.get(), ld, g_dout.get(), out2, g_w2.get(), g_pre.get(), n, out, out2))
+      << "cuBLASLt has no DGELU kernel for a bf16 " << n << "x" << out << "x" << out2 << " product";
+  const auto d_pre = from_bf16(g_dpre.download());
+  failures = 0;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < out; ++j) {
+      double d_act = 0.0, magnitude = 0.0;
+      for (int64_t c = 0; c < out2; ++c) {
+        const double product =
+            double(d_out[static_cast<size_t>(r * out2 + c)]) * w2[static_cast<size_t>(c * out + j)];
+        d_act += product, magnitude += std::fabs(product);
+      }
+      const size_t at = static_cast<size_t>(r * ld + j);
+      const double slope = gelu_grad(pre[at]), want = slope * d_act;
+      const double bound = std::fabs(want) / 256 + std::fabs(slope) * magnitude / 16384 +
+                           16 * std::fabs(d_act) / 256;
+      if (std::fabs(d_pre[at] - want) > bound) ++failures;
+    }
+  EXPECT_EQ(failures, 0u) << "d_pre elements beyond their bounds";
+
+  // With the epilogues switched off both decline, and write nothing.
+  set_bias_epilogues_enabled(false);
+  EXPECT_FALSE(linear_gelu_forward(g_act.get(), g_pre.get(), ld, g_input.get(), g_weight.get(),
+                                   g_bias.get(), n, in, out));
+  EXPECT_FALSE(
+      gelu_input_grad(g_dpre.get(), ld, g_dout.get(), out2, g_w2.get(), g_pre.get(), n, out, out2));
 }
 
 TEST_F(CudaGemmTest, HeuristicRunsOncePerProductAndCachedPlansGiveTheSameResult) {

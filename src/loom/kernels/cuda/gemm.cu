@@ -83,6 +83,9 @@ struct MatmulSpec {
   const float* b_scale = nullptr;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // bias (BIAS, per column of row-major C) or bias gradient (BGRADB)
+  // GELU_AUX's pre-activation output and DGELU's input: shaped like C, rows aux_ld apart.
+  void* aux = nullptr;
+  int64_t aux_ld = 0;
 };
 
 // One cached plan: the descriptors and the algorithm cuBLASLt's heuristic chose for a shape,
@@ -95,6 +98,8 @@ struct PlanKey {
   cudaDataType_t a_type, b_type, c_type;
   cublasLtEpilogue_t epilogue;
   uint32_t align_a, align_b, align_c, align_bias;  // the heuristic reads the bias pointer's too
+  int64_t aux_ld;
+  uint32_t align_aux;
   bool operator==(const PlanKey&) const = default;
 };
 struct PlanKeyHash {
@@ -112,6 +117,7 @@ struct PlanKeyHash {
     mix(static_cast<uint64_t>(key.epilogue));
     mix(uint64_t{key.align_a} << 48 | uint64_t{key.align_b} << 32 | uint64_t{key.align_c} << 16 |
         key.align_bias);
+    mix(static_cast<uint64_t>(key.aux_ld) << 16 | key.align_aux);
     return h;
   }
 };
@@ -157,6 +163,10 @@ std::unique_ptr<Plan> make_plan(const MatmulSpec& s, const PlanKey& key, CublasC
   if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE, s.epilogue);
     desc.set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, s.bias);
+  }
+  if (s.aux) {
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, s.aux);
+    desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, s.aux_ld);
   }
   set_scale_pointers(desc, s);
   plan->a_layout = std::make_unique<MatrixLayout>(s.b_type, s.transpose_b ? s.k : s.n,
@@ -212,7 +222,9 @@ cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
                     alignment_bytes(s.a),
                     alignment_bytes(s.b),
                     alignment_bytes(s.c),
-                    s.bias ? alignment_bytes(s.bias) : 0u};
+                    s.bias ? alignment_bytes(s.bias) : 0u,
+                    s.aux ? s.aux_ld : 0,
+                    s.aux ? alignment_bytes(s.aux) : 0u};
   PlanCache& cache = plan_cache();
   Plan* plan = nullptr;
   {
@@ -229,6 +241,7 @@ cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
     // The bias (or bias-gradient) pointer is the one attribute that changes between calls.
     if (s.epilogue != CUBLASLT_EPILOGUE_DEFAULT)
       plan->desc->set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, s.bias);
+    if (s.aux) plan->desc->set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, s.aux);
     set_scale_pointers(*plan->desc, s);  // FP8's dequantisation factors change with the call
     const cublasStatus_t rc = cublasLtMatmul(
         context.handle, plan->desc->desc, &s.alpha, s.b, plan->a_layout->layout, s.a,
@@ -451,6 +464,38 @@ void fp8_gemm(bf16* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Op
 void fp8_gemm(float* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b,
               int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
   fp8_gemm_impl(c, ldc, beta, a, b, m, n, k, stream);
+}
+
+bool linear_gelu_forward(bf16* act, bf16* pre, int64_t ld, const bf16* input, const bf16* weight,
+                         const bf16* bias, int64_t n, int64_t in_features, int64_t out_features,
+                         cudaStream_t stream) {
+  if (n == 0) return true;
+  // cuBLASLt's GELU epilogues want the auxiliary matrix's leading dimension a multiple of 8 and
+  // its rows 16-byte aligned; elsewhere the caller's two-kernel path runs.
+  if (!bias_epilogues_enabled() || ld % 8 != 0 || alignment_bytes(pre) < 16) return false;
+  MatmulSpec s;
+  s.transpose_b = true;  // pre = input @ weight^T + bias, act = gelu(pre)
+  s.m = n, s.n = out_features, s.k = in_features;
+  s.a = input, s.lda = in_features, s.b = weight, s.ldb = in_features, s.c = act, s.ldc = ld;
+  s.a_type = s.b_type = s.c_type = CUDA_R_16BF;
+  s.epilogue = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  s.bias = const_cast<bf16*>(bias);
+  s.aux = pre, s.aux_ld = ld;
+  return try_matmul(s, stream) == CUBLAS_STATUS_SUCCESS;
+}
+
+bool gelu_input_grad(bf16* d_pre, int64_t ld, const bf16* d_out, int64_t d_out_ld,
+                     const bf16* weight, const bf16* pre, int64_t n, int64_t in_features,
+                     int64_t out_features, cudaStream_t stream) {
+  if (n == 0) return true;
+  if (!bias_epilogues_enabled() || ld % 8 != 0 || alignment_bytes(pre) < 16) return false;
+  MatmulSpec s;  // d_pre = gelu'(pre) * (d_out @ weight)
+  s.m = n, s.n = in_features, s.k = out_features;
+  s.a = d_out, s.lda = d_out_ld, s.b = weight, s.ldb = in_features, s.c = d_pre, s.ldc = ld;
+  s.a_type = s.b_type = s.c_type = CUDA_R_16BF;
+  s.epilogue = CUBLASLT_EPILOGUE_DGELU;
+  s.aux = const_cast<bf16*>(pre), s.aux_ld = ld;
+  return try_matmul(s, stream) == CUBLAS_STATUS_SUCCESS;
 }
 
 void linear_forward(float* out, int64_t out_ld, const float* input, const float* weight,

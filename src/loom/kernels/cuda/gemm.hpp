@@ -45,6 +45,22 @@ void linear_backward(bf16* d_input, bool accumulate_input, float* d_weight, floa
                      const bf16* d_out, int64_t d_out_ld, const bf16* input, const bf16* weight,
                      int64_t n, int64_t in_features, int64_t out_features, cudaStream_t stream = 0);
 
+// The first MLP product with GPT-2's tanh GELU in cuBLASLt's epilogue (GELU_AUX(_BIAS)):
+// pre[n, ld] columns [0, out_features) = input @ weight^T + bias (bias may be null) and
+// act = gelu(pre), the GELU taken of the f32 accumulator before pre is rounded to bf16. Returns
+// false, having written nothing, where cuBLASLt has no such kernel (or ld is not a multiple of
+// 8, or the bias epilogues are switched off): the caller then runs linear_forward and the GELU
+// kernel.
+bool linear_gelu_forward(bf16* act, bf16* pre, int64_t ld, const bf16* input, const bf16* weight,
+                         const bf16* bias, int64_t n, int64_t in_features, int64_t out_features,
+                         cudaStream_t stream = 0);
+// The second MLP product's input gradient carried through that GELU (DGELU epilogue):
+// d_pre[n, ld] = gelu'(pre) * (d_out @ weight), weight [out_features, in_features], d_out
+// [n, d_out_ld] and pre [n, ld] (in_features wide). False, having written nothing, as above.
+bool gelu_input_grad(bf16* d_pre, int64_t ld, const bf16* d_out, int64_t d_out_ld,
+                     const bf16* weight, const bf16* pre, int64_t n, int64_t in_features,
+                     int64_t out_features, cudaStream_t stream = 0);
+
 // out[r, c] += bias[c] for a [rows, cols] block whose rows are ld apart.
 void add_bias(float* out, int64_t ld, const float* bias, int64_t rows, int64_t cols,
               cudaStream_t stream = 0);

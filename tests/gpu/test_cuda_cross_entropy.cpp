@@ -1,14 +1,21 @@
 // Output projection + softmax + cross-entropy against loom::cpu::lm_head_cross_entropy, with
 // several vocabulary chunks (the last one partial) and with one chunk covering the vocabulary,
 // ignored (negative) targets, per-row losses, accumulation into d_weight and overwriting of
-// d_hidden. f32: loss rtol 1e-5, gradients rtol 1e-4 with a floor of 1e-4 x max|want| (f32
-// cuBLASLt products). bf16: logits and statistics are f32 from the same bf16 values, so the
-// loss keeps 1e-5; gradients go through a bf16-rounded logit gradient: rtol 2e-2, atol
-// 1e-2 x max|want|.
+// d_hidden. The chunk widths put the device kernels' 16-byte loads and stores through their
+// edges: 128 (the last chunk 104 wide, padded to 112), 333 (not a multiple of 4; the last chunk
+// 1 wide, padded to 16, with a target in it) and 4096 (one chunk of 1000, padded to 1008).
+// f32: loss rtol 1e-5, gradients rtol 1e-4 with a floor of 1e-4 x max|want| (f32 cuBLASLt
+// products). bf16: logits and statistics are f32 from the same bf16 values, so the loss keeps
+// 1e-5; gradients go through a bf16-rounded logit gradient: rtol 2e-2, atol 1e-2 x max|want|.
+// The vocabulary-parallel passes are checked on their own too (ShardPasses*, tolerances there).
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <type_traits>
 
 #include "gpu_test_support.hpp"
 #include "loom/kernels/cpu/cross_entropy.hpp"
+#include "loom/kernels/cpu/vocab_shard.hpp"
 #include "loom/kernels/cuda/cross_entropy.hpp"
 
 namespace loom::cuda::test {
@@ -22,6 +29,7 @@ std::vector<int32_t> targets_with_ignored() {
   std::vector<int32_t> t(kRows);
   for (int64_t r = 0; r < kRows; ++r)
     t[r] = r % 7 == 3 ? -1 : static_cast<int32_t>((r * 389) % kVocab);
+  t[kRows - 1] = kVocab - 1;  // the last id: alone in the last chunk when chunks are 333 wide
   return t;
 }
 
@@ -55,7 +63,7 @@ TEST_F(CudaCrossEntropyTest, F32MatchesCpuForChunkedAndSingleChunkVocabularies) 
   const auto targets = targets_with_ignored();
   const auto d_weight0 = random_vector(weight.size(), 3);
   const Reference ref = cpu_reference(hidden, weight, targets, d_weight0);
-  for (const int64_t chunk : {int64_t{128}, int64_t{4096}}) {
+  for (const int64_t chunk : {int64_t{128}, int64_t{333}, int64_t{4096}}) {
     for (const bool own_workspace : {false, true}) {
       SCOPED_TRACE(testing::Message() << "vocab_chunk " << chunk << " workspace " << own_workspace);
       DeviceBuffer<float> g_hidden(hidden), g_weight(weight), g_dweight(d_weight0);
@@ -100,7 +108,7 @@ TEST_F(CudaCrossEntropyTest, Bf16MatchesCpuOnTheSameValues) {
   const auto targets = targets_with_ignored();
   const auto d_weight0 = random_vector(weight.size(), 9);
   const Reference ref = cpu_reference(hidden, weight, targets, d_weight0);
-  for (const int64_t chunk : {int64_t{128}, int64_t{4096}}) {
+  for (const int64_t chunk : {int64_t{128}, int64_t{333}, int64_t{4096}}) {
     SCOPED_TRACE(testing::Message() << "vocab_chunk " << chunk);
     DeviceBuffer<bf16> g_hidden(to_bf16(hidden)), g_weight(to_bf16(weight)),
         g_dhidden(hidden.size());
@@ -123,6 +131,121 @@ TEST_F(CudaCrossEntropyTest, Bf16MatchesCpuOnTheSameValues) {
     expect_close(got_change, want_change, 2e-2, 1e-2 * max_abs(want_change), "d_weight change");
   }
 }
+
+// A vocabulary shard of ids [kShardBegin, kShardBegin + kShard) of a larger vocabulary.
+constexpr int64_t kShard = 1001, kShardBegin = 2000;
+
+// Targets inside the shard (its first and last ids among them), in other ranks' shards below
+// and above it, and ignored.
+std::vector<int32_t> shard_targets() {
+  std::vector<int32_t> t(kRows);
+  for (int64_t r = 0; r < kRows; ++r) {
+    if (r % 7 == 3)
+      t[r] = -1;
+    else if (r % 5 == 1)
+      t[r] = static_cast<int32_t>(r % 2 ? kShardBegin + kShard + r : r);
+    else
+      t[r] = static_cast<int32_t>(kShardBegin + (r * 389) % kShard);
+  }
+  t[0] = kShardBegin;
+  t[kRows - 1] = kShardBegin + kShard - 1;
+  return t;
+}
+
+// shard_logit_stats and shard_logit_grad against cpu::shard_logit_stats / shard_logit_grad, in
+// chunks of 611 (an odd row stride: rows start at every 16-byte alignment, and both chunks,
+// 611 and 390 wide, end off a multiple of 4) and in one chunk of the whole odd-width shard
+// (pass 1's logits kept for pass 2), with the logits scratch on a 16-byte boundary and one
+// float past it (the logit gradient then takes its single-column path).
+// Tolerances. Logits are f32 dot products of 32 terms of |.| <= 1 summed in another order: the
+// max and the target's logit 1e-5 (relative, and absolute for values near 0); the sum of
+// exponentials 1e-5 relative (each term carries its logit's error as a relative one). The f32
+// logit gradient left in place is grad_scale * exp(logit - lse) (minus grad_scale at the
+// target): 1e-5 relative, as its exponent's error. d_hidden / d_weight are f32 cuBLASLt
+// products: rtol 1e-4 with a floor of 1e-4 x max|want|, as above. bf16 adds to that: each logit
+// gradient g is rounded to bf16 (8 significant bits: at most 2^-8 relative) before the
+// products, so with |hidden|, |weight| <= 1 an output moves by at most 2^-8 x the sum of the |g|
+// it adds up: a d_hidden element's sum |g| <= 2 x grad_scale over the shard (softmax mass <= 1,
+// and the target's grad_scale), a d_weight element's |g| <= grad_scale over the rows; d_hidden
+// is then rounded to bf16 once more (2^-8 relative).
+template <typename T>
+void check_shard_passes(uint32_t seed) {
+  constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  auto hidden = random_vector(static_cast<size_t>(kRows * kDim), seed);
+  auto weight = random_vector(static_cast<size_t>(kShard * kDim), seed + 1);
+  if constexpr (kBf16) hidden = rounded_to_bf16(hidden), weight = rounded_to_bf16(weight);
+  auto on_device = [](const std::vector<float>& v) {
+    if constexpr (kBf16)
+      return to_bf16(v);
+    else
+      return v;
+  };
+  const auto targets = shard_targets();
+  const auto d_weight0 = random_vector(weight.size(), seed + 2);
+  const float grad_scale = 1.0f / kRows;
+  const double bf16_rounding = 1.0 / 256;
+  for (const int64_t chunk : {int64_t{611}, kShard}) {
+    for (const int64_t offset : {int64_t{0}, int64_t{1}}) {
+      SCOPED_TRACE(testing::Message() << "chunk " << chunk << " logits offset " << offset);
+      std::vector<float> logits(static_cast<size_t>(kRows * chunk)), row_max(kRows), row_sum(kRows),
+          target_logit(kRows, 0.0f), lse(kRows);
+      const cpu::ShardLogits c{hidden.data(), weight.data(), targets.data(), kRows,        kDim,
+                               kShard,        kShardBegin,   chunk,          logits.data()};
+      cpu::shard_logit_stats(c, row_max.data(), row_sum.data(), target_logit.data());
+      for (int64_t r = 0; r < kRows; ++r) lse[r] = row_max[r] + std::log(row_sum[r]);
+      std::vector<float> d_hidden(hidden.size()), d_weight = d_weight0;
+      cpu::shard_logit_grad(c, lse.data(), grad_scale, d_hidden.data(), d_weight.data(), true);
+
+      DeviceBuffer<T> g_hidden(on_device(hidden)), g_weight(on_device(weight)),
+          g_dhidden(hidden.size());
+      DeviceBuffer<int32_t> g_targets(targets);
+      DeviceBuffer<float> g_logits(static_cast<size_t>(kRows * chunk + offset)), g_stats(3 * kRows),
+          g_lse(lse), g_dweight(d_weight0);
+      ShardLogitsT<T> a;
+      a.hidden = g_hidden.get(), a.weight = g_weight.get(), a.targets = g_targets.get();
+      a.rows = kRows, a.dim = kDim, a.shard = kShard, a.vocab_begin = kShardBegin, a.chunk = chunk;
+      a.logits = g_logits.get() + offset;
+      shard_logit_stats(a, g_stats.get(), g_stats.get() + kRows, g_stats.get() + 2 * kRows);
+      const auto stats = g_stats.download();
+      const auto stat = [&](int64_t i) {
+        return std::vector<float>(stats.begin() + i * kRows, stats.begin() + (i + 1) * kRows);
+      };
+      expect_close(stat(0), row_max, 1e-5, 1e-5, "row_max");
+      expect_close(stat(1), row_sum, 1e-5, 0.0, "row_sum");
+      expect_close(stat(2), target_logit, 1e-5, 1e-5, "target_logit");
+
+      shard_logit_grad(a, g_lse.get(), grad_scale, g_dhidden.get(), g_dweight.get());
+      auto d_weight_change = g_dweight.download(), want_change = d_weight;
+      for (size_t i = 0; i < want_change.size(); ++i)
+        d_weight_change[i] -= d_weight0[i], want_change[i] -= d_weight0[i];
+      if constexpr (kBf16) {
+        expect_close(from_bf16(g_dhidden.download()), d_hidden, bf16_rounding + 1e-4,
+                     2 * grad_scale * bf16_rounding + 1e-4 * max_abs(d_hidden), "d_hidden");
+        expect_close(d_weight_change, want_change, 1e-4,
+                     kRows * grad_scale * bf16_rounding + 1e-4 * max_abs(want_change),
+                     "d_weight change");
+      } else {
+        expect_close(g_dhidden.download(), d_hidden, 1e-4, 1e-4 * max_abs(d_hidden), "d_hidden");
+        expect_close(d_weight_change, want_change, 1e-4, 1e-4 * max_abs(want_change),
+                     "d_weight change");
+        // In place: both scratches now hold the last chunk's logit gradient, zeros in the
+        // ignored rows.
+        const int64_t last_width = kShard - (kShard - 1) / chunk * chunk;
+        const auto got = g_logits.download();
+        std::vector<float> got_grad, want_grad;
+        for (int64_t r = 0; r < kRows; ++r)
+          for (int64_t j = 0; j < last_width; ++j) {
+            got_grad.push_back(got[offset + r * chunk + j]);
+            want_grad.push_back(logits[r * chunk + j]);
+          }
+        expect_close(got_grad, want_grad, 1e-5, 0.0, "last chunk's logit gradient");
+      }
+    }
+  }
+}
+
+TEST_F(CudaCrossEntropyTest, ShardPassesMatchCpuF32) { check_shard_passes<float>(11); }
+TEST_F(CudaCrossEntropyTest, ShardPassesMatchCpuBf16) { check_shard_passes<bf16>(14); }
 
 }  // namespace
 }  // namespace loom::cuda::test

@@ -1,9 +1,11 @@
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <type_traits>
 
-#include "loom/kernels/cuda/cross_entropy.hpp"
 #include "loom/core/cuda/cuda_check.hpp"
+#include "loom/kernels/cuda/cross_entropy.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 #include "loom/kernels/cuda/elementwise.hpp"
 #include "loom/kernels/cuda/gemm.hpp"
@@ -78,24 +80,92 @@ __global__ void init_row_stats(float* row_max, float* row_sum, float* target_log
   }
 }
 
-// Online log-sum-exp over one chunk, one warp per row: fold the chunk's max and
-// sum of exponentials into the running ones, and pick up the target's logit if it is here.
+// The exponent base for a running max m: m itself, or 0 while m is -inf (nothing but -inf seen
+// yet: an empty lane, a row of -inf logits), where every term is then exp(-inf) = 0 instead of
+// exp(-inf - -inf) = NaN. A NaN logit still turns the sum NaN (fmaxf skips it, expf does not),
+// as it did when the sum went over every logit against one max.
+__device__ __forceinline__ float exp_base(float m) { return m == detail::kNegInfinity ? 0.0f : m; }
+
+// Folds N logits into a lane's running max m and sum s of exp(z - m): their max first, then s
+// rescaled once to the new max, so N + 1 exponentials for N logits.
+template <int N>
+__device__ __forceinline__ void absorb(float& m, float& s, const float (&z)[N]) {
+  float z_max = z[0];
+#pragma unroll
+  for (int k = 1; k < N; ++k) z_max = fmaxf(z_max, z[k]);
+  const float m_new = fmaxf(m, z_max);
+  const float base = exp_base(m_new);
+  float add = 0.0f;
+#pragma unroll
+  for (int k = 0; k < N; ++k) add += expf(z[k] - base);
+  s = s * expf(m - base) + add;
+  m = m_new;
+}
+
+// float4 loads each lane issues before it uses them: 2 KB in flight per warp, enough with
+// 32+ warps per SM to keep HBM busy.
+constexpr int kLseUnroll = 4;
+
+// Online log-sum-exp over one chunk, one warp per row (16384 rows in a GPT-2 step are plenty of
+// warps; a row is 200 KB), in one pass over the logits: each lane keeps its own running max
+// and sum of exponentials over the logits it reads, the warp combines them (max first, then
+// each lane's sum rescaled to it) and folds the result into the row's running ones, as the CPU
+// does chunk by chunk. Lane 0 picks up the target's logit if it is here. The split of a row
+// over the lanes and every combination order are fixed: the result does not depend on
+// scheduling.
+// Loads are 16 bytes from the row's first 16-byte boundary on, found from the row's address:
+// `ld` may be anything (shard_stats_impl's is the shard chunk). The at most 3 logits before it
+// and 3 after the last float4 are read singly.
 __global__ void chunk_lse_update(float* row_max, float* row_sum, float* target_logit,
                                  const float* logits, int64_t ld, int64_t width, int64_t v0,
                                  const int32_t* targets, int64_t rows) {
   const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
-  if (r >= rows) return;
+  if (r >= rows) return;  // the whole warp: the shuffles below see all 32 lanes
   const float* z = logits + r * ld;
-  float m = row_max[r];
-  for (int64_t j = lane; j < width; j += kWarpSize) m = fmaxf(m, z[j]);
-  m = detail::warp_max(m);
-  float sum = 0.0f;
-  for (int64_t j = lane; j < width; j += kWarpSize) sum += expf(z[j] - m);
-  sum = detail::warp_sum(sum);
+  // Every lane starts from the row's running max, so the chunk's max below is the new one.
+  const float old_max = row_max[r];
+  float m = old_max, s = 0.0f;
+
+  const auto floats_in = static_cast<unsigned>(reinterpret_cast<uintptr_t>(z) / sizeof(float));
+  const int64_t to_boundary = (0u - floats_in) % 4u;  // floats to the next 16-byte boundary
+  const int64_t head = to_boundary < width ? to_boundary : width;
+  const int64_t vecs = (width - head) / 4, tail = head + vecs * 4;
+  if (lane < head) {
+    const float v[1] = {z[lane]};
+    absorb(m, s, v);
+  }
+  if (lane < width - tail) {
+    const float v[1] = {z[tail + lane]};
+    absorb(m, s, v);
+  }
+  // Lane l reads float4s l, l + 32, l + 64, ...: kLseUnroll of them at a time, then the rest
+  // one at a time.
+  const float4* zv = reinterpret_cast<const float4*>(z + head);
+  int64_t i = lane;
+  for (; i + (kLseUnroll - 1) * kWarpSize < vecs; i += kLseUnroll * kWarpSize) {
+    float4 q[kLseUnroll];
+#pragma unroll
+    for (int u = 0; u < kLseUnroll; ++u) q[u] = zv[i + u * kWarpSize];
+    float v[4 * kLseUnroll];
+#pragma unroll
+    for (int u = 0; u < kLseUnroll; ++u)
+      v[4 * u] = q[u].x, v[4 * u + 1] = q[u].y, v[4 * u + 2] = q[u].z, v[4 * u + 3] = q[u].w;
+    absorb(m, s, v);
+  }
+  for (; i < vecs; i += kWarpSize) {
+    const float4 q = zv[i];
+    const float v[4] = {q.x, q.y, q.z, q.w};
+    absorb(m, s, v);
+  }
+
+  // The lanes' maxima are all >= old_max, so new_max is the row's new running max.
+  const float new_max = detail::warp_max(m);
+  const float base = exp_base(new_max);
+  const float sum = detail::warp_sum(s * expf(m - base));
   if (lane == 0) {
-    row_sum[r] = row_sum[r] * expf(row_max[r] - m) + sum;
-    row_max[r] = m;
+    row_sum[r] = row_sum[r] * expf(old_max - base) + sum;
+    row_max[r] = new_max;
     const int64_t t = targets[r];
     if (t >= v0 && t < v0 + width) target_logit[r] = z[t - v0];
   }
@@ -119,34 +189,103 @@ __global__ void finalize_loss(double* loss, float* lse, float* row_losses, const
   if (threadIdx.x == 0) *loss = total;
 }
 
-// d_logits = grad_scale * (softmax - onehot) for one chunk; rows without a target get zeros,
-// and so do the padding columns [width, padded) (see padded_last_chunk).
-// `out` may be the f32 logits themselves (in place) or a bf16 copy.
+// Columns per float4 of logits, "a quad". A thread takes two quads, 32 quads apart: every load
+// and store instruction of a warp then covers one contiguous span (512 bytes of f32 logits, 256
+// of bf16 gradients), and each thread has 32 bytes of loads in flight.
+constexpr int kQuad = 4;
+
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  // .x = lo sits at the lower address; each rounded as __float2bfloat16_rn (from_f32) does.
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+  uint32_t bits;
+  memcpy(&bits, &pair, sizeof bits);
+  return bits;
+}
+// Stores quad q of gradients from `o`, 16-byte (f32) or 8-byte (bf16) aligned. Indexing the
+// vector pointer, not the columns: from a column pointer nvcc split the f32 store into three.
+__device__ __forceinline__ void store_quad(float* o, int64_t q, float4 g) {
+  reinterpret_cast<float4*>(o)[q] = g;
+}
+__device__ __forceinline__ void store_quad(bf16* o, int64_t q, float4 g) {
+  reinterpret_cast<uint2*>(o)[q] = make_uint2(bf16x2_bits(g.x, g.y), bf16x2_bits(g.z, g.w));
+}
+
+// d_logits = grad_scale * (softmax - onehot) for one chunk; rows without a target get zeros
+// (their logits are not read), and so do the padding columns [width, padded) (see
+// padded_last_chunk). `out` may be the f32 logits themselves (in place) or a bf16 copy: every
+// column is read and then written by one thread, and by no other, so in place is safe.
+// Rows over blockIdx.y, columns over the threads of blockIdx.x (no 64-bit division per
+// element: this kernel touches every logit). A row's quads start at element r * ld + head,
+// head = -(r * ld) mod 4: a 16-byte boundary of the f32 logits and an 8-byte one of a bf16
+// `out` when both buffers are 16-byte aligned (`vectorised`, checked on the host; ld may be
+// anything: the shard passes use the shard chunk). The at most 3 columns before head and 3
+// after the last quad are written singly; without `vectorised` every column is.
 template <typename Out>
 __global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t width,
                              int64_t padded, int64_t v0, const int32_t* targets, const float* lse,
-                             float grad_scale, int64_t rows) {
-  // Rows over blockIdx.y, columns over the threads of blockIdx.x (no 64-bit division per
-  // element: this kernel touches every logit).
+                             float grad_scale, int64_t rows, bool vectorised) {
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  // Warps take tiles of 64 quads, 2 * stride quads apart; lane l the tile's quads l and l + 32.
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t first_quad = (first - lane) * 2 + lane;
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const int64_t t = targets[r];
-    const float row_lse = t >= 0 ? lse[r] : 0.0f;
-    for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < padded;
-         j += int64_t{gridDim.x} * blockDim.x) {
+    const bool live = t >= 0;
+    const float row_lse = live ? lse[r] : 0.0f;
+    const int64_t target_col = t - v0;  // outside [0, width) when another chunk holds it
+    const float* z = logits + r * ld;
+    Out* o = out + r * ld;
+    // Column j's gradient from its logit zj (not used outside live columns j < width).
+    auto grad = [&](int64_t j, float zj) {
       float g = 0.0f;
-      if (t >= 0 && j < width) {
-        g = grad_scale * expf(logits[r * ld + j] - row_lse);
-        if (t == v0 + j) g -= grad_scale;
+      if (live && j < width) {
+        g = grad_scale * expf(zj - row_lse);
+        if (j == target_col) g -= grad_scale;
       }
-      out[r * ld + j] = from_f32<Out>(g);
+      return g;
+    };
+    auto single = [&](int64_t j) {
+      o[j] = from_f32<Out>(grad(j, live && j < width ? z[j] : 0.0f));
+    };
+    if (!vectorised) {
+      for (int64_t j = first; j < padded; j += stride) single(j);
+      continue;
+    }
+    const int64_t to_boundary = -(r * ld) & (kQuad - 1);
+    const int64_t head = to_boundary < padded ? to_boundary : padded;
+    const int64_t quads = (padded - head) / kQuad, tail = head + quads * kQuad;
+    if (first < head) single(first);
+    if (first < padded - tail) single(tail + first);
+    const float4* zq = reinterpret_cast<const float4*>(z + head);
+    auto quad_grad = [&](int64_t q, float4 v) {
+      const int64_t j = head + q * kQuad;
+      return make_float4(grad(j, v.x), grad(j + 1, v.y), grad(j + 2, v.z), grad(j + 3, v.w));
+    };
+    for (int64_t q = first_quad; q < quads; q += 2 * stride) {
+      const int64_t q2 = q + kWarpSize;
+      const bool second = q2 < quads;
+      // Columns in [width, padded) are inside the row (padded <= ld): loaded, never used.
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v2 = v;
+      if (live) {
+        v = zq[q];
+        if (second) v2 = zq[q2];
+      }
+      store_quad(o + head, q, quad_grad(q, v));
+      if (second) store_quad(o + head, q2, quad_grad(q2, v2));
     }
   }
 }
 
 dim3 softmax_grad_grid(int64_t rows, int64_t padded) {
-  return dim3(static_cast<unsigned>(std::min<int64_t>(detail::ceil_div(padded, kThreads), 1024)),
-              static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  // A warp per 64-quad tile of the widest row.
+  const int64_t tiles = detail::ceil_div(padded, 2 * kQuad * kWarpSize);
+  return dim3(
+      static_cast<unsigned>(std::min<int64_t>(detail::ceil_div(tiles * kWarpSize, kThreads), 1024)),
+      static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
 }
+
+bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T>
 double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
@@ -232,7 +371,8 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
         d_logits = w.logits;  // in place
       const int64_t padded = padded_of(v0, width);
       softmax_grad<<<softmax_grad_grid(a.rows, padded), kThreads, 0, stream>>>(
-          d_logits, w.logits, ld, width, padded, v0, a.targets, w.lse, a.grad_scale, a.rows);
+          d_logits, w.logits, ld, width, padded, v0, a.targets, w.lse, a.grad_scale, a.rows,
+          aligned_16(d_logits) && aligned_16(w.logits));
       LOOM_CUDA_CHECK_LAUNCH();
       if (d_hidden_f32)
         gemm(false, false, a.rows, a.dim, padded, 1.0f, d_logits, ld, weight_of(v0), a.dim,
@@ -302,7 +442,7 @@ void shard_grad_impl(const ShardLogitsT<T>& a, const float* lse, float grad_scal
       d_logits = a.logits;  // in place
     softmax_grad<<<softmax_grad_grid(a.rows, width), kThreads, 0, stream>>>(
         d_logits, a.logits, a.chunk, width, width, a.vocab_begin + v0, a.targets, lse, grad_scale,
-        a.rows);
+        a.rows, aligned_16(d_logits) && aligned_16(a.logits));
     LOOM_CUDA_CHECK_LAUNCH();
     const T* chunk_weight = a.weight + v0 * a.dim;
     if (d_hidden_f32)

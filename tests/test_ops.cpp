@@ -81,6 +81,37 @@ TEST(Ops, SumOfSquaresInDouble) {
   EXPECT_EQ(ops::sum_of_squares(tensor_of({3, -4, 0.5f}, {3})), 25.25);
 }
 
+// On the CPU adamw_update_many is adamw_update on each entry in turn: the same values, with no
+// working copy and with an f32 one (the bf16 emulation), each with its own weight decay.
+TEST(Ops, AdamWManyIsThePerTensorOpOnEach) {
+  std::vector<ops::AdamWTensors> many, single;
+  for (int k = 0; k < 2; ++k) {
+    const int64_t n = 5 + 2 * k;
+    std::vector<float> param(static_cast<size_t>(n)), grad(param.size()), m(param.size()),
+        v(param.size());
+    for (size_t i = 0; i < param.size(); ++i) {
+      param[i] = std::sin(1.0f + static_cast<float>(i + 7 * k));
+      grad[i] = std::cos(2.0f + static_cast<float>(i + 3 * k));
+      m[i] = 0.01f * static_cast<float>(i) - 0.02f;
+      v[i] = 0.001f * static_cast<float>(i + 1);
+    }
+    const ops::AdamWStep step{1e-2f, 0.9f, 0.95f, 1e-8f, k == 0 ? 0.1f : 0.0f, 2, 0.5f};
+    for (auto* list : {&many, &single})
+      list->push_back({tensor_of(param, {n}), k == 0 ? Tensor() : tensor_of(param, {n}),
+                       tensor_of(grad, {n}), tensor_of(m, {n}), tensor_of(v, {n}), step});
+  }
+  ops::adamw_update_many(many);
+  for (const ops::AdamWTensors& t : single)
+    ops::adamw_update(t.param, t.working, t.grad, t.exp_avg, t.exp_avg_sq, t.step);
+  for (size_t k = 0; k < many.size(); ++k) {
+    EXPECT_EQ(many[k].param.to_f32_vector(), single[k].param.to_f32_vector());
+    EXPECT_EQ(many[k].exp_avg.to_f32_vector(), single[k].exp_avg.to_f32_vector());
+    EXPECT_EQ(many[k].exp_avg_sq.to_f32_vector(), single[k].exp_avg_sq.to_f32_vector());
+  }
+  EXPECT_EQ(many[1].working.to_f32_vector(), single[1].working.to_f32_vector());
+  EXPECT_NO_THROW(ops::adamw_update_many({}));
+}
+
 TEST(Ops, BadCallsNameTheOpAndTheShapes) {
   const Tensor x = Tensor::zeros({2, 3}, DType::F32, MemCategory::Workspace);
   const Tensor w = Tensor::zeros({4, 5}, DType::F32, MemCategory::Workspace);

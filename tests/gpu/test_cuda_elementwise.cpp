@@ -1,10 +1,13 @@
 // Vector helpers, dtype conversion, embedding and AdamW against loom::cpu. Pointwise f32 ops
 // are single IEEE operations on both sides: exact. sum_of_squares: both in double, relative
 // 1e-12. Embedding backward (atomicAdd order) and AdamW (FMA contraction may differ):
-// rtol 1e-5 with an absolute floor of 1e-6 x max|want|.
+// rtol 1e-5 with an absolute floor of 1e-6 x max|want|. The multi-tensor AdamW and the
+// per-tensor kernel: exact (one arithmetic per element).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <memory>
+#include <string>
 
 #include "gpu_test_support.hpp"
 #include "loom/kernels/cpu/adamw.hpp"
@@ -179,6 +182,113 @@ TEST_F(CudaElementwiseTest, AdamWMatchesCpuOverSeveralSteps) {
   expect_f32(g_m.download(), m, "exp_avg");
   expect_f32(g_v.download(), v, "exp_avg_sq");
   expect_exact(from_bf16(g_param16.download()), rounded_to_bf16(got), "bf16 copy = rounded master");
+}
+
+std::vector<uint32_t> bits(const std::vector<float>& x) {
+  std::vector<uint32_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = std::bit_cast<uint32_t>(x[i]);
+  return out;
+}
+
+// The multi-tensor AdamW over three steps against the per-tensor kernel (the same arithmetic
+// per element: bit for bit) and the CPU (the tolerance above). Sizes around the kernel's
+// 4-float groups and 4096-element tiles, an empty tensor, bf16 copies on some, a weight decay
+// per tensor (the optimizer's decay groups) and two tensors at unaligned addresses (its
+// element-by-element path). Guard elements before (the unaligned ones) and after each tensor
+// must come through untouched.
+TEST_F(CudaElementwiseTest, AdamWManyEqualsThePerTensorKernelBitForBit) {
+  struct Case {
+    int64_t n, offset;  // elements; guards before them
+    bool copy;          // with a bf16 copy
+  };
+  const std::vector<Case> cases = {{1, 0, true},     {3, 0, false},   {1000, 0, true},
+                                   {4097, 0, false}, {0, 0, true},    {8195, 1, true},
+                                   {5, 2, false},    {12288, 0, true}};
+  constexpr float kGuard = 7.0f;
+  const auto padded = [&](const std::vector<float>& x, const Case& c) {
+    std::vector<float> out(static_cast<size_t>(c.offset), kGuard);
+    out.insert(out.end(), x.begin(), x.end());
+    out.push_back(kGuard);
+    return out;
+  };
+  const auto inner = [&](const std::vector<float>& x, const Case& c) {
+    return std::vector<float>(x.begin() + c.offset, x.begin() + c.offset + c.n);
+  };
+  const size_t count = cases.size();
+  using Floats = std::unique_ptr<DeviceBuffer<float>>;
+  using Bf16s = std::unique_ptr<DeviceBuffer<bf16>>;
+  std::vector<std::vector<float>> param(count), m(count), v(count);  // the CPU's
+  std::vector<Floats> grad(count), param1(count), m1(count), v1(count), param_many(count),
+      m_many(count), v_many(count);
+  std::vector<Bf16s> copy1(count), copy_many(count);
+  for (size_t t = 0; t < count; ++t) {
+    const Case& c = cases[t];
+    const auto n = static_cast<size_t>(c.n);
+    const auto seed = static_cast<uint32_t>(100 + 10 * t);
+    param[t] = random_vector(n, seed);
+    m[t] = random_vector(n, seed + 1, -0.1f, 0.1f);
+    v[t] = random_vector(n, seed + 2, 0.0f, 0.1f);
+    for (Floats* buffers : {&param1[t], &param_many[t]})
+      *buffers = std::make_unique<DeviceBuffer<float>>(padded(param[t], c));
+    for (Floats* buffers : {&m1[t], &m_many[t]})
+      *buffers = std::make_unique<DeviceBuffer<float>>(padded(m[t], c));
+    for (Floats* buffers : {&v1[t], &v_many[t]})
+      *buffers = std::make_unique<DeviceBuffer<float>>(padded(v[t], c));
+    grad[t] = std::make_unique<DeviceBuffer<float>>(n + static_cast<size_t>(c.offset) + 1);
+    if (c.copy)
+      for (Bf16s* buffers : {&copy1[t], &copy_many[t]})
+        *buffers =
+            std::make_unique<DeviceBuffer<bf16>>(to_bf16(padded(std::vector<float>(n, 0.0f), c)));
+  }
+  // Case t's first element in a buffer (null for a missing bf16 copy).
+  const auto at = [&](const auto& buffer, size_t t) {
+    return buffer ? buffer->get() + cases[t].offset : nullptr;
+  };
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<AdamWTensor> many;
+    for (size_t t = 0; t < count; ++t) {
+      const Case& c = cases[t];
+      const auto g =
+          random_vector(static_cast<size_t>(c.n), static_cast<uint32_t>(1000 + 10 * step + t));
+      grad[t]->upload(padded(g, c));
+      const AdamWStep s{1e-3f, 0.9f, 0.95f, 1e-8f, t % 2 == 0 ? 0.1f : 0.0f, step, 0.5f};
+      cpu::adamw_update(param[t].data(), g.data(), m[t].data(), v[t].data(), c.n, s);
+      // Qualified: ADL also finds cpu::adamw_update, whose arguments these also fit.
+      if (c.copy)
+        cuda::adamw_update(at(param1[t], t), at(copy1[t], t), at(grad[t], t), at(m1[t], t),
+                           at(v1[t], t), c.n, s);
+      else
+        cuda::adamw_update(at(param1[t], t), at(grad[t], t), at(m1[t], t), at(v1[t], t), c.n, s);
+      many.push_back({at(param_many[t], t), at(copy_many[t], t), at(grad[t], t), at(m_many[t], t),
+                      at(v_many[t], t), c.n, s});
+    }
+    cuda::adamw_update_many(many.data(), static_cast<int64_t>(many.size()));
+  }
+  for (size_t t = 0; t < count; ++t) {
+    const Case& c = cases[t];
+    SCOPED_TRACE("tensor " + std::to_string(t) + " of " + std::to_string(c.n) + " elements" +
+                 (c.offset ? ", unaligned" : "") + (c.copy ? ", bf16 copy" : ""));
+    const auto got = param_many[t]->download(), got_m = m_many[t]->download(),
+               got_v = v_many[t]->download();
+    // The whole buffers, guards included: equal to the per-tensor kernel's, which leaves them.
+    EXPECT_EQ(bits(got), bits(param1[t]->download())) << "param";
+    EXPECT_EQ(bits(got_m), bits(m1[t]->download())) << "exp_avg";
+    EXPECT_EQ(bits(got_v), bits(v1[t]->download())) << "exp_avg_sq";
+    for (const auto* buffer : {&got, &got_m, &got_v}) {
+      for (int64_t i = 0; i < c.offset; ++i) EXPECT_EQ((*buffer)[static_cast<size_t>(i)], kGuard);
+      EXPECT_EQ(buffer->back(), kGuard);
+    }
+    expect_f32(inner(got, c), param[t], "param");
+    expect_f32(inner(got_m, c), m[t], "exp_avg");
+    expect_f32(inner(got_v, c), v[t], "exp_avg_sq");
+    if (c.copy) {
+      const auto copy = from_bf16(copy_many[t]->download());
+      EXPECT_EQ(bits(copy), bits(from_bf16(copy1[t]->download()))) << "bf16 copy";
+      expect_exact(inner(copy, c), rounded_to_bf16(inner(got, c)), "bf16 copy = rounded master");
+      for (int64_t i = 0; i < c.offset; ++i) EXPECT_EQ(copy[static_cast<size_t>(i)], kGuard);
+      EXPECT_EQ(copy.back(), kGuard);
+    }
+  }
 }
 
 }  // namespace

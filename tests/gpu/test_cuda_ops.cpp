@@ -4,6 +4,8 @@
 // values); a bf16 output is the f32 result rounded once, at most 2^-9 relative (plus the same
 // order differences), so bf16 checks allow 2^-8 relative.
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "gpu_test_support.hpp"
 #include "loom/core/device_memory.hpp"
@@ -306,6 +308,38 @@ TEST_F(CudaOps, AdamWUpdatesInPlaceAndThroughAMaster) {
   ops::adamw_update(master, working, d_grad, m2, v2, step);
   expect_close(master, cpu_param, kF32, kF32, "adamw master");
   expect_close(working, rounded(cpu_param), kBf16, kF32, "adamw bf16 working copy");
+}
+
+// The optimizers' call: on CUDA one launch for the tensors with no working copy or a bf16 one
+// (the kernel's own test checks its arithmetic), the per-tensor op for an f32 working copy;
+// every value the per-tensor op's.
+TEST_F(CudaOps, AdamWManyEqualsThePerTensorOp) {
+  const ops::AdamWStep step{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f};
+  std::vector<ops::AdamWTensors> many, single;
+  for (int k = 0; k < 3; ++k) {  // no working copy, a bf16 one, an f32 one
+    const int64_t n = 1000 + 333 * k;
+    const auto seed = static_cast<uint32_t>(30 + 4 * k);
+    const Tensor param = host_tensor(random_vector(n, seed), {n});
+    const Tensor grad = host_tensor(random_vector(n, seed + 1), {n});
+    const Tensor m = host_tensor(random_vector(n, seed + 2, -0.1f, 0.1f), {n});
+    const Tensor v = host_tensor(random_vector(n, seed + 3, 0.0f, 0.1f), {n});
+    for (auto* list : {&many, &single}) {
+      const Tensor working = k == 0 ? Tensor() : on_cuda(param, k == 1 ? DType::BF16 : DType::F32);
+      list->push_back({on_cuda(param), working, on_cuda(grad), on_cuda(m), on_cuda(v), step});
+    }
+  }
+  ops::adamw_update_many(many);
+  for (const ops::AdamWTensors& t : single)
+    ops::adamw_update(t.param, t.working, t.grad, t.exp_avg, t.exp_avg_sq, t.step);
+  for (size_t k = 0; k < many.size(); ++k) {
+    SCOPED_TRACE("tensor " + std::to_string(k));
+    EXPECT_EQ(many[k].param.to_f32_vector(), single[k].param.to_f32_vector());
+    EXPECT_EQ(many[k].exp_avg.to_f32_vector(), single[k].exp_avg.to_f32_vector());
+    EXPECT_EQ(many[k].exp_avg_sq.to_f32_vector(), single[k].exp_avg_sq.to_f32_vector());
+    if (k > 0) {
+      EXPECT_EQ(many[k].working.to_f32_vector(), single[k].working.to_f32_vector());
+    }
+  }
 }
 
 TEST_F(CudaOps, MixedDevicesAreRefused) {

@@ -534,8 +534,10 @@ std::vector<double> sums_of_squares(const std::vector<const Tensor*>& xs) {
   return sums;
 }
 
-void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
-                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step) {
+namespace {
+// adamw_update's checks, shared with adamw_update_many; returns the tensors' device.
+Device check_adamw(const Tensor& param, const Tensor& working, const Tensor& grad,
+                   const Tensor& exp_avg, const Tensor& exp_avg_sq) {
   const Device device =
       device_of("adamw_update", {&param, &working, &grad, &exp_avg, &exp_avg_sq});
   for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq})
@@ -546,6 +548,13 @@ void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad
   if (working.defined() && working.numel() != param.numel())
     throw_error("ops::adamw_update: working copy ", shape_to_string(working.shape()), " for ",
                 shape_to_string(param.shape()));
+  return device;
+}
+}  // namespace
+
+void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
+                  const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step) {
+  const Device device = check_adamw(param, working, grad, exp_avg, exp_avg_sq);
   LOOM_OPS_ON_CUDA(device, adamw_update(param, working, grad, exp_avg, exp_avg_sq, step))
   require_cpu_f32("adamw_update", {&working});
   cpu::adamw_update(param.f32(), grad.f32(), exp_avg.f32(), exp_avg_sq.f32(), param.numel(), step);
@@ -553,6 +562,18 @@ void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad
     working.copy_from(param);
     cpu::round_to_bf16_inplace(working.f32(), working.numel());
   }
+}
+
+void adamw_update_many(std::span<const AdamWTensors> tensors) {
+  bool all_cuda = !tensors.empty();
+  for (const AdamWTensors& t : tensors) all_cuda = all_cuda && t.param.device() == Device::CUDA;
+  if (all_cuda) {
+    for (const AdamWTensors& t : tensors)  // every check before any update
+      check_adamw(t.param, t.working, t.grad, t.exp_avg, t.exp_avg_sq);
+    LOOM_OPS_ON_CUDA(Device::CUDA, adamw_update_many(tensors))
+  }
+  for (const AdamWTensors& t : tensors)
+    adamw_update(t.param, t.working, t.grad, t.exp_avg, t.exp_avg_sq, t.step);
 }
 
 void round_to_bf16_(const Tensor& x) {

@@ -229,6 +229,15 @@ using AdamWStep = cpu::AdamWStep;
 // pass, or F32 holding bf16-rounded values (the CPU's bf16 emulation).
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step);
+// One tensor of adamw_update_many: adamw_update's arguments.
+struct AdamWTensors {
+  Tensor param, working, grad, exp_avg, exp_avg_sq;
+  AdamWStep step;
+};
+// adamw_update on each entry (the same checks, arithmetic and bits): one kernel launch for all
+// of them when they are all on a GPU (an optimizer step's hundreds of small tensors), else one
+// call each.
+void adamw_update_many(std::span<const AdamWTensors> tensors);
 
 // Rounds an F32 tensor's values to bf16 values in place (the CPU's bf16 emulation); a BF16
 // tensor already holds bf16 values and is left alone.

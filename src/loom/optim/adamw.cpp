@@ -33,6 +33,10 @@ double AdamW::finish_gradients() { return global_grad_norm(params_, {tp_.get(), 
 
 void AdamW::update(double lr, double grad_multiplier) {
   ++step_;
+  // Every parameter in one call: a single kernel launch on a GPU, the per-tensor op in turn on
+  // the CPU.
+  std::vector<ops::AdamWTensors> tensors;
+  tensors.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter& p = *params_[i];
     const ops::AdamWStep s{static_cast<float>(lr), static_cast<float>(config_.beta1),
@@ -40,10 +44,11 @@ void AdamW::update(double lr, double grad_multiplier) {
                            p.weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f, step_,
                            static_cast<float>(grad_multiplier)};
     if (master_.empty())
-      ops::adamw_update(p.value, Tensor(), p.grad, exp_avg_[i], exp_avg_sq_[i], s);
+      tensors.push_back({p.value, Tensor(), p.grad, exp_avg_[i], exp_avg_sq_[i], s});
     else
-      ops::adamw_update(master_[i], p.value, p.grad, exp_avg_[i], exp_avg_sq_[i], s);
+      tensors.push_back({master_[i], p.value, p.grad, exp_avg_[i], exp_avg_sq_[i], s});
   }
+  ops::adamw_update_many(tensors);
 }
 
 std::vector<std::pair<std::string, Tensor>> AdamW::state_tensors() const {

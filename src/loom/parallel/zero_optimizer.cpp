@@ -301,6 +301,9 @@ void ZeroOptimizer::skip_update() {
 
 void ZeroOptimizer::update(double lr, double factor) {
   ++step_;
+  // Every segment of every flat in one call: a single kernel launch on a GPU, the per-tensor
+  // op in turn on the CPU.
+  std::vector<ops::AdamWTensors> tensors;
   for (Flat& flat : flats_) {
     const Tensor values = shard_value(flat), grads = shard_grad(flat);
     for (const Segment& s : flat.segments) {
@@ -313,13 +316,14 @@ void ZeroOptimizer::update(double lr, double factor) {
       // With masters the update goes to the f32 master and rewrites the working values from it
       // (bf16-rounded in f32 on the CPU, bf16 storage on CUDA); otherwise to the values.
       if (zero_.master_weights)
-        ops::adamw_update(piece(flat.master), piece(values), piece(grads), piece(flat.exp_avg),
-                          piece(flat.exp_avg_sq), step);
+        tensors.push_back({piece(flat.master), piece(values), piece(grads), piece(flat.exp_avg),
+                           piece(flat.exp_avg_sq), step});
       else
-        ops::adamw_update(piece(values), Tensor{}, piece(grads), piece(flat.exp_avg), piece(flat.exp_avg_sq),
-                          step);
+        tensors.push_back({piece(values), Tensor{}, piece(grads), piece(flat.exp_avg),
+                           piece(flat.exp_avg_sq), step});
     }
   }
+  ops::adamw_update_many(tensors);
   publish_parameters();
 }
 

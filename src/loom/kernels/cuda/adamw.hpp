@@ -21,4 +21,19 @@ void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_av
 void adamw_update(float* param, bf16* param_bf16, const float* grad, float* exp_avg,
                   float* exp_avg_sq, int64_t n, const AdamWStep& step, cudaStream_t stream = 0);
 
+// One tensor of adamw_update_many: adamw_update's arguments (param_bf16 null: no bf16 copy).
+struct AdamWTensor {
+  float* param;
+  bf16* param_bf16;
+  const float* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  int64_t n;
+  AdamWStep step;
+};
+// adamw_update on `count` tensors in one launch (an optimizer step's hundreds of small tensors
+// launched one by one were mostly launch latency), every element with the single call's
+// arithmetic and so its bits. 16-byte accesses where a tensor's pointers are aligned for them.
+void adamw_update_many(const AdamWTensor* tensors, int64_t count, cudaStream_t stream = 0);
+
 }  // namespace loom::cuda

@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "loom/core/cuda/cuda_check.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
@@ -49,22 +51,77 @@ void scale_impl(T* x, float factor, int64_t n, cudaStream_t stream) {
 // order (and the result's last bits) is the same on every device.
 constexpr int kSumBlocks = 256;
 
+// Partial `block` of `blocks` of the sum of x[i]^2: the block's threads take every
+// (blocks * blockDim.x)-th element from their own offset, then block_sum combines them in its
+// fixed order. The single and the batched kernels both call this, so a tensor's partials have
+// the same bits whichever computed them. Unrolled so that four loads are in flight before the
+// first add waits (inside the batched kernel's loop over tensors the compiler left it rolled,
+// a whole memory latency per element); the adds stay one chain in element order.
+__device__ double sum_of_squares_partial(const float* x, int64_t n, int64_t block, int64_t blocks,
+                                         double* scratch) {
+  double sum = 0.0;
+#pragma unroll 4
+  for (int64_t i = block * blockDim.x + threadIdx.x; i < n; i += blocks * blockDim.x)
+    sum += static_cast<double>(x[i]) * x[i];
+  return detail::block_sum(sum, scratch);
+}
+
+// The sum of `count` partials, in block_sum's order (shared like sum_of_squares_partial).
+__device__ double sum_of_partials(const double* partials, int count, double* scratch) {
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
+  return detail::block_sum(sum, scratch);
+}
+
 __global__ void sum_of_squares_partials(double* partials, const float* x, int64_t n) {
   __shared__ double scratch[detail::kWarpSize];
-  double sum = 0.0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    sum += static_cast<double>(x[i]) * x[i];
-  sum = detail::block_sum(sum, scratch);
+  const double sum = sum_of_squares_partial(x, n, blockIdx.x, gridDim.x, scratch);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
 __global__ void sum_partials(double* result, const double* partials, int count) {
   __shared__ double scratch[detail::kWarpSize];
-  double sum = 0.0;
-  for (int i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
-  sum = detail::block_sum(sum, scratch);
+  const double sum = sum_of_partials(partials, count, scratch);
   if (threadIdx.x == 0) *result = sum;
+}
+
+// One tensor of sums_of_squares, as the batched kernels read it from the device table.
+struct SumSlice {
+  const float* x;
+  int64_t n;
+};
+
+// The most blocks a grid dimension is given here (gridDim.y's limit); tensors beyond it are
+// taken by the same blocks in further turns of their loop.
+constexpr int64_t kMaxGridRows = 65535;
+
+// sum_of_squares_partials for every tensor in one launch: block (b, y) writes partial b of the
+// tensors y, y + gridDim.y, ... into row t of partials [count, kSumBlocks]. gridDim.x is
+// kSumBlocks, so each thread reads exactly the elements it reads in the single call.
+__global__ void sums_of_squares_partials(double* partials, const SumSlice* slices, int64_t count) {
+  __shared__ double scratch[detail::kWarpSize];
+  for (int64_t t = blockIdx.y; t < count; t += gridDim.y) {
+    const SumSlice slice = slices[t];
+    double* out = partials + t * kSumBlocks + blockIdx.x;
+    // A block past the tensor's end (most blocks of a bias) would sum nothing but zeros, and
+    // block_sum of +0.0s is +0.0: write that without the reduction. The test is the same for
+    // every thread of the block, so block_sum's barriers stay block-wide.
+    if (int64_t{blockIdx.x} * blockDim.x >= slice.n) {
+      if (threadIdx.x == 0) *out = 0.0;
+      continue;
+    }
+    const double sum = sum_of_squares_partial(slice.x, slice.n, blockIdx.x, kSumBlocks, scratch);
+    if (threadIdx.x == 0) *out = sum;
+  }
+}
+
+// sum_partials for every tensor: block x adds rows x, x + gridDim.x, ... of partials.
+__global__ void sums_of_partials(double* sums, const double* partials, int64_t count) {
+  __shared__ double scratch[detail::kWarpSize];
+  for (int64_t t = blockIdx.x; t < count; t += gridDim.x) {
+    const double sum = sum_of_partials(partials + t * kSumBlocks, kSumBlocks, scratch);
+    if (threadIdx.x == 0) sums[t] = sum;
+  }
 }
 
 }  // namespace
@@ -106,19 +163,25 @@ double sum_of_squares(const float* x, int64_t n, cudaStream_t stream) {
 void sums_of_squares(double* results, const float* const* xs, const int64_t* ns, int64_t count,
                      cudaStream_t stream) {
   if (count <= 0) return;
-  // Each tensor's partials and sum exactly as sum_of_squares computes them, into slots of one
-  // buffer, then one copy back and one wait.
+  // Two launches for all the tensors (a launch per tensor and kernel was a GPT-2 step's 296
+  // launches): every tensor's partials exactly as sum_of_squares computes them, then every
+  // tensor's sum of its partials as sum_partials adds them, then one copy back and one wait.
+  // The (pointer, size) table goes up with the work: a launch's arguments cannot hold it.
+  std::vector<SumSlice> host(static_cast<size_t>(count));
+  for (int64_t t = 0; t < count; ++t)
+    host[static_cast<size_t>(t)] = {xs[t], std::max<int64_t>(ns[t], 0)};  // empty: sum 0
+  detail::ScratchBuffer<SumSlice> table(count, stream);
   detail::ScratchBuffer<double> scratch(count * (kSumBlocks + 1), stream);
   double* sums = scratch.get() + count * kSumBlocks;
-  LOOM_CUDA_CHECK(cudaMemsetAsync(sums, 0, static_cast<size_t>(count) * sizeof(double), stream));
-  for (int64_t t = 0; t < count; ++t) {
-    if (ns[t] <= 0) continue;
-    double* partials = scratch.get() + t * kSumBlocks;
-    sum_of_squares_partials<<<kSumBlocks, kThreads, 0, stream>>>(partials, xs[t], ns[t]);
-    LOOM_CUDA_CHECK_LAUNCH();
-    sum_partials<<<1, kThreads, 0, stream>>>(sums + t, partials, kSumBlocks);
-    LOOM_CUDA_CHECK_LAUNCH();
-  }
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(table.get(), host.data(),
+                                  static_cast<size_t>(count) * sizeof(SumSlice),
+                                  cudaMemcpyHostToDevice, stream));
+  const auto rows = static_cast<unsigned>(std::min(count, kMaxGridRows));
+  sums_of_squares_partials<<<dim3(kSumBlocks, rows), kThreads, 0, stream>>>(scratch.get(),
+                                                                            table.get(), count);
+  LOOM_CUDA_CHECK_LAUNCH();
+  sums_of_partials<<<rows, kThreads, 0, stream>>>(sums, scratch.get(), count);
+  LOOM_CUDA_CHECK_LAUNCH();
   LOOM_CUDA_CHECK(cudaMemcpyAsync(results, sums, static_cast<size_t>(count) * sizeof(double),
                                   cudaMemcpyDeviceToHost, stream));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));

@@ -143,15 +143,49 @@ __global__ void norm_weight_grad_partials(float* partial_w, float* partial_b, co
   if constexpr (kLayerNorm) partial_b[chunk * dim + c] = db;
 }
 
-// Stage 2: chunks added in order, then into the (accumulating) gradients.
+// Stage 2: a block per 32 columns (a lane per column: each row of partials is read as one
+// 128-byte line), its warps splitting the chunks into contiguous ranges. Every warp loads its
+// whole range before adding (the loads overlap: a thread looping over all the chunks, one load
+// after the other, took 56 us for 256 chunks x 768 columns on an H100, with 3 blocks in all),
+// adds it in chunk order, and the warps' sums are then added in warp order and into the
+// (accumulating) gradients. The split depends only on the chunk count, so the result is as
+// deterministic as before, though not bit for bit the old one-thread sum.
+constexpr int kChunkWarps = 16;
+constexpr int kChunksPerWarp = static_cast<int>(kMaxChunks) / kChunkWarps;
+static_assert(kMaxChunks % kChunkWarps == 0, "every chunk in some warp's range");
+
 __global__ void add_chunk_sums(float* d_weight, float* d_bias, const float* partial_w,
                                const float* partial_b, int64_t chunks, int64_t dim) {
-  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= dim) return;
+  __shared__ float warp_w[kChunkWarps][kWarpSize], warp_b[kChunkWarps][kWarpSize];
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t c = blockIdx.x * int64_t{kWarpSize} + lane;
+  const int64_t per_warp = (chunks + kChunkWarps - 1) / kChunkWarps;  // <= kChunksPerWarp
+  const int64_t k0 = min(chunks, warp * per_warp), count = min(chunks, k0 + per_warp) - k0;
+  float vw[kChunksPerWarp] = {}, vb[kChunksPerWarp] = {};
+#pragma unroll
+  for (int u = 0; u < kChunksPerWarp; ++u) {
+    if (u < count && c < dim) {
+      vw[u] = partial_w[(k0 + u) * dim + c];
+      if (d_bias) vb[u] = partial_b[(k0 + u) * dim + c];
+    }
+  }
   float w = 0.0f, b = 0.0f;
-  for (int64_t k = 0; k < chunks; ++k) {
-    w += partial_w[k * dim + c];
-    if (d_bias) b += partial_b[k * dim + c];
+#pragma unroll
+  for (int u = 0; u < kChunksPerWarp; ++u) {
+    if (u < count && c < dim) {
+      w += vw[u];
+      if (d_bias) b += vb[u];
+    }
+  }
+  warp_w[warp][lane] = w;
+  warp_b[warp][lane] = b;
+  __syncthreads();
+  if (warp != 0 || c >= dim) return;
+  w = 0.0f;
+  b = 0.0f;
+  for (int i = 0; i < kChunkWarps; ++i) {
+    w += warp_w[i][lane];
+    b += warp_b[i][lane];
   }
   d_weight[c] += w;
   if (d_bias) d_bias[c] += b;
@@ -192,8 +226,9 @@ void backward_impl(T* d_input, float* d_weight, float* d_bias, const T* d_out, c
       <<<dim3(column_blocks, static_cast<unsigned>(chunks)), kColumnThreads, 0, stream>>>(
           partial_w, partial_b, d_out, input, mean, rstd, rows, dim, rows_per_chunk);
   LOOM_CUDA_CHECK_LAUNCH();
-  add_chunk_sums<<<column_blocks, kColumnThreads, 0, stream>>>(
-      d_weight, kLayerNorm ? d_bias : nullptr, partial_w, partial_b, chunks, dim);
+  add_chunk_sums<<<static_cast<unsigned>(detail::ceil_div(dim, kWarpSize)), kChunkWarps * kWarpSize,
+                   0, stream>>>(d_weight, kLayerNorm ? d_bias : nullptr, partial_w, partial_b,
+                                chunks, dim);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -238,6 +238,22 @@ void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad
   }
 }
 
+void adamw_update_many(std::span<const AdamWTensors> tensors) {
+  std::vector<cuda::AdamWTensor> batch;
+  batch.reserve(tensors.size());
+  for (const AdamWTensors& t : tensors) {
+    if (t.working.defined() && t.working.dtype() != DType::BF16) {
+      // An f32 working copy (the CPU's bf16 emulation, on the device) takes the single op's
+      // separate copy and rounding.
+      adamw_update(t.param, t.working, t.grad, t.exp_avg, t.exp_avg_sq, t.step);
+      continue;
+    }
+    batch.push_back({f32(t.param), b16(t.working), f32(t.grad), f32(t.exp_avg), f32(t.exp_avg_sq),
+                     t.param.numel(), t.step});
+  }
+  cuda::adamw_update_many(batch.data(), static_cast<int64_t>(batch.size()));
+}
+
 // ---- pieces of tensor-parallel layers ----------------------------------------------------
 
 void linear_input_grad(const Tensor& d_input, bool accumulate, const Tensor& d_out,

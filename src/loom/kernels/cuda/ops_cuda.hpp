@@ -65,6 +65,7 @@ void round_to_bf16_(const Tensor& x);
 int64_t max_attention_head_dim();
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step);
+void adamw_update_many(std::span<const AdamWTensors> tensors);
 
 void linear_input_grad(const Tensor& d_input, bool accumulate, const Tensor& d_out,
                        int64_t d_out_col, const Tensor& weight);

@@ -37,6 +37,28 @@ TEST(Ops, LinearWritesItsColumnBlockOnly) {
   EXPECT_EQ(y.to_f32_vector(), expected);
 }
 
+TEST(Ops, GeluFusionsDeclineOnTheCpuAndWriteNothing) {
+  // The fused MLP products exist on CUDA only; on the CPU they return false and leave their
+  // outputs and gradients as they were, so the model runs its two-kernel path.
+  const Tensor x = tensor_of({1, 2, -1, 0.5f, 3, -2}, {2, 3});
+  const Tensor w = tensor_of({1, 0, 0, 0, 1, 0, 1, 1, 1}, {3, 3});
+  const Tensor b = tensor_of({0.25f, -0.5f, 1}, {3});
+  Tensor act = tensor_of(std::vector<float>(6, 7.0f), {2, 3});
+  Tensor pre = tensor_of(std::vector<float>(6, 8.0f), {2, 3});
+  EXPECT_FALSE(ops::linear_gelu_forward(act, pre, x, w, &b));
+  EXPECT_EQ(act.to_f32_vector(), std::vector<float>(6, 7.0f));
+  EXPECT_EQ(pre.to_f32_vector(), std::vector<float>(6, 8.0f));
+  Tensor d_pre = tensor_of(std::vector<float>(6, 5.0f), {2, 3});
+  Tensor dw = tensor_of(std::vector<float>(9, 0.0f), {3, 3});
+  Tensor db = tensor_of(std::vector<float>(3, 0.0f), {3});
+  EXPECT_FALSE(ops::linear_backward_through_gelu(d_pre, dw, db, x, x, w, pre));
+  EXPECT_EQ(d_pre.to_f32_vector(), std::vector<float>(6, 5.0f));
+  EXPECT_EQ(dw.to_f32_vector(), std::vector<float>(9, 0.0f));
+  // A shape mismatch is still an error that names the op.
+  Tensor narrow = tensor_of(std::vector<float>(4, 0.0f), {2, 2});
+  EXPECT_THROW(ops::linear_gelu_forward(narrow, pre, x, w, &b), Error);
+}
+
 TEST(Ops, LinearBackwardEqualsTheCpuKernel) {
   const int64_t rows = 5, in = 7, out = 4, ld = 10, col = 3;
   const auto xv = random_vector(rows * in, 1), wv = random_vector(out * in, 2),

@@ -88,6 +88,58 @@ TEST_F(CudaOps, LinearForwardAndBackwardIntoColumnBlocks) {
   }
 }
 
+// The MLP's fused GELU products through the op layer: taken for bf16 on CUDA (the model's GPU
+// precision) and declined for f32, against linear + GELU on the CPU in f32 from the same
+// bf16-rounded values. Tolerances: the bf16 outputs' rounding (2^-8 relative) plus the f32
+// sums' absolute error at these sizes (1e-4, as the linear test above).
+TEST_F(CudaOps, GeluFusedProductsMatchLinearAndGelu) {
+  const int64_t rows = 32, in = 48, hidden = 64, out = 40;
+  const Tensor x = rounded(host_tensor(random_vector(rows * in, 30), {rows, in}));
+  const Tensor w1 = rounded(host_tensor(random_vector(hidden * in, 31, -0.2f, 0.2f), {hidden, in}));
+  const Tensor b1 = rounded(host_tensor(random_vector(hidden, 32), {hidden}));
+  const Tensor w2 =
+      rounded(host_tensor(random_vector(out * hidden, 33, -0.2f, 0.2f), {out, hidden}));
+  const Tensor dy = rounded(host_tensor(random_vector(rows * out, 34), {rows, out}));
+  auto f32 = [](const Shape& shape) {
+    return Tensor::zeros(shape, DType::F32, MemCategory::Workspace);
+  };
+
+  Tensor pre = f32({rows, hidden}), act = f32({rows, hidden});
+  ops::linear_forward(pre, 0, x, w1, &b1);
+  ops::gelu_forward(act, pre);
+  Tensor d_act = f32({rows, hidden}), d_pre = f32({rows, hidden});
+  Tensor dw2 = f32({out, hidden});
+  ops::linear_backward(d_act, false, dw2, Tensor(), dy, 0, act, w2);
+
+  // f32 on CUDA: declined, nothing written.
+  Tensor act32 = on_cuda(f32({rows, hidden})), pre32 = on_cuda(f32({rows, hidden}));
+  const Tensor b1_32 = on_cuda(b1);
+  EXPECT_FALSE(ops::linear_gelu_forward(act32, pre32, on_cuda(x), on_cuda(w1), &b1_32));
+  EXPECT_EQ(act32.to_f32_vector(), std::vector<float>(size_t(rows * hidden), 0.0f));
+
+  const Tensor b1d = on_cuda(b1, DType::BF16);
+  Tensor actd = on_cuda(f32({rows, hidden}), DType::BF16),
+         pred = on_cuda(f32({rows, hidden}), DType::BF16);
+  ASSERT_TRUE(ops::linear_gelu_forward(actd, pred, on_cuda(x, DType::BF16),
+                                       on_cuda(w1, DType::BF16), &b1d));
+  expect_close(pred, pre, kBf16, 1e-4, "pre");
+  expect_close(actd, act, kBf16, 1e-4, "act");
+  Tensor d_pred = on_cuda(f32({rows, hidden}), DType::BF16), dw2d = on_cuda(f32({out, hidden}));
+  ASSERT_TRUE(ops::linear_backward_through_gelu(d_pred, dw2d, Tensor(), on_cuda(dy, DType::BF16),
+                                                actd, on_cuda(w2, DType::BF16), pred));
+  // d_pre: gelu' of the bf16 pre the GPU kept, times an f32 sum, rounded; the reference takes
+  // gelu' of that same pre. Absolute: one rounding of the largest d_act, for cuBLASLt's GELU
+  // derivative, whose tanh is not documented to be exact.
+  Tensor pre_kept = f32({rows, hidden});
+  pre_kept.copy_from(pred);  // bf16 on the GPU to f32 here: exact
+  ops::gelu_backward(d_pre, d_act, pre_kept);
+  double largest = 0;
+  for (float v : d_act.to_f32_vector()) largest = std::max(largest, std::fabs(double(v)));
+  expect_close(d_pred, d_pre, 2 * kBf16, kBf16 * largest, "d_pre");
+  // d_weight from the GPU's act (one bf16 rounding from the CPU's) in f32.
+  expect_close(dw2d, dw2, kBf16, 1e-3, "d_weight");
+}
+
 TEST_F(CudaOps, NormsForwardAndBackward) {
   const int64_t rows = 17, dim = 64;
   const Tensor x = host_tensor(random_vector(rows * dim, 6), {rows, dim});
@@ -254,8 +306,8 @@ TEST_F(CudaOps, TensorParallelPiecesMatchTheCpu) {
     for (int64_t chunk : {int64_t{7}, shard}) {  // uneven chunks, and one chunk kept for pass 2
       SCOPED_TRACE("chunk " + std::to_string(chunk));
       ops::ShardLogitsArgs c{gr, tr, targets.data(), begin, chunk, f32({rows, chunk})};
-      ops::ShardLogitsArgs d{g_d, on_cuda(table, dtype), targets.data(), begin, chunk,
-                             on_cuda(f32({rows, chunk}))};
+      ops::ShardLogitsArgs d{g_d,   on_cuda(table, dtype),      targets.data(), begin,
+                             chunk, on_cuda(f32({rows, chunk}))};
       std::vector<float> m(rows), s(rows), t(rows), md(rows), sd(rows), td(rows);
       ops::shard_logit_stats(c, m.data(), s.data(), t.data());
       ops::shard_logit_stats(d, md.data(), sd.data(), td.data());
@@ -293,8 +345,8 @@ TEST_F(CudaOps, AdamWUpdatesInPlaceAndThroughAMaster) {
   const Tensor v = host_tensor(random_vector(n, 14, 0.0f, 0.1f), {30, 100});
   const ops::AdamWStep step{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 3, 0.5f};
   // CPU reference: in place, then through a master with an f32 working copy.
-  const Tensor cpu_param = param.clone(MemCategory::Workspace), cpu_m = m.clone(MemCategory::Workspace),
-               cpu_v = v.clone(MemCategory::Workspace);
+  const Tensor cpu_param = param.clone(MemCategory::Workspace),
+               cpu_m = m.clone(MemCategory::Workspace), cpu_v = v.clone(MemCategory::Workspace);
   ops::adamw_update(cpu_param, Tensor(), grad, cpu_m, cpu_v, step);
 
   const Tensor d_param = on_cuda(param), d_grad = on_cuda(grad), d_m = on_cuda(m), d_v = on_cuda(v);

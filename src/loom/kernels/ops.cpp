@@ -95,6 +95,34 @@ void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor&
                        d.in, d.out);
 }
 
+bool linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& input,
+                         const Tensor& weight, const Tensor* bias) {
+  const Device device = device_of("linear_gelu_forward", {&act, &pre, &input, &weight, bias});
+  const LinearDims d = check_linear("linear_gelu_forward", pre, 0, input, weight);
+  if (act.shape() != pre.shape())
+    throw_error("ops::linear_gelu_forward: act ", shape_to_string(act.shape()), " and pre ",
+                shape_to_string(pre.shape()), " differ");
+  if (bias && bias->defined() && bias->numel() != d.out)
+    throw_error("ops::linear_gelu_forward: bias of ", bias->numel(), " for ", d.out, " outputs");
+  LOOM_OPS_ON_CUDA(device, linear_gelu_forward(act, pre, input, weight, bias))
+  return false;
+}
+
+bool linear_backward_through_gelu(const Tensor& d_pre, const Tensor& d_weight, const Tensor& d_bias,
+                                  const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                                  const Tensor& pre) {
+  const Device device = device_of("linear_backward_through_gelu",
+                                  {&d_pre, &d_weight, &d_bias, &d_out, &input, &weight, &pre});
+  check_linear("linear_backward_through_gelu", d_out, 0, input, weight);
+  if (d_pre.shape() != input.shape() || pre.shape() != input.shape())
+    throw_error("ops::linear_backward_through_gelu: d_pre ", shape_to_string(d_pre.shape()),
+                " and pre ", shape_to_string(pre.shape()), " must be shaped like the input ",
+                shape_to_string(input.shape()));
+  LOOM_OPS_ON_CUDA(device,
+                   linear_backward_through_gelu(d_pre, d_weight, d_bias, d_out, input, weight, pre))
+  return false;
+}
+
 void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                        const Tensor& input, const Tensor& weight, const Tensor& bias, float eps) {
   const Device device =

@@ -37,6 +37,19 @@ void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor&
                      const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
                      const Tensor& input, const Tensor& weight);
 
+// The MLP's GELU in its products' epilogues (CUDA, bf16; nowhere else yet). pre = input W^T + b
+// and act = gelu(pre), both [rows, W.rows], from one product. Returns false, having written
+// nothing, where the fusion does not exist (the CPU, f32 tensors, no such cuBLASLt kernel): the
+// caller then runs linear_forward and gelu_forward.
+bool linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& input,
+                         const Tensor& weight, const Tensor* bias);
+// The product after that GELU, backward and carried through it: d_pre = gelu'(pre) * (d_out W)
+// written, and d_weight / d_bias accumulated from d_out and `input` (the GELU's output) as
+// linear_backward does. Returns false, having written nothing, as above.
+bool linear_backward_through_gelu(const Tensor& d_pre, const Tensor& d_weight, const Tensor& d_bias,
+                                  const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                                  const Tensor& pre);
+
 // ---- norms over the last dimension ------------------------------------------------------
 // mean / rstd: [rows] F32. bias undefined for RMSNorm.
 void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,

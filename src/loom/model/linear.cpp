@@ -34,6 +34,19 @@ void Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor
                        d_out, d_out_col, input, weight.value);
 }
 
+bool Linear::forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& input) const {
+  if (fp8_) return false;
+  return ops::linear_gelu_forward(act, pre, input, weight.value,
+                                  has_bias() ? &bias.value : nullptr);
+}
+
+bool Linear::backward_through_gelu(const Tensor& d_pre, const Tensor& d_out, const Tensor& input,
+                                   const Tensor& pre) {
+  if (fp8_) return false;
+  return ops::linear_backward_through_gelu(d_pre, weight.grad, has_bias() ? bias.grad : Tensor(),
+                                           d_out, input, weight.value, pre);
+}
+
 Fp8Linear* Linear::enable_fp8(std::shared_ptr<Fp8Context> context) {
   fp8_ = std::make_unique<Fp8Linear>(std::move(context));
   return fp8_.get();

@@ -21,6 +21,13 @@ class Linear {
   // or accumulated; weight/bias gradients accumulated.
   void backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
                 int64_t d_out_col, const Tensor& input);
+  // forward(pre, 0, input) and act = gelu(pre) from one product, or false having written
+  // nothing (FP8 layers, and wherever ops::linear_gelu_forward declines).
+  bool forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& input) const;
+  // backward with input = gelu(pre): d_pre written, gradients accumulated; or false having
+  // written nothing (FP8 layers, and wherever ops::linear_backward_through_gelu declines).
+  bool backward_through_gelu(const Tensor& d_pre, const Tensor& d_out, const Tensor& input,
+                             const Tensor& pre);
   void collect(ParameterList& out);
   // From now on both GEMMs run on FP8-quantised operands (model/fp8_linear.hpp); returns the
   // layer's scaling state, owned here.

@@ -24,9 +24,13 @@ Mlp::Mlp(const ModelConfig& c, const ParallelPlan& plan, const std::string& pref
       gelu_(c.arch == Architecture::GPT2) {}
 
 void Mlp::forward(const Tensor& out, BlockStash& stash) const {
-  input_projection->forward(stash.mlp_pre, stash.norm2_out);
-  if (bf16_activations_) ops::round_to_bf16_(stash.mlp_pre);
-  recompute_activation(stash);
+  // GPT-2's GELU in the first product's epilogue where the device has one (CUDA, bf16): the
+  // GELU of the f32 product, one rounding fewer than the two-kernel path below.
+  if (!gelu_ || !input_projection->forward_gelu(stash.mlp_act, stash.mlp_pre, stash.norm2_out)) {
+    input_projection->forward(stash.mlp_pre, stash.norm2_out);
+    if (bf16_activations_) ops::round_to_bf16_(stash.mlp_pre);
+    recompute_activation(stash);
+  }
   output_projection->forward(out, stash.mlp_act);
 }
 
@@ -39,11 +43,16 @@ void Mlp::recompute_activation(BlockStash& stash) const {
 }
 
 void Mlp::backward(const Tensor& d_out, const BlockStash& stash, BlockGradScratch& scratch) {
-  output_projection->backward(scratch.d_mlp_act, d_out, stash.mlp_act);
-  if (gelu_)
-    ops::gelu_backward(scratch.d_mlp_pre, scratch.d_mlp_act, stash.mlp_pre);
-  else
-    ops::swiglu_backward(scratch.d_mlp_pre, scratch.d_mlp_act, stash.mlp_pre);
+  if (gelu_ && output_projection->backward_through_gelu(scratch.d_mlp_pre, d_out, stash.mlp_act,
+                                                        stash.mlp_pre)) {
+    // d_pre straight from the second product's epilogue (DGELU), as in the forward.
+  } else {
+    output_projection->backward(scratch.d_mlp_act, d_out, stash.mlp_act);
+    if (gelu_)
+      ops::gelu_backward(scratch.d_mlp_pre, scratch.d_mlp_act, stash.mlp_pre);
+    else
+      ops::swiglu_backward(scratch.d_mlp_pre, scratch.d_mlp_act, stash.mlp_pre);
+  }
   input_projection->backward(scratch.d_norm_out, scratch.d_mlp_pre, stash.norm2_out);
 }
 

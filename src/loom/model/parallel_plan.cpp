@@ -40,6 +40,9 @@ class LocalFanOut final : public FanOutProjection {
     }
   }
   int64_t width() const override { return width_; }
+  bool forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& input) override {
+    return linears_.size() == 1 && linears_[0].forward_gelu(act, pre, input);
+  }
   void collect(ParameterList& out) override {
     for (Linear& linear : linears_) linear.collect(out);
   }
@@ -61,6 +64,10 @@ class LocalFanIn final : public FanInProjection {
   void forward(const Tensor& out, const Tensor& input) override { linear_.forward(out, 0, input); }
   void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) override {
     linear_.backward(d_input, false, d_out, 0, input);
+  }
+  bool backward_through_gelu(const Tensor& d_pre, const Tensor& d_out, const Tensor& input,
+                             const Tensor& pre) override {
+    return linear_.backward_through_gelu(d_pre, d_out, input, pre);
   }
   void collect(ParameterList& out) override { linear_.collect(out); }
   std::vector<Linear*> linears() override { return {&linear_}; }

@@ -54,6 +54,12 @@ class FanOutProjection {
   virtual void collect(ParameterList& out) = 0;
   // Its plain Linear layers (one process's plan; FP8 training swaps their GEMMs), or none.
   virtual std::vector<Linear*> linears() { return {}; }
+  // pre = forward(input) and act = gelu(pre) from one product (ops::linear_gelu_forward), where
+  // this projection and the device can; false, having written nothing, where not.
+  virtual bool forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& input) {
+    (void)act, (void)pre, (void)input;
+    return false;
+  }
 };
 
 // The second half: [rows, this rank's input columns] to the block's [local_rows, out].
@@ -67,6 +73,14 @@ class FanInProjection {
   virtual std::vector<Linear*> linears() { return {}; }  // as FanOutProjection's
   // Parameters whose gradient comes from this rank's rows only (see sum_partial_grads).
   virtual ParameterList partial_grads() { return {}; }
+  // backward(d_input, d_out, input) with input = gelu(pre), carried through the GELU: d_pre
+  // written (ops::linear_backward_through_gelu), where this projection and the device can;
+  // false, having written nothing, where not.
+  virtual bool backward_through_gelu(const Tensor& d_pre, const Tensor& d_out, const Tensor& input,
+                                     const Tensor& pre) {
+    (void)d_pre, (void)d_out, (void)input, (void)pre;
+    return false;
+  }
 };
 
 // Heads and MLP columns on one rank.

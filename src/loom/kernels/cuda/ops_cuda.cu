@@ -42,6 +42,27 @@ void linear_backward(const Tensor& d_input, bool accumulate_input, const Tensor&
                           f32(d_out) + d_out_col, ld, f32(input), f32(weight), rows, in, n_out);
 }
 
+bool linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& input,
+                         const Tensor& weight, const Tensor* bias) {
+  if (!is_bf16("linear_gelu_forward", {&act, &pre, &input, &weight, bias})) return false;
+  return cuda::linear_gelu_forward(b16(act), b16(pre), pre.size(1), b16(input), b16(weight),
+                                   b16(bias), input.size(0), weight.size(1), weight.size(0));
+}
+
+bool linear_backward_through_gelu(const Tensor& d_pre, const Tensor& d_weight, const Tensor& d_bias,
+                                  const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                                  const Tensor& pre) {
+  if (!is_bf16("linear_backward_through_gelu", {&d_pre, &d_out, &input, &weight, &pre}))
+    return false;
+  if (!cuda::gelu_input_grad(b16(d_pre), d_pre.size(1), b16(d_out), d_out.size(1), b16(weight),
+                             b16(pre), input.size(0), weight.size(1), weight.size(0)))
+    return false;
+  // The weight and bias gradients as linear_backward takes them (deferred under a split
+  // backward): through the op layer, not the kernel.
+  ops::linear_backward(Tensor(), false, d_weight, d_bias, d_out, 0, input, weight);
+  return true;
+}
+
 void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd,
                        const Tensor& input, const Tensor& weight, const Tensor& bias, float eps) {
   const int64_t dim = weight.numel(), rows = input.numel() / dim;

@@ -24,6 +24,11 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
                      const Tensor& weight, float eps);
 void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out,
                       const Tensor& input, const Tensor& weight, const Tensor& rstd);
+bool linear_gelu_forward(const Tensor& act, const Tensor& pre, const Tensor& input,
+                         const Tensor& weight, const Tensor* bias);
+bool linear_backward_through_gelu(const Tensor& d_pre, const Tensor& d_weight, const Tensor& d_bias,
+                                  const Tensor& d_out, const Tensor& input, const Tensor& weight,
+                                  const Tensor& pre);
 void gelu_forward(const Tensor& out, const Tensor& input);
 void gelu_backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input);
 void swiglu_forward(const Tensor& out, const Tensor& fused);

@@ -1,7 +1,9 @@
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "loom/core/cuda/cuda_check.hpp"
@@ -466,13 +468,23 @@ void fp8_gemm(float* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8O
   fp8_gemm_impl(c, ldc, beta, a, b, m, n, k, stream);
 }
 
+// LOOM_CUDA_GELU_EPILOGUE=0 turns the GELU epilogues off (the model then runs the two-kernel
+// path): what the fusion buys is measured against the same build.
+bool gelu_epilogues_enabled() {
+  static const bool enabled = [] {
+    const char* text = std::getenv("LOOM_CUDA_GELU_EPILOGUE");
+    return !(text && std::string(text) == "0");
+  }();
+  return enabled && bias_epilogues_enabled();
+}
+
 bool linear_gelu_forward(bf16* act, bf16* pre, int64_t ld, const bf16* input, const bf16* weight,
                          const bf16* bias, int64_t n, int64_t in_features, int64_t out_features,
                          cudaStream_t stream) {
   if (n == 0) return true;
   // cuBLASLt's GELU epilogues want the auxiliary matrix's leading dimension a multiple of 8 and
   // its rows 16-byte aligned; elsewhere the caller's two-kernel path runs.
-  if (!bias_epilogues_enabled() || ld % 8 != 0 || alignment_bytes(pre) < 16) return false;
+  if (!gelu_epilogues_enabled() || ld % 8 != 0 || alignment_bytes(pre) < 16) return false;
   MatmulSpec s;
   s.transpose_b = true;  // pre = input @ weight^T + bias, act = gelu(pre)
   s.m = n, s.n = out_features, s.k = in_features;
@@ -488,7 +500,7 @@ bool gelu_input_grad(bf16* d_pre, int64_t ld, const bf16* d_out, int64_t d_out_l
                      const bf16* weight, const bf16* pre, int64_t n, int64_t in_features,
                      int64_t out_features, cudaStream_t stream) {
   if (n == 0) return true;
-  if (!bias_epilogues_enabled() || ld % 8 != 0 || alignment_bytes(pre) < 16) return false;
+  if (!gelu_epilogues_enabled() || ld % 8 != 0 || alignment_bytes(pre) < 16) return false;
   MatmulSpec s;  // d_pre = gelu'(pre) * (d_out @ weight)
   s.m = n, s.n = in_features, s.k = out_features;
   s.a = d_out, s.lda = d_out_ld, s.b = weight, s.ldb = in_features, s.c = d_pre, s.ldc = ld;

@@ -49,8 +49,8 @@ void linear_backward(bf16* d_input, bool accumulate_input, float* d_weight, floa
 // pre[n, ld] columns [0, out_features) = input @ weight^T + bias (bias may be null) and
 // act = gelu(pre), the GELU taken of the f32 accumulator before pre is rounded to bf16. Returns
 // false, having written nothing, where cuBLASLt has no such kernel (or ld is not a multiple of
-// 8, or the bias epilogues are switched off): the caller then runs linear_forward and the GELU
-// kernel.
+// 8, or the bias epilogues are switched off, or LOOM_CUDA_GELU_EPILOGUE=0): the caller then
+// runs linear_forward and the GELU kernel.
 bool linear_gelu_forward(bf16* act, bf16* pre, int64_t ld, const bf16* input, const bf16* weight,
                          const bf16* bias, int64_t n, int64_t in_features, int64_t out_features,
                          cudaStream_t stream = 0);

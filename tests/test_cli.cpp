@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/ckpt/checkpoint.hpp"
+#include "loom/core/device_memory.hpp"
+#include "loom/plan/machine_profile.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
 #include "trainer_fixture.hpp"
@@ -129,6 +131,69 @@ TEST(Cli, CalibrateWritesAProfileThatPlanPredictsTheEngineFrom) {
   r = run_loom("calibrate --quick --out " + run.dir + "/other.json");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("entries: expected a non-empty array"));
+}
+
+TEST(Cli, CalibrateOnCudaIsRefusedWhereItCannotRunNamingWhy) {
+  TinyRun run("cli_calibrate_cuda");
+  const std::string profile = run.dir + "/gpu.json";
+  CommandResult r = run_loom("calibrate --device tpu --out " + profile);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("--device"));
+  if (device_memory::built_with(Device::CUDA) && device_memory::cuda_device_count() > 0)
+    GTEST_SKIP()
+        << "a GPU is visible: the CUDA calibration itself is tests/gpu/test_cuda_calibration.cpp's";
+  r = run_loom("calibrate --device cuda --quick --out " + profile);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output,
+              HasSubstr(device_memory::built_with(Device::CUDA)
+                            ? "calibrate --device cuda: no CUDA device is visible to this process"
+                            : "calibrate --device cuda: this loom was built without CUDA"));
+  EXPECT_FALSE(std::filesystem::exists(profile)) << "work started despite the refusal";
+}
+
+TEST(Cli, PlanPredictsTheCudaEngineFromAGpuProfile) {
+  // A GPU profile as `loom calibrate --device cuda` writes it (figures of an H100's order).
+  TinyRun run("cli_gpu_profile");
+  plan::MachineProfile profile;
+  profile.machine = "NVIDIA H100 80GB HBM3 (1 GPU)";
+  profile.device = Device::CUDA;
+  profile.cores = 1;
+  profile.gpu_memory_bytes = 85'520'809'984;
+  plan::ProfileEntry entry;
+  entry.peak_flops = 6e14;
+  entry.gemm = {0.9, 200};
+  entry.gemm_timings = {{1024, 512, 512, 2e-5}, {16384, 8192, 8192, 4e-3}};
+  entry.attention_forward = {0.5, 100};
+  entry.attention_backward = {0.3, 100};
+  entry.attention_forward_timings = {{16384, 128.5, 64, 1e-5}, {16384, 512.5, 64, 3e-5}};
+  entry.attention_backward_timings = {{16384, 128.5, 64, 3e-5}, {16384, 512.5, 64, 9e-5}};
+  entry.memory_bytes_per_s = 2.5e12;
+  plan::merge_profile_entry(profile, entry);
+  const std::string path = run.dir + "/gpu.json";
+  plan::write_machine_profile(profile, path);
+  const std::string plan = "plan --model gpt2-124m --seq 1024 --global-batch 16 --profile " + path;
+  CommandResult r = run_loom(plan + " --layout mbs=16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json one = nlohmann::json::parse(r.output);
+  EXPECT_GT(one["time"]["step_s"].get<double>(), 0);
+  EXPECT_EQ(one["memory_model"].get<std::string>(),
+            "gpu");  // the CUDA engine's bytes, not the CPU's
+  EXPECT_GT(one["memory_bytes"]["workspace"].get<double>(), 0);
+  EXPECT_EQ(one["hbm_bytes"].get<double>(), 85'520'809'984.0);
+  EXPECT_THAT(one["gpu"].get<std::string>(), HasSubstr("profiled NVIDIA H100"));
+  // A precision it did not measure, and rank counts it lacks, named with the flag to add them.
+  r = run_loom(plan + " --layout mbs=16 --precision f32");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(
+      r.output,
+      HasSubstr("loom's CUDA engine, which the profile measured in bf16; drop --precision f32"));
+  r = run_loom(plan + " --layout dp=2,mbs=8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("run `mpirun -np 2 loom calibrate --device cuda --out FILE`"));
+  // A CPU calibration never adds its entry to a GPU profile.
+  r = run_loom("calibrate --quick --out " + path);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("profiles loom's cuda engine"));
 }
 
 TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {

@@ -9,6 +9,7 @@
 
 #include "loom/core/error.hpp"
 #include "loom/plan/collectives.hpp"
+#include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/machine_profile.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
@@ -140,6 +141,102 @@ TEST(PlanProfile, MoreRanksThanCoresComputeAtTheFullSpeedEntryAndShareTheCores) 
   write_machine_profile(profile, path);
   EXPECT_EQ(profiled_machine(read_machine_profile(path), 4, 1e9).cluster.gpu.bf16_tflops, 5e10 / 1e12);
   std::filesystem::remove(path);
+}
+
+TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
+  // A `loom calibrate --device cuda` profile: the GPU's name as the machine, the CUDA engine as
+  // the device, the visible GPUs as the processors the ranks share, one GPU's memory.
+  MachineProfile profile;
+  profile.machine = "NVIDIA H100 80GB HBM3 (1 GPU)";
+  profile.device = Device::CUDA;
+  profile.cores = 1;
+  profile.gpu_memory_bytes = 85'520'809'984;
+  ProfileEntry one = sample_entry(1);
+  one.peak_flops = 7e14;
+  merge_profile_entry(profile, one);
+  merge_profile_entry(profile, sample_entry(2));  // two ranks sharing the one GPU
+  const std::string path = temp_path("gpu.json");
+  write_machine_profile(profile, path);
+  const MachineProfile read = read_machine_profile(path);
+  EXPECT_EQ(read.machine, "NVIDIA H100 80GB HBM3 (1 GPU)");
+  EXPECT_EQ(read.device, Device::CUDA);
+  EXPECT_EQ(read.cores, 1);
+  EXPECT_EQ(read.gpu_memory_bytes, 85'520'809'984);
+  EXPECT_EQ(read.entry(1).peak_flops, 7e14);
+  EXPECT_THROW_MSG(read.entry(4), "run `mpirun -np 4 loom calibrate --device cuda --out FILE`");
+  // The CUDA engine's bytes: bf16 working weights and activations, f32 gradients, masters and
+  // moments, and the GPU model's workspace allowance; one GPU's memory for a rank of its own.
+  EXPECT_EQ(memory_bytes_per_rank(read, 1, 1e12), 85'520'809'984.0);
+  const ProfiledMachine m = profiled_machine(read, 1, memory_bytes_per_rank(read, 1, 1e12));
+  EXPECT_EQ(m.cluster.gpu.bf16_tflops, 700);
+  EXPECT_EQ(m.cluster.gpu.hbm_bytes, 85'520'809'984.0);
+  EXPECT_EQ(m.job.memory.activation_bytes, 2);
+  EXPECT_EQ(m.job.memory.state.parameter, 2);
+  EXPECT_EQ(m.job.memory.state.gradient, 4);
+  EXPECT_EQ(m.job.memory.state.master, 4);
+  EXPECT_EQ(m.job.memory.state.moments, 8);
+  EXPECT_EQ(m.job.memory.workspace_bytes, GpuJob{}.workspace_bytes);
+  // Two ranks on one GPU share its memory and take turns on it: compute from the one-rank
+  // entry, the time model sharing the GPU out, collectives from the two-rank entry.
+  EXPECT_EQ(memory_bytes_per_rank(read, 2, 1e12), 85'520'809'984.0 / 2);
+  const ProfiledMachine shared = profiled_machine(read, 2, memory_bytes_per_rank(read, 2, 1e12));
+  EXPECT_EQ(shared.cluster.cores, 1);
+  EXPECT_EQ(shared.cluster.gpu.bf16_tflops, 700);
+  ASSERT_TRUE(shared.cluster.measured_comm);
+  // A CPU profile is what it always was: host memory over the ranks, f32 everything.
+  MachineProfile cpu;
+  cpu.machine = "test CPU (2 cores)";
+  merge_profile_entry(cpu, sample_entry(1));
+  write_machine_profile(cpu, path);
+  const MachineProfile cpu_read = read_machine_profile(path);
+  EXPECT_EQ(cpu_read.device, Device::CPU);
+  EXPECT_EQ(memory_bytes_per_rank(cpu_read, 4, 1e12), 2.5e11);
+  EXPECT_EQ(profiled_machine(cpu_read, 1, 1e9).job.memory.activation_bytes, 4);
+  EXPECT_EQ(profiled_machine(cpu_read, 1, 1e9).job.memory.workspace_bytes, 0);
+  std::filesystem::remove(path);
+}
+
+TEST(PlanProfile, GpuProfileFieldsAreChecked) {
+  MachineProfile profile;
+  profile.machine = "g";
+  profile.device = Device::CUDA;
+  profile.gpu_memory_bytes = 1 << 30;
+  profile.entries.push_back(sample_entry(1));
+  const std::string path = temp_path("gpu_bad.json");
+  write_machine_profile(profile, path);
+  std::ifstream in(path);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    std::ofstream(path) << text;
+    return path;
+  };
+  EXPECT_THROW_MSG(read_machine_profile(with("\"device\": \"cuda\"", "\"device\": \"tpu\"")),
+                   "device: expected \"cpu\" or \"cuda\", got \"tpu\"");
+  EXPECT_THROW_MSG(read_machine_profile(with("\"gpu_memory_bytes\"", "\"gpu_memory\"")),
+                   "missing \"gpu_memory_bytes\"");
+  // A file from before the device field is a CPU profile.
+  EXPECT_EQ(read_machine_profile(with("\"device\": \"cuda\"", "\"devices\": \"cuda\"")).device,
+            Device::CPU);
+  std::filesystem::remove(path);
+}
+
+TEST(PlanProfile, FittedPeakFractionNeverExceedsTheMeasuredPeak) {
+  // Against the best rate measured, large products at that rate and a small one at a quarter of
+  // it: unconstrained, the curve's asymptote would sit above the best rate (a fraction over 1).
+  const double peak = 1e12;
+  auto at = [&](double m, double n, double k, double efficiency) {
+    return GemmTiming{m, n, k, 2 * m * n * k / (peak * efficiency)};
+  };
+  const std::vector<GemmTiming> timings = {at(8192, 8192, 8192, 1.0), at(4096, 4096, 4096, 0.98),
+                                           at(512, 512, 512, 0.25)};
+  const GemmEfficiency fit = fit_gemm_efficiency(timings, peak);
+  EXPECT_GT(fit.peak_fraction, 0);
+  EXPECT_LE(fit.peak_fraction, 1.0);
+  EXPECT_GT(fit.half_dim, 1);
 }
 
 TEST(PlanProfile, BadFilesNameTheField) {

@@ -103,19 +103,20 @@ struct PlanArgs {
   std::string gemm_timings;        // CSV m,n,k,seconds measured on the GPU: replaces the default efficiency
   std::string svg_dir;             // write memory.svg (candidates) and timeline.svg (the chosen layout) here
   std::string validate;            // a published-runs JSON file: predict each run, print the errors
-  std::string profile;             // a machine profile (`loom calibrate`): predict loom's CPU engine there
+  std::string profile;  // a machine profile (`loom calibrate`): predict loom's own engine there
 };
 // Exit code 0 when the layout fits (or the search found one), 1 when it does not.
 int run_plan(const PlanArgs& args);
 
 // `loom calibrate`: measures this machine for the planner (plan/machine_calibration) with every
 // rank of the launch working at once, and adds the entry for this rank count to `out`
-// (created, or merged into an existing profile). Run once per rank count:
-// `mpirun -np N loom calibrate --out profile.json`.
+// (created, or merged into an existing profile of the same machine and device). Run once per
+// rank count: `mpirun -np N loom calibrate [--device cuda] --out profile.json`.
 struct CalibrateArgs {
   std::string out;
   bool quick = false;
-  int threads = 1;  // kernel threads per rank
+  int threads = 1;             // kernel threads per rank (the CPU engine's)
+  std::string device = "cpu";  // --device cpu|cuda: the engine measured
 };
 int run_calibrate(const CalibrateArgs& args);
 

@@ -121,8 +121,11 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")
       ->check(CLI::ExistingFile);
 
-  plan_cmd->add_option("--profile", plan_args.profile,
-                       "machine profile from `loom calibrate`: predict loom's own CPU engine on that machine")
+  plan_cmd
+      ->add_option(
+          "--profile", plan_args.profile,
+          "machine profile from `loom calibrate`: predict loom's own engine (CPU, or CUDA for a "
+          "--device cuda profile) on that machine")
       ->check(CLI::ExistingFile);
 
   loom::cli::CalibrateArgs calibrate;
@@ -130,7 +133,14 @@ int main(int argc, char** argv) {
       "calibrate", "measure this machine (GEMM, attention, memory, MPI) for `loom plan --profile`; run under mpirun -np N");
   calibrate_cmd->add_option("--out", calibrate.out, "profile JSON to create or add this rank count to")->required();
   calibrate_cmd->add_flag("--quick", calibrate.quick, "fewer shapes and sizes: a rough profile in seconds");
-  calibrate_cmd->add_option("--threads", calibrate.threads, "kernel threads per rank (default 1)")->check(CLI::PositiveNumber);
+  calibrate_cmd
+      ->add_option("--threads", calibrate.threads, "CPU kernel threads per rank (default 1)")
+      ->check(CLI::PositiveNumber);
+  calibrate_cmd
+      ->add_option(
+          "--device", calibrate.device,
+          "cpu (default: the CPU engine, f32) or cuda (the CUDA engine in bf16 on this rank's GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
 
   loom::cli::ReportArgs report;
   auto* report_cmd = app.add_subcommand(

@@ -77,29 +77,37 @@ plan::TrainingJob job_of(const PlanArgs& args) {
 }
 
 // The machine a plan is for: a GPU cluster from the presets and settings, or with --profile
-// the machine `loom calibrate` measured, running loom's own CPU engine (f32).
+// the machine `loom calibrate` measured, running loom's own engine as the profile measured it:
+// the CPU engine in f32, or (a `--device cuda` profile) the CUDA engine in bf16.
 struct Machine {
   plan::ClusterSpec cluster;
   plan::TrainingJob job;
+  // A CPU profile: memory is the CPU engine's own bytes (predict_engine_memory), not the GPU
+  // model's. A CUDA profile keeps the GPU model, with the CUDA engine's state bytes.
+  bool cpu_engine = false;
 };
 
 Machine machine_of(const PlanArgs& args, int64_t gpus) {
   if (args.profile.empty()) return {plan_cluster(args, gpus), job_of(args)};
-  if (args.given.count("precision") > 0 && args.precision != "f32")
-    throw_error("plan: --profile predicts loom's CPU engine, which the profile measured in f32; drop --precision ",
-                args.precision);
   if (!args.gemm_timings.empty()) throw_error("plan: give --profile or --gemm-timings, not both (a profile has its GEMM timings)");
   if (args.attention != "flash")
     throw_error("plan: --profile predicts loom's engine, whose attention is flash-style; drop --attention ", args.attention);
   const plan::MachineProfile profile = plan::read_machine_profile(args.profile);
+  const bool cuda = profile.device == Device::CUDA;
+  const std::string measured = cuda ? "bf16" : "f32";
+  if (args.given.count("precision") > 0 && args.precision != measured)
+    throw_error("plan: --profile predicts loom's ", cuda ? "CUDA" : "CPU",
+                " engine, which the profile measured in ", measured, "; drop --precision ",
+                args.precision);
   const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  plan::ProfiledMachine m = plan::profiled_machine(profile, gpus, ram / static_cast<double>(gpus));
+  plan::ProfiledMachine m =
+      plan::profiled_machine(profile, gpus, plan::memory_bytes_per_rank(profile, gpus, ram));
   m.job.seq_len = args.seq_len;
   m.job.global_batch = args.global_batch;
   m.job.moe_imbalance = args.moe_imbalance;
   m.job.memory.seq_len = args.seq_len;
-  m.cluster.gpu.name = "ranks of " + profile.machine;
-  return {m.cluster, m.job};
+  m.cluster.gpu.name = (cuda ? "profiled " : "ranks of ") + profile.machine;
+  return {m.cluster, m.job, !cuda};
 }
 
 void print_cluster(const ModelConfig& model, const plan::ClusterSpec& cluster, const plan::StepTime& t, const PlanArgs& args) {
@@ -305,9 +313,9 @@ int run_plan(const PlanArgs& command_line) {
   Machine machine = machine_of(args, layout.gpus());
   plan::TrainingJob& job = machine.job;
   job.memory.micro_batches = args.global_batch / per_step;
-  // Under --profile, the engine's own bytes on one rank (the first pipeline stage's): its
+  // Under a CPU --profile, the engine's own bytes on one rank (the first pipeline stage's): its
   // flats, buckets and activation sets as its allocator counts them; else the GPU model's.
-  const bool engine_memory = !args.profile.empty();
+  const bool engine_memory = machine.cpu_engine;
   const auto bucket_bytes = static_cast<int64_t>(TrainConfig{}.bucket_mb * 1e6);
   const plan::MemoryBreakdown mem =
       !engine_memory ? plan::predict_gpu_memory(model, layout, job.memory)

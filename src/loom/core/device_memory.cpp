@@ -113,6 +113,15 @@ void fill_zero(void* dst, Device device, size_t bytes) {
 #endif
 }
 
+void synchronize(Device device) {
+  if (device == Device::CPU) return;
+#ifdef LOOM_HAVE_CUDA
+  cuda::device_synchronize();
+#else
+  not_built(device);
+#endif
+}
+
 MemStats stats(Device device) {
   if (device == Device::CPU) return HostAllocator::instance().stats();
 #ifdef LOOM_HAVE_CUDA

@@ -29,6 +29,9 @@ void* allocate(Device device, size_t bytes, MemCategory category);
 void release(Device device, void* ptr, size_t bytes, MemCategory category);
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 void fill_zero(void* dst, Device device, size_t bytes);
+// Waits until every operation queued on `device` so far has finished (nothing to wait for on
+// the CPU): what a host clock must wait for before it reads the time of device work.
+void synchronize(Device device);
 // This device's live and peak bytes per category.
 MemStats stats(Device device);
 // Peaks back to the live bytes (a training step measures its own peak).

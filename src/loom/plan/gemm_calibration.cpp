@@ -1,5 +1,6 @@
 #include "loom/plan/gemm_calibration.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -68,6 +69,11 @@ GemmEfficiency fit_gemm_efficiency(const std::vector<GemmTiming>& timings, doubl
       mean += log_observed[i] - log_shape.back();
     }
     mean /= static_cast<double>(timings.size());  // log of the best peak fraction for this half_dim
+    // No shape runs faster than the peak: the fraction is at most 1 (log 0). With the peak the
+    // best rate measured (`loom calibrate`), the unconstrained fit can put the curve's asymptote
+    // above every measurement; the residual is a parabola in `mean`, so the bound is the
+    // constrained optimum and half_dim is then chosen with it.
+    mean = std::min(mean, 0.0);
     double residual = 0;
     for (size_t i = 0; i < timings.size(); ++i) residual += std::pow(log_observed[i] - log_shape[i] - mean, 2);
     if (residual < best_residual) {

@@ -20,8 +20,9 @@ std::vector<GemmTiming> read_gemm_timings(const std::string& path);
 
 // The GemmEfficiency whose curve fits the timings best in log space (relative errors weigh
 // the same for small and large products): half_dim by a log-spaced scan from 1 to 8192, the
-// peak fraction in closed form for each. Needs two timings of different shapes at least;
-// `peak_flops` is the GPU's dense datasheet peak the fractions are relative to.
+// peak fraction in closed form for each, at most 1 (no shape beats the peak). Needs two timings
+// of different shapes at least; `peak_flops` is the peak the fractions are relative to: the
+// GPU's dense datasheet peak, or (a machine profile) the best rate measured.
 GemmEfficiency fit_gemm_efficiency(const std::vector<GemmTiming>& timings, double peak_flops);
 
 }  // namespace loom::plan

@@ -3,88 +3,30 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <fstream>
-#include <limits>
 #include <thread>
 #include <vector>
 
 #include "loom/core/error.hpp"
+#include "loom/core/tensor.hpp"
+#include "loom/dist/tensor_comm.hpp"
 #include "loom/kernels/cpu/activations.hpp"
 #include "loom/kernels/cpu/attention.hpp"
 #include "loom/kernels/cpu/elementwise.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/kernels/cpu/norms.hpp"
+#include "loom/plan/calibration_loops.hpp"
+#include "loom/plan/cuda_calibration.hpp"
 
 namespace loom::plan {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using calibration::compute_seconds;
+using calibration::fill;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// The mean over ranks of each rank's figure.
-double mean_over_ranks(ProcessGroup& world, double value) {
-  float v = static_cast<float>(value);
-  world.all_reduce(&v, 1, ReduceOp::Avg)->wait();
-  return static_cast<double>(v);
-}
-
-double max_over_ranks(ProcessGroup& world, double value) {
-  float v = static_cast<float>(value);
-  world.all_reduce(&v, 1, ReduceOp::Max)->wait();
-  return static_cast<double>(v);
-}
-
-// Seconds per call of `op`, run on every rank at once: the same number of calls on every rank
-// (from a probe), timed from a barrier until the last rank is done, so that ranks sharing
-// cores are charged the machine's whole time for their calls (as in training, where the
-// slowest rank sets the pace) even where the scheduler ran some loops before others; the
-// best loop of `repeats`.
-template <class Op>
-double compute_seconds(ProcessGroup& world, const CalibrationOptions& o, Op&& op) {
-  world.barrier();
-  op();  // warm-up: page in the buffers, size OpenBLAS's workspace
-  world.barrier();
-  Clock::time_point start = Clock::now();
-  op();
-  const double probe = max_over_ranks(world, seconds_since(start));
-  const int64_t calls = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(o.min_loop_seconds / std::max(probe, 1e-7))), 1, 1000000);
-  double best = std::numeric_limits<double>::infinity();
-  for (int r = 0; r < o.repeats; ++r) {
-    world.barrier();
-    start = Clock::now();
-    for (int64_t c = 0; c < calls; ++c) op();
-    best = std::min(best, max_over_ranks(world, seconds_since(start)) / static_cast<double>(calls));
-  }
-  return best;
-}
-
-// Seconds per call of a communication `op` every rank issues: the same number of calls on
-// every rank (from a probe), best of `repeats` loops, averaged over the ranks.
-template <class Op>
-double comm_seconds(ProcessGroup& world, const CalibrationOptions& o, Op&& op) {
-  world.barrier();
-  Clock::time_point start = Clock::now();
-  op();
-  const double probe = max_over_ranks(world, seconds_since(start));
-  const int64_t calls = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(o.min_loop_seconds / std::max(probe, 1e-7))), 1, 100000);
-  double best = std::numeric_limits<double>::infinity();
-  for (int r = 0; r < o.repeats; ++r) {
-    world.barrier();
-    start = Clock::now();
-    for (int64_t c = 0; c < calls; ++c) op();
-    best = std::min(best, seconds_since(start) / static_cast<double>(calls));
-  }
-  return mean_over_ranks(world, best);
-}
-
-void fill(std::vector<float>& v, float scale) {
-  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) / 1000.0f;
-}
+// The CPU's kernels return once done: nothing to wait for before the clock is read.
+constexpr auto kNothingToWaitFor = [] {};
 
 void measure_gemms(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry& entry) {
   const std::vector<int64_t> rows = o.quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{128, 512, 2048};
@@ -98,12 +40,17 @@ void measure_gemms(ProcessGroup& world, const CalibrationOptions& o, ProfileEntr
   for (const int64_t n : rows)
     for (const int64_t in : ins)
       for (const int64_t out : outs) {
-        const double forward = compute_seconds(world, o, [&] {
-          cpu::linear_forward(y.data(), out, x.data(), w.data(), nullptr, n, in, out);
-        });
-        const double backward = compute_seconds(world, o, [&] {
-          cpu::linear_backward(dx.data(), false, dw.data(), nullptr, y.data(), out, x.data(), w.data(), n, in, out);
-        });
+        const double forward = compute_seconds(
+            world, o,
+            [&] { cpu::linear_forward(y.data(), out, x.data(), w.data(), nullptr, n, in, out); },
+            kNothingToWaitFor);
+        const double backward = compute_seconds(
+            world, o,
+            [&] {
+              cpu::linear_backward(dx.data(), false, dw.data(), nullptr, y.data(), out, x.data(),
+                                   w.data(), n, in, out);
+            },
+            kNothingToWaitFor);
         const double m = static_cast<double>(n), nn = static_cast<double>(out), k = static_cast<double>(in);
         entry.gemm_timings.push_back({m, nn, k, forward});
         entry.gemm_timings.push_back({m, nn, k, backward / 2});  // two products: d_input and d_weight
@@ -127,10 +74,16 @@ void measure_attention(ProcessGroup& world, const CalibrationOptions& o, Profile
     std::vector<float> qkv(static_cast<size_t>(rows * shape.qkv_ld())), out(static_cast<size_t>(rows * shape.out_ld())),
         lse(static_cast<size_t>(c.batch * c.heads * c.seq)), d_out(out.size()), d_qkv(qkv.size());
     fill(qkv, 0.5f), fill(d_out, 0.01f);
-    const double forward = compute_seconds(world, o, [&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), shape); });
-    const double backward = compute_seconds(world, o, [&] {
-      cpu::attention_backward(d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.data(), shape);
-    });
+    const double forward = compute_seconds(
+        world, o, [&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), shape); },
+        kNothingToWaitFor);
+    const double backward = compute_seconds(
+        world, o,
+        [&] {
+          cpu::attention_backward(d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.data(),
+                                  shape);
+        },
+        kNothingToWaitFor);
     // Per head and per matmul (QK^T and PV): a (tokens x mean keys x head_dim) product.
     const double tokens = static_cast<double>(rows), keys = static_cast<double>(c.seq + 1) / 2;
     const double per = 2.0 * static_cast<double>(c.heads);
@@ -155,7 +108,7 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
   fill(x, 1.0f), fill(dy, 0.01f);
   double seconds = 0, bytes = 0;
   auto charge = [&](double bytes_per_element, auto&& op) {
-    seconds += compute_seconds(world, o, op);
+    seconds += compute_seconds(world, o, op, kNothingToWaitFor);
     bytes += bytes_per_element * static_cast<double>(n);
   };
   charge(8, [&] { cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(), bias.data(), rows, width, 1e-5f); });
@@ -169,14 +122,22 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
   entry.memory_bytes_per_s = bytes / seconds;
 }
 
-void measure_comm(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry& entry) {
+}  // namespace
+
+namespace calibration {
+
+void measure_comm(ProcessGroup& world, const CalibrationOptions& o, Device device,
+                  ProfileEntry& entry) {
   const int ranks = world.size();
   auto comm = std::make_shared<MeasuredComm>();
   const std::vector<int64_t> sizes = o.quick ? std::vector<int64_t>{1 << 12, 1 << 16}
                                              : std::vector<int64_t>{1 << 12, 1 << 16, 1 << 20, 1 << 23};
   const int64_t largest = sizes.back() / 4;  // floats
-  std::vector<float> in(static_cast<size_t>(largest)), out(static_cast<size_t>(largest));
-  fill(in, 1.0f);
+  const Tensor host_values = Tensor::empty({largest}, DType::F32, MemCategory::Workspace);
+  fill(host_values.f32(), static_cast<size_t>(largest), 1.0f);
+  const Tensor in = host_values.to(device, MemCategory::CommBuffers);
+  const Tensor out = Tensor::zeros({largest}, DType::F32, MemCategory::CommBuffers, device);
+  auto first = [](const Tensor& t, int64_t count) { return t.slice_as(0, {count}); };
   // Send/recv between pairs (2i, 2i + 1), every pair at once: half a round trip per message.
   {
     CommTimings series;
@@ -186,14 +147,15 @@ void measure_comm(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry
     const int peer = world.rank() ^ 1;
     for (const int64_t bytes : sizes) {
       const int64_t count = bytes / 4;
+      const Tensor sent = first(in, count), received = first(out, count);
       const double round_trip = comm_seconds(world, o, [&] {
         if (!paired) return;
         if (world.rank() % 2 == 0) {
-          world.send(in.data(), count, peer, 7)->wait();
-          world.recv(out.data(), count, peer, 7)->wait();
+          comm::send(world, sent, peer, 7)->wait();
+          comm::recv(world, received, peer, 7)->wait();
         } else {
-          world.recv(out.data(), count, peer, 7)->wait();
-          world.send(in.data(), count, peer, 7)->wait();
+          comm::recv(world, received, peer, 7)->wait();
+          comm::send(world, sent, peer, 7)->wait();
         }
       });
       series.timings.push_back({static_cast<double>(bytes), round_trip / 2});
@@ -211,14 +173,21 @@ void measure_comm(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry
       series.group = group;
       for (const int64_t bytes : sizes) {
         const int64_t count = bytes / 4, block = count / group;  // the whole buffer, as collective_time counts it
+        const Tensor whole_in = first(in, count), whole_out = first(out, count);
+        const Tensor blocks_in = first(in, block * group), blocks_out = first(out, block * group);
+        const Tensor block_in = first(in, block), block_out = first(out, block);
         const double seconds = comm_seconds(world, o, [&] {
           switch (op) {
-            case Collective::AllReduce: std::copy(in.begin(), in.begin() + count, out.begin());
-              g->all_reduce(out.data(), count, ReduceOp::Sum)->wait(); break;
-            case Collective::ReduceScatter: g->reduce_scatter(in.data(), out.data(), block, ReduceOp::Sum)->wait(); break;
-            case Collective::AllGather: g->all_gather(in.data(), out.data(), block)->wait(); break;
-            case Collective::AllToAll: g->all_to_all(in.data(), out.data(), block)->wait(); break;
-            case Collective::Broadcast: g->broadcast(out.data(), count, 0)->wait(); break;
+            case Collective::AllReduce:
+              whole_out.copy_from(whole_in);
+              comm::all_reduce(*g, whole_out, ReduceOp::Sum)->wait();
+              break;
+            case Collective::ReduceScatter:
+              comm::reduce_scatter(*g, blocks_in, block_out, ReduceOp::Sum)->wait();
+              break;
+            case Collective::AllGather: comm::all_gather(*g, block_in, blocks_out)->wait(); break;
+            case Collective::AllToAll: comm::all_to_all(*g, blocks_in, blocks_out)->wait(); break;
+            case Collective::Broadcast: comm::broadcast(*g, whole_out, 0)->wait(); break;
           }
         });
         series.timings.push_back({static_cast<double>(bytes), seconds});
@@ -230,7 +199,7 @@ void measure_comm(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry
   entry.comm = std::move(comm);
 }
 
-}  // namespace
+}  // namespace calibration
 
 std::string describe_machine() {
   std::ifstream in("/proc/cpuinfo");
@@ -254,13 +223,14 @@ int64_t usable_cores() {
 ProfileEntry calibrate_machine(ProcessGroup& world, const CalibrationOptions& options) {
   if (options.repeats < 1) throw_error("calibrate: repeats = ", options.repeats, "; expected >= 1");
   if (!(options.min_loop_seconds > 0)) throw_error("calibrate: min_loop_seconds must be positive");
+  if (options.device == Device::CUDA) return calibrate_cuda(world, options);
   ProfileEntry entry;
   entry.ranks = world.size();
   entry.threads_per_rank = cpu::num_threads();
   measure_gemms(world, options, entry);
   measure_attention(world, options, entry);
   measure_memory(world, options, entry);
-  if (world.size() > 1) measure_comm(world, options, entry);
+  if (world.size() > 1) calibration::measure_comm(world, options, Device::CPU, entry);
   return entry;
 }
 

@@ -1,6 +1,6 @@
 #pragma once
-// `loom calibrate`: measures the machine loom's CPU engine runs on, with every rank of `world`
-// working at once (as they do in training), into one ProfileEntry:
+// `loom calibrate`: measures the machine loom's engine runs on, with every rank of `world`
+// working at once (as they do in training), into one ProfileEntry. On the CPU (f32):
 // - GEMMs: the engine's linear_forward / linear_backward (OpenBLAS SGEMM) over a grid of
 //   (rows, in, out) shapes, fitted to the time model's efficiency curve;
 // - attention: the engine's flash-style causal kernels forward and backward at several
@@ -10,11 +10,14 @@
 // - MPI: all-reduce, reduce-scatter, all-gather, all-to-all and broadcast over every group
 //   size dividing the world (all groups of that size busy together), and send/recv between
 //   pairs, each at message sizes from 4 KiB to 8 MiB, fitted to alpha-beta.
+// On a GPU (`device` CUDA) the same quantities through the engine's CUDA ops in bf16, the GPU
+// training precision, over shapes sized for a GPU (cuda_calibration.hpp).
 // Each figure is the best of `repeats` timed loops (compute: from a barrier until the last
 // rank is done; communication: averaged over the ranks).
 #include <cstdint>
 #include <string>
 
+#include "loom/core/dtype.hpp"
 #include "loom/dist/process_group.hpp"
 #include "loom/plan/machine_profile.hpp"
 
@@ -24,9 +27,13 @@ struct CalibrationOptions {
   int repeats = 3;                 // timed loops per measurement; the best is kept
   double min_loop_seconds = 0.02;  // a loop repeats its operation until it lasts this long
   bool quick = false;              // fewer shapes and sizes (for tests): same fields, rougher fits
+  // The engine measured: the CPU's kernels, or the CUDA ops on the GPU this process selected
+  // (device_memory::select_cuda_device) in a loom built with CUDA.
+  Device device = Device::CPU;
 };
 
-// Collective over `world` (every rank calls it); returns the same entry on every rank.
+// Collective over `world` (every rank calls it); returns the same entry on every rank. Throws
+// loom::Error for bad options, or for `device` CUDA without CUDA or without a visible GPU.
 ProfileEntry calibrate_machine(ProcessGroup& world, const CalibrationOptions& options);
 
 // "<CPU model> (<n> cores)" from /proc/cpuinfo, or "unknown CPU".

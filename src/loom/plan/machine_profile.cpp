@@ -12,6 +12,11 @@ namespace {
 
 constexpr const char* kFormat = "loom-machine-profile/1";
 
+// loom's CUDA engine under bf16 (the precision `loom calibrate --device cuda` measures): bf16
+// working weights (2), f32 gradient accumulators (4, model/parameter.hpp), f32 masters (4) and
+// two f32 moments (8, optim/adamw).
+constexpr StateBytes kCudaEngineBf16Adam{2, 4, 4, 8};
+
 const std::vector<std::pair<Collective, const char*>>& collective_names() {
   static const std::vector<std::pair<Collective, const char*>> names = {
       {Collective::AllReduce, "all_reduce"}, {Collective::ReduceScatter, "reduce_scatter"},
@@ -162,9 +167,10 @@ const ProfileEntry& MachineProfile::entry(int64_t ranks) const {
     if (e.ranks == ranks) return e;
     have += (have.empty() ? "" : ", ") + std::to_string(e.ranks);
   }
-  throw_error("the machine profile has no entry for ", ranks, " rank", ranks == 1 ? "" : "s", " (it has ",
-              have.empty() ? std::string("none") : have, "); run `mpirun -np ", ranks,
-              " loom calibrate --out FILE` to add one");
+  throw_error("the machine profile has no entry for ", ranks, " rank", ranks == 1 ? "" : "s",
+              " (it has ", have.empty() ? std::string("none") : have, "); run `mpirun -np ", ranks,
+              " loom calibrate", device == Device::CUDA ? " --device cuda" : "",
+              " --out FILE` to add one");
 }
 
 bool MachineProfile::has_entry(int64_t ranks) const {
@@ -195,7 +201,16 @@ MachineProfile read_machine_profile(const std::string& path) {
   const nlohmann::json& machine = r.field(doc, "top level", "machine");
   if (!machine.is_string()) r.fail("machine", "expected a string");
   profile.machine = machine.get<std::string>();
+  if (doc.contains("device")) {
+    const nlohmann::json& device = doc.at("device");
+    if (device == "cuda")
+      profile.device = Device::CUDA;
+    else if (device != "cpu")
+      r.fail("device", "expected \"cpu\" or \"cuda\", got " + device.dump());
+  }
   if (doc.contains("cores")) profile.cores = r.count(doc, "top level", "cores");
+  if (profile.device == Device::CUDA)
+    profile.gpu_memory_bytes = r.count(doc, "top level", "gpu_memory_bytes");
   const nlohmann::json& entries = r.field(doc, "top level", "entries");
   if (!entries.is_array() || entries.empty()) r.fail("entries", "expected a non-empty array");
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -283,8 +298,12 @@ void write_machine_profile(const MachineProfile& profile, const std::string& pat
     }
     entries.push_back(j);
   }
-  nlohmann::json doc = {{"format", kFormat}, {"machine", profile.machine}, {"entries", entries}};
+  nlohmann::json doc = {{"format", kFormat},
+                        {"machine", profile.machine},
+                        {"device", device_name(profile.device)},
+                        {"entries", entries}};
   if (profile.cores > 0) doc["cores"] = profile.cores;
+  if (profile.device == Device::CUDA) doc["gpu_memory_bytes"] = profile.gpu_memory_bytes;
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
@@ -295,12 +314,14 @@ void write_machine_profile(const MachineProfile& profile, const std::string& pat
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw_error("cannot write machine profile '", path, "'");
 }
 
-ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_per_rank) {
+ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_per_rank,
+                                 Device device) {
   ProfiledMachine out;
   ClusterSpec& cluster = out.cluster;
   cluster.gpu = GpuSpec{};
   cluster.gpu.name = "profiled machine";
-  cluster.gpu.bf16_tflops = entry.peak_flops / 1e12;  // the measured peak, f32 on a CPU
+  cluster.gpu.bf16_tflops =
+      entry.peak_flops / 1e12;  // the measured peak: f32 on a CPU, bf16 on a GPU
   cluster.gpu.hbm_bytes = memory_bytes_per_rank;
   cluster.gpu.hbm_bandwidth_bytes_per_s = entry.memory_bytes_per_s;
   cluster.gpus_per_node = entry.ranks;
@@ -314,24 +335,39 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
   job.gemm = entry.gemm;
   job.attention_forward = entry.attention_forward;
   job.attention_backward = entry.attention_backward;
-  job.memory.state = kF32Adam;
-  job.memory.activation_bytes = 4;
-  job.memory.workspace_bytes = 0;
+  if (device == Device::CUDA) {
+    job.memory.state = kCudaEngineBf16Adam;
+    job.memory.activation_bytes = 2;  // the GpuJob's workspace allowance stays
+  } else {
+    job.memory.state = kF32Adam;
+    job.memory.activation_bytes = 4;
+    job.memory.workspace_bytes = 0;
+  }
   return out;
 }
 
 ProfiledMachine profiled_machine(const MachineProfile& profile, int64_t ranks, double memory_bytes_per_rank) {
   const ProfileEntry& own = profile.entry(ranks);
   const int64_t at_once = profile.cores / std::max<int64_t>(1, own.threads_per_rank);
-  if (at_once < 1 || ranks <= at_once || !profile.has_entry(at_once)) return profiled_machine(own, memory_bytes_per_rank);
-  ProfiledMachine out = profiled_machine(profile.entry(at_once), memory_bytes_per_rank);
-  const ProfiledMachine comm = profiled_machine(own, memory_bytes_per_rank);
+  if (at_once < 1 || ranks <= at_once || !profile.has_entry(at_once))
+    return profiled_machine(own, memory_bytes_per_rank, profile.device);
+  ProfiledMachine out =
+      profiled_machine(profile.entry(at_once), memory_bytes_per_rank, profile.device);
+  const ProfiledMachine comm = profiled_machine(own, memory_bytes_per_rank, profile.device);
   out.cluster.gpus_per_node = comm.cluster.gpus_per_node;
   out.cluster.gpu.nvlink_bytes_per_s = comm.cluster.gpu.nvlink_bytes_per_s;
   out.cluster.inter_node_bytes_per_s_per_gpu = comm.cluster.inter_node_bytes_per_s_per_gpu;
   out.cluster.measured_comm = comm.cluster.measured_comm;
   out.cluster.cores = at_once;
   return out;
+}
+
+double memory_bytes_per_rank(const MachineProfile& profile, int64_t ranks, double host_bytes) {
+  const double n = static_cast<double>(std::max<int64_t>(1, ranks));
+  if (profile.device != Device::CUDA) return host_bytes / n;
+  const double gpus =
+      profile.cores > 0 ? static_cast<double>(profile.cores) : n;  // unknown: one each
+  return static_cast<double>(profile.gpu_memory_bytes) * std::min(1.0, gpus / n);
 }
 
 }  // namespace loom::plan

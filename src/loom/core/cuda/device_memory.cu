@@ -121,6 +121,8 @@ void device_fill_zero(void* dst, size_t bytes) {
   LOOM_CUDA_CHECK(cudaMemset(dst, 0, bytes));
 }
 
+void device_synchronize() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
+
 MemStats device_stats() { return DeviceAllocator::current().stats(); }
 void device_reset_peaks() { DeviceAllocator::current().reset_peaks(); }
 

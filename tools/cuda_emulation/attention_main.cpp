@@ -170,8 +170,8 @@ bool check(const AttentionShape& s, bool pipelined, unsigned seed) {
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "both";
   const AttentionShape shapes[] = {
-      {2, 70, 4, 4, 64},    // a partial second tile
-      {1, 200, 8, 2, 128},  // four tiles, the last partial; 4 query heads per kv head
+      {2, 70, 2, 2, 64},    // a partial second tile, two sequences
+      {1, 200, 4, 1, 128},  // four tiles, the last partial; 4 query heads per kv head
       {1, 64, 2, 1, 128},   // one tile
       {1, 130, 2, 2, 64},   // a 128-row forward tile and two rows past it
       {1, 256, 2, 1, 64},   // whole tiles, grouped

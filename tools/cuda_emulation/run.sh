@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Builds and runs the emulated attention kernels (see emulated_cuda.hpp); needs only g++ and the
-# CUDA headers (cuda_bf16.h), no GPU. Argument: mma, pipelined or both (the default).
+# Builds and runs the emulated attention kernels (see emulated_cuda.hpp) by hand; needs only g++
+# (shim/ stands in for the CUDA headers). ctest runs the same as `cuda_emulation_attention`.
+# Argument: mma, pipelined or both (the default).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-CUDA_INCLUDE=${CUDA_INCLUDE:-/usr/local/cuda/include}
 BUILD=${BUILD:-/tmp/loom-cuda-emulation}
 mkdir -p "$BUILD"
-FLAGS=(-std=c++20 -O2 -pthread -DLOOM_CUDA_EMULATION -I"$ROOT/src" -I"$ROOT/tools/cuda_emulation" -I"$CUDA_INCLUDE")
+FLAGS=(-std=c++20 -O2 -pthread -Wno-unknown-pragmas -fno-strict-aliasing -DLOOM_CUDA_EMULATION
+       -I"$ROOT/tools/cuda_emulation/shim" -I"$ROOT/src" -I"$ROOT/tools/cuda_emulation")
 for f in kernels_mma kernels_pipelined attention_main; do
   g++ "${FLAGS[@]}" -c "$ROOT/tools/cuda_emulation/$f.cpp" -o "$BUILD/$f.o" &
 done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU benchmark (issue 6), for a machine with one NVIDIA GPU: the CUDA kernel tests, then
-# loom and PyTorch (eager and torch.compile, BF16 autocast) side by side in the same run on
-# GPT-2 124M and a 1B Llama-style model at sequence 1024, BF16 with fp32 master weights.
+# loom, PyTorch (eager and torch.compile, BF16 autocast) and llm.c (where built) side by side in
+# the same run on GPT-2 124M and a 1B Llama-style model at sequence 1024, BF16 with fp32 master
+# weights.
 # Prints the GPU, driver and a Markdown table; JSON lands in $OUT.
 #   bash bench/run_gpu_benchmarks.sh            (from the repository root, after a CUDA build)
 set -euo pipefail
@@ -63,8 +64,18 @@ for case in "gpt2-124m 16" "llama-1b 4"; do
   /usr/bin/python3 bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" --compile \
     | tee "$OUT/torch_compile_$1.json"
 done
+# llm.c, the third reference, on the GPT-2 case where its trainer was built
+# (tools/device/build_llmc.sh; LLMC_BIN names another build).
+LLMC_BIN=${LLMC_BIN:-.device/llmc/train_gpt2cu}
+if [ -x "$LLMC_BIN" ]; then
+  bash bench/llmc_gpu.sh "$LLMC_BIN" "$DATA/llmc" "$STEPS" 16 > "$OUT/llmc_gpt2-124m.log" 2>&1 ||
+    echo "llm.c failed: see $OUT/llmc_gpt2-124m.log"
+  grep '^{' "$OUT/llmc_gpt2-124m.log" | tee "$OUT/llmc_gpt2-124m.json" || true
+fi
 # What the tensor-core attention and FP8 GEMMs each buy, on the same machine in the same run.
 run_loom gpt2-124m 16 bf16 scalar
+run_loom gpt2-124m 16 bf16 pipelined
+run_loom llama-1b 4 bf16 pipelined
 run_loom llama-1b 4 fp8
 run_loom gpt2-124m 16 fp8
 rm -rf "$DATA"
@@ -80,7 +91,11 @@ for preset in ["gpt2-124m", "llama-1b"]:
     loom = json.load(open(os.path.join(out, f"loom_{preset}_bf16_auto.json")))
     best = max(eager["tokens_per_s"], comp["tokens_per_s"])
     flops_per_token = eager["model_tflops"] * 1e12 / eager["tokens_per_s"]  # same model, same formula
-    for name, d in [("loom", loom), ("PyTorch eager", eager), ("PyTorch compile", comp)]:
+    rows = [("loom", loom), ("PyTorch eager", eager), ("PyTorch compile", comp)]
+    llmc = os.path.join(out, f"llmc_{preset}.json")
+    if os.path.exists(llmc) and os.path.getsize(llmc) > 0:
+        rows.append(("llm.c", json.load(open(llmc))))
+    for name, d in rows:
         tflops = flops_per_token * d["tokens_per_s"] / 1e12
         mfu = tflops / (eager["model_tflops"] / eager["mfu_vs_datasheet"])
         mfu_gemm = tflops / eager["measured_bf16_gemm_tflops"]
@@ -97,7 +112,8 @@ print("\n| model | loom precision | attention kernels | ms/step | tokens/s | vs 
 print("|---|---|---|---|---|---|")
 for preset in ["gpt2-124m", "llama-1b"]:
     base = json.load(open(os.path.join(out, f"loom_{preset}_bf16_auto.json")))
-    for precision, attention in [("bf16", "auto"), ("bf16", "scalar"), ("fp8", "auto")]:
+    for precision, attention in [("bf16", "auto"), ("bf16", "scalar"), ("bf16", "pipelined"),
+                                 ("fp8", "auto")]:
         path = os.path.join(out, f"loom_{preset}_{precision}_{attention}.json")
         if not os.path.exists(path):
             continue

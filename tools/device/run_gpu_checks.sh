@@ -8,14 +8,20 @@
 #   1. gpu_tests   tests/gpu/loom_gpu_tests (every CUDA kernel, op, model and trainer test)
 #   2. nccl_np1    mpirun -np 1 tests/gpu/nccl/loom_nccl_tests
 #   3. smoke_*     mpirun -np 1 / -np 2 loom train --device cuda on a tiny GPT-2 and Llama (f32, bf16)
+#  3b. calibrate   mpirun -np 1 loom calibrate --device cuda (the CUDA engine's bf16 GEMM, attention
+#                  and memory-bound rates) into a machine profile, then loom plan --profile for the
+#                  bench's GPT-2 124M case (bf16, 16 x 1024, one GPU); the bench's measured step
+#                  is printed beside the prediction once 5. has run
 #   4. layouts     ctest -L gpu -R gpu_layout (layout_on_cuda.sh: 23 MPI layouts, ranks share the
 #                  GPU; the NCCL ones need 2+ GPUs and report Skipped) from the unpacked tree
-#   5. bench       bench/run_gpu_benchmarks.sh's parts: loom vs PyTorch eager / torch.compile on
+#   5. bench       bench/run_gpu_benchmarks.sh's parts: loom vs PyTorch eager / torch.compile (and
+#                  llm.c where .device/llmc/train_gpt2cu was built by tools/device/build_llmc.sh) on
 #                  GPT-2 124M (then Llama 1B) at seq 1024, bf16, as long as the budget lasts
 # Results go to $OUT (the device's result folder; .device/out when unset), at most 8 files:
 #   summary.txt (one PASS/FAIL/SKIP/TIMEOUT line per check, read this first), env.txt,
 #   gpu_tests.log, mpi_smoke.log, layouts.log, bench.log, bench.jsonl, details.tar.xz (every log,
-#   gtest XML, metrics.jsonl).
+#   gtest XML, metrics.jsonl, the calibration's gpu_profile.json and plan_gpt2_124m.json), and
+#   gpu_profile.json itself where fewer than 8 files leave room for it.
 set -u
 REPO=$(pwd)
 [ -f tools/device/env.sh ] || { echo "run from the repository root"; exit 2; }
@@ -34,6 +40,9 @@ finish() {
   note "total: $(( $(date +%s) - START )) s of a ${BUDGET} s budget"
   tar -C "$W" --exclude='*.bin' --exclude='*.safetensors' --exclude=ctest --exclude='ckpt*' \
     -cJf "$OUT/details.tar.xz" . 2>/dev/null
+  # The device tool brings back 8 files from $OUT: the profile joins them where there is room
+  # (it is in details.tar.xz either way).
+  if [ -s "$W/gpu_profile.json" ] && [ "$(find "$OUT" -type f | wc -l)" -lt 8 ]; then cp "$W/gpu_profile.json" "$OUT/"; fi
   exit "${1:-0}"
 }
 # check NAME TIMEOUT LOGFILE command...: runs it under timeout (cut to the budget left), one line.
@@ -98,9 +107,9 @@ if [ -n "$missing" ]; then
 fi
 note "ok      every library found: $(ldd "$P/build/loom" | awk '/libcudart|libcublasLt|libnccl|libcuda\./ {print $1 "=" $3}' | tr '\n' ' ')"
 
-# LOOM_CHECKS picks the phases (default all): probe tests nccl smoke layouts profile bench.
+# LOOM_CHECKS picks the phases (default all): probe tests nccl smoke calibrate layouts profile bench.
 # LOOM_BENCH_TORCH=0 leaves out the PyTorch runs of the bench.
-CHECKS=" ${LOOM_CHECKS:-probe tests nccl smoke layouts profile bench} "
+CHECKS=" ${LOOM_CHECKS:-probe tests nccl smoke calibrate layouts profile bench} "
 want() { [[ "$CHECKS" == *" $1 "* ]]; }
 
 # 0b. probe: which FP8 matmuls this cuBLASLt takes (.device/fp8_probe, built here from
@@ -173,6 +182,31 @@ smoke smoke_np2_gpt2_f32 2 gpt2 f32
 fi
 grep -E '^(step 10/10|done:)' "$OUT/mpi_smoke.log" | sed 's/^/        /' | tee -a "$SUMMARY"
 
+# 3b. calibrate: the CUDA engine measured into a machine profile (about 20 s), and the planner's
+# prediction from it for the bench's GPT-2 124M run (bf16, batch 16 x 1024, one GPU: global batch
+# 16 sequences, one micro-batch), which 5. measures.
+PROFILE=$W/gpu_profile.json
+PLAN_GPT2=$W/plan_gpt2_124m.json
+if want calibrate; then
+  check calibrate 120 "$W/calibrate.log" mpirun --allow-run-as-root -np 1 "$P/build/loom" calibrate --device cuda --out "$PROFILE"
+  grep -E 'bf16: GEMM peak|^wrote|error' "$W/calibrate.log" | cut -c1-400 | sed 's/^/        /' | tee -a "$SUMMARY"
+  if [ -s "$PROFILE" ]; then
+    timeout 60 "$P/build/loom" plan --model gpt2-124m --seq 1024 --global-batch 16 --layout mbs=16 \
+      --profile "$PROFILE" --json > "$PLAN_GPT2" 2>> "$W/calibrate.log"
+    "${SYSENV[@]}" /usr/bin/python3 - "$PLAN_GPT2" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+try:
+    p = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    print(f"        plan --profile: no prediction ({e})"); sys.exit()
+t, m = p["time"], p["memory_bytes"]
+print(f"        plan --profile: gpt2-124m bf16 16 x 1024 on one GPU: predicted {1e3 * t['step_s']:.1f} ms/step "
+      f"(compute {1e3 * t['compute_s']:.1f}, optimizer {1e3 * t['optimizer_s']:.1f}), {t['tokens_per_s']:.0f} tokens/s, "
+      f"memory {m['total'] / 2**30:.1f} GiB ({'fits' if p['fits'] else 'does NOT fit'})")
+PY
+  fi
+fi
+
 # 4. The layout tests through ctest, from the unpacked tree (paths rewritten to here).
 if ! want layouts; then :
 elif command -v ctest >/dev/null; then
@@ -227,11 +261,13 @@ warmup_steps = 0
 dir = "$6"
 TOML
 }
-bench_loom() {  # preset batch [precision [attention kernels]]
-  local precision=${3:-bf16} attention=${4:-auto} name="$1_${3:-bf16}_${4:-auto}"
+bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue]]]
+  local precision=${3:-bf16} attention=${4:-auto} variant=${5:-} gelu=1
+  local name="$1_${3:-bf16}_${4:-auto}${variant:+_$variant}"
+  [ "$variant" = no_gelu_epilogue ] && gelu=0
   bench_toml "$B/$name.toml" "$1" "$2" "$precision" "$STEPS" "$B/loom_$name"
-  check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" "$P/build/loom" train "$B/$name.toml"
-  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
+  check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" LOOM_CUDA_GELU_EPILOGUE="$gelu" "$P/build/loom" train "$B/$name.toml"
+  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention${variant:+ $variant}" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]
 ms = statistics.median(r["step_ms"] for r in records)
@@ -251,7 +287,9 @@ bench_torch() {  # preset batch [--compile]
 # 5b. profile: Nsight Compute's duration of every kernel of a 2-step GPT-2 124M run (bf16,
 # batch 16 x 1024), summed per kernel name and per step: where the step's time goes.
 if want profile && command -v ncu >/dev/null && [ -s "$B/bench_train_000000.bin" ]; then
-  bench_toml "$B/profile.toml" gpt2-124m 16 bf16 2 "$B/profile_run"
+  # LOOM_PROFILE_CASE="preset:batch:precision" profiles another case (e.g. llama-1b:4:fp8).
+  IFS=: read -r prof_preset prof_batch prof_precision <<<"${LOOM_PROFILE_CASE:-gpt2-124m:16:bf16}"
+  bench_toml "$B/profile.toml" "$prof_preset" "$prof_batch" "$prof_precision" 2 "$B/profile_run"
   # LOOM_PROFILE_ATTENTION picks the attention kernels of the profiled run (auto by default).
   check profile 150 "$W/profile.log" env LOOM_CUDA_ATTENTION="${LOOM_PROFILE_ATTENTION:-auto}" ncu --clock-control none --metrics gpu__time_duration.sum \
       --csv --page raw --log-file "$W/profile_ncu.txt" -f -o "$W/profile_report" "$P/build/loom" train "$B/profile.toml"
@@ -283,9 +321,10 @@ for name, t in per.most_common(25):
 PY
 fi
 
-# LOOM_BENCH_LOOM="preset:batch:precision:attention ..." replaces the default runs (loom only).
+# LOOM_BENCH_LOOM="preset:batch:precision:attention[:variant] ..." replaces the default runs
+# (loom only).
 if want bench && [ -n "${LOOM_BENCH_LOOM:-}" ]; then
-  for case in $LOOM_BENCH_LOOM; do IFS=: read -r pr ba pc at <<<"$case"; bench_loom "$pr" "$ba" "$pc" "$at"; done
+  for case in $LOOM_BENCH_LOOM; do IFS=: read -r pr ba pc at va <<<"$case"; bench_loom "$pr" "$ba" "$pc" "$at" "$va"; done
 elif want bench; then
   for case in "gpt2-124m 16" "llama-1b 4"; do
     set -- $case
@@ -293,14 +332,42 @@ elif want bench; then
     bench_torch "$1" "$2"
     bench_torch "$1" "$2" --compile
   done
+  # llm.c's trainer (a third baseline: tools/device/build_llmc.sh built it here, into .device/llmc/)
+  # on the same GPT-2 124M case, with its best settings (bench/llmc_gpu.sh).
+  if [ -x "$REPO/.device/llmc/train_gpt2cu" ]; then
+    check bench_llmc 150 "$W/llmc.out" bash "$REPO/bench/llmc_gpu.sh" "$REPO/.device/llmc/train_gpt2cu" "$W/llmc" "$STEPS" 16
+    grep '^{' "$W/llmc.out" >> "$OUT/bench.jsonl"
+  fi
   # What the pipelined attention kernels and FP8 GEMMs each buy, on the same machine in the same
   # run (the scalar kernels' 227 ms for GPT-2 was measured on 2026-11-26).
   bench_loom gpt2-124m 16 bf16 pipelined
+  bench_loom gpt2-124m 16 bf16 auto no_gelu_epilogue  # what the GELU epilogues buy
   bench_loom llama-1b 4 bf16 pipelined
   bench_loom llama-1b 4 fp8
   bench_loom gpt2-124m 16 fp8
 fi
 [ -s "$OUT/bench.jsonl" ] && sed 's/^/        /' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
+# The calibration's prediction (3b.) against the bench's measured GPT-2 124M step (5.).
+if [ -s "$PLAN_GPT2" ] && [ -s "$OUT/bench.jsonl" ]; then
+  "${SYSENV[@]}" /usr/bin/python3 - "$PLAN_GPT2" "$OUT/bench.jsonl" <<'PY' | tee -a "$SUMMARY"
+import json, sys
+try:
+    predicted = 1e3 * json.load(open(sys.argv[1]))["time"]["step_s"]
+except (OSError, ValueError, KeyError):
+    sys.exit()
+for line in open(sys.argv[2]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if (r.get("engine"), r.get("preset"), r.get("batch"), r.get("precision"), r.get("attention")) == \
+            ("loom", "gpt2-124m", 16, "bf16", "auto"):
+        measured = r["ms_per_step"]
+        print(f"        calibrate vs bench: gpt2-124m bf16 16 x 1024: predicted {predicted:.1f} ms/step, "
+              f"measured {measured:.1f} ms/step ({100 * (predicted / measured - 1):+.1f}%)")
+        break
+PY
+fi
 cp "$SUMMARY" "$W/"
 grep -q '^FAIL\|^TIMEOUT' "$SUMMARY" && finish 1
 finish 0

@@ -208,12 +208,19 @@ double gelu_grad(double x) {
 // |d_pre| + 2^-14 |gelu'| M), with the same tanh allowance through gelu', whose dependence on
 // tanh is at most 0.5 + |x| |u'(x)| <= 16 for |x| <= 4 (2^-8 x 16 |d_out W|): inputs are scaled
 // so every pre-activation stays within 4. Below M a wrong index or a missing bias is O(1).
-TEST_F(CudaGemmTest, GeluEpiloguesMatchTheTwoKernelPath) {
-  const int64_t n = 64, in = 96, out = 136, ld = out + 8;  // ld a multiple of 8, as cuBLASLt needs
-  auto input = random_vector(static_cast<size_t>(n * in), 40);
-  auto weight = random_vector(static_cast<size_t>(out * in), 41, -0.25f, 0.25f);
-  auto bias = random_vector(static_cast<size_t>(out), 42);
-  input = rounded_to_bf16(input), weight = rounded_to_bf16(weight), bias = rounded_to_bf16(bias);
+// One forward product of [n, in] by [out, in] with the GELU epilogue and one backward product
+// through a second layer [out2, out], checked on every `row_step`-th row.
+void check_gelu_epilogues(int64_t n, int64_t in, int64_t out, int64_t out2, int64_t row_step,
+                          uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << n << " x " << in << " -> " << out << " -> " << out2);
+  const int64_t ld = out + 8;  // a multiple of 8, as cuBLASLt needs
+  // Weights scaled with 1 / sqrt(in): each pre-activation has a standard deviation of about 0.5
+  // whatever in is, plus a bias within 0.5, so the largest of 10^5 stays well within 4.
+  const float w1_range = 0.15f * std::sqrt(96.0f / static_cast<float>(in));
+  auto input = rounded_to_bf16(random_vector(static_cast<size_t>(n * in), seed));
+  auto weight =
+      rounded_to_bf16(random_vector(static_cast<size_t>(out * in), seed + 1, -w1_range, w1_range));
+  auto bias = rounded_to_bf16(random_vector(static_cast<size_t>(out), seed + 2, -0.5f, 0.5f));
   DeviceBuffer<bf16> g_input(to_bf16(input)), g_weight(to_bf16(weight)), g_bias(to_bf16(bias));
   DeviceBuffer<bf16> g_act(static_cast<size_t>(n * ld)), g_pre(static_cast<size_t>(n * ld));
   ASSERT_TRUE(linear_gelu_forward(g_act.get(), g_pre.get(), ld, g_input.get(), g_weight.get(),
@@ -222,7 +229,7 @@ TEST_F(CudaGemmTest, GeluEpiloguesMatchTheTwoKernelPath) {
       << " product";
   const auto act = from_bf16(g_act.download()), pre = from_bf16(g_pre.download());
   size_t failures = 0;
-  for (int64_t r = 0; r < n; ++r)
+  for (int64_t r = 0; r < n; r += row_step)
     for (int64_t j = 0; j < out; ++j) {
       double sum = bias[static_cast<size_t>(j)], magnitude = std::fabs(sum);
       for (int64_t c = 0; c < in; ++c) {
@@ -239,10 +246,10 @@ TEST_F(CudaGemmTest, GeluEpiloguesMatchTheTwoKernelPath) {
     }
   EXPECT_EQ(failures, 0u) << "pre / act elements beyond their bounds";
 
-  // Backward through a second product [in2 = out] -> [out2]: d_pre = gelu'(pre) * (d_out @ W2).
-  const int64_t out2 = 72;
-  auto w2 = rounded_to_bf16(random_vector(static_cast<size_t>(out2 * out), 43, -0.25f, 0.25f));
-  auto d_out = rounded_to_bf16(random_vector(static_cast<size_t>(n * out2), 44));
+  // Backward through the second product: d_pre = gelu'(pre) * (d_out @ W2).
+  auto w2 =
+      rounded_to_bf16(random_vector(static_cast<size_t>(out2 * out), seed + 3, -0.25f, 0.25f));
+  auto d_out = rounded_to_bf16(random_vector(static_cast<size_t>(n * out2), seed + 4));
   DeviceBuffer<bf16> g_w2(to_bf16(w2)), g_dout(to_bf16(d_out));
   DeviceBuffer<bf16> g_dpre(static_cast<size_t>(n * ld));
   ASSERT_TRUE(
@@ -250,7 +257,7 @@ TEST_F(CudaGemmTest, GeluEpiloguesMatchTheTwoKernelPath) {
       << "cuBLASLt has no DGELU kernel for a bf16 " << n << "x" << out << "x" << out2 << " product";
   const auto d_pre = from_bf16(g_dpre.download());
   failures = 0;
-  for (int64_t r = 0; r < n; ++r)
+  for (int64_t r = 0; r < n; r += row_step)
     for (int64_t j = 0; j < out; ++j) {
       double d_act = 0.0, magnitude = 0.0;
       for (int64_t c = 0; c < out2; ++c) {
@@ -272,6 +279,13 @@ TEST_F(CudaGemmTest, GeluEpiloguesMatchTheTwoKernelPath) {
                                    g_bias.get(), n, in, out));
   EXPECT_FALSE(
       gelu_input_grad(g_dpre.get(), ld, g_dout.get(), out2, g_w2.get(), g_pre.get(), n, out, out2));
+  set_bias_epilogues_enabled(true);
+}
+
+TEST_F(CudaGemmTest, GeluEpiloguesMatchTheTwoKernelPath) {
+  check_gelu_epilogues(64, 96, 136, 72, 1, 40);  // odd widths, every row
+  // GPT-2 124M's MLP at 16 x 1024 tokens (16384 x 768 -> 3072 -> 768), every 512th row.
+  check_gelu_epilogues(16384, 768, 3072, 768, 512, 50);
 }
 
 TEST_F(CudaGemmTest, HeuristicRunsOncePerProductAndCachedPlansGiveTheSameResult) {

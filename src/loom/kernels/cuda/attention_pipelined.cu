@@ -126,6 +126,10 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     const bf16* k_tile = k_stage(stage);
     const bf16* v_tile = v_stage(stage);
+    // With two m tiles, the CTA's last key tile lies wholly above the first m tile's rows
+    // (i0 .. i0 + 63): its products, softmax update and P V would add exactly nothing there, so
+    // they are skipped (the same for every warp: no divergence).
+    const bool skip_first = kM == 2 && j0 >= i0 + 64;
 
     float s[kM][8][4];
 #pragma unroll
@@ -141,6 +145,7 @@ __global__ void __launch_bounds__(kThreads)
         fragments_b_along_rows(kb, k_tile, kS, 16 * np, 16 * kk, lane);
 #pragma unroll
         for (int mi = 0; mi < kM; ++mi) {
+          if (mi == 0 && skip_first) continue;
           mma(s[mi][2 * np], qf[mi][kk], kb[0], kb[1]);
           mma(s[mi][2 * np + 1], qf[mi][kk], kb[2], kb[3]);
         }
@@ -150,6 +155,7 @@ __global__ void __launch_bounds__(kThreads)
     const bool masked = j0 + kKeys - 1 > i0 || j0 + kKeys > d.seq;
 #pragma unroll
     for (int mi = 0; mi < kM; ++mi) {
+      if (mi == 0 && skip_first) continue;
       float tile_max[2] = {kNegInfinity, kNegInfinity};
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt)
@@ -198,6 +204,7 @@ __global__ void __launch_bounds__(kThreads)
         fragments_b_down_rows(vb, v_tile, kS, 16 * ks, 16 * dp, lane);
 #pragma unroll
         for (int mi = 0; mi < kM; ++mi) {
+          if (mi == 0 && skip_first) continue;
           mma(o[mi][2 * dp], pa[mi], vb[0], vb[1]);
           mma(o[mi][2 * dp + 1], pa[mi], vb[2], vb[3]);
         }

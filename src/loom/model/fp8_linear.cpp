@@ -79,6 +79,24 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
   return ops::fp8_quantize(x, col, cols, pair, format, transposed);
 }
 
+const ops::Fp8Codes& Fp8Linear::device_weight_codes(const Tensor& weight_value, int64_t in) {
+  const Fp8Context& ctx = *context_;
+  const bool kept = ctx.in_step && weight_codes_step_ == ctx.step_serial &&
+                    weight_codes_.rows == weight_value.size(0) && weight_codes_.cols == in;
+  if (!kept) {
+    // Inside a step the transposed copy is made at once: the backward's d_input product takes it.
+    weight_codes_ =
+        quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, ctx.in_step);
+    weight_codes_step_ = ctx.in_step ? ctx.step_serial : -1;
+  }
+  return weight_codes_;
+}
+
+void Fp8Linear::release_step_cache() {
+  weight_codes_ = ops::Fp8Codes{};
+  weight_codes_step_ = -1;
+}
+
 void Fp8Linear::forward_on_device(const Tensor& out, int64_t out_col, const Tensor& input_value,
                                   const Tensor& weight_value, const Tensor* bias) {
   const int64_t in = input_value.size(1);
@@ -92,8 +110,7 @@ void Fp8Linear::forward_on_device(const Tensor& out, int64_t out_col, const Tens
   }
   const ops::Fp8Codes x =
       quantize_on_device(input_value, 0, in, input, 0, cpu::Fp8Format::E4M3, false);
-  const ops::Fp8Codes w =
-      quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, false);
+  const ops::Fp8Codes& w = device_weight_codes(weight_value, in);
   ops::fp8_gemm(out, out_col, 0.0f, x, false, w, false);  // out = x @ w^T
   // Added after the product's bf16 rounding: two roundings where the CPU makes one (cuBLASLt's
   // bias epilogue for FP8 would make it one; not used until a GPU has shown it works).
@@ -109,10 +126,16 @@ void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
       quantize_on_device(d_out, d_out_col, out_features, grad_output, 2,
                          context_->config.gradient_format(), d_weight.defined());
   if (d_input.defined()) {
-    const ops::Fp8Codes w =
-        quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, true);
+    // The step's weight codes (made by this micro-batch's forward or an earlier one), or, outside
+    // a step, fresh ones with their transpose.
+    const ops::Fp8Codes* w = &device_weight_codes(weight_value, in);
+    ops::Fp8Codes fresh;
+    if (!w->codes_t.defined()) {
+      fresh = quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, true);
+      w = &fresh;
+    }
     // d_input [rows, in] (+)= g [rows, out] @ (w^T [in, out])^T
-    ops::fp8_gemm(d_input, 0, accumulate_input ? 1.0f : 0.0f, g, false, w, true);
+    ops::fp8_gemm(d_input, 0, accumulate_input ? 1.0f : 0.0f, g, false, *w, true);
   }
   if (d_weight.defined()) {
     const ops::Fp8Codes x =
@@ -173,11 +196,13 @@ void Fp8Training::begin_step() {
     for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
       s->step_amax = 0.0f;
   if (context_->device_step_amax.defined()) context_->device_step_amax.zero_();
+  ++context_->step_serial;
   context_->in_step = true;
 }
 
 void Fp8Training::finish_step(bool keep) {
   context_->in_step = false;
+  for (Fp8Linear* layer : layers_) layer->release_step_cache();
   // The device's step amaxes, in one copy (CUDA only).
   std::vector<float> device;
   if (context_->device_step_amax.defined()) {

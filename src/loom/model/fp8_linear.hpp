@@ -23,14 +23,15 @@
 // tensor cores: each operand is quantised to FP8 codes on the device (the CPU's rounding,
 // kernels/cuda/fp8) and cuBLASLt multiplies the codes (accumulating at the FP8 tensor cores'
 // precision, promoted to f32 periodically) with the operands' dequantisation factors. The
-// backward quantises the output gradient, input and weight again (the same scales: they do not
-// move within a step) with transposed copies, so each product is the "TN" form cuBLASLt's FP8
-// kernels take. Step amaxes stay on the device until finish_step reads them all in one copy;
-// only the current recipe under data parallelism reads one back per quantisation, to reduce it
-// over the replicas before it becomes a scale. Products whose row count is not a multiple of
-// 16 (sampling, outside any step) run in bf16.
-// Under data parallelism the amaxes are reduced (max) over the replicas, as Transformer Engine
-// does over its amax reduction group, so every replica uses the scale one process would.
+// backward quantises the output gradient and the input again (the same scales: they do not move
+// within a step) with transposed copies, so each product is the "TN" form cuBLASLt's FP8 kernels
+// take; a weight's codes, with their transpose, are made at its first product of a step and
+// serve the step's others (freed at finish_step). Step amaxes stay on the device until finish_step
+// reads them all in one copy; only the current recipe under data parallelism reads one back per
+// quantisation, to reduce it over the replicas before it becomes a scale. Products whose row count
+// is not a multiple of 16 (sampling, outside any step) run in bf16. Under data parallelism the
+// amaxes are reduced (max) over the replicas, as Transformer Engine does over its amax reduction
+// group, so every replica uses the scale one process would.
 #include <functional>
 #include <memory>
 #include <span>
@@ -73,6 +74,9 @@ struct Fp8Context {
   // layer i) in one device buffer, made at the first quantisation on the device.
   Tensor device_step_amax;
   int64_t layer_count = 0;
+  // Counts begin_step calls: a step's device-side caches (each layer's weight codes) are keyed
+  // by it.
+  int64_t step_serial = 0;
 };
 
 // One operand of a linear layer's GEMMs: the amax history (newest first) and the largest amax of
@@ -95,6 +99,8 @@ class Fp8Linear {
 
   Fp8TensorScaling input, weight, grad_output;
   int64_t index = 0;  // this layer's place among its model's FP8 layers (Fp8Training sets it)
+  // Frees the weight codes kept for the step (Fp8Training::finish_step).
+  void release_step_cache();
 
  private:
   void forward_on_device(const Tensor& out, int64_t out_col, const Tensor& input,
@@ -107,6 +113,13 @@ class Fp8Linear {
   ops::Fp8Codes quantize_on_device(const Tensor& x, int64_t col, int64_t cols,
                                    Fp8TensorScaling& scaling, int slot, cpu::Fp8Format format,
                                    bool transposed);
+  // CUDA: the weight's codes, with their transpose inside a step. The weight and its scale do
+  // not change inside a step, so the codes made at the step's first product serve every later
+  // one (each micro-batch's forward and backward): one amax and one quantisation of each weight
+  // per step instead of two per micro-batch. Held until finish_step (2 bytes per weight).
+  const ops::Fp8Codes& device_weight_codes(const Tensor& weight_value, int64_t in);
+  ops::Fp8Codes weight_codes_;
+  int64_t weight_codes_step_ = -1;  // the step_serial they were made in; -1: none kept
   // A new [rows, cols] tensor of the quantised-dequantised block at `x` (rows `stride` apart).
   Tensor quantize(const float* x, int64_t rows, int64_t cols, int64_t stride,
                   Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows);

@@ -25,7 +25,9 @@ Mlp::Mlp(const ModelConfig& c, const ParallelPlan& plan, const std::string& pref
 
 void Mlp::forward(const Tensor& out, BlockStash& stash) const {
   // GPT-2's GELU in the first product's epilogue where the device has one (CUDA, bf16): the
-  // GELU of the f32 product, one rounding fewer than the two-kernel path below.
+  // GELU of the f32 product, one rounding fewer than the two-kernel path below. (Selective
+  // recomputation rebuilds mlp_act from the rounded pre with the GELU kernel: up to one bf16
+  // ulp from this, inside the bf16 tolerances.)
   if (!gelu_ || !input_projection->forward_gelu(stash.mlp_act, stash.mlp_pre, stash.norm2_out)) {
     input_projection->forward(stash.mlp_pre, stash.norm2_out);
     if (bf16_activations_) ops::round_to_bf16_(stash.mlp_pre);

@@ -63,6 +63,16 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* dst, float lo, float h
   *reinterpret_cast<uint32_t*>(dst) = pack_bf16(lo, hi);
 }
 
+// Row g + 8 r of a warp's 16-row accumulator tiles acc[dt] (columns 8 dt .. 8 dt + 7), times
+// `scale`, as bf16 pairs from dst (the row's first column): the epilogue of every kernel.
+template <int kDimTiles>
+__device__ __forceinline__ void store_row(__nv_bfloat16* dst, const float (&acc)[kDimTiles][4],
+                                          int r, int t, float scale) {
+#pragma unroll
+  for (int dt = 0; dt < kDimTiles; ++dt)
+    store_pair(dst + dt * 8 + 2 * t, acc[dt][2 * r] * scale, acc[dt][2 * r + 1] * scale);
+}
+
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }

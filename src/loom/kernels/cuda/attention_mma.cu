@@ -314,10 +314,7 @@ __global__ void __launch_bounds__(kThreads)
     const float total = row_quad_sum(l[r]);
     if (row[r] >= d.seq) continue;
     const float inv = 1.0f / total;
-    bf16* dst = out + (int64_t{b} * d.seq + row[r]) * d.out_ld + q_column(d, h);
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt)
-      store_pair(dst + dt * 8 + 2 * t, o[dt][2 * r] * inv, o[dt][2 * r + 1] * inv);
+    store_row(out + (int64_t{b} * d.seq + row[r]) * d.out_ld + q_column(d, h), o, r, t, inv);
     if (t == 0) lse[(int64_t{b} * d.heads + h) * d.seq + row[r]] = (m[r] + log2f(total)) * kLn2;
   }
 }
@@ -421,12 +418,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= d.seq) continue;
     bf16* dst = d_qkv + (int64_t{b} * d.seq + key[r]) * d.qkv_ld;
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) {
-      store_pair(dst + k_column(d, kvh) + dt * 8 + 2 * t, dk[dt][2 * r] * d.scale,
-                 dk[dt][2 * r + 1] * d.scale);
-      store_pair(dst + v_column(d, kvh) + dt * 8 + 2 * t, dv[dt][2 * r], dv[dt][2 * r + 1]);
-    }
+    store_row(dst + k_column(d, kvh), dk, r, t, d.scale);
+    store_row(dst + v_column(d, kvh), dv, r, t, 1.0f);
   }
 }
 
@@ -505,10 +498,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= d.seq) continue;
-    bf16* dst = d_qkv + (int64_t{b} * d.seq + row[r]) * d.qkv_ld + q_column(d, h);
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt)
-      store_pair(dst + dt * 8 + 2 * t, dq[dt][2 * r] * d.scale, dq[dt][2 * r + 1] * d.scale);
+    store_row(d_qkv + (int64_t{b} * d.seq + row[r]) * d.qkv_ld + q_column(d, h), dq, r, t, d.scale);
   }
 }
 

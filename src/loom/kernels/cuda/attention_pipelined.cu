@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kThreads)
       const float inv = 1.0f / total;
       bf16* dst = out + (int64_t{b} * d.seq + row[mi][r]) * d.out_ld + q_column(d, h);
 #pragma unroll
-      for (int dt = 0; dt < kDimTiles; ++dt)
+      for (int dt = 0; dt < kDimTiles; ++dt)  // inline: store_row here costs this kernel a spill
         store_pair(dst + dt * 8 + 2 * t, o[mi][dt][2 * r] * inv, o[mi][dt][2 * r + 1] * inv);
       if (t == 0)
         lse[(int64_t{b} * d.heads + h) * d.seq + row[mi][r]] = (m[mi][r] + log2f(total)) * kLn2;
@@ -367,12 +367,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= d.seq) continue;
     bf16* dst = d_qkv + (int64_t{b} * d.seq + key[r]) * d.qkv_ld;
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt) {
-      store_pair(dst + k_column(d, kvh) + dt * 8 + 2 * t, dk[dt][2 * r] * d.scale,
-                 dk[dt][2 * r + 1] * d.scale);
-      store_pair(dst + v_column(d, kvh) + dt * 8 + 2 * t, dv[dt][2 * r], dv[dt][2 * r + 1]);
-    }
+    store_row(dst + k_column(d, kvh), dk, r, t, d.scale);
+    store_row(dst + v_column(d, kvh), dv, r, t, 1.0f);
   }
 }
 
@@ -500,10 +496,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= d.seq) continue;
-    bf16* dst = d_qkv + (int64_t{b} * d.seq + row[r]) * d.qkv_ld + q_column(d, h);
-#pragma unroll
-    for (int dt = 0; dt < kDimTiles; ++dt)
-      store_pair(dst + dt * 8 + 2 * t, dq[dt][2 * r] * d.scale, dq[dt][2 * r + 1] * d.scale);
+    store_row(d_qkv + (int64_t{b} * d.seq + row[r]) * d.qkv_ld + q_column(d, h), dq, r, t, d.scale);
   }
 }
 

@@ -185,6 +185,9 @@ void expect_same_config(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.n_embd, b.n_embd);
   EXPECT_EQ(a.n_head, b.n_head);
   EXPECT_EQ(a.n_kv_head, b.n_kv_head);
+  EXPECT_EQ(a.attention_head_dim, b.attention_head_dim);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.global_attention_every, b.global_attention_every);
   EXPECT_EQ(a.ffn_hidden, b.ffn_hidden);
   EXPECT_EQ(a.tied_embeddings, b.tied_embeddings);
   EXPECT_EQ(a.norm_eps, b.norm_eps);
@@ -235,6 +238,83 @@ TEST(HfConfig, LlamaWithGroupedQueryAttentionRoundTrips) {
   expect_same_config(model_config_from_hf_json(json::parse(hf.dump())), config);
 }
 
+// An explicit head width (HF's head_dim) is written and read back; one that spells out
+// hidden_size / num_attention_heads reads as no override. Mistral NeMo's published config.json
+// (mistralai/Mistral-Nemo-Base-2407: 40 layers of 5120, 32 heads of 128, 8 kv heads, 14336,
+// vocabulary 131,072, untied) reads as a Llama with 4096-wide attention, and its sliding window
+// must be null.
+TEST(HfConfig, ExplicitHeadDimRoundTripsAndMistralNemoReads) {
+  ModelConfig config = gqa_llama();
+  config.attention_head_dim = 16;  // 8 heads of 16 = 128 on a 64-wide stream
+  json hf = hf_config_json(config);
+  EXPECT_EQ(hf["head_dim"], 16);
+  expect_same_config(model_config_from_hf_json(json::parse(hf.dump())), config);
+  hf["head_dim"] = 8;  // = 64 / 8
+  EXPECT_EQ(model_config_from_hf_json(hf).attention_head_dim, 0);
+  EXPECT_FALSE(hf_config_json(gqa_llama()).contains("head_dim"));
+
+  const json nemo = {{"architectures", {"MistralForCausalLM"}},
+                     {"model_type", "mistral"},
+                     {"hidden_size", 5120},
+                     {"head_dim", 128},
+                     {"intermediate_size", 14336},
+                     {"max_position_embeddings", 1024000},
+                     {"num_attention_heads", 32},
+                     {"num_hidden_layers", 40},
+                     {"num_key_value_heads", 8},
+                     {"rms_norm_eps", 1e-5},
+                     {"rope_theta", 1000000.0},
+                     {"sliding_window", nullptr},
+                     {"tie_word_embeddings", false},
+                     {"vocab_size", 131072},
+                     {"hidden_act", "silu"}};
+  const ModelConfig read = model_config_from_hf_json(nemo);
+  EXPECT_EQ(read.head_dim(), 128);
+  EXPECT_EQ(read.q_dim(), 4096);
+  // By hand: embeddings and head 2 x 131072 x 5120 = 1,342,177,280; per layer q and o 2 x 5120 x
+  // 4096 = 41,943,040, k and v 2 x 5120 x 1024 = 10,485,760, MLP 3 x 5120 x 14336 = 220,200,960,
+  // norms 2 x 5120: 272,640,000 x 40 = 10,905,600,000; final norm 5120. 12,247,782,400 in all.
+  EXPECT_EQ(read.parameter_count(), 12247782400);
+}
+
+// Sliding windows: Mistral 7B v0.1's on every layer; gpt-oss's layer_types (a 128-key window on
+// layer 0, global on layer 1, and so on) as loom's every-2nd-layer-global; a window at least as
+// long as the context is none; layer_types that follow no every-G-th pattern are refused.
+TEST(HfConfig, SlidingWindowsReadAndRoundTrip) {
+  json mistral = hf_config_json(gqa_llama());
+  mistral["model_type"] = "mistral";
+  mistral["sliding_window"] = 64;
+  ModelConfig read = model_config_from_hf_json(mistral);
+  EXPECT_EQ(read.sliding_window, 64);
+  EXPECT_EQ(read.global_attention_every, 0);
+  EXPECT_EQ(read.windowed_layer_count(), 3);
+  mistral["sliding_window"] = 256;  // = max_position_embeddings
+  EXPECT_EQ(model_config_from_hf_json(mistral).sliding_window, 0);
+
+  ModelConfig alternating = gqa_llama();
+  alternating.n_layer = 4;
+  alternating.sliding_window = 128;
+  alternating.global_attention_every = 2;
+  const json hf = hf_config_json(alternating);
+  EXPECT_EQ(hf["model_type"], "mistral");
+  EXPECT_EQ(hf["sliding_window"], 128);
+  EXPECT_EQ(hf["layer_types"], json::array({"sliding_attention", "full_attention",
+                                            "sliding_attention", "full_attention"}));
+  expect_same_config(model_config_from_hf_json(json::parse(hf.dump())), alternating);
+
+  json odd = hf;
+  odd["layer_types"] =
+      json::array({"sliding_attention", "full_attention", "full_attention", "sliding_attention"});
+  expect_contains(error_message([&] { (void)model_config_from_hf_json(odd); }),
+                  {"'layer_types'", "every G-th"});
+  odd["layer_types"] = json::array({"sliding_attention", "full_attention"});  // not one per layer
+  expect_contains(error_message([&] { (void)model_config_from_hf_json(odd); }), {"'layer_types'"});
+  odd = hf;
+  odd["sliding_window"] = -3;
+  expect_contains(error_message([&] { (void)model_config_from_hf_json(odd); }),
+                  {"'sliding_window'", "-3"});
+}
+
 // A mixture of experts is written as transformers' Mixtral config (and read back with loom's
 // router options); a Mixtral config.json as published (no output_router_logits, so no
 // balancing loss in transformers' training) reads as that model.
@@ -283,8 +363,12 @@ TEST(HfConfig, MixtralRoundTripsAndReadsAsPublished) {
   EXPECT_EQ(mixtral.experts_per_token, 2);
   EXPECT_EQ(mixtral.moe_router, MoeRouter::Softmax);
   EXPECT_EQ(mixtral.moe_aux_loss_coef, 0.0);  // output_router_logits absent (false)
-  published["sliding_window"] = 4096;
-  expect_contains(error_message([&] { (void)model_config_from_hf_json(published); }), {"sliding_window", "4096"});
+  published["sliding_window"] = 8;            // shorter than the context: every layer windowed
+  EXPECT_EQ(model_config_from_hf_json(published).sliding_window, 8);
+  EXPECT_EQ(model_config_from_hf_json(published).windowed_layer_count(), 3);
+  published["sliding_window"] = "wide";
+  expect_contains(error_message([&] { (void)model_config_from_hf_json(published); }),
+                  {"sliding_window", "wide"});
   published["sliding_window"] = nullptr;
   published["num_experts_per_tok"] = 9;
   expect_contains(error_message([&] { (void)model_config_from_hf_json(published); }),
@@ -339,8 +423,13 @@ TEST(HfConfig, BadConfigsNameTheKey) {
   expect_contains(error_message([&] { model_config_from_hf_json(hf); }), {"invalid model", "n_kv_head"});
 
   hf = hf_config_json(gqa_llama());
-  hf["model_type"] = "mistral";
-  expect_contains(error_message([&] { model_config_from_hf_json(hf); }), {"'model_type'", "mistral"});
+  hf["model_type"] = "qwen3";  // its q/k norms are not loom's Llama
+  expect_contains(error_message([&] { model_config_from_hf_json(hf); }), {"'model_type'", "qwen3"});
+
+  hf = hf_config_json(gqa_llama());
+  hf["head_dim"] = 0;
+  expect_contains(error_message([&] { model_config_from_hf_json(hf); }),
+                  {"'head_dim'", "positive"});
 
   hf = hf_config_json(tiny_gpt2());
   hf["activation_function"] = "relu";

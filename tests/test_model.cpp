@@ -117,7 +117,9 @@ TEST(Model, ParameterSpecsDescribeTheBuiltModelInGradientReadyOrder) {
 }
 
 TEST(Model, ParameterCountMatchesConfigAndAllocator) {
-  for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
+  ModelConfig wide_heads = tiny_llama();
+  wide_heads.attention_head_dim = 12;  // 4 heads of 12: q and the attention output 48 wide, not 32
+  for (const ModelConfig& config : {tiny_gpt2(), tiny_llama(), wide_heads}) {
     const int64_t before = HostAllocator::instance().live_bytes(MemCategory::Parameters);
     Transformer model(config);
     int64_t count = 0;
@@ -127,6 +129,58 @@ TEST(Model, ParameterCountMatchesConfigAndAllocator) {
   }
   EXPECT_NEAR(static_cast<double>(model_preset("gpt2-124m").parameter_count()), 124.44e6, 0.01e6);
   EXPECT_NEAR(static_cast<double>(model_preset("llama-8b").parameter_count()), 8.03e9, 0.01e9);
+  // By hand for the wide heads: embeddings 64 x 32 and a head as large, 4096; per layer q and o
+  // 2 x 32 x 48 = 3072, k and v 2 x 32 x 24 = 1536, MLP 3 x 32 x 48 = 4608, norms 64: 9280 x 2
+  // layers; the final norm 32. 22,688.
+  EXPECT_EQ(wide_heads.parameter_count(), 22688);
+}
+
+// Sliding-window attention's keys per query and FLOPs, by hand: 2 layers, a window of 4 on the
+// first (global every 2nd), 10 tokens. Layer 0's queries see 1, 2, 3, then 4 keys seven times:
+// 34 / 10 = 3.4 (= W - W(W - 1) / 2s, Megatron-Bridge's mean); layer 1's the causal 10 / 2 = 5.
+TEST(Model, SlidingWindowKeysAndFlops) {
+  ModelConfig c = tiny_llama();
+  c.sliding_window = 4;
+  c.global_attention_every = 2;
+  EXPECT_TRUE(c.is_windowed_layer(0));
+  EXPECT_FALSE(c.is_windowed_layer(1));
+  EXPECT_EQ(c.windowed_layer_count(), 1);
+  EXPECT_DOUBLE_EQ(c.mean_keys_per_query(0, 10), 3.4);
+  EXPECT_DOUBLE_EQ(c.mean_keys_per_query(1, 10), 5.0);
+  EXPECT_DOUBLE_EQ(c.mean_keys_per_query(0, 4), 2.0);  // a window as long as the sequence: causal
+  ModelConfig global = c;
+  global.sliding_window = global.global_attention_every = 0;
+  // 12 FLOPs per key and attention column (2 matmuls x 2 x 3 for forward and backward), 32 columns.
+  EXPECT_NEAR(flops_per_token(global, 10) - flops_per_token(c, 10), 12.0 * (5.0 - 3.4) * 32, 1e-6);
+  c.global_attention_every = 0;
+  EXPECT_EQ(c.windowed_layer_count(), 2);
+  c.global_attention_every = 1;
+  expect_contains(error_message([&] { c.validate(); }), {"model.global_attention_every", "G >= 2"});
+  c.global_attention_every = 3;
+  c.sliding_window = -1;
+  expect_contains(error_message([&] { c.validate(); }), {"model.sliding_window", "-1"});
+  c.sliding_window = 0;
+  expect_contains(error_message([&] { c.validate(); }),
+                  {"model.global_attention_every", "without model.sliding_window"});
+  ModelConfig g = tiny_gpt2();
+  g.sliding_window = 4;
+  expect_contains(error_message([&] { g.validate(); }), {"model.sliding_window", "gpt2"});
+}
+
+// model.head_dim: refused on GPT-2, negative, or absent where n_head does not divide n_embd.
+TEST(Model, HeadDimIsValidated) {
+  ModelConfig c = tiny_llama();
+  c.n_embd = 30;  // 4 heads do not divide it
+  expect_contains(error_message([&] { c.validate(); }), {"model.n_head", "model.head_dim"});
+  c.attention_head_dim = 8;
+  EXPECT_NO_THROW(c.validate());
+  c.attention_head_dim = -8;
+  expect_contains(error_message([&] { c.validate(); }), {"model.head_dim", "-8"});
+  c.attention_head_dim = 7;
+  expect_contains(error_message([&] { c.validate(); }), {"even", "RoPE"});
+  ModelConfig g = tiny_gpt2();
+  g.attention_head_dim = 16;
+  expect_contains(error_message([&] { g.validate(); }), {"model.head_dim", "GPT-2"});
 }
 
 // Mixture of experts: the counts follow the published totals, the specs add up to them, the
@@ -222,11 +276,12 @@ TEST(Model, MixtureOfExpertsCountsSpecsAndActiveFlops) {
 struct PackedCase {
   Architecture arch;
   bool restart_positions;
+  int64_t window = 0;  // a sliding window of that many keys on the first layer of two
 };
 class PackedDocuments : public ::testing::TestWithParam<PackedCase> {};
 
 TEST_P(PackedDocuments, EqualTheirDocumentsAlone) {
-  const auto [arch, restart] = GetParam();
+  const auto [arch, restart, window] = GetParam();
   constexpr int32_t kEot = 3;
   constexpr int64_t kLength = 16;
   const std::vector<int64_t> starts = {0, 5, 12, kLength};  // documents of 5, 7 and 4 tokens
@@ -236,7 +291,10 @@ TEST_P(PackedDocuments, EqualTheirDocumentsAlone) {
   tokens[4] = tokens[11] = kEot;  // the first two documents end with the end token
   const std::vector<int32_t> targets = random_tokens(kLength, 64, 31);
 
-  Transformer packed(tiny(arch));
+  ModelConfig config = tiny(arch);
+  config.sliding_window = window;
+  config.global_attention_every = window > 0 ? 2 : 0;
+  Transformer packed(config);
   packed.init_weights(32);
   packed.set_document_mask(kEot, restart);
   EXPECT_EQ(packed.restarts_positions(), restart);
@@ -244,7 +302,7 @@ TEST_P(PackedDocuments, EqualTheirDocumentsAlone) {
   const double packed_loss = packed.forward(tokens.data(), targets.data(), 1, kLength);
   packed.backward();
 
-  Transformer alone(tiny(arch));
+  Transformer alone(config);
   alone.init_weights(32);
   alone.zero_grad();
   double alone_loss = 0;
@@ -263,20 +321,32 @@ TEST_P(PackedDocuments, EqualTheirDocumentsAlone) {
       ASSERT_NEAR(got[k], want[k], 1e-5f * scale) << packed.parameters()[i]->name << " [" << k << "]";
   }
   // Without the mask the later documents see the earlier ones: the test can fail.
-  Transformer unmasked(tiny(arch));
+  Transformer unmasked(config);
   unmasked.init_weights(32);
   EXPECT_GT(std::fabs(unmasked.forward(tokens.data(), targets.data(), 1, kLength, {false, 1.0f}) - alone_loss),
             1e-3);
+  if (config.sliding_window == 0) return;
+  // The window bites (the 7-token document is longer than it): without it the loss differs.
+  ModelConfig global = config;
+  global.sliding_window = global.global_attention_every = 0;
+  Transformer unwindowed(global);
+  unwindowed.init_weights(32);
+  unwindowed.set_document_mask(kEot, restart);
+  EXPECT_GT(std::fabs(unwindowed.forward(tokens.data(), targets.data(), 1, kLength, {false, 1.0f}) -
+                      alone_loss),
+            1e-4);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, PackedDocuments,
-                         ::testing::Values(PackedCase{Architecture::Llama, false},
-                                           PackedCase{Architecture::Llama, true},
-                                           PackedCase{Architecture::GPT2, true}),
-                         [](const auto& info) {
-                           return std::string(info.param.arch == Architecture::GPT2 ? "gpt2" : "llama") +
-                                  (info.param.restart_positions ? "_restarting_positions" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PackedDocuments,
+    ::testing::Values(PackedCase{Architecture::Llama, false}, PackedCase{Architecture::Llama, true},
+                      PackedCase{Architecture::GPT2, true},
+                      PackedCase{Architecture::Llama, true, 4}),
+    [](const auto& info) {
+      return std::string(info.param.arch == Architecture::GPT2 ? "gpt2" : "llama") +
+             (info.param.restart_positions ? "_restarting_positions" : "") +
+             (info.param.window > 0 ? "_window" + std::to_string(info.param.window) : "");
+    });
 
 // Positions that do not restart: GPT-2's later documents sit at other position rows than they
 // would alone, so the sum differs (what document_positions is for).

@@ -100,6 +100,55 @@ TEST_P(ParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
 INSTANTIATE_TEST_SUITE_P(Archs, ParityWithPyTorch, ::testing::Values(Architecture::GPT2, Architecture::Llama),
                          [](const auto& info) { return std::string(architecture_name(info.param)); });
 
+// Heads wider and narrower than n_embd / n_head (HF's head_dim: Qwen3, Mistral NeMo): q and the
+// attention output are n_head x head_dim wide, 48 and 16 here against a 32-wide stream, and the
+// softmax scale is 1/sqrt(head_dim).
+class HeadDimParityWithPyTorch : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(HeadDimParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
+  ModelConfig config = tiny_llama();
+  config.attention_head_dim = GetParam();
+  ASSERT_NE(config.q_dim(), config.n_embd);
+  const std::string dir =
+      (std::filesystem::temp_directory_path() /
+       ("loom_parity_head_dim_" + std::to_string(GetParam()) + "_" + std::to_string(::getpid())))
+          .string();
+  write_parity_dump(dir, config);
+  EXPECT_EQ(run_checker(dir), 0) << "check_parity.py found a mismatch in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Widths, HeadDimParityWithPyTorch,
+                         ::testing::Values(int64_t{12}, int64_t{4}));
+
+// Sliding-window attention (written as a Mistral config, with layer_types when some layers are
+// global), against models.py's banded mask: a window of 5 keys on sequences of 12, on every
+// layer and on the first of two (gpt-oss's and Gemma 2's pattern), and with wide heads.
+struct WindowCase {
+  int64_t window, global_every, head_dim;
+  const char* label;
+};
+class SlidingWindowParityWithPyTorch : public ::testing::TestWithParam<WindowCase> {};
+
+TEST_P(SlidingWindowParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
+  ModelConfig config = tiny_llama();
+  config.sliding_window = GetParam().window;
+  config.global_attention_every = GetParam().global_every;
+  config.attention_head_dim = GetParam().head_dim;
+  const std::string dir =
+      (std::filesystem::temp_directory_path() /
+       ("loom_parity_window_" + std::string(GetParam().label) + "_" + std::to_string(::getpid())))
+          .string();
+  write_parity_dump(dir, config);
+  EXPECT_EQ(run_checker(dir), 0) << "check_parity.py found a mismatch in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Windows, SlidingWindowParityWithPyTorch,
+                         ::testing::Values(WindowCase{5, 0, 0, "every_layer"},
+                                           WindowCase{5, 2, 12, "alternating_wide_heads"}),
+                         [](const auto& info) { return std::string(info.param.label); });
+
 // A tiny Mixtral (Llama attention, 4 SwiGLU experts per block, 2 per token) with its balancing
 // and z losses in the objective: softmax routing dropless (Mixtral's), the sigmoid router with a
 // capacity that drops slots, and with a shared expert (DeepSeekMoE), against models.py's

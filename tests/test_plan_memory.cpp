@@ -166,7 +166,10 @@ TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
     first_dense.moe_ffn_hidden = moe_then_dense.moe_ffn_hidden = 12;
     first_dense.moe_first_dense = 1;
     moe_then_dense.moe_every = 2;
-    for (const ModelConfig& config : {tiny_gpt2(), tiny_llama(), mixtral, first_dense, moe_then_dense}) {
+    ModelConfig wide_heads = tiny_llama();  // q and the attention output 48 wide on a 32 stream
+    wide_heads.attention_head_dim = 12;
+    for (const ModelConfig& config :
+         {tiny_gpt2(), tiny_llama(), mixtral, first_dense, moe_then_dense, wide_heads}) {
       for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
         const MemStats before = HostAllocator::instance().stats();
         Transformer model(config, recompute);
@@ -178,9 +181,11 @@ TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
           return static_cast<double>(after.live_bytes[static_cast<size_t>(c)] - before.live_bytes[static_cast<size_t>(c)]);
         };
         const MemoryBreakdown predicted = plan::predict_engine_memory(config, 1, 0, 25'000'000, bf16, 3, 16, recompute);
-        const std::string what = std::string(architecture_name(config.arch)) + (config.is_moe() ? " moe " : " ") +
-                                 std::to_string(config.moe_first_dense) + "/" + std::to_string(config.moe_every) + " " +
-                                 recompute_name(recompute) + (bf16 ? " bf16" : "");
+        const std::string what =
+            std::string(architecture_name(config.arch)) + (config.is_moe() ? " moe " : " ") +
+            std::to_string(config.moe_first_dense) + "/" + std::to_string(config.moe_every) +
+            " head " + std::to_string(config.head_dim()) + " " + recompute_name(recompute) +
+            (bf16 ? " bf16" : "");
         EXPECT_EQ(predicted.parameters, live(MemCategory::Parameters)) << what;
         EXPECT_EQ(predicted.gradients, live(MemCategory::Gradients)) << what;
         EXPECT_EQ(predicted.optimizer_state, live(MemCategory::OptimizerState)) << what;

@@ -70,16 +70,97 @@ TEST(PublishedRuns, MixtureOfExpertsRunsAreReadAndCountActiveParameters) {
   EXPECT_EQ(qwen.model.ffn_hidden, 29568);
 }
 
-// A stated parameter count settles the MLP form the dimensions leave open: Nemotron-4 15B
-// (Parmar et al. 2024: 32 layers of 6144, 48 heads, 8 kv heads, a squared-ReLU MLP of 24576,
-// 256,000-token vocabulary, untied) would be 20.5B as SwiGLU (+37%); as a 2-matrix MLP, by
-// hand, 32 x (2 x 6144^2 + 2 x 6144 x 1024 + 2 x 6144 x 24576 + 2 x 6144) + 2 x 256000 x 6144
+// Architectures whose heads are not hidden / heads wide, or whose layers attend through a
+// sliding window, are answered from their published shapes:
+// - gpt-oss-120b by name (its model card: 116.83B parameters, 5.13B active counting the output
+//   matrix but not the token table; 18 of 36 layers under a 128-key window);
+// - Qwen3 MoE by name and by the dimensions a table gives, its heads 128 wide from the preset
+//   (the Qwen3 report: 30.5B total; 235B total, 22B active);
+// - Gemma 2 9B (its report: 8,324,201,984 non-embedding parameters; loom leaves out the norms
+//   after attention and MLP, 2 x 3584 a layer) and Nemotron-4 340B (96 heads of 192; its report:
+//   331.6B non-embedding).
+// Megatron-Bridge's model FLOPs per token, from its 26.08 table (TFLOP/s per GPU over tokens/s
+// per GPU): gpt-oss-120b 1077e12 / 33024, Qwen3-30B-A3B 1029e12 / 44544, Qwen3-235B-A22B
+// 1306e12 / 8816, all at 4096 tokens (its flop_utils counts a windowed layer's mean keys).
+TEST(PublishedRuns, WideHeadsAndSlidingWindowsFromPublishedShapes) {
+  auto run = [](const std::string& id, const std::string& model) {
+    const std::string text = R"([{"id": ")" + id +
+                             R"(", "kind": "throughput", "source": "a 2025 test",
+      "model": )" + model + R"(, "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 64, "tp": 1, "pp": 1, "dp": 8, "ep": 8},
+      "micro_batch": 1, "global_batch": 64, "recompute": "full", "measured": {"mfu": 0.3}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  auto mb_flops = [](const ModelConfig& m) {
+    return plan::flops_per_token(plan::FlopCount::NonEmbeddingCausal, m,
+                                 static_cast<double>(m.parameter_count()), 4096, Recompute::None);
+  };
+  const plan::PublishedRun oss = run("oss", R"({"name": "GPT OSS 120B", "seq_len": 4096})");
+  ASSERT_TRUE(oss.refused.empty()) << oss.refused;
+  const ModelConfig& o = oss.model;
+  EXPECT_EQ(o.q_dim(), 4096);
+  EXPECT_EQ(o.windowed_layer_count(), 18);
+  const double oss_total = static_cast<double>(o.parameter_count());
+  EXPECT_NEAR(oss_total / 116.83e9, 1.0, 0.001);
+  const double oss_active =
+      oss_total - 36.0 * 124 * static_cast<double>(o.expert_parameter_count()) - 201088.0 * 2880;
+  EXPECT_NEAR(oss_active / 5.13e9, 1.0, 0.01);
+  EXPECT_NEAR(mb_flops(o) / (1077e12 / 33024), 1.0, 0.01);
+
+  const plan::PublishedRun qwen = run("qwen", R"({"name": "Qwen3_30B_a3B", "seq_len": 4096})");
+  ASSERT_TRUE(qwen.refused.empty()) << qwen.refused;
+  EXPECT_EQ(qwen.model.head_dim(), 128);
+  EXPECT_NEAR(static_cast<double>(qwen.model.parameter_count()) / 1e9, 30.5, 0.05);
+  EXPECT_NEAR(mb_flops(qwen.model) / (1029e12 / 44544), 1.0, 0.01);
+  const plan::PublishedRun dims =
+      run("qwen_dims", R"({"name": "Qwen3-30B-A3B", "layers": 48, "hidden": 2048,
+      "heads": 32, "kv_heads": 4, "ffn": null, "vocab": 151936, "seq_len": 4096,
+      "moe": {"routed_experts": 128, "shared_experts": 0, "top_k": 8, "expert_ffn": 768}})");
+  ASSERT_TRUE(dims.refused.empty()) << dims.refused;
+  EXPECT_EQ(dims.model.head_dim(), 128);
+  EXPECT_EQ(dims.model.parameter_count(), qwen.model.parameter_count());
+  std::string said;
+  for (const std::string& a : dims.assumptions) said += a + "; ";
+  expect_contains(said, {"heads 128 wide (not hidden / heads = 64) from preset Qwen3 30B-A3B"});
+  const plan::PublishedRun big = run("qwen_big", R"({"name": "Qwen3_235B_a22B", "seq_len": 4096})");
+  ASSERT_TRUE(big.refused.empty()) << big.refused;
+  const ModelConfig& b = big.model;
+  const double big_total = static_cast<double>(b.parameter_count());
+  EXPECT_NEAR(big_total / 1e9, 235, 0.5);
+  EXPECT_NEAR((big_total - 94.0 * 120 * static_cast<double>(b.expert_parameter_count())) / 1e9, 22,
+              0.5);
+  EXPECT_NEAR(mb_flops(b) / (1306e12 / 8816), 1.0, 0.01);
+
+  const plan::PublishedRun gemma = run("gemma", R"({"name": "gemma-2-9b", "seq_len": 8192})");
+  ASSERT_TRUE(gemma.refused.empty()) << gemma.refused;
+  EXPECT_EQ(gemma.model.q_dim(), 4096);
+  EXPECT_EQ(gemma.model.windowed_layer_count(), 21);
+  const double gemma_blocks = static_cast<double>(gemma.model.parameter_count()) - 256000.0 * 3584;
+  EXPECT_NEAR(gemma_blocks + 2.0 * 3584 * 42, 8324201984.0, 1.0);
+  const plan::PublishedRun nemotron =
+      run("nemotron", R"({"name": "Nemotron-340B", "seq_len": 4096})");
+  ASSERT_TRUE(nemotron.refused.empty()) << nemotron.refused;
+  EXPECT_EQ(nemotron.model.head_dim(), 192);
+  EXPECT_NEAR((static_cast<double>(nemotron.model.parameter_count()) - 2 * 256000.0 * 18432) / 1e9,
+              331.6, 0.05);
+  const plan::PublishedRun hybrid =
+      run("hybrid", R"({"name": "Nemotron_3_Nano", "seq_len": 8192})");
+  expect_contains(hybrid.refused, {"no published architecture matches"});
+}
+
+// A stated parameter count settles the MLP form the dimensions leave open, for a model no preset
+// names: Nemotron-4 15B's dimensions (Parmar et al. 2024: 32 layers of 6144, 48 heads, 8 kv heads,
+// a squared-ReLU MLP of 24576, 256,000-token vocabulary, untied) would be 20.5B as SwiGLU (+37%);
+// as a 2-matrix MLP, by hand, 32 x (2 x 6144^2 + 2 x 6144 x 1024 + 2 x 6144 x 24576 + 2 x 6144) + 2
+// x 256000 x 6144
 // + 6144 = 15.63B (+4.2%), charged as a SwiGLU of 16384 (3 x 16384 = 2 x 24576).
 TEST(PublishedRuns, StatedParameterCountSettlesTheMlpForm) {
   auto run = [](const std::string& id, const std::string& params) {
-    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "a 2024 test",
-      "model": {"name": "Nemotron-4 15B", "layers": 32, "hidden": 6144, "heads": 48, "kv_heads": 8, "ffn": 24576,
-                "vocab": 256000, "seq_len": 4096, "params_b": )" + params + R"(},
+    const std::string text = R"([{"id": ")" + id +
+                             R"(", "kind": "throughput", "source": "a 2024 test",
+      "model": {"name": "an NVIDIA 15B", "layers": 32, "hidden": 6144, "heads": 48, "kv_heads": 8, "ffn": 24576,
+                "vocab": 256000, "seq_len": 4096, "params_b": )" +
+                             params + R"(},
       "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8}, "parallelism": {"total_gpus": 64, "tp": 8, "pp": 1, "dp": 8},
       "micro_batch": 1, "global_batch": 64, "recompute": "selective", "measured": {"mfu": 0.3}}])";
     return plan::read_published_runs(write_file(id + ".json", text)).front();
@@ -96,6 +177,14 @@ TEST(PublishedRuns, StatedParameterCountSettlesTheMlpForm) {
   // Without a parameter count (or with one the guess meets) the guess stands.
   EXPECT_EQ(run("unstated", "null").model.ffn_hidden, 24576);
   EXPECT_EQ(run("swiglu", "20.5").model.ffn_hidden, 24576);
+  // By name, its preset says as much.
+  const std::string named = R"([{"id": "named", "kind": "throughput", "source": "a 2024 test",
+      "model": {"name": "Nemotron-4 15B", "seq_len": 4096}, "hardware": {"gpu": "H100 80GB"},
+      "parallelism": {"total_gpus": 8, "dp": 8}, "global_batch": 64, "measured": {"mfu": 0.3}}])";
+  const plan::PublishedRun preset =
+      plan::read_published_runs(write_file("named.json", named)).front();
+  ASSERT_TRUE(preset.refused.empty()) << preset.refused;
+  EXPECT_EQ(static_cast<double>(preset.model.parameter_count()), by_hand);
 }
 
 // Every row of llm-foundry's MPT benchmark tables (published/loom_mosaicml_tables.json, made

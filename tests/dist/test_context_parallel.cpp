@@ -180,14 +180,19 @@ struct TrainCase {
   int zero_stage = 0;
   bool sequence_parallel = false;
   bool documents = false;
+  int window = 0;  // a sliding window of that many keys on every second layer (the first of two)
   int ranks() const { return cp * tp * pp * dp; }
 };
 
 std::string train_case_name(const TrainCase& c) {
-  return c.arch + "_" + c.comm + "_cp" + std::to_string(c.cp) + (c.tp > 1 ? "_tp" + std::to_string(c.tp) : "") +
-         (c.sequence_parallel ? "_sp" : "") + (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "") +
-         (c.dp > 1 ? "_dp" + std::to_string(c.dp) : "") + (c.zero_stage > 0 ? "_zero" + std::to_string(c.zero_stage) : "") +
-         (c.documents ? "_documents" : "") + "_np" + std::to_string(c.ranks());
+  return c.arch + "_" + c.comm + "_cp" + std::to_string(c.cp) +
+         (c.tp > 1 ? "_tp" + std::to_string(c.tp) : "") + (c.sequence_parallel ? "_sp" : "") +
+         (c.pp > 1 ? "_pp" + std::to_string(c.pp) : "") +
+         (c.dp > 1 ? "_dp" + std::to_string(c.dp) : "") +
+         (c.zero_stage > 0 ? "_zero" + std::to_string(c.zero_stage) : "") +
+         (c.documents ? "_documents" : "") +
+         (c.window > 0 ? "_window" + std::to_string(c.window) : "") + "_np" +
+         std::to_string(c.ranks());
 }
 
 void PrintTo(const TrainCase& c, std::ostream* os) { *os << train_case_name(c); }
@@ -200,6 +205,10 @@ std::vector<std::string> shared_overrides(const TrainCase& c) {
   // are split there); positions restart in each.
   if (c.documents) o.insert(o.end(), {"data.document_mask=true", "data.eot_token=5", "data.document_positions=true",
                  "data.split_long_documents=true"});
+  // A window shorter than a cp chunk (16 / 2C tokens) and longer: keys on other ranks' chunks.
+  if (c.window > 0)
+    o.insert(o.end(), {"model.sliding_window=" + std::to_string(c.window),
+                       "model.global_attention_every=2"});
   return o;
 }
 
@@ -261,19 +270,26 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, ContextParallelTraining,
     ::testing::Values(
         // cp over the whole world, each way, each model; packed documents too.
-        TrainCase{"gpt2", "p2p", 2}, TrainCase{"llama", "p2p", 2}, TrainCase{"gpt2", "allgather", 2},
-        TrainCase{"llama", "allgather", 2}, TrainCase{"llama", "p2p", 2, 1, 1, 1, 0, false, true},
+        TrainCase{"gpt2", "p2p", 2}, TrainCase{"llama", "p2p", 2},
+        TrainCase{"gpt2", "allgather", 2}, TrainCase{"llama", "allgather", 2},
+        TrainCase{"llama", "p2p", 2, 1, 1, 1, 0, false, true},
         TrainCase{"gpt2", "allgather", 2, 1, 1, 1, 0, false, true}, TrainCase{"gpt2", "p2p", 4},
         TrainCase{"llama", "allgather", 4}, TrainCase{"llama", "p2p", 4, 1, 1, 1, 0, false, true},
         TrainCase{"gpt2", "p2p", 4, 1, 1, 1, 0, false, true},
         // Ulysses: GPT-2's 4 heads and Llama's 8 heads / 4 kv heads split over cp 2 and 4.
-        TrainCase{"gpt2", "a2a", 2}, TrainCase{"llama", "a2a", 2, 1, 1, 1, 0, false, true}, TrainCase{"llama", "a2a", 4},
-        TrainCase{"gpt2", "a2a", 4, 1, 1, 1, 0, false, true}, TrainCase{"llama", "a2a", 2, 1, 1, 2, 1},
+        TrainCase{"gpt2", "a2a", 2}, TrainCase{"llama", "a2a", 2, 1, 1, 1, 0, false, true},
+        TrainCase{"llama", "a2a", 4}, TrainCase{"gpt2", "a2a", 4, 1, 1, 1, 0, false, true},
+        TrainCase{"llama", "a2a", 2, 1, 1, 2, 1},
         // cp on a mesh.
         TrainCase{"gpt2", "p2p", 2, 2, 1, 1, 0, true}, TrainCase{"llama", "allgather", 2, 2},
-        TrainCase{"gpt2", "p2p", 2, 1, 2}, TrainCase{"llama", "allgather", 2, 1, 2, 1, 0, false, true},
+        TrainCase{"gpt2", "p2p", 2, 1, 2},
+        TrainCase{"llama", "allgather", 2, 1, 2, 1, 0, false, true},
         TrainCase{"llama", "p2p", 2, 1, 1, 2, 1}, TrainCase{"gpt2", "allgather", 2, 1, 1, 2, 3},
-        TrainCase{"llama", "p2p", 2, 1, 1, 2, 3, false, true}),
+        TrainCase{"llama", "p2p", 2, 1, 1, 2, 3, false, true},
+        TrainCase{"llama", "p2p", 2, 1, 1, 1, 0, false, true, 5},
+        TrainCase{"llama", "a2a", 2, 1, 1, 1, 0, false, false, 3},
+        TrainCase{"llama", "allgather", 4, 1, 1, 1, 0, false, false, 6},
+        TrainCase{"llama", "p2p", 4, 1, 1, 1, 0, false, false, 3}),
     [](const auto& info) { return train_case_name(info.param); });
 
 // Activation bytes per rank: a cp rank keeps seq / cp tokens of every sequence, so what the

@@ -68,7 +68,9 @@ class TensorParallelModel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallelModel, TrainsLikeOneProcess) {
   const Case c = GetParam();
-  const ModelConfig config = c.arch == "gpt2" ? tp_gpt2() : tp_llama();
+  ModelConfig config = c.arch == "gpt2" ? tp_gpt2() : tp_llama();
+  if (c.arch == "llama_wide_heads")
+    config.attention_head_dim = 6;  // 8 heads of 6: q 48 wide on a 32 stream
   const auto tokens = random_tokens(kBatch * kSeq + 1, config.vocab_size, 11);
   const int32_t* inputs = tokens.data();
   const int32_t* targets = tokens.data() + 1;
@@ -112,14 +114,12 @@ TEST_P(TensorParallelModel, TrainsLikeOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TensorParallelModel,
-                         ::testing::Values(Case{"gpt2", Recompute::None},
-                                           Case{"gpt2", Recompute::Full},
-                                           Case{"llama", Recompute::None},
-                                           Case{"llama", Recompute::Selective}),
-                         [](const auto& info) {
-                           return info.param.arch + "_" + recompute_name(info.param.recompute);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, TensorParallelModel,
+    ::testing::Values(Case{"gpt2", Recompute::None}, Case{"gpt2", Recompute::Full},
+                      Case{"llama", Recompute::None}, Case{"llama", Recompute::Selective},
+                      Case{"llama_wide_heads", Recompute::Selective}),
+    [](const auto& info) { return info.param.arch + "_" + recompute_name(info.param.recompute); });
 
 // Parameters, gradients and activations per rank: every sharded tensor holds its 1/tp
 // (the vocabulary its ceil(V/tp) block), and sequence parallelism divides the rest of the

@@ -145,6 +145,27 @@ INSTANTIATE_TEST_SUITE_P(Archs, ModelOnCuda,
                                   recompute_name(info.param.recompute);
                          });
 
+// Heads wider than n_embd / n_head (16 against 8) and a 5-key sliding window on every other
+// layer (the windowed layers through the ranged attention kernels), on CUDA against the CPU
+// (f32, the tolerances of F32MatchesTheCpuModel), plain and under selective recomputation.
+TEST_F(CudaTest, WideHeadsAndSlidingWindowsMatchTheCpuModel) {
+  for (const Recompute recompute : {Recompute::None, Recompute::Selective}) {
+    ModelConfig c = tiny_llama();
+    c.attention_head_dim = 16;
+    c.sliding_window = 5;
+    c.global_attention_every = 2;
+    const auto cpu_model = model_on(c, recompute, Device::CPU);
+    const auto gpu_model = model_on(c, recompute, Device::CUDA);
+    const Batch batch(c);
+    const double want = train_pass(*cpu_model, batch), got = train_pass(*gpu_model, batch);
+    const std::string what = std::string("recompute ") + recompute_name(recompute);
+    EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << what;
+    for (size_t i = 0; i < cpu_model->parameters().size(); ++i)
+      expect_close_to_scale(gpu_model->parameters()[i]->grad, cpu_model->parameters()[i]->grad,
+                            1e-4, cpu_model->parameters()[i]->name + ", " + what);
+  }
+}
+
 // Mixture-of-experts Llamas on CUDA against the CPU (f32): the rows gathered, run through each
 // expert's GEMMs and combined on the device, routed on the host from the device's logits. A
 // softmax router, dropless; and a sigmoid router with a capacity that drops slots, a shared

@@ -93,10 +93,25 @@ class LlamaConfig:
     moe_intermediate_size: int = 0
     first_k_dense_replace: int = 0
     loom_moe_every: int = 1
+    # HF's head_dim (Mistral NeMo, Qwen3): heads of this width, q and the attention output
+    # num_attention_heads x head_dim wide; 0: hidden_size / num_attention_heads.
+    explicit_head_dim: int = 0
+    # Sliding-window attention (model_type "mistral"/"mixtral" sliding_window, transformers'
+    # convention: query i sees keys i - W + 1 .. i) on the layers layer_types names
+    # "sliding_attention", or on every layer without layer_types; 0: none.
+    sliding_window: int = 0
+    layer_types: Optional[list] = None
+
+    def window_of(self, layer: int) -> int:
+        if not self.sliding_window:
+            return 0
+        if self.layer_types is None or self.layer_types[layer] == "sliding_attention":
+            return self.sliding_window
+        return 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.explicit_head_dim or self.hidden_size // self.num_attention_heads
 
     def is_moe_layer(self, layer: int) -> bool:
         return (self.num_local_experts > 0 and layer >= self.first_k_dense_replace
@@ -148,7 +163,7 @@ def config_from_dict(d: dict) -> Config:
         if c % cfg.n_head:
             raise ConfigError(f"gpt2: n_embd {c} is not divisible by n_head {cfg.n_head}")
         return cfg
-    if mt in ("llama", "mixtral"):
+    if mt in ("llama", "mistral", "mixtral"):
         if d.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"llama hidden_act {d.get('hidden_act')!r} unsupported (want silu)")
         scaling = d.get("rope_scaling")
@@ -173,9 +188,13 @@ def config_from_dict(d: dict) -> Config:
             max_position_embeddings=_int(d, "max_position_embeddings", 2048),
             rms_norm_eps=_float(d, "rms_norm_eps", 1e-6), rope_theta=_float(d, "rope_theta", 10000.0),
             tie_word_embeddings=tie, model_type=mt, rope_scaling=scaling)
+        if mt in ("mistral", "mixtral") and d.get("sliding_window") is not None:
+            cfg.sliding_window = _int(d, "sliding_window")
+            cfg.layer_types = d.get("layer_types")
+            if cfg.layer_types is not None and (len(cfg.layer_types) != cfg.num_hidden_layers or any(
+                    t not in ("sliding_attention", "full_attention") for t in cfg.layer_types)):
+                raise ConfigError(f"layer_types {cfg.layer_types!r} is not one type per layer")
         if mt == "mixtral":
-            if d.get("sliding_window") is not None:
-                raise ConfigError("mixtral: sliding_window is not supported by this reference")
             cfg.num_local_experts = _int(d, "num_local_experts")
             cfg.num_experts_per_tok = _int(d, "num_experts_per_tok")
             if cfg.num_experts_per_tok > cfg.num_local_experts:
@@ -194,16 +213,18 @@ def config_from_dict(d: dict) -> Config:
             cfg.loom_moe_every = int(d.get("loom_moe_every", 1) or 1)
             if float(d.get("loom_moe_bias_rate", 0.0)) != 0.0:
                 raise ConfigError("mixtral: loom_moe_bias_rate (selection-bias updates) is not in this reference")
-        if c % h:
+        if d.get("head_dim") is not None:
+            cfg.explicit_head_dim = _int(d, "head_dim")
+            if cfg.explicit_head_dim <= 0:
+                raise ConfigError(f"llama: head_dim {cfg.explicit_head_dim} is not positive")
+        elif c % h:
             raise ConfigError(f"llama: hidden_size {c} is not divisible by num_attention_heads {h}")
         if h % kv:
             raise ConfigError(f"llama: num_attention_heads {h} is not a multiple of num_key_value_heads {kv}")
         if cfg.head_dim % 2:
             raise ConfigError(f"llama: head_dim {cfg.head_dim} must be even for RoPE")
-        if d.get("head_dim") is not None and d["head_dim"] != cfg.head_dim:
-            raise ConfigError(f"llama: head_dim {d['head_dim']} != hidden_size/num_attention_heads")
         return cfg
-    raise ConfigError(f"unknown model_type {mt!r} (want 'gpt2', 'llama' or 'mixtral')")
+    raise ConfigError(f"unknown model_type {mt!r} (want 'gpt2', 'llama', 'mistral' or 'mixtral')")
 
 
 def load_config(path: str) -> Config:
@@ -285,11 +306,14 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + causal mask) v, all [B, H, T, d] -> [B, H, T, d]."""
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + causal mask) v, all [B, H, T, d] -> [B, H, T, d]. window > 0
+    also masks the keys more than window - 1 before the query."""
     T, d = q.shape[-2], q.shape[-1]
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    if window > 0:
+        future |= torch.ones(T, T, dtype=torch.bool, device=q.device).tril(-window)
     scores = scores.masked_fill(future, float("-inf"))
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
@@ -475,6 +499,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.cfg = cfg
+        self.window = 0  # the decoder layer sets its sliding window
         C, D = cfg.hidden_size, cfg.head_dim
         self.q_proj = nn.Linear(C, cfg.num_attention_heads * D, bias=False)
         self.k_proj = nn.Linear(C, cfg.num_key_value_heads * D, bias=False)
@@ -494,7 +519,7 @@ class LlamaAttention(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.qkv(x, cos, sin)
         rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
-        y = causal_attention(q, repeat_kv(k, rep), repeat_kv(v, rep))
+        y = causal_attention(q, repeat_kv(k, rep), repeat_kv(v, rep), self.window)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -583,6 +608,7 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg)
+        self.self_attn.window = cfg.window_of(layer)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if cfg.is_moe_layer(layer):
             self.block_sparse_moe = MixtralSparseMoeBlock(cfg)

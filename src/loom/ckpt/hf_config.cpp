@@ -118,9 +118,56 @@ ModelConfig llama_from_hf(const HfConfigReader& hf) {
   }
   if (hf.boolean_or("attention_bias", false)) hf.fail("attention_bias", true, "false (loom's Llama has no biases)");
   if (hf.boolean_or("mlp_bias", false)) hf.fail("mlp_bias", true, "false (loom's Llama has no biases)");
-  if (hf.has("head_dim") && config.n_head > 0 && hf.integer("head_dim") != config.n_embd / config.n_head)
-    hf.fail("head_dim", hf.raw("head_dim"),
-            "hidden_size / num_attention_heads = " + std::to_string(config.n_embd / config.n_head));
+  // An explicit head width (Mistral NeMo, Qwen3): kept only where it differs from hidden_size /
+  // num_attention_heads, so that a config spelling out the default reads as one that does not.
+  if (hf.has("head_dim")) {
+    const int64_t head_dim = hf.integer("head_dim");
+    if (head_dim <= 0) hf.fail("head_dim", hf.raw("head_dim"), "a positive width");
+    if (config.n_head <= 0 || config.n_embd % config.n_head != 0 ||
+        head_dim != config.n_embd / config.n_head)
+      config.attention_head_dim = head_dim;
+  }
+  return config;
+}
+
+// A sliding window (transformers' `sliding_window`: a query sees that many keys, itself
+// included) on every layer, or on the layers `layer_types` names "sliding_attention" where
+// they follow loom's pattern (every G-th layer global: model.global_attention_every). A window
+// as long as the context is no window.
+void read_sliding_window(const HfConfigReader& hf, ModelConfig& config) {
+  if (!hf.has("sliding_window")) return;
+  const int64_t window = hf.integer("sliding_window");
+  if (window <= 0)
+    hf.fail("sliding_window", hf.raw("sliding_window"), "null or a positive number of keys");
+  if (hf.boolean_or("use_sliding_window", true) == false) return;  // Qwen2's switch
+  config.sliding_window = window >= config.max_seq_len ? 0 : window;
+  if (!hf.has("layer_types") || config.sliding_window == 0) return;
+  const nlohmann::json types = hf.raw("layer_types");
+  const std::string expected =
+      "a list of n_layer \"sliding_attention\" / \"full_attention\", full every G-th layer (G >= "
+      "2) or never";
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != config.n_layer)
+    hf.fail("layer_types", types, expected);
+  int64_t every = 0;
+  for (int64_t l = 0; l < config.n_layer; ++l)
+    if (types[static_cast<size_t>(l)] == "full_attention") {
+      every = l + 1;
+      break;
+    }
+  config.global_attention_every = every;
+  for (int64_t l = 0; l < config.n_layer; ++l) {
+    const nlohmann::json& type = types[static_cast<size_t>(l)];
+    if (every == 1 || (type != "full_attention" && type != "sliding_attention") ||
+        (type == "sliding_attention") != config.is_windowed_layer(l))
+      hf.fail("layer_types", types, expected);
+  }
+}
+
+// Mistral (transformers' MistralConfig): Llama's layers and names, with Mistral 7B v0.1's
+// sliding window (null from v0.2 on, and in Mistral NeMo).
+ModelConfig mistral_from_hf(const HfConfigReader& hf) {
+  ModelConfig config = llama_from_hf(hf);
+  read_sliding_window(hf, config);
   return config;
 }
 
@@ -141,8 +188,7 @@ ModelConfig mixtral_from_hf(const HfConfigReader& hf) {
   config.moe_ffn_hidden = hf.integer_or("moe_intermediate_size", 0);
   config.moe_first_dense = hf.integer_or("first_k_dense_replace", 0);
   config.moe_every = hf.integer_or("loom_moe_every", 1);
-  if (hf.has("sliding_window") && !hf.raw("sliding_window").is_null())
-    hf.fail("sliding_window", hf.raw("sliding_window"), "null (loom attends to the whole causal context)");
+  read_sliding_window(hf, config);
   return config;
 }
 
@@ -178,6 +224,19 @@ json hf_config_json(const ModelConfig& config) {
           {"tie_word_embeddings", config.tied_embeddings},
           {"hidden_act", "silu"},
           {"torch_dtype", "float32"}};
+  if (config.attention_head_dim > 0) llama["head_dim"] = config.attention_head_dim;
+  if (config.sliding_window > 0) {
+    // MistralConfig's window; layer_types names the layers it applies to (transformers 4.5x).
+    llama["architectures"] = {"MistralForCausalLM"};
+    llama["model_type"] = "mistral";
+    llama["sliding_window"] = config.sliding_window;
+    if (config.global_attention_every > 0) {
+      llama["layer_types"] = nlohmann::json::array();
+      for (int64_t l = 0; l < config.n_layer; ++l)
+        llama["layer_types"].push_back(config.is_windowed_layer(l) ? "sliding_attention"
+                                                                   : "full_attention");
+    }
+  }
   if (config.rope_scaling_factor != 0)
     llama["rope_scaling"] = {{"rope_type", "llama3"},
                              {"factor", config.rope_scaling_factor},
@@ -193,7 +252,8 @@ json hf_config_json(const ModelConfig& config) {
   llama["num_experts_per_tok"] = config.experts_per_token;
   llama["router_aux_loss_coef"] = config.moe_aux_loss_coef;
   llama["output_router_logits"] = config.moe_aux_loss_coef > 0;
-  llama["sliding_window"] = nullptr;
+  llama["sliding_window"] =
+      config.sliding_window > 0 ? nlohmann::json(config.sliding_window) : nlohmann::json();
   llama["router_z_loss_coef"] = config.moe_z_loss_coef;
   llama["n_shared_experts"] = config.n_shared_experts;
   llama["loom_moe_router"] = moe_router_name(config.moe_router);
@@ -210,7 +270,9 @@ ModelConfig model_config_from_hf_json(const json& hf) {
   if (!hf.is_object()) throw_error("HF config: got ", hf.type_name(), ", expected a JSON object");
   const auto model_type = hf.find("model_type");
   if (model_type == hf.end() || !model_type->is_string())
-    throw_error("HF config: missing string key 'model_type' (expected \"gpt2\", \"llama\" or \"mixtral\")");
+    throw_error(
+        "HF config: missing string key 'model_type' (expected \"gpt2\", \"llama\", \"mistral\" or "
+        "\"mixtral\")");
   const std::string type = model_type->get<std::string>();
   const HfConfigReader reader(hf, type);
   ModelConfig config;
@@ -218,10 +280,14 @@ ModelConfig model_config_from_hf_json(const json& hf) {
     config = gpt2_from_hf(reader);
   else if (type == "llama")
     config = llama_from_hf(reader);
+  else if (type == "mistral")
+    config = mistral_from_hf(reader);
   else if (type == "mixtral")
     config = mixtral_from_hf(reader);
   else
-    throw_error("HF config key 'model_type': got \"", type, "\", expected \"gpt2\", \"llama\" or \"mixtral\"");
+    throw_error(
+        "HF config key 'model_type': got \"", type,
+        "\", expected \"gpt2\", \"llama\", \"mistral\" (without a sliding window) or \"mixtral\"");
   try {
     config.validate();
   } catch (const Error& e) {

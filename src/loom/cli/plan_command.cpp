@@ -219,11 +219,19 @@ int run_validate(const PlanArgs& args) {
       for (const plan::FigureCheck& f : c.figures)
         figures.push_back({{"figure", plan::figure_name(f.measured.figure)}, {"convention", f.measured.convention},
                            {"published", f.measured.value}, {"predicted", f.predicted}, {"relative_error", f.relative_error}});
-      rows.push_back({{"id", c.run->id}, {"source", c.run->source_label}, {"answered", c.answered},
-                      {"refused", c.run->refused}, {"malformed", c.run->malformed},
-                      {"layout", c.answered ? c.layout.describe() : ""}, {"figures", figures},
-                      {"assumptions", c.run->assumptions}, {"picks", c.picks}, {"fits", c.fits},
-                      {"allocated_gib", c.allocated_gib}, {"reserved_gib", c.reserved_gib}});
+      rows.push_back({{"id", c.run->id},
+                      {"source", c.run->source_label},
+                      {"answered", c.answered},
+                      {"refused", c.run->refused},
+                      {"malformed", c.run->malformed},
+                      {"layout", c.answered ? c.layout.describe() : ""},
+                      {"figures", figures},
+                      {"assumptions", c.run->assumptions},
+                      {"picks", c.picks},
+                      {"notes", c.notes},
+                      {"fits", c.fits},
+                      {"allocated_gib", c.allocated_gib},
+                      {"reserved_gib", c.reserved_gib}});
     }
     nlohmann::json sources = nlohmann::json::array();
     for (const plan::SourceCoverage& src : summary.by_source)
@@ -260,6 +268,7 @@ int run_validate(const PlanArgs& args) {
     for (const std::string& p : c.picks)
       notes += (notes.empty() ? "" : "; ") + p +
                (p.find("none fits") == std::string::npos ? " (fastest that fits)" : "");
+    for (const std::string& n : c.notes) notes += (notes.empty() ? "" : "; ") + n;
     if (!notes.empty()) std::printf("  assumed: %s\n", notes.c_str());
   }
   std::printf("\ncoverage: %lld of %lld runs answered, %lld refused with a reason%s\n", static_cast<long long>(summary.answered),

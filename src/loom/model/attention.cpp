@@ -6,15 +6,17 @@ namespace {
 FanOutSpec input_spec(const ModelConfig& c, const std::string& prefix) {
   if (c.arch == Architecture::GPT2)
     return {{{prefix + ".attn.c_attn", {c.n_embd, c.n_embd, c.n_embd}}}, c.n_embd, true, true};
-  return {{{prefix + ".self_attn.q_proj", {c.n_embd}},
+  return {{{prefix + ".self_attn.q_proj", {c.q_dim()}},
            {prefix + ".self_attn.k_proj", {c.kv_dim()}},
            {prefix + ".self_attn.v_proj", {c.kv_dim()}}},
-          c.n_embd, false, false};
+          c.n_embd,
+          false,
+          false};
 }
 
 FanInSpec output_spec(const ModelConfig& c, const std::string& prefix) {
   const bool gpt2 = c.arch == Architecture::GPT2;
-  return {prefix + (gpt2 ? ".attn.c_proj" : ".self_attn.o_proj"), c.n_embd, c.n_embd, gpt2, gpt2};
+  return {prefix + (gpt2 ? ".attn.c_proj" : ".self_attn.o_proj"), c.q_dim(), c.n_embd, gpt2, gpt2};
 }
 }  // namespace
 

@@ -23,6 +23,7 @@ namespace loom {
 struct SequenceLayout {
   std::span<const int32_t> key_ranges;
   std::span<const int32_t> positions;
+  std::span<const int32_t> window_key_ranges;  // the sliding-window layers' (model.sliding_window)
 };
 
 class CausalSelfAttention {
@@ -40,6 +41,8 @@ class CausalSelfAttention {
   ParameterList partial_grads() { return output_projection->partial_grads(); }
   void set_bf16_activations(bool on) { bf16_activations_ = on; }
   void set_layout(std::shared_ptr<const SequenceLayout> layout) { layout_ = std::move(layout); }
+  // A sliding-window layer reads the layout's window ranges instead of its causal ones.
+  void set_windowed(bool windowed) { windowed_ = windowed; }
   // Context parallelism: this rank's rows are its chunks of each sequence, and the attention
   // core reaches the other ranks' keys through `cp` (null: the whole sequence is here).
   void set_context_parallel(std::shared_ptr<ContextAttention> cp) { cp_ = std::move(cp); }
@@ -51,11 +54,13 @@ class CausalSelfAttention {
   ops::AttentionShape shape(int64_t batch, int64_t seq_len) const;
   LocalDims dims_;
   bool bf16_activations_ = false;  // round stored activations to bf16 values
+  bool windowed_ = false;
   std::shared_ptr<const ops::Rope> rope_;
   std::shared_ptr<const SequenceLayout> layout_;  // null or empty ranges: causal
   std::shared_ptr<ContextAttention> cp_;
   std::span<const int32_t> key_ranges() const {
-    return layout_ ? layout_->key_ranges : std::span<const int32_t>();
+    if (!layout_) return {};
+    return windowed_ ? layout_->window_key_ranges : layout_->key_ranges;
   }
   std::span<const int32_t> positions() const {
     return layout_ ? layout_->positions : std::span<const int32_t>();

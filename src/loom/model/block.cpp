@@ -22,6 +22,7 @@ TransformerBlock::TransformerBlock(const ModelConfig& c, const ParallelPlan& pla
       attention(c, plan, prefix, std::move(rope)),
       norm2(norm_kind(c), norm_name(c, prefix, 2), c.n_embd, static_cast<float>(c.norm_eps)),
       sequence_parallel_(plan.sequence_parallel() && plan.tp() > 1) {
+  attention.set_windowed(c.is_windowed_layer(layer));
   if (!c.is_moe_layer(layer)) {
     mlp = std::make_unique<Mlp>(c, plan, prefix);
     return;

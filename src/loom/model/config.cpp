@@ -49,6 +49,19 @@ int64_t ModelConfig::moe_layer_count() const {
   return count;
 }
 
+int64_t ModelConfig::windowed_layer_count() const {
+  int64_t count = 0;
+  for (int64_t l = 0; l < n_layer; ++l) count += is_windowed_layer(l);
+  return count;
+}
+
+double ModelConfig::mean_keys_per_query(int64_t layer, int64_t seq_len) const {
+  const double t = static_cast<double>(seq_len);
+  if (!is_windowed_layer(layer) || sliding_window >= seq_len) return t / 2;
+  const double w = static_cast<double>(sliding_window);
+  return (w * (w + 1) / 2 + (t - w) * w) / t;  // rows 0..W-1 see i + 1 keys, the rest W
+}
+
 int64_t ModelConfig::parameter_count() const {
   const int64_t c = n_embd;
   int64_t per_layer = 0;
@@ -59,7 +72,7 @@ int64_t ModelConfig::parameter_count() const {
                 + 2 * c;                              // ln_2
   } else {
     per_layer = c                                     // input_layernorm
-                + c * c + 2 * c * kv_dim() + c * c    // q, k, v, o
+                + 2 * c * q_dim() + 2 * c * kv_dim()  // q, o; k, v
                 + c;                                  // post_attention_layernorm
   }
   // Each layer's MLP, or its experts, their router and the shared experts (one MLP n_shared x
@@ -84,8 +97,19 @@ void ModelConfig::validate() const {
   positive("n_head", n_head);
   positive("n_kv_head", n_kv_head);
   positive("ffn_hidden", ffn_hidden);
-  if (n_embd % n_head != 0)
-    throw_error("model.n_head: ", n_head, " does not divide model.n_embd=", n_embd);
+  if (attention_head_dim < 0)
+    throw_error("model.head_dim: got ", attention_head_dim,
+                ", expected a positive width (0: n_embd / n_head)");
+  if (attention_head_dim > 0 && arch == Architecture::GPT2)
+    throw_error(
+        "model.head_dim: GPT-2's heads are n_embd / n_head wide; an explicit head_dim is Llama's "
+        "(set "
+        "model.arch = \"llama\", or leave head_dim out)");
+  if (attention_head_dim == 0 && n_embd % n_head != 0)
+    throw_error("model.n_head: ", n_head, " does not divide model.n_embd=", n_embd,
+                "; choose n_head that divides it, or give model.head_dim (heads of that width, "
+                "n_head x head_dim "
+                "wide in all)");
   if (n_head % n_kv_head != 0)
     throw_error("model.n_kv_head: ", n_kv_head, " does not divide model.n_head=", n_head);
   if (arch == Architecture::Llama && head_dim() % 2 != 0)
@@ -126,6 +150,20 @@ void ModelConfig::validate() const {
     if (!(value >= 0) || !std::isfinite(value)) throw_error("model.", key, ": got ", value, ", expected a finite value >= 0");
   if (moe_ffn_hidden < 0 || (moe_ffn_hidden > 0 && n_experts == 0))
     throw_error("model.moe_ffn_hidden: got ", moe_ffn_hidden, ", expected 0 (ffn_hidden), or a width with model.n_experts > 0");
+  if (sliding_window < 0)
+    throw_error("model.sliding_window: got ", sliding_window,
+                ", expected 0 (global attention) or a window in keys");
+  if (global_attention_every < 0 || global_attention_every == 1)
+    throw_error(
+        "model.global_attention_every: got ", global_attention_every,
+        ", expected 0 (every layer windowed) or G >= 2 (layer l global when (l + 1) % G == 0)");
+  if (sliding_window > 0 && arch != Architecture::Llama)
+    throw_error(
+        "model.sliding_window: a sliding window is Llama-style (Mistral's, Gemma's); model.arch is "
+        "gpt2");
+  if (global_attention_every > 0 && sliding_window == 0)
+    throw_error("model.global_attention_every: got ", global_attention_every,
+                " without model.sliding_window; give the window of the other layers");
   if (moe_every < 1) throw_error("model.moe_every: got ", moe_every, ", expected >= 1 (every n-th layer is a mixture of experts)");
   if (moe_first_dense < 0 || (n_experts > 0 && moe_first_dense >= n_layer))
     throw_error("model.moe_first_dense: got ", moe_first_dense, ", expected 0 to model.n_layer - 1 = ", n_layer - 1,

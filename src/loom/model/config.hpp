@@ -32,6 +32,11 @@ struct ModelConfig {
   int64_t n_embd = 768;        // hidden size
   int64_t n_head = 12;
   int64_t n_kv_head = 12;      // < n_head means grouped-query attention
+  // The width of one attention head, when it is not n_embd / n_head (Llama only; HF's
+  // `head_dim`: Qwen3 30B-A3B's 32 heads of 128 on a 2048-wide stream, Mistral NeMo's 32 of 128
+  // on 5120). q and the attention output are then n_head x head_dim wide, not n_embd. 0: n_embd
+  // / n_head.
+  int64_t attention_head_dim = 0;
   int64_t ffn_hidden = 3072;   // MLP inner size (SwiGLU: size of gate and up each)
   bool tied_embeddings = true;
   double norm_eps = 1e-5;
@@ -63,8 +68,17 @@ struct ModelConfig {
   int64_t moe_ffn_hidden = 0;
   int64_t moe_first_dense = 0;
   int64_t moe_every = 1;
+  // Sliding-window (local) attention (Mistral 7B v0.1; Gemma 2 and 3, gpt-oss between global
+  // layers): a windowed layer's query i sees the keys [i - sliding_window + 1, i], that many at
+  // most (transformers' convention), within its document when documents are packed. With
+  // global_attention_every = G > 1 layer l attends globally when (l + 1) % G == 0 (G = 2: local,
+  // global, local, ...: Gemma 2, gpt-oss; G = 6: Gemma 3's five local to one global); 0: every
+  // layer is windowed. sliding_window = 0: every layer is global.
+  int64_t sliding_window = 0;
+  int64_t global_attention_every = 0;
 
-  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t head_dim() const { return attention_head_dim > 0 ? attention_head_dim : n_embd / n_head; }
+  int64_t q_dim() const { return n_head * head_dim(); }  // q's width, and the attention output's
   int64_t kv_dim() const { return n_kv_head * head_dim(); }
   bool is_moe() const { return n_experts > 0; }
   int64_t expert_ffn() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_hidden; }
@@ -72,6 +86,15 @@ struct ModelConfig {
     return is_moe() && layer >= moe_first_dense && (layer - moe_first_dense) % moe_every == 0;
   }
   int64_t moe_layer_count() const;
+  bool is_windowed_layer(int64_t layer) const {
+    return sliding_window > 0 &&
+           (global_attention_every == 0 || (layer + 1) % global_attention_every != 0);
+  }
+  int64_t windowed_layer_count() const;
+  // Keys a query meets on average in a layer over seq_len tokens: seq_len / 2 for causal
+  // attention (the convention of 6N + 6 L s C FLOP counts), under a window shorter than the
+  // sequence the exact mean, sum_i min(i + 1, W) / seq_len.
+  double mean_keys_per_query(int64_t layer, int64_t seq_len) const;
   // Parameters of one expert MLP of expert_ffn() (SwiGLU: gate, up, down; GPT-2: c_fc, c_proj
   // with biases), and of one dense MLP of ffn_hidden.
   int64_t expert_parameter_count() const;

@@ -51,10 +51,10 @@ void add_block(std::vector<ParameterSpec>& out, const ModelConfig& c, int64_t la
   }
   const std::string p = "model.layers." + std::to_string(layer);
   add(p + ".input_layernorm.weight", {h}, kWhole);
-  add(p + ".self_attn.q_proj.weight", {h, h}, kColumns);
+  add(p + ".self_attn.q_proj.weight", {c.q_dim(), h}, kColumns);
   add(p + ".self_attn.k_proj.weight", {c.kv_dim(), h}, kColumns);
   add(p + ".self_attn.v_proj.weight", {c.kv_dim(), h}, kColumns);
-  add(p + ".self_attn.o_proj.weight", {h, h}, kRows);
+  add(p + ".self_attn.o_proj.weight", {h, c.q_dim()}, kRows);
   add(p + ".post_attention_layernorm.weight", {h}, kWhole);
   if (c.is_moe_layer(layer)) {  // Mixtral's names: w1 gate, w3 up, w2 down
     add(p + ".block_sparse_moe.gate.weight", {c.n_experts, h}, kWhole);

@@ -67,6 +67,8 @@ struct ChunkActivations {
   std::vector<int32_t> tokens;  // first stage: the embedding backward reads them
   std::vector<int32_t> key_ranges;  // packed documents: (begin, end) per row, else empty
   std::vector<int32_t> positions;   // positions restarting per document, else empty
+  std::vector<int32_t>
+      window_key_ranges;        // sliding-window layers' (begin, end) per row, else empty
   Tensor residuals;             // [layers + 1, local_rows, C]: each block's input, then the output
   Tensor final_norm_out;        // last stage: [local_rows, C]
   NormStash final_norm_stash;   // last stage

@@ -363,8 +363,10 @@ void Transformer::fill_sequence_layout(ChunkActivations& a, const int32_t* token
                                   int64_t seq_len) const {
   a.key_ranges.clear();
   a.positions.clear();
-  const bool documents = eot_token_ >= 0, split = cp_split_.size > 1;
-  if (!documents && !split) return;
+  a.window_key_ranges.clear();
+  const bool documents = eot_token_ >= 0, split = cp_split_.size > 1,
+             window = config_.windowed_layer_count() > 0;
+  if (!documents && !split && !window) return;
   if (documents && !tokens)
     throw_error("packed documents (document mask on end-of-document token ", eot_token_,
                 ") need the tokens on every pipeline stage, to find the documents");
@@ -388,9 +390,20 @@ void Transformer::fill_sequence_layout(ChunkActivations& a, const int32_t* token
       positions[static_cast<size_t>(row)] =
           static_cast<int32_t>(row % seq_len) - (restart_positions_ ? ranges[static_cast<size_t>(2 * row)] : 0);
   }
+  // The window: the last sliding_window keys of the row's range, itself included.
+  std::vector<int32_t> windowed;
+  if (window) {
+    windowed = ranges;
+    for (int64_t row = 0; row < batch * seq_len; ++row) {
+      int32_t& begin = windowed[static_cast<size_t>(2 * row)];
+      begin = std::max<int32_t>(begin,
+                                static_cast<int32_t>(row % seq_len + 1 - config_.sliding_window));
+    }
+  }
   if (!split) {
-    a.key_ranges = std::move(ranges);
+    if (documents) a.key_ranges = std::move(ranges);  // else the global layers run plain causal
     a.positions = std::move(positions);
+    a.window_key_ranges = std::move(windowed);
     return;
   }
   const int64_t local = cp_split_.local_len(seq_len);
@@ -398,6 +411,10 @@ void Transformer::fill_sequence_layout(ChunkActivations& a, const int32_t* token
   a.positions.resize(static_cast<size_t>(batch * local));
   cp_split_.take_local(ranges.data(), a.key_ranges.data(), batch, seq_len, 2);
   cp_split_.take_local(positions.data(), a.positions.data(), batch, seq_len);
+  if (window) {
+    a.window_key_ranges.resize(static_cast<size_t>(2 * batch * local));
+    cp_split_.take_local(windowed.data(), a.window_key_ranges.data(), batch, seq_len, 2);
+  }
 }
 
 double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, const int32_t* tokens,

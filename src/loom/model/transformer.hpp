@@ -238,9 +238,11 @@ class Transformer {
   void use_layout_of(const ChunkActivations& a) {
     layout_->key_ranges = a.key_ranges;
     layout_->positions = a.positions;
+    layout_->window_key_ranges = a.window_key_ranges;
   }
   // Fills a's key ranges and positions for batch x seq_len tokens of whole sequences (this cp
-  // rank's rows of them; empty for plain causal attention on one rank).
+  // rank's rows of them; empty for plain causal attention on one rank), and the sliding-window
+  // layers' ranges (empty without a window).
   void fill_sequence_layout(ChunkActivations& a, const int32_t* tokens, int64_t batch, int64_t seq_len) const;
   ActivationFormat format_;
   ParameterList parameters_;

@@ -161,7 +161,7 @@ struct EngineActivationShape {
     stash_rowwise = e.replicated_by_tp - h;  // the input lives in the residual stream
     dense_split = e.split_by_tp / t;
     dense_recomputable = e.recomputable / t;
-    attention_split = (h + 2 * static_cast<double>(m.kv_dim())) / t;
+    attention_split = (static_cast<double>(m.q_dim()) + 2 * static_cast<double>(m.kv_dim())) / t;
     // A MoE block keeps its experts' activations with the rest of its stash (MoeStash, f32),
     // none in the recomputable set, which holds the attention output and log-sum-exps only.
     const double k = static_cast<double>(m.experts_per_token),

@@ -39,10 +39,11 @@ LayerElements layer_elements_of(const ModelConfig& m, bool moe_layer) {
   const double moe_extra = moe_layer ? 2 * k * h + 2 * static_cast<double>(m.n_experts) + k + shared * (mlp_pre + f) : 0;
   LayerElements e;
   e.replicated_by_tp = h /*input*/ + 2 * (h + norm_stats) /*two norms*/ + h /*mid residual*/;
-  e.split_by_tp = (h + 2.0 * static_cast<double>(m.kv_dim())) + k * mlp_pre + moe_extra;
-  e.recomputable = h + static_cast<double>(m.n_head) + k * f;
+  const double q = static_cast<double>(m.q_dim());  // q and the attention output
+  e.split_by_tp = (q + 2.0 * static_cast<double>(m.kv_dim())) + k * mlp_pre + moe_extra;
+  e.recomputable = q + static_cast<double>(m.n_head) + k * f;
   e.linear_replicated = 2 * h;
-  e.linear_recomputable = h + k * f;
+  e.linear_recomputable = q + k * f;
   return e;
 }
 
@@ -255,12 +256,14 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   // own.
   if (l.cp > 1) {
     const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp), t = static_cast<double>(l.tp);
-    const double kv = static_cast<double>(m.kv_dim()), h = static_cast<double>(m.n_embd);
+    const double kv = static_cast<double>(m.kv_dim()), q = static_cast<double>(m.q_dim());
     const double block = tokens * 2 * kv / t * bytes;
     switch (l.cp_comm) {
       case CpComm::P2P: mem.comm_buffers += 4 * block; break;
       case CpComm::AllGather: mem.comm_buffers += 2 * static_cast<double>(l.cp) * block; break;
-      case CpComm::AllToAll: mem.comm_buffers += tokens * (2 * (h + 2 * kv) + 2 * h) / t * bytes; break;
+      case CpComm::AllToAll:
+        mem.comm_buffers += tokens * (2 * (q + 2 * kv) + 2 * q) / t * bytes;
+        break;
     }
   }
   mem.workspace = job.workspace_bytes;

@@ -2,6 +2,7 @@
 // (what the source would have run), and every figure it measured in its own convention.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "loom/core/error.hpp"
@@ -157,12 +158,37 @@ RunCheck check_run(const PublishedRun& run) {
                       1e12;
   const double s = static_cast<double>(run.seq_len);
   auto per_token = [&](FlopCount count) { return flops_per_token(count, model, n, s, l.recompute); };
+  // A run that states both its model TFLOP/s and its tokens/s per GPU states its own FLOPs per
+  // token, their ratio. Where the convention's formula counts more than 2% away from it (a
+  // source that counted a model its own way: Megatron-Bridge's 25.11 gpt-oss rows against its
+  // later flop_utils), the TFLOP/s is predicted through the run's own count, and that is said.
+  double tflops_per_token = per_token(run.conventions.tflops);
+  {
+    double tflops = 0, tokens = 0;
+    for (const Measured& m : run.measured) {
+      if (m.figure == Figure::TflopsPerGpu) tflops = m.value;
+      if (m.figure == Figure::TokensPerSecond) tokens = m.value;
+    }
+    const double stated = tflops > 0 && tokens > 0 ? tflops * 1e12 / tokens : 0;
+    if (stated > 0 && std::fabs(stated / tflops_per_token - 1) > 0.02) {
+      char note[200];
+      std::snprintf(note, sizeof note,
+                    "TFLOP/s through the run's own %.4g GFLOP per token (its TFLOP/s over its "
+                    "tokens/s), %+.1f%% from "
+                    "the convention's %.4g",
+                    stated / 1e9, 100 * (tflops_per_token / stated - 1), tflops_per_token / 1e9);
+      check.notes.push_back(note);
+      tflops_per_token = stated;
+    }
+  }
   for (const Measured& m : run.measured) {
     double predicted = 0;
     switch (m.figure) {
       case Figure::Mfu: predicted = check.tokens_per_s_per_gpu * per_token(run.conventions.mfu) / peak; break;
       case Figure::Hfu: predicted = check.tokens_per_s_per_gpu * per_token(run.conventions.hfu) / peak; break;
-      case Figure::TflopsPerGpu: predicted = check.tokens_per_s_per_gpu * per_token(run.conventions.tflops) / 1e12; break;
+      case Figure::TflopsPerGpu:
+        predicted = check.tokens_per_s_per_gpu * tflops_per_token / 1e12;
+        break;
       case Figure::TokensPerSecond: predicted = check.tokens_per_s_per_gpu; break;
       case Figure::StepTime: predicted = check.step_s; break;
       case Figure::MemoryPerGpu:

@@ -159,7 +159,24 @@ double flops_per_token(FlopCount count, const ModelConfig& m, double params, dou
     params *= 1 - inactive / static_cast<double>(m.parameter_count());
   }
   const double l = static_cast<double>(m.n_layer), h = static_cast<double>(m.n_embd), v = static_cast<double>(m.vocab_size);
-  const double attention = 12 * l * h * seq;  // QK^T and PV, forward and backward, full s x s
+  // QK^T and PV, forward and backward, over the attention's width (Megatron-LM's
+  // query_projection_size = kv_channels x heads: n_embd unless the heads are wider): full s x s,
+  // or causal (s/2 keys a query); a sliding-window layer its window's keys, or their causal mean
+  // (Megatron-Bridge's flop_utils: W - W(W - 1) / 2s).
+  auto attention_flops = [&](bool causal) {
+    double keys = 0;
+    for (int64_t layer = 0; layer < m.n_layer; ++layer) {
+      const bool windowed =
+          m.is_windowed_layer(layer) && static_cast<double>(m.sliding_window) < seq;
+      if (windowed)
+        keys += causal ? m.mean_keys_per_query(layer, static_cast<int64_t>(seq))
+                       : static_cast<double>(m.sliding_window);
+      else
+        keys += causal ? seq / 2 : seq;
+    }
+    return 12 * keys * static_cast<double>(m.q_dim());
+  };
+  const double attention = attention_flops(false);
   switch (count) {
     case FlopCount::PaLM: return 6 * params + attention;
     case FlopCount::RecomputeHardware:
@@ -177,7 +194,8 @@ double flops_per_token(FlopCount count, const ModelConfig& m, double params, dou
       ModelConfig no_blocks = m;
       no_blocks.n_layer = 0;
       const double blocks = static_cast<double>(m.parameter_count() - no_blocks.parameter_count()) - inactive;
-      return 6 * (blocks + v * h) + (count == FlopCount::NonEmbeddingFull ? attention : attention / 2);
+      return 6 * (blocks + v * h) +
+             (count == FlopCount::NonEmbeddingFull ? attention : attention_flops(true));
     }
   }
   return 0;

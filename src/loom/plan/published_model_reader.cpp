@@ -133,6 +133,15 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
     if (!ffn) run.assumptions.push_back(llama ? "ffn not stated: 4h" : "ffn not stated: 4h (GPT)");
     if (!vocab) run.assumptions.push_back("vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
     if (f.find("model.moe") != nullptr) read_moe(f, ffn.has_value(), m, run);
+    // What a record's columns cannot say but its named architecture does: heads wider or
+    // narrower than hidden / heads (Qwen3, Mistral NeMo).
+    if (named && named->config.n_layer == m.n_layer && named->config.n_embd == m.n_embd &&
+        named->config.n_head == m.n_head && named->config.attention_head_dim > 0) {
+      m.attention_head_dim = named->config.attention_head_dim;
+      run.assumptions.push_back(
+          "heads " + std::to_string(m.attention_head_dim) + " wide (not hidden / heads = " +
+          std::to_string(m.n_embd / m.n_head) + ") from preset " + named->name);
+    }
   } else {
     const std::optional<PublishedModel>& preset = named;
     if (!preset)

@@ -48,6 +48,27 @@ ModelConfig tied(ModelConfig c) {
   return c;
 }
 
+// Heads of their own width (HF's head_dim), when n_head x head_dim is not the hidden size.
+ModelConfig heads_of(ModelConfig c, int64_t head_dim) {
+  c.attention_head_dim = head_dim;
+  return c;
+}
+
+// Experts narrower than the dense MLP (fine-grained experts); every layer a mixture.
+ModelConfig experts_of(ModelConfig c, int64_t experts, int64_t top_k, int64_t expert_ffn) {
+  c.n_experts = experts;
+  c.experts_per_token = top_k;
+  c.moe_ffn_hidden = expert_ffn;
+  return c;
+}
+
+// Sliding-window attention: a window of `window` keys, every `global_every`-th layer global.
+ModelConfig windowed(ModelConfig c, int64_t window, int64_t global_every) {
+  c.sliding_window = window;
+  c.global_attention_every = global_every;
+  return c;
+}
+
 struct Entry {
   const char* family;  // normalised family key (see family_of)
   double size_b;       // the size as models are named ("13" for LLaMA 13B)
@@ -67,35 +88,100 @@ const char* const kLlama3 =
 
 const char* const kLlama32 = "Llama 3.2 1B / 3B config.json (meta-llama, 2024)";
 const char* const kQwen25 = "Qwen Team 2024, 'Qwen2.5 Technical Report' (arXiv 2412.15115), Table 1; config.json";
+const char* const kQwen3 =
+    "Qwen Team 2025, 'Qwen3 Technical Report' (arXiv 2505.09388), Tables 1 and 2; the released "
+    "config.json files "
+    "(head_dim 128, vocabulary 151,936)";
+const char* const kGptOss =
+    "OpenAI 2025, 'gpt-oss-120b & gpt-oss-20b Model Card' (arXiv 2508.10925); config.json";
+const char* const kGptOssApprox =
+    "its attention and expert biases and per-head attention sinks are not counted (under 0.1% of "
+    "the parameters)";
+const char* const kGemma2 = "Gemma Team 2024, 'Gemma 2' (arXiv 2408.00118), Table 1; config.json";
+const char* const kGemma3 =
+    "Gemma Team 2025, 'Gemma 3 Technical Report' (arXiv 2503.19786), Table 1; config.json";
+const char* const kGemmaApprox =
+    "GeGLU charged as SwiGLU (the same 3 matrices); the norms after attention and MLP and the "
+    "logit soft-capping "
+    "are not charged";
+const char* const kNemotron4 =
+    "Parmar et al. 2024, 'Nemotron-4 15B Technical Report' (arXiv 2402.16819), sec. 2; Nvidia "
+    "2024, 'Nemotron-4 "
+    "340B Technical Report' (arXiv 2406.11704), Table 1";
 
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> all = {
-      {"llama1", 7, {"LLaMA 7B", llama_shape(32, 4096, 32, 32, 11008, 32000, 2048), 4 << 20, kLlama1, "", ""}},
-      {"llama1", 13, {"LLaMA 13B", llama_shape(40, 5120, 40, 40, 13824, 32000, 2048), 4 << 20, kLlama1, "", ""}},
+      {"llama1",
+       7,
+       {"LLaMA 7B", llama_shape(32, 4096, 32, 32, 11008, 32000, 2048), 4 << 20, kLlama1, "", ""}},
+      {"llama1",
+       13,
+       {"LLaMA 13B", llama_shape(40, 5120, 40, 40, 13824, 32000, 2048), 4 << 20, kLlama1, "", ""}},
       // Table 2 names it 33B (32.5B parameters); the weights were first released as "30B".
-      {"llama1", 30, {"LLaMA 30B/33B", llama_shape(60, 6656, 52, 52, 17920, 32000, 2048), 4 << 20, kLlama1, "", ""}},
-      {"llama1", 33, {"LLaMA 30B/33B", llama_shape(60, 6656, 52, 52, 17920, 32000, 2048), 4 << 20, kLlama1, "", ""}},
-      {"llama1", 65, {"LLaMA 65B", llama_shape(80, 8192, 64, 64, 22016, 32000, 2048), 4 << 20, kLlama1, "", ""}},
-      {"llama2", 7, {"Llama 2 7B", llama_shape(32, 4096, 32, 32, 11008, 32000, 4096), 4 << 20, kLlama2, "", ""}},
-      {"llama2", 13, {"Llama 2 13B", llama_shape(40, 5120, 40, 40, 13824, 32000, 4096), 4 << 20, kLlama2, "", ""}},
-      {"llama2", 70, {"Llama 2 70B", llama_shape(80, 8192, 64, 8, 28672, 32000, 4096), 4 << 20, kLlama2, "", ""}},
-      {"llama3", 8, {"Llama 3 8B", llama_shape(32, 4096, 32, 8, 14336, 128256, 8192), 0, kLlama3, "", ""}},
-      {"llama3", 70, {"Llama 3 70B", llama_shape(80, 8192, 64, 8, 28672, 128256, 8192), 0, kLlama3, "", ""}},
-      {"llama3", 405, {"Llama 3 405B", llama_shape(126, 16384, 128, 8, 53248, 128256, 8192), 0, kLlama3, "", ""}},
+      {"llama1",
+       30,
+       {"LLaMA 30B/33B", llama_shape(60, 6656, 52, 52, 17920, 32000, 2048), 4 << 20, kLlama1, "",
+        ""}},
+      {"llama1",
+       33,
+       {"LLaMA 30B/33B", llama_shape(60, 6656, 52, 52, 17920, 32000, 2048), 4 << 20, kLlama1, "",
+        ""}},
+      {"llama1",
+       65,
+       {"LLaMA 65B", llama_shape(80, 8192, 64, 64, 22016, 32000, 2048), 4 << 20, kLlama1, "", ""}},
+      {"llama2",
+       7,
+       {"Llama 2 7B", llama_shape(32, 4096, 32, 32, 11008, 32000, 4096), 4 << 20, kLlama2, "", ""}},
+      {"llama2",
+       13,
+       {"Llama 2 13B", llama_shape(40, 5120, 40, 40, 13824, 32000, 4096), 4 << 20, kLlama2, "",
+        ""}},
+      {"llama2",
+       70,
+       {"Llama 2 70B", llama_shape(80, 8192, 64, 8, 28672, 32000, 4096), 4 << 20, kLlama2, "", ""}},
+      {"llama3",
+       8,
+       {"Llama 3 8B", llama_shape(32, 4096, 32, 8, 14336, 128256, 8192), 0, kLlama3, "", ""}},
+      {"llama3",
+       70,
+       {"Llama 3 70B", llama_shape(80, 8192, 64, 8, 28672, 128256, 8192), 0, kLlama3, "", ""}},
+      {"llama3",
+       405,
+       {"Llama 3 405B", llama_shape(126, 16384, 128, 8, 53248, 128256, 8192), 0, kLlama3, "", ""}},
       // Brown et al. 2020, 'Language Models are Few-Shot Learners' (arXiv 2005.14165), Table 2.1:
       // 96 layers, d_model 12288, 96 heads of 128, context 2048, 3.2M-token batch; GPT-2's
       // 50,257-token BPE vocabulary (sec. 2.1 follows GPT-2).
-      {"gpt3", 175, {"GPT-3 175B", gpt_shape(96, 12288, 96, 50257, 2048), 3200000, "Brown et al. 2020, Table 2.1", "", ""}},
+      {"gpt3",
+       175,
+       {"GPT-3 175B", gpt_shape(96, 12288, 96, 50257, 2048), 3200000,
+        "Brown et al. 2020, Table 2.1", "", ""}},
       // NeMo's GPT-3 5B recipe (NVIDIA NeMo-Framework-Launcher, launcher_scripts/conf/training/
       // gpt3/5b.yaml): 24 layers, hidden 4096, FFN 16384, 32 heads, sequence 2048; GPT-2 BPE
       // vocabulary padded to a multiple of 128 (50,304).
-      {"gpt3", 5, {"NeMo GPT-3 5B", gpt_shape(24, 4096, 32, 50304, 2048), 0, "NeMo-Framework-Launcher conf/training/gpt3/5b.yaml", "", ""}},
-      // OpenAI 2025, 'gpt-oss-120b & gpt-oss-20b Model Card': 36 layers, residual width 2880,
-      // 64 query heads of width 64 (4096 != 2880), alternating banded (128-token) and dense
-      // attention, 128 experts, top-4.
-      {"gptoss", 120, {"GPT-OSS 120B", ModelConfig{}, 0, "OpenAI gpt-oss model card (2025)",
-                       "its 64 heads of width 64 do not divide the 2880-wide residual stream (loom's ModelConfig has "
-                       "head width = hidden / heads) and half its layers use 128-token banded attention", ""}},
+      {"gpt3",
+       5,
+       {"NeMo GPT-3 5B", gpt_shape(24, 4096, 32, 50304, 2048), 0,
+        "NeMo-Framework-Launcher conf/training/gpt3/5b.yaml", "", ""}},
+      // gpt-oss (the model card and config.json): 36 / 24 layers, residual width 2880, 64 query
+      // heads of 64 (4096 wide) and 8 kv heads, experts of 2880, 128 / 32 of them, top 4;
+      // layers alternate a 128-key sliding window (layer 0) and global attention; vocabulary
+      // 201,088, untied; pre-trained at 4096 tokens. The card: 116.83B (5.13B active) and
+      // 20.91B (3.61B).
+      {"gptoss",
+       120,
+       {"GPT-OSS 120B",
+        windowed(
+            heads_of(experts_of(llama_shape(36, 2880, 64, 8, 2880, 201088, 4096), 128, 4, 2880),
+                     64),
+            128, 2),
+        0, kGptOss, "", kGptOssApprox}},
+      {"gptoss",
+       20,
+       {"GPT-OSS 20B",
+        windowed(
+            heads_of(experts_of(llama_shape(24, 2880, 64, 8, 2880, 201088, 4096), 32, 4, 2880), 64),
+            128, 2),
+        0, kGptOss, "", kGptOssApprox}},
       // DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report' (arXiv 2412.19437), sec. 2.1 and 4.2:
       // 61 layers of 7168, the first 3 dense (18432), 256 routed experts of 2048 + 1 shared,
       // top 8. Its multi-head latent attention is not loom's: the deepseek-v3-gqa preset puts
@@ -104,32 +190,151 @@ const std::vector<Entry>& entries() {
       // x 7168^2 = 206M, so the parameters (about 671B, 37B active) and GEMM FLOPs hold; its
       // attention core (q.k over 192 wide heads, p.v over 128) is about 2.9x the stand-in's, some
       // 8% of a token's FLOPs at 4K.
-      {"deepseekv3", 671, {"DeepSeek-V3 671B", model_preset("deepseek-v3-gqa"), 0, "DeepSeek-V3 Technical Report, sec. 4.2",
-                           "", "multi-head latent attention approximated by 128 full heads of 56 (parameters within 10%, "
-                           "attention core about a third of MLA's FLOPs)"}},
+      {"deepseekv3",
+       671,
+       {"DeepSeek-V3 671B", model_preset("deepseek-v3-gqa"), 0,
+        "DeepSeek-V3 Technical Report, sec. 4.2", "",
+        "multi-head latent attention approximated by 128 full heads of 56 (parameters within 10%, "
+        "attention core about a third of MLA's FLOPs)"}},
       // Jiang et al. 2024, 'Mixtral of Experts' (arXiv 2401.04088), Table 1: 32 layers of 4096,
       // 32 heads, 8 key/value heads, experts of 14336, 8 experts, top 2, 32,000-token vocabulary;
       // Mixtral 8x22B from its released config.json: 56 layers of 6144, 48 heads, 8 kv, experts
       // of 16384, vocabulary 32,768.
-      {"mixtral", 7, {"Mixtral 8x7B", moe_shape(llama_shape(32, 4096, 32, 8, 14336, 32000, 32768), 8, 2), 0,
-                      "Jiang et al. 2024, Table 1", "", ""}},
-      {"mixtral", 22, {"Mixtral 8x22B", moe_shape(llama_shape(56, 6144, 48, 8, 16384, 32768, 65536), 8, 2), 0,
-                       "Mixtral 8x22B config.json (mistralai, 2024)", "", ""}},
+      {"mixtral",
+       7,
+       {"Mixtral 8x7B", moe_shape(llama_shape(32, 4096, 32, 8, 14336, 32000, 32768), 8, 2), 0,
+        "Jiang et al. 2024, Table 1", "", ""}},
+      {"mixtral",
+       22,
+       {"Mixtral 8x22B", moe_shape(llama_shape(56, 6144, 48, 8, 16384, 32768, 65536), 8, 2), 0,
+        "Mixtral 8x22B config.json (mistralai, 2024)", "", ""}},
       // Jiang et al. 2023, 'Mistral 7B' (arXiv 2310.06825), Table 1: 32 layers of 4096, 32
-      // heads, 8 kv heads, hidden 14336, vocabulary 32,000 (its 4096-token sliding window is
-      // not modelled: full causal attention is charged).
-      {"mistral", 7, {"Mistral 7B", llama_shape(32, 4096, 32, 8, 14336, 32000, 8192), 0, "Jiang et al. 2023, Table 1", "", ""}},
+      // heads, 8 kv heads, hidden 14336, vocabulary 32,000, a 4096-key sliding window on every
+      // layer, context 8192.
+      {"mistral",
+       7,
+       {"Mistral 7B", windowed(llama_shape(32, 4096, 32, 8, 14336, 32000, 8192), 4096, 0), 0,
+        "Jiang et al. 2023, Table 1", "", ""}},
+      // Mistral NeMo 12B (mistralai/Mistral-Nemo-Base-2407 config.json): 40 layers of 5120, 32
+      // heads of 128 (4096 wide), 8 kv heads, 14336, vocabulary 131,072, no window.
+      {"mistral",
+       12,
+       {"Mistral NeMo 12B", heads_of(llama_shape(40, 5120, 32, 8, 14336, 131072, 131072), 128), 0,
+        "Mistral-Nemo-Base-2407 config.json (mistralai, 2024)", "", ""}},
+      // Qwen3 (its q/k RMSNorms, 2 x 128 weights a layer, are not counted): dense sizes, then the
+      // mixtures of 128 experts, top 8, no shared experts, every layer a mixture. The report:
+      // 30.5B total / 3.3B active, 235B / 22B.
+      {"qwen3",
+       0.6,
+       {"Qwen3 0.6B", tied(heads_of(llama_shape(28, 1024, 16, 8, 3072, 151936, 32768), 128)), 0,
+        kQwen3, "", ""}},
+      {"qwen3",
+       1.7,
+       {"Qwen3 1.7B", tied(heads_of(llama_shape(28, 2048, 16, 8, 6144, 151936, 32768), 128)), 0,
+        kQwen3, "", ""}},
+      {"qwen3",
+       4,
+       {"Qwen3 4B", tied(heads_of(llama_shape(36, 2560, 32, 8, 9728, 151936, 32768), 128)), 0,
+        kQwen3, "", ""}},
+      {"qwen3",
+       8,
+       {"Qwen3 8B", heads_of(llama_shape(36, 4096, 32, 8, 12288, 151936, 32768), 128), 0, kQwen3,
+        "", ""}},
+      {"qwen3",
+       14,
+       {"Qwen3 14B", heads_of(llama_shape(40, 5120, 40, 8, 17408, 151936, 32768), 128), 0, kQwen3,
+        "", ""}},
+      {"qwen3",
+       32,
+       {"Qwen3 32B", heads_of(llama_shape(64, 5120, 64, 8, 25600, 151936, 32768), 128), 0, kQwen3,
+        "", ""}},
+      {"qwen3",
+       30,
+       {"Qwen3 30B-A3B",
+        heads_of(experts_of(llama_shape(48, 2048, 32, 4, 6144, 151936, 32768), 128, 8, 768), 128),
+        0, kQwen3, "", ""}},
+      {"qwen3",
+       235,
+       {"Qwen3 235B-A22B",
+        heads_of(experts_of(llama_shape(94, 4096, 64, 4, 12288, 151936, 32768), 128, 8, 1536), 128),
+        0, kQwen3, "", ""}},
+      // Gemma 2 and 3 (GeGLU, tied embeddings, heads of their own width): Gemma 2 alternates a
+      // 4096-key window (layer 0) with global layers; Gemma 3 has five windowed layers (512 keys
+      // on 1B, 1024 above) to one global.
+      {"gemma2",
+       2,
+       {"Gemma 2 2B",
+        tied(windowed(heads_of(llama_shape(26, 2304, 8, 4, 9216, 256000, 8192), 256), 4096, 2)), 0,
+        kGemma2, "", kGemmaApprox}},
+      {"gemma2",
+       9,
+       {"Gemma 2 9B",
+        tied(windowed(heads_of(llama_shape(42, 3584, 16, 8, 14336, 256000, 8192), 256), 4096, 2)),
+        0, kGemma2, "", kGemmaApprox}},
+      {"gemma2",
+       27,
+       {"Gemma 2 27B",
+        tied(windowed(heads_of(llama_shape(46, 4608, 32, 16, 36864, 256000, 8192), 128), 4096, 2)),
+        0, kGemma2, "", kGemmaApprox}},
+      {"gemma3",
+       1,
+       {"Gemma 3 1B",
+        tied(windowed(heads_of(llama_shape(26, 1152, 4, 1, 6912, 262144, 32768), 256), 512, 6)), 0,
+        kGemma3, "", kGemmaApprox}},
+      {"gemma3",
+       4,
+       {"Gemma 3 4B",
+        tied(windowed(heads_of(llama_shape(34, 2560, 8, 4, 10240, 262208, 131072), 256), 1024, 6)),
+        0, kGemma3, "", kGemmaApprox}},
+      {"gemma3",
+       12,
+       {"Gemma 3 12B",
+        tied(windowed(heads_of(llama_shape(48, 3840, 16, 8, 15360, 262208, 131072), 256), 1024, 6)),
+        0, kGemma3, "", kGemmaApprox}},
+      {"gemma3",
+       27,
+       {"Gemma 3 27B",
+        tied(
+            windowed(heads_of(llama_shape(62, 5376, 32, 16, 21504, 262208, 131072), 128), 1024, 6)),
+        0, kGemma3, "", kGemmaApprox}},
+      // Nemotron-4: a squared-ReLU MLP of 4h (two matrices), charged as a SwiGLU of 2/3 of it
+      // (the same parameters and FLOPs); untied, vocabulary 256,000, sequence 4096. 15B: 32
+      // layers of 6144, 48 heads, 8 kv; 340B: 96 layers of 18432, 96 heads of 192, 8 kv.
+      {"nemotron4",
+       15,
+       {"Nemotron-4 15B", llama_shape(32, 6144, 48, 8, 16384, 256000, 4096), 0, kNemotron4, "",
+        "its squared-ReLU MLP of 24576 charged as a SwiGLU of 16384 (the same parameters and "
+        "FLOPs)"}},
+      {"nemotron4",
+       340,
+       {"Nemotron-4 340B", llama_shape(96, 18432, 96, 8, 49152, 256000, 4096), 0, kNemotron4, "",
+        "its squared-ReLU MLP of 73728 charged as a SwiGLU of 49152 (the same parameters and "
+        "FLOPs)"}},
       // Llama 3.2 1B and 3B (the released config.json): 16 layers of 2048 and 28 of 3072, 8 kv
       // heads, hidden 8192, tied embeddings.
-      {"llama3", 1, {"Llama 3.2 1B", tied(llama_shape(16, 2048, 32, 8, 8192, 128256, 8192)), 0, kLlama32, "", ""}},
-      {"llama3", 3, {"Llama 3.2 3B", tied(llama_shape(28, 3072, 24, 8, 8192, 128256, 8192)), 0, kLlama32, "", ""}},
+      {"llama3",
+       1,
+       {"Llama 3.2 1B", tied(llama_shape(16, 2048, 32, 8, 8192, 128256, 8192)), 0, kLlama32, "",
+        ""}},
+      {"llama3",
+       3,
+       {"Llama 3.2 3B", tied(llama_shape(28, 3072, 24, 8, 8192, 128256, 8192)), 0, kLlama32, "",
+        ""}},
       // Qwen2.5 (Qwen Team 2024, arXiv 2412.15115, Table 1, and the released config.json files):
       // layers, hidden, heads / kv heads, intermediate width; vocabulary 152,064 (the q/k/v
       // biases are not counted).
-      {"qwen2", 7, {"Qwen2.5 7B", llama_shape(28, 3584, 28, 4, 18944, 152064, 32768), 0, kQwen25, "", ""}},
-      {"qwen2", 14, {"Qwen2.5 14B", llama_shape(48, 5120, 40, 8, 13824, 152064, 32768), 0, kQwen25, "", ""}},
-      {"qwen2", 32, {"Qwen2.5 32B", llama_shape(64, 5120, 40, 8, 27648, 152064, 32768), 0, kQwen25, "", ""}},
-      {"qwen2", 72, {"Qwen2.5 72B", llama_shape(80, 8192, 64, 8, 29568, 152064, 32768), 0, kQwen25, "", ""}},
+      {"qwen2",
+       7,
+       {"Qwen2.5 7B", llama_shape(28, 3584, 28, 4, 18944, 152064, 32768), 0, kQwen25, "", ""}},
+      {"qwen2",
+       14,
+       {"Qwen2.5 14B", llama_shape(48, 5120, 40, 8, 13824, 152064, 32768), 0, kQwen25, "", ""}},
+      {"qwen2",
+       32,
+       {"Qwen2.5 32B", llama_shape(64, 5120, 40, 8, 27648, 152064, 32768), 0, kQwen25, "", ""}},
+      {"qwen2",
+       72,
+       {"Qwen2.5 72B", llama_shape(80, 8192, 64, 8, 29568, 152064, 32768), 0, kQwen25, "", ""}},
   };
   return all;
 }
@@ -152,6 +357,12 @@ std::string family_of(const std::string& name) {
       {std::regex(R"(mixtral)"), "mixtral"},
       {std::regex(R"(mistral)"), "mistral"},
       {std::regex(R"(qwen[\s_-]*2)"), "qwen2"},
+      {std::regex(R"(qwen[\s_-]*3)"), "qwen3"},
+      {std::regex(R"(gemma[\s_-]*2)"), "gemma2"},
+      {std::regex(R"(gemma[\s_-]*3)"), "gemma3"},
+      // Not Nemotron-H, Nemotron 3 or 3.5 (hybrid Mamba models): "nemotron_3_nano", but
+      // "nemotron-340b" is Nemotron-4's.
+      {std::regex(R"(nemotron(?![\s_-]*(h|[35]([\s_.-]|$))))"), "nemotron4"},
   };
   for (const auto& [pattern, family] : families)
     if (std::regex_search(name, pattern)) return family;
@@ -166,12 +377,13 @@ std::optional<PublishedModel> find_published_model(const std::string& printed_na
   if (family.empty()) return std::nullopt;
   // The size: the first number followed by "b" that is not part of the family's version
   // ("Llama 3.1 8B" -> 8, "GPT3-5B" -> 5, "DeepSeek-V3 671B (37B active)" -> 671).
-  static const std::regex size(R"((^|[^0-9.])([0-9]+(\.[0-9]+)?)\s*b\b)");
+  static const std::regex size(R"((^|[^0-9.])([0-9]+(\.[0-9]+)?)\s*b(?![a-z0-9]))");
   std::smatch match;
   if (!std::regex_search(name, match, size)) return std::nullopt;
   const double size_b = std::stod(match[2].str());
   for (const Entry& e : entries())
-    if (family == e.family && std::abs(size_b - e.size_b) < 0.5) return e.model;
+    if (family == e.family && std::abs(size_b - e.size_b) < (e.size_b < 2 ? 0.05 : 0.5))
+      return e.model;
   return std::nullopt;
 }
 

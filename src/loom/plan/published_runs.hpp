@@ -97,6 +97,8 @@ struct RunCheck {
   PlanLayout layout;  // with the planner's picks for the unstated fields
   std::vector<FigureCheck> figures;
   std::vector<std::string> picks;  // what the planner chose for the unstated fields
+  std::vector<std::string>
+      notes;  // how a figure was converted, where the run's own numbers decided it
   double step_s = 0, tokens_per_s_per_gpu = 0;
   double allocated_gib = 0, reserved_gib = 0;  // predicted peak per GPU
   bool fits = true;

@@ -65,6 +65,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp), t = static_cast<double>(l.tp);
   const double h = static_cast<double>(m.n_embd), f = static_cast<double>(m.ffn_hidden);
   const double kv = static_cast<double>(m.kv_dim()), seq = static_cast<double>(job.seq_len);
+  const double q = static_cast<double>(m.q_dim());  // n_embd unless the heads are wider or narrower
   // FP8 casts (Transformer Engine): every linear layer's input forward and its output gradient
   // backward, 3 bytes of HBM traffic per element; summed in gemm_s below.
   double cast_elements_forward = 0, cast_elements_backward = 0;
@@ -76,7 +77,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     return 2 * rows * out * in / (linear_peak * gemm.efficiency(rows, out, in));
   };
   LayerCost c;
-  double forward = gemm_s(tokens, (h + 2 * kv) / t, h) + gemm_s(tokens, h, h / t);
+  double forward = gemm_s(tokens, (q + 2 * kv) / t, h) + gemm_s(tokens, h, q / t);
   auto mlp_s = [&](double rows, double width) {
     return m.arch == Architecture::GPT2 ? gemm_s(rows, width / t, h) + gemm_s(rows, h, width / t)
                                         : gemm_s(rows, 2 * width / t, h) + gemm_s(rows, h, width / t);
@@ -107,14 +108,30 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   }
   // Two matmuls (QK^T, PV). Flash attention skips the masked blocks, so each query meets
   // seq/2 keys on average; materialised scores are computed in full.
+  // Sliding-window layers (model.sliding_window) meet at most their window's keys; the mean
+  // layer weighs them and the global ones by their counts.
   const bool flash = job.memory.flash_attention;
-  const double keys = flash ? seq / 2 : seq;
-  const double head_dim = static_cast<double>(m.head_dim()), core_flops = 2 * 2 * tokens * keys * (h / t);
+  const double windowed_share =
+      static_cast<double>(m.windowed_layer_count()) / static_cast<double>(m.n_layer);
+  const double window_keys =
+      m.sliding_window > 0 ? m.mean_keys_per_query(0 /*a windowed layer*/, job.seq_len) : 0;
+  const double global_keys = seq / 2;
+  const double keys =
+      flash ? (1 - windowed_share) * global_keys + windowed_share * window_keys : seq;
+  const double head_dim = static_cast<double>(m.head_dim()),
+               core_flops = 2 * 2 * tokens * keys * (q / t);
   double attention_backward_s = 0;
   if (flash && !job.attention_forward) {
-    const double eff = fused_attention_efficiency(gpu, keys, head_dim, job.attention_kernel_speedup);
-    c.attention_core_s = core_flops / (peak * eff);
-    attention_backward_s = kFusedAttentionBackwardFlops * core_flops / (peak * eff);
+    // Each kind of layer at the fused kernel's rate for its own key count.
+    auto core_s = [&](double share, double layer_keys) {
+      if (share <= 0) return 0.0;
+      const double eff =
+          fused_attention_efficiency(gpu, layer_keys, head_dim, job.attention_kernel_speedup);
+      return share * 2 * 2 * tokens * layer_keys * (q / t) / (peak * eff);
+    };
+    c.attention_core_s =
+        core_s(1 - windowed_share, global_keys) + core_s(windowed_share, window_keys);
+    attention_backward_s = kFusedAttentionBackwardFlops * c.attention_core_s;
   } else {
     // Materialised scores: QK^T and PV are batched GEMMs whose short side is the head width,
     // but what that costs is the scores' trips through HBM, charged below byte by byte; the
@@ -159,7 +176,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       // saved reduce_scatter output rebuilds the mid residual) and w3 and all of the forward's
       // memory-bound work (norms, RoPE, repeat_kv, SwiGLU), none of it saved.
       double rerun = gemm_s(tokens, kv / t, h) + gemm_s(tokens, f / t, h) + memory_s / 2;
-      if (!(l.tp > 1 && l.sequence_parallel)) rerun += gemm_s(tokens, h, h / t);
+      if (!(l.tp > 1 && l.sequence_parallel)) rerun += gemm_s(tokens, h, q / t);
       c.backward_s += rerun;
     } else {
       c.backward_s += c.attention_core_s;
@@ -236,7 +253,7 @@ CpWireBytes context_parallel_wire_bytes(const ModelConfig& m, const PlanLayout& 
   CpWireBytes wire;
   if (l.cp <= 1) return wire;
   const double t = static_cast<double>(l.tp), hops = static_cast<double>(l.cp - 1);
-  const double kv = static_cast<double>(m.kv_dim()), h = static_cast<double>(m.n_embd);
+  const double kv = static_cast<double>(m.kv_dim()), q = static_cast<double>(m.q_dim());
   switch (l.cp_comm) {
     case CpComm::P2P:
     case CpComm::AllGather: {
@@ -247,7 +264,8 @@ CpWireBytes context_parallel_wire_bytes(const ModelConfig& m, const PlanLayout& 
     }
     case CpComm::AllToAll: {
       const double share = hops / static_cast<double>(l.cp);
-      const double qkv = tokens * (h + 2 * kv) / t * activation_bytes, out = tokens * h / t * activation_bytes;
+      const double qkv = tokens * (q + 2 * kv) / t * activation_bytes,
+                   out = tokens * q / t * activation_bytes;
       const double lse = tokens * static_cast<double>(m.n_head) / t * 4, ranges = hops * tokens * 2 * 4;
       wire.forward = share * (qkv + out + lse) + ranges;
       wire.backward = share * (2 * qkv + 2 * out + lse) + ranges;

@@ -59,6 +59,9 @@ void require_same_model(const ModelConfig& expected, const ModelConfig& found, c
   check("n_embd", expected.n_embd, found.n_embd);
   check("n_head", expected.n_head, found.n_head);
   check("n_kv_head", expected.n_kv_head, found.n_kv_head);
+  check("head_dim", expected.head_dim(), found.head_dim());
+  check("sliding_window", expected.sliding_window, found.sliding_window);
+  check("global_attention_every", expected.global_attention_every, found.global_attention_every);
   check("ffn_hidden", expected.ffn_hidden, found.ffn_hidden);
   check("max_seq_len", expected.max_seq_len, found.max_seq_len);
   check("tied_embeddings", expected.tied_embeddings, found.tied_embeddings);

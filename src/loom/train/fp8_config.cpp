@@ -69,8 +69,9 @@ void check_fp8_training(const TrainConfig& c) {
               "train.batch_size x train.seq_len (tokens per micro-batch)", tokens},
           {"model.n_embd", width},
           {"model.ffn_hidden", hidden},
+          {"the query width (n_head x head_dim)", c.model.q_dim()},
           {"the key/value width (n_kv_head x head_dim)", kv}})
-      if (value % 16 != 0)  // q|k|v's width, n_embd + 2 kv, follows
+      if (value % 16 != 0)  // q|k|v's width, q + 2 kv, follows
         throw_error("train.precision = \"fp8\" on CUDA: ", name, " = ", value,
                     " is not a multiple of 16, which cuBLASLt's FP8 GEMMs need");
   }

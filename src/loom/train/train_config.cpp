@@ -40,6 +40,7 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.n_embd = r.get_int("model.n_embd", m.n_embd);
   m.n_head = r.get_int("model.n_head", m.n_head);
   m.n_kv_head = r.get_int("model.n_kv_head", r.has("model.n_head") && !r.has("model.n_kv_head") ? m.n_head : m.n_kv_head);
+  m.attention_head_dim = r.get_int("model.head_dim", m.attention_head_dim);
   m.ffn_hidden = r.get_int("model.ffn_hidden", r.has("model.n_embd") && !r.has("model.ffn_hidden") && m.arch == Architecture::GPT2 ? 4 * m.n_embd : m.ffn_hidden);
   m.tied_embeddings = r.get_bool("model.tied_embeddings", m.tied_embeddings);
   m.norm_eps = r.get_double("model.norm_eps", m.norm_eps);
@@ -59,6 +60,8 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.moe_ffn_hidden = r.get_int("model.moe_ffn_hidden", m.moe_ffn_hidden);
   m.moe_first_dense = r.get_int("model.moe_first_dense", m.moe_first_dense);
   m.moe_every = r.get_int("model.moe_every", m.moe_every);
+  m.sliding_window = r.get_int("model.sliding_window", m.sliding_window);
+  m.global_attention_every = r.get_int("model.global_attention_every", m.global_attention_every);
   m.validate();
   return m;
 }
@@ -493,9 +496,10 @@ void check_cuda_available() {
 void check_cuda_training(const TrainConfig& c) {
   const int64_t max_head_dim = ops::max_attention_head_dim(Device::CUDA);
   if (max_head_dim > 0 && c.model.head_dim() > max_head_dim)
-    throw_error("model.n_embd / model.n_head = ", c.model.n_embd, " / ", c.model.n_head, " = head_dim ",
-                c.model.head_dim(), ": the CUDA attention kernel takes head_dim up to ", max_head_dim,
-                "; use more heads or train on the CPU");
+    throw_error(c.model.attention_head_dim > 0 ? "model.head_dim = "
+                                               : "model.n_embd / model.n_head = head_dim ",
+                c.model.head_dim(), ": the CUDA attention kernel takes head_dim up to ",
+                max_head_dim, "; use narrower heads or train on the CPU");
 }
 
 }  // namespace loom

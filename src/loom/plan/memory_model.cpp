@@ -215,6 +215,11 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
       here.gradients += experts.gradients;
       here.optimizer_state += experts.optimizer_state;
     }
+    if (job.fsdp_gathered_under_pp && l.zero_stage == 3 && l.pp > 1 && l.dp * l.cp > 1) {
+      const double whole = r.dense() + r.experts;
+      here.parameters += whole * job.state.parameter;
+      here.gradients += whole * 4;
+    }
     // The rank's chunks hold chunks_in_flight micro-batch-chunks at the peak; with uneven
     // stages each counts as the rank's average chunk.
     const double chunk_layers = static_cast<double>(r.layers) / static_cast<double>(l.vp);

@@ -108,6 +108,16 @@ struct GpuJob {
   // log_softmax backward holds the saved fp32 log-softmax, its incoming fp32 gradient and the
   // fp32 gradient it writes: 12.
   double logits_bytes_per_element = 0;
+  // ZeRO-3 as FSDP2 runs it under torch.distributed.pipelining (torchtitan): with pp > 1 a
+  // stage's parameters stay gathered from its first forward to its last backward
+  // (reshard_after_forward = False "to avoid per-microbatch all-gathers", torchtitan
+  // parallelize_llama.py apply_fsdp; the pipeline stage's backward_maybe_with_nosync sets
+  // reshard_after_backward and requires_gradient_sync False until the last micro-batch), and
+  // their gradients accumulate unsharded in the reduce dtype (FSDPParam.to_accumulated_grad_
+  // if_needed upcasts to reduce_dtype, fp32 in torchtitan's mixed precision). So each rank also
+  // holds its stage's parameters whole at job.state.parameter bytes and their gradients whole
+  // at 4 bytes, over the sharded states.
+  bool fsdp_gathered_under_pp = false;
   // Layers per pipeline stage (pp x vp entries); empty: the engine's split (stage_layer_counts).
   std::vector<int64_t> stage_layers;
 };

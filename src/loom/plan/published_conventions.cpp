@@ -79,6 +79,7 @@ SourceConventions torchtitan() {
   c.logits_bytes_per_element = 12;
   c.per_op_selective = true;
   c.torchtitan_pipeline = true;
+  c.fsdp_gathered_under_pp = true;
   return c;
 }
 

@@ -51,6 +51,9 @@ struct SourceConventions {
   // (pipeline_parallel_microbatches defaults to pipeline_parallel_degree), and a looped
   // (interleaved) schedule puts 2 stages on each rank when no split points are given.
   bool torchtitan_pipeline = false;
+  // FSDP2 under torch.distributed.pipelining keeps a stage's parameters gathered and its
+  // gradients unsharded across the micro-batches (GpuJob::fsdp_gathered_under_pp).
+  bool fsdp_gathered_under_pp = false;
   // Its stack's fused attention over the 2023-24 rate (TrainingJob::attention_kernel_speedup).
   double attention_kernel_speedup = 1.0;
   std::string where;                     // where the conventions were read

@@ -143,6 +143,33 @@ TEST(PublishedRuns, WideHeadsAndSlidingWindowsFromPublishedShapes) {
   EXPECT_EQ(nemotron.model.head_dim(), 192);
   EXPECT_NEAR((static_cast<double>(nemotron.model.parameter_count()) - 2 * 256000.0 * 18432) / 1e9,
               331.6, 0.05);
+  // NeMo 24.07's FP8 table counts attention over the full s x s (its TFLOP/s over its tokens/s):
+  // Nemotron-8B 643e12 / 12507 and GPT3-20B 750e12 / 5851.
+  auto nemo_flops = [](const ModelConfig& m, double seq) {
+    return plan::flops_per_token(plan::FlopCount::NonEmbeddingFull, m,
+                                 static_cast<double>(m.parameter_count()), seq, Recompute::None);
+  };
+  const plan::PublishedRun n8 = run("n8", R"({"name": "Nemotron-8B", "seq_len": 4096})");
+  ASSERT_TRUE(n8.refused.empty()) << n8.refused;
+  EXPECT_NEAR(nemo_flops(n8.model, 4096) / (643e12 / 12507), 1.0, 0.01);
+  const plan::PublishedRun g20 = run("g20", R"({"name": "GPT3-20B", "seq_len": 2048})");
+  ASSERT_TRUE(g20.refused.empty()) << g20.refused;
+  EXPECT_NEAR(nemo_flops(g20.model, 2048) / (750e12 / 5851), 1.0, 0.01);
+  // Llama 4 by variant (both are "17B"): Maverick 400B, and 17B active for both.
+  const plan::PublishedRun scout = run("scout", R"({"name": "LLAMA4-Scout-LLM", "seq_len": 8192})");
+  const plan::PublishedRun maverick =
+      run("maverick", R"({"name": "Llama 4 Maverick 17B-128E", "seq_len": 8192})");
+  ASSERT_TRUE(scout.refused.empty() && maverick.refused.empty())
+      << scout.refused << maverick.refused;
+  EXPECT_EQ(scout.model.n_experts, 16);
+  EXPECT_EQ(maverick.model.moe_layer_count(), 24);
+  EXPECT_NEAR(static_cast<double>(maverick.model.parameter_count()) / 400e9, 1.0, 0.005);
+  for (const ModelConfig* m : {&scout.model, &maverick.model}) {
+    const double idle = static_cast<double>(m->moe_layer_count()) *
+                        static_cast<double>(m->n_experts - 1) *
+                        static_cast<double>(m->expert_parameter_count());
+    EXPECT_NEAR((static_cast<double>(m->parameter_count()) - idle) / 1e9, 17, 0.5);
+  }
   const plan::PublishedRun hybrid =
       run("hybrid", R"({"name": "Nemotron_3_Nano", "seq_len": 8192})");
   expect_contains(hybrid.refused, {"no published architecture matches"});

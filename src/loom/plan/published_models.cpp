@@ -73,7 +73,19 @@ struct Entry {
   const char* family;  // normalised family key (see family_of)
   double size_b;       // the size as models are named ("13" for LLaMA 13B)
   PublishedModel model;
+  // Models a family names by variant rather than size (Llama 4 Scout and Maverick are both
+  // "17B"): a pattern the lower-case name matches, tried before the size.
+  const char* variant = nullptr;
 };
+
+// Shared experts of the routed experts' width, a dense MLP of ffn_hidden on the layers that are
+// not mixtures (moe_first_dense, moe_every).
+ModelConfig shared_experts(ModelConfig c, int64_t shared, int64_t first_dense, int64_t every) {
+  c.n_shared_experts = shared;
+  c.moe_first_dense = first_dense;
+  c.moe_every = every;
+  return c;
+}
 
 const char* const kLlama1 =
     "Touvron et al. 2023, 'LLaMA: Open and Efficient Foundation Language Models' (arXiv 2302.13971), Table 2 "
@@ -104,6 +116,17 @@ const char* const kGemmaApprox =
     "GeGLU charged as SwiGLU (the same 3 matrices); the norms after attention and MLP and the "
     "logit soft-capping "
     "are not charged";
+const char* const kLlama4 =
+    "meta-llama/Llama-4-Scout-17B-16E and -Maverick-17B-128E config.json (text_config); NeMo "
+    "llama.py "
+    "Llama4Experts16Config / Llama4Experts128Config";
+const char* const kLlama4Approx =
+    "its chunked attention (8192-key chunks on 3 layers of 4) charged as causal attention, the "
+    "same at 8192 tokens "
+    "and below";
+const char* const kNemotron3 =
+    "NeMo nemotron.py Nemotron3Config8B / Nemotron3Config22B; NeMo-Framework-Launcher "
+    "conf/training/nemotron/nemotron_{8b,22b}.yaml";
 const char* const kNemotron4 =
     "Parmar et al. 2024, 'Nemotron-4 15B Technical Report' (arXiv 2402.16819), sec. 2; Nvidia "
     "2024, 'Nemotron-4 "
@@ -162,6 +185,12 @@ const std::vector<Entry>& entries() {
        5,
        {"NeMo GPT-3 5B", gpt_shape(24, 4096, 32, 50304, 2048), 0,
         "NeMo-Framework-Launcher conf/training/gpt3/5b.yaml", "", ""}},
+      // NeMo's GPT-3 20B recipe (GPTConfig20B; Launcher conf/training/gpt3/20b.yaml): 44 layers
+      // of 6144, 48 heads, FFN 4h, sequence 2048, the 51,200-token vocabulary of its benchmarks.
+      {"gpt3",
+       20,
+       {"NeMo GPT-3 20B", gpt_shape(44, 6144, 48, 51200, 2048), 0,
+        "NeMo GPTConfig20B; Launcher conf/training/gpt3/20b.yaml", "", ""}},
       // gpt-oss (the model card and config.json): 36 / 24 layers, residual width 2880, 64 query
       // heads of 64 (4096 wide) and 8 kv heads, experts of 2880, 128 / 32 of them, top 4;
       // layers alternate a 128-key sliding window (layer 0) and global attention; vocabulary
@@ -297,6 +326,36 @@ const std::vector<Entry>& entries() {
         tied(
             windowed(heads_of(llama_shape(62, 5376, 32, 16, 21504, 262208, 131072), 128), 1024, 6)),
         0, kGemma3, "", kGemmaApprox}},
+      // Nemotron-3 8B and 22B (NeMo 24.07's "Nemotron-8B" and "Nemotron-22B"): multi-head
+      // attention, a squared-ReLU MLP of 4h, vocabulary 256,000, untied, sequence 4096.
+      {"nemotron4",
+       8,
+       {"Nemotron-3 8B", llama_shape(32, 4096, 32, 32, 10923, 256000, 4096), 0, kNemotron3, "",
+        "its squared-ReLU MLP of 16384 charged as a SwiGLU of 10923 (the same parameters and FLOPs "
+        "to "
+        "0.002%)"}},
+      {"nemotron4",
+       22,
+       {"Nemotron-3 22B", llama_shape(40, 6144, 48, 48, 16384, 256000, 4096), 0, kNemotron3, "",
+        "its squared-ReLU MLP of 24576 charged as a SwiGLU of 16384 (the same parameters and "
+        "FLOPs)"}},
+      // Llama 4 (text): 48 layers of 5120, 40 heads, 8 kv, experts and one shared expert of
+      // 8192, top 1, vocabulary 202,048, untied. Scout: 16 experts on every layer (109B, 17B
+      // active); Maverick: 128 experts on the odd layers, dense MLPs of 16384 between (400B, 17B).
+      {"llama4",
+       109,
+       {"Llama 4 Scout 17B-16E",
+        shared_experts(experts_of(llama_shape(48, 5120, 40, 8, 16384, 202048, 8192), 16, 1, 8192),
+                       1, 0, 1),
+        0, kLlama4, "", kLlama4Approx},
+       R"(scout|16e|e16)"},
+      {"llama4",
+       400,
+       {"Llama 4 Maverick 17B-128E",
+        shared_experts(experts_of(llama_shape(48, 5120, 40, 8, 16384, 202048, 8192), 128, 1, 8192),
+                       1, 1, 2),
+        0, kLlama4, "", kLlama4Approx},
+       R"(maverick|128e|e128)"},
       // Nemotron-4: a squared-ReLU MLP of 4h (two matrices), charged as a SwiGLU of 2/3 of it
       // (the same parameters and FLOPs); untied, vocabulary 256,000, sequence 4096. 15B: 32
       // layers of 6144, 48 heads, 8 kv; 340B: 96 layers of 18432, 96 heads of 192, 8 kv.
@@ -348,6 +407,7 @@ std::string normalised(const std::string& text) {
 // The family a printed name belongs to, or "" when none is known.
 std::string family_of(const std::string& name) {
   static const std::vector<std::pair<std::regex, const char*>> families = {
+      {std::regex(R"(llama[\s_-]*4(?![0-9]))"), "llama4"},
       {std::regex(R"(llama[\s_-]*3(?![0-9]))"), "llama3"},
       {std::regex(R"(llama[\s_-]*2(?![0-9]))"), "llama2"},
       {std::regex(R"(llama)"), "llama1"},
@@ -375,6 +435,10 @@ std::optional<PublishedModel> find_published_model(const std::string& printed_na
   const std::string name = normalised(printed_name);
   const std::string family = family_of(name);
   if (family.empty()) return std::nullopt;
+  for (const Entry& e : entries())
+    if (family == e.family && e.variant != nullptr &&
+        std::regex_search(name, std::regex(e.variant)))
+      return e.model;
   // The size: the first number followed by "b" that is not part of the family's version
   // ("Llama 3.1 8B" -> 8, "GPT3-5B" -> 5, "DeepSeek-V3 671B (37B active)" -> 671).
   static const std::regex size(R"((^|[^0-9.])([0-9]+(\.[0-9]+)?)\s*b(?![a-z0-9]))");

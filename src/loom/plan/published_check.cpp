@@ -87,13 +87,22 @@ RunCheck check_run(const PublishedRun& run) {
   const std::vector<Recompute> recomputes =
       run.unstated.recompute ? std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full}
                              : std::vector<Recompute>{run.layout.recompute};
+  // An unstated ep on a mixture of experts: every power of two that divides the experts and
+  // dp x cp (the ranks experts are spread over).
+  std::vector<int64_t> eps = {run.layout.ep};
+  if (run.unstated.ep && model.is_moe()) {
+    eps.clear();
+    for (int64_t ep = 1; ep <= model.n_experts && ep <= run.layout.dp * run.layout.cp; ep *= 2)
+      if (model.n_experts % ep == 0 && (run.layout.dp * run.layout.cp) % ep == 0) eps.push_back(ep);
+  }
   for (int64_t mbs : choices(run.unstated.micro_batch, run.layout.micro_batch, {1, 2, 4, 8, 16})) {
     const std::vector<int64_t> vps = run.unstated.interleaved
                                          ? std::vector<int64_t>{2, 3, 4, 5, 6, 8}
                                          : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8};
     for (int64_t vp : choices(run.unstated.vp, run.layout.vp, vps)) {
-      for (Recompute recompute : recomputes) {
+      for (Recompute recompute : recomputes) for (int64_t ep : eps) {
         PlanLayout l = run.layout;
+        l.ep = ep;
         l.micro_batch = mbs;
         l.vp = vp;
         l.recompute = recompute;
@@ -135,6 +144,7 @@ RunCheck check_run(const PublishedRun& run) {
   }
   const PlanLayout& l = check.layout;
   if (run.unstated.micro_batch) check.picks.push_back("micro-batch " + std::to_string(l.micro_batch));
+  if (eps.size() > 1) check.picks.push_back("ep " + std::to_string(l.ep) + " (not stated)");
   if (run.unstated.vp)
     check.picks.push_back(
         "vp " + std::to_string(l.vp) +

@@ -141,6 +141,7 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   l.pp = std::max<int64_t>(1, f.integer("parallelism.pp").value_or(1));
   l.cp = std::max<int64_t>(1, f.integer("parallelism.cp").value_or(1));
   l.ep = std::max<int64_t>(1, f.integer("parallelism.ep").value_or(1));
+  run.unstated.ep = !f.integer("parallelism.ep").has_value();
   const std::optional<int64_t> dp = f.integer("parallelism.dp"), total = f.integer("parallelism.total_gpus");
   if (total && *total == 0) throw_error("published run '", run.id, "': parallelism.total_gpus = 0");
   const int64_t model_parallel = l.tp * l.pp * l.cp;

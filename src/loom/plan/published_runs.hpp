@@ -44,6 +44,9 @@ struct Measured {
 // rule; these say which.
 struct Unstated {
   bool micro_batch = false, vp = false, recompute = false;
+  // parallelism.ep null on a mixture of experts: the ep (dividing the experts and dp x cp) that
+  // runs fastest and fits, as for the other unstated fields.
+  bool ep = false;
   // parallelism.pp_schedule names an interleaved schedule but not V: V >= 2 (the fastest that
   // fits, else 2, the smallest interleaving).
   bool interleaved = false;

@@ -4,9 +4,10 @@
 #include "loom/core/allocator.hpp"
 #include "loom/core/error.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/optim/adamw.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/rank_parameters.hpp"
-#include "loom/optim/adamw.hpp"
+#include "loom/plan/time_model.hpp"
 #include "model_fixtures.hpp"
 #include "test_support.hpp"
 
@@ -180,6 +181,24 @@ TEST(PlanMemory, FsdpUnderPipeliningHoldsTheStageGathered) {
   EXPECT_EQ(extra("pp=2 dp=2 zero=1"), 0);
   EXPECT_EQ(extra("dp=2 zero=3"), 0);
   EXPECT_EQ(extra("pp=2 zero=3"), 0);
+  // Its traffic: each layer gathered once a step and its gradients reduce-scattered once, where
+  // ZeRO-3 otherwise gathers twice (forward, backward) and reduce-scatters once per micro-batch:
+  // m layers x (2 ag + rs) against layers x (ag + rs), which lies between half and all of
+  // layers x (2 ag + rs).
+  plan::ClusterSpec cluster;
+  cluster.gpus_per_node = 4;
+  cluster.nodes = 1;
+  plan::TrainingJob t;
+  t.seq_len = t.memory.seq_len = 16;
+  t.global_batch = 16;
+  const PlanLayout l = plan::parse_layout("pp=2 dp=2 zero=3 mbs=1");
+  const int64_t micro = 16 / 2;
+  const double per_micro = plan::predict_step_time(m, l, cluster, t).dp_comm_s / micro;
+  t.memory.fsdp_gathered_under_pp = true;
+  const double once = plan::predict_step_time(m, l, cluster, t).dp_comm_s;
+  EXPECT_GT(per_micro, 0);
+  EXPECT_LT(once, per_micro);
+  EXPECT_GT(once, per_micro / 2);
 }
 
 // One process: the planner's engine figures equal the allocator's bytes, to the byte.

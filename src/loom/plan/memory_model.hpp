@@ -116,7 +116,8 @@ struct GpuJob {
   // their gradients accumulate unsharded in the reduce dtype (FSDPParam.to_accumulated_grad_
   // if_needed upcasts to reduce_dtype, fp32 in torchtitan's mixed precision). So each rank also
   // holds its stage's parameters whole at job.state.parameter bytes and their gradients whole
-  // at 4 bytes, over the sharded states.
+  // at 4 bytes, over the sharded states; and its traffic is one gather and one reduce-scatter
+  // per layer a step (time_model), not two gathers and one reduce-scatter per micro-batch.
   bool fsdp_gathered_under_pp = false;
   // Layers per pipeline stage (pp x vp entries); empty: the engine's split (stage_layer_counts).
   std::vector<int64_t> stage_layers;

@@ -456,10 +456,18 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
         ag = both(Collective::AllGather, dense_layer, expert_layer, param);
         rs = both(Collective::ReduceScatter, dense_layer, expert_layer, grad);
       }
-      out.dp_comm_s = static_cast<double>(micro) * layers * ((1 + backward_gathers) * ag + rs);
-      exposed += static_cast<double>(micro) * layers *
-                 (std::max(0.0, ag - layer.forward_s) +
-                  std::max(0.0, backward_gathers * ag + rs - layer.backward_s));
+      if (job.memory.fsdp_gathered_under_pp && l.pp > 1) {
+        // FSDP2 under pipelining (GpuJob::fsdp_gathered_under_pp): each layer gathered once, at
+        // its first forward, and its gradients reduce-scattered once, after its last backward.
+        out.dp_comm_s = layers * (ag + rs);
+        exposed +=
+            layers * (std::max(0.0, ag - layer.forward_s) + std::max(0.0, rs - layer.backward_s));
+      } else {
+        out.dp_comm_s = static_cast<double>(micro) * layers * ((1 + backward_gathers) * ag + rs);
+        exposed += static_cast<double>(micro) * layers *
+                   (std::max(0.0, ag - layer.forward_s) +
+                    std::max(0.0, backward_gathers * ag + rs - layer.backward_s));
+      }
     }
   }
   out.exposed_comm_s = std::max(0.0, exposed);

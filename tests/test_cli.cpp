@@ -224,6 +224,16 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   ASSERT_EQ(search["top"].size(), 3u);
   EXPECT_GE(search["valid"].get<int64_t>(), search["fitting"].get<int64_t>());
   EXPECT_GE(search["top"][0]["time"]["tokens_per_s"].get<double>(), search["top"][2]["time"]["tokens_per_s"].get<double>());
+  // A published model by name: Qwen3 30B-A3B (heads of 128 on a 2048 stream, 128 experts).
+  r = run_loom(
+      "plan --model \"Qwen3 30B-A3B\" --gpu h100-sxm --layout "
+      "dp=8,ep=8,zero=1,mbs=1,recompute=full "
+      "--seq 4096 --global-batch 64 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(nlohmann::json::parse(r.output)["time"]["tokens_per_s"].get<double>(), 0);
+  r = run_loom("plan --model \"Nemotron-H 8B\" --gpus 8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("a hybrid of Mamba-2 and attention layers"));
   r = run_loom("plan --model llama-405b --gpus 8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("the smallest count of h100-sxm that fits is"));

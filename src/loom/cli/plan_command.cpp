@@ -2,22 +2,25 @@
 // evaluates that layout; without it searches all layouts in the playbook's three steps.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "loom/cli/commands.hpp"
 #include "loom/cli/plan_file.hpp"
 #include "loom/core/error.hpp"
+#include "loom/obs/svg_support.hpp"
 #include "loom/plan/cluster_model.hpp"
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/hardware.hpp"
 #include "loom/plan/machine_profile.hpp"
-#include "loom/plan/plan_charts.hpp"
-#include "loom/obs/svg_support.hpp"
-#include "loom/plan/search.hpp"
 #include "loom/plan/memory_model.hpp"
+#include "loom/plan/plan_charts.hpp"
+#include "loom/plan/published_models.hpp"
 #include "loom/plan/published_runs.hpp"
+#include "loom/plan/search.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/train_config.hpp"
 
@@ -25,12 +28,28 @@ namespace loom::cli {
 
 namespace {
 
+// A TOML file with a [model] table, an engine preset, or a published model by name ("Qwen3
+// 30B-A3B", "gpt-oss 120B", "Llama 4 Maverick": the planner's table of published
+// architectures, its approximations said on stderr).
 ModelConfig plan_model(const std::string& name_or_path) {
   if (std::filesystem::is_regular_file(name_or_path)) {
     ConfigReader reader = ConfigReader::from_file(name_or_path);
     return parse_model_config(reader);
   }
-  return model_preset(name_or_path);
+  const std::vector<std::string> presets = model_preset_names();
+  if (std::find(presets.begin(), presets.end(), name_or_path) != presets.end())
+    return model_preset(name_or_path);
+  if (const std::optional<plan::PublishedModel> published =
+          plan::find_published_model(name_or_path)) {
+    if (!published->not_representable.empty())
+      throw_error("--model '", name_or_path, "' reads as ", published->name, ": ",
+                  published->not_representable);
+    if (!published->approximation.empty())
+      std::fprintf(stderr, "model %s (%s): %s\n", published->name.c_str(),
+                   published->source.c_str(), published->approximation.c_str());
+    return published->config;
+  }
+  return model_preset(name_or_path);  // its error lists the presets
 }
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;

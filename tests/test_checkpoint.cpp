@@ -296,7 +296,9 @@ TEST(HfConfig, SlidingWindowsReadAndRoundTrip) {
   alternating.sliding_window = 128;
   alternating.global_attention_every = 2;
   const json hf = hf_config_json(alternating);
-  EXPECT_EQ(hf["model_type"], "mistral");
+  // transformers' MistralConfig would ignore layer_types and window every layer: loom's own type.
+  EXPECT_EQ(hf["model_type"], "loom_mistral");
+  EXPECT_EQ(hf_config_json(read)["model_type"], "mistral");  // every layer windowed: Mistral's
   EXPECT_EQ(hf["sliding_window"], 128);
   EXPECT_EQ(hf["layer_types"], json::array({"sliding_attention", "full_attention",
                                             "sliding_attention", "full_attention"}));

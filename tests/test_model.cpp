@@ -13,6 +13,8 @@
 #include "loom/model/flops.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/train/config_reader.hpp"
+#include "loom/train/train_config.hpp"
 #include "model_fixtures.hpp"
 #include "test_support.hpp"
 
@@ -165,6 +167,19 @@ TEST(Model, SlidingWindowKeysAndFlops) {
   ModelConfig g = tiny_gpt2();
   g.sliding_window = 4;
   expect_contains(error_message([&] { g.validate(); }), {"model.sliding_window", "gpt2"});
+  // Spelt in a config, the same model as its HF config reads back (so a checkpoint compares
+  // equal): a window as long as the context is none; a global period past the last layer leaves
+  // every layer windowed.
+  auto parsed = [](const std::string& extra) {
+    ConfigReader r = ConfigReader::from_string(
+        "[model]\narch = \"llama\"\nn_layer = 2\nn_embd = 32\nn_head = 4\nmax_seq_len = 16\n" +
+            extra,
+        "t.toml");
+    return parse_model_config(r);
+  };
+  EXPECT_EQ(parsed("sliding_window = 16\nglobal_attention_every = 2\n").sliding_window, 0);
+  EXPECT_EQ(parsed("sliding_window = 8\nglobal_attention_every = 3\n").global_attention_every, 0);
+  EXPECT_EQ(parsed("sliding_window = 8\nglobal_attention_every = 2\n").global_attention_every, 2);
 }
 
 // model.head_dim: refused on GPT-2, negative, or absent where n_head does not divide n_embd.

@@ -215,8 +215,10 @@ TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
     moe_then_dense.moe_every = 2;
     ModelConfig wide_heads = tiny_llama();  // q and the attention output 48 wide on a 32 stream
     wide_heads.attention_head_dim = 12;
+    ModelConfig wide_moe = mixtral;  // and with experts (the MoE stash's attention output)
+    wide_moe.attention_head_dim = 12;
     for (const ModelConfig& config :
-         {tiny_gpt2(), tiny_llama(), mixtral, first_dense, moe_then_dense, wide_heads}) {
+         {tiny_gpt2(), tiny_llama(), mixtral, first_dense, moe_then_dense, wide_heads, wide_moe}) {
       for (const Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
         const MemStats before = HostAllocator::instance().stats();
         Transformer model(config, recompute);

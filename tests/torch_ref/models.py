@@ -163,6 +163,8 @@ def config_from_dict(d: dict) -> Config:
         if c % cfg.n_head:
             raise ConfigError(f"gpt2: n_embd {c} is not divisible by n_head {cfg.n_head}")
         return cfg
+    if mt in ("loom_mistral", "loom_mixtral"):  # loom's names for windows among global layers
+        mt = mt[len("loom_"):]
     if mt in ("llama", "mistral", "mixtral"):
         if d.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"llama hidden_act {d.get('hidden_act')!r} unsupported (want silu)")

@@ -226,11 +226,15 @@ json hf_config_json(const ModelConfig& config) {
           {"torch_dtype", "float32"}};
   if (config.attention_head_dim > 0) llama["head_dim"] = config.attention_head_dim;
   if (config.sliding_window > 0) {
-    // MistralConfig's window; layer_types names the layers it applies to (transformers 4.5x).
+    // MistralConfig's window, on every layer. With global layers among them, transformers'
+    // MistralConfig would ignore layer_types and window every layer (a different model,
+    // silently): such a config is written under loom's own model_type, which transformers
+    // refuses, and loom reads as Mistral with layer_types.
+    const bool mixed = config.global_attention_every > 0;
     llama["architectures"] = {"MistralForCausalLM"};
-    llama["model_type"] = "mistral";
+    llama["model_type"] = mixed ? "loom_mistral" : "mistral";
     llama["sliding_window"] = config.sliding_window;
-    if (config.global_attention_every > 0) {
+    if (mixed) {
       llama["layer_types"] = nlohmann::json::array();
       for (int64_t l = 0; l < config.n_layer; ++l)
         llama["layer_types"].push_back(config.is_windowed_layer(l) ? "sliding_attention"
@@ -244,10 +248,11 @@ json hf_config_json(const ModelConfig& config) {
                              {"high_freq_factor", config.rope_high_freq_factor},
                              {"original_max_position_embeddings", config.rope_original_max_positions}};
   if (!config.is_moe()) return llama;
-  // Mixtral's config (transformers' MixtralConfig), plus loom's router options under names
-  // of their own; Mixtral has no sliding window here.
+  // Mixtral's config (transformers' MixtralConfig, its window on every layer), plus loom's
+  // router options under names of their own; with global layers among windowed ones, loom's
+  // own model_type (see above).
   llama["architectures"] = {"MixtralForCausalLM"};
-  llama["model_type"] = "mixtral";
+  llama["model_type"] = config.global_attention_every > 0 ? "loom_mixtral" : "mixtral";
   llama["num_local_experts"] = config.n_experts;
   llama["num_experts_per_tok"] = config.experts_per_token;
   llama["router_aux_loss_coef"] = config.moe_aux_loss_coef;
@@ -280,14 +285,15 @@ ModelConfig model_config_from_hf_json(const json& hf) {
     config = gpt2_from_hf(reader);
   else if (type == "llama")
     config = llama_from_hf(reader);
-  else if (type == "mistral")
+  else if (type == "mistral" || type == "loom_mistral")
     config = mistral_from_hf(reader);
-  else if (type == "mixtral")
+  else if (type == "mixtral" || type == "loom_mixtral")
     config = mixtral_from_hf(reader);
   else
-    throw_error(
-        "HF config key 'model_type': got \"", type,
-        "\", expected \"gpt2\", \"llama\", \"mistral\" (without a sliding window) or \"mixtral\"");
+    throw_error("HF config key 'model_type': got \"", type,
+                "\", expected \"gpt2\", \"llama\", \"mistral\" or \"mixtral\" (or loom's "
+                "\"loom_mistral\" / "
+                "\"loom_mixtral\": windowed layers among global ones)");
   try {
     config.validate();
   } catch (const Error& e) {

@@ -168,7 +168,7 @@ struct EngineActivationShape {
                  fe = static_cast<double>(m.expert_ffn());
     moe_split = attention_split + 2 * static_cast<double>(m.n_experts) + k + k * (2 * h + 3 * fe) +
                 static_cast<double>(m.n_shared_experts) * 3 * fe;
-    moe_recomputable = (h + static_cast<double>(m.n_head)) / t;
+    moe_recomputable = (static_cast<double>(m.q_dim()) + static_cast<double>(m.n_head)) / t;
   }
 
   double bytes(double rowwise, double split) const {

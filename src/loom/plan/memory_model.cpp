@@ -251,7 +251,8 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   // Two buckets in flight for data parallelism; ZeRO-3 also holds a gathered layer and the
   // prefetched next one.
   mem.comm_buffers = l.dp * l.cp > 1 ? 2 * job.bucket_bytes : 0;
-  if (l.zero_stage == 3)
+  if (l.zero_stage == 3 &&
+      !(job.fsdp_gathered_under_pp && l.pp > 1 && l.dp * l.cp > 1))  // else held whole above
     mem.comm_buffers += 2 * (held.block + held.experts) / static_cast<double>(held.layers) * job.state.parameter;
   // Context parallelism's buffers for the one layer attending at a time
   // (parallel/context_parallel): the ring holds up to four k|v blocks in backward (the one in

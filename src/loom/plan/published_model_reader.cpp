@@ -134,13 +134,21 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
     if (!vocab) run.assumptions.push_back("vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
     if (f.find("model.moe") != nullptr) read_moe(f, ffn.has_value(), m, run);
     // What a record's columns cannot say but its named architecture does: heads wider or
-    // narrower than hidden / heads (Qwen3, Mistral NeMo).
+    // narrower than hidden / heads (Qwen3, Mistral NeMo), a sliding window (Mistral 7B).
     if (named && named->config.n_layer == m.n_layer && named->config.n_embd == m.n_embd &&
-        named->config.n_head == m.n_head && named->config.attention_head_dim > 0) {
-      m.attention_head_dim = named->config.attention_head_dim;
-      run.assumptions.push_back(
-          "heads " + std::to_string(m.attention_head_dim) + " wide (not hidden / heads = " +
-          std::to_string(m.n_embd / m.n_head) + ") from preset " + named->name);
+        named->config.n_head == m.n_head) {
+      if (named->config.attention_head_dim > 0) {
+        m.attention_head_dim = named->config.attention_head_dim;
+        run.assumptions.push_back(
+            "heads " + std::to_string(m.attention_head_dim) + " wide (not hidden / heads = " +
+            std::to_string(m.n_embd / m.n_head) + ") from preset " + named->name);
+      }
+      if (named->config.sliding_window > 0 && m.arch == Architecture::Llama) {
+        m.sliding_window = named->config.sliding_window;
+        m.global_attention_every = named->config.global_attention_every;
+        run.assumptions.push_back("a " + std::to_string(m.sliding_window) +
+                                  "-key sliding window from preset " + named->name);
+      }
     }
   } else {
     const std::optional<PublishedModel>& preset = named;

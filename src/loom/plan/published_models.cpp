@@ -328,8 +328,13 @@ const std::vector<Entry>& entries() {
         0, kGemma3, "", kGemmaApprox}},
       // Nemotron-H (NVIDIA 2025, arXiv 2504.03624) and Nemotron 3 Nano / Super / Ultra: most of
       // their layers are Mamba-2 state-space layers among a few attention layers.
-      {"nemotronhybrid", 0, {"Nemotron-H / Nemotron 3", ModelConfig{}, 0, "Nemotron-H report (arXiv 2504.03624)",
-                             "a hybrid of Mamba-2 and attention layers, which loom's ModelConfig does not describe", ""},
+      {"nemotronhybrid",
+       0,
+       {"Nemotron-H / Nemotron 3", ModelConfig{}, 0, "Nemotron-H report (arXiv 2504.03624)",
+        "a hybrid of Mamba-2 and attention layers, which loom's ModelConfig does not describe (a "
+        "Llama-based "
+        "Nano / Super / Ultra: name its Llama base)",
+        ""},
        R"(.)"},
       // Nemotron-3 8B and 22B (NeMo 24.07's "Nemotron-8B" and "Nemotron-22B"): multi-head
       // attention, a squared-ReLU MLP of 4h, vocabulary 256,000, untied, sequence 4096.
@@ -422,13 +427,16 @@ std::string family_of(const std::string& name) {
       {std::regex(R"(mixtral)"), "mixtral"},
       {std::regex(R"(mistral)"), "mistral"},
       {std::regex(R"(qwen[\s_-]*2)"), "qwen2"},
-      {std::regex(R"(qwen[\s_-]*3)"), "qwen3"},
-      {std::regex(R"(gemma[\s_-]*2)"), "gemma2"},
-      {std::regex(R"(gemma[\s_-]*3)"), "gemma3"},
+      {std::regex(R"(qwen[\s_-]*3(?![0-9]))"), "qwen3"},
+      // Not Gemma 1's "Gemma 2B" / "gemma-7b": the version is a digit not followed by a size.
+      {std::regex(R"(gemma[\s_-]*2(?![0-9]|\s*b\b))"), "gemma2"},
+      {std::regex(R"(gemma[\s_-]*3(?![0-9]|\s*b\b))"), "gemma3"},
       // Not Nemotron-H, Nemotron 3 Nano / Super / Ultra or 3.5 (hybrid Mamba models:
       // "nemotron_3_nano", "Nemotron V3 Super 120B"); "Nemotron-3 8B" (dense, 2023) and
       // "nemotron-340b" are this family's.
-      {std::regex(R"(nemotron(?![\s_-]*(h([\s_-]|$|[0-9])|v?[35][\s_.-]*(nano|super|ultra|lightning|5))))"), "nemotron4"},
+      {std::regex(
+           R"(nemotron(?![\s_-]*(h([\s_-]|$|[0-9])|v?[35][\s_.-]*(nano|super|ultra|lightning|5)))(?!.*(nano|super|ultra|lightning)))"),
+       "nemotron4"},
       {std::regex(R"(nemotron)"), "nemotronhybrid"},
   };
   for (const auto& [pattern, family] : families)

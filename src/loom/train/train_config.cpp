@@ -63,6 +63,11 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.sliding_window = r.get_int("model.sliding_window", m.sliding_window);
   m.global_attention_every = r.get_int("model.global_attention_every", m.global_attention_every);
   m.validate();
+  // The same model however it is spelt, as the HF config reads back (a checkpoint's model must
+  // compare equal): a window at least as long as the context is none, a "global" period longer
+  // than the model leaves every layer windowed.
+  if (m.sliding_window >= m.max_seq_len) m.sliding_window = m.global_attention_every = 0;
+  if (m.global_attention_every > m.n_layer) m.global_attention_every = 0;
   return m;
 }
 

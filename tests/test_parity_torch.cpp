@@ -85,16 +85,22 @@ int run_checker(const std::string& dir) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// Dumps `config`'s run into a temporary directory named after `label`, has check_parity.py
+// recompute it, and removes the directory.
+void expect_parity(const ModelConfig& config, const std::string& label) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / (label + "_" + std::to_string(::getpid())))
+          .string();
+  write_parity_dump(dir, config);
+  EXPECT_EQ(run_checker(dir), 0) << "check_parity.py found a mismatch in " << dir;
+  std::filesystem::remove_all(dir);
+}
+
 class ParityWithPyTorch : public ::testing::TestWithParam<Architecture> {};
 
 TEST_P(ParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
   const ModelConfig config = GetParam() == Architecture::GPT2 ? tiny_gpt2() : tiny_llama();
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("loom_parity_" + std::string(architecture_name(config.arch)) + "_" +
-                            std::to_string(::getpid()))).string();
-  write_parity_dump(dir, config);
-  EXPECT_EQ(run_checker(dir), 0) << "check_parity.py found a mismatch in " << dir;
-  std::filesystem::remove_all(dir);
+  expect_parity(config, "loom_parity_" + std::string(architecture_name(config.arch)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, ParityWithPyTorch, ::testing::Values(Architecture::GPT2, Architecture::Llama),
@@ -109,13 +115,7 @@ TEST_P(HeadDimParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
   ModelConfig config = tiny_llama();
   config.attention_head_dim = GetParam();
   ASSERT_NE(config.q_dim(), config.n_embd);
-  const std::string dir =
-      (std::filesystem::temp_directory_path() /
-       ("loom_parity_head_dim_" + std::to_string(GetParam()) + "_" + std::to_string(::getpid())))
-          .string();
-  write_parity_dump(dir, config);
-  EXPECT_EQ(run_checker(dir), 0) << "check_parity.py found a mismatch in " << dir;
-  std::filesystem::remove_all(dir);
+  expect_parity(config, "loom_parity_head_dim_" + std::to_string(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Widths, HeadDimParityWithPyTorch,
@@ -135,13 +135,7 @@ TEST_P(SlidingWindowParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
   config.sliding_window = GetParam().window;
   config.global_attention_every = GetParam().global_every;
   config.attention_head_dim = GetParam().head_dim;
-  const std::string dir =
-      (std::filesystem::temp_directory_path() /
-       ("loom_parity_window_" + std::string(GetParam().label) + "_" + std::to_string(::getpid())))
-          .string();
-  write_parity_dump(dir, config);
-  EXPECT_EQ(run_checker(dir), 0) << "check_parity.py found a mismatch in " << dir;
-  std::filesystem::remove_all(dir);
+  expect_parity(config, "loom_parity_window_" + std::string(GetParam().label));
 }
 
 INSTANTIATE_TEST_SUITE_P(Windows, SlidingWindowParityWithPyTorch,
@@ -176,12 +170,7 @@ TEST_P(MoeParityWithPyTorch, LossGradientsAndTenAdamWSteps) {
   config.moe_ffn_hidden = GetParam().moe_ffn_hidden;
   config.moe_first_dense = GetParam().first_dense;
   config.moe_every = GetParam().every;
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("loom_parity_moe_" + std::string(GetParam().label) + "_" + std::to_string(::getpid())))
-                              .string();
-  write_parity_dump(dir, config);
-  EXPECT_EQ(run_checker(dir), 0) << "check_parity.py found a mismatch in " << dir;
-  std::filesystem::remove_all(dir);
+  expect_parity(config, "loom_parity_moe_" + std::string(GetParam().label));
 }
 
 INSTANTIATE_TEST_SUITE_P(Routers, MoeParityWithPyTorch,

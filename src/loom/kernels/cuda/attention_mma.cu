@@ -536,7 +536,7 @@ void backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
 #if !defined(LOOM_CUDA_EMULATION)
 void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, const AttentionDims& d,
                            cudaStream_t stream) {
-  if (attention_kernel() == AttentionKernel::pipelined) {
+  if (attention_kernel() != AttentionKernel::tensor_cores) {  // pipelined, or automatic
     pipelined_attention_forward(out, lse, qkv, d, stream);
     return;
   }
@@ -550,7 +550,7 @@ void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, const Attenti
 
 void mma_attention_backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const float* lse,
                             const float* delta, const AttentionDims& d, cudaStream_t stream) {
-  if (attention_kernel() == AttentionKernel::pipelined) {
+  if (attention_kernel() != AttentionKernel::tensor_cores) {  // pipelined, or automatic
     pipelined_attention_backward(d_qkv, d_out, qkv, lse, delta, d, stream);
     return;
   }

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "../trainer_fixture.hpp"
@@ -110,6 +111,61 @@ TEST_F(CudaFp8Test, QuantisationGivesTheCpuCodesAmaxAndScale) {
             ASSERT_EQ(got[r * cols + c], want) << "x = " << x[r * cols + c] << " scale " << scale;
             ASSERT_EQ(got_t[c * rows + r], want);
           }
+      }
+    }
+  }
+}
+
+// Both amax kernels (16-byte groups where columns, stride and pointer allow, else one element
+// per thread) and the amax the codes pass takes on the way (the delayed recipe's) give
+// cpu::abs_max of the block bit for bit, NaN included, and asking for the amax leaves the codes
+// as they were. Shapes: aligned, odd, a strided block at an aligned and an unaligned column,
+// and more rows than the grid has blocks.
+TEST_F(CudaFp8Test, AmaxFromEitherKernelAndFromTheCodesPassIsTheCpus) {
+  struct Case {
+    int64_t rows, cols, stride, col;
+  };
+  for (const Case k : {Case{24, 40, 40, 0}, Case{7, 13, 13, 0}, Case{33, 64, 72, 8},
+                       Case{5, 24, 30, 3}, Case{3000, 16, 16, 0}}) {
+    for (const bool with_nan : {false, true}) {
+      auto x = rounded_to_bf16(conversion_inputs(k.rows * k.stride, 9));
+      if (with_nan) x[(k.rows / 2) * k.stride + k.col + k.cols / 2] = std::nanf("");
+      std::vector<float> block;
+      for (int64_t r = 0; r < k.rows; ++r)
+        for (int64_t c = 0; c < k.cols; ++c) block.push_back(x[r * k.stride + k.col + c]);
+      const float want = cpu::abs_max(block.data(), static_cast<int64_t>(block.size()));
+      for (const bool bf16_input : {false, true}) {
+        SCOPED_TRACE(std::to_string(k.rows) + " x " + std::to_string(k.cols) + " stride " +
+                     std::to_string(k.stride) + " at " + std::to_string(k.col) +
+                     (bf16_input ? " bf16" : " f32") + (with_nan ? " NaN" : ""));
+        DeviceBuffer<float> x32(x);
+        DeviceBuffer<bf16> x16(to_bf16(x));
+        DeviceBuffer<float> amax(std::vector<float>{0.0f}), fused(std::vector<float>{0.0f});
+        DeviceBuffer<float> pair(std::vector<float>{1.0f / 8, 8.0f});
+        const int64_t n = k.rows * k.cols;
+        DeviceBuffer<uint8_t> plain(n), with_amax(n), with_amax_t(n);
+        if (bf16_input) {
+          fp8_amax(amax.get(), x16.get() + k.col, k.rows, k.cols, k.stride);
+          fp8_quantize(plain.get(), nullptr, x16.get() + k.col, k.rows, k.cols, k.stride,
+                       pair.get(), Fp8Format::E4M3);
+          fp8_quantize(with_amax.get(), with_amax_t.get(), x16.get() + k.col, k.rows, k.cols,
+                       k.stride, pair.get(), Fp8Format::E4M3, fused.get());
+        } else {
+          fp8_amax(amax.get(), x32.get() + k.col, k.rows, k.cols, k.stride);
+          fp8_quantize(plain.get(), nullptr, x32.get() + k.col, k.rows, k.cols, k.stride,
+                       pair.get(), Fp8Format::E4M3);
+          fp8_quantize(with_amax.get(), with_amax_t.get(), x32.get() + k.col, k.rows, k.cols,
+                       k.stride, pair.get(), Fp8Format::E4M3, fused.get());
+        }
+        const float got = amax.download()[0], got_fused = fused.download()[0];
+        if (with_nan) {
+          EXPECT_TRUE(std::isnan(got));
+          EXPECT_TRUE(std::isnan(got_fused));
+        } else {
+          EXPECT_EQ(got, want);
+          EXPECT_EQ(got_fused, want);
+        }
+        EXPECT_EQ(with_amax.download(), plain.download());
       }
     }
   }

@@ -274,8 +274,12 @@ void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax);
 // computed on the device.
 Tensor fp8_scale_pair(float scale);
 Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin);
+// The codes of columns [col, col + cols) of x at scale_pair's scale (and their transpose when
+// asked). With amax_slots (a device F32 tensor), amax_slots[amax_index] = max(itself, max |x|)
+// from the same pass over x: fp8_amax and fp8_max_into's result without a second read.
 Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
-                      cpu::Fp8Format format, bool transposed);
+                      cpu::Fp8Format format, bool transposed, const Tensor* amax_slots = nullptr,
+                      int64_t amax_index = 0);
 // Columns [c_col, c_col + N) of c [M, ld] (BF16 or F32) = beta c + op(a) op(b)^T dequantised,
 // op = the codes or their transpose: op(a) [M, K], op(b) [N, K].
 void fp8_gemm(const Tensor& c, int64_t c_col, float beta, const Fp8Codes& a, bool a_transposed,

@@ -43,9 +43,12 @@ Tensor fp8_scale_pair([[maybe_unused]] const Tensor& amax, [[maybe_unused]] cpu:
 }
 Fp8Codes fp8_quantize([[maybe_unused]] const Tensor& x, [[maybe_unused]] int64_t col,
                       [[maybe_unused]] int64_t cols, [[maybe_unused]] const Tensor& scale_pair,
-                      [[maybe_unused]] cpu::Fp8Format format, [[maybe_unused]] bool transposed) {
-  LOOM_OPS_ON_CUDA(device_of("fp8_quantize", {&x, &scale_pair}),
-                   fp8_quantize(x, col, cols, scale_pair, format, transposed))
+                      [[maybe_unused]] cpu::Fp8Format format, [[maybe_unused]] bool transposed,
+                      [[maybe_unused]] const Tensor* amax_slots,
+                      [[maybe_unused]] int64_t amax_index) {
+  LOOM_OPS_ON_CUDA(
+      device_of("fp8_quantize", {&x, &scale_pair}),
+      fp8_quantize(x, col, cols, scale_pair, format, transposed, amax_slots, amax_index))
   fp8_codes_need_cuda("fp8_quantize");
 }
 void fp8_gemm([[maybe_unused]] const Tensor& c, [[maybe_unused]] int64_t c_col,

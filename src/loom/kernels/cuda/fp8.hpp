@@ -30,12 +30,14 @@ void fp8_scale_from_amax(float* scale_pair, const float* amax, cpu::Fp8Format fo
 
 // codes[r * cols + c] = the code of x[r * stride + c] * scale_pair[1] (cpu::fp8_encode of the
 // f32 product), and, when codes_t is not null, the transposed copy codes_t[c * rows + r]: the
-// K-contiguous operand a backward GEMM needs.
+// K-contiguous operand a backward GEMM needs. When amax is not null, *amax = max(*amax, max |x|)
+// as fp8_amax computes it, from the same pass (a delayed recipe's step amax without a second
+// read of x).
 void fp8_quantize(uint8_t* codes, uint8_t* codes_t, const bf16* x, int64_t rows, int64_t cols,
                   int64_t stride, const float* scale_pair, cpu::Fp8Format format,
-                  cudaStream_t stream = 0);
+                  float* amax = nullptr, cudaStream_t stream = 0);
 void fp8_quantize(uint8_t* codes, uint8_t* codes_t, const float* x, int64_t rows, int64_t cols,
                   int64_t stride, const float* scale_pair, cpu::Fp8Format format,
-                  cudaStream_t stream = 0);
+                  float* amax = nullptr, cudaStream_t stream = 0);
 
 }  // namespace loom::cuda

@@ -59,10 +59,19 @@ Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin) {
 }
 
 Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
-                      cpu::Fp8Format format, bool transposed) {
+                      cpu::Fp8Format format, bool transposed, const Tensor* amax_slots,
+                      int64_t amax_index) {
   const int64_t rows = x.size(0), ld = x.size(1);
   LOOM_CHECK(col >= 0 && cols >= 0 && col + cols <= ld, "fp8_quantize: columns [", col, ", ",
              col + cols, ") of a tensor ", ld, " wide");
+  float* amax = nullptr;
+  if (amax_slots) {
+    LOOM_CHECK(amax_slots->device() == Device::CUDA && amax_slots->dtype() == DType::F32 &&
+                   amax_index >= 0 && amax_index < amax_slots->numel(),
+               "fp8_quantize: amax slot ", amax_index, " of a ", amax_slots->numel(),
+               "-element tensor (a device F32 one expected)");
+    amax = f32(*amax_slots) + amax_index;
+  }
   Fp8Codes q;
   q.format = format, q.rows = rows, q.cols = cols, q.scale_pair = scale_pair;
   q.codes = device_bytes(rows * cols);
@@ -70,10 +79,10 @@ Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& 
   uint8_t* codes_t = transposed ? mutable_bytes(q.codes_t) : nullptr;
   if (x.dtype() == DType::BF16)
     cuda::fp8_quantize(mutable_bytes(q.codes), codes_t, b16(x) + col, rows, cols, ld,
-                       f32(scale_pair), format);
+                       f32(scale_pair), format, amax);
   else
     cuda::fp8_quantize(mutable_bytes(q.codes), codes_t, f32(x) + col, rows, cols, ld,
-                       f32(scale_pair), format);
+                       f32(scale_pair), format, amax);
   return q;
 }
 

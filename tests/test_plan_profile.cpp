@@ -11,6 +11,7 @@
 #include "loom/plan/collectives.hpp"
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/machine_profile.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
 
@@ -175,7 +176,7 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
   EXPECT_EQ(m.job.memory.state.gradient, 4);
   EXPECT_EQ(m.job.memory.state.master, 4);
   EXPECT_EQ(m.job.memory.state.moments, 8);
-  EXPECT_EQ(m.job.memory.workspace_bytes, GpuJob{}.workspace_bytes);
+  EXPECT_EQ(m.job.memory.loom_cuda_device_memory, 85'520'809'984.0);  // the engine's workspace
   // Two ranks on one GPU share its memory and take turns on it: compute from the one-rank
   // entry, the time model sharing the GPU out, collectives from the two-rank entry.
   EXPECT_EQ(memory_bytes_per_rank(read, 2, 1e12), 85'520'809'984.0 / 2);
@@ -183,6 +184,8 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
   EXPECT_EQ(shared.cluster.cores, 1);
   EXPECT_EQ(shared.cluster.gpu.bf16_tflops, 700);
   ASSERT_TRUE(shared.cluster.measured_comm);
+  // The engine sizes its vocabulary chunk by the whole GPU, not a rank's share of it.
+  EXPECT_EQ(shared.job.memory.loom_cuda_device_memory, 85'520'809'984.0);
   // A CPU profile is what it always was: host memory over the ranks, f32 everything.
   MachineProfile cpu;
   cpu.machine = "test CPU (2 cores)";
@@ -194,6 +197,47 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
   EXPECT_EQ(profiled_machine(cpu_read, 1, 1e9).job.memory.activation_bytes, 4);
   EXPECT_EQ(profiled_machine(cpu_read, 1, 1e9).job.memory.workspace_bytes, 0);
   std::filesystem::remove(path);
+}
+
+// loom's CUDA engine's workspace, by hand from what it allocates (model/stash.cpp,
+// Transformer::set_batch, kernels/cuda/cross_entropy.cu), and against what its allocator
+// reported on an H100 80GB HBM3 (85,017,493,504 bytes) on 2026-11-27
+// (docs/results/h100-2026-11-27): GPT-2 124M, 16 x 1024, bf16: 5,497,635,072 bytes;
+// llama-1b, 4 x 1024: 3,512,811,776.
+TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
+  const double h100 = 85'017'493'504.0;
+  PlanLayout l;
+  l.micro_batch = 16;
+  // GPT-2: rows 16384, d 768. Block scratch (2 x 768 + 2304 + 768 + 3072 + 3072 + 2 x 768
+  // = 12288 bf16 per row): 402,653,184; the head's d_hidden 25,165,824. The whole vocabulary
+  // fits in 1/16 of the GPU at 6 bytes a logit, so one chunk of 50257 with a stride of 50272:
+  // f32 logits 3,294,625,792, four row statistics 262,144, the loss 256 (one aligned double),
+  // bf16 logit gradients 1,647,312,896, the f32 d_hidden accumulator 50,331,648, and 50257
+  // not a multiple of 16, its weight rows padded to 50272: 77,217,792.
+  const double gpt2 = loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, true);
+  EXPECT_EQ(gpt2, 402'653'184.0 + 25'165'824 + 3'294'625'792 + 262'144 + 256 + 1'647'312'896 +
+                      50'331'648 + 77'217'792);
+  EXPECT_NEAR(gpt2, 5'497'635'072.0, 5'497'635'072.0 * 1e-4);  // the H100's allocator
+  // Not the last pipeline stage: the block scratch alone.
+  EXPECT_EQ(loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, false),
+            402'653'184.0);
+  // llama-1b: rows 4096, d 2048, q|k|v 3072, SwiGLU 2 x 8192: (4096 + 5120 + 24576 + 4096)
+  // bf16 per row = 310,378,496; d_hidden 16,777,216; vocabulary 128256 in one chunk (a
+  // multiple of 16: no padded copy): 2,101,346,304 + 65,536 + 256 + 1,050,673,152 + 33,554,432.
+  l.micro_batch = 4;
+  const double llama = loom_cuda_workspace_bytes(model_preset("llama-1b"), l, 1024, h100, 2, true);
+  EXPECT_EQ(llama,
+            310'378'496.0 + 16'777'216 + 2'101'346'304 + 65'536 + 256 + 1'050'673'152 + 33'554'432);
+  EXPECT_NEAR(llama, 3'512'811'776.0, 3'512'811'776.0 * 1e-4);
+  // On a 24 GB GPU the chunk's buffers no longer fit in 1/16 of it: 24e9 / 16 / (16384 x 6)
+  // = 15258 logits a row, rounded down to 1024s: chunks of 14336, the last 50257 - 3 x 14336 =
+  // 7249 wide (padded to 7264). Logits 16384 x 14336 x 4 = 939,524,096 and bf16 gradients
+  // 469,762,048; statistics, loss and accumulator as above; the padded rows 7264 x 768 x 2 =
+  // 11,157,504.
+  l.micro_batch = 16;
+  EXPECT_EQ(loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, 24e9, 2, true),
+            402'653'184.0 + 25'165'824 + 939'524'096 + 469'762'048 + 262'144 + 256 + 50'331'648 +
+                11'157'504);
 }
 
 TEST(PlanProfile, GpuProfileFieldsAreChecked) {

@@ -337,7 +337,10 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
   job.attention_backward = entry.attention_backward;
   if (device == Device::CUDA) {
     job.memory.state = kCudaEngineBf16Adam;
-    job.memory.activation_bytes = 2;  // the GpuJob's workspace allowance stays
+    job.memory.activation_bytes = 2;
+    // The engine's own workspace (loom_cuda_workspace_bytes), its vocabulary chunk sized by the
+    // GPU's memory; profiled_machine(profile, ...) puts in the whole GPU's when ranks share it.
+    job.memory.loom_cuda_device_memory = memory_bytes_per_rank;
   } else {
     job.memory.state = kF32Adam;
     job.memory.activation_bytes = 4;
@@ -349,8 +352,14 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
 ProfiledMachine profiled_machine(const MachineProfile& profile, int64_t ranks, double memory_bytes_per_rank) {
   const ProfileEntry& own = profile.entry(ranks);
   const int64_t at_once = profile.cores / std::max<int64_t>(1, own.threads_per_rank);
+  // The CUDA engine sizes its vocabulary chunk by the whole GPU, shared or not.
+  auto whole_gpu = [&](ProfiledMachine m) {
+    if (profile.device == Device::CUDA && profile.gpu_memory_bytes > 0)
+      m.job.memory.loom_cuda_device_memory = static_cast<double>(profile.gpu_memory_bytes);
+    return m;
+  };
   if (at_once < 1 || ranks <= at_once || !profile.has_entry(at_once))
-    return profiled_machine(own, memory_bytes_per_rank, profile.device);
+    return whole_gpu(profiled_machine(own, memory_bytes_per_rank, profile.device));
   ProfiledMachine out =
       profiled_machine(profile.entry(at_once), memory_bytes_per_rank, profile.device);
   const ProfiledMachine comm = profiled_machine(own, memory_bytes_per_rank, profile.device);
@@ -359,7 +368,7 @@ ProfiledMachine profiled_machine(const MachineProfile& profile, int64_t ranks, d
   out.cluster.inter_node_bytes_per_s_per_gpu = comm.cluster.inter_node_bytes_per_s_per_gpu;
   out.cluster.measured_comm = comm.cluster.measured_comm;
   out.cluster.cores = at_once;
-  return out;
+  return whole_gpu(out);
 }
 
 double memory_bytes_per_rank(const MachineProfile& profile, int64_t ranks, double host_bytes) {

@@ -1,14 +1,16 @@
 #include "loom/plan/memory_model.hpp"
-#include "loom/plan/layer_elements.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "loom/core/error.hpp"
+#include "loom/model/config.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/model/stage_placement.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
+#include "loom/plan/layer_elements.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 #include "loom/plan/rank_parameters.hpp"
 
@@ -243,6 +245,9 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
       loss_bytes = std::max(loss_bytes, layer_bytes(none) - layer_bytes(l));
     }
     here.activations += loss_bytes;
+    if (job.loom_cuda_device_memory > 0)
+      here.workspace = loom_cuda_workspace_bytes(m, l, job.seq_len, job.loom_cuda_device_memory,
+                                                 bytes, rank == l.pp - 1);
     if (rank == 0 || here.total() > mem.total()) {
       mem = here;
       held = r;
@@ -272,8 +277,47 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
         break;
     }
   }
-  mem.workspace = job.workspace_bytes;
+  if (job.loom_cuda_device_memory <= 0) mem.workspace = job.workspace_bytes;
   return mem;
+}
+
+double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
+                                 double device_memory, double activation_bytes, bool last_stage) {
+  const double b = activation_bytes;
+  const bool bf16 = activation_bytes < 4;
+  const int64_t rows = l.micro_batch * seq_len / l.cp;  // the rank's tokens of a micro-batch
+  const int64_t local_rows = l.sequence_parallel ? rows / l.tp : rows;
+  const int64_t c = m.n_embd, tp = l.tp, f = m.ffn_hidden / tp;
+  const double r = static_cast<double>(rows), lr = static_cast<double>(local_rows);
+  // Block scratch: d_residual_mid and d_norm_out on the rank's rows, d_qkv and d_attn_out on the
+  // whole rows, and for a dense MLP its pre-activation and activation gradients.
+  double elements =
+      2 * lr * c + r * static_cast<double>((m.q_dim() + 2 * m.kv_dim()) / tp + m.q_dim() / tp);
+  if (m.moe_layer_count() < m.n_layer)
+    elements += r * static_cast<double>((m.arch == Architecture::Llama ? 2 * f : f) + f);
+  elements += 2 * lr * c;  // d_residual_a, d_residual_b
+  double bytes = elements * b;
+  if (!last_stage) return bytes;
+  bytes += lr * c * b;  // the head's d_hidden
+  // train_config.cpp resolved_vocab_chunk, for the micro-batch's rows.
+  const int64_t vocab = m.vocab_size;
+  const double rule_rows = static_cast<double>(std::max<int64_t>(1, l.micro_batch * seq_len));
+  const auto fits = static_cast<int64_t>(device_memory / 16 / (rule_rows * (bf16 ? 6 : 4)));
+  const int64_t chunk =
+      fits >= vocab ? vocab : std::min(vocab, std::max(kDefaultVocabChunk, fits / 1024 * 1024));
+  auto aligned = [](double n) { return std::ceil(n / 256) * 256; };  // cross_entropy.cu's regions
+  if (tp > 1) {
+    const int64_t shard = (vocab + tp - 1) / tp;
+    bytes += r * static_cast<double>(std::min(chunk, shard)) * 4;
+    if (l.sequence_parallel) bytes += 2 * r * c * b;  // gathered hidden rows and their gradient
+    return bytes;
+  }
+  const double ld = static_cast<double>((chunk + 15) / 16 * 16);
+  double ce = aligned(r * ld * 4) + 4 * aligned(r * 4) + aligned(8);
+  if (bf16) ce += aligned(r * ld * 2) + aligned(r * c * 4);
+  const int64_t chunks = (vocab + chunk - 1) / chunk, last = vocab - (chunks - 1) * chunk;
+  if (last % 16 != 0) ce += static_cast<double>((last + 15) / 16 * 16 * c) * b;
+  return bytes + ce;
 }
 
 }  // namespace loom::plan

@@ -94,6 +94,10 @@ struct GpuJob {
   double activation_bytes = 2;      // bf16
   double bucket_bytes = 25e6;       // data-parallel gradient buckets, two in flight
   double workspace_bytes = 2.0 * (1 << 30);  // CUDA context, cuBLAS/NCCL workspaces (Playbook: 1-2 GB)
+  // > 0: loom's own CUDA engine on a GPU of this many bytes (a `loom calibrate --device cuda`
+  // profile): each rank's workspace is what that engine allocates (loom_cuda_workspace_bytes),
+  // not workspace_bytes.
+  double loom_cuda_device_memory = 0;
   bool flash_attention = true;      // false: the s x s scores are materialised (pre-2022 stacks)
   bool fp8_linear_inputs =
       false;  // FP8 recipe: Linear inputs saved in 1 byte (layer_activation_bytes)
@@ -144,6 +148,20 @@ int64_t deferred_weight_grad_bytes(const ModelConfig& model, int64_t layers, boo
 // embedding, the last the head) plus the activations it holds at its peak (the first stage
 // holds the most micro-batches under 1F1B) plus, on the last, the loss buffers.
 MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
+
+// The workspace loom's CUDA engine allocates on one rank of layout l (bytes): the blocks'
+// gradient scratch (model/stash.cpp, make_block_grad_scratch) and the two residual gradients
+// (Transformer::set_batch), and on the last pipeline stage the head's d_hidden and the fused
+// cross-entropy's buffers (kernels/cuda/cross_entropy.cu: a [rows, chunk padded to 16] f32
+// logit chunk, row statistics, and with bf16 activations the bf16 logit gradient and an f32
+// d_hidden accumulator, each region aligned to 256 bytes; the last chunk's weight rows padded
+// to 16 when its width is not a multiple of 16), its chunk as train_config's
+// resolved_vocab_chunk picks it for a GPU of device_memory bytes (the whole vocabulary when
+// the chunk's buffers fit in 1/16 of it). Under tensor parallelism the vocab-parallel loss
+// (parallel/vocab_parallel.cpp): an f32 logit chunk over the rank's vocabulary shard and,
+// with sp, the gathered hidden rows and their gradient. activation_bytes: 2 (bf16) or 4.
+double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
+                                 double device_memory, double activation_bytes, bool last_stage);
 
 // The CPU engine as built, exactly: bytes of parameters, gradients and optimizer state on one
 // rank at their peak within a step (what the allocator's per-step peaks show), for `dp` ranks

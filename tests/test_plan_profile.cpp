@@ -154,6 +154,7 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
   profile.gpu_memory_bytes = 85'520'809'984;
   ProfileEntry one = sample_entry(1);
   one.peak_flops = 7e14;
+  one.stream_bytes_per_s = 2.5e12;
   merge_profile_entry(profile, one);
   merge_profile_entry(profile, sample_entry(2));  // two ranks sharing the one GPU
   const std::string path = temp_path("gpu.json");
@@ -164,6 +165,8 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
   EXPECT_EQ(read.cores, 1);
   EXPECT_EQ(read.gpu_memory_bytes, 85'520'809'984);
   EXPECT_EQ(read.entry(1).peak_flops, 7e14);
+  EXPECT_EQ(read.entry(1).stream_bytes_per_s, 2.5e12);
+  EXPECT_EQ(read.entry(2).stream_bytes_per_s, 0);  // not measured: not written
   EXPECT_THROW_MSG(read.entry(4), "run `mpirun -np 4 loom calibrate --device cuda --out FILE`");
   // The CUDA engine's bytes: bf16 working weights and activations, f32 gradients, masters and
   // moments, and the GPU model's workspace allowance; one GPU's memory for a rank of its own.
@@ -177,6 +180,7 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
   EXPECT_EQ(m.job.memory.state.master, 4);
   EXPECT_EQ(m.job.memory.state.moments, 8);
   EXPECT_EQ(m.job.memory.loom_cuda_device_memory, 85'520'809'984.0);  // the engine's workspace
+  EXPECT_EQ(m.job.stream_bytes_per_s, 2.5e12);
   // Two ranks on one GPU share its memory and take turns on it: compute from the one-rank
   // entry, the time model sharing the GPU out, collectives from the two-rank entry.
   EXPECT_EQ(memory_bytes_per_rank(read, 2, 1e12), 85'520'809'984.0 / 2);
@@ -238,6 +242,32 @@ TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
   EXPECT_EQ(loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, 24e9, 2, true),
             402'653'184.0 + 25'165'824 + 939'524'096 + 469'762'048 + 262'144 + 256 + 50'331'648 +
                 11'157'504);
+}
+
+// The CUDA engine's memory-bound kernels per layer, counted by hand (time_model.cpp's list):
+// norms 14 x d per row (two norms: 2 tensors forward, 3 backward and 2 for the weight partials);
+// streams 6 x d per row (two residual-gradient adds) + 2 q (attention's row dot), and for
+// Llama 4 (q + kv) (RoPE forward and backward) + 8 ffn (SwiGLU); bf16.
+TEST(PlanProfile, CudaEngineMemoryBoundKernelsPerLayer) {
+  TrainingJob job;
+  job.seq_len = 1024;
+  job.memory.activation_bytes = 2;
+  job.stream_bytes_per_s = 2e12;
+  PlanLayout l;
+  l.micro_batch = 16;
+  // GPT-2 124M, 16384 rows of 768: norms 14 x 768 x 16384 x 2 = 352,321,536 bytes at 1e12;
+  // streams (6 + 2) x 768 x 16384 x 2 = 201,326,592 at 2e12.
+  EXPECT_DOUBLE_EQ(loom_cuda_layer_memory_s(model_preset("gpt2-124m"), l, job, 1e12),
+                   352'321'536 / 1e12 + 201'326'592 / 2e12);
+  // llama-1b, 4096 rows of 2048 (q 2048, kv 512, ffn 8192): norms 14 x 2048 x 4096 x 2 =
+  // 234,881,024; streams (6 x 2048 + 2 x 2048 + 4 x 2560 + 8 x 8192) x 4096 x 2 = 754,974,720.
+  l.micro_batch = 4;
+  EXPECT_DOUBLE_EQ(loom_cuda_layer_memory_s(model_preset("llama-1b"), l, job, 1e12),
+                   234'881'024 / 1e12 + 754'974'720 / 2e12);
+  // Without a streaming rate everything streams at the norms' rate.
+  job.stream_bytes_per_s = 0;
+  EXPECT_DOUBLE_EQ(loom_cuda_layer_memory_s(model_preset("llama-1b"), l, job, 1e12),
+                   (234'881'024.0 + 754'974'720) / 1e12);
 }
 
 TEST(PlanProfile, GpuProfileFieldsAreChecked) {

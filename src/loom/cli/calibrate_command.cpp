@@ -34,12 +34,12 @@ void print_entry(const std::string& machine, Device device, const plan::ProfileE
         "%s, %lld rank%s, bf16: GEMM peak %.1f TFLOP/s per rank (fit: %.0f%% of it, half_dim "
         "%.0f), "
         "attention %.0f%% / %.0f%% (forward / backward, half_dim %.0f / %.0f), memory %.0f GB/s "
-        "per rank\n",
+        "(norms, activations) and %.0f GB/s (adds, AdamW) per rank\n",
         machine.c_str(), ranks, ranks == 1 ? "" : "s", entry.peak_flops / 1e12,
         100 * entry.gemm.peak_fraction, entry.gemm.half_dim,
         100 * entry.attention_forward.peak_fraction, 100 * entry.attention_backward.peak_fraction,
         entry.attention_forward.half_dim, entry.attention_backward.half_dim,
-        entry.memory_bytes_per_s / 1e9);
+        entry.memory_bytes_per_s / 1e9, entry.stream_bytes_per_s / 1e9);
   else
     std::printf(
         "%s, %lld rank%s x %lld thread%s: GEMM peak %.1f GFLOP/s per rank (fit: %.0f%% of it, "

@@ -172,6 +172,43 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
   entry.memory_bytes_per_s = bytes / seconds;
 }
 
+void measure_streams(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry& entry) {
+  // The plain streaming kernels, which on an H100 ran near 2-3 TB/s where the norms above ran
+  // near 1.5: a residual-gradient add in bf16 and in f32 (3 tensors each) and one AdamW step
+  // over a flat f32 master with a bf16 working copy (reads gradient, master and both moments,
+  // writes master, moments and the working copy: 30 bytes a parameter). The time model charges
+  // the engine's adds, row dots, RoPE, SwiGLU, the loss's passes over the logits and the
+  // optimizer at their total bytes over their total time.
+  const int64_t n = o.quick ? int64_t{4} << 20 : int64_t{32} << 20;
+  const Tensor a16 = filled_on_gpu({n}, DType::BF16, 1.0f);
+  const Tensor b16 = filled_on_gpu({n}, DType::BF16, 0.01f);
+  const Tensor a32 = filled_on_gpu({n}, DType::F32, 1.0f);
+  const Tensor b32 = filled_on_gpu({n}, DType::F32, 0.01f);
+  const Tensor master = filled_on_gpu({n}, DType::F32, 0.05f);
+  const Tensor grad = filled_on_gpu({n}, DType::F32, 0.001f);
+  const Tensor m = Tensor::zeros({n}, DType::F32, MemCategory::Workspace, Device::CUDA);
+  const Tensor v = Tensor::zeros({n}, DType::F32, MemCategory::Workspace, Device::CUDA);
+  const Tensor working = Tensor::empty({n}, DType::BF16, MemCategory::Workspace, Device::CUDA);
+  const double elements = static_cast<double>(n);
+  double seconds = 0, bytes = 0;
+  seconds += compute_seconds(
+      world, o, [&] { ops::add_into(a16, b16); }, wait_for_gpu);
+  bytes += 3 * 2 * elements;
+  seconds += compute_seconds(
+      world, o, [&] { ops::add_into(a32, b32); }, wait_for_gpu);
+  bytes += 3 * 4 * elements;
+  int64_t step = 0;
+  seconds += compute_seconds(
+      world, o,
+      [&] {
+        ops::adamw_update(master, working, grad, m, v,
+                          ops::AdamWStep{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++step});
+      },
+      wait_for_gpu);
+  bytes += 30 * elements;
+  entry.stream_bytes_per_s = bytes / seconds;
+}
+
 }  // namespace
 
 CudaMachine describe_cuda_machine(int device) {
@@ -203,6 +240,7 @@ ProfileEntry calibrate_cuda(ProcessGroup& world, const CalibrationOptions& optio
   measure_gemms(world, options, entry);
   measure_attention(world, options, entry);
   measure_memory(world, options, entry);
+  measure_streams(world, options, entry);
   // NCCL collective calibration needs a GPU per rank (2+ GPUs) and is not done yet: with
   // several ranks this measures MPI's, device buffers staged through the host.
   if (world.size() > 1) calibration::measure_comm(world, options, Device::CUDA, entry);

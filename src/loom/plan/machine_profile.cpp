@@ -227,6 +227,8 @@ MachineProfile read_machine_profile(const std::string& path) {
     entry.attention_forward_timings = r.gemm_timings(e, at, "attention_forward_timings");
     entry.attention_backward_timings = r.gemm_timings(e, at, "attention_backward_timings");
     entry.memory_bytes_per_s = r.positive(e, at, "memory_bytes_per_s");
+    if (e.contains("stream_bytes_per_s"))
+      entry.stream_bytes_per_s = r.positive(e, at, "stream_bytes_per_s");
     if (entry.ranks > 1) {
       auto comm = std::make_shared<MeasuredComm>();
       comm->p2p = r.link(r.field(e, at, "p2p"), at + ".p2p");
@@ -279,6 +281,7 @@ void write_machine_profile(const MachineProfile& profile, const std::string& pat
         {"attention_backward_timings", gemm_timings_json(e.attention_backward_timings)},
         {"memory_bytes_per_s", e.memory_bytes_per_s},
     };
+    if (e.stream_bytes_per_s > 0) j["stream_bytes_per_s"] = e.stream_bytes_per_s;
     if (e.comm) {
       j["p2p"] = link_json(e.comm->p2p);
       nlohmann::json fits = nlohmann::json::array();
@@ -341,6 +344,8 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
     // The engine's own workspace (loom_cuda_workspace_bytes), its vocabulary chunk sized by the
     // GPU's memory; profiled_machine(profile, ...) puts in the whole GPU's when ranks share it.
     job.memory.loom_cuda_device_memory = memory_bytes_per_rank;
+    job.stream_bytes_per_s =
+        entry.stream_bytes_per_s > 0 ? entry.stream_bytes_per_s : entry.memory_bytes_per_s;
   } else {
     job.memory.state = kF32Adam;
     job.memory.activation_bytes = 4;

@@ -52,6 +52,10 @@ struct ProfileEntry {
   GemmEfficiency attention_forward, attention_backward;
   std::vector<GemmTiming> attention_forward_timings, attention_backward_timings;
   double memory_bytes_per_s = 0;            // elementwise kernels streaming activations
+  // CUDA: the plain streaming kernels (a residual-gradient add in bf16 and in f32: the loss's
+  // passes and AdamW stream the same way), which run faster than the norms and activation
+  // functions of memory_bytes_per_s; 0 (older profiles, the CPU): memory_bytes_per_s.
+  double stream_bytes_per_s = 0;
   std::shared_ptr<const MeasuredComm> comm;  // null with one rank
   std::vector<CommTimings> comm_timings;
 };

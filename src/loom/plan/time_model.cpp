@@ -56,6 +56,40 @@ struct LayerCost {
   double cp_exposed_forward_s = 0, cp_exposed_backward_s = 0;  // what the attention core does not hide
 };
 
+}  // namespace
+
+// loom's CUDA engine's memory-bound kernels of one layer, forward and backward, counted from the
+// kernels it launches (an H100 profile of GPT-2 124M and llama-1b, docs/results/h100-2026-11-27,
+// shows which): each norm reads its input and writes its output forward (2 tensors of the
+// stream's width) and backward reads the output gradient and input and writes the input
+// gradient (3), its weight partials reading both again (2): 14 per row for a layer's two norms.
+// Streaming: the backward's two residual-gradient adds (3 each; forward, the projections add
+// into the residual in their GEMM epilogues), attention's row dot of the output and its gradient
+// (2 q), and for Llama RoPE on q and k forward and backward (2 each) and SwiGLU (reads gate and
+// up, writes the product; backward reads the gradient and both, writes two: 8 of ffn). GPT-2's
+// GELU runs in the GEMM epilogues. Norms and adds on the rank's rows (1/tp under sp), the rest
+// on the whole rows' tp share.
+double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const TrainingJob& job,
+                                double norm_bytes_per_s) {
+  const double b = job.memory.activation_bytes;
+  const double rows = static_cast<double>(l.micro_batch * job.seq_len / l.cp),
+               t = static_cast<double>(l.tp);
+  const double local_rows = l.sequence_parallel ? rows / t : rows;
+  const double c = static_cast<double>(m.n_embd), q = static_cast<double>(m.q_dim()) / t,
+               kv = static_cast<double>(m.kv_dim()) / t, f = static_cast<double>(m.ffn_hidden) / t;
+  const double norms = 14 * c * local_rows * b;
+  double stream = (6 * c * local_rows + 2 * q * rows) * b;
+  if (m.arch == Architecture::Llama) {
+    const double dense_share =
+        1 - static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
+    stream += (4 * (q + kv) + 8 * f * dense_share) * rows * b;
+  }
+  const double stream_rate = job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : norm_bytes_per_s;
+  return norms / norm_bytes_per_s + stream / stream_rate;
+}
+
+namespace {
+
 LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
                      const GemmEfficiency& gemm) {
   const GpuSpec& gpu = cluster.gpu;
@@ -162,8 +196,12 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   // activation written once forward and read once backward, plus as much again for its gradient.
   PlanLayout stored = l;
   stored.recompute = Recompute::None;
-  const double memory_s = 4 * layer_activation_bytes(m, l.micro_batch, job.seq_len, stored, job.memory.activation_bytes) /
-                          gpu.hbm_bandwidth_bytes_per_s;
+  const double memory_s = job.memory.loom_cuda_device_memory > 0
+                              ? loom_cuda_layer_memory_s(m, l, job, gpu.hbm_bandwidth_bytes_per_s)
+                              : 4 *
+                                    layer_activation_bytes(m, l.micro_batch, job.seq_len, stored,
+                                                           job.memory.activation_bytes) /
+                                    gpu.hbm_bandwidth_bytes_per_s;
   const double cast_forward_s = 3 * cast_elements_forward / gpu.hbm_bandwidth_bytes_per_s;
   const double cast_backward_s = 3 * cast_elements_backward / gpu.hbm_bandwidth_bytes_per_s;
   c.forward_s = forward + scores_forward_s + memory_s / 2 + cast_forward_s;
@@ -308,9 +346,20 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   // last the head); they run in BF16 under FP8 recipes too (Transformer Engine keeps the head
   // in higher precision).
   const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp);
-  const double head_fwd = 2 * tokens * static_cast<double>(m.n_embd) * static_cast<double>(m.vocab_size) /
-                          static_cast<double>(l.tp) /
-                          (gpu.bf16_tflops * 1e12 * gemm.efficiency(tokens, static_cast<double>(m.vocab_size / l.tp), static_cast<double>(m.n_embd)));
+  const double head_gemm = 2 * tokens * static_cast<double>(m.n_embd) *
+                           static_cast<double>(m.vocab_size) / static_cast<double>(l.tp) /
+                           (gpu.bf16_tflops * 1e12 *
+                            gemm.efficiency(tokens, static_cast<double>(m.vocab_size / l.tp),
+                                            static_cast<double>(m.n_embd)));
+  // loom's CUDA engine's fused loss also streams the f32 logits: its log-sum-exp pass reads each
+  // once (4 bytes) forward, its softmax gradient reads it again and writes a bf16 gradient (6)
+  // backward (kernels/cuda/cross_entropy.cu).
+  const double logits = tokens * static_cast<double>(m.vocab_size) / static_cast<double>(l.tp);
+  const bool loom_cuda = job.memory.loom_cuda_device_memory > 0;
+  const double stream_rate =
+      job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : gpu.hbm_bandwidth_bytes_per_s;
+  const double head_fwd = head_gemm + (loom_cuda ? 4 * logits / stream_rate : 0);
+  const double head_bwd = 2 * head_gemm + (loom_cuda ? 6 * logits / stream_rate : 0);
   const double blocking = (layer.tp_comm_s + layer.ep_comm_s) / 2;  // per direction
   // Each stage's passes: its layers, plus the head on the last. The simulation takes each
   // stage's own; the closed forms (ranking layouts quickly) pace uniform chunks: with one chunk
@@ -321,10 +370,13 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   std::vector<PassTimes> stage_passes;
   for (int64_t stage = 0; stage < stages; ++stage) {
     const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
-    const double head = stage == stages - 1 ? head_fwd : 0;
+    const bool last = stage == stages - 1;
+    const double head = last ? head_fwd : 0;
     const double f = n * (layer.forward_s + blocking + layer.cp_exposed_forward_s) + head;
-    const double b = n * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + 2 * head;
-    const double w = std::min(n * layer.weight_grad_s + head, b / 2);  // B is never shorter than W
+    const double b =
+        n * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + (last ? head_bwd : 0);
+    const double w = std::min(n * layer.weight_grad_s + (last ? head_gemm : 0),
+                              b / 2);  // B is never shorter than W
     stage_passes.push_back({f, b - w, w});
     t_f = std::max(t_f, f);
     t_b = std::max(t_b, b);
@@ -337,13 +389,13 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     for (int64_t chunk = 0; chunk < l.vp; ++chunk) {
       const int64_t stage = stage_of(chunk, rank, l.pp, stage_placement(l.schedule));
       const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
-      const double head = stage == stages - 1 ? head_fwd : 0;
-      work += n * (layer.forward_s + layer.backward_s) + 3 * head;
+      const bool last = stage == stages - 1;
+      work += n * (layer.forward_s + layer.backward_s) + (last ? head_fwd + head_bwd : 0);
       layers += n;
       const PassTimes& passes = stage_passes[static_cast<size_t>(stage)];
       f += passes.forward_s;
       b += passes.backward_s();
-      w += n * layer.weight_grad_s + head;
+      w += n * layer.weight_grad_s + (last ? head_gemm : 0);
     }
     if (f + b > mean_f + mean_b) mean_f = f, mean_b = b, mean_w = w;
     compute_per_micro = std::max(compute_per_micro, work);
@@ -476,7 +528,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const double owned = l.zero_stage >= 1 ? params_per_rank / static_cast<double>(replicas) +
                                                experts_per_rank / static_cast<double>(expert_replicas)
                                          : params_per_rank + experts_per_rank;
-  out.optimizer_s = owned * 32 / gpu.hbm_bandwidth_bytes_per_s * sharing;
+  out.optimizer_s =
+      owned * 32 / (loom_cuda ? stream_rate : gpu.hbm_bandwidth_bytes_per_s) * sharing;
   out.total_s = makespan + (out.exposed_comm_s - (busy - out.compute_s)) + out.optimizer_s;
   const double step_tokens = static_cast<double>(job.global_batch * job.seq_len);
   out.tokens_per_s = step_tokens / out.total_s;

@@ -44,6 +44,12 @@ struct TrainingJob {
   // keys, head_dim) per head at these efficiencies of the peak, backward in the forward's FLOPs.
   // Unset: forward at the GEMM efficiency, backward twice the forward.
   std::optional<GemmEfficiency> attention_forward, attention_backward;
+  // loom's CUDA engine (memory.loom_cuda_device_memory > 0, a `loom calibrate --device cuda`
+  // profile): the rate of its plain streaming kernels (ProfileEntry::stream_bytes_per_s), at
+  // which its residual-gradient adds, attention's row dots, RoPE, SwiGLU, the loss's passes over
+  // the logits and AdamW are charged; its norms at the GPU's hbm_bandwidth_bytes_per_s (the
+  // profile's memory_bytes_per_s). 0: the GPU's bandwidth for all.
+  double stream_bytes_per_s = 0;
   // Fused attention kernels this much faster than fused_attention_efficiency's Hopper rate,
   // which 2023-24 PyTorch stacks set (FlashAttention-2, Triton): FlashAttention-3 and cuDNN 9's
   // fused attention run 1.5-2.0x FlashAttention-2 on an H100 (Shah et al. 2024, "FlashAttention-3",
@@ -136,5 +142,11 @@ EpWireBytes expert_parallel_wire_bytes(const ModelConfig& model, const PlanLayou
 // (Narayanan et al. 2021), which the search uses to rank before simulating its best.
 StepTime predict_step_time(const ModelConfig& model, const PlanLayout& layout, const ClusterSpec& cluster,
                            const TrainingJob& job, bool simulate = true);
+
+// loom's CUDA engine's memory-bound kernels of one layer (forward and backward, one micro-batch):
+// its norms' bytes at norm_bytes_per_s, its streaming kernels' at job.stream_bytes_per_s
+// (time_model.cpp counts what each kernel reads and writes).
+double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const TrainingJob& job,
+                                double norm_bytes_per_s);
 
 }  // namespace loom::plan

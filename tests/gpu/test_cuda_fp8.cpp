@@ -118,15 +118,17 @@ TEST_F(CudaFp8Test, QuantisationGivesTheCpuCodesAmaxAndScale) {
 
 // Both amax kernels (16-byte groups where columns, stride and pointer allow, else one element
 // per thread) and the amax the codes pass takes on the way (the delayed recipe's) give
-// cpu::abs_max of the block bit for bit, NaN included, and asking for the amax leaves the codes
-// as they were. Shapes: aligned, odd, a strided block at an aligned and an unaligned column,
-// and more rows than the grid has blocks.
+// cpu::abs_max of the block bit for bit, NaN included; both codes kernels (4 columns a thread
+// where the block allows, else one) give the same codes and transposed codes. Shapes: aligned,
+// odd, strided blocks at aligned and unaligned columns (one with rows not a multiple of 4, so
+// only its transposed pass takes the one-element kernel), more rows than the grid has blocks,
+// and several 64 x 64 tiles with partial ones at both edges.
 TEST_F(CudaFp8Test, AmaxFromEitherKernelAndFromTheCodesPassIsTheCpus) {
   struct Case {
     int64_t rows, cols, stride, col;
   };
   for (const Case k : {Case{24, 40, 40, 0}, Case{7, 13, 13, 0}, Case{33, 64, 72, 8},
-                       Case{5, 24, 30, 3}, Case{3000, 16, 16, 0}}) {
+                       Case{5, 24, 30, 3}, Case{3000, 16, 16, 0}, Case{100, 136, 140, 4}}) {
     for (const bool with_nan : {false, true}) {
       auto x = rounded_to_bf16(conversion_inputs(k.rows * k.stride, 9));
       if (with_nan) x[(k.rows / 2) * k.stride + k.col + k.cols / 2] = std::nanf("");
@@ -165,7 +167,16 @@ TEST_F(CudaFp8Test, AmaxFromEitherKernelAndFromTheCodesPassIsTheCpus) {
           EXPECT_EQ(got, want);
           EXPECT_EQ(got_fused, want);
         }
-        EXPECT_EQ(with_amax.download(), plain.download());
+        const auto codes = plain.download(), transposed = with_amax_t.download();
+        EXPECT_EQ(with_amax.download(), codes);
+        for (int64_t r = 0; r < k.rows; ++r)
+          for (int64_t c = 0; c < k.cols; ++c) {
+            const float v = x[r * k.stride + k.col + c];
+            if (!std::isnan(v)) {
+              ASSERT_EQ(codes[r * k.cols + c], cpu::fp8_encode(v * 8.0f, Fp8Format::E4M3)) << v;
+            }
+            ASSERT_EQ(transposed[c * k.rows + r], codes[r * k.cols + c]);
+          }
       }
     }
   }

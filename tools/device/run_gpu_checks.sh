@@ -183,28 +183,31 @@ fi
 grep -E '^(step 10/10|done:)' "$OUT/mpi_smoke.log" | sed 's/^/        /' | tee -a "$SUMMARY"
 
 # 3b. calibrate: the CUDA engine measured into a machine profile (about 20 s), and the planner's
-# prediction from it for the bench's GPT-2 124M run (bf16, batch 16 x 1024, one GPU: global batch
-# 16 sequences, one micro-batch), which 5. measures.
+# predictions from it for the bench's GPT-2 124M and llama-1b runs (bf16, 16 and 4 x 1024, one
+# GPU: one micro-batch), which 5. measures.
 PROFILE=$W/gpu_profile.json
-PLAN_GPT2=$W/plan_gpt2_124m.json
+PLANS="gpt2-124m:16 llama-1b:4"
 if want calibrate; then
   check calibrate 120 "$W/calibrate.log" mpirun --allow-run-as-root -np 1 "$P/build/loom" calibrate --device cuda --out "$PROFILE"
   grep -E 'bf16: GEMM peak|^wrote|error' "$W/calibrate.log" | cut -c1-400 | sed 's/^/        /' | tee -a "$SUMMARY"
-  if [ -s "$PROFILE" ]; then
-    timeout 60 "$P/build/loom" plan --model gpt2-124m --seq 1024 --global-batch 16 --layout mbs=16 \
-      --profile "$PROFILE" --json > "$PLAN_GPT2" 2>> "$W/calibrate.log"
-    "${SYSENV[@]}" /usr/bin/python3 - "$PLAN_GPT2" <<'PY' | tee -a "$SUMMARY"
+  [ -s "$PROFILE" ] && cp "$PROFILE" "$OUT/gpu_profile.json"
+  for plan in $PLANS; do
+    [ -s "$PROFILE" ] || break
+    IFS=: read -r plan_preset plan_batch <<<"$plan"
+    timeout 60 "$P/build/loom" plan --model "$plan_preset" --seq 1024 --global-batch "$plan_batch" \
+      --layout "mbs=$plan_batch" --profile "$PROFILE" --json > "$W/plan_$plan_preset.json" 2>> "$W/calibrate.log"
+    "${SYSENV[@]}" /usr/bin/python3 - "$W/plan_$plan_preset.json" "$plan_preset" "$plan_batch" <<'PY' | tee -a "$SUMMARY"
 import json, sys
 try:
     p = json.load(open(sys.argv[1]))
 except (OSError, ValueError) as e:
     print(f"        plan --profile: no prediction ({e})"); sys.exit()
 t, m = p["time"], p["memory_bytes"]
-print(f"        plan --profile: gpt2-124m bf16 16 x 1024 on one GPU: predicted {1e3 * t['step_s']:.1f} ms/step "
+print(f"        plan --profile: {sys.argv[2]} bf16 {sys.argv[3]} x 1024 on one GPU: predicted {1e3 * t['step_s']:.1f} ms/step "
       f"(compute {1e3 * t['compute_s']:.1f}, optimizer {1e3 * t['optimizer_s']:.1f}), {t['tokens_per_s']:.0f} tokens/s, "
-      f"memory {m['total'] / 2**30:.1f} GiB ({'fits' if p['fits'] else 'does NOT fit'})")
+      f"memory {m['total'] / 2**30:.2f} GiB ({'fits' if p['fits'] else 'does NOT fit'})")
 PY
-  fi
+  done
 fi
 
 # 4. The layout tests through ctest, from the unpacked tree (paths rewritten to here).
@@ -338,36 +341,42 @@ elif want bench; then
     check bench_llmc 150 "$W/llmc.out" bash "$REPO/bench/llmc_gpu.sh" "$REPO/.device/llmc/train_gpt2cu" "$W/llmc" "$STEPS" 16
     grep '^{' "$W/llmc.out" >> "$OUT/bench.jsonl"
   fi
-  # What the pipelined attention kernels and FP8 GEMMs each buy, on the same machine in the same
-  # run (the scalar kernels' 227 ms for GPT-2 was measured on 2026-11-26).
-  bench_loom gpt2-124m 16 bf16 pipelined
-  bench_loom gpt2-124m 16 bf16 auto no_gelu_epilogue  # what the GELU epilogues buy
-  bench_loom llama-1b 4 bf16 pipelined
+  # What FP8, the GELU epilogues and the pipelined attention (auto) each buy, on the same machine
+  # in the same run (the scalar kernels' 227 ms for GPT-2 was measured on 2026-11-26; the first
+  # tensor-core kernels' 46.1 / 87.0 ms on 2026-11-27).
   bench_loom llama-1b 4 fp8
   bench_loom gpt2-124m 16 fp8
+  bench_loom gpt2-124m 16 bf16 auto no_gelu_epilogue
+  bench_loom gpt2-124m 16 bf16 tensor_cores
+  bench_loom llama-1b 4 bf16 tensor_cores
 fi
 [ -s "$OUT/bench.jsonl" ] && sed 's/^/        /' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
-# The calibration's prediction (3b.) against the bench's measured GPT-2 124M step (5.).
-if [ -s "$PLAN_GPT2" ] && [ -s "$OUT/bench.jsonl" ]; then
-  "${SYSENV[@]}" /usr/bin/python3 - "$PLAN_GPT2" "$OUT/bench.jsonl" <<'PY' | tee -a "$SUMMARY"
+# The calibration's predictions (3b.) against the bench's measured steps and peak memory (5.).
+for plan in $PLANS; do
+  IFS=: read -r plan_preset plan_batch <<<"$plan"
+  [ -s "$W/plan_$plan_preset.json" ] && [ -s "$OUT/bench.jsonl" ] || continue
+  "${SYSENV[@]}" /usr/bin/python3 - "$W/plan_$plan_preset.json" "$OUT/bench.jsonl" "$plan_preset" "$plan_batch" <<'PY' | tee -a "$SUMMARY"
 import json, sys
 try:
-    predicted = 1e3 * json.load(open(sys.argv[1]))["time"]["step_s"]
+    plan = json.load(open(sys.argv[1]))
+    predicted, memory = 1e3 * plan["time"]["step_s"], plan["memory_bytes"]["total"] / 2**30
 except (OSError, ValueError, KeyError):
     sys.exit()
+preset, batch = sys.argv[3], int(sys.argv[4])
 for line in open(sys.argv[2]):
     try:
         r = json.loads(line)
     except ValueError:
         continue
     if (r.get("engine"), r.get("preset"), r.get("batch"), r.get("precision"), r.get("attention")) == \
-            ("loom", "gpt2-124m", 16, "bf16", "auto"):
+            ("loom", preset, batch, "bf16", "auto"):
         measured = r["ms_per_step"]
-        print(f"        calibrate vs bench: gpt2-124m bf16 16 x 1024: predicted {predicted:.1f} ms/step, "
-              f"measured {measured:.1f} ms/step ({100 * (predicted / measured - 1):+.1f}%)")
+        print(f"        calibrate vs bench: {preset} bf16 {batch} x 1024: predicted {predicted:.1f} ms/step, "
+              f"measured {measured:.1f} ms/step ({100 * (predicted / measured - 1):+.1f}%); memory predicted "
+              f"{memory:.2f} GiB, peak {r['peak_memory_gib']:.2f} GiB ({100 * (memory / r['peak_memory_gib'] - 1):+.1f}%)")
         break
 PY
-fi
+done
 cp "$SUMMARY" "$W/"
 grep -q '^FAIL\|^TIMEOUT' "$SUMMARY" && finish 1
 finish 0

@@ -121,14 +121,20 @@ TEST_F(CudaFp8Test, QuantisationGivesTheCpuCodesAmaxAndScale) {
 // cpu::abs_max of the block bit for bit, NaN included; both codes kernels (4 columns a thread
 // where the block allows, else one) give the same codes and transposed codes. Shapes: aligned,
 // odd, strided blocks at aligned and unaligned columns (one with rows not a multiple of 4, so
-// only its transposed pass takes the one-element kernel), more rows than the grid has blocks,
-// and several 64 x 64 tiles with partial ones at both edges.
+// only its transposed pass takes the one-element kernel), a misaligned pointer with aligned
+// columns and stride, more rows than either grid has blocks, and several 64 x 64 tiles with
+// partial ones at both edges.
 TEST_F(CudaFp8Test, AmaxFromEitherKernelAndFromTheCodesPassIsTheCpus) {
   struct Case {
     int64_t rows, cols, stride, col;
   };
   for (const Case k : {Case{24, 40, 40, 0}, Case{7, 13, 13, 0}, Case{33, 64, 72, 8},
-                       Case{5, 24, 30, 3}, Case{3000, 16, 16, 0}, Case{100, 136, 140, 4}}) {
+                       Case{5, 24, 30, 3}, Case{3000, 16, 16, 0}, Case{100, 136, 140, 4},
+                       // aligned shape, pointer 4 (bf16) or 8 (f32) bytes off: the narrow kernels
+                       Case{33, 64, 72, 2},
+                       // more row tiles than gridDim.y's 65535: the codes kernels' grid-stride
+                       // loops (and their barriers) go round twice
+                       Case{65535 * 64 + 100, 4, 4, 0}, Case{65535 * 32 + 7, 3, 3, 0}}) {
     for (const bool with_nan : {false, true}) {
       auto x = rounded_to_bf16(conversion_inputs(k.rows * k.stride, 9));
       if (with_nan) x[(k.rows / 2) * k.stride + k.col + k.cols / 2] = std::nanf("");

@@ -169,7 +169,7 @@ __global__ void quantize4_kernel(uint8_t* codes, uint8_t* codes_t, const T* x, i
         }
         *reinterpret_cast<uint32_t*>(codes + r * cols + c) = packed;
       }
-      tile[j][tx] = packed;
+      if (codes_t) tile[j][tx] = packed;  // zero out of range: never read then
     }
     if (codes_t) {  // the same for the whole block, so are the barriers
       __syncthreads();

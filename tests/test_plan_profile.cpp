@@ -270,6 +270,24 @@ TEST(PlanProfile, CudaEngineMemoryBoundKernelsPerLayer) {
                    (234'881'024.0 + 754'974'720) / 1e12);
 }
 
+// Attention's efficiency from the timings themselves where the layer's head width was measured:
+// at 1e12 FLOP/s, 2 x 1000 x 100 x 64 FLOPs in 64 us is 0.2 and 2 x 1000 x 400 x 64 in 128 us
+// 0.4; 200 keys lie halfway between in log(keys): 0.3; beyond the ends the nearest; 3000
+// tokens against the measured 1000 scale by the fit's 3000 / 4000 over 1000 / 2000 = 1.5
+// (half_dim 1000); head_dim 128, never measured: the fit alone.
+TEST(PlanProfile, AttentionEfficiencyReadFromTheTimings) {
+  const std::vector<GemmTiming> timings = {{1000, 400, 64, 128e-6}, {1000, 100, 64, 64e-6}};
+  const GemmEfficiency flat{0.5, 0};  // every dimension saturated: 0.5 everywhere
+  EXPECT_DOUBLE_EQ(measured_efficiency(timings, flat, 1e12, 1000, 200, 64), 0.3);
+  EXPECT_DOUBLE_EQ(measured_efficiency(timings, flat, 1e12, 1000, 50, 64), 0.2);
+  EXPECT_DOUBLE_EQ(measured_efficiency(timings, flat, 1e12, 1000, 800, 64), 0.4);
+  EXPECT_DOUBLE_EQ(measured_efficiency(timings, flat, 1e12, 1000, 128, 128), 0.5);
+  const GemmEfficiency curved{0.5, 1000};
+  EXPECT_DOUBLE_EQ(measured_efficiency(timings, curved, 1e12, 3000, 200, 64), 0.3 * 1.5);
+  EXPECT_DOUBLE_EQ(measured_efficiency({}, curved, 1e12, 3000, 200, 64),
+                   curved.efficiency(3000, 200, 64));
+}
+
 TEST(PlanProfile, GpuProfileFieldsAreChecked) {
   MachineProfile profile;
   profile.machine = "g";

@@ -9,10 +9,7 @@
 
 namespace loom::plan {
 
-// One timed product C[m, n] = A[m, k] B[k, n]: 2 m n k FLOPs in `seconds`.
-struct GemmTiming {
-  double m = 0, n = 0, k = 0, seconds = 0;
-};
+// GemmTiming (one timed product) is in time_model.hpp, where the time model reads them too.
 
 // CSV with the header "m,n,k,seconds" and one timing per line ('#' starts a comment). Throws
 // loom::Error naming the line for a malformed or non-positive value.

@@ -88,6 +88,33 @@ double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const
   return norms / norm_bytes_per_s + stream / stream_rate;
 }
 
+namespace {}  // namespace
+
+// The efficiency the timings measured at (tokens, keys, head_dim): those at head_dim, each
+// 2 m n k / (seconds x peak), log-linear in n between the two around keys (the nearest beyond
+// them), times fit's ratio between the tokens asked and the ones measured; fit alone when none
+// was measured at head_dim.
+double measured_efficiency(const std::vector<GemmTiming>& timings, const GemmEfficiency& fit,
+                           double peak, double tokens, double keys, double head_dim) {
+  std::vector<const GemmTiming*> at;
+  for (const GemmTiming& t : timings)
+    if (t.k == head_dim && t.seconds > 0) at.push_back(&t);
+  if (at.empty()) return fit.efficiency(tokens, keys, head_dim);
+  std::sort(at.begin(), at.end(),
+            [](const GemmTiming* a, const GemmTiming* b) { return a->n < b->n; });
+  auto eff = [&](const GemmTiming* t) {
+    return 2 * t->m * t->n * t->k / (t->seconds * peak) * fit.efficiency(tokens, t->n, head_dim) /
+           fit.efficiency(t->m, t->n, head_dim);
+  };
+  if (keys <= at.front()->n) return eff(at.front());
+  if (keys >= at.back()->n) return eff(at.back());
+  size_t hi = 1;
+  while (at[hi]->n < keys) ++hi;
+  const GemmTiming *a = at[hi - 1], *b = at[hi];
+  const double w = std::log(keys / a->n) / std::log(b->n / a->n);
+  return eff(a) * (1 - w) + eff(b) * w;
+}
+
 namespace {
 
 LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
@@ -171,10 +198,16 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     // but what that costs is the scores' trips through HBM, charged below byte by byte; the
     // matmuls themselves run at the GEMM rate of their long sides (a k of 1e9 saturates).
     const double k = !flash && !job.attention_forward ? 1e9 : head_dim;
-    c.attention_core_s = core_flops / (peak * job.attention_forward.value_or(gemm).efficiency(tokens, keys, k));
-    attention_backward_s = job.attention_backward
-                               ? core_flops / (peak * job.attention_backward->efficiency(tokens, keys, head_dim))
-                               : 2 * c.attention_core_s;
+    const GemmEfficiency forward_fit = job.attention_forward.value_or(gemm);
+    c.attention_core_s =
+        core_flops / (peak * measured_efficiency(job.attention_forward_timings, forward_fit, peak,
+                                                 tokens, keys, k));
+    attention_backward_s =
+        job.attention_backward
+            ? core_flops / (peak * measured_efficiency(job.attention_backward_timings,
+                                                       *job.attention_backward, peak, tokens, keys,
+                                                       head_dim))
+            : 2 * c.attention_core_s;
   }
   // W: the weight-gradient GEMMs, as many FLOPs as the forward's linear layers (Qi et al. 2023,
   // sec 2: B carries the input-gradient GEMMs and the attention backward).

@@ -5,6 +5,7 @@
 // bubble from simulating the schedule's own action lists.
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/model/config.hpp"
 #include "loom/plan/hardware.hpp"
@@ -22,6 +23,11 @@ struct GemmEfficiency {
   double efficiency(double m, double n, double k) const;
 };
 GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu);
+
+// One timed product C[m, n] = A[m, k] B[k, n]: 2 m n k FLOPs in `seconds`.
+struct GemmTiming {
+  double m = 0, n = 0, k = 0, seconds = 0;
+};
 
 // How ZeRO-3's per-layer parameter gathers and gradient reduce-scatters travel.
 // Hierarchical: NCCL's collectives as the topology allows (NVLink inside a node, then each
@@ -44,6 +50,11 @@ struct TrainingJob {
   // keys, head_dim) per head at these efficiencies of the peak, backward in the forward's FLOPs.
   // Unset: forward at the GEMM efficiency, backward twice the forward.
   std::optional<GemmEfficiency> attention_forward, attention_backward;
+  // loom's CUDA engine: the attention timings the profile measured (GemmTiming per head and per
+  // matmul: tokens, mean keys, head_dim). Where one was measured at the layer's head_dim the
+  // efficiency is read from them (log-linear in the keys between two, the nearest beyond them;
+  // the fit above scales it to other token counts), else the fit alone.
+  std::vector<GemmTiming> attention_forward_timings, attention_backward_timings;
   // loom's CUDA engine (memory.loom_cuda_device_memory > 0, a `loom calibrate --device cuda`
   // profile): the rate of its plain streaming kernels (ProfileEntry::stream_bytes_per_s), at
   // which its residual-gradient adds, attention's row dots, RoPE, SwiGLU, the loss's passes over
@@ -142,6 +153,13 @@ EpWireBytes expert_parallel_wire_bytes(const ModelConfig& model, const PlanLayou
 // (Narayanan et al. 2021), which the search uses to rank before simulating its best.
 StepTime predict_step_time(const ModelConfig& model, const PlanLayout& layout, const ClusterSpec& cluster,
                            const TrainingJob& job, bool simulate = true);
+
+// The efficiency timings measured at (tokens, keys, head_dim): those at head_dim, each
+// 2 m n k / (seconds x peak), log-linear in n between the two around keys (the nearest beyond
+// them), times fit's ratio between the tokens asked and those measured; fit alone where none was
+// measured at head_dim.
+double measured_efficiency(const std::vector<GemmTiming>& timings, const GemmEfficiency& fit,
+                           double peak, double tokens, double keys, double head_dim);
 
 // loom's CUDA engine's memory-bound kernels of one layer (forward and backward, one micro-batch):
 // its norms' bytes at norm_bytes_per_s, its streaming kernels' at job.stream_bytes_per_s

@@ -204,50 +204,65 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
 }
 
 // loom's CUDA engine's workspace, by hand from what it allocates (model/stash.cpp,
-// Transformer::set_batch, kernels/cuda/cross_entropy.cu), and against what its allocator
-// reported on an H100 80GB HBM3 (85,017,493,504 bytes) on 2026-11-27
-// (docs/results/h100-2026-11-27): GPT-2 124M, 16 x 1024, bf16: 5,497,635,072 bytes;
-// llama-1b, 4 x 1024: 3,512,811,776.
+// Transformer::set_batch, kernels/cuda/cross_entropy.cu and ops_cuda.cu), and what its
+// allocator reported on an H100 80GB HBM3 (85,017,493,504 bytes) on 2026-11-27
+// (docs/results/h100-2026-11-27): GPT-2 124M, 16 x 1024, bf16: 5,497,635,072 bytes; llama-1b,
+// 4 x 1024: 3,512,811,776.
 TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
   const double h100 = 85'017'493'504.0;
   PlanLayout l;
   l.micro_batch = 16;
   // GPT-2: rows 16384, d 768. Block scratch (2 x 768 + 2304 + 768 + 3072 + 3072 + 2 x 768
-  // = 12288 bf16 per row): 402,653,184; the head's d_hidden 25,165,824. The whole vocabulary
-  // fits in 1/16 of the GPU at 6 bytes a logit, so one chunk of 50257 with a stride of 50272:
-  // f32 logits 3,294,625,792, four row statistics 262,144, the loss 256 (one aligned double),
-  // bf16 logit gradients 1,647,312,896, the f32 d_hidden accumulator 50,331,648, and 50257
-  // not a multiple of 16, its weight rows padded to 50272: 77,217,792.
+  // = 12288 bf16 per row): 402,653,184; the head's d_hidden 25,165,824; the targets (int32)
+  // 65,536. The whole vocabulary fits in 1/16 of the GPU at 6 bytes a logit, so one chunk of
+  // 50257 with a stride of 50272: f32 logits 3,294,625,792, four row statistics 262,144, the
+  // loss 256 (one aligned double), bf16 logit gradients 1,647,312,896, the f32 d_hidden
+  // accumulator 50,331,648, and 50257 not a multiple of 16, its weight rows padded to 50272:
+  // 77,217,792. That is the H100's figure to the byte.
   const double gpt2 = loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, true);
-  EXPECT_EQ(gpt2, 402'653'184.0 + 25'165'824 + 3'294'625'792 + 262'144 + 256 + 1'647'312'896 +
-                      50'331'648 + 77'217'792);
-  EXPECT_NEAR(gpt2, 5'497'635'072.0, 5'497'635'072.0 * 1e-4);  // the H100's allocator
+  EXPECT_EQ(gpt2, 402'653'184.0 + 25'165'824 + 65'536 + 3'294'625'792 + 262'144 + 256 +
+                      1'647'312'896 + 50'331'648 + 77'217'792);
+  EXPECT_EQ(gpt2, 5'497'635'072.0);
   // Not the last pipeline stage: the block scratch alone.
   EXPECT_EQ(loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, false),
             402'653'184.0);
   // llama-1b: rows 4096, d 2048, q|k|v 3072, SwiGLU 2 x 8192: (4096 + 5120 + 24576 + 4096)
-  // bf16 per row = 310,378,496; d_hidden 16,777,216; vocabulary 128256 in one chunk (a
-  // multiple of 16: no padded copy): 2,101,346,304 + 65,536 + 256 + 1,050,673,152 + 33,554,432.
+  // bf16 per row = 310,378,496; d_hidden 16,777,216; targets 16,384; vocabulary 128256 in one
+  // chunk (a multiple of 16: no padded copy): 2,101,346,304 + 65,536 + 256 + 1,050,673,152 +
+  // 33,554,432. The H100's figure to the byte again.
   l.micro_batch = 4;
   const double llama = loom_cuda_workspace_bytes(model_preset("llama-1b"), l, 1024, h100, 2, true);
-  EXPECT_EQ(llama,
-            310'378'496.0 + 16'777'216 + 2'101'346'304 + 65'536 + 256 + 1'050'673'152 + 33'554'432);
-  EXPECT_NEAR(llama, 3'512'811'776.0, 3'512'811'776.0 * 1e-4);
+  EXPECT_EQ(llama, 310'378'496.0 + 16'777'216 + 16'384 + 2'101'346'304 + 65'536 + 256 +
+                       1'050'673'152 + 33'554'432);
+  EXPECT_EQ(llama, 3'512'811'776.0);
   // On a 24 GB GPU the chunk's buffers no longer fit in 1/16 of it: 24e9 / 16 / (16384 x 6)
   // = 15258 logits a row, rounded down to 1024s: chunks of 14336, the last 50257 - 3 x 14336 =
   // 7249 wide (padded to 7264). Logits 16384 x 14336 x 4 = 939,524,096 and bf16 gradients
-  // 469,762,048; statistics, loss and accumulator as above; the padded rows 7264 x 768 x 2 =
-  // 11,157,504.
+  // 469,762,048; statistics, loss, accumulator and targets as above; the padded rows 7264 x 768
+  // x 2 = 11,157,504.
   l.micro_batch = 16;
+  EXPECT_EQ(loom_cuda_vocab_chunk(model_preset("gpt2-124m"), l, 1024, 24e9, 2), 14336);
   EXPECT_EQ(loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, 24e9, 2, true),
-            402'653'184.0 + 25'165'824 + 939'524'096 + 469'762'048 + 262'144 + 256 + 50'331'648 +
-                11'157'504);
+            402'653'184.0 + 25'165'824 + 65'536 + 939'524'096 + 469'762'048 + 262'144 + 256 +
+                50'331'648 + 11'157'504);
+  // tp 2 with sp: the block scratch on 8192 local rows for the norms' and residuals' tensors
+  // (2 x 768 + 2 x 768) and the whole 16384 for q|k|v, attention and MLP at half width (1152 +
+  // 384 + 1536 + 1536): (8192 x 3072 + 16384 x 4608) x 2 = 201,326,592; d_hidden on 8192 rows
+  // 12,582,912; targets 65,536; the shard's chunk min(50257, 25129) = 25129: f32 logits 16384 x
+  // 25129 x 4 = 1,646,854,144 and bf16 gradients 823,427,072, the accumulator 50,331,648, and
+  // the gathered hidden rows with their gradient 2 x 16384 x 768 x 2 = 50,331,648.
+  l.tp = 2;
+  l.sequence_parallel = true;
+  EXPECT_EQ(
+      loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, true),
+      201'326'592.0 + 12'582'912 + 65'536 + 1'646'854'144 + 823'427'072 + 50'331'648 + 50'331'648);
 }
 
 // The CUDA engine's memory-bound kernels per layer, counted by hand (time_model.cpp's list):
-// norms 14 x d per row (two norms: 2 tensors forward, 3 backward and 2 for the weight partials);
-// streams 6 x d per row (two residual-gradient adds) + 2 q (attention's row dot), and for
-// Llama 4 (q + kv) (RoPE forward and backward) + 8 ffn (SwiGLU); bf16.
+// norms 16 x d per row (two norms: 2 tensors forward, 4 backward accumulating into the residual
+// gradient, 2 for the weight partials); streams 10 x d per row (two residual adds forward, two
+// residual-gradient copies backward) + 2 q (attention's row dot), and for Llama 4 (q + kv)
+// (RoPE forward and backward) + 8 ffn (SwiGLU); bf16.
 TEST(PlanProfile, CudaEngineMemoryBoundKernelsPerLayer) {
   TrainingJob job;
   job.seq_len = 1024;
@@ -255,19 +270,19 @@ TEST(PlanProfile, CudaEngineMemoryBoundKernelsPerLayer) {
   job.stream_bytes_per_s = 2e12;
   PlanLayout l;
   l.micro_batch = 16;
-  // GPT-2 124M, 16384 rows of 768: norms 14 x 768 x 16384 x 2 = 352,321,536 bytes at 1e12;
-  // streams (6 + 2) x 768 x 16384 x 2 = 201,326,592 at 2e12.
+  // GPT-2 124M, 16384 rows of 768: norms 16 x 768 x 16384 x 2 = 402,653,184 bytes at 1e12;
+  // streams (10 + 2) x 768 x 16384 x 2 = 301,989,888 at 2e12.
   EXPECT_DOUBLE_EQ(loom_cuda_layer_memory_s(model_preset("gpt2-124m"), l, job, 1e12),
-                   352'321'536 / 1e12 + 201'326'592 / 2e12);
-  // llama-1b, 4096 rows of 2048 (q 2048, kv 512, ffn 8192): norms 14 x 2048 x 4096 x 2 =
-  // 234,881,024; streams (6 x 2048 + 2 x 2048 + 4 x 2560 + 8 x 8192) x 4096 x 2 = 754,974,720.
+                   402'653'184 / 1e12 + 301'989'888 / 2e12);
+  // llama-1b, 4096 rows of 2048 (q 2048, kv 512, ffn 8192): norms 16 x 2048 x 4096 x 2 =
+  // 268,435,456; streams (10 x 2048 + 2 x 2048 + 4 x 2560 + 8 x 8192) x 4096 x 2 = 822,083,584.
   l.micro_batch = 4;
   EXPECT_DOUBLE_EQ(loom_cuda_layer_memory_s(model_preset("llama-1b"), l, job, 1e12),
-                   234'881'024 / 1e12 + 754'974'720 / 2e12);
+                   268'435'456 / 1e12 + 822'083'584 / 2e12);
   // Without a streaming rate everything streams at the norms' rate.
   job.stream_bytes_per_s = 0;
   EXPECT_DOUBLE_EQ(loom_cuda_layer_memory_s(model_preset("llama-1b"), l, job, 1e12),
-                   (234'881'024.0 + 754'974'720) / 1e12);
+                   (268'435'456.0 + 822'083'584) / 1e12);
 }
 
 // Attention's efficiency from the timings themselves where the layer's head width was measured:

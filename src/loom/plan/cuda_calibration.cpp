@@ -144,7 +144,7 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
   // The engine's memory-bound ops over one [rows, width] bf16 activation, each charged the
   // bytes it must move (each tensor of the activation's size read or written once, 2 bytes an
   // element; the [width] parameters and [rows] statistics are negligible): layer norm forward
-  // (x -> y, 2 tensors) and backward (dy, x -> dx, 3), GELU forward (2) and backward (3), the
+  // (x -> y, 2 tensors) and backward (6, below), GELU forward (2) and backward (3), the
   // residual add (y += x, 3), as on the CPU. Their total bytes over their total time is what the
   // time model's activation traffic streams at on this GPU.
   const int64_t rows = o.quick ? 4096 : 16384, width = o.quick ? 1024 : 2048;
@@ -165,7 +165,9 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
     bytes += tensors * element_bytes * static_cast<double>(rows * width);
   };
   charge(2, [&] { ops::layernorm_forward(y, mean, rstd, x, weight, bias, 1e-5f); });
-  charge(3, [&] { ops::layernorm_backward(dx, d_weight, d_bias, dy, x, weight, mean, rstd); });
+  // The backward reads dy, x and the input gradient it accumulates into and writes that; its
+  // weight partials read dy and x again: 6.
+  charge(6, [&] { ops::layernorm_backward(dx, d_weight, d_bias, dy, x, weight, mean, rstd); });
   charge(2, [&] { ops::gelu_forward(y, x); });
   charge(3, [&] { ops::gelu_backward(dx, dy, x); });
   charge(3, [&] { ops::add_into(y, x); });
@@ -179,7 +181,8 @@ void measure_streams(ProcessGroup& world, const CalibrationOptions& o, ProfileEn
   // writes master, moments and the working copy: 30 bytes a parameter). The time model charges
   // the engine's adds, row dots, RoPE, SwiGLU, the loss's passes over the logits and the
   // optimizer at their total bytes over their total time.
-  const int64_t n = o.quick ? int64_t{4} << 20 : int64_t{32} << 20;
+  // Even the quick run's bf16 add (3 x 32 MB) is beyond an H100's 50 MB L2.
+  const int64_t n = o.quick ? int64_t{16} << 20 : int64_t{32} << 20;
   const Tensor a16 = filled_on_gpu({n}, DType::BF16, 1.0f);
   const Tensor b16 = filled_on_gpu({n}, DType::BF16, 0.01f);
   const Tensor a32 = filled_on_gpu({n}, DType::F32, 1.0f);

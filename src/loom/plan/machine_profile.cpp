@@ -343,8 +343,6 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
     // follows (an H100's fit put GPT-2's forward 27% slower than the timing at its own shape).
     job.attention_forward_timings = entry.attention_forward_timings;
     job.attention_backward_timings = entry.attention_backward_timings;
-  }
-  if (device == Device::CUDA) {
     job.memory.state = kCudaEngineBf16Adam;
     job.memory.activation_bytes = 2;
     // The engine's own workspace (loom_cuda_workspace_bytes), its vocabulary chunk sized by the

@@ -231,8 +231,11 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
       none.recompute = Recompute::None;
       here.activations += layer_bytes(none);
     }
+    // The rank holding the last stage: pp - 1, or 0 under the V placements (ZB-V, DualPipeV).
+    const bool holds_head =
+        rank == rank_of_stage(l.pp * l.vp - 1, l.pp, stage_placement(l.schedule));
     double loss_bytes = 0;
-    if (rank == l.pp - 1 && job.logits_bytes_per_element > 0)
+    if (holds_head && job.logits_bytes_per_element > 0)
       loss_bytes = static_cast<double>(l.micro_batch * job.seq_len / l.cp) *
                    static_cast<double>(m.vocab_size) / static_cast<double>(l.tp) *
                    job.logits_bytes_per_element;
@@ -247,7 +250,7 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
     here.activations += loss_bytes;
     if (job.loom_cuda_device_memory > 0)
       here.workspace = loom_cuda_workspace_bytes(m, l, job.seq_len, job.loom_cuda_device_memory,
-                                                 bytes, rank == l.pp - 1);
+                                                 bytes, holds_head);
     if (rank == 0 || here.total() > mem.total()) {
       mem = here;
       held = r;
@@ -281,6 +284,16 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   return mem;
 }
 
+int64_t loom_cuda_vocab_chunk(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
+                              double device_memory, double activation_bytes) {
+  // train_config.cpp resolved_vocab_chunk, for the micro-batch's rows (its full sequences).
+  const int64_t vocab = m.vocab_size;
+  const double rule_rows = static_cast<double>(std::max<int64_t>(1, l.micro_batch * seq_len));
+  const auto fits =
+      static_cast<int64_t>(device_memory / 16 / (rule_rows * (activation_bytes < 4 ? 6 : 4)));
+  return fits >= vocab ? vocab : std::min(vocab, std::max(kDefaultVocabChunk, fits / 1024 * 1024));
+}
+
 double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
                                  double device_memory, double activation_bytes, bool last_stage) {
   const double b = activation_bytes;
@@ -299,17 +312,18 @@ double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int6
   double bytes = elements * b;
   if (!last_stage) return bytes;
   bytes += lr * c * b;  // the head's d_hidden
-  // train_config.cpp resolved_vocab_chunk, for the micro-batch's rows.
+  bytes += r * 4;       // the targets on the device (int32; kernels/cuda/ops_cuda.cu)
   const int64_t vocab = m.vocab_size;
-  const double rule_rows = static_cast<double>(std::max<int64_t>(1, l.micro_batch * seq_len));
-  const auto fits = static_cast<int64_t>(device_memory / 16 / (rule_rows * (bf16 ? 6 : 4)));
-  const int64_t chunk =
-      fits >= vocab ? vocab : std::min(vocab, std::max(kDefaultVocabChunk, fits / 1024 * 1024));
+  const int64_t chunk = loom_cuda_vocab_chunk(m, l, seq_len, device_memory, activation_bytes);
   auto aligned = [](double n) { return std::ceil(n / 256) * 256; };  // cross_entropy.cu's regions
   if (tp > 1) {
-    const int64_t shard = (vocab + tp - 1) / tp;
-    bytes += r * static_cast<double>(std::min(chunk, shard)) * 4;
-    if (l.sequence_parallel) bytes += 2 * r * c * b;  // gathered hidden rows and their gradient
+    // The shard's f32 logit chunk, and with bf16 its bf16 gradient and the f32 d_hidden
+    // accumulator (cross_entropy.cu's shard passes); under sp the gathered hidden rows and their
+    // gradient. Row statistics (a few floats a row) are left out.
+    const double width = static_cast<double>(std::min(chunk, (vocab + tp - 1) / tp));
+    bytes += r * width * 4;
+    if (bf16) bytes += r * width * 2 + r * c * 4;
+    if (l.sequence_parallel) bytes += 2 * r * c * b;
     return bytes;
   }
   const double ld = static_cast<double>((chunk + 15) / 16 * 16);

@@ -155,13 +155,17 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& l
 // cross-entropy's buffers (kernels/cuda/cross_entropy.cu: a [rows, chunk padded to 16] f32
 // logit chunk, row statistics, and with bf16 activations the bf16 logit gradient and an f32
 // d_hidden accumulator, each region aligned to 256 bytes; the last chunk's weight rows padded
-// to 16 when its width is not a multiple of 16), its chunk as train_config's
+// to 16 when its width is not a multiple of 16; the targets, int32), its chunk as train_config's
 // resolved_vocab_chunk picks it for a GPU of device_memory bytes (the whole vocabulary when
 // the chunk's buffers fit in 1/16 of it). Under tensor parallelism the vocab-parallel loss
 // (parallel/vocab_parallel.cpp): an f32 logit chunk over the rank's vocabulary shard and,
 // with sp, the gathered hidden rows and their gradient. activation_bytes: 2 (bf16) or 4.
 double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
                                  double device_memory, double activation_bytes, bool last_stage);
+// The vocabulary chunk loom's CUDA engine takes (train_config.cpp resolved_vocab_chunk) for a
+// micro-batch of l.micro_batch x seq_len rows on a GPU of device_memory bytes.
+int64_t loom_cuda_vocab_chunk(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
+                              double device_memory, double activation_bytes);
 
 // The CPU engine as built, exactly: bytes of parameters, gradients and optimizer state on one
 // rank at their peak within a step (what the allocator's per-step peaks show), for `dp` ranks

@@ -59,16 +59,16 @@ struct LayerCost {
 }  // namespace
 
 // loom's CUDA engine's memory-bound kernels of one layer, forward and backward, counted from the
-// kernels it launches (an H100 profile of GPT-2 124M and llama-1b, docs/results/h100-2026-11-27,
-// shows which): each norm reads its input and writes its output forward (2 tensors of the
-// stream's width) and backward reads the output gradient and input and writes the input
-// gradient (3), its weight partials reading both again (2): 14 per row for a layer's two norms.
-// Streaming: the backward's two residual-gradient adds (3 each; forward, the projections add
-// into the residual in their GEMM epilogues), attention's row dot of the output and its gradient
-// (2 q), and for Llama RoPE on q and k forward and backward (2 each) and SwiGLU (reads gate and
-// up, writes the product; backward reads the gradient and both, writes two: 8 of ffn). GPT-2's
-// GELU runs in the GEMM epilogues. Norms and adds on the rank's rows (1/tp under sp), the rest
-// on the whole rows' tp share.
+// kernels it launches (model/block.cpp, kernels/cuda/norms.cu; an H100 profile of GPT-2 124M and
+// llama-1b, docs/results/h100-2026-11-27, shows which). Norms, per row: each of the two reads its
+// input and writes its output forward (2 tensors of the stream's width), and backward reads the
+// output gradient, the input and the residual gradient it accumulates into, and writes that
+// (4), its weight partials reading the output gradient and the input again (2): 16. Streams: the
+// two residual adds forward (3 each: ops::add_into), the two residual-gradient copies backward
+// (2 each), attention's row dot of the output and its gradient (2 q), and for Llama RoPE on q and
+// k forward and backward (2 each) and SwiGLU (reads gate and up, writes the product; backward
+// reads the gradient and both, writes two: 8 of ffn). GPT-2's GELU runs in the GEMM epilogues.
+// Norms, adds and copies on the rank's rows (1/tp under sp), the rest on the whole rows' tp share.
 double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const TrainingJob& job,
                                 double norm_bytes_per_s) {
   const double b = job.memory.activation_bytes;
@@ -77,8 +77,8 @@ double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const
   const double local_rows = l.sequence_parallel ? rows / t : rows;
   const double c = static_cast<double>(m.n_embd), q = static_cast<double>(m.q_dim()) / t,
                kv = static_cast<double>(m.kv_dim()) / t, f = static_cast<double>(m.ffn_hidden) / t;
-  const double norms = 14 * c * local_rows * b;
-  double stream = (6 * c * local_rows + 2 * q * rows) * b;
+  const double norms = 16 * c * local_rows * b;
+  double stream = (10 * c * local_rows + 2 * q * rows) * b;
   if (m.arch == Architecture::Llama) {
     const double dense_share =
         1 - static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
@@ -87,8 +87,6 @@ double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const
   const double stream_rate = job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : norm_bytes_per_s;
   return norms / norm_bytes_per_s + stream / stream_rate;
 }
-
-namespace {}  // namespace
 
 // The efficiency the timings measured at (tokens, keys, head_dim): those at head_dim, each
 // 2 m n k / (seconds x peak), log-linear in n between the two around keys (the nearest beyond
@@ -391,8 +389,14 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const bool loom_cuda = job.memory.loom_cuda_device_memory > 0;
   const double stream_rate =
       job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : gpu.hbm_bandwidth_bytes_per_s;
+  // With the vocabulary in several chunks the backward computes each chunk's logits again (one
+  // chunk's stay from the forward): a third product.
+  const bool head_recomputed =
+      loom_cuda && loom_cuda_vocab_chunk(m, l, job.seq_len, job.memory.loom_cuda_device_memory,
+                                         job.memory.activation_bytes) < m.vocab_size;
   const double head_fwd = head_gemm + (loom_cuda ? 4 * logits / stream_rate : 0);
-  const double head_bwd = 2 * head_gemm + (loom_cuda ? 6 * logits / stream_rate : 0);
+  const double head_bwd =
+      (head_recomputed ? 3 : 2) * head_gemm + (loom_cuda ? 6 * logits / stream_rate : 0);
   const double blocking = (layer.tp_comm_s + layer.ep_comm_s) / 2;  // per direction
   // Each stage's passes: its layers, plus the head on the last. The simulation takes each
   // stage's own; the closed forms (ranking layouts quickly) pace uniform chunks: with one chunk
@@ -557,7 +561,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   }
   out.exposed_comm_s = std::max(0.0, exposed);
   // AdamW reads gradient, master, two moments and writes master, moments and the parameter:
-  // about 32 bytes per parameter it owns, at HBM bandwidth.
+  // about 32 bytes per parameter it owns, at HBM bandwidth (loom's CUDA engine: 30 in its AdamW
+  // kernel and 4 for the gradient norm's read, at the calibrated streaming rate).
   const double owned = l.zero_stage >= 1 ? params_per_rank / static_cast<double>(replicas) +
                                                experts_per_rank / static_cast<double>(expert_replicas)
                                          : params_per_rank + experts_per_rank;

@@ -348,8 +348,7 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
     // The engine's own workspace (loom_cuda_workspace_bytes), its vocabulary chunk sized by the
     // GPU's memory; profiled_machine(profile, ...) puts in the whole GPU's when ranks share it.
     job.memory.loom_cuda_device_memory = memory_bytes_per_rank;
-    job.stream_bytes_per_s =
-        entry.stream_bytes_per_s > 0 ? entry.stream_bytes_per_s : entry.memory_bytes_per_s;
+    job.stream_bytes_per_s = entry.stream_bytes_per_s;  // 0 (older profiles): the norms' rate
   } else {
     job.memory.state = kF32Adam;
     job.memory.activation_bytes = 4;

@@ -58,6 +58,14 @@ struct LayerCost {
 
 }  // namespace
 
+// job.stream_bytes_per_s, or `otherwise` (the GPU's bandwidth) where the profile did not measure
+// one.
+namespace {
+double streaming_rate(const TrainingJob& job, double otherwise) {
+  return job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : otherwise;
+}
+}  // namespace
+
 // loom's CUDA engine's memory-bound kernels of one layer, forward and backward, counted from the
 // kernels it launches (model/block.cpp, kernels/cuda/norms.cu; an H100 profile of GPT-2 124M and
 // llama-1b, docs/results/h100-2026-11-27, shows which). Norms, per row: each of the two reads its
@@ -84,8 +92,7 @@ double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const
         1 - static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
     stream += (4 * (q + kv) + 8 * f * dense_share) * rows * b;
   }
-  const double stream_rate = job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : norm_bytes_per_s;
-  return norms / norm_bytes_per_s + stream / stream_rate;
+  return norms / norm_bytes_per_s + stream / streaming_rate(job, norm_bytes_per_s);
 }
 
 // The efficiency the timings measured at (tokens, keys, head_dim): those at head_dim, each
@@ -387,8 +394,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   // backward (kernels/cuda/cross_entropy.cu).
   const double logits = tokens * static_cast<double>(m.vocab_size) / static_cast<double>(l.tp);
   const bool loom_cuda = job.memory.loom_cuda_device_memory > 0;
-  const double stream_rate =
-      job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : gpu.hbm_bandwidth_bytes_per_s;
+  const double stream_rate = streaming_rate(job, gpu.hbm_bandwidth_bytes_per_s);
   // With the vocabulary in several chunks the backward computes each chunk's logits again (one
   // chunk's stay from the forward): a third product.
   const bool head_recomputed =

@@ -258,6 +258,34 @@ TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
       201'326'592.0 + 12'582'912 + 65'536 + 1'646'854'144 + 823'427'072 + 50'331'648 + 50'331'648);
 }
 
+// The head's d_hidden is written by the forward's fused loss and read by the backward, so every
+// activation set that serves the last stage holds one (model/stash.cpp,
+// add_last_stage_activations). Counted by hand from the schedules' lists on the rank holding
+// the last stage (pp - 1; rank 0 under the V), through the pool's reuse rule (an idle set of as
+// many layers is taken before a new one is made).
+TEST(PlanProfile, CudaEngineHoldsOneHeadGradientPerLastStageSet) {
+  const ModelConfig gpt2 = model_preset("gpt2-124m");  // 12 layers
+  PlanLayout l;
+  EXPECT_EQ(last_stage_activation_sets(gpt2, l, 8), 1);  // no pipeline: one set, reused
+  l.pp = 2;
+  // AFAB: rank 1 forwards all 8 micro-batches before its first backward.
+  l.schedule = PipelineSchedule::AllForwardAllBackward;
+  EXPECT_EQ(last_stage_activation_sets(gpt2, l, 8), 8);
+  // 1F1B: the last rank alternates F, B from the start: one set, reused.
+  l.schedule = PipelineSchedule::OneFOneB;
+  EXPECT_EQ(last_stage_activation_sets(gpt2, l, 8), 1);
+  // ZB-H1: the last rank runs 1F1B's F, B pairs (its W's follow each B): one set.
+  l.schedule = PipelineSchedule::ZeroBubbleH1;
+  EXPECT_EQ(last_stage_activation_sets(gpt2, l, 8), 1);
+  // The workspace adds one d_hidden (16384 x 768 bf16 = 25,165,824 bytes) per set beyond the
+  // first: AFAB's 8 sets, 7 more than 1F1B's one.
+  const double h100 = 85'017'493'504.0;
+  l.micro_batch = 16;
+  EXPECT_EQ(loom_cuda_workspace_bytes(gpt2, l, 1024, h100, 2, true, 8) -
+                loom_cuda_workspace_bytes(gpt2, l, 1024, h100, 2, true, 1),
+            7 * 25'165'824.0);
+}
+
 // The CUDA engine's memory-bound kernels per layer, counted by hand (time_model.cpp's list):
 // norms 16 x d per row (two norms: 2 tensors forward, 4 backward accumulating into the residual
 // gradient, 2 for the weight partials); streams 10 x d per row (two residual adds forward, two

@@ -208,6 +208,69 @@ struct EngineActivationShape {
   }
 };
 
+// What one chunk's activation set costs: its base, the last stage's extras (added once to a set
+// the first time it serves the last stage, kept after), and under a split backward the copies a
+// B holds until its W.
+struct ChunkBytes {
+  double base = 0, last_extras = 0, deferred = 0;
+};
+
+struct PoolReplay {
+  double peak = 0;              // bytes of sets made plus W copies held, at the worst moment
+  int64_t last_stage_sets = 0;  // sets that gained the last stage's extras
+};
+
+// One rank's action list replayed through the engine's pool (parallel/pipeline_activations): a
+// forward takes the most recently idled set of as many layers, or a new one; a set that serves
+// the last stage gains its extras and keeps them; a backward idles its set; a B holds copies
+// for its W until the W runs. Sets are never freed.
+PoolReplay replay_activation_pool(const std::vector<PipeAction>& actions,
+                                  const std::vector<ModelChunk>& chunks,
+                                  const std::vector<ChunkBytes>& per_chunk) {
+  struct Set {
+    int64_t layers = 0;
+    bool last_extras = false;
+  };
+  std::vector<Set> idle;
+  std::map<std::pair<int64_t, int64_t>, Set> in_flight;
+  double sets_bytes = 0, deferred = 0;
+  PoolReplay replay;
+  for (const PipeAction& a : actions) {
+    const auto chunk = static_cast<size_t>(a.chunk);
+    const ChunkBytes& bytes = per_chunk[chunk];
+    const std::pair<int64_t, int64_t> key{a.chunk, a.micro_batch};
+    switch (a.op) {
+      case PipeOp::Forward: {
+        Set set{chunks[chunk].layers(), false};
+        auto it = std::find_if(idle.rbegin(), idle.rend(),
+                               [&](const Set& s) { return s.layers == set.layers; });
+        if (it != idle.rend()) {
+          set = *it;
+          idle.erase(std::next(it).base());
+        } else {
+          sets_bytes += bytes.base;
+        }
+        if (chunks[chunk].last_stage() && !set.last_extras) {
+          sets_bytes += bytes.last_extras;
+          set.last_extras = true;
+          ++replay.last_stage_sets;
+        }
+        in_flight[key] = set;
+        break;
+      }
+      case PipeOp::Backward:
+      case PipeOp::BackwardInput:
+        idle.push_back(in_flight.at(key));
+        in_flight.erase(key);
+        if (a.op == PipeOp::BackwardInput) deferred += bytes.deferred;
+        break;
+      case PipeOp::BackwardWeight: deferred -= bytes.deferred; break;
+    }
+    replay.peak = std::max(replay.peak, sets_bytes + deferred);
+  }
+  return replay;
+}
+
 }  // namespace
 
 MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage,
@@ -263,18 +326,11 @@ MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanL
   }
   MemoryBreakdown mem =
       engine_model_states(m, mine, l.dp * l.cp, l.zero_stage, bucket_bytes, false, l.tp, l.ep);
-  // Activations: replay rank 0's action list through the engine's pool
-  // (parallel/pipeline_activations): a forward takes the most recently idled set of as many
-  // layers, or a new one; a set that serves the last stage gains its extras (final norm output
-  // and statistics) and keeps them; a backward idles its set; a B (split backward) holds copies
-  // for its W until the W runs. Sets are never freed, so the peak is the sets made plus the W
-  // copies held at the worst moment.
+  // Activations: rank 0's action list replayed through the engine's pool (replay_activation_pool):
+  // the sets it makes plus the W copies held at the worst moment.
   const std::vector<PipeAction> actions = pipeline_actions(l.schedule, l.pp, micro_batches, v)[0];
   const EngineActivationShape shape(m, l.micro_batch, seq_len, l.tp, l.sequence_parallel, l.cp);
   const int64_t rows = l.micro_batch * seq_len / l.cp;
-  struct ChunkBytes {
-    double base = 0, last_extras = 0, deferred = 0;
-  };
   std::vector<ChunkBytes> per_chunk;
   double rank_dense = 0;
   for (const ModelChunk& c : chunks) {
@@ -292,48 +348,30 @@ MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanL
           deferred_weight_grad_bytes(m, c.layers(), c.first_stage(), c.last_stage(), rows, 4));
     per_chunk.push_back(bytes);
   }
-  struct Set {
-    int64_t layers = 0;
-    bool last_extras = false;
-  };
-  std::vector<Set> idle;
-  std::map<std::pair<int64_t, int64_t>, Set> in_flight;
-  double sets_bytes = 0, deferred = 0, peak = 0;
-  for (const PipeAction& a : actions) {
-    const auto chunk = static_cast<size_t>(a.chunk);
-    const ChunkBytes& bytes = per_chunk[chunk];
-    const std::pair<int64_t, int64_t> key{a.chunk, a.micro_batch};
-    switch (a.op) {
-      case PipeOp::Forward: {
-        Set set{chunks[chunk].layers(), false};
-        auto it = std::find_if(idle.rbegin(), idle.rend(),
-                               [&](const Set& s) { return s.layers == set.layers; });
-        if (it != idle.rend()) {
-          set = *it;
-          idle.erase(std::next(it).base());
-        } else {
-          sets_bytes += bytes.base;
-        }
-        if (bytes.last_extras > 0 && !set.last_extras) {
-          sets_bytes += bytes.last_extras;
-          set.last_extras = true;
-        }
-        in_flight[key] = set;
-        break;
-      }
-      case PipeOp::Backward:
-      case PipeOp::BackwardInput:
-        idle.push_back(in_flight.at(key));
-        in_flight.erase(key);
-        if (a.op == PipeOp::BackwardInput) deferred += bytes.deferred;
-        break;
-      case PipeOp::BackwardWeight: deferred -= bytes.deferred; break;
-    }
-    peak = std::max(peak, sets_bytes + deferred);
-  }
+  const double peak = replay_activation_pool(actions, chunks, per_chunk).peak;
   const bool model_dense = m.moe_layer_count()<m.n_layer, model_moe = m.moe_layer_count()> 0;
   mem.activations = peak + shape.shared_bytes(l.recompute, rank_dense > 0, model_dense, model_moe);
   return mem;
+}
+
+}  // namespace loom::plan
+
+namespace loom::plan {
+
+int64_t last_stage_activation_sets(const ModelConfig& m, const PlanLayout& l,
+                                   int64_t micro_batches) {
+  if (l.pp < 2) return 1;  // Transformer::ensure_activations' one set, reused by every micro-batch
+  const StagePlacement placement = stage_placement(l.schedule);
+  const int64_t v = l.schedule == PipelineSchedule::Interleaved ? l.vp
+                    : placement == StagePlacement::V            ? 2
+                                                                : 1;
+  const int64_t rank = rank_of_stage(l.pp * v - 1, l.pp, placement);
+  const std::vector<ModelChunk> chunks =
+      pipeline_chunks(stage_layer_counts(m.n_layer, l.pp * v), l.pp, rank, placement);
+  return replay_activation_pool(
+             pipeline_actions(l.schedule, l.pp, micro_batches, v)[static_cast<size_t>(rank)],
+             chunks, std::vector<ChunkBytes>(chunks.size()))
+      .last_stage_sets;
 }
 
 }  // namespace loom::plan

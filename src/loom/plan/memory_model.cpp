@@ -249,8 +249,9 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
     }
     here.activations += loss_bytes;
     if (job.loom_cuda_device_memory > 0)
-      here.workspace = loom_cuda_workspace_bytes(m, l, job.seq_len, job.loom_cuda_device_memory,
-                                                 bytes, holds_head);
+      here.workspace = loom_cuda_workspace_bytes(
+          m, l, job.seq_len, job.loom_cuda_device_memory, bytes, holds_head,
+          holds_head ? last_stage_activation_sets(m, l, job.micro_batches) : 0);
     if (rank == 0 || here.total() > mem.total()) {
       mem = here;
       held = r;
@@ -295,7 +296,8 @@ int64_t loom_cuda_vocab_chunk(const ModelConfig& m, const PlanLayout& l, int64_t
 }
 
 double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
-                                 double device_memory, double activation_bytes, bool last_stage) {
+                                 double device_memory, double activation_bytes, bool last_stage,
+                                 int64_t head_sets) {
   const double b = activation_bytes;
   const bool bf16 = activation_bytes < 4;
   const int64_t rows = l.micro_batch * seq_len / l.cp;  // the rank's tokens of a micro-batch
@@ -311,7 +313,7 @@ double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int6
   elements += 2 * lr * c;  // d_residual_a, d_residual_b
   double bytes = elements * b;
   if (!last_stage) return bytes;
-  bytes += lr * c * b;  // the head's d_hidden
+  bytes += static_cast<double>(head_sets) * lr * c * b;  // the head's d_hidden, one per set
   bytes += r * 4;       // the targets on the device (int32; kernels/cuda/ops_cuda.cu)
   const int64_t vocab = m.vocab_size;
   const int64_t chunk = loom_cuda_vocab_chunk(m, l, seq_len, device_memory, activation_bytes);

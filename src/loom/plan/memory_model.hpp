@@ -159,9 +159,12 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& l
 // resolved_vocab_chunk picks it for a GPU of device_memory bytes (the whole vocabulary when
 // the chunk's buffers fit in 1/16 of it). Under tensor parallelism the vocab-parallel loss
 // (parallel/vocab_parallel.cpp): an f32 logit chunk over the rank's vocabulary shard and,
-// with sp, the gathered hidden rows and their gradient. activation_bytes: 2 (bf16) or 4.
+// with sp, the gathered hidden rows and their gradient. activation_bytes: 2 (bf16) or 4. The
+// head's d_hidden is computed by the forward's fused loss and kept for the backward, so each of
+// the rank's `head_sets` activation sets holds one (last_stage_activation_sets).
 double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
-                                 double device_memory, double activation_bytes, bool last_stage);
+                                 double device_memory, double activation_bytes, bool last_stage,
+                                 int64_t head_sets = 1);
 // The vocabulary chunk loom's CUDA engine takes (train_config.cpp resolved_vocab_chunk) for a
 // micro-batch of l.micro_batch x seq_len rows on a GPU of device_memory bytes.
 int64_t loom_cuda_vocab_chunk(const ModelConfig& m, const PlanLayout& l, int64_t seq_len,
@@ -196,5 +199,12 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int 
 MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& model, const PlanLayout& layout,
                                                int64_t seq_len, int64_t micro_batches,
                                                int64_t bucket_bytes);
+
+// How many activation sets the rank holding the last stage gives the last stage's extras (its
+// final norm output and statistics, and the head's d_hidden) in a step of `micro_batches`: that
+// rank's action list replayed through the engine's pool. 1 without a pipeline (one set, reused);
+// under AFAB every micro-batch's, under 1F1B one.
+int64_t last_stage_activation_sets(const ModelConfig& model, const PlanLayout& layout,
+                                   int64_t micro_batches);
 
 }  // namespace loom::plan

@@ -288,8 +288,10 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
 // (published/loom_nemo_tables.json, transcribed from the NeMo and Automodel repositories): 19 of
 // 22 answered, the three Nemotron 3 rows refused as Mamba hybrids. Automodel's gpt-oss rows leave
 // ep out ("-"): the planner picks it (ep 16 for the 120B on 64 GPUs; read as 1 it was 63% slow).
-// Every answered figure within 28% (the worst: Nemotron-340B, -27.7%, where only full
-// recomputation fits the planner's memory); the table's median and p90 pinned.
+// Every answered figure within 21% (the worst: DeepSeek-V3 on 256 GPUs -20.6%, an MLA stand-in;
+// Nemotron-340B -20.1% with tp communication overlapped as NeMo's recipes set it, -27.7%
+// before, where only full recomputation fits the planner's memory); the table's median and p90
+// pinned.
 TEST(PublishedRuns, NemoAndAutomodelTables) {
   const std::vector<plan::PublishedRun> runs =
       plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_nemo_tables.json");
@@ -306,7 +308,7 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
     }
     const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
     ASSERT_NE(tokens, nullptr) << r.id;
-    EXPECT_LT(std::fabs(tokens->relative_error), 0.28) << r.id;
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
     if (r.id == "automodel_h100_bf16_gptoss120b_64gpu") {
       EXPECT_EQ(c.layout.ep, 16);
       EXPECT_LT(std::fabs(tokens->relative_error), 0.10);
@@ -316,13 +318,15 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
   const plan::ValidationSummary s = plan::summarize(checks);
   char text[64];
   std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
-  EXPECT_EQ(std::string(text), "7.7 19.5");
+  EXPECT_EQ(std::string(text), "5.8 19.5");
 }
 
 // Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,
 // tools/published/megatron_bridge_tables.py): Megatron's "DDP" runs the distributed optimizer
 // (ZeRO-1), its 2025 stack's fused attention is FlashAttention-3-class (2x the 2023-24 rate),
-// GB200 is its own part in one 72-GPU NVLink domain. The H100 rows land within 12%; the
+// GB200 is its own part in one 72-GPU NVLink domain, and tp communication overlaps its GEMMs as
+// the recipes set it. The H100 rows land within 13% (8B -3.6%, 70B -2.7% twice, 405B +9.9% and
+// +12.5%; before the overlap 70B was -11.1% and 405B -2.9%); the
 // Blackwell rows are all predicted slow (10-34%), which docs/PLANNER.md leaves open.
 TEST(PublishedRuns, MegatronBridgeTablesOnHopperAndBlackwell) {
   const std::vector<plan::PublishedRun> runs =
@@ -338,7 +342,7 @@ TEST(PublishedRuns, MegatronBridgeTablesOnHopperAndBlackwell) {
     const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
     ASSERT_NE(tokens, nullptr) << r.id;
     if (r.id.find("_h100_") != std::string::npos) {
-      EXPECT_LT(std::fabs(tokens->relative_error), 0.12) << r.id;
+      EXPECT_LT(std::fabs(tokens->relative_error), 0.13) << r.id;
     } else {
       EXPECT_EQ(r.cluster.gpu.name, r.id.find("gb200") != std::string::npos ? "gb200" : "b200") << r.id;
       EXPECT_LT(tokens->relative_error, -0.05) << r.id;  // the open miss: Blackwell predicted slow
@@ -373,6 +377,33 @@ TEST(PublishedRuns, LooselyTypedFieldsAreReadByTheirMeaning) {
   EXPECT_EQ(run("f", "2", "false", "0.4").layout.recompute, Recompute::None);
   EXPECT_EQ(run("ac", "2", "\"activation checkpointing every layer\"", "0.4").layout.recompute, Recompute::Full);
   EXPECT_TRUE(run("bad", "\"two\"", "true", "0.4").malformed);
+}
+
+// Megatron-Core's MoE parallel folding: Megatron-Bridge's Qwen3 235B-A22B rows on H100 run ep 32
+// with tp 2 and dp 16 (256 GPUs, pp 8), the expert group spanning tp x dp. Read as ep 16 with
+// the experts split over tp 2 (the same experts and FLOPs per GPU), said in the assumptions;
+// an ep that divides neither dp nor tp x dp is refused by name.
+TEST(PublishedRuns, ExpertParallelismFoldedOverTensorAndDataRanks) {
+  auto run = [](const std::string& id, int ep) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput",
+      "source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md",
+      "model": {"name": "Qwen3 235B-A22B", "seq_len": 4096},
+      "hardware": {"gpu": "H100-SXM 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 256, "tp": 2, "pp": 8, "cp": 1, "vp": 4, "ep": )" +
+                             std::to_string(ep) + R"(},
+      "micro_batch": 1, "global_batch": 2048, "precision": "FP8-CS", "measured": {"tokens_per_s_per_gpu": 1575}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun folded = run("folded", 32);
+  ASSERT_TRUE(folded.refused.empty()) << folded.refused;
+  EXPECT_EQ(folded.layout.dp, 16);
+  EXPECT_EQ(folded.layout.ep, 16);
+  std::string said;
+  for (const std::string& a : folded.assumptions) said += a + "; ";
+  expect_contains(said, {"ep 32 spans tp x dp", "modelled as ep 16", "split over tp 2"});
+  EXPECT_TRUE(plan::check_published_run(folded).answered);
+  expect_contains(run("unfoldable", 64).refused,
+                  {"ep = 64 divides neither dp x cp = 16 nor tp x dp x cp = 32"});
 }
 
 // Records at the edges: each is answered, refused with a reason or malformed naming its field,

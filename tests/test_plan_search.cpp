@@ -5,7 +5,9 @@
 
 #include <cmath>
 
+#include "loom/plan/collectives.hpp"
 #include "loom/plan/search.hpp"
+#include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
 
 namespace loom::test {
@@ -92,6 +94,33 @@ TEST(PlanTime, TensorParallelTrafficIsPaidInsideTheStep) {
   const plan::StepTime dp = plan::predict_step_time(m, plan::parse_layout("dp=8,zero=1"), h100s(8), job(4096, 8));
   EXPECT_DOUBLE_EQ(dp.tp_comm_s, 0);
   EXPECT_GT(dp.dp_comm_s, 0);
+}
+
+// Overlapped tp communication (Transformer Engine's userbuffers as NeMo's H100 configs set them),
+// by hand with GEMMs at exactly the peak: llama-8b, tp 4, one sequence of 4096. Forward linear
+// GEMMs 2 x 4096 x (4096 x (4096 + 2 x 1024) + 4096 x 4096 + 3 x 4096 x 14336) / 4 FLOPs; each
+// of the four collectives moves the [4096, 4096] bf16 activations. Comm (one collective, c)
+// is shorter than half the forward GEMMs (g / 2), so forward leaves c / tp (the ring's first
+// chunk) + c / 4 (the reduce-scatter's 4 splits) of its 2c exposed, backward c / tp of the ring
+// and nothing of the bulk reduce-scatter.
+TEST(PlanTime, OverlappedTensorParallelTrafficLeavesTheFirstChunkExposed) {
+  const ModelConfig m = model_preset("llama-8b");
+  const plan::ClusterSpec cluster = h100s(8);
+  plan::TrainingJob j = job(4096, 8);
+  j.gemm = plan::GemmEfficiency{1.0, 0.0};
+  const plan::PlanLayout l = plan::parse_layout("tp=4,sp=1");
+  const plan::LayerTime plain = plan::predict_layer_time(m, l, cluster, j);
+  j.tp_comm_overlap = true;
+  const plan::LayerTime overlapped = plan::predict_layer_time(m, l, cluster, j);
+  const double c = plan::collective_time(plan::Collective::AllReduce, 4096.0 * 4096 * 2,
+                                         plan::group_topology(cluster, 4, 1))
+                       .seconds;
+  const double g = 2 * 4096.0 * (4096.0 * (4096 + 2 * 1024) + 4096.0 * 4096 + 3 * 4096.0 * 14336) /
+                   4 / (cluster.gpu.bf16_tflops * 1e12);
+  ASSERT_LT(c, g / 2);
+  EXPECT_NEAR(plain.forward_s - overlapped.forward_s, 2 * c - (c / 4 + c / 4),
+              1e-9 * plain.forward_s);
+  EXPECT_NEAR(plain.backward_s - overlapped.backward_s, 2 * c - c / 4, 1e-9 * plain.backward_s);
 }
 
 TEST(PlanSearch, FollowsTheThreeStepsAndRanksFittingLayoutsFastestFirst) {

@@ -68,6 +68,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.global_batch = run.global_batch;
   job.fp8_gemms = run.fp8;
   job.attention_kernel_speedup = run.conventions.attention_kernel_speedup;
+  job.tp_comm_overlap = run.conventions.tp_comm_overlap;
   job.memory.fp8_linear_inputs = run.fp8;
   if (run.deepspeed_zero3) job.zero3_traffic = Zero3Traffic::DeepSpeed;
   job.memory.seq_len = run.seq_len;
@@ -151,6 +152,9 @@ RunCheck check_run(const PublishedRun& run) {
         (run.unstated.interleaved && !check.fits ? " (none fits: the smallest interleaving)" : ""));
   if (run.unstated.recompute) check.picks.push_back(std::string("recompute ") + recompute_word(l.recompute));
   if (!best_split_note.empty()) check.picks.push_back(best_split_note);
+  if (l.tp > 1 && job.tp_comm_overlap)
+    check.picks.push_back(
+        "tp communication pipelined against its GEMMs (the source's recipes set tp_comm_overlap)");
 
   const double gpus = static_cast<double>(l.gpus());
   check.step_s = best_time.total_s;

@@ -61,6 +61,11 @@ SourceConventions fa3_class(SourceConventions c) {
   return c;
 }
 
+SourceConventions tp_overlapped(SourceConventions c) {
+  c.tp_comm_overlap = true;
+  return c;
+}
+
 SourceConventions fp8_over_fp8_peak(SourceConventions c) {
   c.fp8_mfu_over_fp8_peak = true;
   return c;
@@ -86,32 +91,50 @@ SourceConventions torchtitan() {
 const std::vector<Row>& rows() {
   using F = FlopCount;
   static const std::vector<Row> all = {
-      {"narayanan", materialized(make("Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
-                         "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count the recomputed forward"))},
-      {"korthikanti", materialized(make("Korthikanti et al. 2022", F::KorthikantiModel, F::KorthikantiHardware, F::KorthikantiModel, true,
-                           "Korthikanti et al. 2022 sec. 6.3 (model and hardware FLOPs); Fig. 1 sums states and activations "
-                           "by their eqs.; Table 2's 5as/h term is the stored scores", MemoryCount::StatesAndActivations))},
-      {"mosaicml", fp8_over_fp8_peak(make("MosaicML llm-foundry", F::PaLM, F::RecomputeHardware, F::PaLM, false,
-                        "llm-foundry benchmarking README: MFU (6N + 12Lds) per token, HFU 4/3 of it when checkpointing; "
-                        "its H100 FP8 table's MFU is over the FP8 peak"))},
-      {"rajbhandari", materialized(make("ZeRO (Rajbhandari et al. 2020)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
-                           "the ZeRO paper: Fig. 1 model states (2 + 2 + 12) Psi / Nd, GB"))},
+      {"narayanan",
+       materialized(make("Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
+                         "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count "
+                         "the recomputed forward"))},
+      {"korthikanti", materialized(make("Korthikanti et al. 2022", F::KorthikantiModel,
+                                        F::KorthikantiHardware, F::KorthikantiModel, true,
+                                        "Korthikanti et al. 2022 sec. 6.3 (model and hardware "
+                                        "FLOPs); Fig. 1 sums states and activations "
+                                        "by their eqs.; Table 2's 5as/h term is the stored scores",
+                                        MemoryCount::StatesAndActivations))},
+      {"mosaicml",
+       fp8_over_fp8_peak(make("MosaicML llm-foundry", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                              "llm-foundry benchmarking README: MFU (6N + 12Lds) per token, HFU "
+                              "4/3 of it when checkpointing; "
+                              "its H100 FP8 table's MFU is over the FP8 peak"))},
+      {"rajbhandari",
+       materialized(make("ZeRO (Rajbhandari et al. 2020)", F::PaLM, F::RecomputeHardware, F::PaLM,
+                         false, "the ZeRO paper: Fig. 1 model states (2 + 2 + 12) Psi / Nd, GB"))},
       {"hagemann", make("Hagemann et al. 2023", F::PaLM, F::RecomputeHardware, F::PaLM, false,
                         "Hagemann et al. 2023: MFU after PaLM (6N + 12Lhs)")},
-      {"llama team", make("Llama 3 (Meta 2024)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
-                          "Llama 3 sec. 3.3.2 Table 4: BF16 MFU; FLOP count not given, PaLM's assumed")},
-      {"megatron-bridge", fa3_class(make("Megatron-Bridge 25.11", F::NonEmbeddingCausal, F::RecomputeHardware, F::NonEmbeddingCausal, true,
-                               "Megatron-Bridge performance summary: model TFLOP/s from its flop formulas (input embedding "
-                               "not counted, causal attention halved); checked: 744 TFLOP/s / 14,451 tokens/s = 51.5 GFLOP "
-                               "per token for Llama 3.1 8B at 8K"))},
+      {"llama team",
+       make("Llama 3 (Meta 2024)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+            "Llama 3 sec. 3.3.2 Table 4: BF16 MFU; FLOP count not given, PaLM's assumed")},
+      {"megatron-bridge",
+       tp_overlapped(fa3_class(make("Megatron-Bridge 25.11", F::NonEmbeddingCausal,
+                                    F::RecomputeHardware, F::NonEmbeddingCausal, true,
+                                    "Megatron-Bridge performance summary: model TFLOP/s from its "
+                                    "flop formulas (input embedding "
+                                    "not counted, causal attention halved); checked: 744 TFLOP/s / "
+                                    "14,451 tokens/s = 51.5 GFLOP "
+                                    "per token for Llama 3.1 8B at 8K")))},
       {"automodel", fa3_class(make("NeMo Automodel", F::PaLM, F::RecomputeHardware, F::PaLM, false,
-                         "NeMo Automodel performance summary (MFU = TFLOP/s / 989)"))},
-      {"nvidia/nemo", make("NeMo 24.07", F::NonEmbeddingFull, F::RecomputeHardware, F::NonEmbeddingFull, true,
-                           "NeMo 24.07 performance summary: model TFLOP/s from NeMo's flop formulas (input embedding not "
-                           "counted, attention in full); checked: 697 TFLOP/s / 12,036 tokens/s = 57.9 GFLOP per token for "
-                           "Llama 3.1 8B at 8K")},
-      {"megatron-lm", make("Megatron-LM README (H100)", F::PaLM, F::RecomputeHardware, F::PaLM, true,
-                           "Megatron-LM training.py num_floating_point_operations: 6N + 12Lhs for GPT (MFU = TFLOP/s / 989)")},
+                                   "NeMo Automodel performance summary (MFU = TFLOP/s / 989)"))},
+      {"nvidia/nemo", tp_overlapped(make("NeMo 24.07", F::NonEmbeddingFull, F::RecomputeHardware,
+                                         F::NonEmbeddingFull, true,
+                                         "NeMo 24.07 performance summary: model TFLOP/s from "
+                                         "NeMo's flop formulas (input embedding not "
+                                         "counted, attention in full); checked: 697 TFLOP/s / "
+                                         "12,036 tokens/s = 57.9 GFLOP per token for "
+                                         "Llama 3.1 8B at 8K"))},
+      {"megatron-lm",
+       make("Megatron-LM README (H100)", F::PaLM, F::RecomputeHardware, F::PaLM, true,
+            "Megatron-LM training.py num_floating_point_operations: 6N + 12Lhs for GPT (MFU = "
+            "TFLOP/s / 989)")},
       {"torchtitan", torchtitan()},
   };
   return all;

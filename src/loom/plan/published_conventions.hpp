@@ -56,6 +56,11 @@ struct SourceConventions {
   bool fsdp_gathered_under_pp = false;
   // Its stack's fused attention over the 2023-24 rate (TrainingJob::attention_kernel_speedup).
   double attention_kernel_speedup = 1.0;
+  // Its recipes overlap tensor-parallel communication with the GEMMs (TrainingJob::
+  // tp_comm_overlap): NeMo's (nemo/collections/llm/recipes/llama3_70b.py, gpt3_175b.py:
+  // tp_comm_overlap=True with userbuffers configs for H100) and Megatron-Bridge's performance
+  // recipes (perf_recipes/llama/h100/llama3.py: tp_comm_overlap_cfg userbuffers_*_h100_*_tp4).
+  bool tp_comm_overlap = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

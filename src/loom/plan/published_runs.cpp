@@ -283,6 +283,28 @@ void fill_run(const json& entry, PublishedRun& run) {
   } else if (run.model.is_moe() && run.model.n_experts % run.layout.ep != 0) {
     throw Refusal{"ep = " + std::to_string(run.layout.ep) + " does not divide the " + std::to_string(run.model.n_experts) +
                   " experts"};
+  } else if (run.model.is_moe() && (run.layout.dp * run.layout.cp) % run.layout.ep != 0) {
+    // Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv 2504.14960): the experts'
+    // own mesh refolds the attention's tp x cp x dp ranks, so with an expert tp of 1 ep may span
+    // tp as well as dp (Qwen3 235B-A22B: tp 2, dp 16, ep 32). A GPU then holds E / ep whole
+    // experts and runs its tp share of the tokens through them: the parameters, FLOPs and
+    // all-to-all bytes of ep / tp expert-parallel ranks with each expert split over tp, which
+    // is what is modelled.
+    const int64_t tp = run.layout.tp, ep = run.layout.ep, replicas = run.layout.dp * run.layout.cp;
+    if (tp > 1 && ep % tp == 0 && replicas % (ep / tp) == 0) {
+      run.assumptions.push_back(
+          "ep " + std::to_string(ep) +
+          " spans tp x dp (MoE parallel folding, expert tp 1): modelled as ep " +
+          std::to_string(ep / tp) + " with each expert split over tp " + std::to_string(tp) +
+          " (the same experts, FLOPs and all-to-all bytes per GPU)");
+      run.layout.ep = ep / tp;
+    } else {
+      throw Refusal{"ep = " + std::to_string(ep) +
+                    " divides neither dp x cp = " + std::to_string(replicas) +
+                    " nor tp x dp x cp = " + std::to_string(tp * replicas) +
+                    " (an expert-parallel group lies within the data-parallel ranks, or with "
+                    "MoE parallel folding within tp x dp)"};
+    }
   }
   run.cluster.gpu = gpu_preset(preset_of_gpu(f.text("hardware.gpu")));
   if (const std::optional<double> peak = f.number("hardware.peak_dense_tflops_assumed")) run.cluster.gpu.bf16_tflops = *peak;

@@ -50,7 +50,8 @@ struct LayerCost {
   double forward_s = 0, backward_s = 0;   // one layer, one micro-batch, compute only
   double weight_grad_s = 0;               // the part of backward_s a split backward's W does
   double attention_core_s = 0;            // forward QK^T and PV (recomputed by selective)
-  double tp_comm_s = 0;                   // forward + backward, not overlapped (Megatron TP)
+  double tp_comm_s = 0;                   // forward + backward (Megatron TP)
+  double tp_exposed_forward_s = 0, tp_exposed_backward_s = 0;  // what the GEMMs do not hide
   double ep_comm_s = 0;                   // expert dispatch and combine all-to-alls, forward + backward
   double cp_comm_s = 0;                   // context parallelism, forward + backward
   double cp_exposed_forward_s = 0, cp_exposed_backward_s = 0;  // what the attention core does not hide
@@ -264,6 +265,25 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     // an all-gather, the same bytes (Korthikanti et al. sec. 4.2.2).
     const GroupTopology tp_group = group_topology(cluster, l.tp, 1);
     c.tp_comm_s = 4 * collective_time(Collective::AllReduce, tokens * h * job.memory.activation_bytes, tp_group).seconds;
+    c.tp_exposed_forward_s = c.tp_exposed_backward_s = c.tp_comm_s / 2;
+    if (job.tp_comm_overlap) {
+      // Transformer Engine's userbuffers as NeMo's H100 configs set them
+      // (recipes/tp_overlap_configs/userbuffers.py): forward, the all-gathers before the qkv and
+      // fc1 GEMMs by ring exchange in tp chunks and the reduce-scatters after proj and fc2
+      // pipelined in 4 splits; backward, the dgrad all-gathers by ring exchange and the
+      // reduce-scatters "bulk", beside the weight-gradient GEMMs. A chunked overlap costs
+      // max(comm, gemm) + min(comm, gemm) / chunks (the first transfer or the last product
+      // unhidden); a bulk one only what outlasts its GEMM. Each collective pairs with half the
+      // direction's GEMMs (backward's twice the forward's).
+      auto chunked = [&](double comm, double gemm, double chunks) {
+        return std::max(0.0, comm - gemm) + std::min(comm, gemm) / chunks;
+      };
+      const double comm = c.tp_comm_s / 4;  // one of the four collectives of a layer
+      c.tp_exposed_forward_s =
+          chunked(comm, linear_forward / 2, t) + chunked(comm, linear_forward / 2, 4);
+      c.tp_exposed_backward_s =
+          chunked(comm, linear_forward, t) + std::max(0.0, comm - linear_forward);
+    }
   }
   if (l.cp > 1) {
     const double hops = static_cast<double>(l.cp - 1), core = c.attention_core_s;
@@ -320,8 +340,9 @@ double moe_imbalance_of(const ModelConfig& m, const TrainingJob& job) {
 
 LayerTime predict_layer_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job) {
   const LayerCost c = layer_cost(m, l, cluster, job, job.gemm.value_or(default_gemm_efficiency(cluster.gpu)));
-  const double blocking = (c.tp_comm_s + c.ep_comm_s) / 2;
-  return {c.forward_s + blocking + c.cp_exposed_forward_s, c.backward_s + blocking + c.cp_exposed_backward_s};
+  const double ep = c.ep_comm_s / 2;
+  return {c.forward_s + c.tp_exposed_forward_s + ep + c.cp_exposed_forward_s,
+          c.backward_s + c.tp_exposed_backward_s + ep + c.cp_exposed_backward_s};
 }
 
 CpWireBytes context_parallel_wire_bytes(const ModelConfig& m, const PlanLayout& l, double tokens,
@@ -403,7 +424,9 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const double head_fwd = head_gemm + (loom_cuda ? 4 * logits / stream_rate : 0);
   const double head_bwd =
       (head_recomputed ? 3 : 2) * head_gemm + (loom_cuda ? 6 * logits / stream_rate : 0);
-  const double blocking = (layer.tp_comm_s + layer.ep_comm_s) / 2;  // per direction
+  // Per direction: what the tp collectives leave exposed and the expert all-to-alls.
+  const double blocking_forward = layer.tp_exposed_forward_s + layer.ep_comm_s / 2;
+  const double blocking_backward = layer.tp_exposed_backward_s + layer.ep_comm_s / 2;
   // Each stage's passes: its layers, plus the head on the last. The simulation takes each
   // stage's own; the closed forms (ranking layouts quickly) pace uniform chunks: with one chunk
   // per rank the slowest stage's, with several the busiest rank's mean chunk (a rank with the
@@ -415,9 +438,9 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
     const bool last = stage == stages - 1;
     const double head = last ? head_fwd : 0;
-    const double f = n * (layer.forward_s + blocking + layer.cp_exposed_forward_s) + head;
-    const double b =
-        n * (layer.backward_s + blocking + layer.cp_exposed_backward_s) + (last ? head_bwd : 0);
+    const double f = n * (layer.forward_s + blocking_forward + layer.cp_exposed_forward_s) + head;
+    const double b = n * (layer.backward_s + blocking_backward + layer.cp_exposed_backward_s) +
+                     (last ? head_bwd : 0);
     const double w = std::min(n * layer.weight_grad_s + (last ? head_gemm : 0),
                               b / 2);  // B is never shorter than W
     stage_passes.push_back({f, b - w, w});

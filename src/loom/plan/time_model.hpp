@@ -66,6 +66,11 @@ struct TrainingJob {
   // fused attention run 1.5-2.0x FlashAttention-2 on an H100 (Shah et al. 2024, "FlashAttention-3",
   // Fig. 5-7). 1 unless a source's stack says otherwise.
   double attention_kernel_speedup = 1.0;
+  // Tensor-parallel communication overlapped with the GEMMs it feeds and follows (Megatron-LM /
+  // Transformer Engine's userbuffers, `tp_comm_overlap`; Wang et al. 2022, "Overlap communication
+  // with dependent computation via decomposition"): each all-gather and reduce-scatter is cut into
+  // tp chunks pipelined against its GEMM. Off: exposed in full, as Megatron-LM's default.
+  bool tp_comm_overlap = false;
   // FP8 GEMMs (Transformer Engine's recipe: the linear layers in FP8 at the GPU's FP8 peak,
   // attention and everything memory-bound in BF16, each GEMM input and output gradient cast to
   // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.

@@ -406,6 +406,31 @@ TEST(PublishedRuns, ExpertParallelismFoldedOverTensorAndDataRanks) {
                   {"ep = 64 divides neither dp x cp = 16 nor tp x dp x cp = 32"});
 }
 
+// An FP8 run that states the FP8 peak as its "dense peak" (llm-foundry's FP8 rows: 548 TFLOP/s at
+// MFU 0.277 is 1979 TFLOP/s, the H100 SXM's dense FP8 rate) keeps the part's BF16 rate for its
+// BF16 work; a BF16 run's stated peak is its BF16 rate, as before.
+TEST(PublishedRuns, AnFp8RunsStatedFp8PeakIsNotItsBf16Rate) {
+  auto run = [](const std::string& id, const std::string& precision) {
+    const std::string text = R"([{"id": ")" + id +
+                             R"(", "kind": "throughput", "source": "mosaicml/llm-foundry",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": 1979},
+      "parallelism": {"total_gpus": 8, "tp": 1, "pp": 1, "dp": 8}, "precision": ")" +
+                             precision + R"(",
+      "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.3}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const double bf16 = plan::gpu_preset("h100-sxm").bf16_tflops;
+  const plan::PublishedRun fp8 = run("fp8", "amp_fp8");
+  ASSERT_TRUE(fp8.refused.empty()) << fp8.refused;
+  EXPECT_DOUBLE_EQ(fp8.cluster.gpu.fp8_tflops, 1979);
+  EXPECT_DOUBLE_EQ(fp8.cluster.gpu.bf16_tflops, bf16);
+  std::string said;
+  for (const std::string& a : fp8.assumptions) said += a + "; ";
+  expect_contains(said, {"the stated peak 1979 TFLOP/s is the part's FP8 rate"});
+  EXPECT_DOUBLE_EQ(run("bf16", "amp_bf16").cluster.gpu.bf16_tflops, 1979);
+}
+
 // Records at the edges: each is answered, refused with a reason or malformed naming its field,
 // and none stops the others (tests/fuzz/fuzz_published_runs runs the same under ASan/UBSan).
 TEST(PublishedRuns, EdgeRecordsAreRefusedOrAnsweredNeverFatal) {

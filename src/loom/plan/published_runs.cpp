@@ -307,7 +307,9 @@ void fill_run(const json& entry, PublishedRun& run) {
     }
   }
   run.cluster.gpu = gpu_preset(preset_of_gpu(f.text("hardware.gpu")));
-  if (const std::optional<double> peak = f.number("hardware.peak_dense_tflops_assumed")) run.cluster.gpu.bf16_tflops = *peak;
+  const GpuSpec preset_gpu = run.cluster.gpu;
+  const std::optional<double> stated_peak = f.number("hardware.peak_dense_tflops_assumed");
+  if (stated_peak) run.cluster.gpu.bf16_tflops = *stated_peak;
   if (const std::optional<double> mem = f.number("hardware.gpu_mem_gb");
       mem && std::fabs(*mem * 1024.0 * 1024.0 * 1024.0 - run.cluster.gpu.hbm_bytes) > 1e9) {
     run.cluster.gpu.hbm_bytes = *mem * 1024.0 * 1024.0 * 1024.0;
@@ -387,6 +389,23 @@ void fill_run(const json& entry, PublishedRun& run) {
   run.fp8 = !contains_any(precision, {"fp8", "float8", "e4m3"}).empty();
   if (run.fp8 && run.cluster.gpu.fp8_tflops <= 0)
     throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name + ", which has no FP8 tensor cores"};
+  // An FP8 run may state the FP8 peak as its "dense peak" (llm-foundry's FP8 table divides by
+  // 1979 on an H100): a stated peak nearer the part's FP8 rate than its BF16 rate is the FP8
+  // peak, and the BF16 work (attention, the head, norms) keeps the part's BF16 rate.
+  if (run.fp8 && stated_peak && preset_gpu.fp8_tflops > 0 &&
+      std::fabs(std::log(*stated_peak / preset_gpu.fp8_tflops)) <
+          std::fabs(std::log(*stated_peak / preset_gpu.bf16_tflops))) {
+    // A power limit scaled the FP8 rate above; the BF16 one scales alike.
+    run.cluster.gpu.bf16_tflops =
+        preset_gpu.bf16_tflops * run.cluster.gpu.fp8_tflops / preset_gpu.fp8_tflops;
+    run.cluster.gpu.fp8_tflops = *stated_peak;
+    char text[200];
+    std::snprintf(
+        text, sizeof text,
+        "the stated peak %.0f TFLOP/s is the part's FP8 rate (BF16 %.0f): BF16 work at %.0f",
+        *stated_peak, preset_gpu.bf16_tflops, run.cluster.gpu.bf16_tflops);
+    run.assumptions.push_back(text);
+  }
   if (precision.find("fp32 grad") != std::string::npos) {
     run.gradient_bytes = 4;
   } else if (run.conventions.megatron) {

@@ -325,9 +325,9 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
 // tools/published/megatron_bridge_tables.py): Megatron's "DDP" runs the distributed optimizer
 // (ZeRO-1), its 2025 stack's fused attention is FlashAttention-3-class (2x the 2023-24 rate),
 // GB200 is its own part in one 72-GPU NVLink domain, and tp communication overlaps its GEMMs as
-// the recipes set it. The H100 rows land within 13% (8B -3.6%, 70B -2.7% twice, 405B +9.9% and
-// +12.5%; before the overlap 70B was -11.1% and 405B -2.9%); the
-// Blackwell rows are all predicted slow (10-34%), which docs/PLANNER.md leaves open.
+// the recipes set it. Every row within 14%: H100 8B -3.6%, 70B -2.7% twice, 405B +9.9% and
+// +12.5%; B200 and GB200 -13.6% to +13.1% (until session 20 they carried the H100 template's
+// 989 TFLOP/s as their stated peak and were all predicted 10-34% slow).
 TEST(PublishedRuns, MegatronBridgeTablesOnHopperAndBlackwell) {
   const std::vector<plan::PublishedRun> runs =
       plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_megatron_bridge_tables.json");
@@ -341,12 +341,11 @@ TEST(PublishedRuns, MegatronBridgeTablesOnHopperAndBlackwell) {
     EXPECT_EQ(r.layout.zero_stage, megatron_fsdp || r.id == "mbridge2511_h100_llama8b_8gpu" ? 3 : 1) << r.id;
     const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
     ASSERT_NE(tokens, nullptr) << r.id;
-    if (r.id.find("_h100_") != std::string::npos) {
-      EXPECT_LT(std::fabs(tokens->relative_error), 0.13) << r.id;
-    } else {
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.14) << r.id;
+    if (r.id.find("_h100_") == std::string::npos) {
       EXPECT_EQ(r.cluster.gpu.name, r.id.find("gb200") != std::string::npos ? "gb200" : "b200") << r.id;
-      EXPECT_LT(tokens->relative_error, -0.05) << r.id;  // the open miss: Blackwell predicted slow
-      EXPECT_GT(tokens->relative_error, -0.40) << r.id;
+      // The part's own BF16 rate: the records state no peak (the table gives none for them).
+      EXPECT_DOUBLE_EQ(r.cluster.gpu.bf16_tflops, plan::gpu_preset(r.cluster.gpu.name).bf16_tflops) << r.id;
     }
     if (r.id.find("gb200_llama405b") != std::string::npos) {
       EXPECT_EQ(r.cluster.gpus_per_node, 72);

@@ -21,8 +21,10 @@ MODELS = {
     '405': dict(name='Llama 3.1 405B', layers=126, hidden=16384, heads=128, kv_heads=8, ffn=53248, vocab=128256,
                 params_b=405),
 }
-SYSTEMS = {'h100': ('H100-SXM 80GB (DGX-H100)', 80), 'b200': ('B200 (DGX-B200)', None),
-           'gb200': ('GB200 (DGX-GB200)', None)}
+# (GPU, memory GB, the dense BF16 peak the table's MFU would use): the template's 989 is the
+# H100's; a Blackwell row states none (the planner's part preset holds its rate).
+SYSTEMS = {'h100': ('H100-SXM 80GB (DGX-H100)', 80, 989), 'b200': ('B200 (DGX-B200)', None, None),
+           'gb200': ('GB200 (DGX-GB200)', None, None)}
 # release, system, model, GPUs, precision, GBS, MBS, FSDP, TP, PP, CP, VP, tokens/s/GPU, model TFLOP/s/GPU
 ROWS = [
     ('26.02', 'h100', '70', 64, 'FP8', 256, 1, 0, 4, 8, 1, 5, 1621, 728),
@@ -49,8 +51,8 @@ def main(shared_path, out_path):
         run['source'] = first['source'].replace("'25.11 NeMo Container'", f"'{release} NeMo Container'")
         run['model'].update(MODELS[model])
         run['model']['seq_len'] = 8192
-        gpu, mem = SYSTEMS[system]
-        run['hardware'].update(gpu=gpu, gpu_mem_gb=mem)
+        gpu, mem, peak = SYSTEMS[system]
+        run['hardware'].update(gpu=gpu, gpu_mem_gb=mem, peak_dense_tflops_assumed=peak)
         run['parallelism'].update(total_gpus=gpus, tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), vp=vp,
                                   fsdp=f'Megatron FSDP (column value {fsdp})' if fsdp else 'DDP (FSDP=0)')
         run['micro_batch'] = mbs

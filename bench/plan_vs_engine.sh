@@ -52,6 +52,8 @@ layouts=(
   "pp2 1f1b|2|tp=1 pp=2 dp=1 zero=0 mbs=4 recompute=none 1f1b|8"
   "pp2 interleaved|2|tp=1 pp=2 v=2 dp=1 zero=0 mbs=4 recompute=none interleaved|8"
   "pp2 zbh1|2|tp=1 pp=2 dp=1 zero=0 mbs=4 recompute=none zbh1|8"
+  "pp2 zbv|2|tp=1 pp=2 v=2 dp=1 zero=0 mbs=4 recompute=none zbv|8"
+  "pp2 dualpipev|2|tp=1 pp=2 v=2 dp=1 zero=0 mbs=4 recompute=none dualpipev|8"
   "cp2 ring|2|tp=1 pp=1 dp=1 cp=2 zero=0 mbs=4 recompute=none|8"
   "one rank, full recompute|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=full|8"
   "dp2 x tp2|4|tp=2 pp=1 dp=2 zero=0 mbs=4 recompute=none|4"

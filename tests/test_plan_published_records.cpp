@@ -430,6 +430,40 @@ TEST(PublishedRuns, AnFp8RunsStatedFp8PeakIsNotItsBf16Rate) {
   EXPECT_DOUBLE_EQ(run("bf16", "amp_bf16").cluster.gpu.bf16_tflops, 1979);
 }
 
+// Hagemann et al.'s sweeps: where a trial leaves them out, sequence parallelism is off (it has its
+// own ablation, the seqpara sheets) and the pipeline runs one chunk per rank; the attention
+// kernel each trial names in its notes sets the attention: PyTorch's ("torch") or Megatron's
+// fused softmax ("fused") materialise the scores, FlashAttention v1 runs at half v2's rate.
+TEST(PublishedRuns, HagemannSweepsDefaultsAndTheKernelTheNotesName) {
+  auto run = [](const std::string& id, const std::string& kernel) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput",
+      "source": "Hagemann et al. 2023/2024, 'Efficient Parallelization Layouts for Large-Scale Distributed Model Training'",
+      "model": {"name": "LLaMA 13B", "seq_len": 2048},
+      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": 312},
+      "parallelism": {"total_gpus": 64, "tp": 2, "pp": 2, "dp": 16, "zero_stage": 1},
+      "micro_batch": 1, "recompute": "none",
+      "measured": {"mfu": 0.5, "notes": "Average step time and MFU as in the xlsx; kernel: )" +
+                             kernel + R"("}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun fa2 = run("fa2", "flash_attention2");
+  ASSERT_TRUE(fa2.refused.empty()) << fa2.refused;
+  EXPECT_FALSE(fa2.layout.sequence_parallel);
+  EXPECT_EQ(fa2.layout.vp, 1);
+  EXPECT_FALSE(fa2.unstated.vp);
+  EXPECT_TRUE(fa2.flash_attention);
+  EXPECT_EQ(fa2.attention_kernel_speedup, 1.0);
+  std::string said;
+  for (const std::string& a : fa2.assumptions) said += a + "; ";
+  expect_contains(said, {"sequence_parallel not stated: off", "pp_schedule not stated: 1F1B"});
+  EXPECT_EQ(plan::check_published_run(fa2).layout.schedule, PipelineSchedule::OneFOneB);
+  const plan::PublishedRun v1 = run("v1", "flash_attentionv1.0.8");
+  EXPECT_TRUE(v1.flash_attention);
+  EXPECT_EQ(v1.attention_kernel_speedup, 0.5);
+  EXPECT_FALSE(run("torch", "torch").flash_attention);
+  EXPECT_FALSE(run("fused", "fused").flash_attention);
+}
+
 // Records at the edges: each is answered, refused with a reason or malformed naming its field,
 // and none stops the others (tests/fuzz/fuzz_published_runs runs the same under ASan/UBSan).
 TEST(PublishedRuns, EdgeRecordsAreRefusedOrAnsweredNeverFatal) {

@@ -236,7 +236,7 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
     if (src.rates.count > 0) medians[src.label] = pct(src.rates.median);
   EXPECT_EQ(medians["Narayanan et al. 2021"], "5.6");
   EXPECT_EQ(medians["MosaicML llm-foundry"], "5.7");
-  EXPECT_EQ(medians["Hagemann et al. 2023"], "2.0");
+  EXPECT_EQ(medians["Hagemann et al. 2023"], "2.5");
   EXPECT_EQ(medians["Korthikanti et al. 2022"], "4.7");
   EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "13.9");
   EXPECT_EQ(medians["Megatron-LM README (H100)"], "4.7");

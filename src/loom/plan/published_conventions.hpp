@@ -61,6 +61,9 @@ struct SourceConventions {
   // tp_comm_overlap=True with userbuffers configs for H100) and Megatron-Bridge's performance
   // recipes (perf_recipes/llama/h100/llama3.py: tp_comm_overlap_cfg userbuffers_*_h100_*_tp4).
   bool tp_comm_overlap = false;
+  // What its sweeps ran where a record leaves it out: sequence parallelism off and one pipeline
+  // chunk per rank (1F1B), not the planner's general guesses (on; the fastest interleaving).
+  bool unstated_sp_off = false, unstated_pp_one_chunk = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

@@ -201,6 +201,11 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   // 4.2.2) and divides the norms' activations by t, so a run that does not say is taken to use it.
   if (const std::optional<bool> sp = f.flag("parallelism.sequence_parallel")) {
     l.sequence_parallel = *sp && l.tp > 1;
+  } else if (run.conventions.unstated_sp_off) {
+    l.sequence_parallel = false;
+    if (l.tp > 1)
+      run.assumptions.push_back(
+          "sequence_parallel not stated: off (the source's sweeps ran it as a separate ablation)");
   } else {
     l.sequence_parallel = l.tp > 1;
     if (l.tp > 1) run.assumptions.push_back("sequence_parallel not stated: on (tp > 1)");
@@ -216,6 +221,12 @@ void read_layout(const RunFields& f, PublishedRun& run) {
       !contains_any(named_schedule, {"1f1b", "gpipe", "afab", "all-forward"}).empty()) {
     run.unstated.vp = false;
     run.assumptions.push_back("pp_schedule '" + f.text("parallelism.pp_schedule") + "': one chunk per rank (V = 1)");
+  }
+  if (run.unstated.vp && named_schedule.empty() && run.conventions.unstated_pp_one_chunk) {
+    run.unstated.vp = false;
+    run.assumptions.push_back(
+        "pp_schedule not stated: 1F1B, one chunk per rank (the source's sweeps vary no "
+        "interleaving)");
   }
   // A schedule stated as interleaved runs at least two model chunks per rank (Narayanan et al.
   // 2021 sec. 2.2.2), whatever V the source leaves out; "non-interleaved" says the opposite.
@@ -415,11 +426,33 @@ void fill_run(const json& entry, PublishedRun& run) {
   const std::string attention = f.text("attention");
   if (!attention.empty() && attention != "flash" && attention != "materialized")
     throw_error("published run '", run.id, "': attention = '", attention, "'; expected flash or materialized");
+  run.attention_kernel_speedup = run.conventions.attention_kernel_speedup;
   if (attention.empty()) {
-    const bool notes_flash = lowercase(f.text("measured.notes") + " " + f.text("notes") + " " + f.text("model.notes") + " " +
-                                       f.text("parallelism.notes") + " " + f.text("precision"))
-                                 .find("flash") != std::string::npos;
-    if (notes_flash) {
+    const std::string notes =
+        lowercase(f.text("measured.notes") + " " + f.text("notes") + " " + f.text("model.notes") +
+                  " " + f.text("parallelism.notes") + " " + f.text("precision"));
+    const bool notes_flash = notes.find("flash") != std::string::npos;
+    // A kernel the notes name (Hagemann et al.'s sweeps record one per trial): PyTorch's own
+    // attention ("torch") and Megatron's fused scale-mask-softmax ("fused") materialise the
+    // scores; FlashAttention v1 runs at half FlashAttention-2's rate (Dao 2023, arXiv
+    // 2307.08691: "around 2x faster than FlashAttention").
+    const bool flash_v1 =
+        !contains_any(notes, {"flash_attentionv1", "flash_attention v1", "flash_attention_v1",
+                              "flashattention v1", "flashattention-1", "flash attention v1",
+                              "flash attention 1"})
+             .empty();
+    if (!contains_any(notes,
+                      {"kernel: torch", "kernel: fused", "torch attention", "unfused attention"})
+             .empty()) {
+      run.flash_attention = false;
+      run.assumptions.push_back(
+          "attention: the notes name a kernel that materialises the scores ('torch' or 'fused')");
+    } else if (flash_v1) {
+      run.flash_attention = true;
+      run.attention_kernel_speedup *= 0.5;
+      run.assumptions.push_back(
+          "attention: FlashAttention v1, half FlashAttention-2's rate (Dao 2023)");
+    } else if (notes_flash) {
       run.flash_attention = true;
     } else if (run.conventions.materialized_attention) {
       run.flash_attention = false;

@@ -71,6 +71,9 @@ struct PublishedRun {
   Unstated unstated;
   int64_t seq_len = 0, global_batch = 0;
   bool flash_attention = true;
+  // The fused attention kernel's rate over the 2023-24 one (TrainingJob::attention_kernel_speedup):
+  // the source's convention, or what the record's notes name (FlashAttention v1: 0.5).
+  double attention_kernel_speedup = 1.0;
   bool fp8 = false;
   // ZeRO-3 run by DeepSpeed (the record's parallelism text says so): its collectives are
   // modelled as the ZeRO++ paper describes them (TrainingJob::zero3_traffic).

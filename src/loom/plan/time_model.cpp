@@ -40,7 +40,7 @@ GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
 // B200 take the H100 figure until runs say otherwise.
 double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim, double kernel_speedup) {
   const bool ampere = ampere_part(gpu);
-  const double fraction = ampere ? 0.40 : 0.25 * kernel_speedup;
+  const double fraction = (ampere ? 0.40 : 0.25) * kernel_speedup;
   return fraction * keys / (keys + 256) * head_dim / (head_dim + 24);
 }
 

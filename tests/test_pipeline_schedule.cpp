@@ -294,8 +294,8 @@ TEST(PipelineSim, DeadlockAndIncompleteListsAreRefused) {
                   {"rank 1", "micro-batch 2 chunk 0", "0 backward(s)"});
   expect_contains(error_message([&] { simulate_pipeline(deadlocked, 3, 1, 1, 2, 0); }),
                   {"2 action lists", "p = 3"});
-  expect_contains(error_message([&] { simulate_pipeline(deadlocked, 2, 1, 0, 2, 0); }),
-                  {"forward 0 s"});
+  expect_contains(error_message([&] { simulate_pipeline(deadlocked, 2, 1, -1, 2, 0); }),
+                  {"forward -1 s", "expected finite times >= 0"});
   expect_contains(error_message([] { simulate_pipeline(Actions(2), 2, 1, 1, 2, 0); }), {"empty"});
 }
 
@@ -312,8 +312,16 @@ TEST(PipelineSim, EachStageRunsAtItsOwnPace) {
   expect_contains(error_message([&] { simulate_pipeline(afab, 2, 1, std::vector<plan::PassTimes>{{1, 1, 1}}, 0); }),
                   {"1 stages' pass times", "p x v = 2"});
   expect_contains(
-      error_message([&] { simulate_pipeline(afab, 2, 1, std::vector<plan::PassTimes>{{1, 1, 1}, {2, 0, 2}}, 0); }),
-      {"stage 1", "input-gradient backward 0 s"});
+      error_message([&] {
+        simulate_pipeline(afab, 2, 1, std::vector<plan::PassTimes>{{1, 1, 1}, {2, -1, 2}}, 0);
+      }),
+      {"stage 1", "input-gradient backward -1 s"});
+  // A stage with no work of its own passes through (Llama 3's first stage holds only the
+  // embedding, sec. 3.3.2): rank 1's forwards [0,2] and [2,4], backwards [4,8] and [8,12]; rank
+  // 0's take no time.
+  EXPECT_DOUBLE_EQ(
+      simulate_pipeline(afab, 2, 1, std::vector<plan::PassTimes>{{0, 0, 0}, {2, 2, 2}}, 0).makespan,
+      12);
 }
 
 TEST(PipelineSim, RanksSharingCoresTakeTurnsAndIdleRanksLendTheirs) {

@@ -223,8 +223,8 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(s.runs, 57);
   EXPECT_EQ(s.answered, 55);
   EXPECT_EQ(s.rates.count, 47);
-  EXPECT_EQ(pct(s.rates.median), "5.2");
-  EXPECT_EQ(pct(s.rates.p90), "13.3");
+  EXPECT_EQ(pct(s.rates.median), "5.0");
+  EXPECT_EQ(pct(s.rates.p90), "12.5");
   EXPECT_EQ(pct(s.rates.worst), "23.7");
   EXPECT_EQ(s.memory.count, 8);
   EXPECT_EQ(pct(s.memory.median), "1.7");
@@ -238,7 +238,7 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(medians["MosaicML llm-foundry"], "5.7");
   EXPECT_EQ(medians["Hagemann et al. 2023"], "2.5");
   EXPECT_EQ(medians["Korthikanti et al. 2022"], "4.7");
-  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "13.9");
+  EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "1.7");
   EXPECT_EQ(medians["Megatron-LM README (H100)"], "4.7");
   EXPECT_EQ(medians["NeMo 24.07"], "6.3");
   EXPECT_EQ(medians["Megatron-Bridge 25.11"], "5.2");
@@ -488,13 +488,15 @@ TEST(PublishedRuns, ScheduleFrameworkAndLauncherConfigAreReadFromTheRecord) {
   EXPECT_GE(c.layout.vp, 2);
   EXPECT_FALSE(
       run("plain", R"x("pp_schedule": "1F1B (non-interleaved)")x", "").unstated.interleaved);
-  // 1 GiB of HBM: nothing fits, so the smallest interleaving (8 layers: V = 2 or 4).
+  // 1 GiB of HBM: nothing fits the planner's memory, yet the run ran: the fastest interleaving
+  // (8 layers: V = 2 or 4), flagged as not fitting.
   const plan::PublishedRun tight =
       run("tight", R"("pp_schedule": "interleaved")", R"(, "gpu_mem_gb": 1)");
   const plan::RunCheck none = plan::check_published_run(tight);
   EXPECT_FALSE(none.fits);
-  EXPECT_EQ(none.layout.vp, 2);
-  expect_contains(none.picks.front(), {"vp 2 (none fits: the smallest interleaving)"});
+  EXPECT_TRUE(none.layout.vp == 2 || none.layout.vp == 4) << none.layout.vp;
+  expect_contains(none.picks.front(),
+                  {"vp " + std::to_string(none.layout.vp) + " (none fits: the fastest)"});
 
   EXPECT_TRUE(run("ds", R"("zero_stage": 3, "notes": "ZeRO-3 via DeepSpeed")", "").deepspeed_zero3);
   EXPECT_FALSE(run("fsdp", R"("zero_stage": 3, "fsdp": "FSDP")", "").deepspeed_zero3);

@@ -91,10 +91,15 @@ int64_t check_arguments(const std::vector<std::vector<PipeAction>>& actions, int
     throw_error("simulate_pipeline: ", stage_times.size(), " stages' pass times for p x v = ", p * v, " stages");
   for (size_t stage = 0; stage < stage_times.size(); ++stage) {
     const PassTimes& times = stage_times[stage];
-    if (!(times.forward_s > 0) || !(times.input_grad_s > 0) || !(times.weight_grad_s > 0) || !(p2p_s >= 0))
-      throw_error("simulate_pipeline: stage ", stage, ": forward ", times.forward_s, " s, input-gradient backward ",
-                  times.input_grad_s, " s, weight-gradient backward ", times.weight_grad_s, " s, p2p_s = ", p2p_s,
-                  ", expected times > 0 and p2p_s >= 0");
+    // A stage may do no work of a kind (Llama 3's first stage holds the embedding alone: no input
+    // gradient), never negative or unbounded work.
+    auto valid = [](double t) { return t >= 0 && std::isfinite(t); };
+    if (!valid(times.forward_s) || !valid(times.input_grad_s) || !valid(times.weight_grad_s) ||
+        !valid(p2p_s))
+      throw_error("simulate_pipeline: stage ", stage, ": forward ", times.forward_s,
+                  " s, input-gradient backward ", times.input_grad_s,
+                  " s, weight-gradient backward ", times.weight_grad_s, " s, p2p_s = ", p2p_s,
+                  ", expected finite times >= 0");
   }
   return check_complete(actions, v);
 }

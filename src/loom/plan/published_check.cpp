@@ -28,7 +28,7 @@ std::vector<int64_t> choices(bool unstated, int64_t stated, const std::vector<in
 // L + 2 divides; else the engine's split (the first stages one layer more).
 std::vector<int64_t> stage_split(int64_t layers, int64_t stages, std::string* note) {
   if (layers % stages == 0 || stages == 1) return {};
-  if ((layers + 2) % stages == 0 && (layers + 2) / stages >= 2) {
+  if ((layers + 2) % stages == 0 && (layers + 2) / stages >= 1) {
     std::vector<int64_t> split(static_cast<size_t>(stages), (layers + 2) / stages);
     --split.front();
     --split.back();
@@ -109,7 +109,11 @@ RunCheck check_run(const PublishedRun& run) {
         l.recompute = recompute;
         l.schedule = vp > 1 ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
         const int64_t stages = l.pp * vp;
-        if (run.global_batch % (l.dp * mbs) != 0 || stages > model.n_layer) continue;
+        // Up to one layer a stage; Llama 3's split (sec. 3.3.2) also leaves the first and last
+        // stage with the embedding and the head alone: n_layer + 2 one-layer stages.
+        if (run.global_batch % (l.dp * mbs) != 0 ||
+            (stages > model.n_layer && stages != model.n_layer + 2))
+          continue;
         // An unstated interleaving is one the stack could run: an even split, or Llama 3's.
         if (run.unstated.vp && vp > 1 && model.n_layer % stages != 0 && (model.n_layer + 2) % stages != 0) continue;
         const int64_t micro = run.global_batch / (l.dp * mbs);
@@ -121,12 +125,11 @@ RunCheck check_run(const PublishedRun& run) {
         const StepTime t = predict_step_time(model, l, run.cluster, job);
         const bool fits = fits_in_hbm(memory, run.cluster.gpu.hbm_bytes, run.conventions.megatron);
         // Prefer layouts that fit; among equals, the faster one (what the source would have run).
-        // A stated interleaving with no V that fits takes the smallest, V = 2 (the least memory
-        // of the interleaved schedules: Narayanan et al. 2021 sec. 2.2.2, p(v - 1) extra chunks).
-        bool better =
+        // Where none fits the planner's memory, the run still ran: the fastest of them (Llama 3's
+        // 8,192-GPU stage with one-layer chunks, its sec. 3.3.2, not the least-memory V = 2
+        // taken until session 20, whose bubble made it 14% slow).
+        const bool better =
             !have || (fits && !check.fits) || (fits == check.fits && t.total_s < best_time.total_s);
-        if (have && !fits && !check.fits && run.unstated.interleaved && vp != check.layout.vp)
-          better = vp < check.layout.vp;
         if (!better) continue;
         have = true;
         check.layout = l;
@@ -149,7 +152,7 @@ RunCheck check_run(const PublishedRun& run) {
   if (run.unstated.vp)
     check.picks.push_back(
         "vp " + std::to_string(l.vp) +
-        (run.unstated.interleaved && !check.fits ? " (none fits: the smallest interleaving)" : ""));
+        (run.unstated.interleaved && !check.fits ? " (none fits: the fastest)" : ""));
   if (run.unstated.recompute) check.picks.push_back(std::string("recompute ") + recompute_word(l.recompute));
   if (!best_split_note.empty()) check.picks.push_back(best_split_note);
   if (l.tp > 1 && job.tp_comm_overlap)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU benchmark (issue 6), for a machine with one NVIDIA GPU: the CUDA kernel tests, then
 # loom, PyTorch (eager and torch.compile, BF16 autocast) and llm.c (where built) side by side in
-# the same run on GPT-2 124M and a 1B Llama-style model at sequence 1024, BF16 with fp32 master
+# the same run on GPT-2 124M and a 1B Llama-style model at sequence 1024 (and the 1B at 4096), BF16 with fp32 master
 # weights.
 # Prints the GPU, driver and a Markdown table; JSON lands in $OUT.
 #   bash bench/run_gpu_benchmarks.sh            (from the repository root, after a CUDA build)
@@ -25,17 +25,18 @@ with open(f"{sys.argv[1]}/bench_train_000000.bin", "wb") as f:
     f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
 
-run_loom() {  # preset batch [precision [attention kernels]]
-  local precision=${3:-bf16} attention=${4:-auto} name="$1_${3:-bf16}_${4:-auto}"
+run_loom() {  # preset batch [precision [attention kernels [seq]]]
+  local precision=${3:-bf16} attention=${4:-auto} seq=${5:-1024} name="$1_${3:-bf16}_${4:-auto}"
+  [ "$seq" != 1024 ] && name="${name}_seq$seq"
   cat > "$DATA/$name.toml" <<TOML
 [model]
 preset = "$1"
-max_seq_len = 1024
+max_seq_len = $seq
 [data]
 train = "$DATA/bench_train_*.bin"
 [train]
 batch_size = $2
-seq_len = 1024
+seq_len = $seq
 steps = $STEPS
 precision = "$precision"
 device = "cuda"
@@ -45,13 +46,14 @@ warmup_steps = 0
 dir = "$OUT/loom_$name"
 TOML
   LOOM_CUDA_ATTENTION="$attention" "$BUILD/loom" train "$DATA/$name.toml" > "$OUT/loom_$name.log"
-  /usr/bin/python3 - "$OUT/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention" <<'PY' | tee "$OUT/loom_$name.json"
+  /usr/bin/python3 - "$OUT/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention" "$seq" <<'PY' | tee "$OUT/loom_$name.json"
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]  # after warm-up
 ms = statistics.median(r["step_ms"] for r in records)
 memory = max((r["memory_bytes"] or 0) for r in records) / 2 ** 30  # the trainer's device peak
-print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": 1024,
-                  "precision": sys.argv[4], "attention": sys.argv[5], "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * 1024 / ms * 1e3,
+seq = int(sys.argv[6])
+print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": seq,
+                  "precision": sys.argv[4], "attention": sys.argv[5], "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * seq / ms * 1e3,
                   "peak_memory_gib": memory}))
 PY
 }
@@ -78,6 +80,12 @@ run_loom gpt2-124m 16 bf16 pipelined
 run_loom llama-1b 4 bf16 pipelined
 run_loom llama-1b 4 fp8
 run_loom gpt2-124m 16 fp8
+# The ~1B model at sequence 4096: one sequence a step (4096 tokens, as 4 x 1024), bf16 and fp8,
+# against torch.compile.
+run_loom llama-1b 1 bf16 auto 4096
+run_loom llama-1b 1 fp8 auto 4096
+/usr/bin/python3 bench/torch_gpu_train_step.py --preset llama-1b --batch 1 --seq 4096 --steps "$STEPS" --compile \
+  | tee "$OUT/torch_compile_llama-1b_seq4096.json"
 rm -rf "$DATA"
 
 /usr/bin/python3 - "$OUT" <<'PY'
@@ -120,4 +128,19 @@ for preset in ["gpt2-124m", "llama-1b"]:
         d = json.load(open(path))
         print(f"| {preset} | {precision} | {attention} | {d['ms_per_step']:.1f} | "
               f"{d['tokens_per_s']:.0f} | {d['tokens_per_s'] / base['tokens_per_s']:.2f}x |")
+PY
+
+# The ~1B model at sequence 4096.
+/usr/bin/python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+paths = {"loom bf16": "loom_llama-1b_bf16_auto_seq4096.json", "loom fp8": "loom_llama-1b_fp8_auto_seq4096.json",
+         "PyTorch compile": "torch_compile_llama-1b_seq4096.json"}
+rows = {k: json.load(open(os.path.join(out, v))) for k, v in paths.items() if os.path.exists(os.path.join(out, v))}
+if "PyTorch compile" in rows:
+    base = rows["PyTorch compile"]["tokens_per_s"]
+    print("\n| llama-1b, 1 x 4096 | ms/step | tokens/s | vs torch.compile |")
+    print("|---|---|---|---|")
+    for name, d in rows.items():
+        print(f"| {name} | {d['ms_per_step']:.1f} | {d['tokens_per_s']:.0f} | {d['tokens_per_s'] / base:.2f}x |")
 PY

@@ -245,16 +245,16 @@ with open(f"{sys.argv[1]}/bench_train_000000.bin", "wb") as f:
     f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 PY
 fi
-bench_toml() {  # file preset batch precision steps log_dir: a seq-1024 run on the bench data
+bench_toml() {  # file preset batch precision steps log_dir [seq]: a run on the bench data (seq 1024)
   cat > "$1" <<TOML
 [model]
 preset = "$2"
-max_seq_len = 1024
+max_seq_len = ${7:-1024}
 [data]
 train = "$B/bench_train_*.bin"
 [train]
 batch_size = $3
-seq_len = 1024
+seq_len = ${7:-1024}
 steps = $5
 precision = "$4"
 device = "cuda"
@@ -264,26 +264,29 @@ warmup_steps = 0
 dir = "$6"
 TOML
 }
-bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue]]]
-  local precision=${3:-bf16} attention=${4:-auto} variant=${5:-} gelu=1
+bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue [seq]]]]
+  local precision=${3:-bf16} attention=${4:-auto} variant=${5:-} gelu=1 seq=${6:-1024}
   local name="$1_${3:-bf16}_${4:-auto}${variant:+_$variant}"
+  [ "$seq" != 1024 ] && name="${name}_seq$seq"
   [ "$variant" = no_gelu_epilogue ] && gelu=0
-  bench_toml "$B/$name.toml" "$1" "$2" "$precision" "$STEPS" "$B/loom_$name"
+  bench_toml "$B/$name.toml" "$1" "$2" "$precision" "$STEPS" "$B/loom_$name" "$seq"
   check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" LOOM_CUDA_GELU_EPILOGUE="$gelu" "$P/build/loom" train "$B/$name.toml"
-  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention${variant:+ $variant}" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
+  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention${variant:+ $variant}" "$seq" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]
 ms = statistics.median(r["step_ms"] for r in records)
 memory = max((r["memory_bytes"] or 0) for r in records) / 2 ** 30
-print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": 1024,
-                  "precision": sys.argv[4], "attention": sys.argv[5], "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * 1024 / ms * 1e3,
+seq = int(sys.argv[6])
+print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": seq,
+                  "precision": sys.argv[4], "attention": sys.argv[5], "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * seq / ms * 1e3,
                   "peak_memory_gib": memory}))
 PY
 }
-bench_torch() {  # preset batch [--compile]
+bench_torch() {  # preset batch [--compile [seq]]
   [ "${LOOM_BENCH_TORCH:-1}" = 0 ] && return 0
-  local tag=eager; [ -n "${3:-}" ] && tag=compile
-  check "bench_torch_${tag}_$1" 150 "$W/torch_${tag}_$1.out" "${SYSENV[@]}" "$PY" bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq 1024 --steps "$STEPS" ${3:-}
+  local tag=eager seq=${4:-1024}; [ -n "${3:-}" ] && tag=compile
+  [ "$seq" != 1024 ] && tag="${tag}_seq$seq"
+  check "bench_torch_${tag}_$1" 150 "$W/torch_${tag}_$1.out" "${SYSENV[@]}" "$PY" bench/torch_gpu_train_step.py --preset "$1" --batch "$2" --seq "$seq" --steps "$STEPS" ${3:-}
   cat "$W/torch_${tag}_$1.out" >> "$OUT/bench.log"
   grep '^{' "$W/torch_${tag}_$1.out" >> "$OUT/bench.jsonl"
 }
@@ -349,6 +352,11 @@ elif want bench; then
   bench_loom gpt2-124m 16 bf16 auto no_gelu_epilogue
   bench_loom gpt2-124m 16 bf16 tensor_cores
   bench_loom llama-1b 4 bf16 tensor_cores
+  # The ~1B model at sequence 4096 (issue 14): one sequence, the same 4096 tokens a step as 4 x
+  # 1024, against torch.compile (the faster PyTorch at 1024) and in FP8.
+  bench_loom llama-1b 1 bf16 auto "" 4096
+  bench_torch llama-1b 1 --compile 4096
+  bench_loom llama-1b 1 fp8 auto "" 4096
 fi
 [ -s "$OUT/bench.jsonl" ] && sed 's/^/        /' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
 # The calibration's predictions (3b.) against the bench's measured steps and peak memory (5.).

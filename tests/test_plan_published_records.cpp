@@ -494,6 +494,25 @@ TEST(PublishedRuns, HagemannSweepsDefaultsAndTheKernelTheNotesName) {
   EXPECT_FALSE(run("fused", "fused").flash_attention);
 }
 
+// torchtitan's pipelines split each data-parallel rank's local batch into pp micro-batches (its
+// pipeline_parallel_microbatches default): a record with no micro-batch takes that split, not
+// the planner's free pick (which put the 405B 3D row at mbs 1, 32 micro-batches, +41%).
+TEST(PublishedRuns, TorchtitanPipelineWithoutAMicroBatchSplitsTheLocalBatch) {
+  const std::string text = R"([{"id": "tt", "kind": "throughput",
+    "source": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
+    "model": {"name": "Llama 3.1 405B", "seq_len": 8192},
+    "hardware": {"gpu": "H100 SXM", "gpus_per_node": 8},
+    "parallelism": {"total_gpus": 512, "tp": 8, "pp": 8, "dp": 8, "pp_schedule": "Interleaved 1F1B"},
+    "global_batch": 256, "recompute": "full", "measured": {"tokens_per_s_per_gpu": 128}}])";
+  const plan::PublishedRun r = plan::read_published_runs(write_file("tt.json", text)).front();
+  ASSERT_TRUE(r.refused.empty()) << r.refused;
+  EXPECT_EQ(r.layout.micro_batch, 4);  // 256 / dp 8 = 32 a rank, over pp = 8
+  EXPECT_FALSE(r.unstated.micro_batch);
+  std::string said;
+  for (const std::string& a : r.assumptions) said += a + "; ";
+  expect_contains(said, {"the local batch of 32 split into pp = 8 micro-batches of 4"});
+}
+
 // Records at the edges: each is answered, refused with a reason or malformed naming its field,
 // and none stops the others (tests/fuzz/fuzz_published_runs runs the same under ASan/UBSan).
 TEST(PublishedRuns, EdgeRecordsAreRefusedOrAnsweredNeverFatal) {

@@ -504,6 +504,19 @@ void fill_run(const json& entry, PublishedRun& run) {
       run.assumptions.push_back(read + ", split by the planner");
     }
   }
+  // No micro-batch stated under torchtitan's pipeline: its schedules split each data-parallel
+  // rank's local batch into pp micro-batches (pipeline_parallel_microbatches' default).
+  if (mbs == 0 && l.pp > 1 && run.conventions.torchtitan_pipeline) {
+    const int64_t local = run.global_batch / std::max<int64_t>(1, l.dp);
+    if (local >= l.pp && local % l.pp == 0) {
+      run.layout.micro_batch = local / l.pp;
+      run.unstated.micro_batch = false;
+      run.assumptions.push_back("micro_batch not stated: the local batch of " +
+                                std::to_string(local) + " split into pp = " + std::to_string(l.pp) +
+                                " micro-batches of " + std::to_string(run.layout.micro_batch) +
+                                " (torchtitan's pipeline_parallel_microbatches default)");
+    }
+  }
   if (run.conventions.torchtitan_pipeline && run.unstated.interleaved) {
     run.layout.vp = 2;
     run.unstated.vp = run.unstated.interleaved = false;

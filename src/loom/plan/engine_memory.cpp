@@ -223,7 +223,10 @@ struct PoolReplay {
 // One rank's action list replayed through the engine's pool (parallel/pipeline_activations): a
 // forward takes the most recently idled set of as many layers, or a new one; a set that serves
 // the last stage gains its extras and keeps them; a backward idles its set; a B holds copies
-// for its W until the W runs. Sets are never freed.
+// for its W until the W runs. Sets are never freed, and the pool outlives the step: the next
+// step starts with every set idle, in the order the last one left them, so a later step can
+// give the extras to sets the first did not (DualPipeV's pairs). Steps are replayed until one
+// makes nothing new; the peak is that steady step's.
 PoolReplay replay_activation_pool(const std::vector<PipeAction>& actions,
                                   const std::vector<ModelChunk>& chunks,
                                   const std::vector<ChunkBytes>& per_chunk) {
@@ -232,41 +235,48 @@ PoolReplay replay_activation_pool(const std::vector<PipeAction>& actions,
     bool last_extras = false;
   };
   std::vector<Set> idle;
-  std::map<std::pair<int64_t, int64_t>, Set> in_flight;
-  double sets_bytes = 0, deferred = 0;
+  double sets_bytes = 0;
   PoolReplay replay;
-  for (const PipeAction& a : actions) {
-    const auto chunk = static_cast<size_t>(a.chunk);
-    const ChunkBytes& bytes = per_chunk[chunk];
-    const std::pair<int64_t, int64_t> key{a.chunk, a.micro_batch};
-    switch (a.op) {
-      case PipeOp::Forward: {
-        Set set{chunks[chunk].layers(), false};
-        auto it = std::find_if(idle.rbegin(), idle.rend(),
-                               [&](const Set& s) { return s.layers == set.layers; });
-        if (it != idle.rend()) {
-          set = *it;
-          idle.erase(std::next(it).base());
-        } else {
-          sets_bytes += bytes.base;
+  for (int step = 0; step < 64; ++step) {  // a pool of n sets settles within n steps
+    const double made_before = sets_bytes;
+    const int64_t extras_before = replay.last_stage_sets;
+    std::map<std::pair<int64_t, int64_t>, Set> in_flight;
+    double deferred = 0, peak = 0;
+    for (const PipeAction& a : actions) {
+      const auto chunk = static_cast<size_t>(a.chunk);
+      const ChunkBytes& bytes = per_chunk[chunk];
+      const std::pair<int64_t, int64_t> key{a.chunk, a.micro_batch};
+      switch (a.op) {
+        case PipeOp::Forward: {
+          Set set{chunks[chunk].layers(), false};
+          auto it = std::find_if(idle.rbegin(), idle.rend(),
+                                 [&](const Set& s) { return s.layers == set.layers; });
+          if (it != idle.rend()) {
+            set = *it;
+            idle.erase(std::next(it).base());
+          } else {
+            sets_bytes += bytes.base;
+          }
+          if (chunks[chunk].last_stage() && !set.last_extras) {
+            sets_bytes += bytes.last_extras;
+            set.last_extras = true;
+            ++replay.last_stage_sets;
+          }
+          in_flight[key] = set;
+          break;
         }
-        if (chunks[chunk].last_stage() && !set.last_extras) {
-          sets_bytes += bytes.last_extras;
-          set.last_extras = true;
-          ++replay.last_stage_sets;
-        }
-        in_flight[key] = set;
-        break;
+        case PipeOp::Backward:
+        case PipeOp::BackwardInput:
+          idle.push_back(in_flight.at(key));
+          in_flight.erase(key);
+          if (a.op == PipeOp::BackwardInput) deferred += bytes.deferred;
+          break;
+        case PipeOp::BackwardWeight: deferred -= bytes.deferred; break;
       }
-      case PipeOp::Backward:
-      case PipeOp::BackwardInput:
-        idle.push_back(in_flight.at(key));
-        in_flight.erase(key);
-        if (a.op == PipeOp::BackwardInput) deferred += bytes.deferred;
-        break;
-      case PipeOp::BackwardWeight: deferred -= bytes.deferred; break;
+      peak = std::max(peak, sets_bytes + deferred);
     }
-    replay.peak = std::max(replay.peak, sets_bytes + deferred);
+    replay.peak = peak;
+    if (step > 0 && sets_bytes == made_before && replay.last_stage_sets == extras_before) break;
   }
   return replay;
 }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "loom/plan/published_conventions.hpp"
 #include "loom/plan/published_runs.hpp"
@@ -411,7 +412,7 @@ TEST(PublishedRuns, LooselyTypedFieldsAreReadByTheirMeaning) {
 // Megatron-Core's MoE parallel folding: Megatron-Bridge's Qwen3 235B-A22B rows on H100 run ep 32
 // with tp 2 and dp 16 (256 GPUs, pp 8), the expert group spanning tp x dp. Read as ep 16 with
 // the experts split over tp 2 (the same experts and FLOPs per GPU), said in the assumptions;
-// an ep that divides neither dp nor tp x dp is refused by name.
+// an ep that is neither within dp nor whole tp groups over dp is refused by name.
 TEST(PublishedRuns, ExpertParallelismFoldedOverTensorAndDataRanks) {
   auto run = [](const std::string& id, int ep) {
     const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput",
@@ -431,33 +432,50 @@ TEST(PublishedRuns, ExpertParallelismFoldedOverTensorAndDataRanks) {
   for (const std::string& a : folded.assumptions) said += a + "; ";
   expect_contains(said, {"ep 32 spans tp x dp", "modelled as ep 16", "split over tp 2"});
   EXPECT_TRUE(plan::check_published_run(folded).answered);
-  expect_contains(run("unfoldable", 64).refused,
-                  {"ep = 64 divides neither dp x cp = 16 nor tp x dp x cp = 32"});
+  expect_contains(run("unfoldable", 64).refused, {"ep = 64 with tp = 2 and dp x cp = 16",
+                                                  "ep divides dp x cp", "ep / tp divides dp x cp"});
 }
 
 // An FP8 run that states the FP8 peak as its "dense peak" (llm-foundry's FP8 rows: 548 TFLOP/s at
 // MFU 0.277 is 1979 TFLOP/s, the H100 SXM's dense FP8 rate) keeps the part's BF16 rate for its
 // BF16 work; a BF16 run's stated peak is its BF16 rate, as before.
 TEST(PublishedRuns, AnFp8RunsStatedFp8PeakIsNotItsBf16Rate) {
-  auto run = [](const std::string& id, const std::string& precision) {
-    const std::string text = R"([{"id": ")" + id +
-                             R"(", "kind": "throughput", "source": "mosaicml/llm-foundry",
+  auto run = [](const std::string& id, const std::string& precision, double peak) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
       "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
-      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": 1979},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": )" +
+                             nlohmann::json(peak).dump() + R"(},
       "parallelism": {"total_gpus": 8, "tp": 1, "pp": 1, "dp": 8}, "precision": ")" +
                              precision + R"(",
       "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.3}}])";
     return plan::read_published_runs(write_file(id + ".json", text)).front();
   };
-  const double bf16 = plan::gpu_preset("h100-sxm").bf16_tflops;
-  const plan::PublishedRun fp8 = run("fp8", "amp_fp8");
+  const double bf16 = plan::gpu_preset("h100-sxm").bf16_tflops,
+               fp8_rate = plan::gpu_preset("h100-sxm").fp8_tflops;
+  const plan::PublishedRun fp8 = run("fp8", "amp_fp8", 1979);
   ASSERT_TRUE(fp8.refused.empty()) << fp8.refused;
+  EXPECT_TRUE(fp8.stated_fp8_peak);
   EXPECT_DOUBLE_EQ(fp8.cluster.gpu.fp8_tflops, 1979);
   EXPECT_DOUBLE_EQ(fp8.cluster.gpu.bf16_tflops, bf16);
   std::string said;
   for (const std::string& a : fp8.assumptions) said += a + "; ";
   expect_contains(said, {"the stated peak 1979 TFLOP/s is the part's FP8 rate"});
-  EXPECT_DOUBLE_EQ(run("bf16", "amp_bf16").cluster.gpu.bf16_tflops, 1979);
+  // Stating the part's own FP8 rate and stating its BF16 one give the same rates, so the same
+  // step; the MFU differs only by its denominator, the FP8 rate against the BF16.
+  const plan::PublishedRun at_fp8 = run("fp8_part", "amp_fp8", fp8_rate);
+  const plan::PublishedRun over_bf16 = run("fp8_bf16", "amp_fp8", bf16);
+  EXPECT_TRUE(at_fp8.stated_fp8_peak);
+  EXPECT_FALSE(over_bf16.stated_fp8_peak);
+  EXPECT_DOUBLE_EQ(over_bf16.cluster.gpu.fp8_tflops, fp8_rate);
+  const plan::RunCheck a = plan::check_published_run(at_fp8),
+                       b = plan::check_published_run(over_bf16);
+  EXPECT_DOUBLE_EQ(a.step_s, b.step_s);
+  EXPECT_NEAR(figure(a, plan::Figure::Mfu)->predicted,
+              figure(b, plan::Figure::Mfu)->predicted * bf16 / fp8_rate, 1e-12);
+  // A BF16 run's stated peak is its BF16 rate; a sparse FP8 figure (2x the dense) is not read as
+  // the FP8 peak.
+  EXPECT_DOUBLE_EQ(run("bf16", "amp_bf16", 1979).cluster.gpu.bf16_tflops, 1979);
+  EXPECT_FALSE(run("sparse", "amp_fp8", 3958).stated_fp8_peak);
 }
 
 // Hagemann et al.'s sweeps: where a trial leaves them out, sequence parallelism is off (it has its

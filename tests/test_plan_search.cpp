@@ -97,30 +97,35 @@ TEST(PlanTime, TensorParallelTrafficIsPaidInsideTheStep) {
 }
 
 // Overlapped tp communication (Transformer Engine's userbuffers as NeMo's H100 configs set them),
-// by hand with GEMMs at exactly the peak: llama-8b, tp 4, one sequence of 4096. Forward linear
-// GEMMs 2 x 4096 x (4096 x (4096 + 2 x 1024) + 4096 x 4096 + 3 x 4096 x 14336) / 4 FLOPs; each
-// of the four collectives moves the [4096, 4096] bf16 activations. Comm (one collective, c)
-// is shorter than half the forward GEMMs (g / 2), so forward leaves c / tp (the ring's first
-// chunk) + c / 4 (the reduce-scatter's 4 splits) of its 2c exposed, backward c / tp of the ring
-// and nothing of the bulk reduce-scatter.
+// by hand with GEMMs at exactly the peak: llama-8b, tp 2 with sequence parallelism, one sequence
+// of 4096. Forward linear GEMMs 2 x 4096 x (4096 x (4096 + 2 x 1024) + 4096 x 4096 + 3 x 4096 x
+// 14336) / 2 FLOPs; each of the four collectives moves the [4096, 4096] bf16 activations. Comm
+// (one collective, c) is shorter than half the forward GEMMs (g / 2), so forward leaves c / tp
+// (the ring's first chunk, tp = 2) + c / 4 (the reduce-scatter's 4 splits) of its 2c exposed,
+// backward c / tp of the ring and nothing of the bulk reduce-scatter. Without sequence
+// parallelism nothing is overlapped (Megatron-LM asserts it for tp_comm_overlap).
 TEST(PlanTime, OverlappedTensorParallelTrafficLeavesTheFirstChunkExposed) {
   const ModelConfig m = model_preset("llama-8b");
   const plan::ClusterSpec cluster = h100s(8);
   plan::TrainingJob j = job(4096, 8);
   j.gemm = plan::GemmEfficiency{1.0, 0.0};
-  const plan::PlanLayout l = plan::parse_layout("tp=4,sp=1");
+  const plan::PlanLayout l = plan::parse_layout("tp=2,sp=1");
   const plan::LayerTime plain = plan::predict_layer_time(m, l, cluster, j);
   j.tp_comm_overlap = true;
   const plan::LayerTime overlapped = plan::predict_layer_time(m, l, cluster, j);
   const double c = plan::collective_time(plan::Collective::AllReduce, 4096.0 * 4096 * 2,
-                                         plan::group_topology(cluster, 4, 1))
+                                         plan::group_topology(cluster, 2, 1))
                        .seconds;
   const double g = 2 * 4096.0 * (4096.0 * (4096 + 2 * 1024) + 4096.0 * 4096 + 3 * 4096.0 * 14336) /
-                   4 / (cluster.gpu.bf16_tflops * 1e12);
+                   2 / (cluster.gpu.bf16_tflops * 1e12);
   ASSERT_LT(c, g / 2);
-  EXPECT_NEAR(plain.forward_s - overlapped.forward_s, 2 * c - (c / 4 + c / 4),
+  EXPECT_NEAR(plain.forward_s - overlapped.forward_s, 2 * c - (c / 2 + c / 4),
               1e-9 * plain.forward_s);
-  EXPECT_NEAR(plain.backward_s - overlapped.backward_s, 2 * c - c / 4, 1e-9 * plain.backward_s);
+  EXPECT_NEAR(plain.backward_s - overlapped.backward_s, 2 * c - c / 2, 1e-9 * plain.backward_s);
+  const plan::PlanLayout no_sp = plan::parse_layout("tp=2");
+  const plan::LayerTime without = plan::predict_layer_time(m, no_sp, cluster, j);
+  j.tp_comm_overlap = false;
+  EXPECT_EQ(without.forward_s, plan::predict_layer_time(m, no_sp, cluster, j).forward_s);
 }
 
 TEST(PlanSearch, FollowsTheThreeStepsAndRanksFittingLayoutsFastestFirst) {

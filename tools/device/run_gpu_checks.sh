@@ -16,7 +16,8 @@
 #                  GPU; the NCCL ones need 2+ GPUs and report Skipped) from the unpacked tree
 #   5. bench       bench/run_gpu_benchmarks.sh's parts: loom vs PyTorch eager / torch.compile (and
 #                  llm.c where .device/llmc/train_gpt2cu was built by tools/device/build_llmc.sh) on
-#                  GPT-2 124M (then Llama 1B) at seq 1024, bf16, as long as the budget lasts
+#                  GPT-2 124M (then Llama 1B) at seq 1024, bf16, then the ablations and Llama 1B at
+#                  seq 4096 (bf16, fp8, torch.compile), as long as the budget lasts
 # Results go to $OUT (the device's result folder; .device/out when unset), at most 8 files:
 #   summary.txt (one PASS/FAIL/SKIP/TIMEOUT line per check, read this first), env.txt,
 #   gpu_tests.log, mpi_smoke.log, layouts.log, bench.log, bench.jsonl, details.tar.xz (every log,

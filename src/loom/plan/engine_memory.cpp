@@ -236,10 +236,10 @@ PoolReplay replay_activation_pool(const std::vector<PipeAction>& actions,
   };
   std::vector<Set> idle;
   double sets_bytes = 0;
+  int64_t sets_made = 0;
   PoolReplay replay;
   for (int step = 0; step < 64; ++step) {  // a pool of n sets settles within n steps
-    const double made_before = sets_bytes;
-    const int64_t extras_before = replay.last_stage_sets;
+    const int64_t made_before = sets_made, extras_before = replay.last_stage_sets;
     std::map<std::pair<int64_t, int64_t>, Set> in_flight;
     double deferred = 0, peak = 0;
     for (const PipeAction& a : actions) {
@@ -256,6 +256,7 @@ PoolReplay replay_activation_pool(const std::vector<PipeAction>& actions,
             idle.erase(std::next(it).base());
           } else {
             sets_bytes += bytes.base;
+            ++sets_made;
           }
           if (chunks[chunk].last_stage() && !set.last_extras) {
             sets_bytes += bytes.last_extras;
@@ -276,7 +277,7 @@ PoolReplay replay_activation_pool(const std::vector<PipeAction>& actions,
       peak = std::max(peak, sets_bytes + deferred);
     }
     replay.peak = peak;
-    if (step > 0 && sets_bytes == made_before && replay.last_stage_sets == extras_before) break;
+    if (step > 0 && sets_made == made_before && replay.last_stage_sets == extras_before) break;
   }
   return replay;
 }

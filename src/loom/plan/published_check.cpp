@@ -28,7 +28,7 @@ std::vector<int64_t> choices(bool unstated, int64_t stated, const std::vector<in
 // L + 2 divides; else the engine's split (the first stages one layer more).
 std::vector<int64_t> stage_split(int64_t layers, int64_t stages, std::string* note) {
   if (layers % stages == 0 || stages == 1) return {};
-  if ((layers + 2) % stages == 0 && (layers + 2) / stages >= 1) {
+  if ((layers + 2) % stages == 0) {
     std::vector<int64_t> split(static_cast<size_t>(stages), (layers + 2) / stages);
     --split.front();
     --split.back();
@@ -170,7 +170,7 @@ RunCheck check_run(const PublishedRun& run) {
   const double n = run.params > 0 ? run.params : static_cast<double>(model.parameter_count());
   // MosaicML's FP8 rows divide by the FP8 peak (llm-foundry's benchmark tables: the FP8 MFU of a
   // row is half what its tokens/s give over the BF16 peak).
-  const double peak = (run.fp8 && run.conventions.fp8_mfu_over_fp8_peak
+  const double peak = (run.fp8 && (run.conventions.fp8_mfu_over_fp8_peak || run.stated_fp8_peak)
                            ? std::max(run.cluster.gpu.bf16_tflops, run.cluster.gpu.fp8_tflops)
                            : run.cluster.gpu.bf16_tflops) *
                       1e12;

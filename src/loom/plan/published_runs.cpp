@@ -307,14 +307,17 @@ void fill_run(const json& entry, PublishedRun& run) {
           "ep " + std::to_string(ep) +
           " spans tp x dp (MoE parallel folding, expert tp 1): modelled as ep " +
           std::to_string(ep / tp) + " with each expert split over tp " + std::to_string(tp) +
-          " (the same experts, FLOPs and all-to-all bytes per GPU)");
+          (ep > tp ? " (the same experts, FLOPs and all-to-all bytes per GPU)"
+                   : " (the same experts and FLOPs per GPU; the dispatch within the tp group is "
+                     "charged as tp's collectives)"));
       run.layout.ep = ep / tp;
     } else {
-      throw Refusal{"ep = " + std::to_string(ep) +
-                    " divides neither dp x cp = " + std::to_string(replicas) +
-                    " nor tp x dp x cp = " + std::to_string(tp * replicas) +
-                    " (an expert-parallel group lies within the data-parallel ranks, or with "
-                    "MoE parallel folding within tp x dp)"};
+      throw Refusal{
+          "ep = " + std::to_string(ep) + " with tp = " + std::to_string(tp) +
+          " and dp x cp = " + std::to_string(replicas) +
+          ": an expert-parallel group lies within the data-parallel ranks (ep divides dp x cp) or, "
+          "with MoE "
+          "parallel folding, spans whole tp groups (tp divides ep, and ep / tp divides dp x cp)"};
     }
   }
   run.cluster.gpu = gpu_preset(preset_of_gpu(f.text("hardware.gpu")));
@@ -403,9 +406,10 @@ void fill_run(const json& entry, PublishedRun& run) {
   // An FP8 run may state the FP8 peak as its "dense peak" (llm-foundry's FP8 table divides by
   // 1979 on an H100): a stated peak nearer the part's FP8 rate than its BF16 rate is the FP8
   // peak, and the BF16 work (attention, the head, norms) keeps the part's BF16 rate.
+  // Within 15% of the part's dense FP8 rate only (a sparse figure, twice it, is not read so).
   if (run.fp8 && stated_peak && preset_gpu.fp8_tflops > 0 &&
-      std::fabs(std::log(*stated_peak / preset_gpu.fp8_tflops)) <
-          std::fabs(std::log(*stated_peak / preset_gpu.bf16_tflops))) {
+      std::fabs(std::log(*stated_peak / preset_gpu.fp8_tflops)) < std::log(1.15)) {
+    run.stated_fp8_peak = true;
     // A power limit scaled the FP8 rate above; the BF16 one scales alike.
     run.cluster.gpu.bf16_tflops =
         preset_gpu.bf16_tflops * run.cluster.gpu.fp8_tflops / preset_gpu.fp8_tflops;
@@ -432,26 +436,33 @@ void fill_run(const json& entry, PublishedRun& run) {
         lowercase(f.text("measured.notes") + " " + f.text("notes") + " " + f.text("model.notes") +
                   " " + f.text("parallelism.notes") + " " + f.text("precision"));
     const bool notes_flash = notes.find("flash") != std::string::npos;
-    // A kernel the notes name (Hagemann et al.'s sweeps record one per trial): PyTorch's own
-    // attention ("torch") and Megatron's fused scale-mask-softmax ("fused") materialise the
-    // scores; FlashAttention v1 runs at half FlashAttention-2's rate (Dao 2023, arXiv
-    // 2307.08691: "around 2x faster than FlashAttention").
-    const bool flash_v1 =
-        !contains_any(notes, {"flash_attentionv1", "flash_attention v1", "flash_attention_v1",
-                              "flashattention v1", "flashattention-1", "flash attention v1",
-                              "flash attention 1"})
-             .empty();
-    if (!contains_any(notes,
-                      {"kernel: torch", "kernel: fused", "torch attention", "unfused attention"})
-             .empty()) {
+    // A kernel the notes name as "kernel: <label>" (Hagemann et al.'s sweeps record one per
+    // trial), the whole label: PyTorch's own attention ("torch") and Megatron's fused
+    // scale-mask-softmax ("fused") materialise the scores; FlashAttention v1
+    // ("flash_attentionv1.0.8") runs at half FlashAttention-2's rate (Dao 2023, arXiv 2307.08691:
+    // "around 2x faster than FlashAttention"); an unversioned label stays at v2's.
+    std::string kernel;
+    for (const char* field : {"measured.notes", "notes", "parallelism.notes"}) {
+      const std::string text = lowercase(f.text(field));
+      const size_t at = text.find("kernel:");
+      if (at == std::string::npos) continue;
+      const size_t from = text.find_first_not_of(' ', at + 7);
+      if (from == std::string::npos) continue;
+      const size_t to = text.find_first_of(";,\n", from);
+      kernel = text.substr(from, to == std::string::npos ? std::string::npos : to - from);
+      while (!kernel.empty() && kernel.back() == ' ') kernel.pop_back();
+      break;
+    }
+    static const std::regex flash_v1(R"(^flash[_ ]?attention[_ ]?v?1(\.[0-9.]*)?$)");
+    if (kernel == "torch" || kernel == "fused") {
       run.flash_attention = false;
-      run.assumptions.push_back(
-          "attention: the notes name a kernel that materialises the scores ('torch' or 'fused')");
-    } else if (flash_v1) {
+      run.assumptions.push_back("attention: the notes name kernel '" + kernel +
+                                "', which materialises the scores");
+    } else if (std::regex_match(kernel, flash_v1)) {
       run.flash_attention = true;
       run.attention_kernel_speedup *= 0.5;
-      run.assumptions.push_back(
-          "attention: FlashAttention v1, half FlashAttention-2's rate (Dao 2023)");
+      run.assumptions.push_back("attention: FlashAttention v1 ('" + kernel +
+                                "'), half FlashAttention-2's rate (Dao 2023)");
     } else if (notes_flash) {
       run.flash_attention = true;
     } else if (run.conventions.materialized_attention) {

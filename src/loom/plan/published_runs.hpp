@@ -75,6 +75,8 @@ struct PublishedRun {
   // the source's convention, or what the record's notes name (FlashAttention v1: 0.5).
   double attention_kernel_speedup = 1.0;
   bool fp8 = false;
+  // An FP8 run whose stated peak is the part's dense FP8 rate: its MFU is over that peak.
+  bool stated_fp8_peak = false;
   // ZeRO-3 run by DeepSpeed (the record's parallelism text says so): its collectives are
   // modelled as the ZeRO++ paper describes them (TrainingJob::zero3_traffic).
   bool deepspeed_zero3 = false;

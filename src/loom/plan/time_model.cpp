@@ -266,7 +266,8 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     const GroupTopology tp_group = group_topology(cluster, l.tp, 1);
     c.tp_comm_s = 4 * collective_time(Collective::AllReduce, tokens * h * job.memory.activation_bytes, tp_group).seconds;
     c.tp_exposed_forward_s = c.tp_exposed_backward_s = c.tp_comm_s / 2;
-    if (job.tp_comm_overlap) {
+    if (job.tp_comm_overlap &&
+        l.sequence_parallel) {  // Megatron-LM asserts sequence parallelism for it
       // Transformer Engine's userbuffers as NeMo's H100 configs set them
       // (recipes/tp_overlap_configs/userbuffers.py): forward, the all-gathers before the qkv and
       // fc1 GEMMs by ring exchange in tp chunks and the reduce-scatters after proj and fc2

@@ -61,15 +61,16 @@ struct TrainingJob {
   // the logits and AdamW are charged; its norms at the GPU's hbm_bandwidth_bytes_per_s (the
   // profile's memory_bytes_per_s). 0: the GPU's bandwidth for all.
   double stream_bytes_per_s = 0;
-  // Fused attention kernels this much faster than fused_attention_efficiency's Hopper rate,
-  // which 2023-24 PyTorch stacks set (FlashAttention-2, Triton): FlashAttention-3 and cuDNN 9's
-  // fused attention run 1.5-2.0x FlashAttention-2 on an H100 (Shah et al. 2024, "FlashAttention-3",
-  // Fig. 5-7). 1 unless a source's stack says otherwise.
+  // Fused attention kernels this much faster than fused_attention_efficiency's rate, which
+  // 2023-24 PyTorch stacks set (FlashAttention-2, Triton): FlashAttention-3 and cuDNN 9's fused
+  // attention run 1.5-2.0x FlashAttention-2 on an H100 (Shah et al. 2024, "FlashAttention-3",
+  // Fig. 5-7); FlashAttention v1 half of v2 (Dao 2023). 1 unless a source's stack says otherwise.
   double attention_kernel_speedup = 1.0;
   // Tensor-parallel communication overlapped with the GEMMs it feeds and follows (Megatron-LM /
   // Transformer Engine's userbuffers, `tp_comm_overlap`; Wang et al. 2022, "Overlap communication
   // with dependent computation via decomposition"): each all-gather and reduce-scatter is cut into
-  // tp chunks pipelined against its GEMM. Off: exposed in full, as Megatron-LM's default.
+  // chunks pipelined against its GEMM. Only under sequence parallelism (Megatron-LM asserts it).
+  // Off: exposed in full, as Megatron-LM's default.
   bool tp_comm_overlap = false;
   // FP8 GEMMs (Transformer Engine's recipe: the linear layers in FP8 at the GPU's FP8 peak,
   // attention and everything memory-bound in BF16, each GEMM input and output gradient cast to
@@ -102,8 +103,8 @@ LayerTime predict_layer_time(const ModelConfig& model, const PlanLayout& layout,
 // Fused (flash-style) attention's share of the dense peak on `gpu`, for `keys` keys per query on
 // average and heads of `head_dim`. FlashAttention's backward recomputes the scores: 5 matmuls
 // to the forward's 2, 2.5x its FLOPs (Dao 2023, sec. 3.1.2).
-// `kernel_speedup` scales the Hopper-and-later rate for stacks with FlashAttention-3-class
-// kernels (TrainingJob::attention_kernel_speedup).
+// `kernel_speedup` scales the rate (TrainingJob::attention_kernel_speedup): above 1 for stacks
+// with FlashAttention-3-class kernels, 0.5 for FlashAttention v1.
 double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim, double kernel_speedup = 1.0);
 constexpr double kFusedAttentionBackwardFlops = 2.5;
 

@@ -531,6 +531,31 @@ TEST(PublishedRuns, TorchtitanPipelineWithoutAMicroBatchSplitsTheLocalBatch) {
   expect_contains(said, {"the local batch of 32 split into pp = 8 micro-batches of 4"});
 }
 
+// torchtitan's "selective layer" checkpointing (selective_ac_option = "2" by default: every other
+// layer fully checkpointed) is full recomputation on half the layers; its "selective op" is the
+// per-op policy.
+TEST(PublishedRuns, TorchtitanSelectiveLayerIsEveryOtherLayerCheckpointed) {
+  auto run = [](const std::string& id, const std::string& recompute) {
+    const std::string text = R"js([{"id": ")js" + id + R"js(", "kind": "throughput",
+      "source": "pytorch/torchtitan docs/performance.md (version with A100 results, commit 04133643)",
+      "model": {"name": "Llama 3.1 8B", "seq_len": 8192},
+      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": 312},
+      "parallelism": {"total_gpus": 64, "tp": 1, "pp": 1, "dp": 64, "zero_stage": 3},
+      "micro_batch": 1, "global_batch": 64, "recompute": ")js" +
+                             recompute + R"js(", "measured": {"mfu": 0.568}}])js";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun layer = run("layer", "selective layer");
+  ASSERT_TRUE(layer.refused.empty()) << layer.refused;
+  EXPECT_EQ(layer.layout.recompute, Recompute::Full);
+  EXPECT_EQ(layer.full_recompute_share, 0.5);
+  EXPECT_EQ(run("every4", "selective layer, every 4 layers").full_recompute_share, 0.25);
+  const plan::PublishedRun op = run("op", "selective op");
+  EXPECT_EQ(op.layout.recompute, Recompute::Selective);
+  EXPECT_EQ(op.selective, plan::SelectivePolicy::TorchtitanOps);
+  EXPECT_EQ(op.full_recompute_share, 1.0);
+}
+
 // Records at the edges: each is answered, refused with a reason or malformed naming its field,
 // and none stops the others (tests/fuzz/fuzz_published_runs runs the same under ASan/UBSan).
 TEST(PublishedRuns, EdgeRecordsAreRefusedOrAnsweredNeverFatal) {

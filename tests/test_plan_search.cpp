@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "loom/plan/collectives.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/search.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
@@ -126,6 +127,33 @@ TEST(PlanTime, OverlappedTensorParallelTrafficLeavesTheFirstChunkExposed) {
   const plan::LayerTime without = plan::predict_layer_time(m, no_sp, cluster, j);
   j.tp_comm_overlap = false;
   EXPECT_EQ(without.forward_s, plan::predict_layer_time(m, no_sp, cluster, j).forward_s);
+}
+
+// Full recomputation on a share of the layers (torchtitan's "selective layer": every n-th layer
+// checkpointed, the rest keep everything): the backward reruns that share of the forward, and
+// the activations are that share of a checkpointed layer's plus the rest of a plain one's.
+TEST(PlanTime, CheckpointingEveryOtherLayerRerunsHalfTheForward) {
+  const ModelConfig m = model_preset("llama-8b");
+  const plan::ClusterSpec cluster = h100s(8);
+  plan::TrainingJob j = job(4096, 8);
+  const plan::LayerTime none =
+      plan::predict_layer_time(m, plan::parse_layout("dp=8,zero=3"), cluster, j);
+  const plan::PlanLayout full = plan::parse_layout("dp=8,zero=3,recompute=full");
+  const plan::LayerTime every = plan::predict_layer_time(m, full, cluster, j);
+  j.memory.full_recompute_share = 0.5;
+  const plan::LayerTime half = plan::predict_layer_time(m, full, cluster, j);
+  EXPECT_DOUBLE_EQ(every.backward_s - none.backward_s, none.forward_s);
+  EXPECT_NEAR(half.backward_s - none.backward_s, 0.5 * none.forward_s, 1e-12);
+  EXPECT_DOUBLE_EQ(half.forward_s, none.forward_s);
+  plan::GpuJob g = j.memory;
+  const double a_half = plan::predict_gpu_memory(m, full, g).activations;
+  g.full_recompute_share = 1;
+  const double a_full = plan::predict_gpu_memory(m, full, g).activations;
+  const double a_none =
+      plan::predict_gpu_memory(m, plan::parse_layout("dp=8,zero=3"), g).activations;
+  // Full: every layer's checkpoint plus one layer rebuilt (a plain layer's bytes, L = 32).
+  const double rebuilt = a_none / 32;
+  EXPECT_NEAR(a_half, 0.5 * (a_full - rebuilt) + 0.5 * a_none + rebuilt, 1e-6 * a_none);
 }
 
 TEST(PlanSearch, FollowsTheThreeStepsAndRanksFittingLayoutsFastestFirst) {

@@ -225,12 +225,17 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
     // The rank's chunks hold chunks_in_flight micro-batch-chunks at the peak; with uneven
     // stages each counts as the rank's average chunk.
     const double chunk_layers = static_cast<double>(r.layers) / static_cast<double>(l.vp);
-    here.activations = layer_bytes(l) * chunk_layers * static_cast<double>(chunks_in_flight(l, job.micro_batches, rank));
-    if (l.recompute == Recompute::Full) {  // one layer's full stash is rebuilt during its backward
-      PlanLayout none = l;
-      none.recompute = Recompute::None;
+    double per_layer = layer_bytes(l);
+    PlanLayout none = l;
+    none.recompute = Recompute::None;
+    if (l.recompute == Recompute::Full &&
+        job.full_recompute_share < 1)  // the other layers keep theirs
+      per_layer =
+          job.full_recompute_share * per_layer + (1 - job.full_recompute_share) * layer_bytes(none);
+    here.activations = per_layer * chunk_layers *
+                       static_cast<double>(chunks_in_flight(l, job.micro_batches, rank));
+    if (l.recompute == Recompute::Full)  // one layer's full stash is rebuilt during its backward
       here.activations += layer_bytes(none);
-    }
     // The rank holding the last stage: pp - 1, or 0 under the V placements (ZB-V, DualPipeV).
     const bool holds_head =
         rank == rank_of_stage(l.pp * l.vp - 1, l.pp, stage_placement(l.schedule));

@@ -90,6 +90,9 @@ enum class ActivationAccounting { Engine, Korthikanti };
 struct GpuJob {
   int64_t seq_len = 2048;
   int64_t micro_batches = 1;        // per step per pipeline (gradient accumulation steps)
+  // Under full recomputation, the share of layers checkpointed; the rest keep every activation
+  // (torchtitan's "selective layer" checkpointing, every n-th layer: 1 / n). 1: every layer.
+  double full_recompute_share = 1.0;
   StateBytes state = kMixedPrecisionAdam;
   double activation_bytes = 2;      // bf16
   double bucket_bytes = 25e6;       // data-parallel gradient buckets, two in flight

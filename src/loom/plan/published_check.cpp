@@ -77,6 +77,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.memory.state.gradient = run.gradient_bytes;
   job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;
   job.memory.selective = run.selective;
+  job.memory.full_recompute_share = run.full_recompute_share;
   job.memory.fsdp_gathered_under_pp = run.conventions.fsdp_gathered_under_pp;
   // Megatron-LM's GPT layers keep dropout masks: count them as Korthikanti et al. do.
   if (run.conventions.megatron && model.arch == Architecture::GPT2) job.memory.accounting = ActivationAccounting::Korthikanti;

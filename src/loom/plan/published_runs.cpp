@@ -385,9 +385,22 @@ void fill_run(const json& entry, PublishedRun& run) {
   run.unstated.recompute = !recompute_stated;
   // torchtitan's "selective activation checkpointing" is its per-op policy (its configs'
   // selective_ac_option = "op"); "selective layer" is its other option, every n-th block fully
-  // checkpointed, which loom does not model (Megatron's selective stands in).
+  // checkpointed (selective_ac_option = n, "2" by default: config_manager.py at 04133643, "2 =
+  // checkpoint every other layer"): full recomputation on 1 / n of the layers.
   const std::string recompute_text =
       lowercase(recompute_said + " " + f.text("recompute_config"));
+  if (run.conventions.per_op_selective && run.layout.recompute == Recompute::Selective &&
+      recompute_text.find("layer") != std::string::npos) {
+    std::smatch every;
+    const int64_t n = std::regex_search(recompute_text, every, std::regex(R"(every\s+([0-9]+))"))
+                          ? std::max<int64_t>(1, std::stoll(every[1].str()))
+                          : 2;
+    run.layout.recompute = Recompute::Full;
+    run.full_recompute_share = 1.0 / static_cast<double>(n);
+    run.assumptions.push_back(
+        "selective layer = 1 in " + std::to_string(n) +
+        " layers fully checkpointed, the rest not (torchtitan's selective_ac_option, default 2)");
+  }
   if (run.conventions.per_op_selective && run.layout.recompute == Recompute::Selective &&
       recompute_text.find("layer") == std::string::npos && run.model.arch == Architecture::Llama &&
       run.model.moe_layer_count() == 0) {

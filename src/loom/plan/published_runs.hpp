@@ -77,6 +77,8 @@ struct PublishedRun {
   bool fp8 = false;
   // An FP8 run whose stated peak is the part's dense FP8 rate: its MFU is over that peak.
   bool stated_fp8_peak = false;
+  // Under full recomputation, the share of layers checkpointed (GpuJob::full_recompute_share).
+  double full_recompute_share = 1.0;
   // ZeRO-3 run by DeepSpeed (the record's parallelism text says so): its collectives are
   // modelled as the ZeRO++ paper describes them (TrainingJob::zero3_traffic).
   bool deepspeed_zero3 = false;

@@ -245,7 +245,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   const double cast_backward_s = 3 * cast_elements_backward / gpu.hbm_bandwidth_bytes_per_s;
   c.forward_s = forward + scores_forward_s + memory_s / 2 + cast_forward_s;
   c.backward_s = 2 * linear_forward + attention_backward_s + scores_backward_s + memory_s / 2 + cast_backward_s;
-  if (l.recompute == Recompute::Full) c.backward_s += c.forward_s;
+  if (l.recompute == Recompute::Full) c.backward_s += job.memory.full_recompute_share * c.forward_s;
   if (l.recompute == Recompute::Selective) {
     if (job.memory.selective == SelectivePolicy::TorchtitanOps) {
       // torchtitan's per-op policy (memory_model.hpp) keeps every second matmul's output and
@@ -570,7 +570,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
              collective_time(Collective::AllGather, expert_layer * param, flat_experts).seconds;
         rs = collective_time(Collective::ReduceScatter, dense_layer * param, flat).seconds +
              collective_time(Collective::ReduceScatter, expert_layer * param, flat_experts).seconds;
-        if (l.recompute == Recompute::Full) backward_gathers = 2;
+        if (l.recompute == Recompute::Full) backward_gathers = 1 + job.memory.full_recompute_share;
       } else {
         ag = both(Collective::AllGather, dense_layer, expert_layer, param);
         rs = both(Collective::ReduceScatter, dense_layer, expert_layer, grad);

@@ -432,6 +432,7 @@ TEST(PublishedRuns, ExpertParallelismFoldedOverTensorAndDataRanks) {
   for (const std::string& a : folded.assumptions) said += a + "; ";
   expect_contains(said, {"ep 32 spans tp x dp", "modelled as ep 16", "split over tp 2"});
   EXPECT_TRUE(plan::check_published_run(folded).answered);
+  EXPECT_TRUE(folded.tp_comm_overlap);  // Megatron-Bridge's recipes
   expect_contains(run("unfoldable", 64).refused, {"ep = 64 with tp = 2 and dp x cp = 16",
                                                   "ep divides dp x cp", "ep / tp divides dp x cp"});
 }
@@ -554,6 +555,22 @@ TEST(PublishedRuns, TorchtitanSelectiveLayerIsEveryOtherLayerCheckpointed) {
   EXPECT_EQ(op.layout.recompute, Recompute::Selective);
   EXPECT_EQ(op.selective, plan::SelectivePolicy::TorchtitanOps);
   EXPECT_EQ(op.full_recompute_share, 1.0);
+}
+
+// A record naming Megatron's --tp-comm-overlap (the Megatron-LM README's benchmark notes do)
+// overlaps tp's collectives whatever its source; otherwise only the sources whose recipes set it.
+TEST(PublishedRuns, TpCommOverlapNamedInTheRecord) {
+  auto run = [](const std::string& id, const std::string& notes) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 8, "tp": 2, "pp": 1, "dp": 4, "notes": ")" +
+                             notes + R"("},
+      "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  EXPECT_TRUE(run("named", "TP comm overlap (--tp-comm-overlap)").tp_comm_overlap);
+  EXPECT_FALSE(run("plain", "DP overlap").tp_comm_overlap);
 }
 
 // Records at the edges: each is answered, refused with a reason or malformed naming its field,

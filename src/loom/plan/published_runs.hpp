@@ -79,6 +79,9 @@ struct PublishedRun {
   bool stated_fp8_peak = false;
   // Under full recomputation, the share of layers checkpointed (GpuJob::full_recompute_share).
   double full_recompute_share = 1.0;
+  // tp's collectives overlapped with the GEMMs (TrainingJob::tp_comm_overlap): the source's
+  // convention, or the record's text naming Megatron's --tp-comm-overlap.
+  bool tp_comm_overlap = false;
   // ZeRO-3 run by DeepSpeed (the record's parallelism text says so): its collectives are
   // modelled as the ZeRO++ paper describes them (TrainingJob::zero3_traffic).
   bool deepspeed_zero3 = false;

@@ -37,6 +37,27 @@ TEST(TokenizerJson, TinyByteLevelFileLoadsAndMerges) {
   EXPECT_FALSE(tiny.has_document_token());
 }
 
+// What fuzz_tokenizer_json found (2026-11-27): a TemplateProcessing piece whose "id" is not a
+// string escaped as nlohmann's type_error; now an error naming the file and the piece, as are a
+// piece that is not an object and special_tokens that is not one.
+TEST(TokenizerJson, TemplatePiecesOfTheWrongTypeAreErrors) {
+  TempDir dir("loom_test_tokenizer_json");
+  json file = tiny_byte_level_file();
+  file["post_processor"] = {{"type", "TemplateProcessing"},
+                            {"single", json::parse(R"([{"SpecialToken": {"id": 7}}])")},
+                            {"special_tokens", json::object()}};
+  EXPECT_THAT(load_error(dir, "numeric_id.json", file),
+              AllOf(HasSubstr(dir.file("numeric_id.json")), HasSubstr("its id is not a string")));
+  file["post_processor"]["single"] = json::parse(R"([{"Sequence": {"id": ["A"]}}])");
+  EXPECT_THAT(load_error(dir, "sequence_id.json", file), HasSubstr("its id is not a string"));
+  file["post_processor"]["single"] = json::parse("[3]");
+  EXPECT_THAT(load_error(dir, "scalar_piece.json", file), HasSubstr("is not an object"));
+  file["post_processor"]["single"] = json::parse(R"([{"Sequence": {"id": "A"}}])");
+  file["post_processor"]["special_tokens"] = json::array();
+  EXPECT_THAT(load_error(dir, "special_list.json", file),
+              HasSubstr("'special_tokens' is not an object"));
+}
+
 TEST(TokenizerJson, RefusesWhatItCannotEncodeExactly) {
   TempDir dir("loom_test_tokenizer_json");
   const auto refused = [&](const std::string& name, const json& file, const std::string& feature) {

@@ -234,15 +234,24 @@ class TokenizerJsonReader {
     const json& single = node.value("single", json());
     const json& special_tokens = node.value("special_tokens", json::object());
     if (!single.is_array()) fail("TemplateProcessing without a 'single' list");
+    if (!special_tokens.is_object()) fail("TemplateProcessing 'special_tokens' is not an object");
+    // A piece's {"id": "..."}, "" when it has none; an id of another type is refused by name.
+    auto piece_id = [&](const json& inner) {
+      if (!inner.is_object() || !inner.contains("id")) return std::string();
+      if (!inner["id"].is_string())
+        fail("TemplateProcessing piece ", inner.dump(), ": its id is not a string");
+      return inner["id"].get<std::string>();
+    };
     bool text_seen = false;
     for (const json& piece : single) {
+      if (!piece.is_object()) fail("TemplateProcessing piece ", piece.dump(), " is not an object");
       if (piece.contains("Sequence")) {
-        if (piece["Sequence"].value("id", std::string()) != "A")
+        if (piece_id(piece["Sequence"]) != "A")
           fail("TemplateProcessing 'single' uses sequence ", piece["Sequence"].dump(),
                ", expected A");
         text_seen = true;
       } else if (piece.contains("SpecialToken")) {
-        const std::string name = piece["SpecialToken"].value("id", std::string());
+        const std::string name = piece_id(piece["SpecialToken"]);
         const json& entry = special_tokens.value(name, json());
         if (!entry.is_object() || !entry.contains("ids") || !entry["ids"].is_array())
           fail("TemplateProcessing names special token '", name,

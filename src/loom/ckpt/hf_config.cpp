@@ -100,7 +100,13 @@ ModelConfig llama_from_hf(const HfConfigReader& hf) {
   if (hf.has("rope_scaling")) {
     // Llama 3.1 / 3.2's scaling; the other kinds (linear, dynamic, yarn, longrope) are refused.
     const nlohmann::json scaling = hf.raw("rope_scaling");
-    const std::string kind = scaling.is_object() ? scaling.value("rope_type", scaling.value("type", std::string())) : "";
+    std::string kind;
+    for (const char* key : {"type", "rope_type"}) {  // rope_type wins where both are given
+      if (!scaling.is_object() || !scaling.contains(key)) continue;
+      if (!scaling[key].is_string())
+        hf.fail("rope_scaling", scaling, std::string("a string for \"") + key + "\"");
+      kind = scaling[key].get<std::string>();
+    }
     auto number = [&](const char* key) {
       if (!scaling.contains(key) || !scaling[key].is_number())
         hf.fail("rope_scaling", scaling, std::string("a number for \"") + key + "\"");

@@ -181,6 +181,8 @@ class TokenizerJsonReader {
       if (!node.contains("use_regex") || flag(node, "use_regex"))
         definition_.split_patterns.emplace_back(kGpt2SplitPattern);
     } else if (type == "Split") {
+      if (node.contains("behavior") && !node["behavior"].is_string())
+        fail("Split pre-tokenizer's behavior ", node["behavior"].dump(), " is not a string");
       const std::string behavior = node.value("behavior", std::string());
       if (behavior != "Isolated")
         unsupported("Split behavior '" + behavior + "'",

@@ -392,7 +392,7 @@ void fill_run(const json& entry, PublishedRun& run) {
   if (run.conventions.per_op_selective && run.layout.recompute == Recompute::Selective &&
       recompute_text.find("layer") != std::string::npos) {
     std::smatch every;
-    const int64_t n = std::regex_search(recompute_text, every, std::regex(R"(every\s+([0-9]+))"))
+    const int64_t n = std::regex_search(recompute_text, every, std::regex(R"(every\s+([0-9]{1,4})(?![0-9]))"))
                           ? std::max<int64_t>(1, std::stoll(every[1].str()))
                           : 2;
     run.layout.recompute = Recompute::Full;

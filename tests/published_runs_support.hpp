@@ -1,6 +1,7 @@
 #pragma once
 // What the published-runs tests share: the repository's copy of the shared file, predicting a
 // file's every run, one figure of a run's check, and input files in a temporary directory.
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,18 @@
 namespace loom::test {
 
 inline const std::string kPublished = std::string(LOOM_SOURCE_DIR) + "/published/public_runs.json";
+
+// One of the collections loom keeps beside the shared file (published/loom_*.json).
+inline std::vector<plan::PublishedRun> loom_runs(const std::string& file) {
+  return plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/" + file);
+}
+
+// A summary's utilisation and throughput median and p90, in percent to one decimal: "5.8 19.5".
+inline std::string median_and_p90(const plan::ValidationSummary& s) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
+  return text;
+}
 
 inline std::vector<plan::RunCheck> check_all(const std::vector<plan::PublishedRun>& runs) {
   std::vector<plan::RunCheck> checks;

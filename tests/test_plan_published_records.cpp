@@ -223,15 +223,12 @@ TEST(PublishedRuns, StatedParameterCountSettlesTheMlpForm) {
 // gives. Heads of 64 at long sequences (125M, 350M on A100s) were predicted 30-41% slow while
 // attention ran at a GEMM's rate with the head width as k; fused attention holds them within 15%.
 TEST(PublishedRuns, MosaicMlTablesAreAnsweredAtTheirPinnedErrors) {
-  const std::vector<plan::PublishedRun> runs =
-      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_mosaicml_tables.json");
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_mosaicml_tables.json");
   ASSERT_EQ(runs.size(), 201u);
   const std::vector<plan::RunCheck> checks = check_all(runs);
   const plan::ValidationSummary s = plan::summarize(checks);
   EXPECT_EQ(s.answered, 201);
-  char text[64];
-  std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
-  EXPECT_EQ(std::string(text), "5.2 14.8");
+  EXPECT_EQ(median_and_p90(s), "5.2 14.8");
   for (const plan::RunCheck& c : checks) {
     const std::string& id = c.run->id;
     if (id.find("a100") == std::string::npos || (id.find("_125m_") == std::string::npos && id.find("_350m_") == std::string::npos))
@@ -251,8 +248,7 @@ TEST(PublishedRuns, MosaicMlTablesAreAnsweredAtTheirPinnedErrors) {
 // micro-batches (GpuJob::fsdp_gathered_under_pp): the six 405B pp 8 rows' reserved memory
 // (72.7-84.9 GiB) within 18%, where they were 52-61% low without it.
 TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
-  const std::vector<plan::PublishedRun> runs =
-      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_torchtitan_tables.json");
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_torchtitan_tables.json");
   ASSERT_EQ(runs.size(), 18u);
   const std::vector<plan::RunCheck> checks = check_all(runs);
   for (const plan::RunCheck& c : checks) {
@@ -280,9 +276,7 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
   EXPECT_EQ(interleaved.layout.micro_batch, 4);
   EXPECT_EQ(interleaved.layout.vp, 2);
   const plan::ValidationSummary s = plan::summarize(checks);
-  char text[64];
-  std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
-  EXPECT_EQ(std::string(text), "8.3 15.2");
+  EXPECT_EQ(median_and_p90(s), "8.3 15.2");
 }
 
 // NeMo 24.07's FP8 table and NeMo Automodel's BF16 pre-training table
@@ -294,8 +288,7 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
 // before, where only full recomputation fits the planner's memory); the table's median and p90
 // pinned.
 TEST(PublishedRuns, NemoAndAutomodelTables) {
-  const std::vector<plan::PublishedRun> runs =
-      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_nemo_tables.json");
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_nemo_tables.json");
   ASSERT_EQ(runs.size(), 22u);
   const std::vector<plan::RunCheck> checks = check_all(runs);
   int refused = 0;
@@ -317,9 +310,7 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
   }
   EXPECT_EQ(refused, 3);
   const plan::ValidationSummary s = plan::summarize(checks);
-  char text[64];
-  std::snprintf(text, sizeof text, "%.1f %.1f", 100 * s.rates.median, 100 * s.rates.p90);
-  EXPECT_EQ(std::string(text), "5.8 19.5");
+  EXPECT_EQ(median_and_p90(s), "5.8 19.5");
 }
 
 // 150 trials of Hagemann et al.'s sweeps the planner had not seen when its rules were set
@@ -329,8 +320,7 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
 // layout measured twice differs by up to 15%, the 128- and 256-GPU sheets run 15-40% below the
 // 64-GPU ones).
 TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
-  const std::vector<plan::PublishedRun> runs =
-      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_hagemann_trials.json");
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_hagemann_trials.json");
   ASSERT_EQ(runs.size(), 150u);
   const std::vector<plan::RunCheck> checks = check_all(runs);
   int wrong_fits = 0;
@@ -347,9 +337,8 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
   const plan::ValidationSummary s = plan::summarize(checks);
   EXPECT_EQ(s.verdicts, 150);
   EXPECT_EQ(s.verdicts_right, 123);
-  char text[64];
-  std::snprintf(text, sizeof text, "%ld %.1f %.1f", static_cast<long>(s.rates.count), 100 * s.rates.median, 100 * s.rates.p90);
-  EXPECT_EQ(std::string(text), "71 11.3 34.2");
+  EXPECT_EQ(s.rates.count, 71);
+  EXPECT_EQ(median_and_p90(s), "11.3 34.2");
 }
 
 // Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,
@@ -360,8 +349,7 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
 // +12.5%; B200 and GB200 -13.6% to +13.1% (until session 20 they carried the H100 template's
 // 989 TFLOP/s as their stated peak and were all predicted 10-34% slow).
 TEST(PublishedRuns, MegatronBridgeTablesOnHopperAndBlackwell) {
-  const std::vector<plan::PublishedRun> runs =
-      plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_megatron_bridge_tables.json");
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_megatron_bridge_tables.json");
   ASSERT_EQ(runs.size(), 12u);
   for (const plan::RunCheck& c : check_all(runs)) {
     const plan::PublishedRun& r = *c.run;
@@ -407,170 +395,6 @@ TEST(PublishedRuns, LooselyTypedFieldsAreReadByTheirMeaning) {
   EXPECT_EQ(run("f", "2", "false", "0.4").layout.recompute, Recompute::None);
   EXPECT_EQ(run("ac", "2", "\"activation checkpointing every layer\"", "0.4").layout.recompute, Recompute::Full);
   EXPECT_TRUE(run("bad", "\"two\"", "true", "0.4").malformed);
-}
-
-// Megatron-Core's MoE parallel folding: Megatron-Bridge's Qwen3 235B-A22B rows on H100 run ep 32
-// with tp 2 and dp 16 (256 GPUs, pp 8), the expert group spanning tp x dp. Read as ep 16 with
-// the experts split over tp 2 (the same experts and FLOPs per GPU), said in the assumptions;
-// an ep that is neither within dp nor whole tp groups over dp is refused by name.
-TEST(PublishedRuns, ExpertParallelismFoldedOverTensorAndDataRanks) {
-  auto run = [](const std::string& id, int ep) {
-    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput",
-      "source": "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md",
-      "model": {"name": "Qwen3 235B-A22B", "seq_len": 4096},
-      "hardware": {"gpu": "H100-SXM 80GB", "gpus_per_node": 8},
-      "parallelism": {"total_gpus": 256, "tp": 2, "pp": 8, "cp": 1, "vp": 4, "ep": )" +
-                             std::to_string(ep) + R"(},
-      "micro_batch": 1, "global_batch": 2048, "precision": "FP8-CS", "measured": {"tokens_per_s_per_gpu": 1575}}])";
-    return plan::read_published_runs(write_file(id + ".json", text)).front();
-  };
-  const plan::PublishedRun folded = run("folded", 32);
-  ASSERT_TRUE(folded.refused.empty()) << folded.refused;
-  EXPECT_EQ(folded.layout.dp, 16);
-  EXPECT_EQ(folded.layout.ep, 16);
-  std::string said;
-  for (const std::string& a : folded.assumptions) said += a + "; ";
-  expect_contains(said, {"ep 32 spans tp x dp", "modelled as ep 16", "split over tp 2"});
-  EXPECT_TRUE(plan::check_published_run(folded).answered);
-  EXPECT_TRUE(folded.tp_comm_overlap);  // Megatron-Bridge's recipes
-  expect_contains(run("unfoldable", 64).refused, {"ep = 64 with tp = 2 and dp x cp = 16",
-                                                  "ep divides dp x cp", "ep / tp divides dp x cp"});
-}
-
-// An FP8 run that states the FP8 peak as its "dense peak" (llm-foundry's FP8 rows: 548 TFLOP/s at
-// MFU 0.277 is 1979 TFLOP/s, the H100 SXM's dense FP8 rate) keeps the part's BF16 rate for its
-// BF16 work; a BF16 run's stated peak is its BF16 rate, as before.
-TEST(PublishedRuns, AnFp8RunsStatedFp8PeakIsNotItsBf16Rate) {
-  auto run = [](const std::string& id, const std::string& precision, double peak) {
-    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
-      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
-      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": )" +
-                             nlohmann::json(peak).dump() + R"(},
-      "parallelism": {"total_gpus": 8, "tp": 1, "pp": 1, "dp": 8}, "precision": ")" +
-                             precision + R"(",
-      "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.3}}])";
-    return plan::read_published_runs(write_file(id + ".json", text)).front();
-  };
-  const double bf16 = plan::gpu_preset("h100-sxm").bf16_tflops,
-               fp8_rate = plan::gpu_preset("h100-sxm").fp8_tflops;
-  const plan::PublishedRun fp8 = run("fp8", "amp_fp8", 1979);
-  ASSERT_TRUE(fp8.refused.empty()) << fp8.refused;
-  EXPECT_TRUE(fp8.stated_fp8_peak);
-  EXPECT_DOUBLE_EQ(fp8.cluster.gpu.fp8_tflops, 1979);
-  EXPECT_DOUBLE_EQ(fp8.cluster.gpu.bf16_tflops, bf16);
-  std::string said;
-  for (const std::string& a : fp8.assumptions) said += a + "; ";
-  expect_contains(said, {"the stated peak 1979 TFLOP/s is the part's FP8 rate"});
-  // Stating the part's own FP8 rate and stating its BF16 one give the same rates, so the same
-  // step; the MFU differs only by its denominator, the FP8 rate against the BF16.
-  const plan::PublishedRun at_fp8 = run("fp8_part", "amp_fp8", fp8_rate);
-  const plan::PublishedRun over_bf16 = run("fp8_bf16", "amp_fp8", bf16);
-  EXPECT_TRUE(at_fp8.stated_fp8_peak);
-  EXPECT_FALSE(over_bf16.stated_fp8_peak);
-  EXPECT_DOUBLE_EQ(over_bf16.cluster.gpu.fp8_tflops, fp8_rate);
-  const plan::RunCheck a = plan::check_published_run(at_fp8),
-                       b = plan::check_published_run(over_bf16);
-  EXPECT_DOUBLE_EQ(a.step_s, b.step_s);
-  EXPECT_NEAR(figure(a, plan::Figure::Mfu)->predicted,
-              figure(b, plan::Figure::Mfu)->predicted * bf16 / fp8_rate, 1e-12);
-  // A BF16 run's stated peak is its BF16 rate; a sparse FP8 figure (2x the dense) is not read as
-  // the FP8 peak.
-  EXPECT_DOUBLE_EQ(run("bf16", "amp_bf16", 1979).cluster.gpu.bf16_tflops, 1979);
-  EXPECT_FALSE(run("sparse", "amp_fp8", 3958).stated_fp8_peak);
-}
-
-// Hagemann et al.'s sweeps: where a trial leaves them out, sequence parallelism is off (it has its
-// own ablation, the seqpara sheets) and the pipeline runs one chunk per rank; the attention
-// kernel each trial names in its notes sets the attention: PyTorch's ("torch") or Megatron's
-// fused softmax ("fused") materialise the scores, FlashAttention v1 runs at half v2's rate.
-TEST(PublishedRuns, HagemannSweepsDefaultsAndTheKernelTheNotesName) {
-  auto run = [](const std::string& id, const std::string& kernel) {
-    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput",
-      "source": "Hagemann et al. 2023/2024, 'Efficient Parallelization Layouts for Large-Scale Distributed Model Training'",
-      "model": {"name": "LLaMA 13B", "seq_len": 2048},
-      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": 312},
-      "parallelism": {"total_gpus": 64, "tp": 2, "pp": 2, "dp": 16, "zero_stage": 1},
-      "micro_batch": 1, "recompute": "none",
-      "measured": {"mfu": 0.5, "notes": "Average step time and MFU as in the xlsx; kernel: )" +
-                             kernel + R"("}}])";
-    return plan::read_published_runs(write_file(id + ".json", text)).front();
-  };
-  const plan::PublishedRun fa2 = run("fa2", "flash_attention2");
-  ASSERT_TRUE(fa2.refused.empty()) << fa2.refused;
-  EXPECT_FALSE(fa2.layout.sequence_parallel);
-  EXPECT_EQ(fa2.layout.vp, 1);
-  EXPECT_FALSE(fa2.unstated.vp);
-  EXPECT_TRUE(fa2.flash_attention);
-  EXPECT_EQ(fa2.attention_kernel_speedup, 1.0);
-  std::string said;
-  for (const std::string& a : fa2.assumptions) said += a + "; ";
-  expect_contains(said, {"sequence_parallel not stated: off", "pp_schedule not stated: 1F1B"});
-  EXPECT_EQ(plan::check_published_run(fa2).layout.schedule, PipelineSchedule::OneFOneB);
-  const plan::PublishedRun v1 = run("v1", "flash_attentionv1.0.8");
-  EXPECT_TRUE(v1.flash_attention);
-  EXPECT_EQ(v1.attention_kernel_speedup, 0.5);
-  EXPECT_FALSE(run("torch", "torch").flash_attention);
-  EXPECT_FALSE(run("fused", "fused").flash_attention);
-}
-
-// torchtitan's pipelines split each data-parallel rank's local batch into pp micro-batches (its
-// pipeline_parallel_microbatches default): a record with no micro-batch takes that split, not
-// the planner's free pick (which put the 405B 3D row at mbs 1, 32 micro-batches, +41%).
-TEST(PublishedRuns, TorchtitanPipelineWithoutAMicroBatchSplitsTheLocalBatch) {
-  const std::string text = R"([{"id": "tt", "kind": "throughput",
-    "source": "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md",
-    "model": {"name": "Llama 3.1 405B", "seq_len": 8192},
-    "hardware": {"gpu": "H100 SXM", "gpus_per_node": 8},
-    "parallelism": {"total_gpus": 512, "tp": 8, "pp": 8, "dp": 8, "pp_schedule": "Interleaved 1F1B"},
-    "global_batch": 256, "recompute": "full", "measured": {"tokens_per_s_per_gpu": 128}}])";
-  const plan::PublishedRun r = plan::read_published_runs(write_file("tt.json", text)).front();
-  ASSERT_TRUE(r.refused.empty()) << r.refused;
-  EXPECT_EQ(r.layout.micro_batch, 4);  // 256 / dp 8 = 32 a rank, over pp = 8
-  EXPECT_FALSE(r.unstated.micro_batch);
-  std::string said;
-  for (const std::string& a : r.assumptions) said += a + "; ";
-  expect_contains(said, {"the local batch of 32 split into pp = 8 micro-batches of 4"});
-}
-
-// torchtitan's "selective layer" checkpointing (selective_ac_option = "2" by default: every other
-// layer fully checkpointed) is full recomputation on half the layers; its "selective op" is the
-// per-op policy.
-TEST(PublishedRuns, TorchtitanSelectiveLayerIsEveryOtherLayerCheckpointed) {
-  auto run = [](const std::string& id, const std::string& recompute) {
-    const std::string text = R"js([{"id": ")js" + id + R"js(", "kind": "throughput",
-      "source": "pytorch/torchtitan docs/performance.md (version with A100 results, commit 04133643)",
-      "model": {"name": "Llama 3.1 8B", "seq_len": 8192},
-      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": 312},
-      "parallelism": {"total_gpus": 64, "tp": 1, "pp": 1, "dp": 64, "zero_stage": 3},
-      "micro_batch": 1, "global_batch": 64, "recompute": ")js" +
-                             recompute + R"js(", "measured": {"mfu": 0.568}}])js";
-    return plan::read_published_runs(write_file(id + ".json", text)).front();
-  };
-  const plan::PublishedRun layer = run("layer", "selective layer");
-  ASSERT_TRUE(layer.refused.empty()) << layer.refused;
-  EXPECT_EQ(layer.layout.recompute, Recompute::Full);
-  EXPECT_EQ(layer.full_recompute_share, 0.5);
-  EXPECT_EQ(run("every4", "selective layer, every 4 layers").full_recompute_share, 0.25);
-  const plan::PublishedRun op = run("op", "selective op");
-  EXPECT_EQ(op.layout.recompute, Recompute::Selective);
-  EXPECT_EQ(op.selective, plan::SelectivePolicy::TorchtitanOps);
-  EXPECT_EQ(op.full_recompute_share, 1.0);
-}
-
-// A record naming Megatron's --tp-comm-overlap (the Megatron-LM README's benchmark notes do)
-// overlaps tp's collectives whatever its source; otherwise only the sources whose recipes set it.
-TEST(PublishedRuns, TpCommOverlapNamedInTheRecord) {
-  auto run = [](const std::string& id, const std::string& notes) {
-    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
-      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
-      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
-      "parallelism": {"total_gpus": 8, "tp": 2, "pp": 1, "dp": 4, "notes": ")" +
-                             notes + R"("},
-      "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4}}])";
-    return plan::read_published_runs(write_file(id + ".json", text)).front();
-  };
-  EXPECT_TRUE(run("named", "TP comm overlap (--tp-comm-overlap)").tp_comm_overlap);
-  EXPECT_FALSE(run("plain", "DP overlap").tp_comm_overlap);
 }
 
 // Records at the edges: each is answered, refused with a reason or malformed naming its field,

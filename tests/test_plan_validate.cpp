@@ -283,7 +283,7 @@ TEST(PublishedRuns, TorchtitanSelectiveIsItsPerOpPolicy) {
 // Runs loom added after choosing the defaults (out of sample): Korthikanti et al.'s 530B with
 // selective recomputation + SP and with full recomputation.
 TEST(PublishedRuns, AddedRunsAreWithinFifteenPercent) {
-  const std::vector<plan::PublishedRun> runs = plan::read_published_runs(std::string(LOOM_SOURCE_DIR) + "/published/loom_added_runs.json");
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_added_runs.json");
   ASSERT_EQ(runs.size(), 2u);
   std::vector<double> predicted;
   for (const plan::PublishedRun& r : runs) {

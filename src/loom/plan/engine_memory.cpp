@@ -208,6 +208,12 @@ struct EngineActivationShape {
   }
 };
 
+// The model chunks each pipeline rank holds: interleaved's vp, the V placements' two, else one.
+int64_t chunks_per_rank(const PlanLayout& l) {
+  if (l.schedule == PipelineSchedule::Interleaved) return l.vp;
+  return stage_placement(l.schedule) == StagePlacement::V ? 2 : 1;
+}
+
 // What one chunk's activation set costs: its base, the last stage's extras (added once to a set
 // the first time it serves the last stage, kept after), and under a split backward the copies a
 // B holds until its W.
@@ -317,9 +323,7 @@ MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanL
     throw_error("predict_engine_pipeline_memory: a mixture-of-experts model under ",
                 schedule_name(l.schedule), " (its W keeps what routing sends each expert)");
   const StagePlacement placement = stage_placement(l.schedule);
-  const int64_t v = l.schedule == PipelineSchedule::Interleaved ? l.vp
-                    : placement == StagePlacement::V            ? 2
-                                                                : 1;
+  const int64_t v = chunks_per_rank(l);
   const std::vector<ModelChunk> chunks =
       pipeline_chunks(stage_layer_counts(m.n_layer, l.pp * v), l.pp, 0, placement);
   // Rank 0's parameters: its chunks' blocks and the embedding tables (the first stage's; under
@@ -373,9 +377,7 @@ int64_t last_stage_activation_sets(const ModelConfig& m, const PlanLayout& l,
                                    int64_t micro_batches) {
   if (l.pp < 2) return 1;  // Transformer::ensure_activations' one set, reused by every micro-batch
   const StagePlacement placement = stage_placement(l.schedule);
-  const int64_t v = l.schedule == PipelineSchedule::Interleaved ? l.vp
-                    : placement == StagePlacement::V            ? 2
-                                                                : 1;
+  const int64_t v = chunks_per_rank(l);
   const int64_t rank = rank_of_stage(l.pp * v - 1, l.pp, placement);
   const std::vector<ModelChunk> chunks =
       pipeline_chunks(stage_layer_counts(m.n_layer, l.pp * v), l.pp, rank, placement);

@@ -22,4 +22,11 @@ std::vector<GemmTiming> read_gemm_timings(const std::string& path);
 // GPU's dense datasheet peak, or (a machine profile) the best rate measured.
 GemmEfficiency fit_gemm_efficiency(const std::vector<GemmTiming>& timings, double peak_flops);
 
+// The efficiency timings measured at (tokens, keys, head_dim): those at head_dim, each
+// 2 m n k / (seconds x peak), log-linear in n between the two around keys (the nearest beyond
+// them), times fit's ratio between the tokens asked and those measured; fit alone where none was
+// measured at head_dim.
+double measured_efficiency(const std::vector<GemmTiming>& timings, const GemmEfficiency& fit,
+                           double peak, double tokens, double keys, double head_dim);
+
 }  // namespace loom::plan

@@ -444,17 +444,15 @@ void fill_run(const json& entry, PublishedRun& run) {
   if (!attention.empty() && attention != "flash" && attention != "materialized")
     throw_error("published run '", run.id, "': attention = '", attention, "'; expected flash or materialized");
   run.attention_kernel_speedup = run.conventions.attention_kernel_speedup;
+  const std::string notes =
+      lowercase(f.text("measured.notes") + " " + f.text("notes") + " " + f.text("model.notes") +
+                " " + f.text("parallelism.notes") + " " + f.text("precision"));
   // Megatron-LM's --tp-comm-overlap named in the record (the Megatron-LM README's benchmark notes
   // list it), or the source's recipes set it.
-  run.tp_comm_overlap = run.conventions.tp_comm_overlap ||
-                        !contains_any(lowercase(f.text("parallelism.notes") + " " +
-                                                f.text("notes") + " " + f.text("measured.notes")),
-                                      {"tp-comm-overlap", "tp comm overlap", "tp_comm_overlap"})
-                             .empty();
+  run.tp_comm_overlap =
+      run.conventions.tp_comm_overlap ||
+      !contains_any(notes, {"tp-comm-overlap", "tp comm overlap", "tp_comm_overlap"}).empty();
   if (attention.empty()) {
-    const std::string notes =
-        lowercase(f.text("measured.notes") + " " + f.text("notes") + " " + f.text("model.notes") +
-                  " " + f.text("parallelism.notes") + " " + f.text("precision"));
     const bool notes_flash = notes.find("flash") != std::string::npos;
     // A kernel the notes name as "kernel: <label>" (Hagemann et al.'s sweeps record one per
     // trial), the whole label: PyTorch's own attention ("torch") and Megatron's fused

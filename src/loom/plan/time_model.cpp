@@ -5,9 +5,10 @@
 
 #include "loom/core/error.hpp"
 #include "loom/model/flops.hpp"
-#include "loom/plan/rank_parameters.hpp"
 #include "loom/plan/collectives.hpp"
+#include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/pipeline_sim.hpp"
+#include "loom/plan/rank_parameters.hpp"
 
 namespace loom::plan {
 
@@ -94,31 +95,6 @@ double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const
     stream += (4 * (q + kv) + 8 * f * dense_share) * rows * b;
   }
   return norms / norm_bytes_per_s + stream / streaming_rate(job, norm_bytes_per_s);
-}
-
-// The efficiency the timings measured at (tokens, keys, head_dim): those at head_dim, each
-// 2 m n k / (seconds x peak), log-linear in n between the two around keys (the nearest beyond
-// them), times fit's ratio between the tokens asked and the ones measured; fit alone when none
-// was measured at head_dim.
-double measured_efficiency(const std::vector<GemmTiming>& timings, const GemmEfficiency& fit,
-                           double peak, double tokens, double keys, double head_dim) {
-  std::vector<const GemmTiming*> at;
-  for (const GemmTiming& t : timings)
-    if (t.k == head_dim && t.seconds > 0) at.push_back(&t);
-  if (at.empty()) return fit.efficiency(tokens, keys, head_dim);
-  std::sort(at.begin(), at.end(),
-            [](const GemmTiming* a, const GemmTiming* b) { return a->n < b->n; });
-  auto eff = [&](const GemmTiming* t) {
-    return 2 * t->m * t->n * t->k / (t->seconds * peak) * fit.efficiency(tokens, t->n, head_dim) /
-           fit.efficiency(t->m, t->n, head_dim);
-  };
-  if (keys <= at.front()->n) return eff(at.front());
-  if (keys >= at.back()->n) return eff(at.back());
-  size_t hi = 1;
-  while (at[hi]->n < keys) ++hi;
-  const GemmTiming *a = at[hi - 1], *b = at[hi];
-  const double w = std::log(keys / a->n) / std::log(b->n / a->n);
-  return eff(a) * (1 - w) + eff(b) * w;
 }
 
 namespace {

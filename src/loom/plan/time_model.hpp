@@ -160,13 +160,6 @@ EpWireBytes expert_parallel_wire_bytes(const ModelConfig& model, const PlanLayou
 StepTime predict_step_time(const ModelConfig& model, const PlanLayout& layout, const ClusterSpec& cluster,
                            const TrainingJob& job, bool simulate = true);
 
-// The efficiency timings measured at (tokens, keys, head_dim): those at head_dim, each
-// 2 m n k / (seconds x peak), log-linear in n between the two around keys (the nearest beyond
-// them), times fit's ratio between the tokens asked and those measured; fit alone where none was
-// measured at head_dim.
-double measured_efficiency(const std::vector<GemmTiming>& timings, const GemmEfficiency& fit,
-                           double peak, double tokens, double keys, double head_dim);
-
 // loom's CUDA engine's memory-bound kernels of one layer (forward and backward, one micro-batch):
 // its norms' bytes at norm_bytes_per_s, its streaming kernels' at job.stream_bytes_per_s
 // (time_model.cpp counts what each kernel reads and writes).

@@ -132,6 +132,50 @@ TEST(PlanMemory, PipelineLayersInFlight) {
   EXPECT_DOUBLE_EQ(plan::layers_in_flight(m, l, 8), 32 * (1 + 3.0 / 8));
 }
 
+// RMSNorm as PyTorch ops (LLaMA's reference `_norm(x.float()).type_as(x) * weight`): autograd
+// keeps the fp32 copy of each norm's input (4 bytes an element) and the bf16 rows before the
+// weight (2), 6 bytes beyond a fused kernel's, for each of a layer's two norms; its extra HBM
+// traffic is 36 - 4 bytes an element forward and 72 - 6 backward (time_model.cpp counts them
+// op by op). Llama 3 8B (h = 4096, 32 layers), one sequence of 2048 at tp 2.
+TEST(PlanMemory, UnfusedRmsNormByHand) {
+  const ModelConfig m = model_preset("llama-8b");
+  plan::GpuJob job;
+  job.seq_len = 2048;
+  const double h = 4096, rows = 2048, layers = 32;
+  auto activations = [&](const char* layout, bool unfused) {
+    job.unfused_rmsnorm = unfused;
+    return plan::predict_gpu_memory(m, plan::parse_layout(layout), job).activations;
+  };
+  // Every layer keeps its stash: 2 norms x 6 bytes x rows x h, replicated over tp without sp.
+  EXPECT_DOUBLE_EQ(activations("tp=2", true) - activations("tp=2", false),
+                   layers * 2 * 6 * rows * h);
+  EXPECT_DOUBLE_EQ(activations("tp=2 sp", true) - activations("tp=2 sp", false),
+                   layers * 2 * 6 * rows / 2 * h);
+  // Full recomputation keeps layer inputs only; the one layer rebuilt in its backward holds them.
+  EXPECT_DOUBLE_EQ(
+      activations("tp=2 recompute=full", true) - activations("tp=2 recompute=full", false),
+      2 * 6 * rows * h);
+
+  plan::ClusterSpec cluster;
+  plan::TrainingJob t;
+  t.seq_len = t.memory.seq_len = 2048;
+  t.global_batch = 8;
+  auto layer = [&](const char* layout, bool unfused) {
+    t.memory.unfused_rmsnorm = unfused;
+    return plan::predict_layer_time(m, plan::parse_layout(layout), cluster, t);
+  };
+  const double bandwidth = cluster.gpu.hbm_bandwidth_bytes_per_s;
+  const plan::LayerTime fused = layer("tp=2", false), unfused = layer("tp=2", true);
+  EXPECT_NEAR(unfused.forward_s - fused.forward_s, 2 * rows * h * (36 - 4) / bandwidth, 1e-12);
+  EXPECT_NEAR(unfused.backward_s - fused.backward_s, 2 * rows * h * (72 - 6) / bandwidth, 1e-12);
+  // GPT-2's LayerNorm is one PyTorch op: nothing changes.
+  const ModelConfig gpt2 = model_preset("gpt2-124m");
+  job.unfused_rmsnorm = true;
+  const double with = plan::predict_gpu_memory(gpt2, plan::parse_layout("tp=2"), job).activations;
+  job.unfused_rmsnorm = false;
+  EXPECT_EQ(with, plan::predict_gpu_memory(gpt2, plan::parse_layout("tp=2"), job).activations);
+}
+
 TEST(PlanMemory, LayoutsParseAndImpossibleOnesSayWhy) {
   const PlanLayout l = plan::parse_layout("tp=2, pp=4,dp=8,zero=1,mbs=2,recompute=selective,sp=1,v=2");
   EXPECT_EQ(l.tp, 2);

@@ -315,8 +315,9 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
 
 // 150 trials of Hagemann et al.'s sweeps the planner had not seen when its rules were set
 // (published/loom_hagemann_trials.json, tools/published/hagemann_trials.py): 71 measured, 79
-// out of memory. Every one answered; 123 of 150 verdicts right (the misses are all trials that
-// ran out of memory predicted to fit); MFU median and p90 pinned (docs/PLANNER.md: the same
+// out of memory. Every one answered; 130 of 150 verdicts right (the misses are all trials that
+// ran out of memory predicted to fit; 123 before the unfused RMSNorm of the trials whose kernel
+// names none); MFU median and p90 pinned (11.3% and 34.2% before it) (docs/PLANNER.md: the same
 // layout measured twice differs by up to 15%, the 128- and 256-GPU sheets run 15-40% below the
 // 64-GPU ones).
 TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
@@ -333,12 +334,12 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
       ++wrong_fits;
     }
   }
-  EXPECT_EQ(wrong_fits, 27);
+  EXPECT_EQ(wrong_fits, 20);
   const plan::ValidationSummary s = plan::summarize(checks);
   EXPECT_EQ(s.verdicts, 150);
-  EXPECT_EQ(s.verdicts_right, 123);
+  EXPECT_EQ(s.verdicts_right, 130);
   EXPECT_EQ(s.rates.count, 71);
-  EXPECT_EQ(median_and_p90(s), "11.3 34.2");
+  EXPECT_EQ(median_and_p90(s), "9.7 25.9");
 }
 
 // Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,

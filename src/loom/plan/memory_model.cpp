@@ -187,6 +187,13 @@ int64_t deferred_weight_grad_bytes(const ModelConfig& m, int64_t layers, bool fi
   return rows * per_row;
 }
 
+double unfused_rmsnorm_rows(const ModelConfig& m, const PlanLayout& l, int64_t seq_len) {
+  if (m.arch != Architecture::Llama) return 0;
+  const double rows =
+      static_cast<double>(l.micro_batch) * static_cast<double>(seq_len) / static_cast<double>(l.cp);
+  return l.sequence_parallel ? rows / static_cast<double>(l.tp) : rows;
+}
+
 MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
   // Parameters on each pipeline rank: its blocks on one tp rank, plus the input embedding
   // (vocabulary-parallel over tp) on the first and the head on the last, counted from each
@@ -200,11 +207,15 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   auto layer_bytes = [&](const PlanLayout& layout) {
     if (layout.recompute == Recompute::Selective && job.selective == SelectivePolicy::TorchtitanOps)
       return torchtitan_op_sac_layer_bytes(m, layout.micro_batch, job.seq_len, layout, bytes);
-    return job.accounting == ActivationAccounting::Korthikanti
-               ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout,
-                                         job.flash_attention, job.fp8_linear_inputs)
-               : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
-                                        job.flash_attention, job.fp8_linear_inputs);
+    double stash = job.accounting == ActivationAccounting::Korthikanti
+                       ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout,
+                                                 job.flash_attention, job.fp8_linear_inputs)
+                       : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
+                                                job.flash_attention, job.fp8_linear_inputs);
+    if (job.unfused_rmsnorm && layout.recompute != Recompute::Full)  // two norms a layer
+      stash += 2 * kUnfusedRmsNormSavedBytes * unfused_rmsnorm_rows(m, layout, job.seq_len) *
+               static_cast<double>(m.n_embd);
+    return stash;
   };
   MemoryBreakdown mem;
   RankParameters held;

@@ -87,6 +87,12 @@ double layers_in_flight(const ModelConfig& model, const PlanLayout& layout, int6
 // full recomputation; the 24 generalised to 8 + 4f/h for an MLP of width f).
 enum class ActivationAccounting { Engine, Korthikanti };
 
+inline constexpr double kUnfusedRmsNormSavedBytes = 6;
+// The rows each of a layer's norms normalises on one rank (micro-batch x seq / cp, over tp
+// under sequence parallelism), or 0 where the model's norm is not an RMSNorm (GPT-2's
+// LayerNorm is one PyTorch op: GpuJob::unfused_rmsnorm does not apply).
+double unfused_rmsnorm_rows(const ModelConfig& model, const PlanLayout& layout, int64_t seq_len);
+
 struct GpuJob {
   int64_t seq_len = 2048;
   int64_t micro_batches = 1;        // per step per pipeline (gradient accumulation steps)
@@ -104,6 +110,14 @@ struct GpuJob {
   bool flash_attention = true;      // false: the s x s scores are materialised (pre-2022 stacks)
   bool fp8_linear_inputs =
       false;  // FP8 recipe: Linear inputs saved in 1 byte (layer_activation_bytes)
+  // The model's RMSNorms run as PyTorch ops rather than one fused kernel: LLaMA's reference
+  // `self._norm(x.float()).type_as(x) * self.weight`, with `_norm(x) = x * torch.rsqrt(
+  // x.pow(2).mean(-1, keepdim=True) + eps)` (facebookresearch/llama model.py). Autograd saves
+  // the fp32 copy of the input (pow's and the multiply's operand, 4 bytes an element) and the
+  // bf16 normalised rows before the weight (2): kUnfusedRmsNormSavedBytes an element of each
+  // of a layer's two norms beyond a fused kernel's, wherever the layer keeps its activations.
+  // Its HBM traffic is in time_model (kUnfusedRmsNormForwardBytes, ...BackwardBytes).
+  bool unfused_rmsnorm = false;
   ActivationAccounting accounting = ActivationAccounting::Engine;
   SelectivePolicy selective = SelectivePolicy::AttentionCore;  // what Recompute::Selective keeps
   // Loss buffers on the last stage, bytes per logit of one micro-batch (tokens x V / tp): 0 for

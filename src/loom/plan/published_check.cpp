@@ -73,6 +73,7 @@ RunCheck check_run(const PublishedRun& run) {
   if (run.deepspeed_zero3) job.zero3_traffic = Zero3Traffic::DeepSpeed;
   job.memory.seq_len = run.seq_len;
   job.memory.flash_attention = run.flash_attention;
+  job.memory.unfused_rmsnorm = run.unfused_rmsnorm;
   job.memory.state = kMixedPrecisionAdam;
   job.memory.state.gradient = run.gradient_bytes;
   job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;

@@ -70,10 +70,13 @@ SourceConventions tp_overlapped(SourceConventions c) {
 // sequence parallelism is a separate ablation (data/seqpara/*.xlsx, the only sheets with a
 // sequence-parallel column), so the main sweeps (data/*_all_runs.xlsx) ran without it; the
 // layout dimensions swept are tp, pp, micro-batch, checkpointing, kernels and sequence
-// parallelism, with no interleaved pipeline schedule among them.
+// parallelism, with no interleaved pipeline schedule among them. The kernel column names
+// "+ RMS kernel" where the fused RMSNorm ran (the paper's RMSNorm-kernel ablation,
+// reproduce_figure_rms.py); its other labels ran the norm unfused.
 SourceConventions hagemann_sweeps(SourceConventions c) {
   c.unstated_sp_off = true;
   c.unstated_pp_one_chunk = true;
+  c.kernel_label_names_norm = true;
   return c;
 }
 

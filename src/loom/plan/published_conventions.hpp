@@ -64,6 +64,10 @@ struct SourceConventions {
   // What its sweeps ran where a record leaves it out: sequence parallelism off and one pipeline
   // chunk per rank (1F1B), not the planner's general guesses (on; the fastest interleaving).
   bool unstated_sp_off = false, unstated_pp_one_chunk = false;
+  // A record's kernel label ("kernel: <label>" in its notes) names the fused RMSNorm kernel
+  // where one ran ("flash_attention2 + RMS kernel"); under any other label the norms ran as
+  // PyTorch ops (GpuJob::unfused_rmsnorm).
+  bool kernel_label_names_norm = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

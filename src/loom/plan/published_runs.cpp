@@ -471,6 +471,23 @@ void fill_run(const json& entry, PublishedRun& run) {
       while (!kernel.empty() && kernel.back() == ' ') kernel.pop_back();
       break;
     }
+    // Where the source's labels name the norm kernel, a label without one ran RMSNorm as
+    // PyTorch ops. The label's attention part is what precedes " + ".
+    if (!kernel.empty() && run.conventions.kernel_label_names_norm) {
+      const size_t plus = kernel.find('+');
+      const std::string extra = plus == std::string::npos ? "" : kernel.substr(plus);
+      run.unfused_rmsnorm = extra.find("rms") == std::string::npos;
+      if (run.unfused_rmsnorm && run.model.arch == Architecture::Llama)
+        run.assumptions.push_back(
+            "norms: kernel '" + kernel +
+            "' names no RMSNorm kernel, so RMSNorm ran as PyTorch ops "
+            "(LLaMA's reference: an fp32 copy saved, ten times a fused kernel's "
+            "HBM traffic)");
+      if (plus != std::string::npos) {
+        kernel = kernel.substr(0, plus);
+        while (!kernel.empty() && kernel.back() == ' ') kernel.pop_back();
+      }
+    }
     static const std::regex flash_v1(R"(^flash[_ ]?attention[_ ]?v?1(\.[0-9.]*)?$)");
     if (kernel == "torch" || kernel == "fused") {
       run.flash_attention = false;

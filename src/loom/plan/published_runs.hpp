@@ -71,6 +71,8 @@ struct PublishedRun {
   Unstated unstated;
   int64_t seq_len = 0, global_batch = 0;
   bool flash_attention = true;
+  bool unfused_rmsnorm =
+      false;  // GpuJob::unfused_rmsnorm: the record's kernel label names no norm kernel
   // The fused attention kernel's rate over the 2023-24 one (TrainingJob::attention_kernel_speedup):
   // the source's convention, or what the record's notes name (FlashAttention v1: 0.5).
   double attention_kernel_speedup = 1.0;

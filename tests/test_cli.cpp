@@ -207,6 +207,15 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
               mem["parameters"].get<double>() + mem["gradients"].get<double>() + mem["optimizer_state"].get<double>() +
                   mem["activations"].get<double>() + mem["comm_buffers"].get<double>() + mem["workspace"].get<double>(),
               1.0);
+  // Each dimension's communication before overlap: tp and dp here, no pipeline, cp or ep; the
+  // tp collectives are not overlapped, so exposed communication holds at least them.
+  const nlohmann::json& comm = plan["time"]["comm_s"];
+  EXPECT_GT(comm["tp"].get<double>(), 0);
+  EXPECT_GT(comm["dp"].get<double>(), 0);
+  EXPECT_EQ(comm["pp"].get<double>(), 0);
+  EXPECT_EQ(comm["cp"].get<double>(), 0);
+  EXPECT_EQ(comm["ep"].get<double>(), 0);
+  EXPECT_GE(plan["time"]["exposed_comm_s"].get<double>(), 0.99 * comm["tp"].get<double>());
   // 70B parameters replicated on every GPU need about 16 bytes each: no 80 GB GPU holds that.
   r = run_loom("plan --model llama-70b --layout dp=64");
   EXPECT_EQ(r.exit_code, 1) << r.output;

@@ -62,9 +62,21 @@ nlohmann::json memory_json(const plan::MemoryBreakdown& mem) {
 }
 
 nlohmann::json time_json(const plan::StepTime& t) {
-  return {{"step_s", t.total_s}, {"compute_s", t.compute_s}, {"exposed_comm_s", t.exposed_comm_s},
-          {"bubble_s", t.bubble_s}, {"optimizer_s", t.optimizer_s}, {"tokens_per_s", t.tokens_per_s},
-          {"mfu", t.mfu}, {"micro_batches", t.micro_batches}};
+  return {{"step_s", t.total_s},
+          {"compute_s", t.compute_s},
+          {"exposed_comm_s", t.exposed_comm_s},
+          {"bubble_s", t.bubble_s},
+          {"optimizer_s", t.optimizer_s},
+          {"tokens_per_s", t.tokens_per_s},
+          {"mfu", t.mfu},
+          {"micro_batches", t.micro_batches},
+          // Each dimension's communication before overlap (what exposed_comm_s leaves visible).
+          {"comm_s",
+           {{"tp", t.tp_comm_s},
+            {"dp", t.dp_comm_s},
+            {"cp", t.cp_comm_s},
+            {"pp", t.pp_comm_s},
+            {"ep", t.ep_comm_s}}}};
 }
 
 plan::TrainingJob job_of(const PlanArgs& args) {

@@ -225,6 +225,30 @@ const std::vector<Entry>& entries() {
         "DeepSeek-V3 Technical Report, sec. 4.2", "",
         "multi-head latent attention approximated by 128 full heads of 56 (parameters within 10%, "
         "attention core about a third of MLA's FLOPs)"}},
+      // Kimi K2 (moonshotai/Kimi-K2-Base config.json, DeepseekV3ForCausalLM; Kimi Team 2025,
+      // arXiv 2507.20534, Table 2): 61 layers of 7168, the first dense (18432), 384 routed
+      // experts of 2048 + 1 shared, top 8, sigmoid routing, vocabulary 163,840 untied, 4K
+      // pre-training context. MLA with 64 heads (q_lora 1536, kv_lora 512, qk 128 + 64 rope, v
+      // 128): q 7168 x 1536 + 1536 x 12288, kv 7168 x 576 + 512 x 16384, o 8192 x 7168 = 101M
+      // a layer, stood in for by 64 full heads of 56 (4 x 7168 x 3584 = 103M), so the
+      // parameters (1.04T, 32B active) and GEMM FLOPs hold; MLA's attention core (q.k over 192
+      // wide heads, p.v over 128) is 2.9x the stand-in's.
+      {"kimi",
+       1040,
+       {"Kimi K2 1T",
+        [] {
+          ModelConfig c = model_preset("deepseek-v3-gqa");
+          c.n_head = c.n_kv_head = 64;
+          c.attention_head_dim = 56;
+          c.n_experts = 384;
+          c.moe_first_dense = 1;
+          c.vocab_size = 163840;
+          return c;
+        }(),
+        0, "Kimi-K2-Base config.json (moonshotai, 2025); Kimi Team 2025, Table 2", "",
+        "multi-head latent attention approximated by 64 full heads of 56 (parameters within 3%, "
+        "attention core about a third of MLA's FLOPs)"},
+       R"(k2)"},
       // Jiang et al. 2024, 'Mixtral of Experts' (arXiv 2401.04088), Table 1: 32 layers of 4096,
       // 32 heads, 8 key/value heads, experts of 14336, 8 experts, top 2, 32,000-token vocabulary;
       // Mixtral 8x22B from its released config.json: 56 layers of 6144, 48 heads, 8 kv, experts
@@ -425,6 +449,7 @@ std::string family_of(const std::string& name) {
       {std::regex(R"(gpt[\s_-]*3(?![0-9]))"), "gpt3"},
       {std::regex(R"(deepseek[\s_-]*v3)"), "deepseekv3"},
       {std::regex(R"(mixtral)"), "mixtral"},
+      {std::regex(R"(kimi)"), "kimi"},
       {std::regex(R"(mistral)"), "mistral"},
       {std::regex(R"(qwen[\s_-]*2)"), "qwen2"},
       {std::regex(R"(qwen[\s_-]*3(?![0-9]))"), "qwen3"},

@@ -134,9 +134,12 @@ TEST(PlanMemory, PipelineLayersInFlight) {
 
 // RMSNorm as PyTorch ops (LLaMA's reference `_norm(x.float()).type_as(x) * weight`): autograd
 // keeps the fp32 copy of each norm's input (4 bytes an element) and the bf16 rows before the
-// weight (2), 6 bytes beyond a fused kernel's, for each of a layer's two norms; its extra HBM
-// traffic is 36 - 4 bytes an element forward and 72 - 6 backward (time_model.cpp counts them
-// op by op). Llama 3 8B (h = 4096, 32 layers), one sequence of 2048 at tp 2.
+// weight (2) where a fused kernel keeps the bf16 input (2): 4 bytes more for each of a layer's
+// two norms. Its HBM traffic, op by op (forward: float() 6, pow 8, mean 4, the multiply by
+// rsqrt 8, type_as 6, the weight's multiply 4; backward: the weight's multiply 12, type_as 6,
+// the multiply by rsqrt 24, mean 4, pow 28, the sum of x's two gradients 12, float() 6), is
+// 36 bytes an element forward and 92 backward against a fused kernel's 4 and 6. Llama 3 8B
+// (h = 4096, 32 layers), one sequence of 2048 at tp 2.
 TEST(PlanMemory, UnfusedRmsNormByHand) {
   const ModelConfig m = model_preset("llama-8b");
   plan::GpuJob job;
@@ -146,15 +149,16 @@ TEST(PlanMemory, UnfusedRmsNormByHand) {
     job.unfused_rmsnorm = unfused;
     return plan::predict_gpu_memory(m, plan::parse_layout(layout), job).activations;
   };
-  // Every layer keeps its stash: 2 norms x 6 bytes x rows x h, replicated over tp without sp.
+  // Every layer keeps its stash: 2 norms x (4 + 2 - 2) bytes x rows x h, replicated over tp
+  // without sp.
   EXPECT_DOUBLE_EQ(activations("tp=2", true) - activations("tp=2", false),
-                   layers * 2 * 6 * rows * h);
+                   layers * 2 * (4 + 2 - 2) * rows * h);
   EXPECT_DOUBLE_EQ(activations("tp=2 sp", true) - activations("tp=2 sp", false),
-                   layers * 2 * 6 * rows / 2 * h);
+                   layers * 2 * 4 * rows / 2 * h);
   // Full recomputation keeps layer inputs only; the one layer rebuilt in its backward holds them.
   EXPECT_DOUBLE_EQ(
       activations("tp=2 recompute=full", true) - activations("tp=2 recompute=full", false),
-      2 * 6 * rows * h);
+      2 * 4 * rows * h);
 
   plan::ClusterSpec cluster;
   plan::TrainingJob t;
@@ -166,8 +170,10 @@ TEST(PlanMemory, UnfusedRmsNormByHand) {
   };
   const double bandwidth = cluster.gpu.hbm_bandwidth_bytes_per_s;
   const plan::LayerTime fused = layer("tp=2", false), unfused = layer("tp=2", true);
-  EXPECT_NEAR(unfused.forward_s - fused.forward_s, 2 * rows * h * (36 - 4) / bandwidth, 1e-12);
-  EXPECT_NEAR(unfused.backward_s - fused.backward_s, 2 * rows * h * (72 - 6) / bandwidth, 1e-12);
+  EXPECT_NEAR(unfused.forward_s - fused.forward_s,
+              2 * rows * h * (6 + 8 + 4 + 8 + 6 + 4 - 4) / bandwidth, 1e-12);
+  EXPECT_NEAR(unfused.backward_s - fused.backward_s,
+              2 * rows * h * (12 + 6 + 24 + 4 + 28 + 12 + 6 - 6) / bandwidth, 1e-12);
   // GPT-2's LayerNorm is one PyTorch op: nothing changes.
   const ModelConfig gpt2 = model_preset("gpt2-124m");
   job.unfused_rmsnorm = true;

@@ -87,7 +87,7 @@ double layers_in_flight(const ModelConfig& model, const PlanLayout& layout, int6
 // full recomputation; the 24 generalised to 8 + 4f/h for an MLP of width f).
 enum class ActivationAccounting { Engine, Korthikanti };
 
-inline constexpr double kUnfusedRmsNormSavedBytes = 6;
+inline constexpr double kUnfusedRmsNormSavedBytes = 4;
 // The rows each of a layer's norms normalises on one rank (micro-batch x seq / cp, over tp
 // under sequence parallelism), or 0 where the model's norm is not an RMSNorm (GPT-2's
 // LayerNorm is one PyTorch op: GpuJob::unfused_rmsnorm does not apply).
@@ -114,8 +114,9 @@ struct GpuJob {
   // `self._norm(x.float()).type_as(x) * self.weight`, with `_norm(x) = x * torch.rsqrt(
   // x.pow(2).mean(-1, keepdim=True) + eps)` (facebookresearch/llama model.py). Autograd saves
   // the fp32 copy of the input (pow's and the multiply's operand, 4 bytes an element) and the
-  // bf16 normalised rows before the weight (2): kUnfusedRmsNormSavedBytes an element of each
-  // of a layer's two norms beyond a fused kernel's, wherever the layer keeps its activations.
+  // bf16 normalised rows before the weight (2), but not the bf16 input a fused kernel keeps
+  // (2, counted in the stash: float()'s backward saves nothing): kUnfusedRmsNormSavedBytes = 4
+  // an element of each of a layer's two norms more, wherever the layer keeps its activations.
   // Its HBM traffic is in time_model (kUnfusedRmsNormForwardBytes, ...BackwardBytes).
   bool unfused_rmsnorm = false;
   ActivationAccounting accounting = ActivationAccounting::Engine;

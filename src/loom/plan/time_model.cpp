@@ -222,15 +222,17 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   // RMSNorm as PyTorch ops (GpuJob::unfused_rmsnorm), HBM bytes per element of each of the
   // two norms beyond a fused kernel's (read 2, write 2 forward; read 4, write 2 backward).
   // Forward, bf16 x: float() r2 w4, pow r4 w4, mean r4, x * rsqrt r4 w4, type_as r4 w2,
-  // * weight r2 w2: 36. Backward through autograd: the weight's multiply (g * w r2 w2, the
-  // weight gradient's g * y r4) 8, type_as's r2 w4 6, the multiply by rsqrt (g * r r4 w4, the
-  // row sums of g * x r8) 16, pow's backward (grad * (2 * x.pow(1)): three passes r4 w4) 24,
-  // the two gradients of x summed r8 w4 12, float()'s r4 w2 6: 72.
+  // * weight r2 w2: 36. Backward through autograd, whose reductions and broadcasts are not
+  // fused: the weight's multiply (g * w r2 w2; the weight gradient writes g * y r4 w2, then
+  // sums it r2) 12, type_as's r2 w4 6, the multiply by rsqrt (g * r r4 w4; rsqrt's gradient
+  // writes g * x r8 w4, then sums it r4) 24, mean's expand / n w4, pow's backward
+  // (grad * (2 * x.pow(1)): the copy r4 w4, the scaling r4 w4, the product r8 w4) 28, the
+  // two gradients of x summed r8 w4 12, float()'s r4 w2 6: 92.
   double norm_forward_s = 0, norm_backward_s = 0;
   if (job.memory.unfused_rmsnorm) {
     const double elements = 2 * unfused_rmsnorm_rows(m, l, job.seq_len) * h;
     norm_forward_s = (36 - 4) * elements / gpu.hbm_bandwidth_bytes_per_s;
-    norm_backward_s = (72 - 6) * elements / gpu.hbm_bandwidth_bytes_per_s;
+    norm_backward_s = (92 - 6) * elements / gpu.hbm_bandwidth_bytes_per_s;
   }
   c.forward_s = forward + scores_forward_s + memory_s / 2 + cast_forward_s + norm_forward_s;
   c.backward_s = 2 * linear_forward + attention_backward_s + scores_backward_s + memory_s / 2 +

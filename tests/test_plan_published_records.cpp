@@ -4,6 +4,7 @@
 // values that must be refused rather than fatal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -329,31 +330,45 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
 
 // 150 trials of Hagemann et al.'s sweeps the planner had not seen when its rules were set
 // (published/loom_hagemann_trials.json, tools/published/hagemann_trials.py): 71 measured, 79
-// out of memory. Every one answered; 130 of 150 verdicts right (the misses are all trials that
-// ran out of memory predicted to fit; 123 before the unfused RMSNorm of the trials whose kernel
-// names none); MFU median and p90 pinned (11.3% and 34.2% before it) (docs/PLANNER.md: the same
-// layout measured twice differs by up to 15%, the 128- and 256-GPU sheets run 15-40% below the
-// 64-GPU ones).
+// out of memory. Every one answered; 132 of 150 verdicts right: 16 trials that ran out of
+// memory predicted to fit, and 2 that ran predicted at 80.1 and 82.2 GiB of 80 (123 before the
+// unfused RMSNorm of the trials whose kernel names none, 130 before the sheets' 128,000-token
+// vocabulary). MFU median and p90 pinned: 11.3% and 34.2% before the RMSNorm, 9.2% and 24.3%
+// before the vocabulary, whose MFU convention had hidden the 256-GPU sheet's slowness (docs/
+// PLANNER.md: the same layout measured twice differs by up to 15%, the 128- and 256-GPU sheets
+// run 15-40% below the 64-GPU ones). Step time's median |error| went from 12.1% to 7.9% with it.
 TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
   const std::vector<plan::PublishedRun> runs = loom_runs("loom_hagemann_trials.json");
   ASSERT_EQ(runs.size(), 150u);
   const std::vector<plan::RunCheck> checks = check_all(runs);
-  int wrong_fits = 0;
+  int oom_predicted_to_fit = 0, ran_predicted_oom = 0;
+  std::vector<double> step_errors;
   for (const plan::RunCheck& c : checks) {
     ASSERT_TRUE(c.answered) << c.run->id << ": " << c.run->refused;
     const plan::FigureCheck* verdict = figure(c, plan::Figure::Fits);
     ASSERT_NE(verdict, nullptr) << c.run->id;
     if (verdict->predicted != verdict->measured.value) {
-      EXPECT_EQ(verdict->measured.value, 0) << c.run->id;  // every miss: out of memory, predicted to fit
-      ++wrong_fits;
+      if (verdict->measured.value == 0) {
+        ++oom_predicted_to_fit;
+      } else {
+        ++ran_predicted_oom;
+        // At the edge: the predicted peak within 3% of the 80 GiB.
+        EXPECT_LT(c.reserved_gib, 80 * 1.03) << c.run->id;
+      }
     }
+    if (const plan::FigureCheck* step = figure(c, plan::Figure::StepTime))
+      step_errors.push_back(std::fabs(step->relative_error));
   }
-  EXPECT_EQ(wrong_fits, 20);
+  EXPECT_EQ(oom_predicted_to_fit, 16);
+  EXPECT_EQ(ran_predicted_oom, 2);
   const plan::ValidationSummary s = plan::summarize(checks);
   EXPECT_EQ(s.verdicts, 150);
-  EXPECT_EQ(s.verdicts_right, 130);
+  EXPECT_EQ(s.verdicts_right, 132);
   EXPECT_EQ(s.rates.count, 71);
-  EXPECT_EQ(median_and_p90(s), "9.2 24.3");
+  EXPECT_EQ(median_and_p90(s), "8.7 30.4");
+  ASSERT_EQ(step_errors.size(), 71u);
+  std::sort(step_errors.begin(), step_errors.end());
+  EXPECT_NEAR(step_errors[35], 0.079, 0.0005);  // the median (12.1% before)
 }
 
 // Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,

@@ -137,6 +137,42 @@ TEST(PublishedRuns, HagemannSweepsDefaultsAndTheKernelTheNotesName) {
   EXPECT_LT(figure(slow, plan::Figure::Mfu)->predicted, figure(fast, plan::Figure::Mfu)->predicted);
 }
 
+// Hagemann et al.'s models have a 128,000-token vocabulary and their MFU counts that model's N:
+// a "LLaMA 13B" trial is LLaMA-13B's layers, 40 x (4 x 5120^2 + 3 x 5120 x 13824) + 81 norms of
+// 5120, with two 128,000 x 5120 embeddings: 13,998,904,320 parameters, not the 13.0B of its
+// params_b. Its MFU is then tokens/s x (6 x 13,998,904,320 + 12 x 40 x 5120 x 2048) / peak.
+// A record that states its vocabulary keeps it.
+TEST(PublishedRuns, HagemannSweepsVocabularyAndTheNOfTheirMfu) {
+  auto run = [](const std::string& id, const std::string& vocab) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput",
+      "source": "Hagemann et al. 2023/2024, 'Efficient Parallelization Layouts for Large-Scale Distributed Model Training'",
+      "model": {"name": "LLaMA 13B", "seq_len": 2048, "params_b": 13.0)" +
+                             vocab + R"(},
+      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": 312},
+      "parallelism": {"total_gpus": 64, "tp": 2, "pp": 2, "dp": 16, "zero_stage": 1},
+      "micro_batch": 1, "recompute": "none",
+      "measured": {"mfu": 0.6, "step_time_s": 30, "notes": "kernel: flash_attention2 + RMS kernel"}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun r = run("vocab", "");
+  ASSERT_TRUE(r.refused.empty()) << r.refused;
+  EXPECT_EQ(r.model.vocab_size, 128000);
+  EXPECT_EQ(r.model.parameter_count(), 13998904320);
+  std::string said;
+  for (const std::string& a : r.assumptions) said += a + "; ";
+  expect_contains(said, {"vocab not stated: 128000"});
+  const plan::RunCheck c = plan::check_published_run(r);
+  const plan::FigureCheck* mfu = figure(c, plan::Figure::Mfu);
+  ASSERT_NE(mfu, nullptr);
+  const double tokens = static_cast<double>(r.global_batch) * 2048;
+  const double per_token = mfu->predicted * 64 * 312e12 * c.step_s / tokens;
+  EXPECT_NEAR(per_token / (6.0 * 13998904320 + 12.0 * 40 * 5120 * 2048), 1, 1e-9);
+  std::string notes;
+  for (const std::string& n : c.notes) notes += n + "; ";
+  expect_contains(notes, {"MFU counts the model's own N, 14 B, not params_b 13 B"});
+  EXPECT_EQ(run("stated", R"(, "vocab": 50000)").model.vocab_size, 50000);
+}
+
 // torchtitan's pipelines split each data-parallel rank's local batch into pp micro-batches (its
 // pipeline_parallel_microbatches default): a record with no micro-batch takes that split, not
 // the planner's free pick (which put the 405B 3D row at mbs 1, 32 micro-batches, +41%).

@@ -169,7 +169,18 @@ RunCheck check_run(const PublishedRun& run) {
   // the same allowance the fit test leaves (kUsableMemoryFraction); CUDA context, NCCL and
   // cuBLAS workspaces (GpuJob::workspace_bytes) lie outside it.
   check.reserved_gib = check.allocated_gib / kUsableMemoryFraction;
-  const double n = run.params > 0 ? run.params : static_cast<double>(model.parameter_count());
+  const double n = run.params > 0 && !run.conventions.mfu_counts_model_params
+                       ? run.params
+                       : static_cast<double>(model.parameter_count());
+  if (run.params > 0 && run.conventions.mfu_counts_model_params &&
+      std::fabs(n / run.params - 1) > 0.01) {
+    char note[160];
+    std::snprintf(note, sizeof note,
+                  "MFU counts the model's own N, %.4g B, not params_b %.4g B (the source's "
+                  "convention)",
+                  n / 1e9, run.params / 1e9);
+    check.notes.push_back(note);
+  }
   // MosaicML's FP8 rows divide by the FP8 peak (llm-foundry's benchmark tables: the FP8 MFU of a
   // row is half what its tokens/s give over the BF16 peak).
   const double peak = (run.fp8 && (run.conventions.fp8_mfu_over_fp8_peak || run.stated_fp8_peak)

@@ -73,10 +73,23 @@ SourceConventions tp_overlapped(SourceConventions c) {
 // parallelism, with no interleaved pipeline schedule among them. The kernel column names
 // "+ RMS kernel" where the fused RMSNorm ran (the paper's RMSNorm-kernel ablation,
 // reproduce_figure_rms.py); its other labels ran the norm unfused.
+//
+// Their models are LLaMA's layers with a 128,000-token vocabulary, not LLaMA's 32,000, and
+// their MFU counts that model's N: every sheet's "Average MFU" is (6N + 12Lhs) x 4,194,304
+// tokens / (GPUs x 312 TFLOP/s x "Average Step Time") with N = 14.03B, 33.8B and 66.9B for
+// the sheets named 13B, 30B and 65B. Solved for the vocabulary, the 13B sheets give 128,000 at
+// their lowest (128,050-129,400 at their medians, the rest the rounding of the averages), the
+// 65B sheets 128,017-128,655 and the 30B ones 125,100-125,500 (a model about 0.1% smaller than
+// LLaMA-33B's dimensions say). Aleph Alpha's tokenizer has 128,000 tokens.
 SourceConventions hagemann_sweeps(SourceConventions c) {
   c.unstated_sp_off = true;
   c.unstated_pp_one_chunk = true;
   c.kernel_label_names_norm = true;
+  c.unstated_vocab = 128000;
+  c.unstated_vocab_why =
+      "the sheets' MFU over their step times counts N at a 128,000-token vocabulary (13B: "
+      "14.03B, 65B: 66.9B)";
+  c.mfu_counts_model_params = true;
   return c;
 }
 

@@ -68,6 +68,12 @@ struct SourceConventions {
   // where one ran ("flash_attention2 + RMS kernel"); under any other label the norms ran as
   // PyTorch ops (GpuJob::unfused_rmsnorm).
   bool kernel_label_names_norm = false;
+  // The vocabulary its models ran with where a record states none (0: the preset's, or the
+  // general guess), and why; and whether its MFU counts that model's own N rather than the
+  // nominal size its records give as params_b ("13B" for a 14.0B model).
+  int64_t unstated_vocab = 0;
+  std::string unstated_vocab_why;
+  bool mfu_counts_model_params = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

@@ -124,14 +124,20 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
     const std::optional<int64_t> ffn = f.integer("model.ffn");
     m.ffn_hidden = ffn.value_or(4 * m.n_embd);
     const std::optional<int64_t> vocab = f.integer("model.vocab");
-    m.vocab_size = vocab.value_or(51200);
+    m.vocab_size =
+        vocab.value_or(run.conventions.unstated_vocab > 0 ? run.conventions.unstated_vocab : 51200);
     // Grouped-query attention or a Llama name means SwiGLU + RMSNorm + RoPE; otherwise the
     // GPT layout (Megatron GPT, MPT) with tied embeddings.
     const bool llama = m.n_kv_head < m.n_head || lowercase(name).find("llama") != std::string::npos;
     m.arch = llama ? Architecture::Llama : Architecture::GPT2;
     m.tied_embeddings = !llama;
     if (!ffn) run.assumptions.push_back(llama ? "ffn not stated: 4h" : "ffn not stated: 4h (GPT)");
-    if (!vocab) run.assumptions.push_back("vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
+    if (!vocab)
+      run.assumptions.push_back(
+          run.conventions.unstated_vocab > 0
+              ? "vocab not stated: " + std::to_string(m.vocab_size) + " (" +
+                    run.conventions.unstated_vocab_why + ")"
+              : "vocab not stated: 51,200 (GPT-2's BPE padded as Megatron-LM pads it)");
     if (f.find("model.moe") != nullptr) read_moe(f, ffn.has_value(), m, run);
     // What a record's columns cannot say but its named architecture does: heads wider or
     // narrower than hidden / heads (Qwen3, Mistral NeMo), a sliding window (Mistral 7B).
@@ -157,6 +163,17 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
                     "model.name '" + name + "'"};
     m = preset->config;
     run.assumptions.push_back("model from preset " + preset->name + " (" + preset->source.substr(0, preset->source.find(',')) + ")");
+    if (const std::optional<int64_t> vocab = f.integer("model.vocab");
+        vocab && *vocab != m.vocab_size) {
+      if (*vocab < 1)
+        throw Refusal{"model.vocab = " + std::to_string(*vocab) + " is not a vocabulary size"};
+      m.vocab_size = *vocab;  // the record's own, over the preset's
+    } else if (!vocab && run.conventions.unstated_vocab > 0 &&
+               run.conventions.unstated_vocab != m.vocab_size) {
+      m.vocab_size = run.conventions.unstated_vocab;
+      run.assumptions.push_back("vocab not stated: " + std::to_string(m.vocab_size) + " (" +
+                                run.conventions.unstated_vocab_why + "), not the preset's");
+    }
     if (!f.integer("model.seq_len")) run.assumptions.push_back("seq_len not stated: the preset's " + std::to_string(m.max_seq_len));
     if (!f.find("global_batch") && preset->batch_tokens > 0) {
       const int64_t seq = f.integer("model.seq_len").value_or(m.max_seq_len);

@@ -143,8 +143,10 @@ TEST(PublishedRuns, NamedModelsTakeTheirPresetAndTextBatchesAreRead) {
   const plan::PublishedRun thirty = plan::read_published_runs(write_file("l30.json", make("LLaMA 30B", ""))).front();
   EXPECT_EQ(thirty.model.n_layer, 60);
   EXPECT_EQ(thirty.model.n_embd, 6656);
-  const plan::PublishedRun unknown = plan::read_published_runs(write_file("u.json", make("Falcon 40B", ""))).front();
-  expect_contains(unknown.refused, {"no published architecture matches model.name 'Falcon 40B'"});
+  const plan::PublishedRun unknown =
+      plan::read_published_runs(write_file("u.json", make("Jurassic-1 178B", ""))).front();
+  expect_contains(unknown.refused,
+                  {"no published architecture matches model.name 'Jurassic-1 178B'"});
 }
 
 // A run measuring every kind is predicted in each, and the figures agree with each other by

@@ -65,7 +65,25 @@ RunCheck check_run(const PublishedRun& run) {
   const ModelConfig& model = run.model;
   TrainingJob job;
   job.seq_len = run.seq_len;
-  job.global_batch = run.global_batch;
+  // A stated global batch that no micro-batch splits evenly over dp (OPT-175B's 1024 sequences
+  // on 124 replicas, GPT-NeoX-20B's 1538 on 12; "2M tokens" is a round figure) is run as the
+  // nearest that one does, and said: the step's tokens change by under 1 / (dp x mbs).
+  int64_t global_batch = run.global_batch;
+  {
+    const std::vector<int64_t> mbs_choices =
+        choices(run.unstated.micro_batch, run.layout.micro_batch, {1, 2, 4, 8, 16});
+    bool splits = false;
+    for (int64_t mbs : mbs_choices) splits = splits || global_batch % (run.layout.dp * mbs) == 0;
+    if (!splits && global_batch > 0) {
+      const int64_t unit = run.layout.dp * mbs_choices.front();
+      global_batch = std::max<int64_t>(1, (global_batch + unit / 2) / unit) * unit;
+      check.notes.push_back("global batch " + std::to_string(run.global_batch) +
+                            " is not a multiple of dp " + std::to_string(run.layout.dp) +
+                            " x micro-batch " + std::to_string(mbs_choices.front()) + ": run as " +
+                            std::to_string(global_batch) + ", the nearest that is");
+    }
+  }
+  job.global_batch = global_batch;
   job.fp8_gemms = run.fp8;
   job.attention_kernel_speedup = run.attention_kernel_speedup;
   job.tp_comm_overlap = run.tp_comm_overlap;
@@ -113,12 +131,12 @@ RunCheck check_run(const PublishedRun& run) {
         const int64_t stages = l.pp * vp;
         // Up to one layer a stage; Llama 3's split (sec. 3.3.2) also leaves the first and last
         // stage with the embedding and the head alone: n_layer + 2 one-layer stages.
-        if (run.global_batch % (l.dp * mbs) != 0 ||
+        if (global_batch % (l.dp * mbs) != 0 ||
             (stages > model.n_layer && stages != model.n_layer + 2))
           continue;
         // An unstated interleaving is one the stack could run: an even split, or Llama 3's.
         if (run.unstated.vp && vp > 1 && model.n_layer % stages != 0 && (model.n_layer + 2) % stages != 0) continue;
-        const int64_t micro = run.global_batch / (l.dp * mbs);
+        const int64_t micro = global_batch / (l.dp * mbs);
         if (vp > 1 && micro % l.pp != 0) continue;
         std::string split_note;
         job.memory.stage_layers = stage_split(model.n_layer, stages, &split_note);
@@ -163,7 +181,8 @@ RunCheck check_run(const PublishedRun& run) {
 
   const double gpus = static_cast<double>(l.gpus());
   check.step_s = best_time.total_s;
-  check.tokens_per_s_per_gpu = static_cast<double>(run.global_batch * run.seq_len) / best_time.total_s / gpus;
+  check.tokens_per_s_per_gpu =
+      static_cast<double>(global_batch * run.seq_len) / best_time.total_s / gpus;
   check.allocated_gib = (best_memory.total() - best_memory.workspace) / kGiB;
   // What PyTorch's caching allocator reserves: the allocated peak plus what it cannot reuse,
   // the same allowance the fit test leaves (kUsableMemoryFraction); CUDA context, NCCL and

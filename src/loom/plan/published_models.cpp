@@ -5,87 +5,13 @@
 #include <regex>
 #include <vector>
 
+#include "loom/plan/published_model_shapes.hpp"
+
 namespace loom::plan {
 
+namespace published_model_table {
+
 namespace {
-
-ModelConfig llama_shape(int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t vocab,
-                        int64_t seq) {
-  ModelConfig c;
-  c.arch = Architecture::Llama;
-  c.n_layer = layers;
-  c.n_embd = hidden;
-  c.n_head = heads;
-  c.n_kv_head = kv_heads;
-  c.ffn_hidden = ffn;
-  c.vocab_size = vocab;
-  c.max_seq_len = seq;
-  c.tied_embeddings = false;
-  return c;
-}
-
-ModelConfig gpt_shape(int64_t layers, int64_t hidden, int64_t heads, int64_t vocab, int64_t seq) {
-  ModelConfig c;
-  c.arch = Architecture::GPT2;
-  c.n_layer = layers;
-  c.n_embd = hidden;
-  c.n_head = c.n_kv_head = heads;
-  c.ffn_hidden = 4 * hidden;
-  c.vocab_size = vocab;
-  c.max_seq_len = seq;
-  c.tied_embeddings = true;
-  return c;
-}
-
-ModelConfig moe_shape(ModelConfig c, int64_t experts, int64_t top_k) {
-  c.n_experts = experts;
-  c.experts_per_token = top_k;
-  return c;
-}
-
-ModelConfig tied(ModelConfig c) {
-  c.tied_embeddings = true;
-  return c;
-}
-
-// Heads of their own width (HF's head_dim), when n_head x head_dim is not the hidden size.
-ModelConfig heads_of(ModelConfig c, int64_t head_dim) {
-  c.attention_head_dim = head_dim;
-  return c;
-}
-
-// Experts narrower than the dense MLP (fine-grained experts); every layer a mixture.
-ModelConfig experts_of(ModelConfig c, int64_t experts, int64_t top_k, int64_t expert_ffn) {
-  c.n_experts = experts;
-  c.experts_per_token = top_k;
-  c.moe_ffn_hidden = expert_ffn;
-  return c;
-}
-
-// Sliding-window attention: a window of `window` keys, every `global_every`-th layer global.
-ModelConfig windowed(ModelConfig c, int64_t window, int64_t global_every) {
-  c.sliding_window = window;
-  c.global_attention_every = global_every;
-  return c;
-}
-
-struct Entry {
-  const char* family;  // normalised family key (see family_of)
-  double size_b;       // the size as models are named ("13" for LLaMA 13B)
-  PublishedModel model;
-  // Models a family names by variant rather than size (Llama 4 Scout and Maverick are both
-  // "17B"): a pattern the lower-case name matches, tried before the size.
-  const char* variant = nullptr;
-};
-
-// Shared experts of the routed experts' width, a dense MLP of ffn_hidden on the layers that are
-// not mixtures (moe_first_dense, moe_every).
-ModelConfig shared_experts(ModelConfig c, int64_t shared, int64_t first_dense, int64_t every) {
-  c.n_shared_experts = shared;
-  c.moe_first_dense = first_dense;
-  c.moe_every = every;
-  return c;
-}
 
 const char* const kLlama1 =
     "Touvron et al. 2023, 'LLaMA: Open and Efficient Foundation Language Models' (arXiv 2302.13971), Table 2 "
@@ -132,7 +58,9 @@ const char* const kNemotron4 =
     "2024, 'Nemotron-4 "
     "340B Technical Report' (arXiv 2406.11704), Table 1";
 
-const std::vector<Entry>& entries() {
+}  // namespace
+
+const std::vector<Entry>& recent_entries() {
   static const std::vector<Entry> all = {
       {"llama1",
        7,
@@ -432,6 +360,10 @@ const std::vector<Entry>& entries() {
   return all;
 }
 
+}  // namespace published_model_table
+
+namespace {
+
 std::string normalised(const std::string& text) {
   std::string out;
   for (char c : text) out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -441,6 +373,8 @@ std::string normalised(const std::string& text) {
 // The family a printed name belongs to, or "" when none is known.
 std::string family_of(const std::string& name) {
   static const std::vector<std::pair<std::regex, const char*>> families = {
+      // Before Llama's: Code Llama is Llama 2's shapes with its own vocabulary and context.
+      {std::regex(R"(code[\s_-]*llama)"), "codellama"},
       {std::regex(R"(llama[\s_-]*4(?![0-9]))"), "llama4"},
       {std::regex(R"(llama[\s_-]*3(?![0-9]))"), "llama3"},
       {std::regex(R"(llama[\s_-]*2(?![0-9]))"), "llama2"},
@@ -463,6 +397,29 @@ std::string family_of(const std::string& name) {
            R"(nemotron(?![\s_-]*(h([\s_-]|$|[0-9])|v?[35][\s_.-]*(nano|super|ultra|lightning|5)))(?!.*(nano|super|ultra|lightning)))"),
        "nemotron4"},
       {std::regex(R"(nemotron)"), "nemotronhybrid"},
+      // published_models_more.cpp's families.
+      {std::regex(R"((^|[^a-z])opt(?![a-z]))"), "opt"},
+      {std::regex(R"(bloomberg)"), "bloomberggpt"},
+      {std::regex(R"(bloom)"), "bloom"},
+      {std::regex(R"(gpt[\s_-]*neo[\s_-]*x)"), "gptneox"},
+      {std::regex(R"(gpt[\s_-]*j(?![a-z]))"), "gptj"},
+      {std::regex(R"(gpt[\s_-]*2(?![0-9]))"), "gpt2"},
+      {std::regex(R"(mt[\s_-]*nlg|megatron[\s_-]*turing)"), "mtnlg"},
+      {std::regex(R"(turing[\s_-]*nlg|(^|[^a-z])t[\s_-]*nlg)"), "turingnlg"},
+      {std::regex(R"(megatron)"), "megatronlm"},
+      {std::regex(R"(falcon)"), "falcon"},
+      {std::regex(R"(pythia)"), "pythia"},
+      {std::regex(R"(deepseek[\s_-]*moe)"), "deepseekmoe"},
+      {std::regex(R"(deepseek(?![\s_-]*(v[0-9]|coder|r1|math|vl|prover)))"), "deepseekllm"},
+      {std::regex(R"((^|[^a-z])yi(?![a-z]))"), "yi"},
+      {std::regex(R"(dbrx)"), "dbrx"},
+      {std::regex(R"(grok[\s_-]*1(?![0-9.]))"), "grok1"},
+      {std::regex(R"((^|[^a-z])glm[\s_-]*130)"), "glm130"},
+      {std::regex(R"(starcoder[\s_-]*2)"), "starcoder2"},
+      {std::regex(R"(starcoder)"), "starcoder"},
+      {std::regex(R"((^|[^a-z])mpt(?![a-z]))"), "mpt"},
+      {std::regex(R"(olmo[\s_-]*2(?![0-9]))"), "olmo2"},
+      {std::regex(R"(olmo)"), "olmo"},
   };
   for (const auto& [pattern, family] : families)
     if (std::regex_search(name, pattern)) return family;
@@ -472,22 +429,27 @@ std::string family_of(const std::string& name) {
 }  // namespace
 
 std::optional<PublishedModel> find_published_model(const std::string& printed_name) {
+  using published_model_table::Entry;
   const std::string name = normalised(printed_name);
   const std::string family = family_of(name);
   if (family.empty()) return std::nullopt;
-  for (const Entry& e : entries())
-    if (family == e.family && e.variant != nullptr &&
-        std::regex_search(name, std::regex(e.variant)))
-      return e.model;
+  const std::vector<Entry>* tables[] = {&published_model_table::recent_entries(),
+                                        &published_model_table::more_entries()};
+  for (const std::vector<Entry>* table : tables)
+    for (const Entry& e : *table)
+      if (family == e.family && e.variant != nullptr &&
+          std::regex_search(name, std::regex(e.variant)))
+        return e.model;
   // The size: the first number followed by "b" that is not part of the family's version
   // ("Llama 3.1 8B" -> 8, "GPT3-5B" -> 5, "DeepSeek-V3 671B (37B active)" -> 671).
   static const std::regex size(R"((^|[^0-9.])([0-9]+(\.[0-9]+)?)\s*b(?![a-z0-9]))");
   std::smatch match;
   if (!std::regex_search(name, match, size)) return std::nullopt;
   const double size_b = std::stod(match[2].str());
-  for (const Entry& e : entries())
-    if (family == e.family && std::abs(size_b - e.size_b) < (e.size_b < 2 ? 0.05 : 0.5))
-      return e.model;
+  for (const std::vector<Entry>* table : tables)
+    for (const Entry& e : *table)
+      if (family == e.family && std::abs(size_b - e.size_b) < (e.size_b < 2 ? 0.05 : 0.5))
+        return e.model;
   return std::nullopt;
 }
 

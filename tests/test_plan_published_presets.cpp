@@ -1,0 +1,125 @@
+// The published architectures of 2019-24's GPU-trained models (plan/published_models_more.cpp),
+// found by the names records give them and checked against the parameter counts their papers
+// and model cards state; names of other models and of other families stay theirs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "loom/plan/published_models.hpp"
+#include "loom/plan/published_runs.hpp"
+#include "published_runs_support.hpp"
+#include "test_support.hpp"
+
+namespace loom::test {
+namespace {
+
+struct Stated {
+  const char* printed;  // as a record names it
+  const char* preset;   // the preset it must find
+  double params;        // the parameter count its source states
+  double tolerance;     // relative: what loom's layers count that the model lacks, or rounding
+  const char* source;
+};
+
+// loom's GPT layer counts learned position embeddings (seq x h): BLOOM (ALiBi), GPT-NeoX,
+// Pythia and GPT-J (rotary) have none, 0.02-0.12% of these models; a count stated as "175B" is
+// rounded to its last digit (Turing-NLG's "17 billion": 3%; its vocabulary is assumed).
+const Stated kStated[] = {
+    {"BLOOM-176B", "BLOOM 176B", 176247271424, 0.0003, "BigScience 2022, sec. 3.2 / model card"},
+    {"bigscience/bloom-7b1", "BLOOM 7B1", 7069016064, 0.0015, "bloom-7b1 model card"},
+    {"GPT-NeoX-20B", "GPT-NeoX 20B", 20554567680, 0.001, "Black et al. 2022, Table 1"},
+    {"Pythia 12B", "Pythia 12B", 11846072320, 0.001, "Biderman et al. 2023, Table 1"},
+    {"EleutherAI/pythia-6.9b", "Pythia 6.9B", 6857302016, 0.0015, "Biderman et al. 2023, Table 1"},
+    {"pythia-70m", "Pythia 70M", 70426624, 0.02, "Biderman et al. 2023, Table 1"},
+    {"GPT-J-6B", "GPT-J 6B", 6053381344, 0.0015, "EleutherAI/gpt-j-6b model card"},
+    {"OPT-175B", "OPT 175B", 175e9, 0.003, "Zhang et al. 2022, Table 1"},
+    {"facebook/opt-66b", "OPT 66B", 66e9, 0.005, "Zhang et al. 2022, Table 1"},
+    {"OPT 125M", "OPT 125M", 125e6, 0.01, "Zhang et al. 2022, Table 1"},
+    {"MT-NLG 530B", "MT-NLG 530B", 530e9, 0.001, "Smith et al. 2022"},
+    {"Megatron-Turing NLG", "MT-NLG 530B", 530e9, 0.001, "Smith et al. 2022"},
+    {"Megatron-LM 8.3B", "Megatron-LM 8.3B", 8.3e9, 0.003, "Shoeybi et al. 2019, Table 2"},
+    {"Turing-NLG 17B", "Turing-NLG 17B", 17e9, 0.03, "Microsoft 2020"},
+    {"BloombergGPT", "BloombergGPT 50B", 50.6e9, 0.001, "Wu et al. 2023, sec. 2.3"},
+    {"DeepSeek LLM 67B", "DeepSeek LLM 67B", 67e9, 0.007, "DeepSeek-AI 2024, Table 2"},
+    {"DBRX", "DBRX 132B", 132e9, 0.004, "Databricks 2024"},
+    {"Grok-1", "Grok-1 314B", 314e9, 0.006, "xai-org/grok-1 README"},
+    {"DeepSeekMoE 16B", "DeepSeekMoE 16B", 16.4e9, 0.003, "Dai et al. 2024"},
+    {"GLM-130B", "GLM-130B", 130e9, 0.005, "Zeng et al. 2022"},
+    {"Code Llama 34B", "Code Llama 34B", 33.7e9, 0.002, "Roziere et al. 2023"},
+    {"Llama 2 34B", "Llama 2 34B", 33.7e9, 0.002, "Touvron et al. 2023 (Code Llama 34B's layers)"},
+    {"Yi-34B", "Yi 34B", 34.4e9, 0.002, "01.AI 2024"},
+    {"MPT-30B", "MPT 30B", 29.95e9, 0.003, "mosaicml/mpt-30b model card"},
+    {"Falcon-180B", "Falcon 180B", 180e9, 0.01, "Almazrouei et al. 2023"},
+    {"StarCoder 15.5B", "StarCoder 15.5B", 15.5e9, 0.01, "Li et al. 2023"},
+};
+
+TEST(PublishedPresets, NamedModelsOfTheirPapersWithTheirParameterCounts) {
+  for (const Stated& s : kStated) {
+    SCOPED_TRACE(s.printed);
+    const std::optional<plan::PublishedModel> m = plan::find_published_model(s.printed);
+    ASSERT_TRUE(m.has_value());
+    EXPECT_EQ(m->name, s.preset);
+    EXPECT_NO_THROW(m->config.validate());
+    EXPECT_NEAR(static_cast<double>(m->config.parameter_count()) / s.params, 1.0, s.tolerance)
+        << s.source;
+  }
+}
+
+// Mixtures of experts count what a token meets: DBRX 36B of 132B (16 experts of 10752, top 4, on
+// 40 layers of 6144), DeepSeekMoE 16B 2.8B (its paper; 64 experts of 1408, top 6, on 27 of 28
+// layers of 2048; both embeddings of 102,400 x 2048 counted).
+TEST(PublishedPresets, MixturesOfExpertsCountTheirActiveParameters) {
+  const plan::PublishedModel dbrx = *plan::find_published_model("DBRX Base");
+  const double dbrx_active =
+      static_cast<double>(dbrx.config.parameter_count()) - 40.0 * (16 - 4) * 3 * 6144 * 10752;
+  EXPECT_NEAR(dbrx_active / 36e9, 1.0, 0.02);
+  const plan::PublishedModel ds = *plan::find_published_model("deepseek-moe-16b-base");
+  EXPECT_EQ(ds.config.moe_first_dense, 1);
+  EXPECT_EQ(ds.config.n_shared_experts, 2);
+  const double ds_active =
+      static_cast<double>(ds.config.parameter_count()) - 27.0 * (64 - 6) * 3 * 2048 * 1408;
+  EXPECT_NEAR(ds_active / 2.8e9, 1.0, 0.02);
+}
+
+// Names that are not these models: other families' and words that contain a family's letters.
+TEST(PublishedPresets, OtherNamesKeepTheirFamilies) {
+  EXPECT_EQ(plan::find_published_model("GPT-3 175B (Megatron-LM)")->name, "GPT-3 175B");
+  EXPECT_EQ(plan::find_published_model("Llama 2 70B")->name, "Llama 2 70B");
+  EXPECT_EQ(plan::find_published_model("CodeLlama-70b")->name, "Code Llama 70B");
+  EXPECT_EQ(plan::find_published_model("DeepSeek-V3 671B")->name, "DeepSeek-V3 671B");
+  EXPECT_EQ(plan::find_published_model("bloom-560m")->name, "BLOOM 560M");
+  EXPECT_EQ(plan::find_published_model("StarCoder2-15B")->name, "StarCoder2 15B");
+  EXPECT_EQ(plan::find_published_model("GPT-2 XL")->name, "GPT-2 1.5B");
+  EXPECT_EQ(plan::find_published_model("OLMo-2-1124-13B")->name, "OLMo 2 13B");
+  EXPECT_FALSE(plan::find_published_model("DeepSeek Coder 33B").has_value());
+  EXPECT_FALSE(plan::find_published_model("an adopted 13B model").has_value());
+  EXPECT_EQ(plan::find_published_model("OPT 7B")->name, "OPT 6.7B");  // within half a billion
+  EXPECT_FALSE(plan::find_published_model("OPT 20B").has_value());    // no such size
+}
+
+// A record naming OPT-175B as its paper ran it (992 A100s: tp 8 over 124 fully sharded
+// replicas, "2M tokens" a batch) is answered: 1024 sequences do not split over 124 replicas, so
+// the nearest batch that does is run, and said.
+TEST(PublishedPresets, AStatedBatchNoReplicaCountSplitsIsRunAsTheNearestThatDoes) {
+  const std::string text =
+      R"([{"id": "opt", "kind": "throughput", "source": "Zhang et al. 2022, OPT",
+    "model": {"name": "OPT-175B", "layers": null, "seq_len": 2048},
+    "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8},
+    "parallelism": {"total_gpus": 992, "tp": 8, "pp": 1, "dp": 124, "zero_stage": 3},
+    "global_batch": 1024, "recompute": "full", "precision": "FP16",
+    "measured": {"tflops_per_gpu": 147}}])";
+  const plan::PublishedRun r = plan::read_published_runs(write_file("opt.json", text)).front();
+  ASSERT_TRUE(r.refused.empty()) << r.refused;
+  const plan::RunCheck c = plan::check_published_run(r);
+  ASSERT_TRUE(c.answered);
+  std::string notes;
+  for (const std::string& n : c.notes) notes += n + "; ";
+  expect_contains(notes,
+                  {"global batch 1024 is not a multiple of dp 124 x micro-batch 1: run as 992"});
+  // The tokens a step are the 992 sequences the time was predicted for.
+  EXPECT_NEAR(c.tokens_per_s_per_gpu * 992 * c.step_s / (992.0 * 2048), 1.0, 1e-12);
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -78,6 +78,8 @@ fi
 run_loom gpt2-124m 16 bf16 scalar
 run_loom gpt2-124m 16 bf16 pipelined
 run_loom llama-1b 4 bf16 pipelined
+run_loom gpt2-124m 16 bf16 cudnn
+run_loom llama-1b 4 bf16 cudnn
 run_loom llama-1b 4 fp8
 run_loom gpt2-124m 16 fp8
 # The ~1B model at sequence 4096: one sequence a step (4096 tokens, as 4 x 1024), bf16 and fp8,
@@ -121,7 +123,7 @@ print("|---|---|---|---|---|---|")
 for preset in ["gpt2-124m", "llama-1b"]:
     base = json.load(open(os.path.join(out, f"loom_{preset}_bf16_auto.json")))
     for precision, attention in [("bf16", "auto"), ("bf16", "scalar"), ("bf16", "pipelined"),
-                                 ("fp8", "auto")]:
+                                 ("bf16", "cudnn"), ("fp8", "auto")]:
         path = os.path.join(out, f"loom_{preset}_{precision}_{attention}.json")
         if not os.path.exists(path):
             continue

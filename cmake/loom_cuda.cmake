@@ -75,3 +75,31 @@ else()
   message(STATUS "loom: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                  "architectures ${CMAKE_CUDA_ARCHITECTURES})")
 endif()
+
+# cuDNN's fused flash attention (src/loom/kernels/cuda/attention_cudnn.cpp, LOOM_CUDA_ATTENTION=
+# cudnn) where NVIDIA's header-only cudnn-frontend and cuDNN's headers are found. Nothing links
+# libcudnn: the frontend opens libcudnn.so.9 at run time (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING),
+# so the binary runs where cuDNN is absent and says so only when cuDNN attention is asked for.
+set(LOOM_CUDNN_FRONTEND_INCLUDE "${PROJECT_SOURCE_DIR}/.device/cudnn-frontend/include"
+    CACHE PATH "cudnn-frontend's include directory, for cuDNN attention")
+function(loom_add_cudnn_attention target)
+  find_path(LOOM_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  if(NOT EXISTS "${LOOM_CUDNN_FRONTEND_INCLUDE}/cudnn_frontend.h")
+    message(STATUS "loom: cuDNN attention not built (no cudnn_frontend.h in "
+                   "LOOM_CUDNN_FRONTEND_INCLUDE=${LOOM_CUDNN_FRONTEND_INCLUDE})")
+    return()
+  endif()
+  if(NOT LOOM_CUDNN_INCLUDE)
+    message(STATUS "loom: cuDNN attention not built (cudnn.h not found)")
+    return()
+  endif()
+  set(source ${PROJECT_SOURCE_DIR}/src/loom/kernels/cuda/attention_cudnn.cpp)
+  target_sources(${target} PRIVATE ${source})
+  set_source_files_properties(${source} PROPERTIES COMPILE_DEFINITIONS
+                              NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
+  target_include_directories(${target} SYSTEM PRIVATE ${LOOM_CUDNN_FRONTEND_INCLUDE}
+                                                      ${LOOM_CUDNN_INCLUDE})
+  target_compile_definitions(${target} PUBLIC LOOM_HAVE_CUDNN=1)
+  target_link_libraries(${target} PUBLIC ${CMAKE_DL_LIBS})
+  message(STATUS "loom: cuDNN attention built (cudnn-frontend ${LOOM_CUDNN_FRONTEND_INCLUDE})")
+endfunction()

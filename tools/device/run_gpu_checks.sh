@@ -350,6 +350,10 @@ elif want bench; then
   # tensor-core kernels' 46.1 / 87.0 ms on 2026-11-27).
   bench_loom llama-1b 4 fp8
   bench_loom gpt2-124m 16 fp8
+  # cuDNN's fused flash attention (LOOM_CUDA_ATTENTION=cudnn) in place of loom's pipelined
+  # kernels: where the pack was built with the cudnn-frontend headers (tools/device/README.md).
+  bench_loom gpt2-124m 16 bf16 cudnn
+  bench_loom llama-1b 4 bf16 cudnn
   bench_loom gpt2-124m 16 bf16 auto no_gelu_epilogue
   bench_loom gpt2-124m 16 bf16 tensor_cores
   bench_loom llama-1b 4 bf16 tensor_cores

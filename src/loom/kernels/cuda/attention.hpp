@@ -42,10 +42,12 @@ constexpr int64_t kMaxAttentionHeadDim = 128;
 // tested against; both throw for a shape they do not take. `automatic` (the default) takes the
 // pipelined kernels wherever tensor cores apply (tensor_cores_refusal is empty: GPT-2 124M's
 // step on an H100 went from 46.1 to 39.8 ms against `tensor_cores`) and the scalar ones
-// elsewhere; `scalar` always the scalar ones. The environment variable
-// LOOM_CUDA_ATTENTION (auto | scalar | tensor_cores | pipelined) sets the process's starting
-// value; any other value is an error naming it.
-enum class AttentionKernel { automatic, scalar, tensor_cores, pipelined };
+// elsewhere; `scalar` always the scalar ones. `cudnn` is cuDNN's fused flash attention
+// (attention_cudnn.hpp), where loom was built with the cudnn-frontend headers and libcudnn.so.9
+// loads; it throws, naming why, where it cannot run. The environment variable
+// LOOM_CUDA_ATTENTION (auto | scalar | tensor_cores | pipelined | cudnn) sets the process's
+// starting value; any other value is an error naming it.
+enum class AttentionKernel { automatic, scalar, tensor_cores, pipelined, cudnn };
 void set_attention_kernel(AttentionKernel kernel);
 AttentionKernel attention_kernel();
 // Why the tensor-core kernels cannot take this bf16 call (empty when they can): head_dim not 64

@@ -10,6 +10,7 @@
 
 #include "loom/kernels/cuda/attention.hpp"
 #include "loom/kernels/cuda/attention_common.cuh"
+#include "loom/kernels/cuda/attention_cudnn.hpp"
 #include "loom/kernels/cuda/attention_mma.cuh"
 
 namespace loom::cuda {
@@ -218,6 +219,12 @@ void launch_backward(T* d_qkv, const T* d_out, const T* qkv, const float* lse, c
 template <typename T>
 void backward_impl(T* d_qkv, const T* d_out, const T* qkv, const T* out, const float* lse,
                    const AttentionShape& shape, cudaStream_t stream) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (use_cudnn(shape, {d_qkv, d_out, qkv, out})) {  // cuDNN computes its own row dots
+      cudnn_attention_backward(d_qkv, d_out, qkv, out, lse, shape, stream);
+      return;
+    }
+  }
   const AttentionDims d = attention_dims(shape, kMaxAttentionHeadDim);
   const int64_t rows = int64_t{d.batch} * d.heads * d.seq;
   ScratchBuffer<float> delta(rows, stream);

@@ -4,6 +4,7 @@
 // out = acc / l and lse = m + log(l).
 #include "loom/kernels/cuda/attention.hpp"
 #include "loom/kernels/cuda/attention_common.cuh"
+#include "loom/kernels/cuda/attention_cudnn.hpp"
 #include "loom/kernels/cuda/attention_mma.cuh"
 
 namespace loom::cuda {
@@ -137,6 +138,10 @@ void attention_forward(float* out, float* lse, const float* qkv, const Attention
 }
 void attention_forward(bf16* out, float* lse, const bf16* qkv, const AttentionShape& shape,
                        cudaStream_t stream) {
+  if (detail::use_cudnn(shape, {out, qkv})) {
+    detail::cudnn_attention_forward(out, lse, qkv, shape, stream);
+    return;
+  }
   if (detail::use_tensor_cores(shape, {out, qkv})) {
     detail::mma_attention_forward(out, lse, qkv, attention_dims(shape, kMaxAttentionHeadDim),
                                   stream);

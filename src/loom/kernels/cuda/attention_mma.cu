@@ -26,6 +26,7 @@
 #include <mutex>
 #include <string>
 
+#include "loom/kernels/cuda/attention_cudnn.hpp"
 #include "loom/kernels/cuda/attention_fragments.cuh"
 #include "loom/kernels/cuda/attention_mma.cuh"
 #include "loom/kernels/cuda/device_info.hpp"
@@ -47,8 +48,9 @@ AttentionKernel kernel_from_environment() {
   if (value == "scalar") return AttentionKernel::scalar;
   if (value == "tensor_cores") return AttentionKernel::tensor_cores;
   if (value == "pipelined") return AttentionKernel::pipelined;
+  if (value == "cudnn") return AttentionKernel::cudnn;
   throw_error("LOOM_CUDA_ATTENTION='", value,
-              "': expected auto, scalar, tensor_cores or pipelined");
+              "': expected auto, scalar, tensor_cores, pipelined or cudnn");
 }
 
 // Compute capability major of each device, read once.
@@ -93,9 +95,17 @@ std::string tensor_cores_refusal(const AttentionShape& shape,
 namespace detail {
 
 #if !defined(LOOM_CUDA_EMULATION)
+bool use_cudnn(const AttentionShape& shape, std::initializer_list<const void*> pointers) {
+  if (attention_kernel() != AttentionKernel::cudnn) return false;
+  const std::string refusal = cudnn_attention_refusal(shape, pointers);
+  if (!refusal.empty())
+    throw_error("cuDNN attention (LOOM_CUDA_ATTENTION=cudnn) cannot run: ", refusal);
+  return true;
+}
+
 bool use_tensor_cores(const AttentionShape& shape, std::initializer_list<const void*> pointers) {
   const AttentionKernel kernel = attention_kernel();
-  if (kernel == AttentionKernel::scalar) return false;
+  if (kernel == AttentionKernel::scalar || kernel == AttentionKernel::cudnn) return false;
   const std::string refusal = tensor_cores_refusal(shape, pointers);
   if (refusal.empty()) return true;
   if (kernel == AttentionKernel::tensor_cores || kernel == AttentionKernel::pipelined)

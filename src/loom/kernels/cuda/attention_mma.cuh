@@ -13,6 +13,9 @@ namespace loom::cuda::detail {
 // Under the current attention_kernel() setting: true when this bf16 call takes the tensor-core
 // kernels; throws (naming why) under AttentionKernel::tensor_cores when they cannot take it.
 bool use_tensor_cores(const AttentionShape& shape, std::initializer_list<const void*> pointers);
+// True when the process asked for cuDNN attention (LOOM_CUDA_ATTENTION=cudnn); throws, naming
+// why, when it cannot take this call.
+bool use_cudnn(const AttentionShape& shape, std::initializer_list<const void*> pointers);
 
 // Under AttentionKernel::pipelined these two run the pipelined kernels below.
 void mma_attention_forward(bf16* out, float* lse, const bf16* qkv, const AttentionDims& d,

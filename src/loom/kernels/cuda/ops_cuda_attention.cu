@@ -42,9 +42,14 @@ void with_ranged_types(const char* op, DType q, DType kv, DType o, F f) {
 // (LOOM_CUDA_ATTENTION=tensor_cores or pipelined) is told so instead of silently getting them.
 void refuse_forced_tensor_cores(const char* op) {
   const cuda::AttentionKernel kernel = cuda::attention_kernel();
-  if (kernel == cuda::AttentionKernel::tensor_cores || kernel == cuda::AttentionKernel::pipelined)
-    throw_error("ops::", op, " (cuda): tensor-core attention (LOOM_CUDA_ATTENTION=",
-                kernel == cuda::AttentionKernel::pipelined ? "pipelined" : "tensor_cores",
+  if (kernel == cuda::AttentionKernel::tensor_cores || kernel == cuda::AttentionKernel::pipelined ||
+      kernel == cuda::AttentionKernel::cudnn)
+    throw_error("ops::", op,
+                " (cuda): ", kernel == cuda::AttentionKernel::cudnn ? "cuDNN" : "tensor-core",
+                " attention (LOOM_CUDA_ATTENTION=",
+                kernel == cuda::AttentionKernel::pipelined ? "pipelined"
+                : kernel == cuda::AttentionKernel::cudnn   ? "cudnn"
+                                                           : "tensor_cores",
                 ") cannot take key ranges (packed documents); the ranged kernels are scalar: use "
                 "LOOM_CUDA_ATTENTION=auto");
 }

@@ -1,0 +1,124 @@
+// cuDNN's fused flash attention (attention_cudnn.cpp, LOOM_CUDA_ATTENTION=cudnn) against causal
+// attention computed in double from the same bf16 q|k|v and d_out (attention_reference.hpp),
+// on loom's fused layouts: GQA, partial tiles, GPT-2's and Llama's real shapes. cuDNN, like
+// FlashAttention-2 and loom's tensor-core kernels, rounds each probability and each dS to bf16
+// once before its product and keeps the softmax statistics in f32, so the same element-by-element
+// bound holds (test_cuda_attention_tensor_cores.cpp's header derives it); the lse to 1e-4
+// relative. Skipped, saying why, where loom was built without the cudnn-frontend headers or
+// libcudnn.so.9 does not load; the GPU checks print the skips.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention_reference.hpp"
+#include "gpu_test_support.hpp"
+#include "loom/kernels/cuda/attention.hpp"
+#include "loom/kernels/cuda/attention_cudnn.hpp"
+
+namespace loom::cuda::test {
+namespace {
+
+class CudnnAttentionTest : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    DeviceBuffer<bf16> probe(64);
+    const std::string why = detail::cudnn_attention_refusal({1, 8, 1, 1, 64}, {probe.get()});
+    if (!why.empty()) GTEST_SKIP() << why;
+    set_attention_kernel(AttentionKernel::cudnn);
+  }
+  void TearDown() override { set_attention_kernel(AttentionKernel::automatic); }
+};
+
+const AttentionShape kShapes[] = {
+    {2, 70, 4, 4, 64},    // a sequence no tile size divides, two sequences
+    {1, 200, 8, 2, 128},  // 4 query heads per kv head
+    {1, 64, 2, 1, 128},   // every head on one kv head
+    {2, 1024, 4, 4, 64},  // GPT-2's head width at its 1024-token context
+    {1, 512, 8, 2, 128},  // Llama 3's head width and grouping
+};
+
+TEST_F(CudnnAttentionTest, ForwardAndBackwardWithinTheirRoundings) {
+  for (const AttentionShape& s : kShapes) {
+    SCOPED_TRACE(describe(s));
+    uint32_t seed = 900 + 3 * static_cast<uint32_t>(&s - kShapes);
+    const auto qkv = rounded_to_bf16(
+        random_vector(static_cast<size_t>(s.batch * s.seq_len * s.qkv_ld()), ++seed, -2.0f, 2.0f));
+    const auto d_out = rounded_to_bf16(
+        random_vector(static_cast<size_t>(s.batch * s.seq_len * s.out_ld()), ++seed));
+    const Reference want = reference(qkv, d_out, s, nullptr);
+
+    DeviceBuffer<bf16> g_qkv(to_bf16(qkv)), g_dout(to_bf16(d_out)), g_out(want.out.size());
+    // Poisoned, so that a gradient cuDNN did not write shows.
+    DeviceBuffer<bf16> g_dqkv(to_bf16(random_vector(qkv.size(), ++seed, 1e3f, 2e3f)));
+    DeviceBuffer<float> g_lse(want.lse.size());
+    cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
+    expect_within_roundings(from_bf16(g_out.download()), want.out, want.out_magnitude, "out");
+    expect_close(g_lse.download(), want.lse, 1e-4, 1e-5, "lse");
+    cuda::attention_backward(g_dqkv.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
+    const auto got_out = from_bf16(g_out.download());
+    const Reference grads = reference(qkv, d_out, s, &got_out);
+    expect_within_roundings(from_bf16(g_dqkv.download()), grads.d_qkv, grads.d_qkv_magnitude,
+                            "d_qkv");
+  }
+}
+
+// The same bits twice: cuDNN's deterministic backward, as loom's own kernels are.
+TEST_F(CudnnAttentionTest, BackwardIsDeterministic) {
+  const AttentionShape s{2, 200, 8, 2, 128};
+  DeviceBuffer<bf16> g_qkv(to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.qkv_ld()), 910))),
+      g_dout(to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.out_ld()), 911)));
+  DeviceBuffer<bf16> g_out(g_dout.size()), first(g_qkv.size()), second(g_qkv.size());
+  DeviceBuffer<float> g_lse(static_cast<size_t>(2 * 8 * 200));
+  cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
+  cuda::attention_backward(first.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
+  cuda::attention_backward(second.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
+  const auto a = first.download(), b = second.download();
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)));
+}
+
+// Its lse is the statistic loom's tensor-core kernels keep: either backward runs from the other's
+// forward (f32 statistics summed in another order: the lse to 1e-4 relative, the outputs within
+// two roundings of the largest value).
+TEST_F(CudnnAttentionTest, AgreesWithLoomsTensorCoreKernels) {
+  const AttentionShape s{1, 300, 4, 2, 64};
+  const auto qkv = to_bf16(random_vector(static_cast<size_t>(s.seq_len * s.qkv_ld()), 920, -2, 2));
+  const auto d_out = to_bf16(random_vector(static_cast<size_t>(s.seq_len * s.out_ld()), 921));
+  std::vector<float> out[2], lse[2], d_qkv[2];
+  const AttentionKernel kernels[] = {AttentionKernel::cudnn, AttentionKernel::pipelined};
+  for (int k = 0; k < 2; ++k) {
+    set_attention_kernel(kernels[k]);
+    DeviceBuffer<bf16> g_qkv(qkv), g_dout(d_out), g_out(d_out.size()), g_dqkv(qkv.size());
+    DeviceBuffer<float> g_lse(static_cast<size_t>(s.heads * s.seq_len));
+    cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
+    cuda::attention_backward(g_dqkv.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
+    out[k] = from_bf16(g_out.download());
+    lse[k] = g_lse.download();
+    d_qkv[k] = from_bf16(g_dqkv.download());
+  }
+  expect_close(lse[0], lse[1], 1e-4, 1e-5, "lse");
+  expect_close(out[0], out[1], 0.0, 2 * kBf16Rounding * max_abs(out[1]), "out");
+  expect_close(d_qkv[0], d_qkv[1], 0.0, 2 * kBf16Rounding * max_abs(d_qkv[1]), "d_qkv");
+}
+
+TEST_F(CudnnAttentionTest, RefusalsNameTheProblem) {
+  DeviceBuffer<bf16> buf(1 << 16);
+  DeviceBuffer<float> lse(1 << 10);
+  EXPECT_NE(detail::cudnn_attention_refusal({1, 8, 2, 2, 84}, {buf.get()}).find("head_dim 84"),
+            std::string::npos);
+  EXPECT_NE(detail::cudnn_attention_refusal({1, 8, 2, 2, 64}, {buf.get() + 1}).find("16-byte"),
+            std::string::npos);
+  try {
+    cuda::attention_forward(buf.get(), lse.get(), buf.get(), {1, 8, 2, 2, 84});
+    ADD_FAILURE() << "head_dim 84 ran under LOOM_CUDA_ATTENTION=cudnn";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_CUDA_ATTENTION=cudnn"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom::cuda::test

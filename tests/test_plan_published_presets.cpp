@@ -92,6 +92,8 @@ TEST(PublishedPresets, OtherNamesKeepTheirFamilies) {
   EXPECT_EQ(plan::find_published_model("StarCoder2-15B")->name, "StarCoder2 15B");
   EXPECT_EQ(plan::find_published_model("GPT-2 XL")->name, "GPT-2 1.5B");
   EXPECT_EQ(plan::find_published_model("OLMo-2-1124-13B")->name, "OLMo 2 13B");
+  EXPECT_EQ(plan::find_published_model("Kimi-Dev-72B (Qwen2.5)")->name, "Qwen2.5 72B");
+  EXPECT_EQ(plan::find_published_model("Kimi K2")->name, "Kimi K2 1T");
   EXPECT_FALSE(plan::find_published_model("DeepSeek Coder 33B").has_value());
   EXPECT_FALSE(plan::find_published_model("an adopted 13B model").has_value());
   EXPECT_EQ(plan::find_published_model("OPT 7B")->name, "OPT 6.7B");  // within half a billion

@@ -130,6 +130,12 @@ TEST(PublishedRuns, HagemannSweepsDefaultsAndTheKernelTheNotesName) {
   const plan::PublishedRun v1_rms = run("v1rms", "flash_attentionv1.0.8 + RMS kernel");
   EXPECT_FALSE(v1_rms.unfused_rmsnorm);
   EXPECT_EQ(v1_rms.attention_kernel_speedup, 0.5);
+  // No label: the fused kernel, and said.
+  const plan::PublishedRun unnamed = run("unnamed", "");
+  EXPECT_FALSE(unnamed.unfused_rmsnorm);
+  std::string unnamed_said;
+  for (const std::string& a : unnamed.assumptions) unnamed_said += a + "; ";
+  expect_contains(unnamed_said, {"norms: the notes name no kernel: a fused RMSNorm kernel"});
   // The same trial without the kernel runs slower and holds more: the planner's own
   // predictions are compared here only for their direction; the amounts are checked by hand
   // in PlanMemory.UnfusedRmsNormByHand.

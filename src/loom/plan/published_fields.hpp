@@ -123,4 +123,11 @@ class RunFields {
 // parameter count settles), or a named preset; refuses what ModelConfig cannot hold.
 ModelConfig model_of(const RunFields& f, PublishedRun& run);
 
+// The attention a run ran (run.flash_attention, run.attention_kernel_speedup) from its
+// `attention` field (flash | materialized, checked by the caller) or the kernel its lower-case
+// `notes` name, else its source's date; and where the source's labels name the norm kernel,
+// run.unfused_rmsnorm. Each rule applied is added to run.assumptions (published_kernels.cpp).
+void read_kernels(const RunFields& f, const std::string& notes, const std::string& attention,
+                  PublishedRun& run);
+
 }  // namespace loom::plan::published_detail

@@ -159,10 +159,10 @@ const std::vector<Entry>& recent_entries() {
       // pre-training context. MLA with 64 heads (q_lora 1536, kv_lora 512, qk 128 + 64 rope, v
       // 128): q 7168 x 1536 + 1536 x 12288, kv 7168 x 576 + 512 x 16384, o 8192 x 7168 = 101M
       // a layer, stood in for by 64 full heads of 56 (4 x 7168 x 3584 = 103M), so the
-      // parameters (1.04T, 32B active) and GEMM FLOPs hold; MLA's attention core (q.k over 192
-      // wide heads, p.v over 128) is 2.9x the stand-in's.
+      // parameters (1.026T, 32.9B active) and GEMM FLOPs hold; MLA's attention core (q.k over
+      // 192 wide heads, p.v over 128) is 2.9x the stand-in's.
       {"kimi",
-       1040,
+       1026,
        {"Kimi K2 1T",
         [] {
           ModelConfig c = model_preset("deepseek-v3-gqa");
@@ -383,7 +383,8 @@ std::string family_of(const std::string& name) {
       {std::regex(R"(gpt[\s_-]*3(?![0-9]))"), "gpt3"},
       {std::regex(R"(deepseek[\s_-]*v3)"), "deepseekv3"},
       {std::regex(R"(mixtral)"), "mixtral"},
-      {std::regex(R"(kimi)"), "kimi"},
+      // Not Kimi-Dev-72B, a Qwen2.5-72B fine-tune (its name says so and reads as Qwen's).
+      {std::regex(R"(kimi(?![\s_-]*dev))"), "kimi"},
       {std::regex(R"(mistral)"), "mistral"},
       {std::regex(R"(qwen[\s_-]*2)"), "qwen2"},
       {std::regex(R"(qwen[\s_-]*3(?![0-9]))"), "qwen3"},

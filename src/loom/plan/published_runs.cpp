@@ -452,64 +452,7 @@ void fill_run(const json& entry, PublishedRun& run) {
   run.tp_comm_overlap =
       run.conventions.tp_comm_overlap ||
       !contains_any(notes, {"tp-comm-overlap", "tp comm overlap", "tp_comm_overlap"}).empty();
-  if (attention.empty()) {
-    const bool notes_flash = notes.find("flash") != std::string::npos;
-    // A kernel the notes name as "kernel: <label>" (Hagemann et al.'s sweeps record one per
-    // trial), the whole label: PyTorch's own attention ("torch") and Megatron's fused
-    // scale-mask-softmax ("fused") materialise the scores; FlashAttention v1
-    // ("flash_attentionv1.0.8") runs at half FlashAttention-2's rate (Dao 2023, arXiv 2307.08691:
-    // "around 2x faster than FlashAttention"); an unversioned label stays at v2's.
-    std::string kernel;
-    for (const char* field : {"measured.notes", "notes", "parallelism.notes"}) {
-      const std::string text = lowercase(f.text(field));
-      const size_t at = text.find("kernel:");
-      if (at == std::string::npos) continue;
-      const size_t from = text.find_first_not_of(' ', at + 7);
-      if (from == std::string::npos) continue;
-      const size_t to = text.find_first_of(";,\n", from);
-      kernel = text.substr(from, to == std::string::npos ? std::string::npos : to - from);
-      while (!kernel.empty() && kernel.back() == ' ') kernel.pop_back();
-      break;
-    }
-    // Where the source's labels name the norm kernel, a label without one ran RMSNorm as
-    // PyTorch ops. The label's attention part is what precedes " + ".
-    if (!kernel.empty() && run.conventions.kernel_label_names_norm) {
-      const size_t plus = kernel.find('+');
-      const std::string extra = plus == std::string::npos ? "" : kernel.substr(plus);
-      run.unfused_rmsnorm = extra.find("rms") == std::string::npos;
-      if (run.unfused_rmsnorm && run.model.arch == Architecture::Llama)
-        run.assumptions.push_back(
-            "norms: kernel '" + kernel +
-            "' names no RMSNorm kernel, so RMSNorm ran as PyTorch ops "
-            "(LLaMA's reference: an fp32 copy saved, 13 times a fused kernel's "
-            "HBM traffic)");
-      if (plus != std::string::npos) {
-        kernel = kernel.substr(0, plus);
-        while (!kernel.empty() && kernel.back() == ' ') kernel.pop_back();
-      }
-    }
-    static const std::regex flash_v1(R"(^flash[_ ]?attention[_ ]?v?1(\.[0-9.]*)?$)");
-    if (kernel == "torch" || kernel == "fused") {
-      run.flash_attention = false;
-      run.assumptions.push_back("attention: the notes name kernel '" + kernel +
-                                "', which materialises the scores");
-    } else if (std::regex_match(kernel, flash_v1)) {
-      run.flash_attention = true;
-      run.attention_kernel_speedup *= 0.5;
-      run.assumptions.push_back("attention: FlashAttention v1 ('" + kernel +
-                                "'), half FlashAttention-2's rate (Dao 2023)");
-    } else if (notes_flash) {
-      run.flash_attention = true;
-    } else if (run.conventions.materialized_attention) {
-      run.flash_attention = false;
-      run.assumptions.push_back("attention not stated: materialized scores (the source predates FlashAttention, May 2022)");
-    } else {
-      run.flash_attention = true;
-      run.assumptions.push_back("attention not stated: flash");
-    }
-  } else {
-    run.flash_attention = attention != "materialized";
-  }
+  read_kernels(f, notes, attention, run);
 
   // The stated micro-batch, 0 when not stated (a stated 0 reads as not stated).
   const int64_t mbs = f.integer("micro_batch").value_or(0);

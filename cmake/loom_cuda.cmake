@@ -76,30 +76,36 @@ else()
                  "architectures ${CMAKE_CUDA_ARCHITECTURES})")
 endif()
 
-# cuDNN's fused flash attention (src/loom/kernels/cuda/attention_cudnn.cpp, LOOM_CUDA_ATTENTION=
-# cudnn) where NVIDIA's header-only cudnn-frontend and cuDNN's headers are found. Nothing links
-# libcudnn: the frontend opens libcudnn.so.9 at run time (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING),
-# so the binary runs where cuDNN is absent and says so only when cuDNN attention is asked for.
+# cuDNN's fused flash attention (LOOM_CUDA_ATTENTION=cudnn) lives in a plugin, libloom_cudnn.so
+# (src/loom/kernels/cuda/cudnn/), built where NVIDIA's header-only cudnn-frontend and cuDNN 9
+# (headers and libcudnn) are found. loom opens it at run time, only when asked
+# (kernels/cuda/attention_cudnn.cu): loom's binaries need neither the plugin nor libcudnn to
+# start, and the plugin links the same libcudart as loom.
 set(LOOM_CUDNN_FRONTEND_INCLUDE "${PROJECT_SOURCE_DIR}/.device/cudnn-frontend/include"
     CACHE PATH "cudnn-frontend's include directory, for cuDNN attention")
 function(loom_add_cudnn_attention target)
   find_path(LOOM_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(LOOM_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
   if(NOT EXISTS "${LOOM_CUDNN_FRONTEND_INCLUDE}/cudnn_frontend.h")
     message(STATUS "loom: cuDNN attention not built (no cudnn_frontend.h in "
                    "LOOM_CUDNN_FRONTEND_INCLUDE=${LOOM_CUDNN_FRONTEND_INCLUDE})")
     return()
   endif()
-  if(NOT LOOM_CUDNN_INCLUDE)
-    message(STATUS "loom: cuDNN attention not built (cudnn.h not found)")
+  if(NOT LOOM_CUDNN_INCLUDE OR NOT LOOM_CUDNN_LIBRARY)
+    message(STATUS "loom: cuDNN attention not built (cudnn.h or libcudnn not found)")
     return()
   endif()
-  set(source ${PROJECT_SOURCE_DIR}/src/loom/kernels/cuda/attention_cudnn.cpp)
-  target_sources(${target} PRIVATE ${source})
-  set_source_files_properties(${source} PROPERTIES COMPILE_DEFINITIONS
-                              NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING)
-  target_include_directories(${target} SYSTEM PRIVATE ${LOOM_CUDNN_FRONTEND_INCLUDE}
-                                                      ${LOOM_CUDNN_INCLUDE})
-  target_compile_definitions(${target} PUBLIC LOOM_HAVE_CUDNN=1)
-  target_link_libraries(${target} PUBLIC ${CMAKE_DL_LIBS})
-  message(STATUS "loom: cuDNN attention built (cudnn-frontend ${LOOM_CUDNN_FRONTEND_INCLUDE})")
+  add_library(loom_cudnn SHARED
+              ${PROJECT_SOURCE_DIR}/src/loom/kernels/cuda/cudnn/attention_cudnn_plugin.cpp)
+  target_include_directories(loom_cudnn PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_include_directories(loom_cudnn SYSTEM PRIVATE ${LOOM_CUDNN_FRONTEND_INCLUDE}
+                                                       ${LOOM_CUDNN_INCLUDE})
+  # The frontend's own engines compile with NVRTC and call the driver API (llm.c links the same).
+  target_link_libraries(loom_cudnn PRIVATE CUDA::cudart CUDA::nvrtc CUDA::cuda_driver
+                                           ${LOOM_CUDNN_LIBRARY})
+  set_target_properties(loom_cudnn PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR})
+  target_compile_definitions(${target} PRIVATE LOOM_CUDNN_PLUGIN_PATH="$<TARGET_FILE:loom_cudnn>")
+  add_dependencies(${target} loom_cudnn)
+  message(STATUS "loom: cuDNN attention plugin built (cudnn-frontend ${LOOM_CUDNN_FRONTEND_INCLUDE}, "
+                 "${LOOM_CUDNN_LIBRARY})")
 endfunction()

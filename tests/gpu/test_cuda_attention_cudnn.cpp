@@ -28,9 +28,13 @@ class CudnnAttentionTest : public CudaTest {
     DeviceBuffer<bf16> probe(64);
     const std::string why = detail::cudnn_attention_refusal({1, 8, 1, 1, 64}, {probe.get()});
     if (!why.empty()) GTEST_SKIP() << why;
+    previous_ = attention_kernel();
     set_attention_kernel(AttentionKernel::cudnn);
   }
-  void TearDown() override { set_attention_kernel(AttentionKernel::automatic); }
+  void TearDown() override { set_attention_kernel(previous_); }
+
+ private:
+  AttentionKernel previous_ = AttentionKernel::automatic;
 };
 
 const AttentionShape kShapes[] = {
@@ -80,28 +84,41 @@ TEST_F(CudnnAttentionTest, BackwardIsDeterministic) {
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)));
 }
 
-// Its lse is the statistic loom's tensor-core kernels keep: either backward runs from the other's
-// forward (f32 statistics summed in another order: the lse to 1e-4 relative, the outputs within
-// two roundings of the largest value).
+// Its lse is the statistic loom's tensor-core kernels keep, so either backward runs from the
+// other's forward: cuDNN's backward on the pipelined kernels' out and lse, and the pipelined
+// backward on cuDNN's, each against the same backward on its own forward (f32 statistics summed
+// in another order: the lse to 1e-4 relative; outputs within two roundings of the largest).
 TEST_F(CudnnAttentionTest, AgreesWithLoomsTensorCoreKernels) {
   const AttentionShape s{1, 300, 4, 2, 64};
   const auto qkv = to_bf16(random_vector(static_cast<size_t>(s.seq_len * s.qkv_ld()), 920, -2, 2));
   const auto d_out = to_bf16(random_vector(static_cast<size_t>(s.seq_len * s.out_ld()), 921));
-  std::vector<float> out[2], lse[2], d_qkv[2];
   const AttentionKernel kernels[] = {AttentionKernel::cudnn, AttentionKernel::pipelined};
+  DeviceBuffer<bf16> g_qkv(qkv), g_dout(d_out);
+  DeviceBuffer<bf16> g_out[2] = {DeviceBuffer<bf16>(d_out.size()),
+                                 DeviceBuffer<bf16>(d_out.size())};
+  DeviceBuffer<float> g_lse[2] = {DeviceBuffer<float>(static_cast<size_t>(s.heads * s.seq_len)),
+                                  DeviceBuffer<float>(static_cast<size_t>(s.heads * s.seq_len))};
   for (int k = 0; k < 2; ++k) {
     set_attention_kernel(kernels[k]);
-    DeviceBuffer<bf16> g_qkv(qkv), g_dout(d_out), g_out(d_out.size()), g_dqkv(qkv.size());
-    DeviceBuffer<float> g_lse(static_cast<size_t>(s.heads * s.seq_len));
-    cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
-    cuda::attention_backward(g_dqkv.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
-    out[k] = from_bf16(g_out.download());
-    lse[k] = g_lse.download();
-    d_qkv[k] = from_bf16(g_dqkv.download());
+    cuda::attention_forward(g_out[k].get(), g_lse[k].get(), g_qkv.get(), s);
   }
-  expect_close(lse[0], lse[1], 1e-4, 1e-5, "lse");
-  expect_close(out[0], out[1], 0.0, 2 * kBf16Rounding * max_abs(out[1]), "out");
-  expect_close(d_qkv[0], d_qkv[1], 0.0, 2 * kBf16Rounding * max_abs(d_qkv[1]), "d_qkv");
+  expect_close(g_lse[0].download(), g_lse[1].download(), 1e-4, 1e-5, "lse");
+  const auto out0 = from_bf16(g_out[0].download()), out1 = from_bf16(g_out[1].download());
+  expect_close(out0, out1, 0.0, 2 * kBf16Rounding * max_abs(out1), "out");
+  // backward kernel b on forward f's out and lse, for all four pairs.
+  std::vector<float> d_qkv[2][2];
+  for (int b = 0; b < 2; ++b)
+    for (int f = 0; f < 2; ++f) {
+      set_attention_kernel(kernels[b]);
+      DeviceBuffer<bf16> g_dqkv(qkv.size());
+      cuda::attention_backward(g_dqkv.get(), g_dout.get(), g_qkv.get(), g_out[f].get(),
+                               g_lse[f].get(), s);
+      d_qkv[b][f] = from_bf16(g_dqkv.download());
+    }
+  const double bound = 2 * kBf16Rounding * max_abs(d_qkv[1][1]);
+  expect_close(d_qkv[0][0], d_qkv[1][1], 0.0, bound, "cuDNN on its own forward vs pipelined");
+  expect_close(d_qkv[0][1], d_qkv[0][0], 0.0, bound, "cuDNN backward on the pipelined forward");
+  expect_close(d_qkv[1][0], d_qkv[1][1], 0.0, bound, "pipelined backward on cuDNN's forward");
 }
 
 TEST_F(CudnnAttentionTest, RefusalsNameTheProblem) {

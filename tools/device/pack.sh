@@ -62,9 +62,15 @@ cp -a "$PMIX/lib/pmix" "$P/pmix2/lib/"
 strip --strip-unneeded "$P"/mpi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so "$P"/pmix2/lib/pmix/*.so 2>/dev/null || true
 
 # 3. The shared-library closure (ldd is already transitive).
-skip='^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libutil|libresolv|libanl|libmvec|libnsl|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
+skip='^(linux-vdso|ld-linux|libc|libm|libpthread|libdl|librt|libutil|libresolv|libanl|libmvec|libnsl|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn|libnvrtc)\.so'
+# cuDNN attention's plugin (built where the cudnn-frontend headers were found), which loom
+# opens at run time from its library path: into lib/. libcudnn and libnvrtc are the image's.
+if [ -f "$BUILD/libloom_cudnn.so" ]; then
+  strip --strip-unneeded -o "$P/lib/libloom_cudnn.so" "$BUILD/libloom_cudnn.so"
+fi
 {
   for b in "${bins[@]}"; do [ -f "$BUILD/$b" ] && echo "$BUILD/$b"; done
+  if [ -f "$BUILD/libloom_cudnn.so" ]; then echo "$BUILD/libloom_cudnn.so"; fi
   echo "$P/mpi/bin/orterun"; echo "$P/mpi/bin/orted"
   ls "$P"/mpi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so "$P"/pmix2/lib/pmix/*.so
 } | while read -r f; do ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}'; done \

@@ -107,6 +107,12 @@ if [ -n "$missing" ]; then
   finish 3
 fi
 note "ok      every library found: $(ldd "$P/build/loom" | awk '/libcudart|libcublasLt|libnccl|libcuda\./ {print $1 "=" $3}' | tr '\n' ' ')"
+# cuDNN attention's plugin (opened only for LOOM_CUDA_ATTENTION=cudnn): what it links, here.
+if [ -f "$P/lib/libloom_cudnn.so" ]; then
+  note "cudnn   plugin: $(ldd "$P/lib/libloom_cudnn.so" | awk '/libcudnn|libnvrtc|libcudart|not found/ {print $1 "=" $3}' | tr '\n' ' ')"
+else
+  note "cudnn   no libloom_cudnn.so in the pack (built without the cudnn-frontend headers)"
+fi
 
 # LOOM_CHECKS picks the phases (default all): probe tests nccl smoke calibrate layouts profile bench.
 # LOOM_BENCH_TORCH=0 leaves out the PyTorch runs of the bench.
@@ -265,13 +271,14 @@ warmup_steps = 0
 dir = "$6"
 TOML
 }
-bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue [seq]]]]
-  local precision=${3:-bf16} attention=${4:-auto} variant=${5:-} gelu=1 seq=${6:-1024}
+bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue | nondeterministic [seq]]]]
+  local precision=${3:-bf16} attention=${4:-auto} variant=${5:-} gelu=1 seq=${6:-1024} det=1
   local name="$1_${3:-bf16}_${4:-auto}${variant:+_$variant}"
   [ "$seq" != 1024 ] && name="${name}_seq$seq"
   [ "$variant" = no_gelu_epilogue ] && gelu=0
+  [ "$variant" = nondeterministic ] && det=0
   bench_toml "$B/$name.toml" "$1" "$2" "$precision" "$STEPS" "$B/loom_$name" "$seq"
-  check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" LOOM_CUDA_GELU_EPILOGUE="$gelu" "$P/build/loom" train "$B/$name.toml"
+  check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" LOOM_CUDA_GELU_EPILOGUE="$gelu" LOOM_CUDA_CUDNN_DETERMINISTIC="$det" "$P/build/loom" train "$B/$name.toml"
   "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention${variant:+ $variant}" "$seq" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]
@@ -353,6 +360,7 @@ elif want bench; then
   # cuDNN's fused flash attention (LOOM_CUDA_ATTENTION=cudnn) in place of loom's pipelined
   # kernels: where the pack was built with the cudnn-frontend headers (tools/device/README.md).
   bench_loom gpt2-124m 16 bf16 cudnn
+  bench_loom gpt2-124m 16 bf16 cudnn nondeterministic
   bench_loom llama-1b 4 bf16 cudnn
   bench_loom gpt2-124m 16 bf16 auto no_gelu_epilogue
   bench_loom gpt2-124m 16 bf16 tensor_cores

@@ -6,10 +6,11 @@
 // bf16 when LOOM_CUDA_ATTENTION=cudnn (attention.hpp), so that it can be tested against the
 // CPU and measured beside loom's own tensor-core kernels before `auto` chooses it.
 //
-// Built only where the cudnn-frontend headers are found at configure time
-// (LOOM_CUDNN_FRONTEND_INCLUDE, default .device/cudnn-frontend/include: tools/device/pack.sh
-// puts them there); libcudnn.so.9 itself is opened at run time (the frontend's dynamic loading),
-// so a binary built here runs where cuDNN is missing and says so only when asked for it.
+// The graphs live in libloom_cudnn.so (cudnn/attention_cudnn_plugin.cpp), built only where the
+// cudnn-frontend headers are found at configure time (LOOM_CUDNN_FRONTEND_INCLUDE, default
+// .device/cudnn-frontend/include: tools/device/cudnn_frontend.sh puts them there) and opened
+// the first time cuDNN attention is asked for (attention_cudnn.cu), so loom's binaries start
+// where cuDNN is missing and say so only when asked for it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -20,9 +21,10 @@
 
 namespace loom::cuda::detail {
 
-// Why cuDNN attention cannot run here (empty when it can): loom built without the frontend,
-// libcudnn.so.9 not found, or a shape or pointer it does not take (head_dim not a multiple of 8
-// or above 128, a pointer not 16-byte aligned).
+// Why cuDNN attention cannot run here (empty when it can): loom built without the plugin, the
+// plugin or libcudnn.so.9 not loading, a device before sm_80, or a shape or pointer it does not
+// take (head_dim not a multiple of 8 or above 128, a sequence of 1, a pointer not 16-byte
+// aligned).
 std::string cudnn_attention_refusal(const cpu::AttentionShape& shape,
                                     std::initializer_list<const void*> pointers);
 
@@ -31,8 +33,9 @@ std::string cudnn_attention_refusal(const cpu::AttentionShape& shape,
 void cudnn_attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* qkv,
                              const cpu::AttentionShape& shape, cudaStream_t stream);
 
-// Writes (overwrites) d_qkv in the layout of qkv. Deterministic (cuDNN's deterministic
-// backward, as loom's own kernels are), from the lse the forward wrote.
+// Writes (overwrites) d_qkv in the layout of qkv, from the lse the forward wrote.
+// Deterministic (cuDNN's deterministic backward, as loom's own kernels are) unless
+// LOOM_CUDA_CUDNN_DETERMINISTIC=0.
 void cudnn_attention_backward(__nv_bfloat16* d_qkv, const __nv_bfloat16* d_out,
                               const __nv_bfloat16* qkv, const __nv_bfloat16* out, const float* lse,
                               const cpu::AttentionShape& shape, cudaStream_t stream);

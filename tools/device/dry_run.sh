@@ -2,7 +2,8 @@
 # A dry run of the device pack on this machine (no GPU needed): unpacks .device/loom-device.tar.xz
 # into a temp dir and, with LD_LIBRARY_PATH naming only the pack (tools/device/env.sh nocuda),
 #   1. checks `ldd` of every packed binary: nothing "not found", and every library resolved from
-#      the pack except glibc, libstdc++/libgcc_s and the CUDA libraries the image provides;
+#      the pack except glibc, libstdc++/libgcc_s and the CUDA libraries the image provides
+#      (cuDNN and NVRTC too, which only the cuDNN attention plugin links);
 #   2. checks with LD_DEBUG=libs which files `loom --help` and `mpirun` really load;
 #   3. in a private mount namespace (unshare -m, needs root) where the host's own copies of the
 #      packed libraries, OpenMPI's and PMIx's dirs, /usr/share/openmpi and /etc/openmpi are
@@ -21,7 +22,7 @@ echo "dry_run: unpacked $(du -sh "$P" | cut -f1) to $P"
 # shellcheck source=env.sh
 source "$REPO/tools/device/env.sh" "$P" nocuda
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-allowed='^(linux-vdso|/lib64/ld-linux[^ ]*|ld-linux[^ ]*|libc|libm|libpthread|libdl|librt|libutil|libresolv|libmvec|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
+allowed='^(linux-vdso|/lib64/ld-linux[^ ]*|ld-linux[^ ]*|libc|libm|libpthread|libdl|librt|libutil|libresolv|libmvec|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn|libnvrtc)\.so'
 status=0
 
 echo "== 1. ldd of the packed binaries, OpenMPI and its plugins"

@@ -387,7 +387,8 @@ TEST(PlanAttention, MaterialisedScoresCostMemoryAndTime) {
 // read from the parallelism text; recompute_config (a loom addition) fills an unstated recompute.
 // A run that does not state its attention takes it from its source's date: Megatron-LM in
 // 2021-22 and the ZeRO paper stored the s x s scores (FlashAttention is from May 2022), and an
-// unknown source dated before 2022 is read the same way; a run whose text names flash runs flash.
+// unknown source dated 2022 or before is read the same way; a run whose text names flash runs
+// flash.
 TEST(PublishedRuns, UnstatedAttentionFollowsTheSourceDate) {
   EXPECT_EQ(plan::latest_year_named("Rajbhandari et al. 2019/2020, 'ZeRO'"), 2020);
   EXPECT_EQ(plan::latest_year_named("Narayanan et al. (arXiv 2104.04473)"), 0);
@@ -410,7 +411,9 @@ TEST(PublishedRuns, UnstatedAttentionFollowsTheSourceDate) {
   const plan::PublishedRun narayanan = run("n", "Narayanan et al. 2021, Table 1", "");
   ASSERT_TRUE(narayanan.refused.empty()) << narayanan.refused;
   EXPECT_FALSE(narayanan.flash_attention);
-  expect_contains(said(narayanan), {"attention not stated: materialized scores (the source predates FlashAttention"});
+  expect_contains(
+      said(narayanan),
+      {"attention not stated: materialized scores (the source predates FlashAttention"});
   EXPECT_FALSE(run("k", "Korthikanti et al. 2022 (arXiv 2205.05198)", "").flash_attention);
   EXPECT_FALSE(run("old", "Doe et al. 2021, a workshop paper", "").flash_attention);
   EXPECT_TRUE(run("new", "Doe et al. 2024, a blog", "").flash_attention);
@@ -419,6 +422,25 @@ TEST(PublishedRuns, UnstatedAttentionFollowsTheSourceDate) {
   const plan::PublishedRun named = run("named", "Doe et al. 2021", "kernel: flash_attention2");
   EXPECT_TRUE(named.flash_attention);
   EXPECT_EQ(said(named).find("attention not stated"), std::string::npos);
+  // 2022's papers (OPT, BLOOM, GLM-130B, MT-NLG) trained before FlashAttention and Megatron's
+  // sequence parallelism, and pipelined one chunk per rank: an unknown source of 2022 is read
+  // so; one of 2023 is not.
+  const plan::PublishedRun glm = run("glm", "Zeng et al. 2022, GLM-130B", "");
+  EXPECT_FALSE(glm.flash_attention);
+  EXPECT_TRUE(glm.conventions.unstated_sp_off);
+  EXPECT_TRUE(glm.conventions.unstated_pp_one_chunk);
+  expect_contains(said(glm), {"materialized scores (a source of 2022: FlashAttention appeared"});
+  const plan::PublishedRun later = run("later", "Doe et al. 2023", "");
+  EXPECT_TRUE(later.flash_attention);
+  EXPECT_FALSE(later.conventions.unstated_sp_off);
+  // A paper whose title names Megatron-LM is not the Megatron-LM README (H100, 2024-25).
+  const plan::PublishedRun shoeybi = run(
+      "shoeybi", "Shoeybi et al. 2019, 'Megatron-LM: Training Multi-Billion Parameter ...'", "");
+  EXPECT_NE(shoeybi.source_label, "Megatron-LM README (H100)");
+  EXPECT_FALSE(shoeybi.flash_attention);
+  EXPECT_EQ(
+      run("readme", "NVIDIA/Megatron-LM README.md 'Performance Benchmarking'", "").source_label,
+      "Megatron-LM README (H100)");
 }
 
 // The fit test: the fragmentation allowance (10%) falls on the whole peak, or, for a stack whose

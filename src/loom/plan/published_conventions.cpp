@@ -115,6 +115,13 @@ SourceConventions torchtitan() {
   return c;
 }
 
+SourceConventions megatron_readme() {
+  return make("Megatron-LM README (H100)", FlopCount::PaLM, FlopCount::RecomputeHardware,
+              FlopCount::PaLM, true,
+              "Megatron-LM training.py num_floating_point_operations: 6N + 12Lhs for GPT (MFU = "
+              "TFLOP/s / 989)");
+}
+
 const std::vector<Row>& rows() {
   using F = FlopCount;
   static const std::vector<Row> all = {
@@ -159,10 +166,10 @@ const std::vector<Row>& rows() {
                                          "counted, attention in full); checked: 697 TFLOP/s / "
                                          "12,036 tokens/s = 57.9 GFLOP per token for "
                                          "Llama 3.1 8B at 8K"))},
-      {"megatron-lm",
-       make("Megatron-LM README (H100)", F::PaLM, F::RecomputeHardware, F::PaLM, true,
-            "Megatron-LM training.py num_floating_point_operations: 6N + 12Lhs for GPT (MFU = "
-            "TFLOP/s / 989)")},
+      // The README of NVIDIA/Megatron-LM (2024-25), not every paper that names Megatron-LM
+      // (Shoeybi et al. 2019's title does).
+      {"nvidia/megatron-lm", megatron_readme()},
+      {"megatron-lm readme", megatron_readme()},
       {"torchtitan", torchtitan()},
   };
   return all;
@@ -180,9 +187,23 @@ SourceConventions conventions_of_source(const std::string& source) {
   while (!other.label.empty() && other.label.back() == ' ') other.label.pop_back();
   if (other.label.empty()) other.label = "other";
   other.where = "not a known source: PaLM's 6N + 12Lhs assumed";
-  // A source dated before 2022 predates FlashAttention (May 2022) and its uptake.
+  // A source dated 2022 or before ran what its stacks then had: FlashAttention (Dao et al.,
+  // May 2022) and Megatron-LM's sequence parallelism (Korthikanti et al., May 2022) came after
+  // the training of the runs that year's papers report (OPT, BLOOM, GLM-130B, MT-NLG: none uses
+  // either), and their pipelines ran one model chunk per rank (DeepSpeed's pipeline engine has
+  // no interleaving; Megatron's interleaved schedule, Narayanan et al. 2021, is that source's
+  // own row).
   const int year = latest_year_named(source);
-  other.materialized_attention = year != 0 && year < 2022;
+  const bool early = year != 0 && year <= 2022;
+  other.materialized_attention = early;
+  other.unstated_sp_off = early;
+  other.unstated_pp_one_chunk = early;
+  if (early) {
+    const std::string dated = "a source of " + std::to_string(year);
+    other.materialized_why = dated + ": FlashAttention appeared in May 2022";
+    other.unstated_off_why = dated + ": sequence parallelism appeared in May 2022";
+    other.unstated_one_chunk_why = dated + ": pipelines then ran one chunk per rank";
+  }
   return other;
 }
 

@@ -54,6 +54,8 @@ struct SourceConventions {
   // FSDP2 under torch.distributed.pipelining keeps a stage's parameters gathered and its
   // gradients unsharded across the micro-batches (GpuJob::fsdp_gathered_under_pp).
   bool fsdp_gathered_under_pp = false;
+  // Why a run of it without a stated attention computed the scores in HBM.
+  std::string materialized_why = "the source predates FlashAttention, May 2022";
   // Its stack's fused attention over the 2023-24 rate (TrainingJob::attention_kernel_speedup).
   double attention_kernel_speedup = 1.0;
   // Its recipes overlap tensor-parallel communication with the GEMMs (TrainingJob::
@@ -64,6 +66,8 @@ struct SourceConventions {
   // What its sweeps ran where a record leaves it out: sequence parallelism off and one pipeline
   // chunk per rank (1F1B), not the planner's general guesses (on; the fastest interleaving).
   bool unstated_sp_off = false, unstated_pp_one_chunk = false;
+  std::string unstated_off_why = "the source's sweeps ran it as a separate ablation";
+  std::string unstated_one_chunk_why = "the source's sweeps vary no interleaving";
   // A record's kernel label ("kernel: <label>" in its notes) names the fused RMSNorm kernel
   // where one ran ("flash_attention2 + RMS kernel"); under any other label the norms ran as
   // PyTorch ops (GpuJob::unfused_rmsnorm).

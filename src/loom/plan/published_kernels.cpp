@@ -79,9 +79,8 @@ void read_kernels(const RunFields& f, const std::string& notes, const std::strin
       run.flash_attention = true;
     } else if (run.conventions.materialized_attention) {
       run.flash_attention = false;
-      run.assumptions.push_back(
-          "attention not stated: materialized scores (the source predates FlashAttention, May "
-          "2022)");
+      run.assumptions.push_back("attention not stated: materialized scores (" +
+                                run.conventions.materialized_why + ")");
     } else {
       run.flash_attention = true;
       run.assumptions.push_back("attention not stated: flash");

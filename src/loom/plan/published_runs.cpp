@@ -204,8 +204,8 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   } else if (run.conventions.unstated_sp_off) {
     l.sequence_parallel = false;
     if (l.tp > 1)
-      run.assumptions.push_back(
-          "sequence_parallel not stated: off (the source's sweeps ran it as a separate ablation)");
+      run.assumptions.push_back("sequence_parallel not stated: off (" +
+                                run.conventions.unstated_off_why + ")");
   } else {
     l.sequence_parallel = l.tp > 1;
     if (l.tp > 1) run.assumptions.push_back("sequence_parallel not stated: on (tp > 1)");
@@ -224,9 +224,8 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   }
   if (run.unstated.vp && named_schedule.empty() && run.conventions.unstated_pp_one_chunk) {
     run.unstated.vp = false;
-    run.assumptions.push_back(
-        "pp_schedule not stated: 1F1B, one chunk per rank (the source's sweeps vary no "
-        "interleaving)");
+    run.assumptions.push_back("pp_schedule not stated: 1F1B, one chunk per rank (" +
+                              run.conventions.unstated_one_chunk_why + ")");
   }
   // A schedule stated as interleaved runs at least two model chunks per rank (Narayanan et al.
   // 2021 sec. 2.2.2), whatever V the source leaves out; "non-interleaved" says the opposite.

@@ -98,6 +98,16 @@ TEST(PublishedPresets, OtherNamesKeepTheirFamilies) {
   EXPECT_FALSE(plan::find_published_model("an adopted 13B model").has_value());
   EXPECT_EQ(plan::find_published_model("OPT 7B")->name, "OPT 6.7B");  // within half a billion
   EXPECT_FALSE(plan::find_published_model("OPT 20B").has_value());    // no such size
+  // Other architectures under the same names: StarCoderBase's small sizes, Falcon 2 and its
+  // Mamba, OLMoE, Megatron-BERT; and Megatron-LM's GPT-2 named after GPT-2.
+  EXPECT_FALSE(plan::find_published_model("bigcode/starcoderbase-1b").has_value());
+  EXPECT_EQ(plan::find_published_model("bigcode/starcoder")->name, "StarCoder 15.5B");
+  EXPECT_FALSE(plan::find_published_model("Falcon2-11B").has_value());
+  EXPECT_FALSE(plan::find_published_model("Falcon-Mamba-7B").has_value());
+  EXPECT_EQ(plan::find_published_model("tiiuae/falcon-40b")->name, "Falcon 40B");
+  EXPECT_FALSE(plan::find_published_model("OLMoE-1B-7B").has_value());
+  EXPECT_FALSE(plan::find_published_model("Megatron-BERT 3.9B").has_value());
+  EXPECT_EQ(plan::find_published_model("Megatron-LM GPT-2 8.3B")->name, "Megatron-LM 8.3B");
 }
 
 // A record naming OPT-175B as its paper ran it (992 A100s: tp 8 over 124 fully sharded
@@ -121,6 +131,25 @@ TEST(PublishedPresets, AStatedBatchNoReplicaCountSplitsIsRunAsTheNearestThatDoes
                   {"global batch 1024 is not a multiple of dp 124 x micro-batch 1: run as 992"});
   // The tokens a step are the 992 sequences the time was predicted for.
   EXPECT_NEAR(c.tokens_per_s_per_gpu * 992 * c.step_s / (992.0 * 2048), 1.0, 1e-12);
+
+  // A step time is predicted for the stated 1024 sequences: the 992's scaled by 1024 / 992.
+  std::string timed = text;
+  timed.replace(timed.find(R"("tflops_per_gpu": 147)"), 21, R"("step_time_s": 30)");
+  const plan::RunCheck t = plan::check_published_run(
+      plan::read_published_runs(write_file("opt_step.json", timed)).front());
+  const plan::FigureCheck* step = figure(t, plan::Figure::StepTime);
+  ASSERT_NE(step, nullptr);
+  EXPECT_NEAR(step->predicted / (t.step_s * 1024.0 / 992.0), 1.0, 1e-12);
+
+  // 100 sequences on 124 replicas would become 124, 24% more: a different run, refused.
+  std::string small = text;
+  small.replace(small.find(R"("global_batch": 1024)"), 20, R"("global_batch": 100)");
+  const plan::RunCheck refused = plan::check_published_run(
+      plan::read_published_runs(write_file("opt_small.json", small)).front());
+  EXPECT_FALSE(refused.answered);
+  ASSERT_FALSE(refused.picks.empty());
+  expect_contains(refused.picks.front(),
+                  {"no micro-batch size splits global batch 100 over dp = 124"});
 }
 
 }  // namespace

@@ -16,6 +16,10 @@ namespace loom::plan {
 
 namespace {
 
+// How far a stated global batch may be moved to the nearest that dp x micro-batch splits (see
+// check_published_run): a round figure's rounding ("2M tokens"), not a different run.
+constexpr double kGlobalBatchRounding = 0.05;
+
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::vector<int64_t> choices(bool unstated, int64_t stated, const std::vector<int64_t>& otherwise) {
@@ -67,20 +71,31 @@ RunCheck check_run(const PublishedRun& run) {
   job.seq_len = run.seq_len;
   // A stated global batch that no micro-batch splits evenly over dp (OPT-175B's 1024 sequences
   // on 124 replicas, GPT-NeoX-20B's 1538 on 12; "2M tokens" is a round figure) is run as the
-  // nearest that one does, and said: the step's tokens change by under 1 / (dp x mbs).
+  // nearest that one does, and said, when that moves it by at most 5%; the predicted step time
+  // is then scaled back to the stated batch (tokens/s and utilisation do not depend on it). A
+  // stated interleaved schedule also needs the micro-batches to fill whole pipeline rounds.
   int64_t global_batch = run.global_batch;
   {
     const std::vector<int64_t> mbs_choices =
         choices(run.unstated.micro_batch, run.layout.micro_batch, {1, 2, 4, 8, 16});
+    const int64_t rounds = !run.unstated.vp && run.layout.vp > 1 ? run.layout.pp : 1;
     bool splits = false;
-    for (int64_t mbs : mbs_choices) splits = splits || global_batch % (run.layout.dp * mbs) == 0;
+    for (int64_t mbs : mbs_choices)
+      splits = splits || global_batch % (run.layout.dp * mbs * rounds) == 0;
     if (!splits && global_batch > 0) {
-      const int64_t unit = run.layout.dp * mbs_choices.front();
-      global_batch = std::max<int64_t>(1, (global_batch + unit / 2) / unit) * unit;
-      check.notes.push_back("global batch " + std::to_string(run.global_batch) +
-                            " is not a multiple of dp " + std::to_string(run.layout.dp) +
-                            " x micro-batch " + std::to_string(mbs_choices.front()) + ": run as " +
-                            std::to_string(global_batch) + ", the nearest that is");
+      const int64_t unit = run.layout.dp * mbs_choices.front() * rounds;
+      const int64_t nearest = std::max<int64_t>(1, (global_batch + unit / 2) / unit) * unit;
+      const double moved =
+          std::fabs(static_cast<double>(nearest) / static_cast<double>(global_batch) - 1);
+      if (moved <= kGlobalBatchRounding) {
+        global_batch = nearest;
+        check.notes.push_back("global batch " + std::to_string(run.global_batch) +
+                              " is not a multiple of dp " + std::to_string(run.layout.dp) +
+                              " x micro-batch " + std::to_string(mbs_choices.front()) +
+                              (rounds > 1 ? " x pp " + std::to_string(rounds) : std::string()) +
+                              ": run as " + std::to_string(global_batch) +
+                              ", the nearest that is (step time scaled back)");
+      }
     }
   }
   job.global_batch = global_batch;
@@ -162,8 +177,12 @@ RunCheck check_run(const PublishedRun& run) {
   }
   if (!have) {
     check.answered = false;
-    check.picks.push_back("no micro-batch size splits global batch " + std::to_string(run.global_batch) + " over dp = " +
-                          std::to_string(run.layout.dp));
+    check.picks.push_back("no micro-batch size splits global batch " +
+                          std::to_string(global_batch) +
+                          " over dp = " + std::to_string(run.layout.dp) +
+                          (global_batch != run.global_batch
+                               ? " (the stated " + std::to_string(run.global_batch) + ", rounded)"
+                               : std::string()));
     return check;
   }
   const PlanLayout& l = check.layout;
@@ -240,7 +259,10 @@ RunCheck check_run(const PublishedRun& run) {
         predicted = check.tokens_per_s_per_gpu * tflops_per_token / 1e12;
         break;
       case Figure::TokensPerSecond: predicted = check.tokens_per_s_per_gpu; break;
-      case Figure::StepTime: predicted = check.step_s; break;
+      case Figure::StepTime:  // for the stated batch
+        predicted = check.step_s * static_cast<double>(run.global_batch) /
+                    static_cast<double>(global_batch);
+        break;
       case Figure::MemoryPerGpu:
         predicted = run.conventions.memory == MemoryCount::Reserved
                         ? check.reserved_gib

@@ -35,25 +35,26 @@ std::string kernel_label_of(const RunFields& f) {
 // read as the fused kernel, the sweeps' best configurations, and says so. Returns the label's
 // attention part, what precedes " + ".
 std::string read_norm_kernel(std::string kernel, PublishedRun& run) {
-  if (run.model.arch != Architecture::Llama) return kernel;
   if (kernel.empty()) {
-    run.assumptions.push_back(
-        "norms: the notes name no kernel: a fused RMSNorm kernel (the source's best layouts use "
-        "one)");
+    if (run.model.arch == Architecture::Llama)
+      run.assumptions.push_back(
+          "norms: the notes name no kernel: a fused RMSNorm kernel (the source's best layouts "
+          "use one)");
     return kernel;
   }
   const size_t plus = kernel.find('+');
   const std::string extra = plus == std::string::npos ? "" : kernel.substr(plus);
-  run.unfused_rmsnorm = extra.find("rms") == std::string::npos;
-  if (run.unfused_rmsnorm)
-    run.assumptions.push_back("norms: kernel '" + kernel +
-                              "' names no RMSNorm kernel, so RMSNorm ran as PyTorch ops "
-                              "(LLaMA's reference: an fp32 copy saved, 13 times a fused kernel's "
-                              "HBM traffic)");
   if (plus != std::string::npos) {
     kernel = kernel.substr(0, plus);
     while (!kernel.empty() && kernel.back() == ' ') kernel.pop_back();
   }
+  if (run.model.arch != Architecture::Llama) return kernel;  // no RMSNorm to run either way
+  run.unfused_rmsnorm = extra.find("rms") == std::string::npos;
+  if (run.unfused_rmsnorm)
+    run.assumptions.push_back("norms: kernel '" + kernel + extra +
+                              "' names no RMSNorm kernel, so RMSNorm ran as PyTorch ops "
+                              "(LLaMA's reference: an fp32 copy saved, 13 times a fused kernel's "
+                              "HBM traffic)");
   return kernel;
 }
 

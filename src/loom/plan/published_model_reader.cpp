@@ -167,7 +167,9 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
         vocab && *vocab != m.vocab_size) {
       if (*vocab < 1)
         throw Refusal{"model.vocab = " + std::to_string(*vocab) + " is not a vocabulary size"};
-      m.vocab_size = *vocab;  // the record's own, over the preset's
+      run.assumptions.push_back("vocab " + std::to_string(*vocab) +
+                                " as stated, not the preset's " + std::to_string(m.vocab_size));
+      m.vocab_size = *vocab;
     } else if (!vocab && run.conventions.unstated_vocab > 0 &&
                run.conventions.unstated_vocab != m.vocab_size) {
       m.vocab_size = run.conventions.unstated_vocab;

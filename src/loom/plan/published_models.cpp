@@ -404,11 +404,14 @@ std::string family_of(const std::string& name) {
       {std::regex(R"(bloom)"), "bloom"},
       {std::regex(R"(gpt[\s_-]*neo[\s_-]*x)"), "gptneox"},
       {std::regex(R"(gpt[\s_-]*j(?![a-z]))"), "gptj"},
-      {std::regex(R"(gpt[\s_-]*2(?![0-9]))"), "gpt2"},
+      // Megatron-LM's models before GPT-2's, which their names cite ("Megatron-LM GPT-2 8.3B");
+      // not Megatron-BERT.
       {std::regex(R"(mt[\s_-]*nlg|megatron[\s_-]*turing)"), "mtnlg"},
       {std::regex(R"(turing[\s_-]*nlg|(^|[^a-z])t[\s_-]*nlg)"), "turingnlg"},
-      {std::regex(R"(megatron)"), "megatronlm"},
-      {std::regex(R"(falcon)"), "falcon"},
+      {std::regex(R"(megatron(?![\s_-]*bert))"), "megatronlm"},
+      {std::regex(R"(gpt[\s_-]*2(?![0-9]))"), "gpt2"},
+      // Not Falcon 2 / 3, Falcon-Mamba, Falcon-H1 or Falcon-E: other architectures.
+      {std::regex(R"(falcon(?![\s_-]*(2|3|mamba|h1|e\b)))"), "falcon"},
       {std::regex(R"(pythia)"), "pythia"},
       {std::regex(R"(deepseek[\s_-]*moe)"), "deepseekmoe"},
       {std::regex(R"(deepseek(?![\s_-]*(v[0-9]|coder|r1|math|vl|prover)))"), "deepseekllm"},
@@ -420,7 +423,7 @@ std::string family_of(const std::string& name) {
       {std::regex(R"(starcoder)"), "starcoder"},
       {std::regex(R"((^|[^a-z])mpt(?![a-z]))"), "mpt"},
       {std::regex(R"(olmo[\s_-]*2(?![0-9]))"), "olmo2"},
-      {std::regex(R"(olmo)"), "olmo"},
+      {std::regex(R"(olmo(?!e))"), "olmo"},  // not OLMoE, a mixture of experts
   };
   for (const auto& [pattern, family] : families)
     if (std::regex_search(name, pattern)) return family;

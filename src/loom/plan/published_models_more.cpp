@@ -58,7 +58,8 @@ const char* const kOlmo =
     "Groeneveld et al. 2024, 'OLMo: Accelerating the Science of Language Models' (arXiv "
     "2402.00838), Table 1; config.json (vocabulary padded to 50,304)";
 const char* const kOlmo2 =
-    "OLMo Team 2024, '2 OLMo 2 Furious' (arXiv 2501.00656), Table 1; config.json";
+    "OLMo Team 2024, '2 OLMo 2 Furious' (arXiv 2501.00656), Table 1 (batches of 1024 and 2048 "
+    "sequences of 4096); config.json";
 const char* const kGpt2 =
     "Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', Table 2; the "
     "released checkpoints (vocabulary 50,257, context 1024)";
@@ -279,7 +280,8 @@ const std::vector<Entry>& more_entries() {
        15.5,
        {"StarCoder 15.5B", tied(query_grouped_gpt(40, 6144, 48, 1, 24576, 49152, 8192)), 512 * 8192,
         "Li et al. 2023 (arXiv 2305.06161), Table 12", "", kTwoMatrixAsGated},
-       R"(starcoder)"},
+       // "StarCoder", "StarCoder 15B" or "15.5B"; not StarCoderBase-1B / 3B / 7B.
+       R"(^[^0-9]*$|(^|[^0-9.])15(\.5)?\s*b(?![a-z0-9]))"},
       {"starcoder2",
        3,
        {"StarCoder2 3B", query_grouped_gpt(30, 3072, 24, 2, 12288, 49152, 4096), 0, kStarCoder2, "",
@@ -335,7 +337,7 @@ const std::vector<Entry>& more_entries() {
        {"OLMo 2 7B", llama_shape(32, 4096, 32, 32, 11008, 100352, 4096), 4 << 20, kOlmo2, "", ""}},
       {"olmo2",
        13,
-       {"OLMo 2 13B", llama_shape(40, 5120, 40, 40, 13824, 100352, 4096), 4 << 20, kOlmo2, "", ""}},
+       {"OLMo 2 13B", llama_shape(40, 5120, 40, 40, 13824, 100352, 4096), 8 << 20, kOlmo2, "", ""}},
   };
   return all;
 }

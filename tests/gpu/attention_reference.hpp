@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,21 @@ inline void expect_within_roundings(const std::vector<float>& got, const std::ve
                           << " elements beyond their rounding bound; worst at " << worst << ": got "
                           << got[worst] << ", want " << want[worst] << ", " << worst_ratio
                           << "x its bound";
+}
+
+// Runs the current kernels' forward once and their backward twice on the same inputs (random,
+// from `seed`) and expects the same bits from both backward passes.
+inline void expect_backward_deterministic(const AttentionShape& s, uint32_t seed) {
+  const size_t rows = static_cast<size_t>(s.batch * s.seq_len);
+  DeviceBuffer<bf16> g_qkv(to_bf16(random_vector(rows * static_cast<size_t>(s.qkv_ld()), seed))),
+      g_dout(to_bf16(random_vector(rows * static_cast<size_t>(s.out_ld()), seed + 1)));
+  DeviceBuffer<bf16> g_out(g_dout.size()), first(g_qkv.size()), second(g_qkv.size());
+  DeviceBuffer<float> g_lse(static_cast<size_t>(s.batch * s.heads * s.seq_len));
+  cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
+  cuda::attention_backward(first.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
+  cuda::attention_backward(second.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
+  const auto a = first.download(), b = second.download();
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)));
 }
 
 }  // namespace loom::cuda::test

@@ -8,7 +8,6 @@
 // libcudnn.so.9 does not load; the GPU checks print the skips.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -72,16 +71,7 @@ TEST_F(CudnnAttentionTest, ForwardAndBackwardWithinTheirRoundings) {
 
 // The same bits twice: cuDNN's deterministic backward, as loom's own kernels are.
 TEST_F(CudnnAttentionTest, BackwardIsDeterministic) {
-  const AttentionShape s{2, 200, 8, 2, 128};
-  DeviceBuffer<bf16> g_qkv(to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.qkv_ld()), 910))),
-      g_dout(to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.out_ld()), 911)));
-  DeviceBuffer<bf16> g_out(g_dout.size()), first(g_qkv.size()), second(g_qkv.size());
-  DeviceBuffer<float> g_lse(static_cast<size_t>(2 * 8 * 200));
-  cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
-  cuda::attention_backward(first.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
-  cuda::attention_backward(second.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
-  const auto a = first.download(), b = second.download();
-  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)));
+  expect_backward_deterministic({2, 200, 8, 2, 128}, 910);
 }
 
 // Its lse is the statistic loom's tensor-core kernels keep, so either backward runs from the

@@ -16,7 +16,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -129,17 +128,7 @@ TEST_F(TensorCoreAttentionTest, BackwardIsDeterministic) {
   for (const AttentionKernel kernel : kTensorCoreKernels) {
     SCOPED_TRACE(name(kernel));
     set_attention_kernel(kernel);
-    const AttentionShape s{2, 200, 8, 2, 128};
-    DeviceBuffer<bf16> g_qkv(
-        to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.qkv_ld()), 700))),
-        g_dout(to_bf16(random_vector(static_cast<size_t>(2 * 200 * s.out_ld()), 701)));
-    DeviceBuffer<bf16> g_out(g_dout.size()), first(g_qkv.size()), second(g_qkv.size());
-    DeviceBuffer<float> g_lse(static_cast<size_t>(2 * 8 * 200));
-    cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
-    cuda::attention_backward(first.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
-    cuda::attention_backward(second.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(), s);
-    const auto a = first.download(), b = second.download();
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(bf16)));
+    expect_backward_deterministic({2, 200, 8, 2, 128}, 700);
   }
 }
 

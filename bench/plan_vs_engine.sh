@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The planner against loom's own engine on this machine: `loom calibrate` measures the machine
 # at 1, 2 and 4 ranks into a profile; then each layout below trains the same GPT-2-style model
-# (8 layers, d = 256, 4 heads, a 2048-token vocabulary, 32 sequences of 128 tokens per step)
-# for STEPS steps under mpirun, and `loom plan --layout ... --profile` predicts its step time
+# (8 layers, d = 256, 4 heads, a 2048-token vocabulary, 32 sequences of 128 tokens per step;
+# the last three a mixture of experts, model_moe) for STEPS steps under mpirun, and `loom plan --layout ... --profile` predicts its step time
 # and memory. Prints predicted vs measured side by side, and the median and worst
 # |predicted / measured - 1|, and writes the same as JSON to $OUT/plan_vs_engine.json.
 # Measured is the fastest step after two warm-up steps, as calibrate keeps each figure's best
@@ -59,23 +59,45 @@ layouts=(
   "dp2 x tp2|4|tp=2 pp=1 dp=2 zero=0 mbs=4 recompute=none|4"
   "pp2 x dp2 zero1|4|tp=1 pp=2 dp=2 zero=1 mbs=4 recompute=none 1f1b|4"
   "dp4 zero1|4|tp=1 pp=1 dp=4 zero=1 mbs=4 recompute=none|2"
+  # A mixture of experts (model_moe below): one process, experts spread over 2 ranks, and
+  # ep2 inside dp4 with ZeRO-1.
+  "moe one rank|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=none|8|moe"
+  "moe ep2|2|tp=1 pp=1 dp=2 ep=2 zero=0 mbs=4 recompute=none|4|moe"
+  "moe dp4 ep2 zero1|4|tp=1 pp=1 dp=4 ep=2 zero=1 mbs=4 recompute=none|2|moe"
 )
+
+# The layouts' model: GPT-2 8 x 256 (above), or a Llama-style mixture of experts, 4 layers of
+# d = 256 with 4 SwiGLU experts of 256 and every token routed to all four (k = E). That keeps
+# the experts' load balanced by construction: which rows a rank's experts receive is the
+# router's doing, an input the planner takes (--moe-imbalance, 1 here) rather than predicts.
+model_gpt2='arch = "gpt2"
+vocab_size = 2048
+max_seq_len = 128
+n_layer = 8
+n_embd = 256
+n_head = 4'
+model_moe='arch = "llama"
+vocab_size = 2048
+max_seq_len = 128
+n_layer = 4
+n_embd = 256
+n_head = 4
+n_kv_head = 4
+ffn_hidden = 256
+n_experts = 4
+experts_per_token = 4'
 
 results="$work/results.jsonl"
 : >"$results"
 for row in "${layouts[@]}"; do
-  IFS='|' read -r name ranks layout accum <<<"$row"
+  IFS='|' read -r name ranks layout accum model <<<"$row"
+  [ "${model:-gpt2}" = moe ] && model_toml=$model_moe || model_toml=$model_gpt2
   [[ -z "${ONLY:-}" || "$name" =~ $ONLY ]] || continue
   run="$work/run$(wc -l <"$results")"
   mkdir -p "$run"
   cat >"$run/config.toml" <<TOML
 [model]
-arch = "gpt2"
-vocab_size = 2048
-max_seq_len = 128
-n_layer = 8
-n_embd = 256
-n_head = 4
+$model_toml
 [data]
 train = "$work/train_*.bin"
 [train]
@@ -134,7 +156,7 @@ done
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 machine = json.load(open(sys.argv[3]))["machine"]
-print(f"\n{machine}: loom plan --profile against loom train, GPT-2 8 x 256, 32 x 128 tokens per step\n")
+print(f"\n{machine}: loom plan --profile against loom train, GPT-2 8 x 256 (moe: 4 x 256, 4 experts, k = 4), 32 x 128 tokens per step\n")
 print("| layout | ranks | measured s/step | predicted | error | predicted compute / comm / bubble s | model states MiB measured / predicted | activations MiB measured / predicted |")
 print("|---|---|---|---|---|---|---|---|")
 errors, memory_errors = [], []

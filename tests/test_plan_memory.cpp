@@ -289,9 +289,42 @@ TEST(PlanMemory, EngineFiguresEqualTheAllocator) {
         EXPECT_EQ(predicted.gradients, live(MemCategory::Gradients)) << what;
         EXPECT_EQ(predicted.optimizer_state, live(MemCategory::OptimizerState)) << what;
         EXPECT_EQ(predicted.activations, live(MemCategory::Activations)) << what;  // the issue asks 10%
+        // A second micro-batch through the same stashes peaks at the same bytes: a MoE stash,
+        // sized by its routing, frees the last one's buffers before it allocates (else its
+        // widest buffer, the experts' gate | up rows, is held twice on the way).
+        HostAllocator::instance().reset_peaks();
+        model.forward(tokens.data(), tokens.data(), 3, 16, {true, 1.0f});
+        const MemStats again = HostAllocator::instance().stats();
+        EXPECT_EQ(
+            predicted.activations,
+            static_cast<double>(again.peak_bytes[static_cast<size_t>(MemCategory::Activations)] -
+                                before.live_bytes[static_cast<size_t>(MemCategory::Activations)]))
+            << what;
       }
     }
   }
+}
+
+// Under expert parallelism a busier rank holds its extra received rows, each the expert's input,
+// gate | up and SwiGLU output (h + 3 fe f32), and nothing else grows; without ep every row is
+// local and the factor does not apply. By hand: 3 x 16 tokens, k = 2, h = 32, fe = 48.
+TEST(PlanMemory, EngineExpertActivationsGrowWithTheBusiestRanksRows) {
+  ModelConfig m = tiny_llama();
+  m.n_experts = 4;
+  m.experts_per_token = 2;
+  ASSERT_EQ(m.n_embd, 32);
+  ASSERT_EQ(m.expert_ffn(), 48);
+  auto activations = [&](int64_t ep, double imbalance) {
+    return plan::predict_engine_memory(m, 2, 0, 25'000'000, false, 3, 16, Recompute::None, 1, false,
+                                       1, ep, imbalance)
+        .activations;
+  };
+  const double tokens = 3 * 16, extra_rows = 0.5 * 2 * tokens;
+  EXPECT_DOUBLE_EQ(activations(2, 1.5) - activations(2, 1.0),
+                   4 * extra_rows * (32 + 3 * 48) * static_cast<double>(m.n_layer));
+  EXPECT_DOUBLE_EQ(activations(1, 1.5), activations(1, 1.0));
+  EXPECT_DOUBLE_EQ(activations(2, 1.0), activations(1, 1.0));
+  expect_contains(error_message([&] { activations(2, 0.9); }), {"moe_imbalance", ">= 1"});
 }
 
 TEST(PlanMemory, GpuPredictionShrinksWithEachShardingDimension) {

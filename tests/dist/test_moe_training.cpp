@@ -342,6 +342,29 @@ TEST_P(ExpertParallelMemory, ExpertStatesPerRankAreOneEpOfTheExperts) {
   EXPECT_EQ(predicted.optimizer_state, peak(MemCategory::OptimizerState));
 }
 
+// Activations per rank under expert parallelism: the experts' rows are the ones a rank
+// received, which routing decides. With every token sent to every expert (k = E) each rank
+// receives k rows per token of every rank's tokens over ep, k per token of its own: the
+// planner's balanced figure, to the byte, at the peak of the step (rank 0 and rank 1 alike).
+TEST(ExpertParallelMemoryBalanced, ActivationsEqualThePlannersBalancedFigure) {
+  const auto world_group = world();
+  if (world_group->size() != 2) GTEST_SKIP() << "ep = 2";
+  TinyRun run("moe_ep_activations");
+  const MemStats before = HostAllocator::instance().stats();
+  Trainer trainer(parse(run.config("llama", 2),
+                        {"checkpoint.dir=\"\"", "data.val=\"\"", "train.grad_accum=2",
+                         "optim.warmup_steps=0", "model.n_experts=4", "model.experts_per_token=4",
+                         "parallel.ep=2", "log.dir=\"" + run.dir + "/m\""}),
+                  world_group);
+  trainer.run();
+  const MemStats after = HostAllocator::instance().stats();
+  const size_t a = static_cast<size_t>(MemCategory::Activations);
+  const ModelConfig& m = trainer.model().config();
+  const plan::MemoryBreakdown predicted = plan::predict_engine_memory(
+      m, 2, 0, 25'000'000, false, 4, 16, Recompute::None, 1, false, 1, 2);
+  EXPECT_EQ(predicted.activations, static_cast<double>(after.peak_bytes[a] - before.live_bytes[a]));
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, ExpertParallelMemory,
                          ::testing::Values(EpMemoryCase{2, 2, 0}, EpMemoryCase{2, 2, 1}, EpMemoryCase{2, 2, 2},
                                            EpMemoryCase{4, 2, 1}, EpMemoryCase{4, 2, 2}, EpMemoryCase{4, 4, 0}),

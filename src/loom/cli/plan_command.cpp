@@ -360,10 +360,12 @@ int run_plan(const PlanArgs& command_line) {
   const plan::MemoryBreakdown mem =
       !engine_memory ? plan::predict_gpu_memory(model, layout, job.memory)
       : layout.pp > 1
-          ? plan::predict_engine_pipeline_memory(model, layout, args.seq_len, job.memory.micro_batches, bucket_bytes)
-          : plan::predict_engine_memory(model, layout.dp * layout.cp, layout.zero_stage, bucket_bytes, false,
-                                        layout.micro_batch, args.seq_len, layout.recompute, layout.tp,
-                                        layout.sequence_parallel, layout.cp, layout.ep);
+          ? plan::predict_engine_pipeline_memory(model, layout, args.seq_len,
+                                                 job.memory.micro_batches, bucket_bytes)
+          : plan::predict_engine_memory(model, layout.dp * layout.cp, layout.zero_stage,
+                                        bucket_bytes, false, layout.micro_batch, args.seq_len,
+                                        layout.recompute, layout.tp, layout.sequence_parallel,
+                                        layout.cp, layout.ep, plan::moe_imbalance_of(model, job));
   const plan::ClusterSpec& cluster = machine.cluster;
   const plan::GpuSpec& gpu = cluster.gpu;
   const plan::StepTime time = plan::predict_step_time(model, layout, cluster, job);

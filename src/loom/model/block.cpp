@@ -99,6 +99,7 @@ void TransformerBlock::backward(const Tensor& d_x_in, const Tensor& d_x_out, con
   if (moe) {
     moe->backward(scratch.d_norm_out, d_x_out, stash.norm2_out, stash.moe, aux_loss_coef_ * stash.moe_loss_scale,
                   z_loss_coef_ * stash.moe_loss_scale);
+    stash.moe = MoeStash{};  // its routing's buffers are sized by the data: freed once read
   } else {
     mlp->backward(d_x_out, stash, scratch);
   }

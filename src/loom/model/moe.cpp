@@ -114,6 +114,10 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
   if (x.size(1) != c || out.size(0) != rows || out.size(1) != c)
     throw_error("MoeLayer::forward: x ", shape_to_string(x.shape()), ", out ", shape_to_string(out.shape()),
                 ", expected [rows, ", c, "]");
+  // A stash reused by the next micro-batch (or by full recomputation's shared stash) still
+  // holds the last routing's buffers: free them before allocating, so that a block holds one
+  // set at a time (the planner's activation peak; else the widest buffer is counted twice).
+  s = MoeStash{};
   s.rows = rows;
   s.logits = host_activations({rows, n});
   s.probs = host_activations({rows, n});

@@ -1,14 +1,16 @@
 // The CPU engine's own memory, as its allocator counts it: model states through ZeroOptimizer's
 // flats (with ZeRO-2/3's in-step peak replayed) and activation sets per schedule.
-#include "loom/plan/memory_model.hpp"
-#include "loom/plan/layer_elements.hpp"
 #include <algorithm>
+#include <cmath>
 #include <map>
+
 #include "loom/core/error.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/model/stage_placement.hpp"
 #include "loom/parallel/gradient_buckets.hpp"
+#include "loom/plan/layer_elements.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 #include "loom/plan/rank_parameters.hpp"
 
@@ -151,7 +153,7 @@ struct EngineActivationShape {
   double attention_split = 0;
 
   EngineActivationShape(const ModelConfig& m, int64_t batch, int64_t seq_len, int64_t tp,
-                        bool sequence_parallel, int64_t cp) {
+                        bool sequence_parallel, int64_t cp, double moe_received = 1.0) {
     tokens = static_cast<double>(batch * seq_len / cp);
     h = static_cast<double>(m.n_embd);
     const double t = static_cast<double>(tp);
@@ -163,11 +165,15 @@ struct EngineActivationShape {
     dense_recomputable = e.recomputable / t;
     attention_split = (static_cast<double>(m.q_dim()) + 2 * static_cast<double>(m.kv_dim())) / t;
     // A MoE block keeps its experts' activations with the rest of its stash (MoeStash, f32),
-    // none in the recomputable set, which holds the attention output and log-sum-exps only.
+    // none in the recomputable set, which holds the attention output and log-sum-exps only:
+    // per token the router's logits and probabilities (2E), its k weights, the k outputs
+    // brought home (k h), and the rows this rank's experts ran, their inputs, gate | up and
+    // SwiGLU outputs (h + 3 fe each): k per token without expert parallelism; under it the rows
+    // received, k per token on average, `moe_received` times that on a busier rank.
     const double k = static_cast<double>(m.experts_per_token),
                  fe = static_cast<double>(m.expert_ffn());
-    moe_split = attention_split + 2 * static_cast<double>(m.n_experts) + k + k * (2 * h + 3 * fe) +
-                static_cast<double>(m.n_shared_experts) * 3 * fe;
+    moe_split = attention_split + 2 * static_cast<double>(m.n_experts) + k + k * h +
+                moe_received * k * (h + 3 * fe) + static_cast<double>(m.n_shared_experts) * 3 * fe;
     moe_recomputable = (static_cast<double>(m.q_dim()) + static_cast<double>(m.n_head)) / t;
   }
 
@@ -293,10 +299,14 @@ PoolReplay replay_activation_pool(const std::vector<PipeAction>& actions,
 MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stage,
                                       int64_t bucket_bytes, bool bf16, int64_t batch,
                                       int64_t seq_len, Recompute recompute, int64_t tp,
-                                      bool sequence_parallel, int64_t cp, int64_t ep) {
+                                      bool sequence_parallel, int64_t cp, int64_t ep,
+                                      double moe_imbalance) {
   if (ep < 1 || dp % ep != 0 || (m.is_moe() ? m.n_experts % ep != 0 : ep != 1))
     throw_error("predict_engine_memory: ep = ", ep, " with dp = ", dp, " and ", m.n_experts,
                 " experts");
+  if (!(moe_imbalance >= 1 && std::isfinite(moe_imbalance)))
+    throw_error("predict_engine_memory: moe_imbalance = ", moe_imbalance,
+                ", expected >= 1 (the busiest ep rank's received rows over the mean)");
   // This rank's parameters: every dense one, and the experts of ep rank 0 (all ranks hold as
   // many), in gradient-ready order; the engine buckets (or, under ZeRO, flattens) the two apart.
   std::vector<ParameterSpec> mine;
@@ -304,7 +314,8 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
     if (!s.expert || s.expert_index < m.n_experts / ep) mine.push_back(std::move(s));
   MemoryBreakdown mem = engine_model_states(m, mine, dp, stage, bucket_bytes, bf16, tp, ep);
   // Transformer::ensure_activations: the whole model as one set, which holds the final norm.
-  const EngineActivationShape shape(m, batch, seq_len, tp, sequence_parallel, cp);
+  const EngineActivationShape shape(m, batch, seq_len, tp, sequence_parallel, cp,
+                                    ep > 1 ? moe_imbalance : 1.0);
   const double moe_layers = static_cast<double>(m.moe_layer_count());
   const double dense_layers = static_cast<double>(m.n_layer) - moe_layers;
   mem.activations =

@@ -201,12 +201,14 @@ int64_t loom_cuda_vocab_chunk(const ModelConfig& m, const PlanLayout& l, int64_t
 // parallelism). Model states are tp rank 0's (its block of every split tensor, the largest).
 // Under expert parallelism (`ep` dividing `dp`, which counts every replica of the dense
 // parameters) a rank holds E / ep experts of each layer, in flats of their own over the
-// dp / ep expert-data-parallel ranks; activations are figured for ep = 1 (under ep the experts'
-// rows depend on the routing).
-MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int stage, int64_t bucket_bytes, bool bf16,
-                                      int64_t batch, int64_t seq_len, Recompute recompute,
-                                      int64_t tp = 1, bool sequence_parallel = false, int64_t cp = 1,
-                                      int64_t ep = 1);
+// dp / ep expert-data-parallel ranks. Its experts' activations hold the rows it received, which
+// depend on the routing: k per token when the load is balanced, `moe_imbalance` (>= 1, the
+// planner's --moe-imbalance: the busiest ep rank's rows over the mean) times that on the busiest.
+MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int stage,
+                                      int64_t bucket_bytes, bool bf16, int64_t batch,
+                                      int64_t seq_len, Recompute recompute, int64_t tp = 1,
+                                      bool sequence_parallel = false, int64_t cp = 1,
+                                      int64_t ep = 1, double moe_imbalance = 1.0);
 
 // The same for the first pipeline rank of a layout with pp >= 2 (f32), any schedule and
 // placement: the model states of its stages (its blocks, the embedding tables, and under the V

@@ -182,6 +182,50 @@ TEST(PlanMemory, UnfusedRmsNormByHand) {
   EXPECT_EQ(with, plan::predict_gpu_memory(gpt2, plan::parse_layout("tp=2"), job).activations);
 }
 
+// Materialised attention as PyTorch ops, LLaMA's reference (`softmax(scores.float()).type_as(xq)`
+// between two matmuls, the scores scaled and masked on the way), counted op by op in bytes a
+// score: forward, QK^T writes 2, the division 2 + 2, the mask's add 2 + 2, float() 2 + 4, softmax
+// 4 + 4, type_as 4 + 2, PV reads 2 = 32; backward, PV's gradient writes dP and reads P (2 + 2),
+// type_as's 2 + 4, softmax's 4 + 4 + 4, float()'s 4 + 2, the division's 2 + 2, QK^T's gradients
+// read dS twice (2 + 2) = 36; against the fused scale-mask-softmax and dropout's 13 and 19.
+// Autograd keeps the fp32 probabilities (4) and their bf16 copy (2): one byte a score more than
+// the fused kernels' 5. Llama 3 8B (32 heads), one sequence of 2048 at tp 2.
+TEST(PlanMemory, UnfusedSoftmaxByHand) {
+  const ModelConfig m = model_preset("llama-8b");
+  const double scores = 2048.0 * (32 / 2) * 2048, layers = 32;
+  plan::GpuJob job;
+  job.seq_len = 2048;
+  job.flash_attention = false;
+  auto activations = [&](const char* layout, bool unfused) {
+    job.unfused_softmax = unfused;
+    return plan::predict_gpu_memory(m, plan::parse_layout(layout), job).activations;
+  };
+  EXPECT_DOUBLE_EQ(activations("tp=2", true) - activations("tp=2", false), layers * 1 * scores);
+  EXPECT_DOUBLE_EQ(activations("tp=2 recompute=selective", true),
+                   activations("tp=2 recompute=selective", false));  // no scores kept
+  // Full recomputation: the one layer rebuilt in its backward holds its scores.
+  EXPECT_DOUBLE_EQ(
+      activations("tp=2 recompute=full", true) - activations("tp=2 recompute=full", false), scores);
+
+  plan::ClusterSpec cluster;
+  plan::TrainingJob t;
+  t.seq_len = t.memory.seq_len = 2048;
+  t.global_batch = 8;
+  t.memory.flash_attention = false;
+  auto layer = [&](bool unfused) {
+    t.memory.unfused_softmax = unfused;
+    return plan::predict_layer_time(m, plan::parse_layout("tp=2"), cluster, t);
+  };
+  const double bandwidth = cluster.gpu.hbm_bandwidth_bytes_per_s;
+  const plan::LayerTime fused = layer(false), unfused = layer(true);
+  EXPECT_NEAR(unfused.forward_s - fused.forward_s, (32 - 13) * scores / bandwidth, 1e-12);
+  EXPECT_NEAR(unfused.backward_s - fused.backward_s, (36 - 19) * scores / bandwidth, 1e-12);
+  // Flash attention keeps no scores: the flag changes nothing.
+  t.memory.flash_attention = job.flash_attention = true;
+  EXPECT_DOUBLE_EQ(layer(true).forward_s, layer(false).forward_s);
+  EXPECT_DOUBLE_EQ(activations("tp=2", true), activations("tp=2", false));
+}
+
 TEST(PlanMemory, LayoutsParseAndImpossibleOnesSayWhy) {
   const PlanLayout l = plan::parse_layout("tp=2, pp=4,dp=8,zero=1,mbs=2,recompute=selective,sp=1,v=2");
   EXPECT_EQ(l.tp, 2);

@@ -215,6 +215,10 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
     if (job.unfused_rmsnorm && layout.recompute != Recompute::Full)  // two norms a layer
       stash += 2 * kUnfusedRmsNormSavedBytes * unfused_rmsnorm_rows(m, layout, job.seq_len) *
                static_cast<double>(m.n_embd);
+    if (job.unfused_softmax && !job.flash_attention && layout.recompute == Recompute::None)
+      stash += 1.0 * static_cast<double>(layout.micro_batch * job.seq_len / layout.cp) *
+               static_cast<double>(m.n_head) / static_cast<double>(layout.tp) *
+               static_cast<double>(job.seq_len);  // 6 bytes a score, not 5
     return stash;
   };
   MemoryBreakdown mem;

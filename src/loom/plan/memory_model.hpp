@@ -119,6 +119,15 @@ struct GpuJob {
   // an element of each of a layer's two norms more, wherever the layer keeps its activations.
   // Its HBM traffic is in time_model (kUnfusedRmsNormForwardBytes, ...BackwardBytes).
   bool unfused_rmsnorm = false;
+  // Materialised attention as PyTorch ops (no fused scale-mask-softmax kernel), as LLaMA's
+  // reference writes it: `scores = matmul(xq, keys^T) / sqrt(d); scores = scores + mask;
+  // scores = softmax(scores.float(), dim=-1).type_as(xq); out = matmul(scores, values)`
+  // (facebookresearch/llama model.py). Autograd saves the fp32 probabilities (softmax's output,
+  // 4 bytes a score) and their bf16 copy (the second matmul's operand, 2): 6 bytes a score where
+  // a fused kernel keeps 5 (Korthikanti et al.'s 5as/h: softmax output and dropout's mask and
+  // output). Its HBM traffic, op by op, is in time_model.cpp (32 bytes a score forward, 36 back).
+  // Only with flash_attention false.
+  bool unfused_softmax = false;
   ActivationAccounting accounting = ActivationAccounting::Engine;
   SelectivePolicy selective = SelectivePolicy::AttentionCore;  // what Recompute::Selective keeps
   // Loss buffers on the last stage, bytes per logit of one micro-batch (tokens x V / tp): 0 for

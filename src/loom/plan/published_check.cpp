@@ -107,6 +107,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.memory.seq_len = run.seq_len;
   job.memory.flash_attention = run.flash_attention;
   job.memory.unfused_rmsnorm = run.unfused_rmsnorm;
+  job.memory.unfused_softmax = run.unfused_softmax;
   job.memory.state = kMixedPrecisionAdam;
   job.memory.state.gradient = run.gradient_bytes;
   job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;

@@ -67,7 +67,13 @@ void read_kernels(const RunFields& f, const std::string& notes, const std::strin
   if (attention.empty()) {
     const bool notes_flash = notes.find("flash") != std::string::npos;
     static const std::regex flash_v1(R"(^flash[_ ]?attention[_ ]?v?1(\.[0-9.]*)?$)");
-    if (kernel == "torch" || kernel == "fused") {
+    if (kernel == "torch") {
+      run.flash_attention = false;
+      run.unfused_softmax = true;
+      run.assumptions.push_back(
+          "attention: the notes name kernel 'torch', PyTorch ops that materialise the scores "
+          "(LLaMA's reference: softmax in fp32, each op a trip through HBM)");
+    } else if (kernel == "fused") {
       run.flash_attention = false;
       run.assumptions.push_back("attention: the notes name kernel '" + kernel +
                                 "', which materialises the scores");

@@ -73,6 +73,7 @@ struct PublishedRun {
   bool flash_attention = true;
   bool unfused_rmsnorm =
       false;  // GpuJob::unfused_rmsnorm: the record's kernel label names no norm kernel
+  bool unfused_softmax = false;  // GpuJob::unfused_softmax: the label names PyTorch's attention
   // The fused attention kernel's rate over the 2023-24 one (TrainingJob::attention_kernel_speedup):
   // the source's convention, or what the record's notes name (FlashAttention v1: 0.5).
   double attention_kernel_speedup = 1.0;

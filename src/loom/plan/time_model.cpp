@@ -199,12 +199,18 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   // Materialised scores [a/t, tokens, seq] pass through HBM: forward writes them, the fused
   // scale-mask-softmax reads and writes, dropout reads, writes and keeps a 1-byte mask, PV
   // reads (13 bytes per score in bf16); backward reads and writes about 19 (Megatron-LM's
-  // fused softmax and dropout kernels, Shoeybi et al. 2019).
+  // fused softmax and dropout kernels, Shoeybi et al. 2019). As PyTorch ops, LLaMA's
+  // reference (GpuJob::unfused_softmax), every op is a trip through HBM, in bytes per score:
+  // forward, QK^T writes 2, / sqrt(d) reads 2 writes 2, + mask 2 + 2, .float() 2 + 4,
+  // softmax 4 + 4, .type_as() 4 + 2, PV reads 2: 32; backward, PV's gradient writes dP 2 and
+  // reads P 2, type_as's 2 + 4, softmax's reads the output and the gradient and writes 4 + 4 +
+  // 4, float()'s 4 + 2, the division's 2 + 2, QK^T's gradients read dS twice 2 + 2: 36.
   double scores_forward_s = 0, scores_backward_s = 0;
   if (!flash) {
     const double scores = tokens * static_cast<double>(m.n_head) / t * seq;
-    scores_forward_s = 13 * scores / gpu.hbm_bandwidth_bytes_per_s;
-    scores_backward_s = 19 * scores / gpu.hbm_bandwidth_bytes_per_s;
+    const bool unfused = job.memory.unfused_softmax;
+    scores_forward_s = (unfused ? 32 : 13) * scores / gpu.hbm_bandwidth_bytes_per_s;
+    scores_backward_s = (unfused ? 36 : 19) * scores / gpu.hbm_bandwidth_bytes_per_s;
     c.attention_core_s += scores_forward_s;
   }
   // Memory-bound work (norms, residual adds, activation functions, RoPE): every stored

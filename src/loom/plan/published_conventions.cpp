@@ -90,6 +90,7 @@ SourceConventions hagemann_sweeps(SourceConventions c) {
       "the sheets' MFU over their step times counts N at a 128,000-token vocabulary (13B: "
       "14.03B, 65B: 66.9B)";
   c.mfu_counts_model_params = true;
+  c.dp_sync_after_backward = true;
   return c;
 }
 

@@ -63,6 +63,9 @@ struct SourceConventions {
   // tp_comm_overlap=True with userbuffers configs for H100) and Megatron-Bridge's performance
   // recipes (perf_recipes/llama/h100/llama3.py: tp_comm_overlap_cfg userbuffers_*_h100_*_tp4).
   bool tp_comm_overlap = false;
+  // Its framework synchronises data parallelism after the backward (TrainingJob::
+  // dp_sync_after_backward).
+  bool dp_sync_after_backward = false;
   // What its sweeps ran where a record leaves it out: sequence parallelism off and one pipeline
   // chunk per rank (1F1B), not the planner's general guesses (on; the fastest interleaving).
   bool unstated_sp_off = false, unstated_pp_one_chunk = false;

@@ -542,7 +542,13 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   if (replicas > 1) {
     const double grad = job.memory.state.gradient, param = job.memory.state.parameter;
     const double last_backward = static_cast<double>(l.vp) * t_b;  // what the last bucket's reduction hides behind
-    if (l.zero_stage == 0) {
+    if (job.dp_sync_after_backward && l.zero_stage <= 2) {
+      out.dp_comm_s =
+          both(Collective::AllReduce, params_per_rank, experts_per_rank, 4) +
+          (l.zero_stage >= 1 ? both(Collective::AllGather, params_per_rank, experts_per_rank, param)
+                             : 0);
+      exposed += out.dp_comm_s;
+    } else if (l.zero_stage == 0) {
       out.dp_comm_s = both(Collective::AllReduce, params_per_rank, experts_per_rank, grad);
       exposed += std::max(0.0, out.dp_comm_s - last_backward);
     } else if (l.zero_stage <= 2) {

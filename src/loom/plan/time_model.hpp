@@ -77,6 +77,14 @@ struct TrainingJob {
   // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.
   bool fp8_gemms = false;
   Zero3Traffic zero3_traffic = Zero3Traffic::Hierarchical;
+  // Data parallelism synchronised in the optimizer step, after the whole backward: under ZeRO
+  // stage 0-2 one all-reduce of every gradient in fp32 (16-bit gradients up-cast first), and
+  // under stage 1-2 an all-gather of the updated 16-bit parameters after the update, none of it
+  // overlapped with compute. Aleph Alpha's framework, which ran Hagemann et al.'s sweeps (its
+  // open-source successor Aleph-Alpha/scaling, same config names: optimizer.py step() calls
+  // allreduce_gradients, allreduce.py allreduce_tensor_in_float32; parameter_group.py
+  // step_sequel all-gathers the owned partitions).
+  bool dp_sync_after_backward = false;
   // Mixture-of-experts load imbalance under expert parallelism: the routed rows the busiest ep
   // rank computes and receives over the mean (1: balanced, as aux-loss or loss-free balancing
   // aims for and force-balanced benchmarks run). The step waits for that rank, so its expert

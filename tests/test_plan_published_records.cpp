@@ -365,12 +365,13 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
   EXPECT_EQ(s.verdicts, 150);
   EXPECT_EQ(s.verdicts_right, 132);
   EXPECT_EQ(s.rates.count, 71);
-  // 8.7 and 30.4 before PyTorch's attention was counted op by op (8.7, 28.0) and the
-  // framework's fp32 all-reduce and parameter all-gather after the backward were charged.
-  EXPECT_EQ(median_and_p90(s), "8.1 24.5");
+  // 8.7 and 30.4 before PyTorch's attention was counted op by op (8.7, 28.0), the framework's
+  // fp32 all-reduce and parameter all-gather after the backward were charged (8.1, 24.5) and
+  // its gated MLP's third tensor-parallel all-reduce backward.
+  EXPECT_EQ(median_and_p90(s), "7.3 23.4");
   ASSERT_EQ(step_errors.size(), 71u);
   std::sort(step_errors.begin(), step_errors.end());
-  EXPECT_NEAR(step_errors[35], 0.079, 0.0005);  // the median (12.1% before)
+  EXPECT_NEAR(step_errors[35], 0.076, 0.0005);  // the median (12.1%, then 7.9%, before)
 }
 
 // Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,

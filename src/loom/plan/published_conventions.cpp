@@ -91,6 +91,7 @@ SourceConventions hagemann_sweeps(SourceConventions c) {
       "14.03B, 65B: 66.9B)";
   c.mfu_counts_model_params = true;
   c.dp_sync_after_backward = true;
+  c.tp_reduce_per_column_linear = true;
   return c;
 }
 

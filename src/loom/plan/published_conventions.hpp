@@ -66,6 +66,9 @@ struct SourceConventions {
   // Its framework synchronises data parallelism after the backward (TrainingJob::
   // dp_sync_after_backward).
   bool dp_sync_after_backward = false;
+  // And reduces each column-parallel linear's input gradient apart (TrainingJob::
+  // tp_reduce_per_column_linear).
+  bool tp_reduce_per_column_linear = false;
   // What its sweeps ran where a record leaves it out: sequence parallelism off and one pipeline
   // chunk per rank (1F1B), not the planner's general guesses (on; the fastest interleaving).
   bool unstated_sp_off = false, unstated_pp_one_chunk = false;

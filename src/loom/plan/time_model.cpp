@@ -263,8 +263,18 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     // Shoeybi et al. 2019, Fig. 4); sequence parallelism swaps each for a reduce-scatter plus
     // an all-gather, the same bytes (Korthikanti et al. sec. 4.2.2).
     const GroupTopology tp_group = group_topology(cluster, l.tp, 1);
-    c.tp_comm_s = 4 * collective_time(Collective::AllReduce, tokens * h * job.memory.activation_bytes, tp_group).seconds;
-    c.tp_exposed_forward_s = c.tp_exposed_backward_s = c.tp_comm_s / 2;
+    const double one =
+        collective_time(Collective::AllReduce, tokens * h * job.memory.activation_bytes, tp_group)
+            .seconds;
+    // TrainingJob::tp_reduce_per_column_linear: a third backward all-reduce for the gated MLP's
+    // second column-parallel linear.
+    const double backward_reductions =
+        job.tp_reduce_per_column_linear && !l.sequence_parallel && m.arch == Architecture::Llama
+            ? 3
+            : 2;
+    c.tp_comm_s = (2 + backward_reductions) * one;
+    c.tp_exposed_forward_s = 2 * one;
+    c.tp_exposed_backward_s = backward_reductions * one;
     if (job.tp_comm_overlap &&
         l.sequence_parallel) {  // Megatron-LM asserts sequence parallelism for it
       // Transformer Engine's userbuffers as NeMo's H100 configs set them
@@ -278,7 +288,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       auto chunked = [&](double comm, double gemm, double chunks) {
         return std::max(0.0, comm - gemm) + std::min(comm, gemm) / chunks;
       };
-      const double comm = c.tp_comm_s / 4;  // one of the four collectives of a layer
+      const double comm = one;  // one of the four collectives of a layer
       c.tp_exposed_forward_s =
           chunked(comm, linear_forward / 2, t) + chunked(comm, linear_forward / 2, 4);
       c.tp_exposed_backward_s =

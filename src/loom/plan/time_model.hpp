@@ -85,6 +85,12 @@ struct TrainingJob {
   // allreduce_gradients, allreduce.py allreduce_tensor_in_float32; parameter_group.py
   // step_sequel all-gathers the owned partitions).
   bool dp_sync_after_backward = false;
+  // Each column-parallel linear all-reduces its own input gradient in backward (the same
+  // framework: ColumnParallelLinear's copy_to_tensor_model_parallel_region, one per linear), and
+  // a SwiGLU MLP's gate and up projections are two linears (scaling's mlp.py: dense_in and
+  // siglu_weight): without sequence parallelism a Llama layer's backward makes three
+  // all-reduces of [tokens, h], not Megatron-LM's two (its gate and up are one linear).
+  bool tp_reduce_per_column_linear = false;
   // Mixture-of-experts load imbalance under expert parallelism: the routed rows the busiest ep
   // rank computes and receives over the mean (1: balanced, as aux-loss or loss-free balancing
   // aims for and force-balanced benchmarks run). The step waits for that rank, so its expert

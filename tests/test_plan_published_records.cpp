@@ -291,7 +291,7 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
   EXPECT_EQ(interleaved.layout.micro_batch, 4);
   EXPECT_EQ(interleaved.layout.vp, 2);
   const plan::ValidationSummary s = plan::summarize(checks);
-  EXPECT_EQ(median_and_p90(s), "8.3 15.2");
+  EXPECT_EQ(median_and_p90(s), "5.8 15.2");  // 8.3 before full recomputation reran tp's collectives
 }
 
 // NeMo 24.07's FP8 table and NeMo Automodel's BF16 pre-training table
@@ -367,8 +367,9 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
   EXPECT_EQ(s.rates.count, 71);
   // 8.7 and 30.4 before PyTorch's attention was counted op by op (8.7, 28.0), the framework's
   // fp32 all-reduce and parameter all-gather after the backward were charged (8.1, 24.5) and
-  // its gated MLP's third tensor-parallel all-reduce backward.
-  EXPECT_EQ(median_and_p90(s), "7.3 23.4");
+  // its gated MLP's third tensor-parallel all-reduce backward (7.3, 23.4), and full
+  // recomputation's rerun of the forward's collectives.
+  EXPECT_EQ(median_and_p90(s), "7.2 21.3");
   ASSERT_EQ(step_errors.size(), 71u);
   std::sort(step_errors.begin(), step_errors.end());
   EXPECT_NEAR(step_errors[35], 0.076, 0.0005);  // the median (12.1%, then 7.9%, before)

@@ -294,6 +294,14 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       c.tp_exposed_backward_s =
           chunked(comm, linear_forward, t) + std::max(0.0, comm - linear_forward);
     }
+    // Full recomputation reruns the forward in the backward, its collectives too (Megatron-LM's
+    // tensor_parallel.checkpoint calls the layer's forward again, RowParallelLinear's all-reduce
+    // or reduce-scatter included).
+    if (l.recompute == Recompute::Full) {
+      const double share = job.memory.full_recompute_share;
+      c.tp_comm_s += share * 2 * one;
+      c.tp_exposed_backward_s += share * c.tp_exposed_forward_s;
+    }
   }
   if (l.cp > 1) {
     const double hops = static_cast<double>(l.cp - 1), core = c.attention_core_s;

@@ -257,7 +257,8 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
     double loss_bytes = 0;
     if (holds_head && job.logits_bytes_per_element > 0)
       loss_bytes = static_cast<double>(l.micro_batch * job.seq_len / l.cp) *
-                   static_cast<double>(m.vocab_size) / static_cast<double>(l.tp) *
+                   static_cast<double>(m.vocab_size) /
+                   static_cast<double>(job.logits_gathered_over_tp ? 1 : l.tp) *
                    job.logits_bytes_per_element;
     if (op_sac) {
       // A layer's backward first recomputes what the policy did not save (the rest of its

@@ -139,6 +139,13 @@ struct GpuJob {
   // log_softmax backward holds the saved fp32 log-softmax, its incoming fp32 gradient and the
   // fp32 gradient it writes: 12.
   double logits_bytes_per_element = 0;
+  // The logits gathered over the tensor-parallel ranks before the loss, so each holds the whole
+  // vocabulary's (tokens x V, not tokens x V / tp): Aleph-Alpha/scaling's lm_head.py, a
+  // ColumnParallelLinear with parallel_output False (all_concat of the shards), then
+  // F.cross_entropy on the bf16 logits. Its bytes per logit: the gathered logits the pipeline
+  // buffer keeps for backward (2), log_softmax's saved bf16 output (2), and in backward
+  // nll_loss's gradient (2) and log_softmax's (2): 8.
+  bool logits_gathered_over_tp = false;
   // ZeRO-3 as FSDP2 runs it under torch.distributed.pipelining (torchtitan): with pp > 1 a
   // stage's parameters stay gathered from its first forward to its last backward
   // (reshard_after_forward = False "to avoid per-microbatch all-gathers", torchtitan

@@ -113,6 +113,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.memory.state = kMixedPrecisionAdam;
   job.memory.state.gradient = run.gradient_bytes;
   job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;
+  job.memory.logits_gathered_over_tp = run.conventions.logits_gathered_over_tp;
   job.memory.selective = run.selective;
   job.memory.full_recompute_share = run.full_recompute_share;
   job.memory.fsdp_gathered_under_pp = run.conventions.fsdp_gathered_under_pp;

@@ -37,6 +37,7 @@ struct SourceConventions {
   // over dp) when a run does not say, and the vocab-parallel cross-entropy's 6 bytes per logit.
   bool megatron = false;
   double logits_bytes_per_element = 10;  // PyTorch's cross_entropy(logits.float()), see GpuJob
+  bool logits_gathered_over_tp = false;  // GpuJob::logits_gathered_over_tp
   // "Selective" recomputation means torchtitan's per-op policy (SelectivePolicy::TorchtitanOps),
   // not Megatron's attention-core recomputation.
   bool per_op_selective = false;

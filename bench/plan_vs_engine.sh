@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The planner against loom's own engine on this machine: `loom calibrate` measures the machine
-# at 1, 2 and 4 ranks into a profile; then each layout below trains the same GPT-2-style model
-# (8 layers, d = 256, 4 heads, a 2048-token vocabulary, 32 sequences of 128 tokens per step;
-# the last three a mixture of experts, model_moe) for STEPS steps under mpirun, and `loom plan --layout ... --profile` predicts its step time
+# at 1, 2 and 4 ranks into a profile; then each layout below trains a GPT-2-style model (8
+# layers, d = 256, 4 heads, a 2048-token vocabulary, 32 sequences of 128 tokens per step), or
+# for the last three a mixture of experts (model_moe), for STEPS steps under mpirun, and `loom plan --layout ... --profile` predicts its step time
 # and memory. Prints predicted vs measured side by side, and the median and worst
 # |predicted / measured - 1|, and writes the same as JSON to $OUT/plan_vs_engine.json.
 # Measured is the fastest step after two warm-up steps, as calibrate keeps each figure's best

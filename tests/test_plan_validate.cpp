@@ -416,6 +416,12 @@ TEST(PlanTime, DataParallelSyncAfterTheBackwardIsExposedWhole) {
     EXPECT_NEAR(after.total_s - overlapped.total_s, expected - overlapped.exposed_comm_s, 1e-12);
     EXPECT_LT(overlapped.exposed_comm_s, expected);
   }
+  // ZeRO-3's per-layer gathers are another path: the flag leaves them alone.
+  const plan::PlanLayout zero3 = plan::parse_layout("dp=16 mbs=1 zero=3");
+  job.dp_sync_after_backward = false;
+  const double fsdp = plan::predict_step_time(m, zero3, cluster, job).total_s;
+  job.dp_sync_after_backward = true;
+  EXPECT_DOUBLE_EQ(plan::predict_step_time(m, zero3, cluster, job).total_s, fsdp);
 }
 
 // The same framework reduces each column-parallel linear's input gradient apart, and its SwiGLU
@@ -450,6 +456,10 @@ TEST(PlanTime, ColumnLinearsReducingApartAddABackwardAllReduce) {
   EXPECT_NEAR(apart.forward_s, megatron.forward_s, 1e-12);
   EXPECT_DOUBLE_EQ(step(gpt2, "tp=4", true).tp_comm_s, step(gpt2, "tp=4", false).tp_comm_s);
   EXPECT_DOUBLE_EQ(step(llama, "tp=4 sp", true).tp_comm_s, step(llama, "tp=4 sp", false).tp_comm_s);
+  // Mixtral's layers are all experts, each whole on every tp rank: no third all-reduce.
+  const ModelConfig mixtral = model_preset("mixtral-8x7b");
+  ASSERT_EQ(mixtral.moe_layer_count(), mixtral.n_layer);
+  EXPECT_DOUBLE_EQ(step(mixtral, "tp=4", true).tp_comm_s, step(mixtral, "tp=4", false).tp_comm_s);
   // Full recomputation reruns each layer's forward in its backward, the forward's two
   // all-reduces with it: 6 a layer (7 with the gated MLP's reduced apart), exposed in backward.
   EXPECT_NEAR(step(llama, "tp=4 recompute=full", false).tp_comm_s, calls * 6 * one, 1e-9);

@@ -361,7 +361,8 @@ int run_plan(const PlanArgs& command_line) {
       !engine_memory ? plan::predict_gpu_memory(model, layout, job.memory)
       : layout.pp > 1
           ? plan::predict_engine_pipeline_memory(model, layout, args.seq_len,
-                                                 job.memory.micro_batches, bucket_bytes)
+                                                 job.memory.micro_batches, bucket_bytes,
+                                                 plan::moe_imbalance_of(model, job))
           : plan::predict_engine_memory(model, layout.dp * layout.cp, layout.zero_stage,
                                         bucket_bytes, false, layout.micro_batch, args.seq_len,
                                         layout.recompute, layout.tp, layout.sequence_parallel,

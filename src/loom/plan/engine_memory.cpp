@@ -326,7 +326,10 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
 
 MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanLayout& l,
                                                int64_t seq_len, int64_t micro_batches,
-                                               int64_t bucket_bytes) {
+                                               int64_t bucket_bytes, double moe_imbalance) {
+  if (!(moe_imbalance >= 1 && std::isfinite(moe_imbalance)))
+    throw_error("predict_engine_pipeline_memory: moe_imbalance = ", moe_imbalance,
+                ", expected >= 1 (the busiest ep rank's received rows over the mean)");
   if (l.pp < 2)
     throw_error("predict_engine_pipeline_memory: pp = ", l.pp,
                 "; use predict_engine_memory without a pipeline");
@@ -355,7 +358,8 @@ MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanL
   // Activations: rank 0's action list replayed through the engine's pool (replay_activation_pool):
   // the sets it makes plus the W copies held at the worst moment.
   const std::vector<PipeAction> actions = pipeline_actions(l.schedule, l.pp, micro_batches, v)[0];
-  const EngineActivationShape shape(m, l.micro_batch, seq_len, l.tp, l.sequence_parallel, l.cp);
+  const EngineActivationShape shape(m, l.micro_batch, seq_len, l.tp, l.sequence_parallel, l.cp,
+                                    l.ep > 1 ? moe_imbalance : 1.0);
   const int64_t rows = l.micro_batch * seq_len / l.cp;
   std::vector<ChunkBytes> per_chunk;
   double rank_dense = 0;

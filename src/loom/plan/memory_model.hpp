@@ -234,7 +234,7 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& model, int64_t dp, int 
 // and under a split backward the copies its B's hold until their W's. `micro_batches` per step.
 MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& model, const PlanLayout& layout,
                                                int64_t seq_len, int64_t micro_batches,
-                                               int64_t bucket_bytes);
+                                               int64_t bucket_bytes, double moe_imbalance = 1.0);
 
 // How many activation sets the rank holding the last stage gives the last stage's extras (its
 // final norm output and statistics, and the head's d_hidden) in a step of `micro_batches`: that

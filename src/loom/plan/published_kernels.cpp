@@ -69,7 +69,8 @@ void read_kernels(const RunFields& f, const std::string& notes, const std::strin
     static const std::regex flash_v1(R"(^flash[_ ]?attention[_ ]?v?1(\.[0-9.]*)?$)");
     if (kernel == "torch") {
       run.flash_attention = false;
-      run.unfused_softmax = true;
+      // Counted op by op as LLaMA's reference writes it; a GPT-2's (with dropout) is not counted.
+      run.unfused_softmax = run.model.arch == Architecture::Llama;
       run.assumptions.push_back(
           "attention: the notes name kernel 'torch', PyTorch ops that materialise the scores "
           "(LLaMA's reference: softmax in fp32, each op a trip through HBM)");

@@ -267,10 +267,11 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
         collective_time(Collective::AllReduce, tokens * h * job.memory.activation_bytes, tp_group)
             .seconds;
     // TrainingJob::tp_reduce_per_column_linear: a third backward all-reduce for the gated MLP's
-    // second column-parallel linear.
+    // second column-parallel linear, in the dense layers only (a mixture-of-experts layer's
+    // experts run whole on every tp rank).
     const double backward_reductions =
         job.tp_reduce_per_column_linear && !l.sequence_parallel && m.arch == Architecture::Llama
-            ? 3
+            ? 2 + (1 - static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer))
             : 2;
     c.tp_comm_s = (2 + backward_reductions) * one;
     c.tp_exposed_forward_s = 2 * one;

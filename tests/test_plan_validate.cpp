@@ -10,7 +10,6 @@
 #include <nlohmann/json.hpp>
 
 #include "loom/core/error.hpp"
-#include "loom/plan/collectives.hpp"
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/published_conventions.hpp"
@@ -380,94 +379,6 @@ TEST(PlanAttention, MaterialisedScoresCostMemoryAndTime) {
   const double fast = plan::predict_step_time(m, l, cluster, job).total_s;
   job.memory.flash_attention = false;
   EXPECT_GT(plan::predict_step_time(m, l, cluster, job).total_s, 1.05 * fast);
-}
-
-// A framework that synchronises data parallelism in its optimizer step (Aleph Alpha's, which ran
-// Hagemann et al.'s sweeps: every gradient all-reduced in fp32 after the backward, the updated
-// 16-bit parameters all-gathered after the update) exposes both collectives whole. By hand for
-// GPT-2 124M on dp 16 over two 8-GPU A100 nodes: the all-reduce of 4 bytes a parameter plus,
-// under ZeRO-1, the all-gather of 2, each as collective_time prices it; without ZeRO no gather.
-TEST(PlanTime, DataParallelSyncAfterTheBackwardIsExposedWhole) {
-  const ModelConfig m = model_preset("gpt2-124m");
-  plan::ClusterSpec cluster;
-  cluster.gpu = plan::gpu_preset("a100-80gb");
-  cluster.gpus_per_node = 8;
-  cluster.nodes = 2;
-  cluster.inter_node_bytes_per_s_per_gpu = plan::default_inter_node_bytes_per_s(cluster.gpu);
-  plan::TrainingJob job;
-  job.seq_len = job.memory.seq_len = 1024;
-  job.global_batch = 64;
-  const double params = static_cast<double>(m.parameter_count());
-  const plan::GroupTopology group = plan::group_topology(cluster, 16, 1);
-  const double all_reduce =
-      plan::collective_time(plan::Collective::AllReduce, 4 * params, group).seconds;
-  const double all_gather =
-      plan::collective_time(plan::Collective::AllGather, 2 * params, group).seconds;
-  for (const int zero : {0, 1}) {
-    SCOPED_TRACE(zero);
-    const plan::PlanLayout l = plan::parse_layout("dp=16 mbs=1 zero=" + std::to_string(zero));
-    job.dp_sync_after_backward = false;
-    const plan::StepTime overlapped = plan::predict_step_time(m, l, cluster, job);
-    job.dp_sync_after_backward = true;
-    const plan::StepTime after = plan::predict_step_time(m, l, cluster, job);
-    const double expected = all_reduce + (zero == 1 ? all_gather : 0.0);
-    EXPECT_NEAR(after.dp_comm_s, expected, 1e-12);
-    EXPECT_NEAR(after.exposed_comm_s, expected, 1e-12);  // nothing else is exposed at tp 1
-    EXPECT_NEAR(after.total_s - overlapped.total_s, expected - overlapped.exposed_comm_s, 1e-12);
-    EXPECT_LT(overlapped.exposed_comm_s, expected);
-  }
-  // ZeRO-3's per-layer gathers are another path: the flag leaves them alone.
-  const plan::PlanLayout zero3 = plan::parse_layout("dp=16 mbs=1 zero=3");
-  job.dp_sync_after_backward = false;
-  const double fsdp = plan::predict_step_time(m, zero3, cluster, job).total_s;
-  job.dp_sync_after_backward = true;
-  EXPECT_DOUBLE_EQ(plan::predict_step_time(m, zero3, cluster, job).total_s, fsdp);
-}
-
-// The same framework reduces each column-parallel linear's input gradient apart, and its SwiGLU
-// gate and up are two linears: without sequence parallelism a Llama layer's backward makes three
-// all-reduces of [tokens, h] (2 bytes each), Megatron-LM's two; forward two either way. By hand
-// at tp 4 in one node; GPT-2's MLP is one linear, and sequence parallelism is Megatron's path.
-TEST(PlanTime, ColumnLinearsReducingApartAddABackwardAllReduce) {
-  plan::ClusterSpec cluster;
-  cluster.gpu = plan::gpu_preset("a100-80gb");
-  cluster.gpus_per_node = 8;
-  cluster.nodes = 1;
-  plan::TrainingJob job;
-  job.seq_len = job.memory.seq_len = 2048;
-  job.global_batch = 8;  // 8 micro-batches of one sequence at dp 1
-  const plan::GroupTopology group = plan::group_topology(cluster, 4, 1);
-  auto step = [&](const ModelConfig& m, const char* layout, bool apart) {
-    job.tp_reduce_per_column_linear = apart;
-    return plan::predict_step_time(m, plan::parse_layout(layout), cluster, job);
-  };
-  auto layer = [&](const ModelConfig& m, const char* layout, bool apart) {
-    job.tp_reduce_per_column_linear = apart;
-    return plan::predict_layer_time(m, plan::parse_layout(layout), cluster, job);
-  };
-  const ModelConfig llama = model_preset("llama-8b"), gpt2 = model_preset("gpt2-124m");
-  const double one =
-      plan::collective_time(plan::Collective::AllReduce, 2048.0 * 4096 * 2, group).seconds;
-  const double calls = 8.0 * static_cast<double>(llama.n_layer);
-  EXPECT_NEAR(step(llama, "tp=4", false).tp_comm_s, calls * 4 * one, 1e-9);
-  EXPECT_NEAR(step(llama, "tp=4", true).tp_comm_s, calls * 5 * one, 1e-9);
-  const plan::LayerTime megatron = layer(llama, "tp=4", false), apart = layer(llama, "tp=4", true);
-  EXPECT_NEAR(apart.backward_s - megatron.backward_s, one, 1e-12);  // exposed: no overlap
-  EXPECT_NEAR(apart.forward_s, megatron.forward_s, 1e-12);
-  EXPECT_DOUBLE_EQ(step(gpt2, "tp=4", true).tp_comm_s, step(gpt2, "tp=4", false).tp_comm_s);
-  EXPECT_DOUBLE_EQ(step(llama, "tp=4 sp", true).tp_comm_s, step(llama, "tp=4 sp", false).tp_comm_s);
-  // Mixtral's layers are all experts, each whole on every tp rank: no third all-reduce.
-  const ModelConfig mixtral = model_preset("mixtral-8x7b");
-  ASSERT_EQ(mixtral.moe_layer_count(), mixtral.n_layer);
-  EXPECT_DOUBLE_EQ(step(mixtral, "tp=4", true).tp_comm_s, step(mixtral, "tp=4", false).tp_comm_s);
-  // Full recomputation reruns each layer's forward in its backward, the forward's two
-  // all-reduces with it: 6 a layer (7 with the gated MLP's reduced apart), exposed in backward.
-  EXPECT_NEAR(step(llama, "tp=4 recompute=full", false).tp_comm_s, calls * 6 * one, 1e-9);
-  EXPECT_NEAR(step(llama, "tp=4 recompute=full", true).tp_comm_s, calls * 7 * one, 1e-9);
-  const plan::LayerTime full = layer(llama, "tp=4 recompute=full", false);
-  const plan::LayerTime none = layer(llama, "tp=4", false);
-  EXPECT_NEAR(full.backward_s - none.backward_s, none.forward_s,
-              1e-12);  // the forward again, comm included
 }
 
 // The rules read from a run's text: a stated interleaved schedule with no V takes V >= 2 (the

@@ -53,25 +53,7 @@ TEST_F(TensorCoreAttentionTest, ForwardAndBackwardWithinTheirRoundings) {
     for (const AttentionShape& s : kShapes) {
       SCOPED_TRACE(std::string(name(kernel)) + ": " + describe(s));
       set_attention_kernel(kernel);  // throws if a shape would fall back
-      uint32_t seed = 500 + 3 * static_cast<uint32_t>(&s - kShapes);
-      const auto qkv = rounded_to_bf16(random_vector(
-          static_cast<size_t>(s.batch * s.seq_len * s.qkv_ld()), ++seed, -2.0f, 2.0f));
-      const auto d_out = rounded_to_bf16(
-          random_vector(static_cast<size_t>(s.batch * s.seq_len * s.out_ld()), ++seed));
-      const Reference want = reference(qkv, d_out, s, nullptr);
-
-      DeviceBuffer<bf16> g_qkv(to_bf16(qkv)), g_dout(to_bf16(d_out)), g_out(want.out.size());
-      DeviceBuffer<bf16> g_dqkv(to_bf16(random_vector(qkv.size(), ++seed, 1e3f, 2e3f)));
-      DeviceBuffer<float> g_lse(want.lse.size());
-      cuda::attention_forward(g_out.get(), g_lse.get(), g_qkv.get(), s);
-      expect_within_roundings(from_bf16(g_out.download()), want.out, want.out_magnitude, "out");
-      expect_close(g_lse.download(), want.lse, 1e-4, 1e-5, "lse");
-      cuda::attention_backward(g_dqkv.get(), g_dout.get(), g_qkv.get(), g_out.get(), g_lse.get(),
-                               s);
-      const auto got_out = from_bf16(g_out.download());
-      const Reference grads = reference(qkv, d_out, s, &got_out);
-      expect_within_roundings(from_bf16(g_dqkv.download()), grads.d_qkv, grads.d_qkv_magnitude,
-                              "d_qkv");
+      expect_forward_backward_within_roundings(s, 500 + 3 * static_cast<uint32_t>(&s - kShapes));
     }
 }
 

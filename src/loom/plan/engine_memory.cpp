@@ -214,6 +214,13 @@ struct EngineActivationShape {
   }
 };
 
+// The busiest ep rank's received rows over the mean: at least 1, and finite.
+void require_moe_imbalance(const char* caller, double moe_imbalance) {
+  if (!(moe_imbalance >= 1 && std::isfinite(moe_imbalance)))
+    throw_error(caller, ": moe_imbalance = ", moe_imbalance,
+                ", expected >= 1 (the busiest ep rank's received rows over the mean)");
+}
+
 // The model chunks each pipeline rank holds: interleaved's vp, the V placements' two, else one.
 int64_t chunks_per_rank(const PlanLayout& l) {
   if (l.schedule == PipelineSchedule::Interleaved) return l.vp;
@@ -304,9 +311,7 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
   if (ep < 1 || dp % ep != 0 || (m.is_moe() ? m.n_experts % ep != 0 : ep != 1))
     throw_error("predict_engine_memory: ep = ", ep, " with dp = ", dp, " and ", m.n_experts,
                 " experts");
-  if (!(moe_imbalance >= 1 && std::isfinite(moe_imbalance)))
-    throw_error("predict_engine_memory: moe_imbalance = ", moe_imbalance,
-                ", expected >= 1 (the busiest ep rank's received rows over the mean)");
+  require_moe_imbalance("predict_engine_memory", moe_imbalance);
   // This rank's parameters: every dense one, and the experts of ep rank 0 (all ranks hold as
   // many), in gradient-ready order; the engine buckets (or, under ZeRO, flattens) the two apart.
   std::vector<ParameterSpec> mine;
@@ -327,9 +332,7 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
 MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanLayout& l,
                                                int64_t seq_len, int64_t micro_batches,
                                                int64_t bucket_bytes, double moe_imbalance) {
-  if (!(moe_imbalance >= 1 && std::isfinite(moe_imbalance)))
-    throw_error("predict_engine_pipeline_memory: moe_imbalance = ", moe_imbalance,
-                ", expected >= 1 (the busiest ep rank's received rows over the mean)");
+  require_moe_imbalance("predict_engine_pipeline_memory", moe_imbalance);
   if (l.pp < 2)
     throw_error("predict_engine_pipeline_memory: pp = ", l.pp,
                 "; use predict_engine_memory without a pipeline");

@@ -228,18 +228,18 @@ TEST(PlanMemory, UnfusedSoftmaxByHand) {
 
 // Logits gathered over tp before the loss (GpuJob::logits_gathered_over_tp): every tp rank holds
 // tokens x V logits' bytes, not tokens x V / tp. By hand for Llama 3 8B (V = 128,256), one
-// sequence of 2048 at tp 4, 8 bytes a logit.
+// sequence of 2048 at tp 4, 14 bytes a logit (Hagemann et al.'s framework).
 TEST(PlanMemory, GatheredLogitsHoldTheWholeVocabularyOnEveryTpRank) {
   const ModelConfig m = model_preset("llama-8b");
   plan::GpuJob job;
   job.seq_len = 2048;
-  job.logits_bytes_per_element = 8;
+  job.logits_bytes_per_element = 14;
   auto activations = [&](bool gathered) {
     job.logits_gathered_over_tp = gathered;
     return plan::predict_gpu_memory(m, plan::parse_layout("tp=4"), job).activations;
   };
   ASSERT_EQ(m.vocab_size, 128256);
-  EXPECT_DOUBLE_EQ(activations(true) - activations(false), 2048.0 * 128256 * 8 * (1 - 1.0 / 4));
+  EXPECT_DOUBLE_EQ(activations(true) - activations(false), 2048.0 * 128256 * 14 * (1 - 1.0 / 4));
 }
 
 TEST(PlanMemory, LayoutsParseAndImpossibleOnesSayWhy) {

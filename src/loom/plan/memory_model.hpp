@@ -141,10 +141,13 @@ struct GpuJob {
   double logits_bytes_per_element = 0;
   // The logits gathered over the tensor-parallel ranks before the loss, so each holds the whole
   // vocabulary's (tokens x V, not tokens x V / tp): Aleph-Alpha/scaling's lm_head.py, a
-  // ColumnParallelLinear with parallel_output False (all_concat of the shards), then
-  // F.cross_entropy on the bf16 logits. Its bytes per logit: the gathered logits the pipeline
-  // buffer keeps for backward (2), log_softmax's saved bf16 output (2), and in backward
-  // nll_loss's gradient (2) and log_softmax's (2): 8.
+  // ColumnParallelLinear with parallel_output False (all_concat of the shards), then its
+  // CrossEntropyLoss (losses/cross_entropy.py) on `output.activations.float()`. Its bytes per
+  // logit at the peak, in backward: the gathered bf16 logits, which the pipeline keeps in its
+  // PIPELINE_STAGE_OUTPUT buffer (`get`, not `take`, in _execute_loss_fn) until a later
+  // micro-batch's forward overwrites it (2), log_softmax's saved fp32 output (4), nll_loss's fp32
+  // gradient of it (4) and the fp32 gradient log_softmax's backward writes (4): 14 (forward's peak,
+  // the bf16 logits, their fp32 copy and the log-softmax, is 10).
   bool logits_gathered_over_tp = false;
   // ZeRO-3 as FSDP2 runs it under torch.distributed.pipelining (torchtitan): with pp > 1 a
   // stage's parameters stay gathered from its first forward to its last backward

@@ -92,8 +92,8 @@ SourceConventions hagemann_sweeps(SourceConventions c) {
   c.mfu_counts_model_params = true;
   c.dp_sync_after_backward = true;
   c.tp_reduce_per_column_linear = true;
-  c.logits_gathered_over_tp = true;  // and 8 bytes a logit (GpuJob::logits_gathered_over_tp)
-  c.logits_bytes_per_element = 8;
+  c.logits_gathered_over_tp = true;  // and 14 bytes a logit (GpuJob::logits_gathered_over_tp)
+  c.logits_bytes_per_element = 14;
   return c;
 }
 

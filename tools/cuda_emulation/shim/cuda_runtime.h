@@ -28,6 +28,7 @@ inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z,
 using cudaError_t = int;
 constexpr cudaError_t cudaSuccess = 0;
 using cudaStream_t = struct CUstream_st*;
+using cudaEvent_t = struct CUevent_st*;
 enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum cudaMemcpyKind {
@@ -50,12 +51,6 @@ inline cudaError_t cudaDeviceGetAttribute(int*, cudaDeviceAttr, int) {
 template <typename Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int) {
   return cuda_emulation_no_runtime("cudaFuncSetAttribute");
-}
-inline cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t) {
-  return cuda_emulation_no_runtime("cudaMallocAsync");
-}
-inline cudaError_t cudaFreeAsync(void*, cudaStream_t) {
-  return cuda_emulation_no_runtime("cudaFreeAsync");
 }
 inline cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) {
   return cuda_emulation_no_runtime("cudaMemcpyAsync");

@@ -2,9 +2,10 @@
 
 #include <algorithm>
 
-#include "loom/core/error.hpp"
 #include "loom/core/cuda/cuda_check.hpp"
 #include "loom/core/cuda/device_allocator.hpp"
+#include "loom/core/cuda/stream.hpp"
+#include "loom/core/error.hpp"
 
 namespace loom::cuda {
 
@@ -31,7 +32,41 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+StreamBlockPool::StreamId stream_id(cudaStream_t stream) {
+  return reinterpret_cast<StreamBlockPool::StreamId>(stream);
+}
+cudaEvent_t event_of(StreamBlockPool::EventId id) { return reinterpret_cast<cudaEvent_t>(id); }
+
+// The pool's events are CUDA events on this allocator's device.
+StreamBlockPool::Events cuda_events(int device) {
+  StreamBlockPool::Events events;
+  events.record = [device](StreamBlockPool::StreamId stream) {
+    DeviceGuard guard(device);
+    cudaEvent_t event = nullptr;
+    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    LOOM_CUDA_CHECK(cudaEventRecord(event, reinterpret_cast<cudaStream_t>(stream)));
+    return reinterpret_cast<StreamBlockPool::EventId>(event);
+  };
+  events.done = [](StreamBlockPool::EventId id) {
+    const cudaError_t rc = cudaEventQuery(event_of(id));
+    if (rc == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    LOOM_CUDA_CHECK(rc);
+    return true;
+  };
+  events.wait = [](StreamBlockPool::EventId id) {
+    LOOM_CUDA_CHECK(cudaEventSynchronize(event_of(id)));
+  };
+  events.destroy = [](StreamBlockPool::EventId id) { (void)cudaEventDestroy(event_of(id)); };
+  return events;
+}
+
 }  // namespace
+
+DeviceAllocator::DeviceAllocator(int device)
+    : device_(device), pool_(std::make_unique<StreamBlockPool>(cuda_events(device))) {}
 
 DeviceAllocator& DeviceAllocator::current() {
   int device = 0;
@@ -67,17 +102,16 @@ void* DeviceAllocator::malloc_on_device(size_t block_bytes) {
 }
 
 void* DeviceAllocator::allocate(size_t bytes, MemCategory category) {
+  return allocate(bytes, category, current_stream());
+}
+
+void* DeviceAllocator::allocate(size_t bytes, MemCategory category, cudaStream_t stream) {
   const size_t block = size_class(bytes);
   std::lock_guard<std::mutex> lock(mutex_);
-  void* ptr = nullptr;
-  auto cached = free_blocks_.find(block);
-  if (cached != free_blocks_.end() && !cached->second.empty()) {
-    ptr = cached->second.back();
-    cached->second.pop_back();
-    cached_bytes_ -= static_cast<int64_t>(block);
-  } else {
+  void* ptr = pool_->take(block, stream_id(stream));
+  if (!ptr) {
     ptr = malloc_on_device(block);
-    if (!ptr) {  // the cache may hold enough in other size classes
+    if (!ptr) {  // the cache may hold enough in other size classes or for other streams
       empty_cache_locked();
       ptr = malloc_on_device(block);
     }
@@ -87,7 +121,7 @@ void* DeviceAllocator::allocate(size_t bytes, MemCategory category) {
                   reserved_bytes_, " reserved by loom)");
     reserved_bytes_ += static_cast<int64_t>(block);
   }
-  live_blocks_[ptr] = block;
+  pool_->add_live(ptr, block, stream_id(stream));
   const auto index = static_cast<size_t>(category);
   const auto requested = static_cast<int64_t>(bytes);
   stats_.live_bytes[index] += requested;
@@ -100,16 +134,20 @@ void* DeviceAllocator::allocate(size_t bytes, MemCategory category) {
 void DeviceAllocator::release(void* ptr, size_t bytes, MemCategory category) {
   if (!ptr) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  auto live = live_blocks_.find(ptr);
-  LOOM_CHECK(live != live_blocks_.end(), "release of a pointer this allocator does not hold");
-  LOOM_CHECK(live->second == size_class(bytes), "release with ", bytes,
-             " bytes of a block allocated in class ", live->second);
-  free_blocks_[live->second].push_back(ptr);
-  cached_bytes_ += static_cast<int64_t>(live->second);
-  live_blocks_.erase(live);
+  LOOM_CHECK(pool_->is_live(ptr), "release of a pointer this allocator does not hold");
+  const size_t block = pool_->size_class_of(ptr);
+  LOOM_CHECK(block == size_class(bytes), "release with ", bytes,
+             " bytes of a block allocated in class ", block);
+  pool_->release(ptr);
   const auto requested = static_cast<int64_t>(bytes);
   stats_.live_bytes[static_cast<size_t>(category)] -= requested;
   stats_.total_live_bytes -= requested;
+}
+
+void DeviceAllocator::record_stream(void* ptr, cudaStream_t stream) {
+  if (!ptr) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_->record_stream(ptr, stream_id(stream));
 }
 
 void DeviceAllocator::empty_cache() {
@@ -119,12 +157,10 @@ void DeviceAllocator::empty_cache() {
 
 void DeviceAllocator::empty_cache_locked() {
   DeviceGuard guard(device_);
-  for (auto& [block, pointers] : free_blocks_) {
-    for (void* ptr : pointers) LOOM_CUDA_CHECK(cudaFree(ptr));
-    reserved_bytes_ -= static_cast<int64_t>(block * pointers.size());
+  for (const auto& [ptr, block] : pool_->drain()) {
+    LOOM_CUDA_CHECK(cudaFree(ptr));
+    reserved_bytes_ -= static_cast<int64_t>(block);
   }
-  free_blocks_.clear();
-  cached_bytes_ = 0;
 }
 
 MemStats DeviceAllocator::stats() const {
@@ -146,7 +182,7 @@ void DeviceAllocator::reset_peaks() {
 }
 int64_t DeviceAllocator::cached_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return cached_bytes_;
+  return pool_->cached_bytes();
 }
 int64_t DeviceAllocator::reserved_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);

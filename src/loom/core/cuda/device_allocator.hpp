@@ -8,16 +8,20 @@
 // Live and peak figures count requested bytes, as HostAllocator does; reserved_bytes() is what
 // the device really holds (rounded blocks, cached ones included).
 //
-// Streams: a released block may be handed out again at once. That is safe when the next user
-// runs on the same stream as the last one (stream order); work on several streams must
-// synchronise before releasing a block another stream may reuse.
+// Streams (core/stream_block_pool): a block belongs to the stream it was allocated on, the
+// calling thread's current stream (core/cuda/stream), and is cached for that stream alone, so a
+// released block may be handed out again at once: its next user queues behind the kernels
+// that used it. A block that work on other streams uses too (record_stream) is cached only
+// once an event recorded on each of them at its release has completed.
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
-#include <unordered_map>
-#include <vector>
 
 #include "loom/core/allocator.hpp"
+#include "loom/core/stream_block_pool.hpp"
 
 namespace loom::cuda {
 
@@ -35,31 +39,36 @@ class DeviceAllocator {
   static DeviceAllocator& for_device(int device);
   static size_t size_class(size_t bytes);
 
+  // A block for work on `stream` (by default the calling thread's current stream).
   void* allocate(size_t bytes, MemCategory category);
+  void* allocate(size_t bytes, MemCategory category, cudaStream_t stream);
   // `bytes` and `category` must be those given to allocate.
   void release(void* ptr, size_t bytes, MemCategory category);
-  // Returns every cached (free) block to CUDA.
+  // Work queued on `stream` uses the live block `ptr` as well as its own stream's: on release
+  // it is cached only once that work has run (PyTorch's recordStream).
+  void record_stream(void* ptr, cudaStream_t stream);
+  // Returns every cached (free) block to CUDA, after the streams still using released blocks
+  // have finished with them.
   void empty_cache();
 
   MemStats stats() const;
   int64_t live_bytes(MemCategory category) const;
   int64_t peak_bytes(MemCategory category) const;
   void reset_peaks();
-  int64_t cached_bytes() const;    // in the free lists
+  int64_t cached_bytes() const;    // released, not live: cached, or waiting for other streams
   int64_t reserved_bytes() const;  // held from cudaMalloc: live blocks + cached blocks
   int device() const { return device_; }
 
  private:
-  explicit DeviceAllocator(int device) : device_(device) {}
+  explicit DeviceAllocator(int device);
   void* malloc_on_device(size_t block_bytes);  // cudaMalloc, nullptr when out of memory
   void empty_cache_locked();
 
   int device_;
   mutable std::mutex mutex_;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks_;  // size class -> blocks
-  std::unordered_map<void*, size_t> live_blocks_;               // pointer -> size class
+  std::unique_ptr<StreamBlockPool> pool_;  // cached and live blocks by stream
   MemStats stats_;
-  int64_t cached_bytes_ = 0, reserved_bytes_ = 0;
+  int64_t reserved_bytes_ = 0;
 };
 
 }  // namespace loom::cuda

@@ -6,6 +6,7 @@
 #include "loom/core/cuda/cuda_check.hpp"
 #include "loom/core/cuda/device_allocator.hpp"
 #include "loom/core/cuda/device_memory.hpp"
+#include "loom/core/cuda/stream.hpp"
 
 namespace loom::cuda {
 
@@ -113,12 +114,17 @@ void device_copy(void* dst, const void* src, size_t bytes, int kind) {
                                               cudaMemcpyDeviceToDevice};
   LOOM_CHECK(kind >= 0 && kind <= 2, "copy kind ", kind);
   if (bytes == 0) return;
-  LOOM_CUDA_CHECK(cudaMemcpy(dst, src, bytes, kKinds[kind]));
+  // On the current stream, behind the kernels that wrote `src` or read `dst` there. A copy to
+  // or from the host returns once done, as cudaMemcpy does (the host may reuse or read its
+  // buffer, pinned or not); one within the device is queued, as cudaMemcpy's is.
+  const cudaStream_t stream = current_stream();
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kKinds[kind], stream));
+  if (kind != 2) LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
 void device_fill_zero(void* dst, size_t bytes) {
   if (bytes == 0) return;
-  LOOM_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, current_stream()));
 }
 
 void device_synchronize() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "loom/core/cuda/stream.hpp"
 #include "loom/core/error.hpp"
 #include "loom/dist/backend_support.hpp"
 #include "loom/dist/mpi_process_group.hpp"  // the timeout default, its env var and the exit code
@@ -190,10 +191,12 @@ void open_device(NcclCommunicator& nccl, int device, const std::string& context)
 }
 
 // Stream order instead of host synchronisation: the group's stream waits for everything the
-// compute stream (the legacy default stream, where loom's kernels run) has queued so far, so
-// an operation reads buffers only after the kernels that wrote them, and the host never waits.
+// compute stream (the calling thread's current stream, core/cuda/stream: the legacy default
+// stream unless a StreamGuard names another) has queued so far, so an operation reads buffers
+// only after the kernels that wrote them, and the host never waits.
 void after_compute(NcclCommunicator& nccl, const std::string& context) {
-  check_cuda(cudaEventRecord(nccl.compute_done, cudaStreamLegacy), "cudaEventRecord", context);
+  check_cuda(cudaEventRecord(nccl.compute_done, loom::cuda::current_stream()), "cudaEventRecord",
+             context);
   check_cuda(cudaStreamWaitEvent(nccl.stream, nccl.compute_done, 0), "cudaStreamWaitEvent", context);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "loom/core/cuda/stream.hpp"
 #include "loom/kernels/cpu/adamw.hpp"
 
 namespace loom::cuda {
@@ -15,11 +16,12 @@ using bf16 = __nv_bfloat16;
 using cpu::AdamWStep;
 
 void adamw_update(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
-                  const AdamWStep& step, cudaStream_t stream = 0);
+                  const AdamWStep& step, cudaStream_t stream = current_stream());
 // bf16 training: also writes the updated master rounded to bf16 into the model's copy, in the
 // same pass (no separate conversion over the parameters).
 void adamw_update(float* param, bf16* param_bf16, const float* grad, float* exp_avg,
-                  float* exp_avg_sq, int64_t n, const AdamWStep& step, cudaStream_t stream = 0);
+                  float* exp_avg_sq, int64_t n, const AdamWStep& step,
+                  cudaStream_t stream = current_stream());
 
 // One tensor of adamw_update_many: adamw_update's arguments (param_bf16 null: no bf16 copy).
 struct AdamWTensor {
@@ -34,6 +36,7 @@ struct AdamWTensor {
 // adamw_update on `count` tensors in one launch (an optimizer step's hundreds of small tensors
 // launched one by one were mostly launch latency), every element with the single call's
 // arithmetic and so its bits. 16-byte accesses where a tensor's pointers are aligned for them.
-void adamw_update_many(const AdamWTensor* tensors, int64_t count, cudaStream_t stream = 0);
+void adamw_update_many(const AdamWTensor* tensors, int64_t count,
+                       cudaStream_t stream = current_stream());
 
 }  // namespace loom::cuda

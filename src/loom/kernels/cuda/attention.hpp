@@ -23,6 +23,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "loom/core/cuda/stream.hpp"
 #include "loom/kernels/cpu/attention.hpp"
 
 namespace loom::cuda {
@@ -57,15 +58,17 @@ std::string tensor_cores_refusal(const AttentionShape& shape,
                                  std::initializer_list<const void*> pointers);
 
 void attention_forward(float* out, float* lse, const float* qkv, const AttentionShape& shape,
-                       cudaStream_t stream = 0);
+                       cudaStream_t stream = current_stream());
 void attention_forward(bf16* out, float* lse, const bf16* qkv, const AttentionShape& shape,
-                       cudaStream_t stream = 0);
+                       cudaStream_t stream = current_stream());
 
 // Writes (overwrites) d_qkv in the same fused layout as qkv.
 void attention_backward(float* d_qkv, const float* d_out, const float* qkv, const float* out,
-                        const float* lse, const AttentionShape& shape, cudaStream_t stream = 0);
+                        const float* lse, const AttentionShape& shape,
+                        cudaStream_t stream = current_stream());
 void attention_backward(bf16* d_qkv, const bf16* d_out, const bf16* qkv, const bf16* out,
-                        const float* lse, const AttentionShape& shape, cudaStream_t stream = 0);
+                        const float* lse, const AttentionShape& shape,
+                        cudaStream_t stream = current_stream());
 
 // ---- attention with a key range per query row (attention_ranged.cu) ------------------------
 // The twin of loom::cpu's cross_attention_forward / _backward, and of its attention with key
@@ -99,7 +102,8 @@ struct RangedForwardArgs {
 };
 template <typename TQ, typename TKV, typename TO>
 void ranged_attention_forward(const RangedForwardArgs<TQ, TKV, TO>& args,
-                              const RangedAttentionShape& shape, cudaStream_t stream = 0);
+                              const RangedAttentionShape& shape,
+                              cudaStream_t stream = current_stream());
 
 // Writes (overwrites) the query heads' columns of every d_q row and the kv heads' columns of
 // every d_k and d_v row.
@@ -123,13 +127,14 @@ struct RangedBackwardArgs {
 };
 template <typename TQ, typename TKV, typename TG>
 void ranged_attention_backward(const RangedBackwardArgs<TQ, TKV, TG>& args,
-                               const RangedAttentionShape& shape, cudaStream_t stream = 0);
+                               const RangedAttentionShape& shape,
+                               cudaStream_t stream = current_stream());
 
 // Ring attention's exact merge (loom::cpu::merge_attention_partials): out, lse absorb part,
 // part_lse, partial softmaxes over disjoint keys. out, part [batch * seq, heads * head_dim] f32;
 // lse, part_lse [batch, heads, seq] f32.
 void merge_attention_partials(float* out, float* lse, const float* part, const float* part_lse,
                               int64_t batch, int64_t seq_len, int64_t heads, int64_t head_dim,
-                              cudaStream_t stream = 0);
+                              cudaStream_t stream = current_stream());
 
 }  // namespace loom::cuda

@@ -16,6 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "loom/core/cuda/stream.hpp"
+
 namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -44,8 +46,9 @@ size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, i
 
 // Returns the sum of the losses of all rows with a target, added in double in a fixed order.
 // Waits for `stream` (the loss comes back to the host).
-double lm_head_cross_entropy(const CrossEntropyArgs& args, cudaStream_t stream = 0);
-double lm_head_cross_entropy(const CrossEntropyArgsBf16& args, cudaStream_t stream = 0);
+double lm_head_cross_entropy(const CrossEntropyArgs& args, cudaStream_t stream = current_stream());
+double lm_head_cross_entropy(const CrossEntropyArgsBf16& args,
+                             cudaStream_t stream = current_stream());
 
 // The two passes over a vocabulary shard (tensor parallelism: the reductions over the ranks sit
 // between them). weight holds ids [vocab_begin, vocab_begin + shard); targets are device ids
@@ -62,15 +65,15 @@ struct ShardLogitsT {
 // Device arrays [rows]: max logit, sum of exp(logit - max), the target's logit (0 when the
 // shard does not own it).
 void shard_logit_stats(const ShardLogitsT<float>& args, float* row_max, float* row_sum,
-                       float* target_logit, cudaStream_t stream = 0);
+                       float* target_logit, cudaStream_t stream = current_stream());
 void shard_logit_stats(const ShardLogitsT<bf16>& args, float* row_max, float* row_sum,
-                       float* target_logit, cudaStream_t stream = 0);
+                       float* target_logit, cudaStream_t stream = current_stream());
 // From device lse [rows]: d_hidden overwritten (null to skip), d_weight accumulated (null to
 // skip). bf16: the logit gradient is rounded to bf16 for the products and d_hidden accumulated
 // in f32 over the chunks, as in lm_head_cross_entropy.
 void shard_logit_grad(const ShardLogitsT<float>& args, const float* lse, float grad_scale,
-                      float* d_hidden, float* d_weight, cudaStream_t stream = 0);
+                      float* d_hidden, float* d_weight, cudaStream_t stream = current_stream());
 void shard_logit_grad(const ShardLogitsT<bf16>& args, const float* lse, float grad_scale,
-                      bf16* d_hidden, float* d_weight, cudaStream_t stream = 0);
+                      bf16* d_hidden, float* d_weight, cudaStream_t stream = current_stream());
 
 }  // namespace loom::cuda

@@ -26,28 +26,35 @@ CublasContext& cublas_context() {
     auto* context = new CublasContext;
     context->device = device;
     LOOM_CUBLAS_CHECK(cublasLtCreate(&context->handle));
-    LOOM_CUDA_CHECK(cudaMalloc(&context->workspace, kCublasWorkspaceBytes));
     context->workspace_bytes = kCublasWorkspaceBytes;
     slot = context;
   }
   return *slot;
 }
 
-float* bias_grad_scratch(CublasContext& context, int64_t elements) {
+void* cublas_workspace(CublasContext& context, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(g_contexts_mutex);
-  if (elements > context.bias_grad_capacity) {
-    // The old buffer may still be read by queued work on any stream: wait before freeing it.
+  CublasStreamScratch& scratch = context.streams[stream];
+  if (!scratch.workspace) LOOM_CUDA_CHECK(cudaMalloc(&scratch.workspace, context.workspace_bytes));
+  return scratch.workspace;
+}
+
+float* bias_grad_scratch(CublasContext& context, int64_t elements, cudaStream_t stream) {
+  std::lock_guard<std::mutex> lock(g_contexts_mutex);
+  CublasStreamScratch& scratch = context.streams[stream];
+  if (elements > scratch.bias_grad_capacity) {
+    // The old buffer may still be read by work queued on the stream: wait before freeing it.
     // This happens only while the largest layer has not been seen yet.
-    if (context.bias_grad_scratch) {
-      LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-      LOOM_CUDA_CHECK(cudaFree(context.bias_grad_scratch));
-      context.bias_grad_scratch = nullptr;
+    if (scratch.bias_grad_scratch) {
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      LOOM_CUDA_CHECK(cudaFree(scratch.bias_grad_scratch));
+      scratch.bias_grad_scratch = nullptr;
     }
     LOOM_CUDA_CHECK(
-        cudaMalloc(&context.bias_grad_scratch, static_cast<size_t>(elements) * sizeof(float)));
-    context.bias_grad_capacity = elements;
+        cudaMalloc(&scratch.bias_grad_scratch, static_cast<size_t>(elements) * sizeof(float)));
+    scratch.bias_grad_capacity = elements;
   }
-  return context.bias_grad_scratch;
+  return scratch.bias_grad_scratch;
 }
 
 void set_bias_epilogues_enabled(bool enabled) { g_bias_epilogues.store(enabled); }

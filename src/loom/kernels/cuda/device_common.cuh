@@ -79,29 +79,23 @@ inline unsigned grid_for(int64_t n, int block_threads) {
 
 namespace loom::cuda::detail {
 
-// Temporary device memory for one kernel sequence. On the default stream (every op today) it
-// comes from the caching DeviceAllocator, counted as Workspace, and goes back to it when the
-// buffer dies: the block may be handed out again at once, which is safe because its next user
-// is queued on the same stream, behind the kernels that use it here (the allocator's stream
-// rule). On another stream it is stream-ordered cudaMallocAsync / cudaFreeAsync. Either way
-// the host never waits, and an exception between allocation and use still returns it.
+// Temporary device memory for one kernel sequence on `stream`: a block of the caching
+// DeviceAllocator for that stream, counted as Workspace, given back when the buffer dies. The
+// block may be handed out again at once, which is safe because it is cached for `stream`
+// alone and its next user is queued behind the kernels that use it here (the allocator's
+// stream rule). The host never waits, and an exception between allocation and use still
+// returns it.
 template <typename T>
 class ScratchBuffer {
  public:
   ScratchBuffer(int64_t count, cudaStream_t stream)
-      : stream_(stream), bytes_(count > 0 ? static_cast<size_t>(count) * sizeof(T) : 0) {
+      : bytes_(count > 0 ? static_cast<size_t>(count) * sizeof(T) : 0) {
     if (bytes_ == 0) return;
-    if (stream_ == nullptr)
-      ptr_ = static_cast<T*>(DeviceAllocator::current().allocate(bytes_, MemCategory::Workspace));
-    else
-      LOOM_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&ptr_), bytes_, stream));
+    ptr_ = static_cast<T*>(
+        DeviceAllocator::current().allocate(bytes_, MemCategory::Workspace, stream));
   }
   ~ScratchBuffer() {
-    if (!ptr_) return;
-    if (stream_ == nullptr)
-      DeviceAllocator::current().release(ptr_, bytes_, MemCategory::Workspace);
-    else
-      (void)cudaFreeAsync(ptr_, stream_);  // destructors must not throw
+    if (ptr_) DeviceAllocator::current().release(ptr_, bytes_, MemCategory::Workspace);
   }
   ScratchBuffer(const ScratchBuffer&) = delete;
   ScratchBuffer& operator=(const ScratchBuffer&) = delete;
@@ -109,7 +103,6 @@ class ScratchBuffer {
 
  private:
   T* ptr_ = nullptr;
-  cudaStream_t stream_;
   size_t bytes_;
 };
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "loom/core/cuda/stream.hpp"
 #include "loom/kernels/cpu/fp8.hpp"
 
 namespace loom::cuda {
@@ -18,15 +19,15 @@ using bf16 = __nv_bfloat16;
 // *amax = max(*amax, max |x|) over a [rows, cols] block whose rows are `stride` elements apart;
 // a NaN anywhere makes it NaN (cpu::abs_max's rule). *amax must start >= 0 (or NaN).
 void fp8_amax(float* amax, const bf16* x, int64_t rows, int64_t cols, int64_t stride,
-              cudaStream_t stream = 0);
+              cudaStream_t stream = current_stream());
 void fp8_amax(float* amax, const float* x, int64_t rows, int64_t cols, int64_t stride,
-              cudaStream_t stream = 0);
+              cudaStream_t stream = current_stream());
 
 // scale_pair = {1 / s, s} with s = cpu::fp8_scale(*amax, format, margin), computed on the device.
 // The inverse comes first: it is cuBLASLt's dequantisation factor, and cuBLASLt refused (an H100,
 // CUDA 13.0) a scale pointer 4 bytes into an allocation, while one at its start runs.
 void fp8_scale_from_amax(float* scale_pair, const float* amax, cpu::Fp8Format format, int margin,
-                         cudaStream_t stream = 0);
+                         cudaStream_t stream = current_stream());
 
 // codes[r * cols + c] = the code of x[r * stride + c] * scale_pair[1] (cpu::fp8_encode of the
 // f32 product), and, when codes_t is not null, the transposed copy codes_t[c * rows + r]: the
@@ -35,9 +36,9 @@ void fp8_scale_from_amax(float* scale_pair, const float* amax, cpu::Fp8Format fo
 // read of x).
 void fp8_quantize(uint8_t* codes, uint8_t* codes_t, const bf16* x, int64_t rows, int64_t cols,
                   int64_t stride, const float* scale_pair, cpu::Fp8Format format,
-                  float* amax = nullptr, cudaStream_t stream = 0);
+                  float* amax = nullptr, cudaStream_t stream = current_stream());
 void fp8_quantize(uint8_t* codes, uint8_t* codes_t, const float* x, int64_t rows, int64_t cols,
                   int64_t stride, const float* scale_pair, cpu::Fp8Format format,
-                  float* amax = nullptr, cudaStream_t stream = 0);
+                  float* amax = nullptr, cudaStream_t stream = current_stream());
 
 }  // namespace loom::cuda

@@ -208,6 +208,7 @@ std::unique_ptr<Plan> make_plan(const MatmulSpec& s, const PlanKey& key, CublasC
 // any other failure. The heuristic runs once per shape; later calls take the cached plan.
 cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
   CublasContext& context = cublas_context();
+  void* workspace = cublas_workspace(context, stream);
   const PlanKey key{context.device,
                     s.transpose_a,
                     s.transpose_b,
@@ -248,7 +249,7 @@ cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
     const cublasStatus_t rc = cublasLtMatmul(
         context.handle, plan->desc->desc, &s.alpha, s.b, plan->a_layout->layout, s.a,
         plan->b_layout->layout, &s.beta, s.c, plan->c_layout->layout, s.c, plan->c_layout->layout,
-        &plan->result.algo, context.workspace, context.workspace_bytes, stream);
+        &plan->result.algo, workspace, context.workspace_bytes, stream);
     if (rc == CUBLAS_STATUS_NOT_SUPPORTED) return rc;
     LOOM_CUBLAS_CHECK(rc);
     return rc;
@@ -354,7 +355,7 @@ void linear_backward_impl(T* d_input, bool accumulate_input, float* d_weight, fl
     if (d_bias && bias_epilogues_enabled()) {
       // BGRADB overwrites its output, so it goes to scratch and is then added into d_bias.
       CublasContext& context = cublas_context();
-      float* scratch = bias_grad_scratch(context, out_features);
+      float* scratch = bias_grad_scratch(context, out_features, stream);
       s.epilogue = CUBLASLT_EPILOGUE_BGRADB;
       s.bias = scratch;
       if (try_matmul(s, stream) == CUBLAS_STATUS_SUCCESS) {

@@ -10,22 +10,24 @@
 
 #include <cstdint>
 
+#include "loom/core/cuda/stream.hpp"
+
 namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
 
 template <typename T>
 void moe_gather(T* routed, const T* x, const int32_t* position, int64_t rows, int64_t k, int64_t c,
-                cudaStream_t stream = 0);
+                cudaStream_t stream = current_stream());
 template <typename T>
 void moe_gather_backward(T* d_x, const T* d_routed, const int32_t* position, int64_t rows,
-                         int64_t k, int64_t c, cudaStream_t stream = 0);
+                         int64_t k, int64_t c, cudaStream_t stream = current_stream());
 template <typename T>
 void moe_combine(T* out, const T* expert_out, const float* weights, const int32_t* position,
-                 int64_t rows, int64_t k, int64_t c, cudaStream_t stream = 0);
+                 int64_t rows, int64_t k, int64_t c, cudaStream_t stream = current_stream());
 template <typename T>
 void moe_combine_backward(T* d_expert_out, float* d_weights, const T* d_out, const T* expert_out,
                           const float* weights, const int32_t* position, int64_t rows, int64_t k,
-                          int64_t c, cudaStream_t stream = 0);
+                          int64_t c, cudaStream_t stream = current_stream());
 
 }  // namespace loom::cuda

@@ -391,15 +391,16 @@ void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_
   const int64_t rows = args.hidden.size(0);
   const DeviceIds targets(args.targets, rows);
   Tensor device_lse = Tensor::empty({rows}, DType::F32, MemCategory::Workspace, Device::CUDA);
-  LOOM_CUDA_CHECK(cudaMemcpy(device_lse.raw(), lse, static_cast<size_t>(rows) * sizeof(float),
-                             cudaMemcpyHostToDevice));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(device_lse.raw(), lse, static_cast<size_t>(rows) * sizeof(float),
+                                  cudaMemcpyHostToDevice, cuda::current_stream()));
   if (is_bf16("shard_logit_grad", {&args.hidden, &args.weight, &d_hidden}))
     cuda::shard_logit_grad(shard_args<bf16>(args, targets.get(), [](const Tensor& t) { return b16(t); }),
                            f32(device_lse), grad_scale, b16(d_hidden), f32(d_weight));
   else
     cuda::shard_logit_grad(shard_args<float>(args, targets.get(), [](const Tensor& t) { return f32(t); }),
                            f32(device_lse), grad_scale, f32(d_hidden), f32(d_weight));
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(0));  // device_lse and the scratch die here
+  LOOM_CUDA_CHECK(
+      cudaStreamSynchronize(cuda::current_stream()));  // device_lse and the scratch die here
 }
 
 }  // namespace loom::ops::cuda_impl

@@ -36,7 +36,7 @@ inline bool is_bf16(const char* op, std::initializer_list<const Tensor*> activat
   return first != nullptr && first->dtype() == DType::BF16;
 }
 
-// Host ids to a device copy for the kernels queued after it on the default stream. The copy is
+// Host ids to a device copy for the kernels queued after it on the current stream. The copy is
 // asynchronous: from pageable memory, cudaMemcpyAsync returns once the ids are staged, so the
 // caller may reuse its array at once and the host never waits for the device. The buffer goes
 // back to the caching allocator when this dies, before the kernels have run: its next user is
@@ -49,7 +49,7 @@ class DeviceIds {
     if (ids == nullptr || n <= 0) return;
     ids_ = Tensor::empty({n}, DType::F32, MemCategory::Workspace, Device::CUDA);
     LOOM_CUDA_CHECK(cudaMemcpyAsync(ids_.raw(), ids, static_cast<size_t>(n) * sizeof(int32_t),
-                                    cudaMemcpyHostToDevice, 0));
+                                    cudaMemcpyHostToDevice, cuda::current_stream()));
   }
   DeviceIds(const DeviceIds&) = delete;
   DeviceIds& operator=(const DeviceIds&) = delete;

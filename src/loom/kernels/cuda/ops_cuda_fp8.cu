@@ -40,7 +40,7 @@ Tensor fp8_amax(const Tensor& x, int64_t col, int64_t cols) {
 void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax) {
   LOOM_CHECK(index >= 0 && index < slots.numel(), "fp8_max_into: slot ", index, " of ",
              slots.numel());
-  max_into_kernel<<<1, 1>>>(f32(slots) + index, f32(amax));
+  max_into_kernel<<<1, 1, 0, cuda::current_stream()>>>(f32(slots) + index, f32(amax));
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
@@ -48,7 +48,8 @@ Tensor fp8_scale_pair(float scale) {
   Tensor pair = device_floats(2);
   const float host[2] = {1.0f / scale, scale};  // {inverse, scale}: see fp8.hpp
   // From pageable memory the copy returns once `host` is staged: no wait for the device.
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(pair.raw(), host, sizeof host, cudaMemcpyHostToDevice, 0));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(pair.raw(), host, sizeof host, cudaMemcpyHostToDevice,
+                                  cuda::current_stream()));
   return pair;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "loom/core/cuda/stream.hpp"
 #include "loom/kernels/cpu/rope.hpp"
 
 namespace loom::cuda {
@@ -39,9 +40,9 @@ class RopeTableDevice {
 // stride row_ld. inverse=true rotates by -angle (the backward of the forward rotation).
 void rope_apply(float* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
                 const RopeTableDevice& table, bool inverse, const int32_t* positions = nullptr,
-                cudaStream_t stream = 0);
+                cudaStream_t stream = current_stream());
 void rope_apply(bf16* x, int64_t batch, int64_t seq_len, int64_t heads, int64_t row_ld,
                 const RopeTableDevice& table, bool inverse, const int32_t* positions = nullptr,
-                cudaStream_t stream = 0);
+                cudaStream_t stream = current_stream());
 
 }  // namespace loom::cuda

@@ -136,6 +136,30 @@ TEST(PipelineConfig, ValidPipelineParsesAndNeedsALauncher) {
                                  "parallel.pp_schedule=\"dualpipev\"", "train.grad_accum=2"});
                   }),
                   {"'train.grad_accum' has value 2", "dualpipev", "grad_accum >= 2 x pp = 4"});
+  // DualPipeV's pairs overlapped: auto (on a GPU), on, off; anything else, or on without
+  // DualPipeV's pairs, is refused by name.
+  const std::vector<std::string> dualpipev = {
+      "model.n_layer=4", "parallel.pp=2", "parallel.pp_chunks=2",
+      "parallel.pp_schedule=\"dualpipev\"", "train.grad_accum=4"};
+  EXPECT_EQ(parse(gpt2, dualpipev).pp_overlap, "auto");
+  auto with = [&](const std::string& overlap) {
+    std::vector<std::string> o = dualpipev;
+    o.push_back("parallel.pp_overlap=\"" + overlap + "\"");
+    return o;
+  };
+  EXPECT_EQ(parse(gpt2, with("on")).pp_overlap, "on");
+  EXPECT_EQ(parse(gpt2, with("off")).pp_overlap, "off");
+  expect_contains(error_message([&] { parse(gpt2, with("yes")); }),
+                  {"'parallel.pp_overlap' has value 'yes'", "expected auto, on or off"});
+  expect_contains(error_message([&] {
+                    parse(gpt2, {"model.n_layer=4", "parallel.pp=2", "parallel.pp_chunks=2",
+                                 "parallel.pp_schedule=\"zbv\"", "train.grad_accum=4",
+                                 "parallel.pp_overlap=\"on\""});
+                  }),
+                  {"'parallel.pp_overlap' has value 'on'", "only DualPipeV", "pp_schedule = 'zbv'",
+                   "pp_schedule = \"dualpipev\""});
+  expect_contains(error_message([&] { parse(gpt2, {"parallel.pp_overlap=\"on\""}); }),
+                  {"'parallel.pp_overlap' has value 'on'", "no pipeline (parallel.pp = 1)"});
   // One process cannot be two pipeline stages: the trainer says how to launch.
   expect_contains(error_message([&] { Trainer trainer(ok); }), {"parallel.pp = 2", "mpirun -np 2"});
 }

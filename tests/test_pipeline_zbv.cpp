@@ -219,6 +219,38 @@ TEST(DualPipeV, ListsForTwoRanksAndFourMicroBatches) {
                   {"dualpipev", "m >= 2p = 6"});
 }
 
+// The pairs an overlapping executor runs together (dualpipev.py's _forward_backward_chunk):
+// for p = 2, m = 4 (the lists above) rank 0's are F3c0 B1c1, F2c1 B0c0 and F3c1 B1c0 (positions
+// 7, 9, 12), rank 1's F2c0 B0c1, F2c1 B0c0, F3c0 B1c1 and F3c1 B1c0 (4, 6, 8, 10). In general
+// rank r has two a round of its steady state (m - 2p + r + 1 rounds) and one in each of the
+// p - r - 1 rounds after it, and the lists stay deadlock-free when each pair receives both
+// inputs before it sends either output.
+TEST(DualPipeV, OverlappedPairsAreItsSteadyStatesForwardBackwardSteps) {
+  const Actions two = pipeline_actions(PipelineSchedule::DualPipeV, 2, 4, 2);
+  auto starts = [](const std::vector<PipeAction>& list) {
+    std::vector<size_t> at;
+    for (size_t i = 0; i < list.size(); ++i)
+      if (starts_forward_backward_pair(list, i)) at.push_back(i++);
+    return at;
+  };
+  EXPECT_EQ(starts(two[0]), (std::vector<size_t>{7, 9, 12}));
+  EXPECT_EQ(starts(two[1]), (std::vector<size_t>{4, 6, 8, 10}));
+  EXPECT_EQ(pipeline_transfer_problem(two, 2, 2, kV, /*overlapped_pairs=*/true), "");
+  for (int64_t p = 2; p <= 6; ++p)
+    for (int64_t m = 2 * p; m <= 4 * p + 1; ++m) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const Actions ranks = pipeline_actions(PipelineSchedule::DualPipeV, p, m, 2);
+      for (int64_t r = 0; r < p; ++r)
+        EXPECT_EQ(static_cast<int64_t>(starts(ranks[static_cast<size_t>(r)]).size()),
+                  2 * (m - 2 * p + r + 1) + (p - r - 1))
+            << "rank " << r;
+      EXPECT_EQ(pipeline_transfer_problem(ranks, p, 2, kV, true), "");
+    }
+  // ZB-V has none: its backwards are all split.
+  for (const auto& list : pipeline_actions(PipelineSchedule::ZeroBubbleV, 2, 4, 2))
+    EXPECT_TRUE(starts(list).empty());
+}
+
 // Each (micro-batch, chunk) once: one F, then one whole backward or one B and one W; the lists
 // complete across ranks and match on every channel; F = B = W gives ZB-V's 6m + p - 1 (the same
 // lower bound: only the last rank's wait for the first activation), and the steady state's pairs

@@ -137,6 +137,28 @@ TEST(StreamBlockPool, ForeignPointersAreRefusedByName) {
   EXPECT_THROW(pool.release(&a), Error) << "released twice";
 }
 
+// A release whose event cannot be recorded leaves the block live and uncounted, and destroys
+// the events it had made.
+TEST(StreamBlockPool, AFailedReleaseLosesNothing) {
+  FakeEvents events;
+  StreamBlockPool::Events callbacks = events.callbacks();
+  const auto record = callbacks.record;
+  callbacks.record = [&](StreamBlockPool::StreamId s) -> StreamBlockPool::EventId {
+    if (s == 0x30) throw Error("stream 0x30 is gone");
+    return record(s);
+  };
+  StreamBlockPool pool(callbacks);
+  int a;
+  pool.add_live(&a, 512, kA);
+  pool.record_stream(&a, kB);
+  pool.record_stream(&a, 0x30);
+  EXPECT_THROW(pool.release(&a), Error);
+  EXPECT_TRUE(pool.is_live(&a));
+  EXPECT_EQ(pool.cached_bytes(), 0);
+  EXPECT_EQ(pool.waiting_blocks(), 0);
+  EXPECT_EQ(events.destroyed.size(), 1u) << "B's event, recorded before the failure";
+}
+
 TEST(StreamBlockPool, WaitingEventsAreDestroyedWithThePool) {
   FakeEvents events;
   {

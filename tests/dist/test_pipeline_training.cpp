@@ -26,15 +26,18 @@ struct Case {
   std::string precision = "f32";
   bool documents = false;  // packed documents on token 5 (random data holds ~1 in 64), positions restarting
   int layers = 4;          // ZB-V over pp = 4 needs 2 x 4 stages of a layer each
+  std::string pp_overlap = "";  // parallel.pp_overlap ("": the default)
 };
 
 std::string case_name(const Case& c) {
-  return c.arch + "_" + (c.schedule == "1f1b" ? std::string("onef1b") : c.schedule) + "_tp" + std::to_string(c.tp) +
-         "_dp" + std::to_string(c.dp) + (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") + "_zero" +
-         std::to_string(c.zero_stage) + (c.sequence_parallel ? "_sp" : "") + (c.pp_layers.empty() ? "" : "_uneven") +
-         (c.recompute == "none" ? "" : "_" + c.recompute) + (c.precision == "f32" ? "" : "_" + c.precision) +
-         (c.documents ? "_documents" : "") + (c.layers != 4 ? "_l" + std::to_string(c.layers) : "") + "_np" +
-         std::to_string(c.ranks);
+  return c.arch + "_" + (c.schedule == "1f1b" ? std::string("onef1b") : c.schedule) + "_tp" +
+         std::to_string(c.tp) + "_dp" + std::to_string(c.dp) +
+         (c.chunks > 1 ? "_v" + std::to_string(c.chunks) : "") + "_zero" +
+         std::to_string(c.zero_stage) + (c.sequence_parallel ? "_sp" : "") +
+         (c.pp_layers.empty() ? "" : "_uneven") + (c.recompute == "none" ? "" : "_" + c.recompute) +
+         (c.precision == "f32" ? "" : "_" + c.precision) + (c.documents ? "_documents" : "") +
+         (c.layers != 4 ? "_l" + std::to_string(c.layers) : "") +
+         (c.pp_overlap.empty() ? "" : "_overlap_" + c.pp_overlap) + "_np" + std::to_string(c.ranks);
 }
 
 // Four layers (so 4 stages, or 2 ranks x 2 chunks, each get one), 4 micro-batches (grad_accum)
@@ -88,6 +91,7 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
                                      "parallel.zero_stage=" + std::to_string(c.zero_stage),
                                      "log.dir=\"" + run.dir + "/pp\""};
   if (!c.pp_layers.empty()) layout.push_back("parallel.pp_layers=" + c.pp_layers);
+  if (!c.pp_overlap.empty()) layout.push_back("parallel.pp_overlap=\"" + c.pp_overlap + "\"");
   Trainer parallel(parse(base, with(layout)),
                    world_group);
   parallel.run();
@@ -111,47 +115,59 @@ TEST_P(PipelineTraining, FollowsOneProcess) {
 // Interleaving needs pp x chunks <= 4 layers; 1F1B and interleaved need grad_accum (4) >= pp.
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineTraining,
-    ::testing::Values(Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2}, Case{"llama", "1f1b", 1, 1, 1, 0, false, 2},
-                      Case{"gpt2", "afab", 1, 1, 1, 0, false, 2}, Case{"gpt2", "interleaved", 1, 1, 2, 0, false, 2},
-                      Case{"llama", "interleaved", 1, 1, 2, 0, false, 2},
-                      Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2, "[3, 1]"},
-                      Case{"llama", "afab", 1, 1, 1, 0, false, 2, "[1, 3]"},
-                      Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2, "", "selective"},
-                      Case{"llama", "interleaved", 1, 1, 2, 0, false, 2, "", "full"},
-                      Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4, "", "none", "bf16"},
-                      // Every stage finds the documents from the tokens (later stages too).
-                      Case{"llama", "interleaved", 1, 1, 2, 0, false, 2, "", "selective", "f32", true},
-                      Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4, "", "none", "f32", true},
-                      Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 4}, Case{"llama", "afab", 1, 1, 1, 0, false, 4},
-                      Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4}, Case{"llama", "interleaved", 1, 2, 2, 0, false, 4},
-                      Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4}, Case{"llama", "1f1b", 2, 1, 1, 0, false, 4},
-                      Case{"gpt2", "1f1b", 2, 2, 1, 1, true, 8}, Case{"llama", "interleaved", 2, 2, 2, 1, false, 8},
-                      // Zero-bubble ZB-H1: split backwards, W's held back; alone, with recomputation,
-                      // dp2 with ZeRO-1 (buckets fill at W), tp2 (+ sp: partial sums at W).
-                      Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 2}, Case{"llama", "zbh1", 1, 1, 1, 0, false, 2},
-                      Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 2, "", "selective"},
-                      Case{"llama", "zbh1", 1, 1, 1, 0, false, 2, "", "full"},
-                      Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 4}, Case{"llama", "zbh1", 1, 1, 1, 0, false, 4},
-                      Case{"llama", "zbh1", 1, 2, 1, 1, false, 4}, Case{"gpt2", "zbh1", 1, 2, 1, 0, false, 4},
-                      Case{"gpt2", "zbh1", 2, 1, 1, 0, true, 4}, Case{"llama", "zbh1", 2, 1, 1, 0, false, 4},
-                      // ZB-V: two chunks per rank in a V (rank 0 holds the first and last stage, so
-                      // the tied embedding is one matrix there); pp2 and pp4, recomputation, dp2
-                      // with and without ZeRO-1, tp2 (+ sp).
-                      Case{"gpt2", "zbv", 1, 1, 2, 0, false, 2}, Case{"llama", "zbv", 1, 1, 2, 0, false, 2},
-                      Case{"gpt2", "zbv", 1, 1, 2, 0, false, 2, "", "selective"},
-                      Case{"llama", "zbv", 1, 1, 2, 0, false, 2, "", "full"},
-                      Case{"gpt2", "zbv", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
-                      Case{"llama", "zbv", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
-                      Case{"llama", "zbv", 1, 2, 2, 1, false, 4}, Case{"gpt2", "zbv", 1, 2, 2, 0, false, 4},
-                      Case{"gpt2", "zbv", 2, 1, 2, 0, true, 4}, Case{"llama", "zbv", 2, 1, 2, 0, false, 4},
-                      // DualPipeV: the same V, whole backwards paired with forwards, split ones at the
-                      // ends (W's queued in order).
-                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2}, Case{"llama", "dualpipev", 1, 1, 2, 0, false, 2},
-                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2, "", "selective"},
-                      Case{"llama", "dualpipev", 1, 1, 2, 0, false, 4, "", "full", "f32", false, 8},
-                      Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
-                      Case{"llama", "dualpipev", 1, 2, 2, 1, false, 4}, Case{"gpt2", "dualpipev", 1, 2, 2, 0, false, 4},
-                      Case{"gpt2", "dualpipev", 2, 1, 2, 0, true, 4}),
+    ::testing::Values(
+        Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2}, Case{"llama", "1f1b", 1, 1, 1, 0, false, 2},
+        Case{"gpt2", "afab", 1, 1, 1, 0, false, 2},
+        Case{"gpt2", "interleaved", 1, 1, 2, 0, false, 2},
+        Case{"llama", "interleaved", 1, 1, 2, 0, false, 2},
+        Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2, "[3, 1]"},
+        Case{"llama", "afab", 1, 1, 1, 0, false, 2, "[1, 3]"},
+        Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 2, "", "selective"},
+        Case{"llama", "interleaved", 1, 1, 2, 0, false, 2, "", "full"},
+        Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4, "", "none", "bf16"},
+        // Every stage finds the documents from the tokens (later stages too).
+        Case{"llama", "interleaved", 1, 1, 2, 0, false, 2, "", "selective", "f32", true},
+        Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4, "", "none", "f32", true},
+        Case{"gpt2", "1f1b", 1, 1, 1, 0, false, 4}, Case{"llama", "afab", 1, 1, 1, 0, false, 4},
+        Case{"gpt2", "1f1b", 1, 2, 1, 1, false, 4},
+        Case{"llama", "interleaved", 1, 2, 2, 0, false, 4},
+        Case{"gpt2", "1f1b", 2, 1, 1, 0, true, 4}, Case{"llama", "1f1b", 2, 1, 1, 0, false, 4},
+        Case{"gpt2", "1f1b", 2, 2, 1, 1, true, 8},
+        Case{"llama", "interleaved", 2, 2, 2, 1, false, 8},
+        // Zero-bubble ZB-H1: split backwards, W's held back; alone, with recomputation,
+        // dp2 with ZeRO-1 (buckets fill at W), tp2 (+ sp: partial sums at W).
+        Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 2}, Case{"llama", "zbh1", 1, 1, 1, 0, false, 2},
+        Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 2, "", "selective"},
+        Case{"llama", "zbh1", 1, 1, 1, 0, false, 2, "", "full"},
+        Case{"gpt2", "zbh1", 1, 1, 1, 0, false, 4}, Case{"llama", "zbh1", 1, 1, 1, 0, false, 4},
+        Case{"llama", "zbh1", 1, 2, 1, 1, false, 4}, Case{"gpt2", "zbh1", 1, 2, 1, 0, false, 4},
+        Case{"gpt2", "zbh1", 2, 1, 1, 0, true, 4}, Case{"llama", "zbh1", 2, 1, 1, 0, false, 4},
+        // ZB-V: two chunks per rank in a V (rank 0 holds the first and last stage, so
+        // the tied embedding is one matrix there); pp2 and pp4, recomputation, dp2
+        // with and without ZeRO-1, tp2 (+ sp).
+        Case{"gpt2", "zbv", 1, 1, 2, 0, false, 2}, Case{"llama", "zbv", 1, 1, 2, 0, false, 2},
+        Case{"gpt2", "zbv", 1, 1, 2, 0, false, 2, "", "selective"},
+        Case{"llama", "zbv", 1, 1, 2, 0, false, 2, "", "full"},
+        Case{"gpt2", "zbv", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
+        Case{"llama", "zbv", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
+        Case{"llama", "zbv", 1, 2, 2, 1, false, 4}, Case{"gpt2", "zbv", 1, 2, 2, 0, false, 4},
+        Case{"gpt2", "zbv", 2, 1, 2, 0, true, 4}, Case{"llama", "zbv", 2, 1, 2, 0, false, 4},
+        // DualPipeV: the same V, whole backwards paired with forwards, split ones at the
+        // ends (W's queued in order).
+        Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2},
+        Case{"llama", "dualpipev", 1, 1, 2, 0, false, 2},
+        Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2, "", "selective"},
+        Case{"llama", "dualpipev", 1, 1, 2, 0, false, 4, "", "full", "f32", false, 8},
+        Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 4, "", "none", "f32", false, 8},
+        Case{"llama", "dualpipev", 1, 2, 2, 1, false, 4},
+        Case{"gpt2", "dualpipev", 1, 2, 2, 0, false, 4},
+        Case{"gpt2", "dualpipev", 2, 1, 2, 0, true, 4},
+        // Its pairs run as an overlapping executor runs them (both inputs, the
+        // backward, the forward, both outputs): on the CPU in that order.
+        Case{"gpt2", "dualpipev", 1, 1, 2, 0, false, 2, "", "none", "f32", false, 4, "on"},
+        Case{"llama", "dualpipev", 1, 1, 2, 0, false, 4, "", "full", "f32", false, 8, "on"},
+        Case{"gpt2", "dualpipev", 1, 2, 2, 1, false, 4, "", "none", "f32", false, 4, "on"},
+        Case{"llama", "dualpipev", 2, 1, 2, 0, true, 4, "", "none", "f32", false, 4, "on"}),
     [](const auto& info) { return case_name(info.param); });
 
 // A launch whose ranks are not pp x dp x tp is refused before any work, saying what would work.

@@ -95,15 +95,20 @@ TEST_F(CudaStreams, TwoStreamsInterleavedComputeWhatTheDefaultStreamDoesBitForBi
 }
 
 // A copy to the host on the current stream comes after that stream's kernels, with no
-// synchronisation by the caller.
+// synchronisation by the caller: the stream is still busy with tens of milliseconds of 8192^3
+// products when the copy is issued.
 TEST_F(CudaStreams, CopiesFollowTheCurrentStream) {
   ASSERT_GE(device_memory::select_cuda_device(0), 0);
-  const LinearCase big(31, 2048, 4096, 4096);
+  const LinearCase busy(61, 8192, 8192, 8192), small(31, 512, 768, 3072);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  const LinearResults want = LinearCase::read(big.queue());
+  const LinearResults want = LinearCase::read(small.queue());
   Stream a;
   StreamGuard guard(a.get());
-  const LinearCase::Pending pending = big.queue();
+  std::vector<LinearCase::Pending> keep;
+  for (int i = 0; i < 4; ++i) keep.push_back(busy.queue());
+  const LinearCase::Pending pending = small.queue();
+  ASSERT_EQ(cudaStreamQuery(a.get()), cudaErrorNotReady) << "the stream finished too soon to test";
+  (void)cudaGetLastError();
   EXPECT_EQ(pending.y.to_f32_vector(), want.y);  // read at once
   EXPECT_EQ(pending.dw.to_f32_vector(), want.dw);
 }
@@ -165,6 +170,7 @@ TEST_F(CudaStreams, EventsOrderOneStreamAfterAnother) {
     DeviceAllocator::current().record_stream(p.y.raw(), consumer.get());
   }
   consumer.synchronize();
+  producer.synchronize();
   EXPECT_EQ(copy.to_f32_vector(), want.y);
 }
 

@@ -56,17 +56,23 @@ void StreamBlockPool::record_stream(void* ptr, StreamId stream) {
 size_t StreamBlockPool::release(void* ptr) {
   auto it = live_.find(ptr);
   LOOM_CHECK(it != live_.end(), "release of a pointer this allocator does not hold");
-  const Live block = std::move(it->second);
-  live_.erase(it);
-  cached_bytes_ += static_cast<int64_t>(block.size_class);
-  if (block.also.empty()) {
-    cached_[{block.stream, block.size_class}].push_back(ptr);
-  } else {
-    Waiting w{ptr, block.size_class, block.stream, {}};
+  const Live& block = it->second;
+  // The events first: if recording one throws, the block stays live and nothing is counted.
+  Waiting w{ptr, block.size_class, block.stream, {}};
+  try {
     for (StreamId s : block.also) w.events.push_back(events_.record(s));
-    waiting_.push_back(std::move(w));
+  } catch (...) {
+    for (EventId e : w.events) events_.destroy(e);
+    throw;
   }
-  return block.size_class;
+  const size_t size_class = block.size_class;
+  live_.erase(it);
+  cached_bytes_ += static_cast<int64_t>(size_class);
+  if (w.events.empty())
+    cached_[{w.stream, size_class}].push_back(ptr);
+  else
+    waiting_.push_back(std::move(w));
+  return size_class;
 }
 
 std::vector<std::pair<void*, size_t>> StreamBlockPool::drain() {

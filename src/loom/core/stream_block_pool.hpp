@@ -40,11 +40,12 @@ class StreamBlockPool {
   void* take(size_t size_class, StreamId stream);
   // `ptr` (of `size_class` bytes, new or taken) is now live, owned by `stream`.
   void add_live(void* ptr, size_t size_class, StreamId stream);
-  // Work on `stream` uses the live block `ptr` too. Throws on a pointer that is not live.
+  // Work on `stream` uses the live block `ptr` too; `stream` must outlive the block's release.
+  // Throws on a pointer that is not live.
   void record_stream(void* ptr, StreamId stream);
   // The live block `ptr` is released: cached for its stream now, or once the other streams'
   // work queued so far has completed. Returns its size class; throws on a pointer that is not
-  // live.
+  // live, and if recording an event throws (the block then stays live, nothing counted).
   size_t release(void* ptr);
   // Every cached block, removed from the pool, after waiting for the streams that still use
   // blocks released here: what the device allocator then gives back to the driver.

@@ -14,7 +14,7 @@ ParameterList split_tied_embedding(Transformer& model) {
 
 PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGroup> pp,
                                    PipelineSchedule schedule,
-                                   std::shared_ptr<ProcessGroup> embedding)
+                                   std::shared_ptr<ProcessGroup> embedding, bool overlap_pairs)
     : model_(model),
       activations_(model),
       tied_(split_tied_embedding(model)),
@@ -22,7 +22,11 @@ PipelineExecutor::PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGr
       embedding_(std::move(embedding)),
       channels_(*pp_, stage_placement(schedule) == StagePlacement::V),
       schedule_(schedule),
-      placement_(stage_placement(schedule)) {
+      placement_(stage_placement(schedule)),
+      overlap_pairs_(overlap_pairs) {
+  if (overlap_pairs_ && schedule_ != PipelineSchedule::DualPipeV)
+    throw_error("pipeline: overlapped forward/backward pairs are DualPipeV's; schedule ",
+                schedule_name(schedule_), " has none (use schedule dualpipev, or no overlap)");
   const auto& chunks = model_.chunks();
   const int64_t p = pp_->size(), v = static_cast<int64_t>(chunks.size());
   stages_ = p * v;
@@ -45,8 +49,9 @@ void PipelineExecutor::check_transfers(const std::vector<std::vector<PipeAction>
                                        bool train, int64_t m) {
   for (const auto& seen : checked_)
     if (seen == std::pair{train, m}) return;
-  const std::string problem = pipeline_transfer_problem(
-      actions, pp_->size(), static_cast<int64_t>(model_.chunks().size()), placement_);
+  const std::string problem =
+      pipeline_transfer_problem(actions, pp_->size(), static_cast<int64_t>(model_.chunks().size()),
+                                placement_, overlap_pairs_ && train);
   if (!problem.empty())
     throw_error("pipeline ", train ? schedule_name(schedule_) : "forward-only", " schedule with ",
                 pp_->size(), " ranks and ", m, " micro-batches: ", problem,
@@ -54,7 +59,7 @@ void PipelineExecutor::check_transfers(const std::vector<std::vector<PipeAction>
   checked_.emplace_back(train, m);
 }
 
-Tensor PipelineExecutor::receive(const PipeTransfer& transfer) {
+Tensor PipelineExecutor::receive(const PipeTransfer& transfer, Tensor& buffer) {
   const int64_t count = rows_elements();
   if (transfer.from_rank == pp_->rank()) {
     // The V's turn: this rank's own earlier send, in the order sent (as a channel would).
@@ -62,14 +67,14 @@ Tensor PipelineExecutor::receive(const PipeTransfer& transfer) {
       throw_error("pipeline: rank ", pp_->rank(), " expects its own ",
                   transfer.kind == PipeMessage::Activation ? "activation" : "gradient", " of micro-batch ",
                   transfer.micro_batch, " for stage ", transfer.stage, ", which it has not sent");
-    input_ = std::move(local_.front().second);
+    buffer = std::move(local_.front().second);
     local_.pop_front();
-    return input_.view({rows_, model_.config().n_embd});
+    return buffer.view({rows_, model_.config().n_embd});
   }
-  if (input_.numel() != count)
-    input_ = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers, pp_->memory());
-  channels_.recv(transfer.kind, input_, static_cast<int>(transfer.from_rank))->wait();
-  return input_.view({rows_, model_.config().n_embd});
+  if (buffer.numel() != count)
+    buffer = Tensor::empty({count}, DType::F32, MemCategory::CommBuffers, pp_->memory());
+  channels_.recv(transfer.kind, buffer, static_cast<int>(transfer.from_rank))->wait();
+  return buffer.view({rows_, model_.config().n_embd});
 }
 
 void PipelineExecutor::send(const Tensor& data, const PipeTransfer& transfer) {
@@ -115,19 +120,18 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
   if (train) timings_.clear();
   const double step_start = TraceRecorder::now_s();
   double loss = 0.0;
-  for (const PipeAction& action : actions[static_cast<size_t>(rank)]) {
+  const std::vector<PipeAction>& list = actions[static_cast<size_t>(rank)];
+  // One action's work, on the current stream; returns what it sends on (undefined if nothing).
+  auto compute = [&](const PipeAction& action, const Tensor& received) {
     const int64_t mb = action.micro_batch;
     const int32_t* tokens = micro.tokens + mb * micro.stride;
     const int32_t* targets = micro.targets + mb * micro.stride;
-    const auto in = transfer_into(action, rank, p, v, placement_);
-    const auto to = transfer_out_of(action, rank, p, v, placement_);
-    const Tensor received = in ? receive(*in) : Tensor();
-    const double start = TraceRecorder::now_s();
+    const bool sends = transfer_out_of(action, rank, p, v, placement_).has_value();
     Tensor out;
     if (action.op == PipeOp::Forward) {
       loss += activations_.forward(action.chunk, mb, tokens, targets, received, micro.batch,
                                    micro.seq_len, {train, grad_scale});
-      if (to) out = activations_.output(action.chunk, mb);
+      if (sends) out = activations_.output(action.chunk, mb);
     } else if (action.op == PipeOp::BackwardInput) {
       out = activations_.backward(action.chunk, mb, received, /*defer_weights=*/true);
     } else {
@@ -139,10 +143,56 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
       else
         out = activations_.backward(action.chunk, mb, received);
     }
-    if (to) send(out, *to);
+    return out;
+  };
+  auto timed = [&](const PipeAction& action, double start) {
     if (train)
-      timings_.push_back(
-          {action.op, mb, action.chunk, start - step_start, TraceRecorder::now_s() - step_start});
+      timings_.push_back({action.op, action.micro_batch, action.chunk, start - step_start,
+                          TraceRecorder::now_s() - step_start});
+  };
+  for (size_t i = 0; i < list.size(); ++i) {
+    const PipeAction& action = list[i];
+    if (overlap_pairs_ && train && starts_forward_backward_pair(list, i)) {
+      // dualpipev.py's _forward_backward_chunk: both inputs, both computations, both outputs.
+      // The backward is issued first: the forward may end in the loss, whose value the host
+      // reads back (waiting for the forward's stream), and by then the backward is queued on
+      // its own stream beside it.
+      const PipeAction& backward = list[i + 1];
+      if (!streams_) streams_ = std::make_unique<OverlapStreams>(model_.device());
+      const auto f_in = transfer_into(action, rank, p, v, placement_);
+      const auto b_in = transfer_into(backward, rank, p, v, placement_);
+      const Tensor f_received = f_in ? receive(*f_in, inputs_[0]) : Tensor();
+      const Tensor b_received = b_in ? receive(*b_in, inputs_[1]) : Tensor();
+      const double start = TraceRecorder::now_s();
+      streams_->fork();
+      Tensor b_out, f_out;
+      {
+        const OverlapStreams::Use on = streams_->use(1);
+        b_out = compute(backward, b_received);
+      }
+      const double b_issued = TraceRecorder::now_s();
+      {
+        const OverlapStreams::Use on = streams_->use(0);
+        f_out = compute(action, f_received);
+        if (const auto to = transfer_out_of(action, rank, p, v, placement_)) send(f_out, *to);
+      }
+      {
+        const OverlapStreams::Use on = streams_->use(1);
+        if (const auto to = transfer_out_of(backward, rank, p, v, placement_)) send(b_out, *to);
+      }
+      streams_->join();
+      // Both spans: the backward from the pair's start, the forward from when it was issued.
+      timed(backward, start);
+      timed(action, b_issued);
+      ++i;
+      continue;
+    }
+    const auto in = transfer_into(action, rank, p, v, placement_);
+    const Tensor received = in ? receive(*in, inputs_[0]) : Tensor();
+    const double start = TraceRecorder::now_s();
+    const Tensor out = compute(action, received);
+    if (const auto to = transfer_out_of(action, rank, p, v, placement_)) send(out, *to);
+    timed(action, start);
   }
   wait_sends();
   return loss;

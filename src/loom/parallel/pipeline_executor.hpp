@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/overlap_streams.hpp"
 #include "loom/dist/process_group.hpp"
 #include "loom/model/transformer.hpp"
 #include "loom/parallel/pipeline_activations.hpp"
@@ -50,8 +51,12 @@ class PipelineExecutor {
   // is v). `embedding` is the group of the first and last stage (the pp group's ranks 0 and
   // pp - 1), needed when the model's tied embeddings span stages, else null. The model's
   // backward then leaves the tied embedding's gradient for this executor to report ready.
+  // `overlap_pairs` (DualPipeV only) runs each forward/backward pair of the schedule
+  // (starts_forward_backward_pair) as DeepSeek's dualpipev.py does: both inputs received, then
+  // the backward and the forward issued, on a GPU each on its own stream (OverlapStreams) so
+  // that they run at once, then both outputs sent. On the CPU the two run one after the other.
   PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGroup> pp, PipelineSchedule schedule,
-                   std::shared_ptr<ProcessGroup> embedding = nullptr);
+                   std::shared_ptr<ProcessGroup> embedding = nullptr, bool overlap_pairs = false);
 
   // Forward and backward of every micro-batch in the schedule's order; gradients accumulate.
   // `set_sync(last)` is called before each backward with whether it is its chunk's last of
@@ -78,7 +83,7 @@ class PipelineExecutor {
   // Blocks until `transfer` has arrived in input_; returns input_ as [rows, C]. Messages travel
   // as f32 buffers in the pp group's memory (the host for MPI, the GPU for NCCL); the model's
   // tensors are copied in and out, from any device and dtype.
-  Tensor receive(const PipeTransfer& transfer);
+  Tensor receive(const PipeTransfer& transfer, Tensor& buffer);
   void send(const Tensor& data, const PipeTransfer& transfer);
   void wait_sends();
   int64_t rows_elements() const { return rows_ * model_.config().n_embd; }
@@ -93,7 +98,9 @@ class PipelineExecutor {
   StagePlacement placement_;
   int64_t stages_ = 1;
   int64_t rows_ = 0;  // this rank's rows of a micro-batch
-  Tensor input_;      // CommBuffers: the received activation or gradient
+  bool overlap_pairs_ = false;
+  std::unique_ptr<OverlapStreams> streams_;  // for overlapped pairs, made on first use
+  Tensor inputs_[2];  // CommBuffers: the received activation or gradient (a pair's second: [1])
   struct PendingSend {
     Tensor data;      // CommBuffers: the send's own copy, reused once the send completes
     WorkHandle work;  // null once complete

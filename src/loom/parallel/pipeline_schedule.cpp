@@ -342,8 +342,14 @@ struct Step {
 
 }  // namespace
 
+bool starts_forward_backward_pair(const std::vector<PipeAction>& list, size_t i) {
+  return i + 1 < list.size() && list[i].op == PipeOp::Forward &&
+         list[i + 1].op == PipeOp::Backward && list[i].chunk != list[i + 1].chunk;
+}
+
 std::string pipeline_transfer_problem(const std::vector<std::vector<PipeAction>>& actions,
-                                      int64_t p, int64_t v, StagePlacement placement) {
+                                      int64_t p, int64_t v, StagePlacement placement,
+                                      bool overlapped_pairs) {
   if (static_cast<int64_t>(actions.size()) != p) {
     std::ostringstream out;
     out << actions.size() << " action lists for " << p << " pipeline ranks";
@@ -353,20 +359,27 @@ std::string pipeline_transfer_problem(const std::vector<std::vector<PipeAction>>
   std::vector<std::vector<Step>> program(static_cast<size_t>(p));
   std::map<Channel, std::vector<PipeTransfer>> sent, received;
   for (int64_t rank = 0; rank < p; ++rank) {
-    for (const PipeAction& action : actions[static_cast<size_t>(rank)]) {
-      if (action.chunk < 0 || action.chunk >= v) {
-        std::ostringstream out;
-        out << "rank " << rank << " runs chunk " << action.chunk << " of " << v;
-        return out.str();
-      }
-      if (const auto in = transfer_into(action, rank, p, v, placement)) {
-        program[static_cast<size_t>(rank)].push_back({true, *in});
-        received[channel_of(*in)].push_back(*in);
-      }
-      if (const auto out = transfer_out_of(action, rank, p, v, placement)) {
-        program[static_cast<size_t>(rank)].push_back({false, *out});
-        sent[channel_of(*out)].push_back(*out);
-      }
+    const std::vector<PipeAction>& list = actions[static_cast<size_t>(rank)];
+    for (size_t i = 0; i < list.size(); ++i) {
+      // One action, or an overlapped pair: both inputs, then both outputs.
+      const size_t n = overlapped_pairs && starts_forward_backward_pair(list, i) ? 2 : 1;
+      for (size_t k = i; k < i + n; ++k)
+        if (list[k].chunk < 0 || list[k].chunk >= v) {
+          std::ostringstream out;
+          out << "rank " << rank << " runs chunk " << list[k].chunk << " of " << v;
+          return out.str();
+        }
+      for (size_t k = i; k < i + n; ++k)
+        if (const auto in = transfer_into(list[k], rank, p, v, placement)) {
+          program[static_cast<size_t>(rank)].push_back({true, *in});
+          received[channel_of(*in)].push_back(*in);
+        }
+      for (size_t k = i; k < i + n; ++k)
+        if (const auto out = transfer_out_of(list[k], rank, p, v, placement)) {
+          program[static_cast<size_t>(rank)].push_back({false, *out});
+          sent[channel_of(*out)].push_back(*out);
+        }
+      i += n - 1;
     }
   }
   // 1. Same order on both ends of every channel (and nothing sent that is never received).

@@ -115,8 +115,18 @@ std::optional<PipeTransfer> transfer_out_of(const PipeAction& action, int64_t ra
 //     matching send has been issued (what the executor does on either backend).
 // Returns "" when both hold, else the first violation in words.
 // A transfer within one rank (the V's turn) is a channel of its own, matched in order too.
+// With overlapped_pairs, each rank issues a forward/backward pair's transfers as its executor
+// then does: both receives, then both sends (starts_forward_backward_pair below).
 std::string pipeline_transfer_problem(const std::vector<std::vector<PipeAction>>& actions,
                                       int64_t p, int64_t v,
-                                      StagePlacement placement = StagePlacement::RoundRobin);
+                                      StagePlacement placement = StagePlacement::RoundRobin,
+                                      bool overlapped_pairs = false);
+
+// DualPipeV's overlapped pairs (DeepSeek's dualpipev.py, _forward_backward_chunk): a forward
+// immediately followed by a whole backward of the other chunk ("F0 B1", "F1 B0" in its steady
+// state). True when `list[i]` starts one. An executor that overlaps a pair receives both
+// inputs, runs both, then sends both outputs (the forward's first);
+// pipeline_transfer_problem(..., overlapped_pairs = true) checks the lists in that order.
+bool starts_forward_backward_pair(const std::vector<PipeAction>& list, size_t i);
 
 }  // namespace loom

@@ -193,6 +193,16 @@ PipelineSchedule parse_pipeline_schedule(const std::string& name) {
 // pp x pp_chunks stages.
 void check_pipeline_micro_batches(const TrainConfig& c) {
   (void)stage_layer_counts(c.model.n_layer, int64_t{c.pp} * c.pp_chunks, c.pp_layers, "parallel.pp_layers");
+  if (c.pp_overlap != "auto" && c.pp_overlap != "on" && c.pp_overlap != "off")
+    throw_error("config key 'parallel.pp_overlap' has value '", c.pp_overlap,
+                "', expected auto, on or off");
+  if (c.pp_overlap == "on" && (c.pp == 1 || c.pp_schedule != PipelineSchedule::DualPipeV))
+    throw_error(
+        "config key 'parallel.pp_overlap' has value 'on', but only DualPipeV pairs a forward "
+        "with a backward to overlap, and this run has ",
+        c.pp == 1 ? std::string("no pipeline (parallel.pp = 1)")
+                  : "parallel.pp_schedule = '" + std::string(schedule_name(c.pp_schedule)) + "'",
+        "; set pp_schedule = \"dualpipev\" with pp >= 2, or pp_overlap = \"auto\"");
   if (c.pp == 1) return;
   const int64_t m = c.grad_accum;
   if (c.pp_schedule != PipelineSchedule::AllForwardAllBackward && m < c.pp)
@@ -360,6 +370,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   c.pp_schedule = parse_pipeline_schedule(r.get_string("parallel.pp_schedule", schedule_name(c.pp_schedule)));
   c.pp_chunks = static_cast<int>(r.get_int("parallel.pp_chunks", c.pp_chunks));
   c.pp_layers = r.get_int_list("parallel.pp_layers", c.pp_layers);
+  c.pp_overlap = r.get_string("parallel.pp_overlap", c.pp_overlap);
   c.cp = static_cast<int>(r.get_int("parallel.cp", c.cp));
   c.cp_comm = parse_cp_comm(r.get_string("parallel.cp_comm", cp_comm_name(c.cp_comm)));
   ParallelLayout layout = c.layout();

@@ -73,6 +73,9 @@ struct TrainConfig {
   PipelineSchedule pp_schedule = PipelineSchedule::OneFOneB;  // its micro-batches are grad_accum's
   int pp_chunks = 1;           // model chunks per pipeline rank (v; > 1 only for interleaved)
   std::vector<int64_t> pp_layers;  // layers of each of pp x pp_chunks stages (empty: even split)
+  // DualPipeV's forward/backward pairs overlapped ("on"), in sequence ("off"), or "auto": on
+  // a GPU only, where the two run on their own streams (the CPU gains nothing from it).
+  std::string pp_overlap = "auto";
   int cp = 1;                  // context-parallel ranks: each holds 2 of 2 x cp chunks of every sequence
   CpComm cp_comm = CpComm::P2P;  // how attention reaches the other chunks: ring, all-gather, all-to-all
   int ep = 1;                  // expert-parallel ranks, carved out of dp: each holds n_experts / ep experts

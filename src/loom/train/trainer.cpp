@@ -191,8 +191,13 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   }
   optimizer_->set_model_parallel_groups(groups_.tp, groups_.pp);
   optimizer_->set_expert_parallel_group(groups_.ep);
-  if (groups_.pp)
-    pipeline_ = std::make_unique<PipelineExecutor>(*model_, groups_.pp, config_.pp_schedule, groups_.embedding);
+  if (groups_.pp) {
+    const bool overlap = config_.pp_schedule == PipelineSchedule::DualPipeV &&
+                         (config_.pp_overlap == "on" ||
+                          (config_.pp_overlap == "auto" && config_.device == Device::CUDA));
+    pipeline_ = std::make_unique<PipelineExecutor>(*model_, groups_.pp, config_.pp_schedule,
+                                                   groups_.embedding, overlap);
+  }
 }
 
 void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {

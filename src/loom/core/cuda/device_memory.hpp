@@ -32,4 +32,13 @@ void* pinned_host_allocate(size_t bytes);
 bool pinned_host_release(void* ptr);
 void device_reset_peaks();
 
+// Streams as opaque handles (cudaStream_t; nullptr is the legacy default stream), for
+// core/overlap_streams: a new non-blocking stream of the current device and its end; the
+// calling thread's current stream set to `stream`, returning the one it replaces; and
+// `consumer` made to wait for the work queued on `producer` so far.
+void* side_stream_create();
+void side_stream_destroy(void* stream);
+void* exchange_current_stream(void* stream);
+void stream_wait_stream(void* consumer, void* producer);
+
 }  // namespace loom::cuda

@@ -1,4 +1,5 @@
 #include "loom/core/cuda/cuda_check.hpp"
+#include "loom/core/cuda/device_memory.hpp"
 #include "loom/core/cuda/stream.hpp"
 
 namespace loom::cuda {
@@ -13,8 +14,13 @@ StreamGuard::StreamGuard(cudaStream_t stream) : previous_(t_current) { t_current
 StreamGuard::~StreamGuard() { t_current = previous_; }
 
 Stream::Stream() { LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+// A destroyed stream's handle may be given to the next stream created, which then inherits
+// the blocks the allocator cached for it and its cuBLASLt workspace: both are safe to hand on
+// only once its work is done, so the end waits for it.
 Stream::~Stream() {
-  if (stream_) (void)cudaStreamDestroy(stream_);  // queued work still completes
+  if (!stream_) return;
+  (void)cudaStreamSynchronize(stream_);
+  (void)cudaStreamDestroy(stream_);
 }
 void Stream::synchronize() const { LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -43,6 +49,24 @@ void stream_wait(cudaStream_t consumer, cudaStream_t producer) {
   event.record(producer);
   event.block(consumer);
   // Destroying an event with work still waiting on it is allowed: the wait keeps its place.
+}
+
+void* side_stream_create() {
+  cudaStream_t stream = nullptr;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+void side_stream_destroy(void* stream) {  // as ~Stream: its work done first
+  (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+  (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+void* exchange_current_stream(void* stream) {
+  cudaStream_t previous = t_current;
+  t_current = static_cast<cudaStream_t>(stream);
+  return previous;
+}
+void stream_wait_stream(void* consumer, void* producer) {
+  stream_wait(static_cast<cudaStream_t>(consumer), static_cast<cudaStream_t>(producer));
 }
 
 }  // namespace loom::cuda

@@ -26,7 +26,10 @@ class StreamGuard {
 };
 
 // A stream of the current device, created non-blocking (it does not synchronise with the
-// legacy default stream, so its work can overlap work there) and destroyed with the object.
+// legacy default stream, so its work can overlap work there) and destroyed with the object,
+// once its work is done. The allocator's cache and cuBLASLt's workspace for a stream stay
+// with its handle (which the driver may give to a later stream): make few streams, and keep
+// them (OverlapStreams makes two per pipeline executor).
 class Stream {
  public:
   Stream();

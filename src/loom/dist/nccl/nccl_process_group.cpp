@@ -11,7 +11,9 @@
 #include <sstream>
 #include <thread>
 
+#ifdef LOOM_HAVE_CUDA  // the kernels and their streams (core/cuda); else only the legacy stream
 #include "loom/core/cuda/stream.hpp"
+#endif
 #include "loom/core/error.hpp"
 #include "loom/dist/backend_support.hpp"
 #include "loom/dist/mpi_process_group.hpp"  // the timeout default, its env var and the exit code
@@ -195,8 +197,12 @@ void open_device(NcclCommunicator& nccl, int device, const std::string& context)
 // stream unless a StreamGuard names another) has queued so far, so an operation reads buffers
 // only after the kernels that wrote them, and the host never waits.
 void after_compute(NcclCommunicator& nccl, const std::string& context) {
-  check_cuda(cudaEventRecord(nccl.compute_done, loom::cuda::current_stream()), "cudaEventRecord",
-             context);
+#ifdef LOOM_HAVE_CUDA
+  const cudaStream_t compute = loom::cuda::current_stream();
+#else
+  const cudaStream_t compute = cudaStreamLegacy;
+#endif
+  check_cuda(cudaEventRecord(nccl.compute_done, compute), "cudaEventRecord", context);
   check_cuda(cudaStreamWaitEvent(nccl.stream, nccl.compute_done, 0), "cudaStreamWaitEvent", context);
 }
 

@@ -14,8 +14,12 @@ RopeTableDevice::RopeTableDevice(const cpu::RopeTable& table)
   if (bytes == 0) return;
   LOOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&cos_), bytes));
   LOOM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&sin_), bytes));
-  LOOM_CUDA_CHECK(cudaMemcpy(cos_, table.cos.data(), bytes, cudaMemcpyHostToDevice));
-  LOOM_CUDA_CHECK(cudaMemcpy(sin_, table.sin.data(), bytes, cudaMemcpyHostToDevice));
+  // On the current stream, and done before any kernel on any stream reads the tables.
+  LOOM_CUDA_CHECK(
+      cudaMemcpyAsync(cos_, table.cos.data(), bytes, cudaMemcpyHostToDevice, current_stream()));
+  LOOM_CUDA_CHECK(
+      cudaMemcpyAsync(sin_, table.sin.data(), bytes, cudaMemcpyHostToDevice, current_stream()));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
 }
 
 RopeTableDevice::~RopeTableDevice() {

@@ -115,5 +115,39 @@ TEST(PipelineZbvEvaluation, ValidationLossEqualsOneProcess) {
       << "rank " << world_group->rank();
 }
 
+// DualPipeV's pairs run as an overlapping executor runs them (parallel.pp_overlap: both inputs,
+// the forward, the backward, both outputs) compute what its lists run in sequence compute, to
+// the bit: every weight of both ranks after 3 steps, GPT-2 (the tied embedding's both ends on
+// rank 0) and Llama with full recomputation. 8 micro-batches make 3 and 4 pairs a step per rank.
+TEST(PipelineDualPipeVOverlap, PairsComputeWhatTheListInSequenceDoesBitForBit) {
+  const auto world_group = world();
+  if (world_group->size() != 2) GTEST_SKIP() << "the V of 4 one-layer stages over 2 ranks";
+  for (const auto& [arch, recompute] :
+       {std::pair<std::string, std::string>{"gpt2", "none"}, {"llama", "full"}}) {
+    SCOPED_TRACE(arch);
+    TinyRun run("pp_dualpipev_overlap_" + arch);
+    std::map<std::string, std::vector<float>> weights[2];
+    for (int overlap = 0; overlap < 2; ++overlap) {
+      Trainer trainer(
+          zbv_config(run, arch, 3, 2,
+                     {"parallel.pp_schedule=\"dualpipev\"", "train.grad_accum=8",
+                      "model.recompute=\"" + recompute + "\"",
+                      std::string("parallel.pp_overlap=\"") + (overlap ? "on" : "off") + "\"",
+                      "checkpoint.dir=\"\"",
+                      "log.dir=\"" + run.dir + "/" + std::to_string(overlap) + "\""}),
+          world_group);
+      trainer.run();
+      for (const Parameter* p : trainer.model().parameters())
+        weights[overlap][p->name] = p->value.to_f32_vector();
+    }
+    ASSERT_FALSE(weights[0].empty());
+    EXPECT_EQ(weights[0].size(), weights[1].size());
+    for (const auto& [name, values] : weights[0]) {
+      ASSERT_TRUE(weights[1].count(name)) << name;
+      EXPECT_TRUE(values == weights[1].at(name)) << name << " on rank " << world_group->rank();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -145,45 +145,57 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
     }
     return out;
   };
-  auto timed = [&](const PipeAction& action, double start) {
+  auto timed = [&](const PipeAction& action, double start, double end) {
     if (train)
-      timings_.push_back({action.op, action.micro_batch, action.chunk, start - step_start,
-                          TraceRecorder::now_s() - step_start});
+      timings_.push_back(
+          {action.op, action.micro_batch, action.chunk, start - step_start, end - step_start});
   };
   for (size_t i = 0; i < list.size(); ++i) {
     const PipeAction& action = list[i];
     if (overlap_pairs_ && train && starts_forward_backward_pair(list, i)) {
       // dualpipev.py's _forward_backward_chunk: both inputs, both computations, both outputs.
-      // The backward is issued first: the forward may end in the loss, whose value the host
-      // reads back (waiting for the forward's stream), and by then the backward is queued on
-      // its own stream beside it.
+      // The forward is issued first, as in the list: it takes its activation set before the
+      // backward gives one back (else it would overwrite the set the backward still reads), and
+      // on the CPU the pair then computes exactly what the list in sequence does.
       const PipeAction& backward = list[i + 1];
       if (!streams_) streams_ = std::make_unique<OverlapStreams>(model_.device());
+      // The two run at once unless they share memory: recomputation's one stash (Full) or
+      // shared recomputables (Selective), and on the rank holding both ends of a tied embedding
+      // its one gradient, which the forward's loss adds the head's part into while the first
+      // stage's backward scatters the embedding's. Those pairs share one stream.
+      const bool tied_ends =
+          model_.config().tied_embeddings && model_.holds_embedding() && model_.holds_head();
+      const int b_stream = model_.recompute() == Recompute::None && !tied_ends ? 1 : 0;
       const auto f_in = transfer_into(action, rank, p, v, placement_);
       const auto b_in = transfer_into(backward, rank, p, v, placement_);
       const Tensor f_received = f_in ? receive(*f_in, inputs_[0]) : Tensor();
       const Tensor b_received = b_in ? receive(*b_in, inputs_[1]) : Tensor();
       const double start = TraceRecorder::now_s();
       streams_->fork();
-      Tensor b_out, f_out;
+      Tensor f_out, b_out;
       {
-        const OverlapStreams::Use on = streams_->use(1);
+        const OverlapStreams::Use on = streams_->use(0);
+        f_out = compute(action, f_received);
+      }
+      const double f_issued = TraceRecorder::now_s();
+      {
+        const OverlapStreams::Use on = streams_->use(b_stream);
         b_out = compute(backward, b_received);
       }
       const double b_issued = TraceRecorder::now_s();
       {
         const OverlapStreams::Use on = streams_->use(0);
-        f_out = compute(action, f_received);
         if (const auto to = transfer_out_of(action, rank, p, v, placement_)) send(f_out, *to);
       }
       {
-        const OverlapStreams::Use on = streams_->use(1);
+        const OverlapStreams::Use on = streams_->use(b_stream);
         if (const auto to = transfer_out_of(backward, rank, p, v, placement_)) send(b_out, *to);
       }
       streams_->join();
-      // Both spans: the backward from the pair's start, the forward from when it was issued.
-      timed(backward, start);
-      timed(action, b_issued);
+      // Host times: on the CPU each computation's span; on a GPU when each was issued (the
+      // sends' copies to the host wait for their streams).
+      timed(action, start, f_issued);
+      timed(backward, f_issued, b_issued);
       ++i;
       continue;
     }
@@ -192,7 +204,7 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
     const double start = TraceRecorder::now_s();
     const Tensor out = compute(action, received);
     if (const auto to = transfer_out_of(action, rank, p, v, placement_)) send(out, *to);
-    timed(action, start);
+    timed(action, start, TraceRecorder::now_s());
   }
   wait_sends();
   return loss;

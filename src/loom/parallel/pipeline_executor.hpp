@@ -53,8 +53,10 @@ class PipelineExecutor {
   // backward then leaves the tied embedding's gradient for this executor to report ready.
   // `overlap_pairs` (DualPipeV only) runs each forward/backward pair of the schedule
   // (starts_forward_backward_pair) as DeepSeek's dualpipev.py does: both inputs received, then
-  // the backward and the forward issued, on a GPU each on its own stream (OverlapStreams) so
+  // the forward and the backward issued, on a GPU each on its own stream (OverlapStreams) so
   // that they run at once, then both outputs sent. On the CPU the two run one after the other.
+  // Pairs that share memory share a stream (recomputation's shared stash; the tied
+  // embedding's one gradient where a rank holds both ends).
   PipelineExecutor(Transformer& model, std::shared_ptr<ProcessGroup> pp, PipelineSchedule schedule,
                    std::shared_ptr<ProcessGroup> embedding = nullptr, bool overlap_pairs = false);
 
@@ -80,9 +82,9 @@ class PipelineExecutor {
   double run(const std::vector<std::vector<PipeAction>>& actions, const MicroBatches& micro,
              bool train, float grad_scale, const std::function<void(bool)>& set_sync);
   void check_transfers(const std::vector<std::vector<PipeAction>>& actions, bool train, int64_t m);
-  // Blocks until `transfer` has arrived in input_; returns input_ as [rows, C]. Messages travel
-  // as f32 buffers in the pp group's memory (the host for MPI, the GPU for NCCL); the model's
-  // tensors are copied in and out, from any device and dtype.
+  // Blocks until `transfer` has arrived in `buffer` (one of inputs_); returns it as [rows, C].
+  // Messages travel as f32 buffers in the pp group's memory (the host for MPI, the GPU for NCCL);
+  // the model's tensors are copied in and out, from any device and dtype.
   Tensor receive(const PipeTransfer& transfer, Tensor& buffer);
   void send(const Tensor& data, const PipeTransfer& transfer);
   void wait_sends();

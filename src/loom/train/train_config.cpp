@@ -189,10 +189,8 @@ PipelineSchedule parse_pipeline_schedule(const std::string& name) {
   throw_error("config key 'parallel.pp_schedule' has value '", name, "', expected afab, 1f1b, interleaved, zbh1, zbv or dualpipev");
 }
 
-// The schedule has the micro-batches it needs; pp_layers, when given, cuts the model into
-// pp x pp_chunks stages.
-void check_pipeline_micro_batches(const TrainConfig& c) {
-  (void)stage_layer_counts(c.model.n_layer, int64_t{c.pp} * c.pp_chunks, c.pp_layers, "parallel.pp_layers");
+// parallel.pp_overlap: auto, on or off, and on only where DualPipeV has pairs to overlap.
+void check_pipeline_overlap(const TrainConfig& c) {
   if (c.pp_overlap != "auto" && c.pp_overlap != "on" && c.pp_overlap != "off")
     throw_error("config key 'parallel.pp_overlap' has value '", c.pp_overlap,
                 "', expected auto, on or off");
@@ -203,6 +201,13 @@ void check_pipeline_micro_batches(const TrainConfig& c) {
         c.pp == 1 ? std::string("no pipeline (parallel.pp = 1)")
                   : "parallel.pp_schedule = '" + std::string(schedule_name(c.pp_schedule)) + "'",
         "; set pp_schedule = \"dualpipev\" with pp >= 2, or pp_overlap = \"auto\"");
+}
+
+// The schedule has the micro-batches it needs; pp_layers, when given, cuts the model into
+// pp x pp_chunks stages.
+void check_pipeline_micro_batches(const TrainConfig& c) {
+  (void)stage_layer_counts(c.model.n_layer, int64_t{c.pp} * c.pp_chunks, c.pp_layers,
+                           "parallel.pp_layers");
   if (c.pp == 1) return;
   const int64_t m = c.grad_accum;
   if (c.pp_schedule != PipelineSchedule::AllForwardAllBackward && m < c.pp)
@@ -452,6 +457,7 @@ TrainConfig parse_train_config(ConfigReader& r) {
   check_parallel_layout(c, layout, layout_keys);
   check_sequence_parallel_rows(c);
   check_pipeline_micro_batches(c);
+  check_pipeline_overlap(c);
   require_range("eval.every", static_cast<double>(c.eval_every), 0, 1e18);
   require_positive("eval.batches", static_cast<double>(c.eval_batches));
   require_range("checkpoint.every", static_cast<double>(c.checkpoint_every), 0, 1e18);

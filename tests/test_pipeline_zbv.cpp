@@ -251,6 +251,52 @@ TEST(DualPipeV, OverlappedPairsAreItsSteadyStatesForwardBackwardSteps) {
     EXPECT_TRUE(starts(list).empty());
 }
 
+// The planner's DualPipeV with its pairs overlapped (p = 2, m = 4: rank 0 runs 3 pairs, rank 1
+// 4). Forward F = 1, whole backward B = 2 (input gradient 1, weights 1). With nothing hidable a
+// pair lasts F + B = 3, and each rank is busy 2m(F + B) = 24. With the forward all
+// communication (hidable 1), a pair lasts max(0 + 2, 1, 2) = 2: one F less per pair, rank 0
+// busy 21 and rank 1 20.
+TEST(DualPipeV, OverlappedPairsInTheSimulationHideOnePassesCommunicationUnderTheOther) {
+  const Actions lists = pipeline_actions(PipelineSchedule::DualPipeV, 2, 4, 2);
+  auto busy_and_pairs = [&](double hidable_forward) {
+    const std::vector<plan::PassTimes> stages(4, plan::PassTimes{1, 1, 1, hidable_forward, 0});
+    const auto t = plan::simulate_pipeline(lists, 2, 2, stages, 0, kV, /*overlapped_pairs=*/true);
+    std::vector<double> busy(2, 0.0);
+    std::vector<std::vector<double>> pair_lengths(2);
+    for (size_t i = 0; i < t.spans.size(); ++i) {
+      const auto& sp = t.spans[i];
+      const bool paired = i + 1 < t.spans.size() && t.spans[i + 1].rank == sp.rank &&
+                          t.spans[i + 1].start == sp.start && t.spans[i + 1].end == sp.end &&
+                          sp.op == PipeOp::Forward && t.spans[i + 1].op == PipeOp::Backward;
+      busy[static_cast<size_t>(sp.rank)] += sp.end - sp.start;
+      if (paired) {
+        pair_lengths[static_cast<size_t>(sp.rank)].push_back(sp.end - sp.start);
+        ++i;  // the pair's backward shares its span
+      }
+    }
+    return std::make_pair(busy, pair_lengths);
+  };
+  const auto [busy0, pairs0] = busy_and_pairs(0);
+  EXPECT_EQ(busy0, (std::vector<double>{24, 24}));
+  EXPECT_EQ(pairs0[0], (std::vector<double>{3, 3, 3}));
+  EXPECT_EQ(pairs0[1], (std::vector<double>{3, 3, 3, 3}));
+  const auto [busy1, pairs1] = busy_and_pairs(1);
+  EXPECT_EQ(busy1, (std::vector<double>{21, 20}));
+  EXPECT_EQ(pairs1[0], (std::vector<double>{2, 2, 2}));
+  EXPECT_EQ(pairs1[1], (std::vector<double>{2, 2, 2, 2}));
+  // In sequence (no pairs) nothing is hidden.
+  const auto seq = plan::simulate_pipeline(
+      lists, 2, 2, std::vector<plan::PassTimes>(4, plan::PassTimes{1, 1, 1, 1, 0}), 0, kV);
+  EXPECT_DOUBLE_EQ(seq.makespan, 6 * 4 + 2 - 1);
+  expect_contains(error_message([&] {
+                    plan::simulate_pipeline(
+                        lists, 2, 2,
+                        std::vector<plan::PassTimes>(4, plan::PassTimes{1, 1, 1, 2, 0}), 0, kV,
+                        true);
+                  }),
+                  {"hidable forward 2", "expected each within its pass"});
+}
+
 // Each (micro-batch, chunk) once: one F, then one whole backward or one B and one W; the lists
 // complete across ranks and match on every channel; F = B = W gives ZB-V's 6m + p - 1 (the same
 // lower bound: only the last rank's wait for the first activation), and the steady state's pairs

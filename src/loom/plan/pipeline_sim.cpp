@@ -122,9 +122,17 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
 }
 
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
-                                   int64_t v, const std::vector<PassTimes>& stage_times, double p2p_s,
-                                   StagePlacement placement) {
+                                   int64_t v, const std::vector<PassTimes>& stage_times,
+                                   double p2p_s, StagePlacement placement, bool overlapped_pairs) {
   const int64_t m = check_arguments(actions, p, v, stage_times, p2p_s);
+  for (size_t stage = 0; stage < stage_times.size(); ++stage) {
+    const PassTimes& t = stage_times[stage];
+    if (!(t.hidable_forward_s >= 0 && t.hidable_forward_s <= t.forward_s) ||
+        !(t.hidable_backward_s >= 0 && t.hidable_backward_s <= t.input_grad_s))
+      throw_error("simulate_pipeline: stage ", stage, ": hidable forward ", t.hidable_forward_s,
+                  " s of ", t.forward_s, " s, hidable backward ", t.hidable_backward_s, " s of ",
+                  t.input_grad_s, " s, expected each within its pass");
+  }
   const int64_t stages = p * v;
   EndTimes end(m, stages);
 
@@ -175,6 +183,34 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
       const auto r = static_cast<size_t>(rank);
       while (next[r] < actions[r].size()) {
         const PipeAction& a = actions[r][next[r]];
+        if (overlapped_pairs && starts_forward_backward_pair(actions[r], next[r])) {
+          const PipeAction& b = actions[r][next[r] + 1];
+          const std::optional<double> f_ready = ready_at(rank, a), b_ready = ready_at(rank, b);
+          if (!f_ready || !b_ready) break;
+          const double start = std::max(*f_ready, *b_ready);
+          const int64_t f_stage = stage_of(a.chunk, rank, p, placement);
+          const int64_t b_stage = stage_of(b.chunk, rank, p, placement);
+          const PassTimes& ft = stage_times[static_cast<size_t>(f_stage)];
+          const PassTimes& bt = stage_times[static_cast<size_t>(b_stage)];
+          const double computing =
+              ft.forward_s - ft.hidable_forward_s + bt.backward_s() - bt.hidable_backward_s;
+          const double duration = std::max({computing, ft.forward_s, bt.backward_s()});
+          const double finish = start + duration;
+          end.forward_end(a.micro_batch, f_stage) = finish;
+          end.gradient_end(b.micro_batch, b_stage) = end.weights_end(b.micro_batch, b_stage) =
+              finish;
+          free_at[r] = finish;
+          busy[r] += duration;
+          // The forward's set is taken before the backward's is given back.
+          timeline.peak_in_flight[r] = std::max(timeline.peak_in_flight[r], ++in_flight[r]);
+          --in_flight[r];
+          timeline.spans.push_back({rank, a.op, a.micro_batch, a.chunk, start, finish});
+          timeline.spans.push_back({rank, b.op, b.micro_batch, b.chunk, start, finish});
+          timeline.makespan = std::max(timeline.makespan, finish);
+          next[r] += 2;
+          progressed = true;
+          continue;
+        }
         const std::optional<double> start = ready_at(rank, a);
         if (!start) break;
         const int64_t stage = stage_of(a.chunk, rank, p, placement);

@@ -25,8 +25,12 @@ struct PipelineTimeline {
 
 // Times of one chunk's passes over one micro-batch. A whole backward (PipeOp::Backward) takes
 // input_grad_s + weight_grad_s; a split one takes each part apart.
+// hidable_*_s: the part of forward_s and of input_grad_s that is communication the pass waits
+// for (tensor- and expert-parallel collectives, context-parallel exchanges), which another
+// computation running beside it can hide (DualPipeV's overlapped pairs, below).
 struct PassTimes {
   double forward_s = 0, input_grad_s = 0, weight_grad_s = 0;
+  double hidable_forward_s = 0, hidable_backward_s = 0;
   double backward_s() const { return input_grad_s + weight_grad_s; }
 };
 
@@ -43,9 +47,17 @@ PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& a
                                    StagePlacement placement = StagePlacement::RoundRobin);
 // The same with each stage's own pass times (p x v of them, by stage): a stage of more layers,
 // or the last with the head, takes longer, and the timeline shows where that stalls the others.
+//
+// With overlapped_pairs, each forward/backward pair of a list (starts_forward_backward_pair:
+// DualPipeV's steady state) runs as DeepSeek's DualPipe runs it: it starts once both inputs
+// are there, the two computations share the device while each one's communication hides
+// under the other's computation, and both outputs are ready when it ends. It lasts
+// max(F - hidable_F + B - hidable_B, F, B), F and B the two passes' times.
 PipelineTimeline simulate_pipeline(const std::vector<std::vector<PipeAction>>& actions, int64_t p,
-                                   int64_t v, const std::vector<PassTimes>& stage_times, double p2p_s,
-                                   StagePlacement placement = StagePlacement::RoundRobin);
+                                   int64_t v, const std::vector<PassTimes>& stage_times,
+                                   double p2p_s,
+                                   StagePlacement placement = StagePlacement::RoundRobin,
+                                   bool overlapped_pairs = false);
 // The same on a machine whose `cores` are shared by the pipeline's p ranks and, beside each, the
 // ranks_per_stage_rank - 1 data/tensor/context-parallel peers that run its list in lockstep
 // (loom's engine under mpirun on a CPU with fewer cores than ranks). Stage times are at full

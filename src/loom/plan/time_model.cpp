@@ -429,7 +429,10 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
                      (last ? head_bwd : 0);
     const double w = std::min(n * layer.weight_grad_s + (last ? head_gemm : 0),
                               b / 2);  // B is never shorter than W
-    stage_passes.push_back({f, b - w, w});
+    // The collectives each pass waits for (hidable under DualPipeV's other pass).
+    stage_passes.push_back(
+        {f, b - w, w, n * (blocking_forward + layer.cp_exposed_forward_s),
+         std::min(n * (blocking_backward + layer.cp_exposed_backward_s), b - w)});
     t_f = std::max(t_f, f);
     t_b = std::max(t_b, b);
     t_w = std::max(t_w, w);
@@ -499,7 +502,11 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
                                                    static_cast<double>(cluster.cores), l.gpus() / l.pp)
                      .makespan;
     } else {
-      makespan = simulate_pipeline(actions, l.pp, l.vp, stage_passes, p2p, stage_placement(l.schedule)).makespan;
+      // DualPipeV's pairs overlap on GPUs (DeepSeek-V3 sec. 3.2.1), not on loom's CPU engine.
+      makespan =
+          simulate_pipeline(actions, l.pp, l.vp, stage_passes, p2p, stage_placement(l.schedule),
+                            l.schedule == PipelineSchedule::DualPipeV && cluster.cores == 0)
+              .makespan;
     }
   }
   // The critical rank's own passes; on shared cores a pipeline rank idle in the bubble lends

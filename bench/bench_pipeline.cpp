@@ -6,7 +6,9 @@
 // one rank, MFU against the measured one-core SGEMM peak times the ranks, the measured bubble
 // (idle over busy, averaged over ranks), the textbook one and the planner's simulation of the
 // same lists with rank 0's measured F, B and W times, activation sets on rank 0. ZB-V and
-// DualPipeV run when the layers cut into 2 x ranks stages and m >= 2 x ranks.
+// DualPipeV run when the layers cut into 2 x ranks stages and m >= 2 x ranks; DualPipeV twice,
+// its lists in sequence and with its pairs run as an overlapping executor runs them
+// ("dualpipev pairs": both inputs, both computations, both outputs; on the CPU in sequence).
 //   mpirun -np P bench_pipeline [--steps S] [--micro M] [--layers L] [--batch B] [--seq T]
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -33,7 +35,7 @@ struct Run {
 
 // Steps of `schedule` on this rank's stages; the bubble of the last step (pp rank 0 only).
 Run run_schedule(const loom::ModelConfig& config, loom::PipelineSchedule schedule, int64_t v,
-                 const std::shared_ptr<loom::ProcessGroup>& world,
+                 bool pairs, const std::shared_ptr<loom::ProcessGroup>& world,
                  const std::vector<int32_t>& tokens, int64_t m, int64_t batch, int64_t seq,
                  int64_t steps) {
   const int64_t p = world->size();
@@ -45,7 +47,7 @@ Run run_schedule(const loom::ModelConfig& config, loom::PipelineSchedule schedul
   // The first and last stage share the tied embedding (Megatron-LM's embedding group).
   const bool holder = world->rank() == 0 || world->rank() == p - 1;
   auto embedding = world->split(holder ? 0 : 1, world->rank(), "embedding");
-  loom::PipelineExecutor executor(stage, world, schedule, holder ? embedding : nullptr);
+  loom::PipelineExecutor executor(stage, world, schedule, holder ? embedding : nullptr, pairs);
   const loom::MicroBatches micro{tokens.data(), tokens.data() + 1, m, batch, seq, batch * seq};
   Run run;
   for (int64_t s = 0; s <= steps; ++s) {  // step 0 warms up
@@ -69,9 +71,13 @@ Run run_schedule(const loom::ModelConfig& config, loom::PipelineSchedule schedul
   const double f = sum[0] / count[0];
   const double b = count[2] > 0 ? sum[1] / count[1] : sum[1] / count[1] / 2;
   const double w = count[2] > 0 ? sum[2] / count[2] : b;
+  // Paired (DualPipeV's pairs as an overlapping executor runs them): on the CPU nothing hides,
+  // but each pair waits for both inputs and sends both outputs at its end.
   const auto timeline =
-      loom::plan::simulate_pipeline(loom::pipeline_actions(schedule, p, m, v), p, v, loom::plan::PassTimes{f, b, w},
-                                    0, loom::stage_placement(schedule));
+      loom::plan::simulate_pipeline(loom::pipeline_actions(schedule, p, m, v), p, v,
+                                    std::vector<loom::plan::PassTimes>(
+                                        static_cast<size_t>(p * v), loom::plan::PassTimes{f, b, w}),
+                                    0, loom::stage_placement(schedule), pairs);
   run.bubble_simulated = timeline.bubble_fraction / (1 - timeline.bubble_fraction);
   run.activation_sets = executor.activations().sets_allocated();
   return run;
@@ -127,6 +133,7 @@ int main(int argc, char** argv) {
   struct Case {
     loom::PipelineSchedule schedule;
     int64_t v;
+    bool pairs = false;  // parallel.pp_overlap = "on" (DualPipeV)
   };
   std::vector<Case> cases = {{loom::PipelineSchedule::AllForwardAllBackward, 1},
                              {loom::PipelineSchedule::OneFOneB, 1},
@@ -136,12 +143,14 @@ int main(int argc, char** argv) {
   if (p > 1 && layers % (2 * p) == 0 && m >= 2 * p) {
     cases.push_back({loom::PipelineSchedule::ZeroBubbleV, 2});
     cases.push_back({loom::PipelineSchedule::DualPipeV, 2});
+    cases.push_back({loom::PipelineSchedule::DualPipeV, 2, true});
   }
   for (const Case& c : cases) {
-    const Run run = run_schedule(config, c.schedule, c.v, world, tokens, m, batch, seq, steps);
+    const Run run =
+        run_schedule(config, c.schedule, c.v, c.pairs, world, tokens, m, batch, seq, steps);
     if (world->rank() != 0) continue;
     const nlohmann::json out = {
-        {"schedule", loom::schedule_name(c.schedule)},
+        {"schedule", std::string(loom::schedule_name(c.schedule)) + (c.pairs ? " pairs" : "")},
         {"ranks", p},
         {"micro_batches", m},
         {"chunks_per_rank", c.v},

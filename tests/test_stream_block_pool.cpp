@@ -8,8 +8,9 @@
 
 #include "loom/core/error.hpp"
 #include "loom/core/stream_block_pool.hpp"
+#include "test_support.hpp"
 
-namespace loom {
+namespace loom::test {
 namespace {
 
 // Events numbered in the order recorded, each remembering its stream; `finish(stream)`
@@ -120,16 +121,7 @@ TEST(StreamBlockPool, ForeignPointersAreRefusedByName) {
   FakeEvents events;
   StreamBlockPool pool(events.callbacks());
   int a;
-  EXPECT_THROW(
-      {
-        try {
-          pool.release(&a);
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("does not hold"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      Error);
+  expect_contains(error_message([&] { pool.release(&a); }), {"does not hold"});
   EXPECT_THROW(pool.record_stream(&a, kB), Error);
   pool.add_live(&a, 512, kA);
   EXPECT_THROW(pool.add_live(&a, 512, kA), Error);
@@ -172,4 +164,4 @@ TEST(StreamBlockPool, WaitingEventsAreDestroyedWithThePool) {
 }
 
 }  // namespace
-}  // namespace loom
+}  // namespace loom::test

@@ -40,8 +40,6 @@ class OverlapStreams {
   void fork();
   [[nodiscard]] Use use(int which);
   void join();
-  // Whether the streams are real (a CUDA device) rather than the CPU's no-ops.
-  bool on_device() const { return device_ == Device::CUDA; }
 
  private:
   Device device_;

@@ -47,15 +47,7 @@ StreamBlockPool::Events cuda_events(int device) {
     LOOM_CUDA_CHECK(cudaEventRecord(event, reinterpret_cast<cudaStream_t>(stream)));
     return reinterpret_cast<StreamBlockPool::EventId>(event);
   };
-  events.done = [](StreamBlockPool::EventId id) {
-    const cudaError_t rc = cudaEventQuery(event_of(id));
-    if (rc == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    LOOM_CUDA_CHECK(rc);
-    return true;
-  };
+  events.done = [](StreamBlockPool::EventId id) { return event_done(event_of(id)); };
   events.wait = [](StreamBlockPool::EventId id) {
     LOOM_CUDA_CHECK(cudaEventSynchronize(event_of(id)));
   };

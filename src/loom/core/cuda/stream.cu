@@ -13,14 +13,9 @@ cudaStream_t current_stream() { return t_current; }
 StreamGuard::StreamGuard(cudaStream_t stream) : previous_(t_current) { t_current = stream; }
 StreamGuard::~StreamGuard() { t_current = previous_; }
 
-Stream::Stream() { LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-// A destroyed stream's handle may be given to the next stream created, which then inherits
-// the blocks the allocator cached for it and its cuBLASLt workspace: both are safe to hand on
-// only once its work is done, so the end waits for it.
+Stream::Stream() : stream_(static_cast<cudaStream_t>(side_stream_create())) {}
 Stream::~Stream() {
-  if (!stream_) return;
-  (void)cudaStreamSynchronize(stream_);
-  (void)cudaStreamDestroy(stream_);
+  if (stream_) side_stream_destroy(stream_);
 }
 void Stream::synchronize() const { LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
@@ -32,8 +27,10 @@ void Event::record(cudaStream_t stream) { LOOM_CUDA_CHECK(cudaEventRecord(event_
 void Event::block(cudaStream_t stream) const {
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
 }
-bool Event::query() const {
-  const cudaError_t rc = cudaEventQuery(event_);
+bool Event::query() const { return event_done(event_); }
+
+bool event_done(cudaEvent_t event) {
+  const cudaError_t rc = cudaEventQuery(event);
   if (rc == cudaErrorNotReady) {
     (void)cudaGetLastError();  // not sticky; clear it so later checks do not see it
     return false;
@@ -56,7 +53,10 @@ void* side_stream_create() {
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   return stream;
 }
-void side_stream_destroy(void* stream) {  // as ~Stream: its work done first
+// A destroyed stream's handle may be given to the next stream created, which then inherits
+// the blocks the allocator cached for it and its cuBLASLt workspace: both are safe to hand on
+// only once its work is done, so the end waits for it.
+void side_stream_destroy(void* stream) {
   (void)cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
   (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
 }

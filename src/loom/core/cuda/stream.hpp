@@ -68,5 +68,8 @@ class Event {
 // `consumer` waits for the work queued on `producer` so far: record then block, on a
 // short-lived event.
 void stream_wait(cudaStream_t consumer, cudaStream_t producer);
+// Whether the work recorded by `event` is done (cudaEventQuery, its "not ready" not left as
+// the thread's last error).
+bool event_done(cudaEvent_t event);
 
 }  // namespace loom::cuda

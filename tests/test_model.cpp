@@ -103,6 +103,38 @@ TEST_P(ModelGrad, Bf16ActivationsAreRoundedAndRecomputationStaysExact) {
 INSTANTIATE_TEST_SUITE_P(Archs, ModelGrad, ::testing::Values(Architecture::GPT2, Architecture::Llama),
                          [](const auto& info) { return std::string(architecture_name(info.param)); });
 
+// ForwardOptions::loss_sum: the forward returns 0, the loss waits in the sum (the same double
+// the forward returns without it: the same kernels), and the gradients are unchanged, bit for
+// bit. Both architectures, two forwards accumulating.
+TEST_P(ModelGrad, ALossSumTakesTheLossAndLeavesTheGradients) {
+  Transformer model(tiny(GetParam()), Recompute::None, /*vocab_chunk=*/24);
+  model.init_weights(3);
+  const auto tokens = random_tokens(kBatch * kSeq, 64, 6),
+             targets = random_tokens(kBatch * kSeq, 64, 7);
+  auto grads = [&] {
+    std::vector<std::vector<float>> all;
+    for (Parameter* p : model.parameters()) all.push_back(p->grad.to_f32_vector());
+    return all;
+  };
+  model.zero_grad();
+  const double returned = model.forward(tokens.data(), targets.data(), kBatch, kSeq);
+  model.backward();
+  const auto want = grads();
+  ASSERT_GT(returned, 0.0);
+
+  LossSum sum(Device::CPU);
+  ForwardOptions options;
+  options.loss_sum = &sum;
+  model.zero_grad();
+  EXPECT_EQ(model.forward(tokens.data(), targets.data(), kBatch, kSeq, options), 0.0);
+  model.backward();
+  EXPECT_EQ(sum.read(), returned);
+  EXPECT_EQ(grads(), want);
+  options.compute_grad = false;
+  EXPECT_EQ(model.forward(tokens.data(), targets.data(), kBatch, kSeq, options), 0.0);
+  EXPECT_EQ(sum.read(), returned + returned);
+}
+
 TEST(Model, ParameterSpecsDescribeTheBuiltModelInGradientReadyOrder) {
   for (const ModelConfig& config : {tiny_gpt2(), tiny_llama()}) {
     Transformer model(config);

@@ -13,6 +13,7 @@
 #include "loom/kernels/cpu/activations.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/kernels/ops.hpp"
+#include "loom/model/loss_sum.hpp"
 #include "test_support.hpp"
 
 namespace loom::test {
@@ -234,6 +235,31 @@ TEST(Ops, CrossAttentionAveragesVisibleValuesAndChecksItsArguments) {
   const ops::CrossAttentionShape wrong{1, 1, 3, 1, 1, 2};
   expect_contains(error_message([&] { ops::cross_attention_forward(out, lse, q, kv, wrong, std::vector<int32_t>{0, 1}); }),
                   {"kv [2, 4]", "1 queries over 3 keys"});
+}
+
+TEST(Ops, HeadLossAddsIntoALossSumAndReturnsZero) {
+  // A zero head gives every logit 0: each row with a target loses log(vocab) exactly (by hand),
+  // and the ignored row nothing. With loss_sum the op returns 0 and the sum accumulates there;
+  // values the host adds come back with it.
+  const int64_t rows = 6, dim = 4, vocab = 10;
+  const Tensor hidden = tensor_of(std::vector<float>(rows * dim, 0.5f), {rows, dim});
+  const Tensor head = Tensor::zeros({vocab, dim}, DType::F32, MemCategory::Workspace);
+  const std::vector<int32_t> targets = {0, 3, -1, 9, 2, 7};
+  LossSum sum(Device::CPU);
+  ops::CrossEntropyArgs args;
+  args.hidden = hidden;
+  args.weight = head;
+  args.targets = targets.data();
+  args.vocab_chunk = 4;
+  const double direct = ops::lm_head_cross_entropy(args);
+  EXPECT_NEAR(direct, 5 * std::log(10.0), 1e-5);
+  args.loss_sum = sum.slot();
+  EXPECT_EQ(ops::lm_head_cross_entropy(args), 0.0);
+  EXPECT_EQ(ops::lm_head_cross_entropy(args), 0.0);
+  sum.add(0.25);
+  EXPECT_NEAR(sum.read(), 10 * std::log(10.0) + 0.25, 2e-5);
+  sum.reset();
+  EXPECT_EQ(sum.read(), 0.0);
 }
 
 TEST(Ops, CudaTensorsWithoutCudaAreRefusedByName) {

@@ -11,6 +11,7 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cuda/cublas_context.hpp"
 #include "loom/kernels/ops.hpp"
+#include "loom/model/loss_sum.hpp"
 #include "tensor_test_support.hpp"
 
 namespace loom::cuda::test {
@@ -172,6 +173,43 @@ TEST_F(CudaStreams, EventsOrderOneStreamAfterAnother) {
   consumer.synchronize();
   producer.synchronize();
   EXPECT_EQ(copy.to_f32_vector(), want.y);
+}
+
+// The fused head adds its loss into a LossSum on the device without the host waiting: the call
+// returns while the stream is still busy with 8192^3 products queued before it, and the one
+// read gives what the waiting calls return (the same kernels, so the same doubles).
+TEST_F(CudaStreams, TheHeadLossStaysOnTheDeviceUntilRead) {
+  ASSERT_GE(device_memory::select_cuda_device(0), 0);
+  const int64_t rows = 1024, dim = 768, vocab = 50257;
+  const Tensor hidden =
+      on_cuda(host_tensor(random_vector(rows * dim, 71), {rows, dim}), DType::BF16);
+  const Tensor head = on_cuda(
+      host_tensor(random_vector(vocab * dim, 72, -0.05f, 0.05f), {vocab, dim}), DType::BF16);
+  std::vector<int32_t> targets(rows);
+  for (int64_t i = 0; i < rows; ++i) targets[i] = int32_t((7919 * i + 13) % vocab);
+  ops::CrossEntropyArgs args;
+  args.hidden = hidden;
+  args.weight = head;
+  args.targets = targets.data();
+  args.vocab_chunk = 16384;
+  args.d_hidden = Tensor::empty({rows, dim}, DType::BF16, MemCategory::Activations, Device::CUDA);
+  const double waited = ops::lm_head_cross_entropy(args);
+  ASSERT_GT(waited, 0.0);
+
+  const LinearCase busy(81, 8192, 8192, 8192);
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  LossSum sum(Device::CUDA);
+  std::vector<LinearCase::Pending> keep;
+  for (int i = 0; i < 4; ++i) keep.push_back(busy.queue());
+  args.loss_sum = sum.slot();
+  EXPECT_EQ(ops::lm_head_cross_entropy(args), 0.0);
+  EXPECT_EQ(ops::lm_head_cross_entropy(args), 0.0);
+  ASSERT_EQ(cudaStreamQuery(current_stream()), cudaErrorNotReady)
+      << "the head waited for the stream";
+  (void)cudaGetLastError();
+  EXPECT_EQ(sum.read(), 2 * waited);  // x + x is exact in double
+  sum.reset();
+  EXPECT_EQ(sum.read(), 0.0);
 }
 
 }  // namespace

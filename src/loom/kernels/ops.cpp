@@ -521,7 +521,10 @@ double lm_head_cross_entropy(const CrossEntropyArgs& args) {
       args.workspace.numel() >= a.rows * std::min(a.vocab_chunk, a.vocab) &&
       args.workspace.device() == Device::CPU && args.workspace.dtype() == DType::F32)
     a.workspace = args.workspace.f32();
-  return cpu::lm_head_cross_entropy(a);
+  const double loss = cpu::lm_head_cross_entropy(a);
+  if (!args.loss_sum) return loss;
+  *args.loss_sum += loss;
+  return 0.0;
 }
 
 // ---- elementwise ------------------------------------------------------------------------

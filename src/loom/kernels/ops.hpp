@@ -160,8 +160,13 @@ struct CrossEntropyArgs {
   Tensor d_weight;  // [vocab, dim] F32, accumulated; undefined to skip
   Tensor workspace;  // [rows, vocab_chunk] F32 logits scratch kept between calls; undefined:
                      // the op allocates its own
+  // A double on the tensors' device (model/loss_sum's slot), or null. Set: the summed loss is
+  // added into it, queued behind the head's kernels, and the op returns 0 without waiting for
+  // the device.
+  double* loss_sum = nullptr;
 };
-// The summed loss over rows with a target (double, fixed order); waits for the device.
+// The summed loss over rows with a target (double, fixed order); waits for the device, unless
+// args.loss_sum takes it.
 double lm_head_cross_entropy(const CrossEntropyArgs& args);
 
 // ---- pieces of tensor-parallel layers (ops_shard.cpp) --------------------------------------

@@ -123,7 +123,8 @@ class ParallelPlan {
   // The fused head + cross-entropy (ops::lm_head_cross_entropy's contract) with args.hidden
   // and args.d_hidden this rank's [local_rows, dim], args.weight and args.d_weight this rank's
   // head rows, and args.targets all `rows` targets; `vocab` is the full vocabulary. Returns the
-  // summed loss, every rank.
+  // summed loss, every rank; or, where the plan adds it into args.loss_sum (set), 0. A plan
+  // whose loss is on the host anyway may leave args.loss_sum alone and return it.
   virtual double head_loss(const ops::CrossEntropyArgs& args, int64_t rows, int64_t vocab) const;
   // [batch, vocab] logits of the last position of each sequence, on the host; hidden as
   // head_loss's, head this rank's rows.

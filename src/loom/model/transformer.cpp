@@ -429,6 +429,9 @@ double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, cons
   if (!chunk.first_stage() && !input.defined())
     throw_error("pipeline stage ", chunk.stage, " needs the previous stage's output");
   if (chunk.last_stage() && !targets) throw_error("the last pipeline stage needs targets");
+  if (options.loss_sum && options.loss_sum->device() != device())
+    throw_error("the loss sum is on ", device_name(options.loss_sum->device()), ", the model on ",
+                device_name(device()));
   check_inputs(chunk.first_stage() ? tokens : nullptr, chunk.last_stage() ? targets : nullptr, batch, seq_len);
   if (cp_) cp_split_.check(seq_len);
   const int64_t local_len = cp_split_.local_len(seq_len);  // this cp rank's tokens per sequence
@@ -469,7 +472,12 @@ double Transformer::forward_chunk(int64_t chunk_index, ChunkActivations& a, cons
     args.d_weight = head.grad;
   }
   args.workspace = logits_chunk_;
-  const double loss = plan_->head_loss(args, batch * local_len, config_.vocab_size);
+  if (options.loss_sum) args.loss_sum = options.loss_sum->slot();
+  double loss = plan_->head_loss(args, batch * local_len, config_.vocab_size);
+  if (options.loss_sum) {  // what the plan's head held on the host, if anything
+    options.loss_sum->add(loss);
+    loss = 0.0;
+  }
   a.grad_ready = options.compute_grad;
   if (!options.compute_grad) fire(unit_hooks_.after_forward, 0);
   return loss;

@@ -13,6 +13,7 @@
 #include "loom/model/config.hpp"
 #include "loom/model/context_parallel.hpp"
 #include "loom/model/fp8_linear.hpp"
+#include "loom/model/loss_sum.hpp"
 #include "loom/model/parallel_plan.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/model/stash.hpp"
@@ -22,6 +23,9 @@ namespace loom {
 struct ForwardOptions {
   bool compute_grad = true;  // run the fused loss gradient so backward() can follow
   float grad_scale = 1.0f;   // multiplies the gradient of the summed token losses
+  // Set (on the model's device): the summed loss is added there and the forward returns 0,
+  // without waiting for the device (model/loss_sum).
+  LossSum* loss_sum = nullptr;
 };
 
 class Transformer {

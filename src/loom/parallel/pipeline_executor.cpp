@@ -112,7 +112,7 @@ void PipelineExecutor::wait_sends() {
 
 double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions,
                              const MicroBatches& micro, bool train, float grad_scale,
-                             const std::function<void(bool)>& set_sync) {
+                             const std::function<void(bool)>& set_sync, LossSum* loss_sum) {
   check_transfers(actions, train, micro.count);
   const auto& chunks = model_.chunks();
   const int64_t p = pp_->size(), rank = pp_->rank(), v = static_cast<int64_t>(chunks.size());
@@ -130,7 +130,7 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
     Tensor out;
     if (action.op == PipeOp::Forward) {
       loss += activations_.forward(action.chunk, mb, tokens, targets, received, micro.batch,
-                                   micro.seq_len, {train, grad_scale});
+                                   micro.seq_len, {train, grad_scale, loss_sum});
       if (sends) out = activations_.output(action.chunk, mb);
     } else if (action.op == PipeOp::BackwardInput) {
       out = activations_.backward(action.chunk, mb, received, /*defer_weights=*/true);
@@ -211,10 +211,10 @@ double PipelineExecutor::run(const std::vector<std::vector<PipeAction>>& actions
 }
 
 double PipelineExecutor::train_step(const MicroBatches& micro, float grad_scale,
-                                    const std::function<void(bool)>& set_sync) {
+                                    const std::function<void(bool)>& set_sync, LossSum* loss_sum) {
   const double loss = run(pipeline_actions(schedule_, pp_->size(), micro.count,
                                            static_cast<int64_t>(model_.chunks().size())),
-                          micro, true, grad_scale, set_sync);
+                          micro, true, grad_scale, set_sync, loss_sum);
   if (!tied_.empty()) {
     // The first stage's embedding gradient plus the last stage's head gradient: the gradient
     // of the one tied matrix, which both copies then step with.

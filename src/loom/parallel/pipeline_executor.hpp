@@ -65,9 +65,10 @@ class PipelineExecutor {
   // the step, so gradient reduction hooks (data parallelism, ZeRO) fire on the final
   // gradients only. With tied embeddings across stages, their two gradient parts are summed
   // over `embedding` at the end and only then reported ready. Returns the summed loss of
-  // every micro-batch on ranks that hold the last stage, 0 on others.
+  // every micro-batch on ranks that hold the last stage, 0 on others; with `loss_sum`, adds it
+  // there instead (ForwardOptions::loss_sum) and returns 0.
   double train_step(const MicroBatches& micro, float grad_scale,
-                    const std::function<void(bool)>& set_sync = {});
+                    const std::function<void(bool)>& set_sync = {}, LossSum* loss_sum = nullptr);
   // Forwards only (no gradients), every rank in micro-batch order. The loss as train_step.
   double forward_only(const MicroBatches& micro);
 
@@ -80,7 +81,8 @@ class PipelineExecutor {
   // Runs `actions` (this rank's list is actions[pp rank]) after checking the whole set with
   // pipeline_transfer_problem (once per distinct shape).
   double run(const std::vector<std::vector<PipeAction>>& actions, const MicroBatches& micro,
-             bool train, float grad_scale, const std::function<void(bool)>& set_sync);
+             bool train, float grad_scale, const std::function<void(bool)>& set_sync,
+             LossSum* loss_sum = nullptr);
   void check_transfers(const std::vector<std::vector<PipeAction>>& actions, bool train, int64_t m);
   // Blocks until `transfer` has arrived in `buffer` (one of inputs_); returns it as [rows, C].
   // Messages travel as f32 buffers in the pp group's memory (the host for MPI, the GPU for NCCL);

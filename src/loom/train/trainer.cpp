@@ -137,6 +137,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   if (config_.document_mask) model_->set_document_mask(config_.eot_token, config_.document_positions);
   // The same model on the device: bf16 storage for activations and working weights there.
   if (config_.device == Device::CUDA) model_->to_device(Device::CUDA, bf16 ? DType::BF16 : DType::F32);
+  loss_sum_ = std::make_unique<LossSum>(model_->device());
   // Every rank reads the whole global micro-batch and takes its rows; the position counts
   // sequences, so a resume at another dp size reads on where this run stopped.
   train_loader_ = std::make_unique<DataLoader>(
@@ -214,9 +215,10 @@ void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
       train_loader_->next_batch(global_inputs_.data() + micro * global_tokens,
                                 global_targets_.data() + micro * global_tokens);
     const double start = TraceRecorder::now_s();
-    loss_sum += pipeline_->train_step({global_inputs_.data() + slice, global_targets_.data() + slice,
-                                       config_.grad_accum, config_.batch_size, config_.seq_len, global_tokens},
-                                      grad_scale, set_sync);
+    loss_sum += pipeline_->train_step(
+        {global_inputs_.data() + slice, global_targets_.data() + slice, config_.grad_accum,
+         config_.batch_size, config_.seq_len, global_tokens},
+        grad_scale, set_sync, loss_sum_.get());
     if (trace_)
       for (const ActionTiming& t : pipeline_->last_timings())
         trace_->span((std::string(op_letter(t.op)) + " mb ") + std::to_string(t.micro_batch) + " chunk " +
@@ -228,8 +230,9 @@ void Trainer::run_micro_batches(double& loss_sum, float grad_scale) {
     train_loader_->next_batch(global_inputs_.data(), global_targets_.data());
     set_sync(micro + 1 == config_.grad_accum);
     const double forward_start = TraceRecorder::now_s();
-    loss_sum += model_->forward(global_inputs_.data() + slice, global_targets_.data() + slice,
-                                config_.batch_size, config_.seq_len, {true, grad_scale});
+    loss_sum +=
+        model_->forward(global_inputs_.data() + slice, global_targets_.data() + slice,
+                        config_.batch_size, config_.seq_len, {true, grad_scale, loss_sum_.get()});
     const double backward_start = TraceRecorder::now_s();
     model_->backward();
     if (trace_) {
@@ -277,11 +280,15 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   const bool inject_spike = inject_now(config_.inject.loss_spike_at_steps, step);
   if (inject_nan && last_rank) grad_scale = std::numeric_limits<float>::quiet_NaN();
   double loss_sum = 0.0;
+  loss_sum_->reset();
   const auto compute_start = Clock::now();
   if (config_.inject.slow_rank == groups_.world_rank && config_.inject.slow_rank_ms > 0)
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config_.inject.slow_rank_ms));
   if (fp8_) fp8_->begin_step();
   run_micro_batches(loss_sum, grad_scale);
+  // The host ran ahead of the GPU (nothing in the micro-batches waits for it): the compute a
+  // straggler report compares ends when the device has done it.
+  device_memory::synchronize(model_->device());
   compute_seconds_since_log_ += seconds_since(compute_start);
   ++steps_since_log_;
   if (reducer_) {
@@ -294,6 +301,7 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   const double optimizer_start = TraceRecorder::now_s();
   StepOutcome outcome;
   outcome.grad_norm = optimizer_->finish_gradients();
+  loss_sum += loss_sum_->read();  // the one wait for the micro-batches' losses
   outcome.loss = mean_loss_over_ranks(loss_sum, static_cast<double>(tokens * config_.grad_accum));
   // A spike in the last rank's view alone: the ranks disagree until they agree below.
   if (inject_spike && last_rank) outcome.loss *= config_.inject.loss_spike_scale;

@@ -97,6 +97,9 @@ class Trainer {
 
   TrainConfig config_;
   std::unique_ptr<Transformer> model_;
+  // The step's summed loss on the model's device: the host reads it once a step, after the
+  // optimizer's gradient norm (which waits for the device anyway), not once per micro-batch.
+  std::unique_ptr<LossSum> loss_sum_;
   Fp8Training* fp8_ = nullptr;  // the model's FP8 scaling state under train.precision = "fp8"
   // AdamW, or ZeRO's sharded AdamW under data parallelism with zero_stage > 0.
   std::unique_ptr<Optimizer> optimizer_;

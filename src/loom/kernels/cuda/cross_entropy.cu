@@ -173,8 +173,9 @@ __global__ void chunk_lse_update(float* row_max, float* row_sum, float* target_l
 
 // lse per row, each row's loss, and their sum in double: one block, rows split by a fixed
 // stride, combined by a fixed-order block reduction.
-__global__ void finalize_loss(double* loss, float* lse, float* row_losses, const float* row_max,
-                              const float* row_sum, const float* target_logit,
+// With `accumulate` the sum is added into *loss (a running sum over micro-batches).
+__global__ void finalize_loss(double* loss, bool accumulate, float* lse, float* row_losses,
+                              const float* row_max, const float* row_sum, const float* target_logit,
                               const int32_t* targets, int64_t rows) {
   __shared__ double scratch[kWarpSize];
   double total = 0.0;
@@ -186,7 +187,7 @@ __global__ void finalize_loss(double* loss, float* lse, float* row_losses, const
     total += row_loss;
   }
   total = detail::block_sum(total, scratch);
-  if (threadIdx.x == 0) *loss = total;
+  if (threadIdx.x == 0) *loss = accumulate ? *loss + total : total;
 }
 
 // Columns per float4 of logits, "a quad". A thread takes two quads, 32 quads apart: every load
@@ -347,8 +348,9 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
         w.row_max, w.row_sum, w.target_logit, w.logits, ld, width, v0, a.targets, a.rows);
     LOOM_CUDA_CHECK_LAUNCH();
   }
-  finalize_loss<<<1, kLossThreads, 0, stream>>>(w.loss, w.lse, a.row_losses, w.row_max, w.row_sum,
-                                                w.target_logit, a.targets, a.rows);
+  finalize_loss<<<1, kLossThreads, 0, stream>>>(
+      a.loss_sum ? a.loss_sum : w.loss, a.loss_sum != nullptr, w.lse, a.row_losses, w.row_max,
+      w.row_sum, w.target_logit, a.targets, a.rows);
   LOOM_CUDA_CHECK_LAUNCH();
 
   // Pass 2: per chunk, the logit gradient and the two products.
@@ -385,6 +387,7 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
       if (a.d_hidden) convert(a.d_hidden, w.d_hidden_acc, a.rows * a.dim, stream);
   }
 
+  if (a.loss_sum) return 0.0;  // the sum stays on the device; nothing waits
   double loss = 0.0;
   LOOM_CUDA_CHECK(cudaMemcpyAsync(&loss, w.loss, sizeof loss, cudaMemcpyDeviceToHost, stream));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));

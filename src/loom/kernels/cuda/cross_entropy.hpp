@@ -33,6 +33,8 @@ struct CrossEntropyArgsT {
   T* d_hidden = nullptr;        // [rows, dim] overwritten, or null
   float* d_weight = nullptr;    // [vocab, dim] accumulated, or null
   float* row_losses = nullptr;  // [rows] optional per-row loss output (device)
+  double* loss_sum = nullptr;   // set: the summed loss is added here (device) and the call
+                                //   returns 0 without waiting for the stream
   void* workspace = nullptr;    // cross_entropy_workspace_bytes(...) bytes, or null to
   size_t workspace_bytes = 0;   //   allocate (stream-ordered) per call
 };
@@ -45,7 +47,7 @@ size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, i
                                      bool bf16_variant);
 
 // Returns the sum of the losses of all rows with a target, added in double in a fixed order.
-// Waits for `stream` (the loss comes back to the host).
+// Waits for `stream` (the loss comes back to the host), unless args.loss_sum takes the sum.
 double lm_head_cross_entropy(const CrossEntropyArgs& args, cudaStream_t stream = current_stream());
 double lm_head_cross_entropy(const CrossEntropyArgsBf16& args,
                              cudaStream_t stream = current_stream());

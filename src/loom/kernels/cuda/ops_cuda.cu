@@ -193,6 +193,7 @@ double head_loss(const CrossEntropyArgs& args, const int32_t* targets, Pointer p
   a.grad_scale = args.grad_scale;
   a.d_hidden = pointer(args.d_hidden);
   a.d_weight = f32(args.d_weight);
+  a.loss_sum = args.loss_sum;
   return cuda::lm_head_cross_entropy(a);
 }
 }  // namespace

@@ -262,6 +262,37 @@ TEST(Ops, HeadLossAddsIntoALossSumAndReturnsZero) {
   EXPECT_EQ(sum.read(), 0.0);
 }
 
+TEST(Ops, ShardLossFromReducedStatisticsByHand) {
+  // Two rows of statistics (max | sum of exp | target logit) and the maxima over all shards.
+  // Row 0: its sum 2 at max 1 is 2 e^-0.5 at the global 1.5, lse = 1.5 + ln(2 e^-0.5) = 1 + ln 2,
+  // loss = lse - 0.5. Row 1 is ignored (target -1): lse 2 + ln 3, no loss.
+  const Tensor stats = tensor_of({1, 2, 2, 3, 0.5f, 0}, {3, 2});
+  const Tensor global_max = tensor_of({1.5f, 2}, {2});
+  ops::shard_rescale_sums(stats, global_max);
+  const std::vector<float> rescaled = stats.to_f32_vector();
+  EXPECT_NEAR(rescaled[2], 2 * std::exp(-0.5), 1e-6);
+  EXPECT_EQ(rescaled[3], 3.0f);
+  const std::vector<int32_t> targets = {3, -1};
+  Tensor lse = Tensor::empty({2}, DType::F32, MemCategory::Workspace);
+  std::vector<float> row_losses(2, -1.0f);
+  const double loss =
+      ops::shard_loss(lse, stats, global_max, targets.data(), row_losses.data(), nullptr);
+  EXPECT_NEAR(loss, 0.5 + std::log(2.0), 1e-6);
+  EXPECT_NEAR(lse.to_f32_vector()[0], 1 + std::log(2.0), 1e-6);
+  EXPECT_NEAR(lse.to_f32_vector()[1], 2 + std::log(3.0), 1e-6);
+  EXPECT_NEAR(row_losses[0], 0.5 + std::log(2.0), 1e-6);
+  EXPECT_EQ(row_losses[1], 0.0f);
+  LossSum sum(Device::CPU);
+  sum.add(1.0);
+  EXPECT_EQ(ops::shard_loss(lse, stats, global_max, targets.data(), nullptr, sum.slot()), 0.0);
+  EXPECT_NEAR(sum.read(), 1.5 + std::log(2.0), 1e-6);
+  // Statistics of the wrong shape are refused by name.
+  expect_contains(error_message([&] {
+                    ops::shard_rescale_sums(tensor_of({1, 2, 3, 4}, {2, 2}), global_max);
+                  }),
+                  {"shard_rescale_sums", "F32 [3, 2]", "[2, 2]"});
+}
+
 TEST(Ops, CudaTensorsWithoutCudaAreRefusedByName) {
   // Without CUDA in the build, or without a visible GPU, a CUDA tensor is refused with the cause.
   if (device_memory::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is visible";

@@ -11,6 +11,7 @@
 #include "loom/core/device_memory.hpp"
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/ops.hpp"
+#include "loom/model/loss_sum.hpp"
 #include "tensor_test_support.hpp"
 
 namespace loom::cuda::test {
@@ -327,20 +328,47 @@ TEST_F(CudaOps, TensorParallelPiecesMatchTheCpu) {
       ops::ShardLogitsArgs c{gr, tr, targets.data(), begin, chunk, f32({rows, chunk})};
       ops::ShardLogitsArgs d{g_d,   on_cuda(table, dtype),      targets.data(), begin,
                              chunk, on_cuda(f32({rows, chunk}))};
-      std::vector<float> m(rows), s(rows), t(rows), md(rows), sd(rows), td(rows);
-      ops::shard_logit_stats(c, m.data(), s.data(), t.data());
-      ops::shard_logit_stats(d, md.data(), sd.data(), td.data());
+      Tensor stats = f32({3, rows}), stats_d = on_cuda(f32({3, rows}));
+      ops::shard_logit_stats(c, stats);
+      ops::shard_logit_stats(d, stats_d);
+      const std::vector<float> st = stats.to_f32_vector(), sd = stats_d.to_f32_vector();
       for (int64_t r = 0; r < rows; ++r) {
-        EXPECT_NEAR(md[r], m[r], 1e-5 * (1 + std::abs(m[r]))) << "max, row " << r;
-        EXPECT_NEAR(sd[r], s[r], 1e-4 * s[r]) << "sum of exp, row " << r;
-        EXPECT_NEAR(td[r], t[r], 1e-5 * (1 + std::abs(t[r]))) << "target logit, row " << r;
+        const float m = st[r], s = st[rows + r], t = st[2 * rows + r];
+        EXPECT_NEAR(sd[r], m, 1e-5 * (1 + std::abs(m))) << "max, row " << r;
+        EXPECT_NEAR(sd[rows + r], s, 1e-4 * s) << "sum of exp, row " << r;
+        EXPECT_NEAR(sd[2 * rows + r], t, 1e-5 * (1 + std::abs(t))) << "target logit, row " << r;
       }
-      std::vector<float> lse(rows);
-      for (int64_t r = 0; r < rows; ++r) lse[r] = m[r] + std::log(s[r]) + 0.5f;  // any lse
+      // Another shard's maxima, 0.75 above: sums scaled by exp(-0.75); then the loss, returned
+      // and added into a device slot (the same kernel both ways: the same double).
+      std::vector<float> other_max(rows);
+      for (int64_t r = 0; r < rows; ++r) other_max[r] = st[r] + 0.75f;
+      const Tensor gmax = host_tensor(other_max, {rows}), gmax_d = on_cuda(gmax);
+      ops::shard_rescale_sums(stats, gmax);
+      ops::shard_rescale_sums(stats_d, gmax_d);
+      expect_close(stats_d, stats, 1e-4, 0, "shard_rescale_sums");
+      Tensor lse_t = f32({rows}), lse_d = on_cuda(f32({rows}));
+      std::vector<float> row_losses(rows), row_losses_d(rows);
+      const double loss =
+          ops::shard_loss(lse_t, stats, gmax, targets.data(), row_losses.data(), nullptr);
+      const double loss_d =
+          ops::shard_loss(lse_d, stats_d, gmax_d, targets.data(), row_losses_d.data(), nullptr);
+      EXPECT_NEAR(loss_d, loss, 1e-5 * std::abs(loss));
+      expect_close(lse_d, lse_t, 1e-5, 1e-5, "shard_loss lse");
+      for (int64_t r = 0; r < rows; ++r)
+        EXPECT_NEAR(row_losses_d[r], row_losses[r], 1e-4) << "row loss " << r;
+      EXPECT_EQ(row_losses_d[4], 0.0f) << "an ignored row";
+      LossSum sum(Device::CUDA);
+      EXPECT_EQ(ops::shard_loss(lse_d, stats_d, gmax_d, targets.data(), nullptr, sum.slot()), 0.0);
+      EXPECT_EQ(sum.read(), loss_d);
+
+      std::vector<float> lse_values(rows);
+      for (int64_t r = 0; r < rows; ++r)
+        lse_values[r] = st[r] + std::log(st[rows + r]) + 0.5f;  // any lse
+      const Tensor lse = host_tensor(lse_values, {rows}), lse_on_device = on_cuda(lse);
       Tensor dh = f32({rows, dim}), dw = f32({shard, dim});
-      ops::shard_logit_grad(c, lse.data(), 0.25f, dh, dw);
+      ops::shard_logit_grad(c, lse, 0.25f, dh, dw);
       Tensor dh_d = on_cuda(f32({rows, dim}), dtype), dw_d = on_cuda(f32({shard, dim}));
-      ops::shard_logit_grad(d, lse.data(), 0.25f, dh_d, dw_d);
+      ops::shard_logit_grad(d, lse_on_device, 0.25f, dh_d, dw_d);
       // bf16: each logit gradient g is rounded once (2^-9 relative) before the products, and
       // d_hidden once more on output. With |values| <= 1: a d_hidden row sums |g| <= 2 x 0.25
       // over the shard, a d_weight row |g| <= 0.25 over 12 rows, which bounds the absolute

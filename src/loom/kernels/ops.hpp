@@ -206,13 +206,27 @@ struct ShardLogitsArgs {
   int64_t vocab_chunk = 0;
   Tensor workspace;
 };
-// Pass 1 into host arrays [rows]: each row's max logit over the shard, sum of exp(logit - max)
-// and the target's logit where the shard owns the target (0 elsewhere). Waits for the device.
-void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_sum,
-                       float* target_logit);
-// Pass 2 from the host log-sum-exps [rows]: grad_scale * (softmax - onehot) over the shard into
-// d_hidden (overwritten; undefined to skip) and d_weight (F32, accumulated; undefined to skip).
-void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
+// The statistics, log-sum-exps and losses below are F32 tensors on the args' device, and
+// nothing but a host result waits for it: between the passes the parallel code reduces them
+// over the shards where they are (parallel/vocab_parallel).
+//
+// Pass 1 into `stats` [3, rows]: each row's max logit over the shard | sum of exp(logit - max) |
+// the target's logit where the shard owns the target (0 elsewhere).
+void shard_logit_stats(const ShardLogitsArgs& args, const Tensor& stats);
+// After the maxima are reduced over the shards into global_max [rows]: stats' sums to the global
+// max, sum *= exp(max - global_max), so that adding them over the shards gives each row's sum of
+// exp(logit - global_max).
+void shard_rescale_sums(const Tensor& stats, const Tensor& global_max);
+// After the sums and target logits (stats' rows 1 and 2) are added over the shards:
+// lse [rows] = global_max + log(sum), each row's loss lse - target logit (0 for a negative host
+// target) into row_losses (a host array [rows], or null; filling it waits), and their sum in
+// double in a fixed order: returned, or added into loss_sum (a double on the device, as
+// CrossEntropyArgs::loss_sum) with 0 returned and nothing waited for.
+double shard_loss(const Tensor& lse, const Tensor& stats, const Tensor& global_max,
+                  const int32_t* targets, float* row_losses, double* loss_sum);
+// Pass 2 from lse [rows]: grad_scale * (softmax - onehot) over the shard into d_hidden
+// (overwritten; undefined to skip) and d_weight (F32, accumulated; undefined to skip).
+void shard_logit_grad(const ShardLogitsArgs& args, const Tensor& lse, float grad_scale,
                       const Tensor& d_hidden, const Tensor& d_weight);
 
 // ---- mixture of experts (ops_moe.cpp) ------------------------------------------------------

@@ -1,12 +1,13 @@
 // ops.hpp's pieces of tensor-parallel layers: checks, then the CPU kernels (kernels/cpu/
 // vocab_shard, gemm) or the CUDA implementation.
 #include <algorithm>
+#include <cmath>
 
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/kernels/cpu/vocab_shard.hpp"
 #include "loom/kernels/ops.hpp"
-#include "loom/kernels/weight_grads.hpp"
 #include "loom/kernels/ops_common.hpp"
+#include "loom/kernels/weight_grads.hpp"
 
 namespace loom::ops {
 
@@ -167,21 +168,76 @@ cpu::ShardLogits cpu_args(const ShardLogitsArgs& a, int64_t chunk) {
 }
 }  // namespace
 
-void shard_logit_stats(const ShardLogitsArgs& a, float* row_max, float* row_sum,
-                       float* target_logit) {
-  const Device device = device_of("shard_logit_stats", {&a.hidden, &a.weight, &a.workspace});
+namespace {
+// stats: F32 [3, rows] on `device`.
+void check_stats(const char* op, const Tensor& stats, int64_t rows) {
+  if (!stats.defined() || stats.dtype() != DType::F32 || stats.numel() != 3 * rows)
+    throw_error("ops::", op, ": the row statistics must be F32 [3, ", rows, "]; got ",
+                stats.defined() ? shape_to_string(stats.shape()) : "none");
+}
+void check_rows(const char* op, const char* name, const Tensor& t, int64_t rows) {
+  if (!t.defined() || t.dtype() != DType::F32 || t.numel() != rows)
+    throw_error("ops::", op, ": ", name, " must be F32 [", rows, "]; got ",
+                t.defined() ? shape_to_string(t.shape()) : "none");
+}
+}  // namespace
+
+void shard_logit_stats(const ShardLogitsArgs& a, const Tensor& stats) {
+  const Device device =
+      device_of("shard_logit_stats", {&a.hidden, &a.weight, &a.workspace, &stats});
   const int64_t chunk = check_shard_logits("shard_logit_stats", a);
-  std::fill_n(target_logit, a.hidden.size(0), 0.0f);
-  LOOM_OPS_ON_CUDA(device, shard_logit_stats(a, row_max, row_sum, target_logit))
+  const int64_t rows = a.hidden.size(0);
+  check_stats("shard_logit_stats", stats, rows);
+  LOOM_OPS_ON_CUDA(device, shard_logit_stats(a, stats))
   require_cpu_f32("shard_logit_stats", {&a.hidden, &a.weight});
-  cpu::shard_logit_stats(cpu_args(a, chunk), row_max, row_sum, target_logit);
+  float* s = stats.f32();
+  std::fill_n(s + 2 * rows, rows, 0.0f);  // the kernel leaves targets it does not own alone
+  cpu::shard_logit_stats(cpu_args(a, chunk), s, s + rows, s + 2 * rows);
 }
 
-void shard_logit_grad(const ShardLogitsArgs& a, const float* lse, float grad_scale,
+void shard_rescale_sums(const Tensor& stats, const Tensor& global_max) {
+  const Device device = device_of("shard_rescale_sums", {&stats, &global_max});
+  const int64_t rows = global_max.numel();
+  check_stats("shard_rescale_sums", stats, rows);
+  check_rows("shard_rescale_sums", "global_max", global_max, rows);
+  LOOM_OPS_ON_CUDA(device, shard_rescale_sums(stats, global_max))
+  const float* local_max = stats.f32();
+  float* sum = stats.f32() + rows;
+  const float* gmax = global_max.f32();
+  for (int64_t r = 0; r < rows; ++r) sum[r] *= std::exp(local_max[r] - gmax[r]);
+}
+
+double shard_loss(const Tensor& lse, const Tensor& stats, const Tensor& global_max,
+                  const int32_t* targets, float* row_losses, double* loss_sum) {
+  const Device device = device_of("shard_loss", {&lse, &stats, &global_max});
+  const int64_t rows = lse.numel();
+  check_rows("shard_loss", "lse", lse, rows);
+  check_rows("shard_loss", "global_max", global_max, rows);
+  check_stats("shard_loss", stats, rows);
+  if (!targets) throw_error("ops::shard_loss: no targets");
+  LOOM_OPS_ON_CUDA(device, shard_loss(lse, stats, global_max, targets, row_losses, loss_sum))
+  const float* gmax = global_max.f32();
+  const float* sum = stats.f32() + rows;
+  const float* target_logit = stats.f32() + 2 * rows;
+  float* l = lse.f32();
+  double total = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    l[r] = gmax[r] + std::log(sum[r]);
+    const float loss = targets[r] >= 0 ? l[r] - target_logit[r] : 0.0f;
+    if (row_losses) row_losses[r] = loss;
+    total += loss;
+  }
+  if (!loss_sum) return total;
+  *loss_sum += total;
+  return 0.0;
+}
+
+void shard_logit_grad(const ShardLogitsArgs& a, const Tensor& lse, float grad_scale,
                       const Tensor& d_hidden, const Tensor& d_weight) {
-  const Device device =
-      device_of("shard_logit_grad", {&a.hidden, &a.weight, &a.workspace, &d_hidden, &d_weight});
+  const Device device = device_of("shard_logit_grad",
+                                  {&a.hidden, &a.weight, &a.workspace, &lse, &d_hidden, &d_weight});
   const int64_t chunk = check_shard_logits("shard_logit_grad", a);
+  check_rows("shard_logit_grad", "lse", lse, a.hidden.size(0));
   if (d_hidden.defined() && d_hidden.numel() != a.hidden.numel())
     throw_error("ops::shard_logit_grad: d_hidden ", shape_to_string(d_hidden.shape()),
                 " for hidden ", shape_to_string(a.hidden.shape()));
@@ -191,7 +247,7 @@ void shard_logit_grad(const ShardLogitsArgs& a, const float* lse, float grad_sca
                 shape_to_string(a.weight.shape()));
   LOOM_OPS_ON_CUDA(device, shard_logit_grad(a, lse, grad_scale, d_hidden, d_weight))
   require_cpu_f32("shard_logit_grad", {&a.hidden, &a.weight, &d_hidden, &d_weight});
-  cpu::shard_logit_grad(cpu_args(a, chunk), lse, grad_scale, f32_or_null(d_hidden),
+  cpu::shard_logit_grad(cpu_args(a, chunk), lse.f32(), grad_scale, f32_or_null(d_hidden),
                         f32_or_null(d_weight), true);
 }
 

@@ -3,8 +3,7 @@
 // fused head adds each micro-batch's sum into slot() (a double on the device, added in the
 // order the heads were queued), so the host does not wait for the device once per
 // micro-batch; read() waits once, after the step's other work is queued. A head that holds its
-// loss on the host already (the vocabulary-parallel head: its row statistics are reduced there)
-// adds it with add(); read() returns both.
+// loss on the host already adds it with add(); read() returns both.
 #include "loom/core/tensor.hpp"
 
 namespace loom {

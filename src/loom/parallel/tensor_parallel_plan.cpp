@@ -125,6 +125,7 @@ double TensorParallelPlan::head_loss(const ops::CrossEntropyArgs& a, int64_t row
   args.d_weight = a.d_weight;
   args.workspace = a.workspace;
   args.sequence_parallel = sequence_parallel_;
+  args.loss_sum = a.loss_sum;
   return vocab_parallel_cross_entropy(args, *group_);
 }
 

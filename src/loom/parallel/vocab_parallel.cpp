@@ -116,29 +116,18 @@ double vocab_parallel_cross_entropy(const VocabParallelCrossEntropyArgs& a, Proc
       s.workspace.device() != device || s.workspace.dtype() != DType::F32)
     s.workspace = Tensor::empty({rows, chunk}, DType::F32, MemCategory::Workspace, device);
 
-  // Pass 1 over the shard: max and sum of exp per row, and the owned target logits; the row
-  // statistics are host tensors [rows] (comm stages them where the group needs).
-  Tensor local_max = Tensor::empty({rows}, DType::F32, MemCategory::Workspace);
-  Tensor global_max = Tensor::empty({rows}, DType::F32, MemCategory::Workspace);
-  Tensor sums = Tensor::empty({2 * rows}, DType::F32, MemCategory::Workspace);  // [sum | target]
-  float* row_sum = sums.f32();
-  float* target_logit = sums.f32() + rows;
-  ops::shard_logit_stats(s, local_max.f32(), row_sum, target_logit);
-  global_max.copy_from(local_max);
+  // Pass 1 over the shard: max and sum of exp per row, and the owned target logits, on the
+  // model's device, reduced over the ranks there (comm stages them where the group needs): no
+  // host round trip on NCCL.
+  Tensor stats = Tensor::empty({3, rows}, DType::F32, MemCategory::Workspace, device);
+  ops::shard_logit_stats(s, stats);
+  Tensor global_max = Tensor::empty({rows}, DType::F32, MemCategory::Workspace, device);
+  global_max.copy_from(stats.narrow_rows(0, 1));
   comm::all_reduce(tp, global_max, ReduceOp::Max)->wait();
-  const float* lmax = local_max.f32();
-  const float* gmax = global_max.f32();
-  for (int64_t r = 0; r < rows; ++r) row_sum[r] *= std::exp(lmax[r] - gmax[r]);
-  comm::all_reduce(tp, sums, ReduceOp::Sum)->wait();
-
-  std::vector<float> lse(static_cast<size_t>(rows));
-  double total = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    lse[r] = gmax[r] + std::log(row_sum[r]);
-    const float loss = a.targets[r] >= 0 ? lse[r] - target_logit[r] : 0.0f;
-    if (a.row_losses) a.row_losses[r] = loss;
-    total += loss;
-  }
+  ops::shard_rescale_sums(stats, global_max);
+  comm::all_reduce(tp, stats.narrow_rows(1, 3), ReduceOp::Sum)->wait();  // sums | targets
+  Tensor lse = Tensor::empty({rows}, DType::F32, MemCategory::Workspace, device);
+  const double total = ops::shard_loss(lse, stats, global_max, a.targets, a.row_losses, a.loss_sum);
   if (!a.d_hidden.defined() && !a.d_weight.defined()) return total;
 
   // Pass 2: this rank's columns of grad_scale * (softmax - onehot), chunk by chunk, into
@@ -146,7 +135,7 @@ double vocab_parallel_cross_entropy(const VocabParallelCrossEntropyArgs& a, Proc
   Tensor d_hidden = a.d_hidden;
   if (a.d_hidden.defined() && split_rows)
     d_hidden = Tensor::empty({rows, dim}, a.d_hidden.dtype(), MemCategory::Workspace, device);
-  ops::shard_logit_grad(s, lse.data(), a.grad_scale, d_hidden, a.d_weight);
+  ops::shard_logit_grad(s, lse, a.grad_scale, d_hidden, a.d_weight);
   if (a.d_hidden.defined()) {
     if (split_rows)
       reduce_scatter_sequence_rows(tp, d_hidden, a.d_hidden)->wait();

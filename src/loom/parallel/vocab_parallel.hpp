@@ -84,6 +84,8 @@ struct VocabParallelCrossEntropyArgs {
   Tensor d_weight;              // [vocab/tp, dim] accumulated; undefined to skip
   Tensor workspace;             // F32 logits scratch on the device, reused if large enough
   float* row_losses = nullptr;  // [rows] optional host array, every rank
+  double* loss_sum = nullptr;   // set (a double on the model's device): the summed loss is added
+                                // there and 0 returned (ops::CrossEntropyArgs::loss_sum)
   bool sequence_parallel = false;
 };
 

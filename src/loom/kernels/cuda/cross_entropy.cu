@@ -478,6 +478,32 @@ void shard_logit_grad(const ShardLogitsT<bf16>& args, const float* lse, float gr
   shard_grad_impl(args, lse, grad_scale, d_hidden, d_weight, stream);
 }
 
+namespace {
+__global__ void rescale_row_sums_kernel(float* row_sum, const float* local_max,
+                                        const float* global_max, int64_t rows) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < rows;
+       r += int64_t{gridDim.x} * blockDim.x)
+    row_sum[r] *= expf(local_max[r] - global_max[r]);
+}
+}  // namespace
+
+void rescale_row_sums(float* row_sum, const float* local_max, const float* global_max, int64_t rows,
+                      cudaStream_t stream) {
+  if (rows <= 0) return;
+  rescale_row_sums_kernel<<<detail::grid_for(rows, kThreads), kThreads, 0, stream>>>(
+      row_sum, local_max, global_max, rows);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void log_sum_exp_loss(double* loss, bool accumulate, float* lse, float* row_losses,
+                      const float* row_max, const float* row_sum, const float* target_logit,
+                      const int32_t* targets, int64_t rows, cudaStream_t stream) {
+  if (rows <= 0) return;
+  finalize_loss<<<1, kLossThreads, 0, stream>>>(loss, accumulate, lse, row_losses, row_max, row_sum,
+                                                target_logit, targets, rows);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
 size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, int64_t vocab_chunk,
                                      bool bf16_variant) {
   return layout(nullptr, rows, dim, padded_to_16(effective_chunk(vocab_chunk, vocab)), bf16_variant)

@@ -78,4 +78,15 @@ void shard_logit_grad(const ShardLogitsT<float>& args, const float* lse, float g
 void shard_logit_grad(const ShardLogitsT<bf16>& args, const float* lse, float grad_scale,
                       bf16* d_hidden, float* d_weight, cudaStream_t stream = current_stream());
 
+// Between the two passes, after the row maxima are reduced over the shards: each row's sum of
+// exp(logit - local_max) to the global max, row_sum *= exp(local_max - global_max).
+void rescale_row_sums(float* row_sum, const float* local_max, const float* global_max, int64_t rows,
+                      cudaStream_t stream = current_stream());
+// lse[r] = row_max[r] + log(row_sum[r]); each row's loss lse - target_logit (0 for a negative
+// target) into row_losses (null to skip); their sum in double in a fixed order (one block) into
+// *loss, or added to it with `accumulate`. Nothing waits.
+void log_sum_exp_loss(double* loss, bool accumulate, float* lse, float* row_losses,
+                      const float* row_max, const float* row_sum, const float* target_logit,
+                      const int32_t* targets, int64_t rows, cudaStream_t stream = current_stream());
+
 }  // namespace loom::cuda

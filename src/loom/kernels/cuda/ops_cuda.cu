@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "loom/core/cuda/cuda_check.hpp"
+#include "loom/core/device_memory.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/cuda/activations.hpp"
 #include "loom/kernels/cuda/adamw.hpp"
@@ -369,39 +370,59 @@ cuda::ShardLogitsT<T> shard_args(const ShardLogitsArgs& args, const int32_t* tar
 }
 }  // namespace
 
-void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_sum,
-                       float* target_logit) {
+void shard_logit_stats(const ShardLogitsArgs& args, const Tensor& stats) {
   const int64_t rows = args.hidden.size(0);
   const DeviceIds targets(args.targets, rows);
-  Tensor stats = Tensor::empty({3, rows}, DType::F32, MemCategory::Workspace, Device::CUDA);
   float* s = f32(stats);
   if (is_bf16("shard_logit_stats", {&args.hidden, &args.weight}))
     cuda::shard_logit_stats(shard_args<bf16>(args, targets.get(), [](const Tensor& t) { return b16(t); }),
                             s, s + rows, s + 2 * rows);
   else
-    cuda::shard_logit_stats(shard_args<float>(args, targets.get(), [](const Tensor& t) { return f32(t); }),
-                            s, s + rows, s + 2 * rows);
-  std::vector<float> host = stats.to_f32_vector();
-  std::copy_n(host.data(), rows, row_max);
-  std::copy_n(host.data() + rows, rows, row_sum);
-  std::copy_n(host.data() + 2 * rows, rows, target_logit);
+    cuda::shard_logit_stats(
+        shard_args<float>(args, targets.get(), [](const Tensor& t) { return f32(t); }), s, s + rows,
+        s + 2 * rows);
 }
 
-void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
+void shard_rescale_sums(const Tensor& stats, const Tensor& global_max) {
+  const int64_t rows = global_max.numel();
+  cuda::rescale_row_sums(f32(stats) + rows, f32(stats), f32(global_max), rows);
+}
+
+double shard_loss(const Tensor& lse, const Tensor& stats, const Tensor& global_max,
+                  const int32_t* targets, float* row_losses, double* loss_sum) {
+  const int64_t rows = lse.numel();
+  const DeviceIds ids(targets, rows);
+  Tensor losses;  // the rows' losses on the device, for a host row_losses
+  if (row_losses) losses = Tensor::empty({rows}, DType::F32, MemCategory::Workspace, Device::CUDA);
+  Tensor total;  // one double (two f32 elements) when the sum comes back to the host
+  double* slot = loss_sum;
+  if (!slot) {
+    total = Tensor::empty({2}, DType::F32, MemCategory::Workspace, Device::CUDA);
+    slot = static_cast<double*>(total.raw());
+  }
+  cuda::log_sum_exp_loss(slot, loss_sum != nullptr, f32(lse), f32(losses), f32(global_max),
+                         f32(stats) + rows, f32(stats) + 2 * rows, ids.get(), rows);
+  if (row_losses)  // waits for the stream
+    device_memory::copy(row_losses, Device::CPU, losses.raw(), Device::CUDA,
+                        static_cast<size_t>(rows) * sizeof(float));
+  if (loss_sum) return 0.0;
+  double value = 0.0;
+  device_memory::copy(&value, Device::CPU, slot, Device::CUDA, sizeof value);
+  return value;
+}
+
+void shard_logit_grad(const ShardLogitsArgs& args, const Tensor& lse, float grad_scale,
                       const Tensor& d_hidden, const Tensor& d_weight) {
   const int64_t rows = args.hidden.size(0);
   const DeviceIds targets(args.targets, rows);
-  Tensor device_lse = Tensor::empty({rows}, DType::F32, MemCategory::Workspace, Device::CUDA);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(device_lse.raw(), lse, static_cast<size_t>(rows) * sizeof(float),
-                                  cudaMemcpyHostToDevice, cuda::current_stream()));
   if (is_bf16("shard_logit_grad", {&args.hidden, &args.weight, &d_hidden}))
-    cuda::shard_logit_grad(shard_args<bf16>(args, targets.get(), [](const Tensor& t) { return b16(t); }),
-                           f32(device_lse), grad_scale, b16(d_hidden), f32(d_weight));
+    cuda::shard_logit_grad(
+        shard_args<bf16>(args, targets.get(), [](const Tensor& t) { return b16(t); }), f32(lse),
+        grad_scale, b16(d_hidden), f32(d_weight));
   else
-    cuda::shard_logit_grad(shard_args<float>(args, targets.get(), [](const Tensor& t) { return f32(t); }),
-                           f32(device_lse), grad_scale, f32(d_hidden), f32(d_weight));
-  LOOM_CUDA_CHECK(
-      cudaStreamSynchronize(cuda::current_stream()));  // device_lse and the scratch die here
+    cuda::shard_logit_grad(
+        shard_args<float>(args, targets.get(), [](const Tensor& t) { return f32(t); }), f32(lse),
+        grad_scale, f32(d_hidden), f32(d_weight));
 }
 
 }  // namespace loom::ops::cuda_impl

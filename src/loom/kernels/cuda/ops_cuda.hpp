@@ -85,9 +85,11 @@ void add_position_rows(const Tensor& out, const Tensor& table, int64_t first_row
                        const int32_t* positions);
 void position_rows_backward(const Tensor& d_table, const Tensor& d_out, int64_t first_row,
                             int64_t seq_len, const int32_t* positions);
-void shard_logit_stats(const ShardLogitsArgs& args, float* row_max, float* row_sum,
-                       float* target_logit);
-void shard_logit_grad(const ShardLogitsArgs& args, const float* lse, float grad_scale,
+void shard_logit_stats(const ShardLogitsArgs& args, const Tensor& stats);
+void shard_rescale_sums(const Tensor& stats, const Tensor& global_max);
+double shard_loss(const Tensor& lse, const Tensor& stats, const Tensor& global_max,
+                  const int32_t* targets, float* row_losses, double* loss_sum);
+void shard_logit_grad(const ShardLogitsArgs& args, const Tensor& lse, float grad_scale,
                       const Tensor& d_hidden, const Tensor& d_weight);
 
 // ops_cuda_moe.cu; positions are the host array ops_moe.cpp has checked.

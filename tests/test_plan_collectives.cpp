@@ -48,6 +48,41 @@ TEST(PlanCollectives, RingAllReduceOnEightNvlinkGpus) {
   EXPECT_LT(t.seconds, 2 * bytes / kNvlink.bytes_per_s);
 }
 
+// NVLink as NCCL uses it (collectives.hpp, S. Jeaugey in NVIDIA/nccl-tests issue 212): 370 of an
+// H100's 450 GB/s line rate for rings and sends, and on NVSwitch Hopper nodes an all-reduce
+// through NVLink SHARP at an algorithm bandwidth of 275 GB/s, by hand.
+TEST(PlanCollectives, NvlinkAsNcclMovesItAndNvlinkSharp) {
+  plan::ClusterSpec h100;  // 8 H100 SXM per node
+  const GroupTopology tp8 = plan::group_topology(h100, 8, 1);
+  expect_close(tp8.intra.bytes_per_s, 370e9);
+  EXPECT_TRUE(tp8.nvls);
+  const double bytes = kGiB;
+  const CollectiveTime nvls = collective_time(Collective::AllReduce, bytes, tp8);
+  EXPECT_STREQ(nvls.algorithm, "nvls");
+  expect_close(nvls.seconds, 3.4e-6 + bytes / 275e9);
+  EXPECT_EQ(nvls.wire_bytes_per_rank, bytes);
+  // The ring would take 2 x 7 steps of 1/8 at 370 GB/s: 5.1 ms against NVLS's 3.9.
+  EXPECT_GT(2 * 7 * (3.4e-6 + bytes / 8 / 370e9), nvls.seconds);
+  // Two ranks: the ring's one step each way (1 x bytes at 370) beats NVLS (1 x bytes at 275).
+  const CollectiveTime two =
+      collective_time(Collective::AllReduce, bytes, plan::group_topology(h100, 2, 1));
+  EXPECT_STREQ(two.algorithm, "ring");
+  expect_close(two.seconds, 2 * (3.4e-6 + bytes / 2 / 370e9));
+  // Reduce-scatter and all-gather stay rings; an all-reduce spanning nodes is no NVLS one.
+  EXPECT_STREQ(collective_time(Collective::ReduceScatter, bytes, tp8).algorithm, "ring");
+  h100.nodes = 2;
+  EXPECT_STRNE(
+      collective_time(Collective::AllReduce, bytes, plan::group_topology(h100, 16, 1)).algorithm,
+      "nvls");
+  // An A100 node has NVSwitch without SHARP: rings at 370/450 of its 300 GB/s.
+  plan::ClusterSpec a100;
+  a100.gpu = plan::gpu_preset("a100-80gb");
+  const GroupTopology a = plan::group_topology(a100, 8, 1);
+  EXPECT_FALSE(a.nvls);
+  expect_close(a.intra.bytes_per_s, 300e9 * 370 / 450);
+  EXPECT_STREQ(collective_time(Collective::AllReduce, bytes, a).algorithm, "ring");
+}
+
 TEST(PlanCollectives, TreeWinsForTinyMessagesAtLargeN) {
   const double bytes = 4096;
   const CollectiveTime t = collective_time(Collective::AllReduce, bytes, topology(256, 1));
@@ -135,7 +170,7 @@ TEST(PlanCollectives, GroupTopologyFromMeshStride) {
   cluster.nodes = 16;
   const GroupTopology tp = plan::group_topology(cluster, 8, 1);
   EXPECT_EQ(tp.ranks_per_node, 8);
-  EXPECT_EQ(tp.intra.bytes_per_s, cluster.gpu.nvlink_bytes_per_s);
+  expect_close(tp.intra.bytes_per_s, plan::kNcclNvlinkEfficiency * cluster.gpu.nvlink_bytes_per_s);
   EXPECT_EQ(tp.intra.latency_s, plan::kNvlinkStepLatencyS);
   EXPECT_EQ(tp.inter.bytes_per_s, cluster.inter_node_bytes_per_s_per_gpu);
   EXPECT_EQ(tp.inter.latency_s, plan::kNetworkStepLatencyS);

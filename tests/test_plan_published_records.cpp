@@ -276,7 +276,7 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
         << r.id;
     const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
     ASSERT_NE(tokens, nullptr) << r.id;
-    EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.22) << r.id;
     if (r.layout.pp > 1) {
       const plan::FigureCheck* memory = figure(c, plan::Figure::MemoryPerGpu);
       ASSERT_NE(memory, nullptr) << r.id;
@@ -291,17 +291,19 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
   EXPECT_EQ(interleaved.layout.micro_batch, 4);
   EXPECT_EQ(interleaved.layout.vp, 2);
   const plan::ValidationSummary s = plan::summarize(checks);
-  EXPECT_EQ(median_and_p90(s), "5.8 15.2");  // 8.3 before full recomputation reran tp's collectives
+  // 8.3 before full recomputation reran tp's collectives; 5.8 before NVLink at NCCL's 370/450 of
+  // its line rate (session 25: the 829 and 876 tokens/s rows of one layout, -3.8% to -7.9%).
+  EXPECT_EQ(median_and_p90(s), "6.4 15.2");
 }
 
 // NeMo 24.07's FP8 table and NeMo Automodel's BF16 pre-training table
 // (published/loom_nemo_tables.json, transcribed from the NeMo and Automodel repositories): 19 of
 // 22 answered, the three Nemotron 3 rows refused as Mamba hybrids. Automodel's gpt-oss rows leave
 // ep out ("-"): the planner picks it (ep 16 for the 120B on 64 GPUs; read as 1 it was 63% slow).
-// Every answered figure within 21% (the worst: DeepSeek-V3 on 256 GPUs -20.6%, an MLA stand-in;
-// Nemotron-340B -20.1% with tp communication overlapped as NeMo's recipes set it, -27.7%
-// before, where only full recomputation fits the planner's memory); the table's median and p90
-// pinned.
+// Every answered figure within 22% (the worst: Nemotron-340B -21.4% with tp communication
+// overlapped as NeMo's recipes set it, -20.1% with NVLink at its line rate and -27.7% before the
+// overlap, where only full recomputation fits the planner's memory; DeepSeek-V3 on 256 GPUs
+// -20.6%, an MLA stand-in); the table's median and p90 pinned.
 TEST(PublishedRuns, NemoAndAutomodelTables) {
   const std::vector<plan::PublishedRun> runs = loom_runs("loom_nemo_tables.json");
   ASSERT_EQ(runs.size(), 22u);
@@ -317,7 +319,7 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
     }
     const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
     ASSERT_NE(tokens, nullptr) << r.id;
-    EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.22) << r.id;
     if (r.id == "automodel_h100_bf16_gptoss120b_64gpu") {
       EXPECT_EQ(c.layout.ep, 16);
       EXPECT_LT(std::fabs(tokens->relative_error), 0.10);
@@ -371,11 +373,12 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
   // 8.7 and 30.4 before PyTorch's attention was counted op by op (8.7, 28.0), the framework's
   // fp32 all-reduce and parameter all-gather after the backward were charged (8.1, 24.5) and
   // its gated MLP's third tensor-parallel all-reduce backward (7.3, 23.4), and full
-  // recomputation's rerun of the forward's collectives.
-  EXPECT_EQ(median_and_p90(s), "7.2 21.3");
+  // recomputation's rerun of the forward's collectives (7.2, 21.3), and NVLink at NCCL's 370/450
+  // of its line rate (session 25: tp 8 trials +20% on average before).
+  EXPECT_EQ(median_and_p90(s), "7.3 19.8");
   ASSERT_EQ(step_errors.size(), 71u);
   std::sort(step_errors.begin(), step_errors.end());
-  EXPECT_NEAR(step_errors[35], 0.076, 0.0005);  // the median (12.1%, then 7.9%, before)
+  EXPECT_NEAR(step_errors[35], 0.071, 0.0005);  // the median (12.1%, 7.9%, then 7.6%, before)
 }
 
 // Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,

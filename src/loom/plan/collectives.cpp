@@ -46,6 +46,14 @@ CollectiveTime tree_all_reduce(double bytes, int64_t n, const Link& link) {
           2 * bytes};
 }
 
+// NVLink SHARP (NVLS): the switch reduces. Each GPU sends its buffer once and reads the sum once,
+// at kNvlsAllReduceAlgbwOfEffective of what NCCL moves over the link, whatever the group size
+// within the node; one step's latency.
+CollectiveTime nvls_all_reduce(double bytes, const Link& nvlink) {
+  return {nvlink.latency_s + bytes / (kNvlsAllReduceAlgbwOfEffective * nvlink.bytes_per_s), "nvls",
+          bytes};
+}
+
 // The flat algorithms treat a group as one set of peers. Once it spans nodes a ring or tree
 // moves at its slowest edge, the network (NCCL runs one ring per NIC rail, which this ignores;
 // the hierarchical forms below are our model of exploiting the fast intra-node hops).
@@ -166,6 +174,7 @@ GroupTopology group_topology(const ClusterSpec& cluster, int64_t ranks, int64_t 
   topo.ranks = ranks;
   topo.ranks_per_node = std::gcd(ranks, fitting);
   topo.intra = nvlink_of(cluster);
+  topo.nvls = cluster.gpu.nvls && !cluster.measured_comm && cluster.gpu.nvlink_bytes_per_s > 0;
   topo.inter = network_of(cluster);
   topo.measured = cluster.measured_comm;
   return topo;
@@ -197,6 +206,7 @@ CollectiveTime collective_time(Collective op, double bytes, const GroupTopology&
   switch (op) {
     case Collective::AllReduce:
       best = fastest(ring_all_reduce(bytes, n, link), tree_all_reduce(bytes, n, link));
+      if (topo.nvls && topo.ranks_per_node == n) best = fastest(best, nvls_all_reduce(bytes, link));
       return spans_shared_nodes ? fastest(best, hierarchical_all_reduce(bytes, topo)) : best;
     case Collective::ReduceScatter:
     case Collective::AllGather:
@@ -217,7 +227,7 @@ double p2p_time(double bytes, const Link& link) {
 Link nvlink_of(const ClusterSpec& cluster) {
   if (cluster.measured_comm) return cluster.measured_comm->p2p;
   if (cluster.gpu.nvlink_bytes_per_s <= 0) return network_of(cluster);
-  return {kNvlinkStepLatencyS, cluster.gpu.nvlink_bytes_per_s};
+  return {kNvlinkStepLatencyS, kNcclNvlinkEfficiency * cluster.gpu.nvlink_bytes_per_s};
 }
 
 Link network_of(const ClusterSpec& cluster) {

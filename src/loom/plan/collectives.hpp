@@ -22,6 +22,17 @@ namespace loom::plan {
 inline constexpr double kNvlinkStepLatencyS = 3.4e-6;
 inline constexpr double kNetworkStepLatencyS = 9.6e-6;
 
+// What NCCL moves over NVLink of the datasheet's line rate, and NVLink SHARP's all-reduce. From
+// NCCL's maintainer (S. Jeaugey, NVIDIA/nccl-tests issue 212, 2024, on 8 H100 SXM): "450GB/s is
+// the line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of
+// 370GB/s" (ring collectives and send/recv), and all-reduce through NVLink SHARP (NVLS, NCCL's
+// default on NVSwitch Hopper nodes) peaks at "algbw ~275GB/s" on 8 GPUs, whatever the bus-bandwidth
+// arithmetic says: each GPU sends its buffer to the switch once and reads the sum once. Users'
+// A100 reports in the same tracker (issues 149, 178: 200-210 GB/s bus bandwidth of 300) sit at or
+// below the same fraction.
+inline constexpr double kNcclNvlinkEfficiency = 370.0 / 450.0;
+inline constexpr double kNvlsAllReduceAlgbwOfEffective = 275.0 / 370.0;
+
 struct Link {
   double latency_s = 0;    // per step (alpha)
   double bytes_per_s = 0;  // one GPU's one-direction bandwidth (1 / beta)
@@ -45,11 +56,12 @@ struct MeasuredComm {
 struct GroupTopology {
   int64_t ranks = 1;           // size of the communicating group
   int64_t ranks_per_node = 1;  // the group's ranks sharing one node (NVLink domain); divides ranks
-  Link intra;                  // NVLink
+  Link intra;                  // NVLink (as NCCL achieves it)
   Link inter;                  // network, per GPU
   // Set (from ClusterSpec::measured_comm) on a profiled machine: a measured fit of the op at
   // this group size replaces the algorithm models below.
   std::shared_ptr<const MeasuredComm> measured;
+  bool nvls = false;  // all-reduce within a node through NVLink SHARP (GpuSpec::nvls)
 };
 
 // The topology of a group of `ranks` ranks whose consecutive members are `stride` apart on the
@@ -78,7 +90,8 @@ CollectiveTime collective_time(Collective op, double bytes, const GroupTopology&
 // One message: latency + bytes / bandwidth; zero bytes cost nothing.
 double p2p_time(double bytes, const Link& link);
 
-// The cluster's links with the default latencies above; on a profiled machine
+// The cluster's links with the default latencies above, NVLink at kNcclNvlinkEfficiency of the
+// preset's line rate; on a profiled machine
 // (cluster.measured_comm) both are the measured send/recv link. A GPU without NVLink
 // (nvlink_bytes_per_s = 0) talks to its node peers over PCIe and the NIC; we charge it the
 // network link, a pessimistic stand-in.

@@ -26,11 +26,11 @@ const std::vector<GpuSpec>& presets() {
       {"a100-80gb", 624.0 / 2, 0, 80 * kGiB, 2039e9, 600e9 / 2, 400},
       // NVIDIA H100 Tensor Core GPU datasheet (h100-datasheet), SXM column: BF16 1,979 TF and
       // FP8 3,958 TF sparse, HBM3 3.35 TB/s, NVLink 900 GB/s, max TDP 700 W.
-      {"h100-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 900e9 / 2, 700},
+      {"h100-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 900e9 / 2, 700, true},
       // NVIDIA H800 SXM5 (the export variant of the H100 SXM, product brief): H100 SXM compute
       // and HBM3 (BF16 1,979 TF, FP8 3,958 TF sparse, 80 GB, 3.35 TB/s, 700 W), NVLink cut to
       // 400 GB/s.
-      {"h800-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 400e9 / 2, 700},
+      {"h800-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 400e9 / 2, 700, true},
       // The same H100 datasheet, PCIe column: BF16 1,513 TF and FP8 3,026 TF sparse, 80 GB
       // HBM2e at 2.0 TB/s, NVLink bridge 600 GB/s, 350 W; H100 NVL column: BF16 1,671 TF and
       // FP8 3,341 TF sparse, 94 GB HBM3 at 3.9 TB/s, NVLink bridge 600 GB/s, 400 W.
@@ -41,21 +41,21 @@ const std::vector<GpuSpec>& presets() {
       {"a800-80gb", 624.0 / 2, 0, 80 * kGiB, 2039e9, 400e9 / 2, 400},
       // NVIDIA H200 Tensor Core GPU datasheet, SXM column: same compute as H100 SXM (BF16
       // 1,979 TF, FP8 3,958 TF sparse), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, up to 700 W.
-      {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700},
+      {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700, true},
       // NVIDIA DGX B200 datasheet / HGX B200 platform specs, per GPU (8 per system): FP8
       // 72 PF and FP16/BF16 36 PF sparse per system -> 9 and 4.5 PF per GPU sparse; 1,440 GB
       // and 64 TB/s HBM3e per system -> 180 GB and 8 TB/s; NVLink 5 1.8 TB/s; 1,000 W.
-      {"b200", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 180 * kGiB, 8e12, 1800e9 / 2, 1000},
+      {"b200", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 180 * kGiB, 8e12, 1800e9 / 2, 1000, true},
       // NVIDIA DGX B300 datasheet, per GPU (8 per system): FP8 72 PF sparse per system as
       // B200 (BF16 not restated there: B200's), 2.3 TB HBM3e -> 288 GB at 8 TB/s, NVLink 5
       // 1.8 TB/s, about 1,100 W.
-      {"b300", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1100},
+      {"b300", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1100, true},
       // NVIDIA GB200 NVL72 datasheet, per GPU (72 per rack): FP8 720 PF and FP16/BF16 360 PF
       // sparse per rack -> 5 and 2.5 PF dense; 13.4 TB HBM3e at 576 TB/s -> 186 GB, 8 TB/s;
       // NVLink 5 1.8 TB/s; about 1,200 W.
-      {"gb200", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 186 * kGiB, 8e12, 1800e9 / 2, 1200},
+      {"gb200", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 186 * kGiB, 8e12, 1800e9 / 2, 1200, true},
       // GB300 NVL72 datasheet: the same FP8 and BF16 per rack as GB200, 20.7 TB HBM3e -> 288 GB.
-      {"gb300", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1400},
+      {"gb300", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1400, true},
   };
   return table;
 }

@@ -24,6 +24,9 @@ struct GpuSpec {
   double hbm_bandwidth_bytes_per_s = 0;
   double nvlink_bytes_per_s = 0;  // per GPU, one direction (datasheets quote both summed)
   double tdp_watts = 0;
+  // NVSwitch with NVLink SHARP (third-generation NVSwitch and later: HGX/DGX H100, H800, H200,
+  // B200, GB200 NVL72), which NCCL's all-reduce uses within a node; not NVLink bridges (PCIe, NVL).
+  bool nvls = false;
 };
 
 // Presets: "v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h100-pcie", "h100-nvl", "a800-80gb",

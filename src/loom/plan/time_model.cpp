@@ -229,10 +229,15 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     // Two all-reduces of the [tokens, h] activations forward and two backward (Megatron-LM,
     // Shoeybi et al. 2019, Fig. 4); sequence parallelism swaps each for a reduce-scatter plus
     // an all-gather, the same bytes (Korthikanti et al. sec. 4.2.2).
+    // Under sequence parallelism each is a reduce-scatter and an all-gather (rings: NVLink SHARP
+    // speeds up NCCL's all-reduce alone here, collectives.hpp).
     const GroupTopology tp_group = group_topology(cluster, l.tp, 1);
+    const double tp_bytes = tokens * h * job.memory.activation_bytes;
     const double one =
-        collective_time(Collective::AllReduce, tokens * h * job.memory.activation_bytes, tp_group)
-            .seconds;
+        l.sequence_parallel
+            ? collective_time(Collective::ReduceScatter, tp_bytes, tp_group).seconds +
+                  collective_time(Collective::AllGather, tp_bytes, tp_group).seconds
+            : collective_time(Collective::AllReduce, tp_bytes, tp_group).seconds;
     // TrainingJob::tp_reduce_per_column_linear: a third backward all-reduce for the gated MLP's
     // second column-parallel linear, in the dense layers only (a mixture-of-experts layer's
     // experts run whole on every tp rank).

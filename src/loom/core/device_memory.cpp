@@ -122,6 +122,15 @@ void synchronize(Device device) {
 #endif
 }
 
+void synchronize_stream(Device device) {
+  if (device == Device::CPU) return;
+#ifdef LOOM_HAVE_CUDA
+  cuda::current_stream_synchronize();
+#else
+  not_built(device);
+#endif
+}
+
 MemStats stats(Device device) {
   if (device == Device::CPU) return HostAllocator::instance().stats();
 #ifdef LOOM_HAVE_CUDA

@@ -32,6 +32,9 @@ void fill_zero(void* dst, Device device, size_t bytes);
 // Waits until every operation queued on `device` so far has finished (nothing to wait for on
 // the CPU): what a host clock must wait for before it reads the time of device work.
 void synchronize(Device device);
+// Waits for the calling thread's current stream alone (core/cuda/stream; not the communication
+// streams): the compute queued so far.
+void synchronize_stream(Device device);
 // This device's live and peak bytes per category.
 MemStats stats(Device device);
 // Peaks back to the live bytes (a training step measures its own peak).

@@ -287,8 +287,9 @@ Trainer::StepOutcome Trainer::train_step(int64_t step) {
   if (fp8_) fp8_->begin_step();
   run_micro_batches(loss_sum, grad_scale);
   // The host ran ahead of the GPU (nothing in the micro-batches waits for it): the compute a
-  // straggler report compares ends when the device has done it.
-  device_memory::synchronize(model_->device());
+  // straggler report compares ends when the compute stream has done it (not the communication
+  // streams: a bucket's all-reduce waits for the slowest peer, and every rank would look alike).
+  device_memory::synchronize_stream(model_->device());
   compute_seconds_since_log_ += seconds_since(compute_start);
   ++steps_since_log_;
   if (reducer_) {

@@ -128,6 +128,7 @@ void device_fill_zero(void* dst, size_t bytes) {
 }
 
 void device_synchronize() { LOOM_CUDA_CHECK(cudaDeviceSynchronize()); }
+void current_stream_synchronize() { LOOM_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
 
 MemStats device_stats() { return DeviceAllocator::current().stats(); }
 void device_reset_peaks() { DeviceAllocator::current().reset_peaks(); }

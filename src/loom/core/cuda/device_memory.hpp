@@ -22,6 +22,8 @@ void device_copy(void* dst, const void* src, size_t bytes, int kind);
 void device_fill_zero(void* dst, size_t bytes);
 // cudaDeviceSynchronize on the current device: every stream's queued work done.
 void device_synchronize();
+// cudaStreamSynchronize on the calling thread's current stream.
+void current_stream_synchronize();
 MemStats device_stats();
 // Page-locked host memory from a cache (cudaHostAlloc once per block; blocks are reused, never
 // given back before exit), so staging copies to and from the device run at full bus speed

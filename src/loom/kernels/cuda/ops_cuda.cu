@@ -391,6 +391,7 @@ void shard_rescale_sums(const Tensor& stats, const Tensor& global_max) {
 double shard_loss(const Tensor& lse, const Tensor& stats, const Tensor& global_max,
                   const int32_t* targets, float* row_losses, double* loss_sum) {
   const int64_t rows = lse.numel();
+  if (rows == 0) return 0.0;
   const DeviceIds ids(targets, rows);
   Tensor losses;  // the rows' losses on the device, for a host row_losses
   if (row_losses) losses = Tensor::empty({rows}, DType::F32, MemCategory::Workspace, Device::CUDA);

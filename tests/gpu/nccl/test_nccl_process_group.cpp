@@ -1,7 +1,8 @@
 // The NCCL ProcessGroup at run time: one rank per GPU under mpirun, every collective and
 // send/recv on device buffers against values computed here, Work semantics (test/wait,
-// several in flight), split, and the argument checks. Ranks without a GPU of their own skip
-// every test ("not run"), so a CPU-only machine never counts them as passed.
+// several in flight, wait() ordering the stream without holding the host), split, and the argument
+// checks. Ranks without a GPU of their own skip every test ("not run"), so a CPU-only machine never
+// counts them as passed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -234,6 +235,29 @@ TEST_F(NcclTest, OutstandingWorkCompletesInAnyOrder) {
   }
   for (auto it = work.rbegin(); it != work.rend(); ++it) (*it)->wait();
   for (int k = 0; k < 4; ++k) EXPECT_FLOAT_EQ(buffers[static_cast<size_t>(k)]->host()[12345], static_cast<float>((k + 1) * n));
+}
+
+// wait() orders the caller's stream after the operation and returns at once (the host is not
+// held: the default stream is still busy with 8192^3 products queued before the all-reduce),
+// and what is read from that stream afterwards is the reduced result.
+TEST_F(NcclTest, WaitOrdersTheStreamWithoutHoldingTheHost) {
+  const int n = g_size;
+  const int64_t d = 8192;
+  const Tensor x = Tensor::zeros({d, d}, DType::BF16, MemCategory::Workspace, loom::Device::CUDA);
+  const Tensor w = Tensor::zeros({d, d}, DType::BF16, MemCategory::Workspace, loom::Device::CUDA);
+  const Tensor y = Tensor::empty({d, d}, DType::BF16, MemCategory::Workspace, loom::Device::CUDA);
+  constexpr int64_t kCount = 1 << 20;
+  const Tensor host = Tensor::empty({kCount}, DType::F32, MemCategory::Workspace);
+  std::fill_n(host.f32(), kCount, 1.0f);
+  Tensor t = host.to(loom::Device::CUDA, MemCategory::Workspace);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int i = 0; i < 4; ++i) ops::linear_forward(y, 0, x, w, nullptr);
+  ops::scale_(t, 2.0f);
+  comm::all_reduce(*group_, t, ReduceOp::Sum)->wait();
+  ASSERT_EQ(cudaStreamQuery(nullptr), cudaErrorNotReady) << "wait() held the host";
+  (void)cudaGetLastError();
+  const std::vector<float> got = t.to_f32_vector();
+  for (int64_t i = 0; i < kCount; i += 4099) ASSERT_EQ(got[static_cast<size_t>(i)], 2.0f * n) << i;
 }
 
 TEST_F(NcclTest, SplitGivesGroupsOfTheSameColour) {

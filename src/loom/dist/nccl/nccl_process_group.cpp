@@ -3,10 +3,14 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -20,16 +24,46 @@
 
 namespace loom {
 
+// An operation the watchdog follows until it completes: an event recorded on the group's stream
+// right after it, and what to name if it never does.
+struct WatchedOperation {
+  cudaEvent_t done = nullptr;
+  std::string description;
+  std::chrono::steady_clock::time_point enqueued;
+};
+
 struct NcclCommunicator {
   MPI_Comm mpi_comm = MPI_COMM_NULL;  // our duplicate: setup and split traffic stays private
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
   float* barrier_scratch = nullptr;  // device memory for barrier()'s one-float all-reduce
   cudaEvent_t compute_done = nullptr;  // recorded on the compute stream before each operation
+  int device = 0;
+  int world_rank = 0;
+
+  // The watchdog (PyTorch's ProcessGroupNCCL keeps one per group, for the same reason): Work::
+  // wait() only orders the caller's stream after an operation, so no host thread waits for the
+  // operations any more and none would notice one that never completes (a peer gone, a
+  // mismatched collective) before the next host synchronisation hung for good. A thread follows
+  // every enqueued operation, oldest first (they complete in order on the one stream), and ends
+  // the job naming the oldest that outlives the timeout, or NCCL's asynchronous error.
+  std::mutex watch_mutex;
+  std::condition_variable watch_wake;
+  std::deque<WatchedOperation> watched;
+  bool watch_stop = false;
+  std::atomic<double> timeout_seconds{0};
+  std::thread watchdog;
+
+  void start_watchdog();
+  void watch(std::string description);  // after enqueueing an operation on `stream`
+  void stop_watchdog();
 
   ~NcclCommunicator() {
     // Destroying a communicator with operations in flight is undefined; they are all on `stream`.
+    // The watchdog still runs meanwhile, so a hung operation ends the job instead of this wait.
     if (stream != nullptr) cudaStreamSynchronize(stream);
+    stop_watchdog();
+    for (const WatchedOperation& op : watched) cudaEventDestroy(op.done);
     if (comm != nullptr) ncclCommDestroy(comm);
     if (barrier_scratch != nullptr) cudaFree(barrier_scratch);
     if (compute_done != nullptr) cudaEventDestroy(compute_done);
@@ -80,9 +114,9 @@ class NcclWork final : public Work {
 
   // The transfer may still be reading or writing the caller's buffers.
   ~NcclWork() override {
-    if (!done_) {
+    if (!done_ && !ordered_) {
       try {
-        wait();
+        host_wait();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "loom: rank %d: %s\n", world_rank_, e.what());
       }
@@ -99,7 +133,24 @@ class NcclWork final : public Work {
     return true;
   }
 
+  // Stream order, not a host wait: the calling thread's current stream (core/cuda/stream) waits
+  // for the operation, so the kernels queued after this call read its results while the host
+  // goes on queueing (the communicator's watchdog ends the job if it never completes). Host
+  // reads go through copies on that stream, which come after it.
   void wait() override {
+    if (done_ || ordered_) return;
+    if (test()) return;
+#ifdef LOOM_HAVE_CUDA
+    const cudaStream_t compute = loom::cuda::current_stream();
+#else
+    const cudaStream_t compute = cudaStreamLegacy;
+#endif
+    check_cuda(cudaStreamWaitEvent(compute, event_, 0), "cudaStreamWaitEvent", description_);
+    ordered_ = true;
+  }
+
+  // The host waits (barrier(), and a Work dropped without wait(): its buffers may be freed).
+  void host_wait() {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
     const auto timeout = std::chrono::duration<double>(timeout_seconds_);
@@ -140,6 +191,7 @@ class NcclWork final : public Work {
   double timeout_seconds_;
   cudaEvent_t event_ = nullptr;
   bool done_ = false;
+  bool ordered_ = false;  // the caller's stream waits for it (wait())
 };
 
 // NCCL has no all-to-all collective; one grouped send and receive per peer is its documented
@@ -206,6 +258,17 @@ void after_compute(NcclCommunicator& nccl, const std::string& context) {
   check_cuda(cudaStreamWaitEvent(nccl.stream, nccl.compute_done, 0), "cudaStreamWaitEvent", context);
 }
 
+// Ends the job from the watchdog thread: MPI is the main thread's (MPI_THREAD_FUNNELED), so the
+// process exits with the timeout's code and mpirun ends the others.
+[[noreturn]] void watchdog_abort(NcclCommunicator& nccl, const std::string& what,
+                                 const std::string& reason) {
+  std::fprintf(stderr, "loom: rank %d: %s %s (NCCL watchdog); aborting the job\n", nccl.world_rank,
+               what.c_str(), reason.c_str());
+  std::fflush(stderr);
+  ncclCommAbort(nccl.comm);  // releases kernels spinning on the peer
+  std::_Exit(kCommTimeoutExitCode);
+}
+
 int node_local_rank(MPI_Comm comm, const std::string& context) {
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
@@ -218,6 +281,60 @@ int node_local_rank(MPI_Comm comm, const std::string& context) {
 }
 
 }  // namespace
+
+void NcclCommunicator::start_watchdog() {
+  watchdog = std::thread([this] {
+    using Clock = std::chrono::steady_clock;
+    if (cudaSetDevice(device) != cudaSuccess) return;  // open_device set it on this rank
+    std::unique_lock<std::mutex> lock(watch_mutex);
+    while (!watch_stop) {
+      watch_wake.wait_for(lock, std::chrono::milliseconds(20));
+      while (!watched.empty()) {
+        const cudaError_t rc = cudaEventQuery(watched.front().done);
+        if (rc == cudaErrorNotReady) break;
+        if (rc != cudaSuccess)
+          watchdog_abort(*this, watched.front().description,
+                         std::string("failed: ") + cudaGetErrorString(rc));
+        cudaEventDestroy(watched.front().done);
+        watched.pop_front();
+      }
+      if (watched.empty()) continue;
+      ncclResult_t async_error = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &async_error) == ncclSuccess && async_error != ncclSuccess)
+        watchdog_abort(*this, watched.front().description,
+                       std::string("failed with NCCL asynchronous error '") +
+                           ncclGetErrorString(async_error) + "'");
+      const double waited =
+          std::chrono::duration<double>(Clock::now() - watched.front().enqueued).count();
+      if (waited > timeout_seconds.load()) {
+        std::ostringstream reason;
+        reason << "did not complete within " << timeout_seconds.load() << " s";
+        watchdog_abort(*this, watched.front().description, reason.str());
+      }
+    }
+  });
+}
+
+void NcclCommunicator::watch(std::string description) {
+  cudaEvent_t done = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags",
+             description);
+  const cudaError_t rc = cudaEventRecord(done, stream);
+  if (rc != cudaSuccess) cudaEventDestroy(done);
+  check_cuda(rc, "cudaEventRecord", description);
+  std::lock_guard<std::mutex> lock(watch_mutex);
+  watched.push_back({done, std::move(description), std::chrono::steady_clock::now()});
+}
+
+void NcclCommunicator::stop_watchdog() {
+  if (!watchdog.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(watch_mutex);
+    watch_stop = true;
+  }
+  watch_wake.notify_all();
+  watchdog.join();
+}
 
 NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, std::string name, int device)
     : nccl_(std::make_shared<NcclCommunicator>()), name_(std::move(name)) {
@@ -257,6 +374,10 @@ NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, std::string name, int device)
             "MPI_Bcast", context);
   check_nccl(message.status, "ncclGetUniqueId (on rank 0)", context);
   check_nccl(ncclCommInitRank(&nccl_->comm, size_, message.id, rank_), "ncclCommInitRank", context);
+  nccl_->device = device_;
+  nccl_->world_rank = world_rank_;
+  nccl_->timeout_seconds = timeout_seconds_;
+  nccl_->start_watchdog();
 }
 
 NcclProcessGroup::~NcclProcessGroup() = default;
@@ -287,6 +408,7 @@ void NcclProcessGroup::check_peer_argument(int peer, int tag, const char* op_lab
 }
 
 WorkHandle NcclProcessGroup::enqueued(std::string description) const {
+  nccl_->watch(description);
   return std::make_shared<NcclWork>(nccl_, std::move(description), world_rank_, timeout_seconds_);
 }
 
@@ -444,7 +566,9 @@ void NcclProcessGroup::barrier() {
   check_nccl(ncclAllReduce(nccl_->barrier_scratch, nccl_->barrier_scratch, 1, ncclFloat, ncclSum,
                            nccl_->comm, nccl_->stream),
              "ncclAllReduce", context);
-  enqueued(context)->wait();
+  // A barrier holds the host: every rank has joined once the one float is reduced here.
+  const auto work = std::static_pointer_cast<NcclWork>(enqueued(context));
+  work->host_wait();
 }
 
 std::shared_ptr<ProcessGroup> NcclProcessGroup::split(int color, int key, std::string name) {
@@ -468,6 +592,7 @@ std::shared_ptr<ProcessGroup> NcclProcessGroup::split(int color, int key, std::s
 
 void NcclProcessGroup::set_timeout_seconds(double seconds) {
   timeout_seconds_ = checked_timeout(seconds, name_);
+  nccl_->timeout_seconds = timeout_seconds_;
 }
 
 }  // namespace loom

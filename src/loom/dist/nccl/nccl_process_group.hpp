@@ -3,10 +3,13 @@
 // CUDA device. Every operation is enqueued on the group's own non-blocking stream after an
 // event recorded on the legacy default stream (where loom's kernels run): it reads the buffers
 // only after the kernels queued before the call have written them, with no host
-// synchronisation, and compute queued after the call overlaps it. Results may be used from any
-// stream once wait() returns or test() is true; the caller must not overwrite a buffer before
-// then. MPI carries the
-// setup (the NCCL unique id, split) and the abort; NCCL carries the data.
+// synchronisation, and compute queued after the call overlaps it. wait() does not hold the host
+// either: the calling thread's current stream waits for the operation (as PyTorch's
+// ProcessGroupNCCL's wait does), so results may be used from that stream (and streams forked from
+// it) once wait() returns, and from any stream once test() is true; the caller must not overwrite
+// a buffer before then. A watchdog thread per group ends the job naming an operation that does
+// not complete within the timeout. MPI carries the setup (the NCCL unique id, split) and the
+// abort; NCCL carries the data.
 //
 // Built only when CMake finds CUDA and NCCL (LOOM_HAVE_NCCL); CPU-only builds lack this file.
 

@@ -97,6 +97,11 @@ TEST(PlanMemory, TorchtitanPerOpSelectiveByHand) {
   tp.tp = 2;
   tp.sequence_parallel = true;
   EXPECT_DOUBLE_EQ(plan::torchtitan_op_sac_layer_bytes(m, 2, 8192, tp, 2), tokens * 31808);
+  // Eager (no torch.compile): w2's output stays too, 4096 more elements a token (55,424 + 8,192
+  // bytes); under tp 2 + sp the whole 4096-wide partial sum and its reduce_scatter's 2048
+  // (31,808 + 12,288).
+  EXPECT_DOUBLE_EQ(plan::torchtitan_op_sac_layer_bytes(m, 2, 8192, l, 2, true), tokens * 63616);
+  EXPECT_DOUBLE_EQ(plan::torchtitan_op_sac_layer_bytes(m, 2, 8192, tp, 2, true), tokens * 44096);
 
   // The whole job of torchtitan's Table 3 (FSDP over 128 GPUs, local batch 2): 32 layers'
   // stashes and the loss buffers, 12 bytes per logit (they outweigh one layer's recomputation,
@@ -111,6 +116,16 @@ TEST(PlanMemory, TorchtitanPerOpSelectiveByHand) {
   none.recompute = Recompute::None;
   EXPECT_DOUBLE_EQ(plan::layer_activation_bytes(m, 2, 8192, none, 2), tokens * 139332);
   EXPECT_DOUBLE_EQ(plan::predict_gpu_memory(m, l, job).activations,
+                   tokens * (32 * 55424.0 + 128256 * 12));
+  // Under tp 2 (+ sp), PyTorch's loss_parallel holds 16 bytes a logit of the rank's 64,128
+  // (GpuJob::logits_bytes_per_element_under_tp), the stashes as above.
+  job.logits_bytes_per_element_under_tp = 16;
+  PlanLayout tp_dp = tp;
+  tp_dp.dp = 64;
+  tp_dp.zero_stage = 3;
+  EXPECT_DOUBLE_EQ(plan::predict_gpu_memory(m, tp_dp, job).activations,
+                   tokens * (32 * 31808.0 + 64128 * 16));
+  EXPECT_DOUBLE_EQ(plan::predict_gpu_memory(m, l, job).activations,  // tp 1: its 12 bytes
                    tokens * (32 * 55424.0 + 128256 * 12));
   // Other architectures are refused: the policy counts a dense Llama block's matmuls.
   EXPECT_THROW(plan::torchtitan_op_sac_layer_bytes(gpt2_layer_1024(), 1, 2048, l, 2), Error);

@@ -105,7 +105,7 @@ double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t
 }
 
 double torchtitan_op_sac_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len,
-                                     const PlanLayout& l, double bytes_per_element) {
+                                     const PlanLayout& l, double bytes_per_element, bool eager) {
   if (m.arch != Architecture::Llama || m.moe_layer_count() > 0)
     throw_error("torchtitan's per-op selective recomputation counts a dense Llama block's 7 matmuls; ",
                 architecture_name(m.arch), m.moe_layer_count() > 0 ? " with experts" : "", " is not one");
@@ -120,7 +120,9 @@ double torchtitan_op_sac_layer_bytes(const ModelConfig& m, int64_t micro_batch, 
   if (l.tp > 1 && l.sequence_parallel)
     interior += h;                       // wo's reduce_scatter output: the mid residual's input
   constexpr double kLogSumExpBytes = 4;  // fp32, one per head and token
-  return tokens * ((block_input + interior / t) * bytes_per_element +
+  // Eager: w2's mm output (the whole h, a partial sum under tp) and its reduce_scatter's.
+  const double w2 = eager ? h + (l.tp > 1 && l.sequence_parallel ? h / t : 0.0) : 0.0;
+  return tokens * ((block_input + interior / t + w2) * bytes_per_element +
                    static_cast<double>(m.n_head) / t * kLogSumExpBytes);
 }
 
@@ -206,7 +208,8 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
       l.recompute == Recompute::Selective && job.selective == SelectivePolicy::TorchtitanOps;
   auto layer_bytes = [&](const PlanLayout& layout) {
     if (layout.recompute == Recompute::Selective && job.selective == SelectivePolicy::TorchtitanOps)
-      return torchtitan_op_sac_layer_bytes(m, layout.micro_batch, job.seq_len, layout, bytes);
+      return torchtitan_op_sac_layer_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
+                                           job.op_sac_eager);
     double stash = job.accounting == ActivationAccounting::Korthikanti
                        ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout,
                                                  job.flash_attention, job.fp8_linear_inputs)
@@ -259,7 +262,9 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
       loss_bytes = static_cast<double>(l.micro_batch * job.seq_len / l.cp) *
                    static_cast<double>(m.vocab_size) /
                    static_cast<double>(job.logits_gathered_over_tp ? 1 : l.tp) *
-                   job.logits_bytes_per_element;
+                   (l.tp > 1 && job.logits_bytes_per_element_under_tp > 0
+                        ? job.logits_bytes_per_element_under_tp
+                        : job.logits_bytes_per_element);
     if (op_sac) {
       // A layer's backward first recomputes what the policy did not save (the rest of its
       // stash); the loss buffers are freed by then (the head's backward comes first), so the

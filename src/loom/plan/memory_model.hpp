@@ -58,9 +58,11 @@ double layer_activation_bytes(const ModelConfig& model, int64_t micro_batch, int
 //     second mm" and every other op is recomputed. A Llama block runs its 7 matmuls in the order
 //     wq, wk, wv, wo, w1, w3, w2, so the 1st, 3rd, 5th and 7th are saved (wq, wv, w1, w2) and wk,
 //     wo, w3, the norms, RoPE, repeat_kv and SwiGLU are recomputed. Under torch.compile (the runs
-//     measured) the partitioner keeps only what backward reads (torch._functorch.partitioners
-//     treats PREFER_RECOMPUTE as must-recompute), which drops w2's output (it only feeds the
-//     residual add); torchtitan_op_sac_layer_bytes counts the rest.
+//     measured with it) the partitioner keeps only what backward reads (torch._functorch.
+//     partitioners treats PREFER_RECOMPUTE as must-recompute), which drops w2's output (it only
+//     feeds the residual add); eager (torch.utils.checkpoint's selective contexts) caches every
+//     MUST_SAVE output from the forward to the recomputation, w2's too.
+//     torchtitan_op_sac_layer_bytes counts either.
 enum class SelectivePolicy { AttentionCore, TorchtitanOps };
 
 // Bytes one micro-batch leaves for backward in one Llama layer under torchtitan's per-op
@@ -70,9 +72,13 @@ enum class SelectivePolicy { AttentionCore, TorchtitanOps };
 // parallelism) the head and MLP interiors divide by t, the block input too, and the output
 // projection's reduce_scatter output (h / t, in _save_list) is kept, since backward rebuilds the
 // mid residual from it. Llama 3.1 8B in bf16: (3 x 4096 + 1024 + 14336) x 2 + 32 x 4 = 55,424
-// bytes per token. Dense Llama blocks only (the policy counts a dense block's matmuls).
+// bytes per token. `eager` (no torch.compile) adds w2's output, the [tokens, h] partial sum
+// before the reduction (h, whatever tp), and under sequence parallelism its reduce_scatter
+// output (h / t): 63,616 bytes per token for that layer. Dense Llama blocks only (the policy
+// counts a dense block's matmuls).
 double torchtitan_op_sac_layer_bytes(const ModelConfig& model, int64_t micro_batch, int64_t seq_len,
-                                     const PlanLayout& layout, double bytes_per_element);
+                                     const PlanLayout& layout, double bytes_per_element,
+                                     bool eager = false);
 
 // Layers' worth of micro-batch activations the most loaded pipeline rank holds at its peak
 // (Korthikanti et al. sec. 4.2.3; Narayanan et al. 2021 sec. 2.2): AFAB holds all m
@@ -130,6 +136,9 @@ struct GpuJob {
   bool unfused_softmax = false;
   ActivationAccounting accounting = ActivationAccounting::Engine;
   SelectivePolicy selective = SelectivePolicy::AttentionCore;  // what Recompute::Selective keeps
+  // TorchtitanOps without torch.compile: eager selective checkpointing keeps every output the
+  // policy marks MUST_SAVE, w2's too (torchtitan_op_sac_layer_bytes).
+  bool op_sac_eager = false;
   // Loss buffers on the last stage, bytes per logit of one micro-batch (tokens x V / tp): 0 for
   // loom's engine (a fused, vocabulary-chunked cross-entropy never holds the whole row).
   // PyTorch's unfused `cross_entropy(logits.float())` holds the bf16 logits (2), their fp32
@@ -139,6 +148,14 @@ struct GpuJob {
   // log_softmax backward holds the saved fp32 log-softmax, its incoming fp32 gradient and the
   // fp32 gradient it writes: 12.
   double logits_bytes_per_element = 0;
+  // Where > 0, the bytes per logit instead under tensor parallelism (tp > 1): torchtitan turns
+  // on PyTorch's loss_parallel there (parallel_dims.py at 9dec370: loss_parallel_enabled is
+  // tp > 1 and not disable_loss_parallel), whose log-softmax (torch/distributed/tensor/parallel/
+  // loss.py, _log_softmax) computes on the fp32 copy through `shifted` and exp(shifted) into
+  // its fp32 result, and whose backward (_nll_loss_and_log_softmax_backward) forms the gradient
+  // as a zeros_like(x) buffer plus exp(x) times the incoming gradient beside the saved fp32
+  // log-softmax: 16 bytes a logit at the peak, over the rank's V/tp shard.
+  double logits_bytes_per_element_under_tp = 0;
   // The logits gathered over the tensor-parallel ranks before the loss, so each holds the whole
   // vocabulary's (tokens x V, not tokens x V / tp): Aleph-Alpha/scaling's lm_head.py, a
   // ColumnParallelLinear with parallel_output False (all_concat of the shards), then its

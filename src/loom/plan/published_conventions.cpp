@@ -106,13 +106,16 @@ SourceConventions fp8_over_fp8_peak(SourceConventions c) {
 // cross_entropy(pred.flatten(0, 1).float(), ...) and `del pred` frees the bf16 logits before
 // loss.backward(), whose log_softmax backward holds the saved fp32 log-softmax, its fp32
 // incoming gradient and the fp32 gradient it writes: 12 bytes per logit at the peak (forward's
-// bf16 + fp32 copy + log-softmax is 10). selective_ac_option = "op" in its train_configs.
+// bf16 + fp32 copy + log-softmax is 10); under tp > 1 PyTorch's loss_parallel instead, 16
+// (GpuJob::logits_bytes_per_element_under_tp). selective_ac_option = "op" in its train_configs.
 SourceConventions torchtitan() {
   SourceConventions c =
       make("torchtitan", FlopCount::PaLM, FlopCount::RecomputeHardware, FlopCount::PaLM, false,
            "torchtitan get_num_flop_per_token (6N + 12Lhs); memory is max_memory_reserved in GiB; "
-           "selective recomputation is its per-op policy; loss buffers 12 bytes per logit");
+           "selective recomputation is its per-op policy; loss buffers 12 bytes per logit, 16 "
+           "under tp > 1 (loss_parallel)");
   c.logits_bytes_per_element = 12;
+  c.logits_bytes_under_tp = 16;
   c.per_op_selective = true;
   c.torchtitan_pipeline = true;
   c.fsdp_gathered_under_pp = true;

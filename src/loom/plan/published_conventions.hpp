@@ -38,6 +38,7 @@ struct SourceConventions {
   bool megatron = false;
   double logits_bytes_per_element = 10;  // PyTorch's cross_entropy(logits.float()), see GpuJob
   bool logits_gathered_over_tp = false;  // GpuJob::logits_gathered_over_tp
+  double logits_bytes_under_tp = 0;      // GpuJob::logits_bytes_per_element_under_tp
   // "Selective" recomputation means torchtitan's per-op policy (SelectivePolicy::TorchtitanOps),
   // not Megatron's attention-core recomputation.
   bool per_op_selective = false;

@@ -404,9 +404,23 @@ void fill_run(const json& entry, PublishedRun& run) {
       recompute_text.find("layer") == std::string::npos && run.model.arch == Architecture::Llama &&
       run.model.moe_layer_count() == 0) {
     run.selective = SelectivePolicy::TorchtitanOps;
+    // torch.compile where the record names it; torchtitan's train_configs leave it off
+    // (compile = false at 9dec370), and eager SAC keeps every output the policy saves.
+    const std::string record_text =
+        lowercase(f.text("id") + " " + f.text("notes") + " " + f.text("parallelism.notes") + " " +
+                  f.text("measured.notes") + " " + f.text("precision"));
+    run.op_sac_eager = record_text.find("compile") == std::string::npos;
     run.assumptions.push_back(
-        "selective = torchtitan's per-op policy (selective_ac_option 'op', parallelize_llama.py at "
-        "9dec370): wq, wv, w1 and SDPA outputs kept; wk, wo, w3, norms, RoPE, SwiGLU recomputed");
+        run.op_sac_eager
+            ? "selective = torchtitan's per-op policy (selective_ac_option 'op', "
+              "parallelize_llama.py "
+              "at 9dec370), eager (no torch.compile named): wq, wv, w1, w2 and SDPA outputs kept; "
+              "wk, wo, w3, norms, RoPE, SwiGLU recomputed"
+            : "selective = torchtitan's per-op policy (selective_ac_option 'op', "
+              "parallelize_llama.py "
+              "at 9dec370) under torch.compile: wq, wv, w1 and SDPA outputs kept (w2's, which "
+              "backward never reads, dropped by the partitioner); wk, wo, w3, norms, RoPE, SwiGLU "
+              "recomputed");
   }
   const std::string precision = lowercase(f.text("precision"));
   // "FP8", "amp_fp8", "FP8-CS", "Float8 (torchao)", "E4M3": Linear layers in 8-bit floats.

@@ -90,6 +90,7 @@ struct PublishedRun {
   bool deepspeed_zero3 = false;
   // What "selective" recomputation keeps: torchtitan's per-op policy for its Llama runs.
   SelectivePolicy selective = SelectivePolicy::AttentionCore;
+  bool op_sac_eager = false;  // GpuJob::op_sac_eager: no torch.compile named with the per-op policy
   double gradient_bytes = 2;  // per parameter: 4 where the stack accumulates gradients in fp32
   std::vector<int64_t> stage_layers;  // empty: even split (or the engine's)
 };

@@ -18,13 +18,18 @@ enum class ReduceOp { Sum, Avg, Max };
 
 // One in-flight operation. Its buffers must stay valid and untouched until wait() returns or
 // test() has returned true. wait() and test() must be called from the thread that created the
-// runtime (MPI_THREAD_FUNNELED). Dropping the last handle to an unfinished Work waits for it,
-// since the transfer may still be reading or writing the caller's buffers.
+// runtime (MPI_THREAD_FUNNELED). Dropping the last handle to an unfinished Work that was never
+// waited for waits for it on the host, since the transfer may still be reading or writing the
+// caller's buffers.
 class Work {
  public:
   virtual ~Work() = default;
-  virtual void wait() = 0;  // blocks until complete; a backend may abort the job on a timeout
-  virtual bool test() = 0;  // true once complete; never blocks
+  // Complete for what the caller does next. MPI: the host blocks until it is (a backend may abort
+  // the job on a timeout). NCCL: the calling thread's current CUDA stream waits for it and the
+  // host goes on; what that stream (or a stream forked from it) does next sees the result, and
+  // the group's watchdog ends the job if it never completes.
+  virtual void wait() = 0;
+  virtual bool test() = 0;  // true once complete on the host's view; never blocks
 };
 using WorkHandle = std::shared_ptr<Work>;
 

@@ -8,7 +8,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "loom/core/error.hpp"
@@ -237,24 +239,29 @@ TEST_F(NcclTest, OutstandingWorkCompletesInAnyOrder) {
   for (int k = 0; k < 4; ++k) EXPECT_FLOAT_EQ(buffers[static_cast<size_t>(k)]->host()[12345], static_cast<float>((k + 1) * n));
 }
 
-// wait() orders the caller's stream after the operation and returns at once (the host is not
-// held: the default stream is still busy with 8192^3 products queued before the all-reduce),
-// and what is read from that stream afterwards is the reduced result.
+// wait() orders the caller's stream after the operation and returns at once: the default stream
+// is held by a host function until after wait() has returned (so the host was not held), no
+// error is left behind for the next launch, and what the stream reads afterwards is the result.
 TEST_F(NcclTest, WaitOrdersTheStreamWithoutHoldingTheHost) {
   const int n = g_size;
-  const int64_t d = 8192;
-  const Tensor x = Tensor::zeros({d, d}, DType::BF16, MemCategory::Workspace, loom::Device::CUDA);
-  const Tensor w = Tensor::zeros({d, d}, DType::BF16, MemCategory::Workspace, loom::Device::CUDA);
-  const Tensor y = Tensor::empty({d, d}, DType::BF16, MemCategory::Workspace, loom::Device::CUDA);
   constexpr int64_t kCount = 1 << 20;
   const Tensor host = Tensor::empty({kCount}, DType::F32, MemCategory::Workspace);
   std::fill_n(host.f32(), kCount, 1.0f);
   Tensor t = host.to(loom::Device::CUDA, MemCategory::Workspace);
+  comm::all_reduce(*group_, t, ReduceOp::Sum)->wait();  // NCCL connects its peers here
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  for (int i = 0; i < 4; ++i) ops::linear_forward(y, 0, x, w, nullptr);
-  ops::scale_(t, 2.0f);
+  t.copy_from(host);
+  std::atomic<bool> release{false};
+  auto hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::yield();
+  };
+  ASSERT_EQ(cudaLaunchHostFunc(nullptr, hold, &release), cudaSuccess);
+  ops::scale_(t, 2.0f);  // behind the held host function
   comm::all_reduce(*group_, t, ReduceOp::Sum)->wait();
-  ASSERT_EQ(cudaStreamQuery(nullptr), cudaErrorNotReady) << "wait() held the host";
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "wait() left an error for the next launch";
+  const cudaError_t busy = cudaStreamQuery(nullptr);
+  release = true;
+  ASSERT_EQ(busy, cudaErrorNotReady) << "wait() returned only once the stream was done";
   (void)cudaGetLastError();
   const std::vector<float> got = t.to_f32_vector();
   for (int64_t i = 0; i < kCount; i += 4099) ASSERT_EQ(got[static_cast<size_t>(i)], 2.0f * n) << i;

@@ -52,6 +52,7 @@ struct NcclCommunicator {
   std::deque<WatchedOperation> watched;
   bool watch_stop = false;
   std::atomic<double> timeout_seconds{0};
+  bool watch_gone = false;  // the watchdog stopped on a CUDA error that is not the group's
   std::thread watchdog;
 
   void start_watchdog();
@@ -127,7 +128,12 @@ class NcclWork final : public Work {
   bool test() override {
     if (done_) return true;
     const cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaErrorNotReady) return false;
+    if (rc == cudaErrorNotReady) {
+      // The runtime also keeps "not ready" as this thread's last error, which the next kernel
+      // launch's check would report as its own failure (PyTorch clears it likewise).
+      (void)cudaGetLastError();
+      return false;
+    }
     check_cuda(rc, "cudaEventQuery", description_);
     done_ = true;
     return true;
@@ -285,16 +291,26 @@ int node_local_rank(MPI_Comm comm, const std::string& context) {
 void NcclCommunicator::start_watchdog() {
   watchdog = std::thread([this] {
     using Clock = std::chrono::steady_clock;
-    if (cudaSetDevice(device) != cudaSuccess) return;  // open_device set it on this rank
     std::unique_lock<std::mutex> lock(watch_mutex);
+    // Any CUDA error here but "not ready" is not this group's to report (an illegal address in
+    // some kernel, the runtime unloading at exit): the watchdog steps aside and the main thread's
+    // own check names it.
+    auto step_aside = [&] {
+      (void)cudaGetLastError();
+      watch_gone = true;
+      for (const WatchedOperation& op : watched) cudaEventDestroy(op.done);
+      watched.clear();
+    };
+    if (cudaSetDevice(device) != cudaSuccess) return step_aside();  // open_device set it
     while (!watch_stop) {
       watch_wake.wait_for(lock, std::chrono::milliseconds(20));
       while (!watched.empty()) {
         const cudaError_t rc = cudaEventQuery(watched.front().done);
-        if (rc == cudaErrorNotReady) break;
-        if (rc != cudaSuccess)
-          watchdog_abort(*this, watched.front().description,
-                         std::string("failed: ") + cudaGetErrorString(rc));
+        if (rc == cudaErrorNotReady) {
+          (void)cudaGetLastError();
+          break;
+        }
+        if (rc != cudaSuccess) return step_aside();
         cudaEventDestroy(watched.front().done);
         watched.pop_front();
       }
@@ -323,6 +339,10 @@ void NcclCommunicator::watch(std::string description) {
   if (rc != cudaSuccess) cudaEventDestroy(done);
   check_cuda(rc, "cudaEventRecord", description);
   std::lock_guard<std::mutex> lock(watch_mutex);
+  if (watch_gone) {
+    cudaEventDestroy(done);
+    return;
+  }
   watched.push_back({done, std::move(description), std::chrono::steady_clock::now()});
 }
 

@@ -297,7 +297,8 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   // own.
   if (l.cp > 1) {
     const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp), t = static_cast<double>(l.tp);
-    const double kv = static_cast<double>(m.kv_dim()), q = static_cast<double>(m.q_dim());
+    const double q = static_cast<double>(m.q_dim());
+    const double kv = job.cp_gathers_repeated_kv ? q : static_cast<double>(m.kv_dim());
     const double block = tokens * 2 * kv / t * bytes;
     switch (l.cp_comm) {
       case CpComm::P2P: mem.comm_buffers += 4 * block; break;

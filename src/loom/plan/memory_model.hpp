@@ -139,6 +139,10 @@ struct GpuJob {
   // TorchtitanOps without torch.compile: eager selective checkpointing keeps every output the
   // policy marks MUST_SAVE, w2's too (torchtitan_op_sac_layer_bytes).
   bool op_sac_eager = false;
+  // Context parallelism's k|v travel as SDPA receives them, already repeated to the query heads
+  // (torchtitan's model.py runs repeat_kv before F.scaled_dot_product_attention, and PyTorch's
+  // context-parallel SDPA exchanges SDPA's own k|v): q_dim wide, not kv_dim.
+  bool cp_gathers_repeated_kv = false;
   // Loss buffers on the last stage, bytes per logit of one micro-batch (tokens x V / tp): 0 for
   // loom's engine (a fused, vocabulary-chunked cross-entropy never holds the whole row).
   // PyTorch's unfused `cross_entropy(logits.float())` holds the bf16 logits (2), their fp32

@@ -117,6 +117,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.memory.logits_bytes_per_element_under_tp = run.conventions.logits_bytes_under_tp;
   job.memory.selective = run.selective;
   job.memory.op_sac_eager = run.op_sac_eager;
+  job.memory.cp_gathers_repeated_kv = run.conventions.cp_allgather_repeated_kv;
   job.memory.full_recompute_share = run.full_recompute_share;
   job.memory.fsdp_gathered_under_pp = run.conventions.fsdp_gathered_under_pp;
   // Megatron-LM's GPT layers keep dropout masks: count them as Korthikanti et al. do.

@@ -116,6 +116,7 @@ SourceConventions torchtitan() {
            "under tp > 1 (loss_parallel)");
   c.logits_bytes_per_element = 12;
   c.logits_bytes_under_tp = 16;
+  c.cp_allgather_repeated_kv = true;
   c.per_op_selective = true;
   c.torchtitan_pipeline = true;
   c.fsdp_gathered_under_pp = true;

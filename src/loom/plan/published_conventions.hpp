@@ -56,6 +56,10 @@ struct SourceConventions {
   // FSDP2 under torch.distributed.pipelining keeps a stage's parameters gathered and its
   // gradients unsharded across the micro-batches (GpuJob::fsdp_gathered_under_pp).
   bool fsdp_gathered_under_pp = false;
+  // An unstated context-parallel exchange is torchtitan's default, an all-gather
+  // (experimental.context_parallel_rotate_method = "allgather" in config_manager.py at 9dec370),
+  // of k|v repeated to the query heads (GpuJob::cp_gathers_repeated_kv).
+  bool cp_allgather_repeated_kv = false;
   // Why a run of it without a stated attention computed the scores in HBM.
   std::string materialized_why = "the source predates FlashAttention, May 2022";
   // Its stack's fused attention over the 2023-24 rate (TrainingJob::attention_kernel_speedup).

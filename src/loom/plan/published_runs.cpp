@@ -287,6 +287,12 @@ void fill_run(const json& entry, PublishedRun& run) {
   run.seq_len = run.model.max_seq_len;
   if (run.seq_len % run.layout.cp != 0)
     throw Refusal{"cp = " + std::to_string(run.layout.cp) + " does not divide seq_len " + std::to_string(run.seq_len)};
+  if (run.layout.cp > 1 && run.conventions.cp_allgather_repeated_kv) {
+    run.layout.cp_comm = CpComm::AllGather;
+    run.assumptions.push_back(
+        "cp exchange not stated: all-gather (torchtitan's context_parallel_rotate_method default "
+        "at 9dec370), of k|v repeated to the query heads (repeat_kv before SDPA)");
+  }
   if (run.layout.ep > 1 && !run.model.is_moe()) {
     run.assumptions.push_back("ep " + std::to_string(run.layout.ep) + " on a dense model: no experts to place, ep = 1");
     run.layout.ep = 1;

@@ -278,7 +278,8 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   }
   if (l.cp > 1) {
     const double hops = static_cast<double>(l.cp - 1), core = c.attention_core_s;
-    const CpWireBytes wire = context_parallel_wire_bytes(m, l, tokens, job.memory.activation_bytes);
+    const CpWireBytes wire = context_parallel_wire_bytes(m, l, tokens, job.memory.activation_bytes,
+                                                         job.memory.cp_gathers_repeated_kv);
     const GroupTopology cp_group = group_topology(cluster, l.cp, l.tp * l.ep);
     switch (l.cp_comm) {
       case CpComm::P2P: {
@@ -299,7 +300,12 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
         const double gather_s = collective_time(Collective::AllGather, gathered, cp_group).seconds;
         const double scatter_s = collective_time(Collective::ReduceScatter, gathered, cp_group).seconds;
         c.cp_comm_s = 2 * gather_s + scatter_s;
-        c.cp_exposed_forward_s = gather_s;
+        // PyTorch's context-parallel SDPA (torchtitan): the gather is issued with the first,
+        // local block's attention and waited for before the second (_AllGatherRotater), so that
+        // block's share of the core hides it.
+        c.cp_exposed_forward_s = job.memory.cp_gathers_repeated_kv
+                                     ? std::max(0.0, gather_s - core / static_cast<double>(l.cp))
+                                     : gather_s;
         c.cp_exposed_backward_s = gather_s + scatter_s;
         break;
       }
@@ -337,11 +343,12 @@ LayerTime predict_layer_time(const ModelConfig& m, const PlanLayout& l, const Cl
 }
 
 CpWireBytes context_parallel_wire_bytes(const ModelConfig& m, const PlanLayout& l, double tokens,
-                                        double activation_bytes) {
+                                        double activation_bytes, bool repeated_kv) {
   CpWireBytes wire;
   if (l.cp <= 1) return wire;
   const double t = static_cast<double>(l.tp), hops = static_cast<double>(l.cp - 1);
-  const double kv = static_cast<double>(m.kv_dim()), q = static_cast<double>(m.q_dim());
+  const double q = static_cast<double>(m.q_dim());
+  const double kv = repeated_kv ? q : static_cast<double>(m.kv_dim());
   switch (l.cp_comm) {
     case CpComm::P2P:
     case CpComm::AllGather: {

@@ -151,8 +151,9 @@ struct StepTime {
 struct CpWireBytes {
   double forward = 0, backward = 0;
 };
-CpWireBytes context_parallel_wire_bytes(const ModelConfig& model, const PlanLayout& layout, double tokens,
-                                        double activation_bytes);
+CpWireBytes context_parallel_wire_bytes(const ModelConfig& model, const PlanLayout& layout,
+                                        double tokens, double activation_bytes,
+                                        bool repeated_kv = false);
 
 // Bytes one rank of the ep group sends per MoE layer and micro-batch under expert parallelism,
 // as the engine's exchange sends them (model/moe, parallel/expert_parallel; CommStats'

@@ -314,10 +314,12 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
 // (published/loom_nemo_tables.json, transcribed from the NeMo and Automodel repositories): 19 of
 // 22 answered, the three Nemotron 3 rows refused as Mamba hybrids. Automodel's gpt-oss rows leave
 // ep out ("-"): the planner picks it (ep 16 for the 120B on 64 GPUs; read as 1 it was 63% slow).
-// Every answered figure within 22% (the worst: Nemotron-340B -21.4% with tp communication
-// overlapped as NeMo's recipes set it, -20.1% with NVLink at its line rate and -27.7% before the
-// overlap, where only full recomputation fits the planner's memory; DeepSeek-V3 on 256 GPUs
-// -20.6%, an MLA stand-in); the table's median and p90 pinned.
+// Every answered figure within 21% (the worst: DeepSeek-V3 on 256 GPUs -20.6%, an MLA stand-in);
+// the table's median and p90 pinned. Nemotron-340B was -27.7%, then -20.1% with tp communication
+// overlapped as NeMo's recipes set it and -21.4% with NVLink at NCCL's rate, while only full
+// recomputation fit the planner's memory: its launcher config (NeMo-Framework-Launcher 24.07,
+// nemotron_340b.yaml) states selective recomputation and apex's distributed Adam with bf16 state
+// and gradients, now in the record: -0.1%.
 TEST(PublishedRuns, NemoAndAutomodelTables) {
   const std::vector<plan::PublishedRun> runs = loom_runs("loom_nemo_tables.json");
   ASSERT_EQ(runs.size(), 22u);
@@ -333,7 +335,11 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
     }
     const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
     ASSERT_NE(tokens, nullptr) << r.id;
-    EXPECT_LT(std::fabs(tokens->relative_error), 0.22) << r.id;
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
+    if (r.id == "nemo2407_h100_fp8_Nemotron-340B_128gpu") {
+      EXPECT_EQ(c.layout.recompute, Recompute::Selective);
+      EXPECT_LT(std::fabs(tokens->relative_error), 0.02);
+    }
     if (r.id == "automodel_h100_bf16_gptoss120b_64gpu") {
       EXPECT_EQ(c.layout.ep, 16);
       EXPECT_LT(std::fabs(tokens->relative_error), 0.10);
@@ -341,7 +347,9 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
   }
   EXPECT_EQ(refused, 3);
   const plan::ValidationSummary s = plan::summarize(checks);
-  EXPECT_EQ(median_and_p90(s), "4.4 19.5");  // 5.8 before Kimi K2's preset (session 21)
+  // 5.8 before Kimi K2's preset (session 21), 4.4 and 19.5 before Nemotron-340B's stated
+  // optimizer and recomputation (session 25).
+  EXPECT_EQ(median_and_p90(s), "3.7 11.2");
 }
 
 // 150 trials of Hagemann et al.'s sweeps the planner had not seen when its rules were set

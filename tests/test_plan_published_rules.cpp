@@ -239,5 +239,34 @@ TEST(PublishedRuns, TpCommOverlapNamedInTheRecord) {
   EXPECT_FALSE(run("plain", "DP overlap").tp_comm_overlap);
 }
 
+// A record may state its optimizer's precision (apex's distributed_fused_adam: dtype and
+// grad_sync_dtype, as NeMo's launcher configs set them): bf16 state keeps a bf16 copy and bf16
+// moments, 6 bytes a parameter before sharding, against mixed-precision Adam's 12; an unknown
+// dtype is refused by name.
+TEST(PublishedRuns, AStatedOptimizerPrecisionSetsItsStateBytes) {
+  auto run = [](const std::string& id, const std::string& optimizer) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 8, "tp": 2, "pp": 1, "dp": 4},
+      "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.4})" +
+                             optimizer + "}]";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun plain = run("plain", "");
+  EXPECT_EQ(plain.master_bytes + plain.moment_bytes, 12);
+  EXPECT_EQ(plain.gradient_bytes, 2);
+  const plan::PublishedRun bf16 =
+      run("bf16", R"(, "optimizer": {"state_dtype": "bf16", "grad_dtype": "bf16"})");
+  ASSERT_TRUE(bf16.refused.empty()) << bf16.refused;
+  EXPECT_EQ(bf16.master_bytes, 2);
+  EXPECT_EQ(bf16.moment_bytes, 4);
+  EXPECT_EQ(bf16.gradient_bytes, 2);
+  EXPECT_EQ(run("fp32grad", R"(, "optimizer": {"grad_dtype": "fp32"})").gradient_bytes, 4);
+  const plan::PublishedRun bad = run("bad", R"(, "optimizer": {"state_dtype": "fp16"})");
+  EXPECT_TRUE(bad.malformed);
+  expect_contains(bad.refused, {"optimizer dtype 'fp16'", "bf16 or fp32"});
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -112,6 +112,8 @@ RunCheck check_run(const PublishedRun& run) {
   job.memory.unfused_softmax = run.unfused_softmax;
   job.memory.state = kMixedPrecisionAdam;
   job.memory.state.gradient = run.gradient_bytes;
+  job.memory.state.master = run.master_bytes;
+  job.memory.state.moments = run.moment_bytes;
   job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;
   job.memory.logits_gathered_over_tp = run.conventions.logits_gathered_over_tp;
   job.memory.logits_bytes_per_element_under_tp = run.conventions.logits_bytes_under_tp;

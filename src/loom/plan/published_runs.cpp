@@ -453,7 +453,24 @@ void fill_run(const json& entry, PublishedRun& run) {
         *stated_peak, preset_gpu.bf16_tflops, run.cluster.gpu.bf16_tflops);
     run.assumptions.push_back(text);
   }
-  if (precision.find("fp32 grad") != std::string::npos) {
+  // The optimizer's own precision where the record states it (its launcher config):
+  // `optimizer.state_dtype` for Adam's copy and moments, `optimizer.grad_dtype` for the gradient
+  // buffer (apex's distributed_fused_adam: dtype and grad_sync_dtype).
+  const std::string state_dtype = lowercase(f.text("optimizer.state_dtype"));
+  const std::string grad_dtype = lowercase(f.text("optimizer.grad_dtype"));
+  for (const std::string* stated : {&state_dtype, &grad_dtype})
+    if (!stated->empty() && *stated != "bf16" && *stated != "fp32")
+      throw_error("published run '", run.id, "': optimizer dtype '", *stated,
+                  "'; expected bf16 or fp32");
+  if (state_dtype == "bf16") {
+    run.master_bytes = 2;
+    run.moment_bytes = 4;
+    run.assumptions.push_back("optimizer state in bf16 as stated: copy and moments 6 bytes a parameter");
+  }
+  if (!grad_dtype.empty()) {
+    run.gradient_bytes = grad_dtype == "bf16" ? 2 : 4;
+    run.assumptions.push_back("gradient buffers in " + grad_dtype + " as stated");
+  } else if (precision.find("fp32 grad") != std::string::npos) {
     run.gradient_bytes = 4;
   } else if (run.conventions.megatron) {
     run.gradient_bytes = 4;

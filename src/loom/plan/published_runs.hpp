@@ -92,6 +92,10 @@ struct PublishedRun {
   SelectivePolicy selective = SelectivePolicy::AttentionCore;
   bool op_sac_eager = false;  // GpuJob::op_sac_eager: no torch.compile named with the per-op policy
   double gradient_bytes = 2;  // per parameter: 4 where the stack accumulates gradients in fp32
+  // Adam's master copy and moments per parameter before ZeRO's sharding (kMixedPrecisionAdam's
+  // 4 + 8), or what the record's `optimizer.state_dtype` states: "bf16" keeps a bf16 copy and
+  // bf16 moments (2 + 4), as apex's distributed_fused_adam does with dtype bf16.
+  double master_bytes = 4, moment_bytes = 8;
   std::vector<int64_t> stage_layers;  // empty: even split (or the engine's)
 };
 

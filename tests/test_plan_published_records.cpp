@@ -395,12 +395,14 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
   // 8.7 and 30.4 before PyTorch's attention was counted op by op (8.7, 28.0), the framework's
   // fp32 all-reduce and parameter all-gather after the backward were charged (8.1, 24.5) and
   // its gated MLP's third tensor-parallel all-reduce backward (7.3, 23.4), and full
-  // recomputation's rerun of the forward's collectives (7.2, 21.3), and NVLink at NCCL's 370/450
-  // of its line rate (session 25: tp 8 trials +20% on average before).
-  EXPECT_EQ(median_and_p90(s), "7.3 19.8");
+  // recomputation's rerun of the forward's collectives (7.2, 21.3), NVLink at NCCL's 370/450 of
+  // its line rate (7.3, 19.8; session 25: tp 8 trials +20% on average before), and the head's
+  // logits gathered over tp with the loss over the whole vocabulary on every rank (tp 8 +10%).
+  EXPECT_EQ(median_and_p90(s), "5.9 16.8");
   ASSERT_EQ(step_errors.size(), 71u);
   std::sort(step_errors.begin(), step_errors.end());
-  EXPECT_NEAR(step_errors[35], 0.071, 0.0005);  // the median (12.1%, 7.9%, then 7.6%, before)
+  // The median: 12.1%, 7.9%, 7.6%, then 7.1% before.
+  EXPECT_NEAR(step_errors[35], 0.061, 0.0005);
 }
 
 // Megatron-Bridge's dense Llama rows (published/loom_megatron_bridge_tables.json,

@@ -102,5 +102,31 @@ TEST(PlanTime, ColumnLinearsReducingApartAddABackwardAllReduce) {
               1e-12);  // the forward again, comm included
 }
 
+// The same framework gathers the head's logits over tp and runs the loss over the whole
+// vocabulary in fp32 on every rank (GpuJob::logits_gathered_over_tp): the step grows by the
+// all-gather of tokens x V bf16 logits as collective_time prices it plus 18 + 26 bytes a logit of
+// HBM traffic, per micro-batch, by hand. GPT-2 124M (V = 50257) at tp 2 in one A100 node, one
+// sequence of 1024 per micro-batch, 4 micro-batches on one rank (pp 1).
+TEST(PlanTime, AHeadGatheredOverTpChargesTheGatherAndTheWholeVocabularyLoss) {
+  const ModelConfig m = model_preset("gpt2-124m");
+  plan::ClusterSpec cluster;
+  cluster.gpu = plan::gpu_preset("a100-80gb");
+  cluster.gpus_per_node = 8;
+  cluster.nodes = 1;
+  plan::TrainingJob job;
+  job.seq_len = job.memory.seq_len = 1024;
+  job.global_batch = 4;
+  const plan::PlanLayout l = plan::parse_layout("tp=2 dp=1 mbs=1");
+  const plan::StepTime sharded = plan::predict_step_time(m, l, cluster, job);
+  job.memory.logits_gathered_over_tp = true;
+  const plan::StepTime gathered = plan::predict_step_time(m, l, cluster, job);
+  const double logits = 1024.0 * 50257;
+  const double gather = plan::collective_time(plan::Collective::AllGather, 2 * logits,
+                                              plan::group_topology(cluster, 2, 1))
+                            .seconds;
+  const double per_micro = gather + 44 * logits / cluster.gpu.hbm_bandwidth_bytes_per_s;
+  EXPECT_NEAR(gathered.total_s - sharded.total_s, 4 * per_micro, 1e-9 * gathered.total_s);
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -419,9 +419,26 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const bool head_recomputed =
       loom_cuda && loom_cuda_vocab_chunk(m, l, job.seq_len, job.memory.loom_cuda_device_memory,
                                          job.memory.activation_bytes) < m.vocab_size;
-  const double head_fwd = head_gemm + (loom_cuda ? 4 * logits / stream_rate : 0);
-  const double head_bwd =
+  double head_fwd = head_gemm + (loom_cuda ? 4 * logits / stream_rate : 0);
+  double head_bwd =
       (head_recomputed ? 3 : 2) * head_gemm + (loom_cuda ? 6 * logits / stream_rate : 0);
+  if (job.memory.logits_gathered_over_tp) {
+    // Aleph-Alpha/scaling's head (GpuJob::logits_gathered_over_tp): the ranks' logits are
+    // all-gathered (lm_head.py, parallel_output False), then every rank runs the loss over the
+    // whole vocabulary in fp32 (losses/cross_entropy.py on output.activations.float()), passes
+    // over tokens x V in HBM: forward the fp32 copy (read 2, write 4) and log_softmax (its max
+    // and sum read 4 each, its output written 4), 18 bytes a logit; backward nll_loss's gradient
+    // (written 4), log_softmax's (reads the gradient twice and the output once, writes 4) and
+    // the cast back to bf16 (read 4, write 2), 26.
+    const double whole = tokens * static_cast<double>(m.vocab_size);
+    const double gather_s =
+        l.tp > 1 ? collective_time(Collective::AllGather, whole * job.memory.activation_bytes,
+                                   group_topology(cluster, l.tp, 1))
+                       .seconds
+                 : 0.0;
+    head_fwd += gather_s + 18 * whole / gpu.hbm_bandwidth_bytes_per_s;
+    head_bwd += 26 * whole / gpu.hbm_bandwidth_bytes_per_s;
+  }
   // Per direction: what the tp collectives leave exposed and the expert all-to-alls.
   const double blocking_forward = layer.tp_exposed_forward_s + layer.ep_comm_s / 2;
   const double blocking_backward = layer.tp_exposed_backward_s + layer.ep_comm_s / 2;

@@ -14,6 +14,23 @@
 namespace loom::test {
 namespace {
 
+// DGX A100 nodes (8 GPUs, NVLink inside, the preset's network between).
+plan::ClusterSpec a100_nodes(int64_t nodes) {
+  plan::ClusterSpec cluster;
+  cluster.gpu = plan::gpu_preset("a100-80gb");
+  cluster.gpus_per_node = 8;
+  cluster.nodes = nodes;
+  cluster.inter_node_bytes_per_s_per_gpu = plan::default_inter_node_bytes_per_s(cluster.gpu);
+  return cluster;
+}
+
+plan::TrainingJob job_of(int64_t seq_len, int64_t global_batch) {
+  plan::TrainingJob job;
+  job.seq_len = job.memory.seq_len = seq_len;
+  job.global_batch = global_batch;
+  return job;
+}
+
 // A framework that synchronises data parallelism in its optimizer step (Aleph Alpha's, which ran
 // Hagemann et al.'s sweeps: every gradient all-reduced in fp32 after the backward, the updated
 // 16-bit parameters all-gathered after the update) exposes both collectives whole. By hand for
@@ -21,14 +38,8 @@ namespace {
 // under ZeRO-1, the all-gather of 2, each as collective_time prices it; without ZeRO no gather.
 TEST(PlanTime, DataParallelSyncAfterTheBackwardIsExposedWhole) {
   const ModelConfig m = model_preset("gpt2-124m");
-  plan::ClusterSpec cluster;
-  cluster.gpu = plan::gpu_preset("a100-80gb");
-  cluster.gpus_per_node = 8;
-  cluster.nodes = 2;
-  cluster.inter_node_bytes_per_s_per_gpu = plan::default_inter_node_bytes_per_s(cluster.gpu);
-  plan::TrainingJob job;
-  job.seq_len = job.memory.seq_len = 1024;
-  job.global_batch = 64;
+  const plan::ClusterSpec cluster = a100_nodes(2);
+  plan::TrainingJob job = job_of(1024, 64);
   const double params = static_cast<double>(m.parameter_count());
   const plan::GroupTopology group = plan::group_topology(cluster, 16, 1);
   const double all_reduce =
@@ -61,13 +72,8 @@ TEST(PlanTime, DataParallelSyncAfterTheBackwardIsExposedWhole) {
 // all-reduces of [tokens, h] (2 bytes each), Megatron-LM's two; forward two either way. By hand
 // at tp 4 in one node; GPT-2's MLP is one linear, and sequence parallelism is Megatron's path.
 TEST(PlanTime, ColumnLinearsReducingApartAddABackwardAllReduce) {
-  plan::ClusterSpec cluster;
-  cluster.gpu = plan::gpu_preset("a100-80gb");
-  cluster.gpus_per_node = 8;
-  cluster.nodes = 1;
-  plan::TrainingJob job;
-  job.seq_len = job.memory.seq_len = 2048;
-  job.global_batch = 8;  // 8 micro-batches of one sequence at dp 1
+  const plan::ClusterSpec cluster = a100_nodes(1);
+  plan::TrainingJob job = job_of(2048, 8);  // 8 micro-batches of one sequence at dp 1
   const plan::GroupTopology group = plan::group_topology(cluster, 4, 1);
   auto step = [&](const ModelConfig& m, const char* layout, bool apart) {
     job.tp_reduce_per_column_linear = apart;
@@ -109,13 +115,8 @@ TEST(PlanTime, ColumnLinearsReducingApartAddABackwardAllReduce) {
 // sequence of 1024 per micro-batch, 4 micro-batches on one rank (pp 1).
 TEST(PlanTime, AHeadGatheredOverTpChargesTheGatherAndTheWholeVocabularyLoss) {
   const ModelConfig m = model_preset("gpt2-124m");
-  plan::ClusterSpec cluster;
-  cluster.gpu = plan::gpu_preset("a100-80gb");
-  cluster.gpus_per_node = 8;
-  cluster.nodes = 1;
-  plan::TrainingJob job;
-  job.seq_len = job.memory.seq_len = 1024;
-  job.global_batch = 4;
+  const plan::ClusterSpec cluster = a100_nodes(1);
+  plan::TrainingJob job = job_of(1024, 4);
   const plan::PlanLayout l = plan::parse_layout("tp=2 dp=1 mbs=1");
   const plan::StepTime sharded = plan::predict_step_time(m, l, cluster, job);
   job.memory.logits_gathered_over_tp = true;

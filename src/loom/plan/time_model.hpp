@@ -11,6 +11,7 @@
 #include "loom/plan/hardware.hpp"
 #include "loom/plan/layout.hpp"
 #include "loom/plan/memory_model.hpp"
+#include "loom/plan/wire_bytes.hpp"
 
 namespace loom::plan {
 
@@ -136,38 +137,6 @@ struct StepTime {
   // forward and backward time per micro-batch, and one activation transfer between stages.
   double chunk_forward_s = 0, chunk_backward_s = 0, p2p_s = 0;
 };
-
-// Bytes one rank of the cp group sends per layer and micro-batch, forward and backward, for
-// `tokens` local tokens (micro-batch x seq / cp) of `activation_bytes`-byte elements, as the
-// engine's context attention sends them (parallel/context_parallel, counted in CommStats). A
-// k|v block is tokens x 2 kv_dim / tp elements.
-//   p2p: C-1 blocks forward (ring); the blocks again and their gradients backward, 2 (C-1).
-//   allgather: a ring all-gather of the blocks forward (C-1 sent); backward gathers again and
-//     reduce-scatters the gradients, 2 (C-1).
-//   a2a: (C-1)/C of this rank's q|k|v, output and fp32 log-sum-exps forward, plus the gathered
-//     key ranges (2 int32 per token, C-1 sent); backward (C-1)/C of q|k|v, output, its gradient
-//     and the log-sum-exps out and the q|k|v gradient back (the engine keeps no head-sharded
-//     copies), plus the ranges again.
-struct CpWireBytes {
-  double forward = 0, backward = 0;
-};
-CpWireBytes context_parallel_wire_bytes(const ModelConfig& model, const PlanLayout& layout,
-                                        double tokens, double activation_bytes,
-                                        bool repeated_kv = false);
-
-// Bytes one rank of the ep group sends per MoE layer and micro-batch under expert parallelism,
-// as the engine's exchange sends them (model/moe, parallel/expert_parallel; CommStats'
-// all_to_all): forward, the per-expert row counts (E/ep f32 to each other rank), the dispatch
-// of the routed rows bound for other ranks' experts and the combine of as many coming back;
-// backward, the same two for the gradients. `tokens` is this rank's (micro-batch x seq / cp),
-// each with k routed rows of hidden / tp elements; `home_fraction` of the routed rows go to this
-// rank's own experts and never leave (1/ep with balanced routing, the default; a rank receives
-// as many as it sends on average, which is what this figures).
-struct EpWireBytes {
-  double forward = 0, backward = 0;
-};
-EpWireBytes expert_parallel_wire_bytes(const ModelConfig& model, const PlanLayout& layout, double tokens,
-                                       double activation_bytes, double home_fraction = -1);
 
 // Throws loom::Error when the global batch does not split into dp x micro_batch sequences.
 // `simulate` false replaces the pipeline simulation by the closed form (m v + p - 1)(t_f + t_b)

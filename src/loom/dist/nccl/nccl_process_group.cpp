@@ -3,14 +3,10 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
-#include <deque>
-#include <mutex>
 #include <numeric>
 #include <sstream>
 #include <thread>
@@ -21,16 +17,9 @@
 #include "loom/core/error.hpp"
 #include "loom/dist/backend_support.hpp"
 #include "loom/dist/mpi_process_group.hpp"  // the timeout default, its env var and the exit code
+#include "loom/dist/nccl/nccl_watchdog.hpp"
 
 namespace loom {
-
-// An operation the watchdog follows until it completes: an event recorded on the group's stream
-// right after it, and what to name if it never does.
-struct WatchedOperation {
-  cudaEvent_t done = nullptr;
-  std::string description;
-  std::chrono::steady_clock::time_point enqueued;
-};
 
 struct NcclCommunicator {
   MPI_Comm mpi_comm = MPI_COMM_NULL;  // our duplicate: setup and split traffic stays private
@@ -38,33 +27,14 @@ struct NcclCommunicator {
   cudaStream_t stream = nullptr;
   float* barrier_scratch = nullptr;  // device memory for barrier()'s one-float all-reduce
   cudaEvent_t compute_done = nullptr;  // recorded on the compute stream before each operation
-  int device = 0;
-  int world_rank = 0;
-
-  // The watchdog (PyTorch's ProcessGroupNCCL keeps one per group, for the same reason): Work::
-  // wait() only orders the caller's stream after an operation, so no host thread waits for the
-  // operations any more and none would notice one that never completes (a peer gone, a
-  // mismatched collective) before the next host synchronisation hung for good. A thread follows
-  // every enqueued operation, oldest first (they complete in order on the one stream), and ends
-  // the job naming the oldest that outlives the timeout, or NCCL's asynchronous error.
-  std::mutex watch_mutex;
-  std::condition_variable watch_wake;
-  std::deque<WatchedOperation> watched;
-  bool watch_stop = false;
-  std::atomic<double> timeout_seconds{0};
-  bool watch_gone = false;  // the watchdog stopped on a CUDA error that is not the group's
-  std::thread watchdog;
-
-  void start_watchdog();
-  void watch(std::string description);  // after enqueueing an operation on `stream`
-  void stop_watchdog();
+  // Follows every operation enqueued on `stream` (set up once the communicator exists).
+  std::unique_ptr<NcclWatchdog> watchdog;
 
   ~NcclCommunicator() {
     // Destroying a communicator with operations in flight is undefined; they are all on `stream`.
     // The watchdog still runs meanwhile, so a hung operation ends the job instead of this wait.
     if (stream != nullptr) cudaStreamSynchronize(stream);
-    stop_watchdog();
-    for (const WatchedOperation& op : watched) cudaEventDestroy(op.done);
+    watchdog.reset();
     if (comm != nullptr) ncclCommDestroy(comm);
     if (barrier_scratch != nullptr) cudaFree(barrier_scratch);
     if (compute_done != nullptr) cudaEventDestroy(compute_done);
@@ -264,17 +234,6 @@ void after_compute(NcclCommunicator& nccl, const std::string& context) {
   check_cuda(cudaStreamWaitEvent(nccl.stream, nccl.compute_done, 0), "cudaStreamWaitEvent", context);
 }
 
-// Ends the job from the watchdog thread: MPI is the main thread's (MPI_THREAD_FUNNELED), so the
-// process exits with the timeout's code and mpirun ends the others.
-[[noreturn]] void watchdog_abort(NcclCommunicator& nccl, const std::string& what,
-                                 const std::string& reason) {
-  std::fprintf(stderr, "loom: rank %d: %s %s (NCCL watchdog); aborting the job\n", nccl.world_rank,
-               what.c_str(), reason.c_str());
-  std::fflush(stderr);
-  ncclCommAbort(nccl.comm);  // releases kernels spinning on the peer
-  std::_Exit(kCommTimeoutExitCode);
-}
-
 int node_local_rank(MPI_Comm comm, const std::string& context) {
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
@@ -287,74 +246,6 @@ int node_local_rank(MPI_Comm comm, const std::string& context) {
 }
 
 }  // namespace
-
-void NcclCommunicator::start_watchdog() {
-  watchdog = std::thread([this] {
-    using Clock = std::chrono::steady_clock;
-    std::unique_lock<std::mutex> lock(watch_mutex);
-    // Any CUDA error here but "not ready" is not this group's to report (an illegal address in
-    // some kernel, the runtime unloading at exit): the watchdog steps aside and the main thread's
-    // own check names it.
-    auto step_aside = [&] {
-      (void)cudaGetLastError();
-      watch_gone = true;
-      for (const WatchedOperation& op : watched) cudaEventDestroy(op.done);
-      watched.clear();
-    };
-    if (cudaSetDevice(device) != cudaSuccess) return step_aside();  // open_device set it
-    while (!watch_stop) {
-      watch_wake.wait_for(lock, std::chrono::milliseconds(20));
-      while (!watched.empty()) {
-        const cudaError_t rc = cudaEventQuery(watched.front().done);
-        if (rc == cudaErrorNotReady) {
-          (void)cudaGetLastError();
-          break;
-        }
-        if (rc != cudaSuccess) return step_aside();
-        cudaEventDestroy(watched.front().done);
-        watched.pop_front();
-      }
-      if (watched.empty()) continue;
-      ncclResult_t async_error = ncclSuccess;
-      if (ncclCommGetAsyncError(comm, &async_error) == ncclSuccess && async_error != ncclSuccess)
-        watchdog_abort(*this, watched.front().description,
-                       std::string("failed with NCCL asynchronous error '") +
-                           ncclGetErrorString(async_error) + "'");
-      const double waited =
-          std::chrono::duration<double>(Clock::now() - watched.front().enqueued).count();
-      if (waited > timeout_seconds.load()) {
-        std::ostringstream reason;
-        reason << "did not complete within " << timeout_seconds.load() << " s";
-        watchdog_abort(*this, watched.front().description, reason.str());
-      }
-    }
-  });
-}
-
-void NcclCommunicator::watch(std::string description) {
-  cudaEvent_t done = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreateWithFlags",
-             description);
-  const cudaError_t rc = cudaEventRecord(done, stream);
-  if (rc != cudaSuccess) cudaEventDestroy(done);
-  check_cuda(rc, "cudaEventRecord", description);
-  std::lock_guard<std::mutex> lock(watch_mutex);
-  if (watch_gone) {
-    cudaEventDestroy(done);
-    return;
-  }
-  watched.push_back({done, std::move(description), std::chrono::steady_clock::now()});
-}
-
-void NcclCommunicator::stop_watchdog() {
-  if (!watchdog.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(watch_mutex);
-    watch_stop = true;
-  }
-  watch_wake.notify_all();
-  watchdog.join();
-}
 
 NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, std::string name, int device)
     : nccl_(std::make_shared<NcclCommunicator>()), name_(std::move(name)) {
@@ -394,10 +285,8 @@ NcclProcessGroup::NcclProcessGroup(MPI_Comm comm, std::string name, int device)
             "MPI_Bcast", context);
   check_nccl(message.status, "ncclGetUniqueId (on rank 0)", context);
   check_nccl(ncclCommInitRank(&nccl_->comm, size_, message.id, rank_), "ncclCommInitRank", context);
-  nccl_->device = device_;
-  nccl_->world_rank = world_rank_;
-  nccl_->timeout_seconds = timeout_seconds_;
-  nccl_->start_watchdog();
+  nccl_->watchdog =
+      std::make_unique<NcclWatchdog>(nccl_->comm, device_, world_rank_, timeout_seconds_);
 }
 
 NcclProcessGroup::~NcclProcessGroup() = default;
@@ -428,7 +317,7 @@ void NcclProcessGroup::check_peer_argument(int peer, int tag, const char* op_lab
 }
 
 WorkHandle NcclProcessGroup::enqueued(std::string description) const {
-  nccl_->watch(description);
+  nccl_->watchdog->watch(nccl_->stream, description);
   return std::make_shared<NcclWork>(nccl_, std::move(description), world_rank_, timeout_seconds_);
 }
 
@@ -612,7 +501,7 @@ std::shared_ptr<ProcessGroup> NcclProcessGroup::split(int color, int key, std::s
 
 void NcclProcessGroup::set_timeout_seconds(double seconds) {
   timeout_seconds_ = checked_timeout(seconds, name_);
-  nccl_->timeout_seconds = timeout_seconds_;
+  nccl_->watchdog->set_timeout_seconds(timeout_seconds_);
 }
 
 }  // namespace loom

@@ -122,7 +122,8 @@ TEST_F(TensorCoreAttentionTest, SelectionAndRefusals) {
             std::string::npos);
   EXPECT_NE(tensor_cores_refusal({1, 8, 2, 2, 64}, {buf.get() + 1}).find("16-byte"),
             std::string::npos);
-  // automatic: a head width the tensor cores do not take runs on the scalar kernels.
+  // automatic: a head width the tensor cores do not take runs on cuDNN where it loads, else on
+  // the scalar kernels.
   set_attention_kernel(AttentionKernel::automatic);
   EXPECT_NO_THROW(cuda::attention_forward(buf.get(), lse.get(), buf.get(), {1, 8, 2, 2, 80}));
   set_attention_kernel(AttentionKernel::tensor_cores);

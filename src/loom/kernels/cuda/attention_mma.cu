@@ -96,8 +96,10 @@ namespace detail {
 
 #if !defined(LOOM_CUDA_EMULATION)
 bool use_cudnn(const AttentionShape& shape, std::initializer_list<const void*> pointers) {
-  if (attention_kernel() != AttentionKernel::cudnn) return false;
+  const AttentionKernel kernel = attention_kernel();
+  if (kernel != AttentionKernel::cudnn && kernel != AttentionKernel::automatic) return false;
   const std::string refusal = cudnn_attention_refusal(shape, pointers);
+  if (kernel == AttentionKernel::automatic) return refusal.empty();  // else loom's own kernels
   if (!refusal.empty())
     throw_error("cuDNN attention (LOOM_CUDA_ATTENTION=cudnn) cannot run: ", refusal);
   return true;

@@ -204,47 +204,47 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
 }
 
 // loom's CUDA engine's workspace, by hand from what it allocates (model/stash.cpp,
-// Transformer::set_batch, kernels/cuda/cross_entropy.cu and ops_cuda.cu), and what its
-// allocator reported on an H100 80GB HBM3 (85,017,493,504 bytes) on 2026-11-27
-// (docs/results/h100-2026-11-27): GPT-2 124M, 16 x 1024, bf16: 5,497,635,072 bytes; llama-1b,
-// 4 x 1024: 3,512,811,776.
+// Transformer::set_batch, kernels/cuda/cross_entropy.cu and ops_cuda.cu). With f32 logits and a
+// separate bf16 gradient (what LOOM_CUDA_LOGITS=f32 still allocates) the same count gave what
+// the allocator reported on an H100 80GB HBM3 (85,017,493,504 bytes) on 2026-11-27
+// (docs/results/h100-2026-11-27) to the byte: GPT-2 124M, 16 x 1024, bf16: 5,497,635,072 bytes;
+// llama-1b, 4 x 1024: 3,512,811,776. Since session 26 the bf16 logits hold their own gradient:
+// those figures less the f32 logits.
 TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
   const double h100 = 85'017'493'504.0;
   PlanLayout l;
   l.micro_batch = 16;
   // GPT-2: rows 16384, d 768. Block scratch (2 x 768 + 2304 + 768 + 3072 + 3072 + 2 x 768
   // = 12288 bf16 per row): 402,653,184; the head's d_hidden 25,165,824; the targets (int32)
-  // 65,536. The whole vocabulary fits in 1/16 of the GPU at 6 bytes a logit, so one chunk of
-  // 50257 with a stride of 50272: f32 logits 3,294,625,792, four row statistics 262,144, the
-  // loss 256 (one aligned double), bf16 logit gradients 1,647,312,896, the f32 d_hidden
-  // accumulator 50,331,648, and 50257 not a multiple of 16, its weight rows padded to 50272:
-  // 77,217,792. That is the H100's figure to the byte.
+  // 65,536. The whole vocabulary fits in 1/16 of the GPU at 2 bytes a logit, so one chunk of
+  // 50257 with a stride of 50272: bf16 logits (and their gradient) 1,647,312,896, four row
+  // statistics 262,144, the loss 256 (one aligned double), the f32 d_hidden accumulator
+  // 50,331,648, and 50257 not a multiple of 16, its weight rows padded to 50272: 77,217,792.
+  // The H100's 5,497,635,072 less its f32 logits' 3,294,625,792.
   const double gpt2 = loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, true);
-  EXPECT_EQ(gpt2, 402'653'184.0 + 25'165'824 + 65'536 + 3'294'625'792 + 262'144 + 256 +
-                      1'647'312'896 + 50'331'648 + 77'217'792);
-  EXPECT_EQ(gpt2, 5'497'635'072.0);
+  EXPECT_EQ(gpt2, 402'653'184.0 + 25'165'824 + 65'536 + 1'647'312'896 + 262'144 + 256 + 50'331'648 +
+                      77'217'792);
+  EXPECT_EQ(gpt2, 5'497'635'072.0 - 3'294'625'792);
   // Not the last pipeline stage: the block scratch alone.
   EXPECT_EQ(loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, false),
             402'653'184.0);
   // llama-1b: rows 4096, d 2048, q|k|v 3072, SwiGLU 2 x 8192: (4096 + 5120 + 24576 + 4096)
   // bf16 per row = 310,378,496; d_hidden 16,777,216; targets 16,384; vocabulary 128256 in one
-  // chunk (a multiple of 16: no padded copy): 2,101,346,304 + 65,536 + 256 + 1,050,673,152 +
-  // 33,554,432. The H100's figure to the byte again.
+  // chunk (a multiple of 16: no padded copy): bf16 logits 1,050,673,152 + 65,536 + 256 +
+  // 33,554,432. The H100's 3,512,811,776 less its f32 logits' 2,101,346,304.
   l.micro_batch = 4;
   const double llama = loom_cuda_workspace_bytes(model_preset("llama-1b"), l, 1024, h100, 2, true);
-  EXPECT_EQ(llama, 310'378'496.0 + 16'777'216 + 16'384 + 2'101'346'304 + 65'536 + 256 +
-                       1'050'673'152 + 33'554'432);
-  EXPECT_EQ(llama, 3'512'811'776.0);
-  // On a 24 GB GPU the chunk's buffers no longer fit in 1/16 of it: 24e9 / 16 / (16384 x 6)
-  // = 15258 logits a row, rounded down to 1024s: chunks of 14336, the last 50257 - 3 x 14336 =
-  // 7249 wide (padded to 7264). Logits 16384 x 14336 x 4 = 939,524,096 and bf16 gradients
-  // 469,762,048; statistics, loss, accumulator and targets as above; the padded rows 7264 x 768
-  // x 2 = 11,157,504.
+  EXPECT_EQ(llama, 310'378'496.0 + 16'777'216 + 16'384 + 1'050'673'152 + 65'536 + 256 + 33'554'432);
+  EXPECT_EQ(llama, 3'512'811'776.0 - 2'101'346'304);
+  // On a 24 GB GPU the logits no longer fit in 1/16 of it: 24e9 / 16 / (16384 x 2) = 45776
+  // logits a row, rounded down to 1024s: chunks of 45056, the last 50257 - 45056 = 5201 wide
+  // (padded to 5216). Logits 16384 x 45056 x 2 = 1,476,395,008; statistics, loss, accumulator
+  // and targets as above; the padded rows 5216 x 768 x 2 = 8,011,776.
   l.micro_batch = 16;
-  EXPECT_EQ(loom_cuda_vocab_chunk(model_preset("gpt2-124m"), l, 1024, 24e9, 2), 14336);
-  EXPECT_EQ(loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, 24e9, 2, true),
-            402'653'184.0 + 25'165'824 + 65'536 + 939'524'096 + 469'762'048 + 262'144 + 256 +
-                50'331'648 + 11'157'504);
+  EXPECT_EQ(loom_cuda_vocab_chunk(model_preset("gpt2-124m"), l, 1024, 24e9, 2), 45056);
+  EXPECT_EQ(
+      loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, 24e9, 2, true),
+      402'653'184.0 + 25'165'824 + 65'536 + 1'476'395'008 + 262'144 + 256 + 50'331'648 + 8'011'776);
   // tp 2 with sp: the block scratch on 8192 local rows for the norms' and residuals' tensors
   // (2 x 768 + 2 x 768) and the whole 16384 for q|k|v, attention and MLP at half width (1152 +
   // 384 + 1536 + 1536): (8192 x 3072 + 16384 x 4608) x 2 = 201,326,592; d_hidden on 8192 rows

@@ -468,16 +468,18 @@ TEST(Trainer, VocabChunkIsChosenForTheDevice) {
   EXPECT_EQ(resolved_vocab_chunk(c, 0), 64);  // the CPU: min(8192, vocab 64)
   c.model.vocab_size = 50257;
   EXPECT_EQ(resolved_vocab_chunk(c, 0), 8192);
-  // GPT-2 124M on an 80 GB GPU, 16 x 1024 tokens in bf16: 16384 x 50257 x 6 bytes = 4.9 GB is
-  // under 80 GB / 16 = 5 GB, so the logits are made once and never recomputed.
+  // GPT-2 124M on an 80 GB GPU, 16 x 1024 tokens in bf16: 16384 x 50257 x 2 bytes = 1.6 GB
+  // (bf16 logits, their gradient written over them) is under 80 GB / 16 = 5 GB, so the logits
+  // are made once and never recomputed.
   c.device = Device::CUDA;
   c.precision = Precision::BF16;
   c.batch_size = 16, c.seq_len = 1024;
   EXPECT_EQ(resolved_vocab_chunk(c, int64_t{80} << 30), 50257);
-  // On 16 GiB: 2^30 / (16384 x 6) = 10922 entries fit, down to a multiple of 1024: 10240.
-  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{16} << 30), 10240);
-  // On 4 GiB only 2730 fit: never below 8192.
-  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{4} << 30), 8192);
+  // On 16 GiB: 2^30 / (16384 x 2) = 32768 entries fit, a multiple of 1024.
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{16} << 30), 32768);
+  // On 8 GiB 16384; on 2 GiB only 4096 fit: never below 8192.
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{8} << 30), 16384);
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{2} << 30), 8192);
   // f32 keeps 4 bytes a logit: 16 GiB / 16 / (16384 x 4) = 16384 entries.
   c.precision = Precision::F32;
   EXPECT_EQ(resolved_vocab_chunk(c, int64_t{16} << 30), 16384);

@@ -274,14 +274,15 @@ warmup_steps = 0
 dir = "$6"
 TOML
 }
-bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue | nondeterministic [seq]]]]
-  local precision=${3:-bf16} attention=${4:-auto} variant=${5:-} gelu=1 seq=${6:-1024} det=1
+bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue | nondeterministic | f32_logits [seq]]]]
+  local precision=${3:-bf16} attention=${4:-auto} variant=${5:-} gelu=1 seq=${6:-1024} det=1 logits=bf16
   local name="$1_${3:-bf16}_${4:-auto}${variant:+_$variant}"
   [ "$seq" != 1024 ] && name="${name}_seq$seq"
   [ "$variant" = no_gelu_epilogue ] && gelu=0
   [ "$variant" = nondeterministic ] && det=0
+  [ "$variant" = f32_logits ] && logits=f32
   bench_toml "$B/$name.toml" "$1" "$2" "$precision" "$STEPS" "$B/loom_$name" "$seq"
-  check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" LOOM_CUDA_GELU_EPILOGUE="$gelu" LOOM_CUDA_CUDNN_DETERMINISTIC="$det" "$P/build/loom" train "$B/$name.toml"
+  check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" LOOM_CUDA_GELU_EPILOGUE="$gelu" LOOM_CUDA_CUDNN_DETERMINISTIC="$det" LOOM_CUDA_LOGITS="$logits" "$P/build/loom" train "$B/$name.toml"
   "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention${variant:+ $variant}" "$seq" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]
@@ -369,6 +370,9 @@ elif want bench; then
   # auto takes cuDNN's fused flash attention where the pack was built with the cudnn-frontend
   # headers (tools/device/README.md); loom's own pipelined tensor-core kernels in its place:
   bench_loom gpt2-124m 16 bf16 pipelined
+  # The head's logits in f32 with a separate bf16 gradient (before session 26) against bf16 ones.
+  bench_loom gpt2-124m 16 bf16 auto f32_logits
+  bench_loom llama-1b 4 bf16 auto f32_logits
   bench_loom gpt2-124m 16 bf16 cudnn nondeterministic
   bench_loom llama-1b 4 bf16 pipelined
   bench_loom gpt2-124m 16 bf16 auto no_gelu_epilogue

@@ -318,7 +318,7 @@ int64_t loom_cuda_vocab_chunk(const ModelConfig& m, const PlanLayout& l, int64_t
   const int64_t vocab = m.vocab_size;
   const double rule_rows = static_cast<double>(std::max<int64_t>(1, l.micro_batch * seq_len));
   const auto fits =
-      static_cast<int64_t>(device_memory / 16 / (rule_rows * (activation_bytes < 4 ? 6 : 4)));
+      static_cast<int64_t>(device_memory / 16 / (rule_rows * (activation_bytes < 4 ? 2 : 4)));
   return fits >= vocab ? vocab : std::min(vocab, std::max(kDefaultVocabChunk, fits / 1024 * 1024));
 }
 
@@ -356,8 +356,9 @@ double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int6
     return bytes;
   }
   const double ld = static_cast<double>((chunk + 15) / 16 * 16);
-  double ce = aligned(r * ld * 4) + 4 * aligned(r * 4) + aligned(8);
-  if (bf16) ce += aligned(r * ld * 2) + aligned(r * c * 4);
+  // bf16: the logits in bf16, their gradient written over them (cross_entropy.hpp's default).
+  double ce = aligned(r * ld * (bf16 ? 2 : 4)) + 4 * aligned(r * 4) + aligned(8);
+  if (bf16) ce += aligned(r * c * 4);
   const int64_t chunks = (vocab + chunk - 1) / chunk, last = vocab - (chunks - 1) * chunk;
   if (last % 16 != 0) ce += static_cast<double>((last + 15) / 16 * 16 * c) * b;
   return bytes + ce;

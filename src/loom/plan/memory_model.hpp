@@ -210,9 +210,10 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& l
 // The workspace loom's CUDA engine allocates on one rank of layout l (bytes): the blocks'
 // gradient scratch (model/stash.cpp, make_block_grad_scratch) and the two residual gradients
 // (Transformer::set_batch), and on the last pipeline stage the head's d_hidden and the fused
-// cross-entropy's buffers (kernels/cuda/cross_entropy.cu: a [rows, chunk padded to 16] f32
-// logit chunk, row statistics, and with bf16 activations the bf16 logit gradient and an f32
-// d_hidden accumulator, each region aligned to 256 bytes; the last chunk's weight rows padded
+// cross-entropy's buffers (kernels/cuda/cross_entropy.cu: a [rows, chunk padded to 16] logit
+// chunk, f32, or bf16 with bf16 activations, where the logit gradient overwrites it, row
+// statistics, and with bf16 activations an f32 d_hidden accumulator, each region aligned to 256
+// bytes; the last chunk's weight rows padded
 // to 16 when its width is not a multiple of 16; the targets, int32), its chunk as train_config's
 // resolved_vocab_chunk picks it for a GPU of device_memory bytes (the whole vocabulary when
 // the chunk's buffers fit in 1/16 of it). Under tensor parallelism the vocab-parallel loss

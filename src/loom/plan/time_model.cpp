@@ -366,9 +366,11 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
                            (gpu.bf16_tflops * 1e12 *
                             gemm.efficiency(tokens, static_cast<double>(m.vocab_size / l.tp),
                                             static_cast<double>(m.n_embd)));
-  // loom's CUDA engine's fused loss also streams the f32 logits: its log-sum-exp pass reads each
-  // once (4 bytes) forward, its softmax gradient reads it again and writes a bf16 gradient (6)
-  // backward (kernels/cuda/cross_entropy.cu).
+  // loom's CUDA engine's fused loss also streams the logits: its log-sum-exp pass reads each
+  // once forward, its softmax gradient reads it again and writes the gradient backward; f32
+  // logits with a bf16 gradient (4 and 6 bytes), bf16 ones under bf16 activations, their
+  // gradient written over them (2 and 4), where one rank holds the vocabulary (the shard passes
+  // keep f32) (kernels/cuda/cross_entropy.cu).
   const double logits = tokens * static_cast<double>(m.vocab_size) / static_cast<double>(l.tp);
   const bool loom_cuda = job.memory.loom_cuda_device_memory > 0;
   const double stream_rate = streaming_rate(job, gpu.hbm_bandwidth_bytes_per_s);
@@ -377,9 +379,10 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const bool head_recomputed =
       loom_cuda && loom_cuda_vocab_chunk(m, l, job.seq_len, job.memory.loom_cuda_device_memory,
                                          job.memory.activation_bytes) < m.vocab_size;
-  double head_fwd = head_gemm + (loom_cuda ? 4 * logits / stream_rate : 0);
-  double head_bwd =
-      (head_recomputed ? 3 : 2) * head_gemm + (loom_cuda ? 6 * logits / stream_rate : 0);
+  const bool half_logits = job.memory.activation_bytes < 4 && l.tp == 1;
+  double head_fwd = head_gemm + (loom_cuda ? (half_logits ? 2 : 4) * logits / stream_rate : 0);
+  double head_bwd = (head_recomputed ? 3 : 2) * head_gemm +
+                    (loom_cuda ? (half_logits ? 4 : 6) * logits / stream_rate : 0);
   if (job.memory.logits_gathered_over_tp) {
     // Aleph-Alpha/scaling's head (GpuJob::logits_gathered_over_tp): the ranks' logits are
     // all-gathered (lm_head.py, parallel_output False), then every rank runs the loss over the

@@ -498,8 +498,10 @@ int64_t resolved_vocab_chunk(const TrainConfig& c, int64_t device_memory_bytes) 
   if (c.vocab_chunk > 0) return c.vocab_chunk;
   const int64_t vocab = c.model.vocab_size;
   if (c.device != Device::CUDA) return std::min(kDefaultVocabChunk, vocab);
-  const bool bf16 = c.precision != Precision::F32;  // bf16 and FP8 keep bf16 logit gradients
-  const int64_t bytes_per_logit = bf16 ? 6 : 4;
+  // bf16 and FP8 keep bf16 logits and write their gradient over them (kernels/cuda/
+  // cross_entropy.hpp; LOOM_CUDA_LOGITS=f32 takes 3 times this, f32 logits and a bf16 gradient).
+  const bool bf16 = c.precision != Precision::F32;
+  const int64_t bytes_per_logit = bf16 ? 2 : 4;
   const int64_t rows = std::max<int64_t>(1, c.batch_size * c.seq_len);
   const int64_t fits = device_memory_bytes / 16 / (rows * bytes_per_logit);
   if (fits >= vocab) return vocab;

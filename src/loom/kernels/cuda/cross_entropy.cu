@@ -1,7 +1,10 @@
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <type_traits>
 
 #include "loom/core/cuda/cuda_check.hpp"
@@ -16,6 +19,7 @@ namespace {
 
 using detail::from_f32;
 using detail::kWarpSize;
+using detail::to_f32;
 
 constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / kWarpSize;
@@ -28,18 +32,20 @@ size_t aligned(size_t bytes) {
 
 // Where each piece of scratch lives inside one workspace allocation.
 struct Workspace {
-  float* logits = nullptr;        // [rows, ld]
+  void* logits = nullptr;         // [rows, ld] f32, or bf16 (bf16_logits: also the gradient)
   float* row_max = nullptr;       // [rows] running max of the logits
   float* row_sum = nullptr;       // [rows] running sum of exp(logit - row_max)
   float* target_logit = nullptr;  // [rows]
   float* lse = nullptr;           // [rows]
   double* loss = nullptr;         // [1]
-  bf16* d_logits = nullptr;       // [rows, ld]    (bf16 variant)
+  bf16* d_logits = nullptr;       // [rows, ld]    (bf16 variant with f32 logits)
   float* d_hidden_acc = nullptr;  // [rows, dim]   (bf16 variant)
   size_t bytes = 0;
 };
 
-Workspace layout(char* base, int64_t rows, int64_t dim, int64_t chunk, bool bf16_variant) {
+// bf16_logits: the bf16 variant's logits are bf16, and their gradient overwrites them in place.
+Workspace layout(char* base, int64_t rows, int64_t dim, int64_t chunk, bool bf16_variant,
+                 bool bf16_logits) {
   Workspace w;
   size_t at = 0;
   auto take = [&](size_t bytes) {
@@ -48,14 +54,16 @@ Workspace layout(char* base, int64_t rows, int64_t dim, int64_t chunk, bool bf16
     return p;
   };
   const auto r = static_cast<size_t>(rows);
-  w.logits = reinterpret_cast<float*>(take(r * static_cast<size_t>(chunk) * sizeof(float)));
+  const bool half = bf16_variant && bf16_logits;
+  w.logits = take(r * static_cast<size_t>(chunk) * (half ? sizeof(bf16) : sizeof(float)));
   w.row_max = reinterpret_cast<float*>(take(r * sizeof(float)));
   w.row_sum = reinterpret_cast<float*>(take(r * sizeof(float)));
   w.target_logit = reinterpret_cast<float*>(take(r * sizeof(float)));
   w.lse = reinterpret_cast<float*>(take(r * sizeof(float)));
   w.loss = reinterpret_cast<double*>(take(sizeof(double)));
   if (bf16_variant) {
-    w.d_logits = reinterpret_cast<bf16*>(take(r * static_cast<size_t>(chunk) * sizeof(bf16)));
+    if (!half)
+      w.d_logits = reinterpret_cast<bf16*>(take(r * static_cast<size_t>(chunk) * sizeof(bf16)));
     w.d_hidden_acc = reinterpret_cast<float*>(take(r * static_cast<size_t>(dim) * sizeof(float)));
   }
   w.bytes = at;
@@ -102,6 +110,20 @@ __device__ __forceinline__ void absorb(float& m, float& s, const float (&z)[N]) 
   m = m_new;
 }
 
+// Four consecutive logits from a 4-element-aligned address: one 16-byte load of f32, one 8-byte
+// load of bf16.
+__device__ __forceinline__ float4 load_quad(const float* z) {
+  return *reinterpret_cast<const float4*>(z);
+}
+__device__ __forceinline__ float4 load_quad(const bf16* z) {
+  const uint2 bits = *reinterpret_cast<const uint2*>(z);
+  __nv_bfloat162 lo, hi;
+  memcpy(&lo, &bits.x, sizeof lo);
+  memcpy(&hi, &bits.y, sizeof hi);
+  const float2 a = __bfloat1622float2(lo), b = __bfloat1622float2(hi);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
 // float4 loads each lane issues before it uses them: 2 KB in flight per warp, enough with
 // 32+ warps per SM to keep HBM busy.
 constexpr int kLseUnroll = 4;
@@ -113,40 +135,41 @@ constexpr int kLseUnroll = 4;
 // does chunk by chunk. Lane 0 picks up the target's logit if it is here. The split of a row
 // over the lanes and every combination order are fixed: the result does not depend on
 // scheduling.
-// Loads are 16 bytes from the row's first 16-byte boundary on, found from the row's address:
-// `ld` may be anything (shard_stats_impl's is the shard chunk). The at most 3 logits before it
-// and 3 after the last float4 are read singly.
+// Loads are 4 logits (16 bytes of f32, 8 of bf16) from the row's first such boundary on, found
+// from the row's address: `ld` may be anything (shard_stats_impl's is the shard chunk). The at
+// most 3 logits before it and 3 after the last quad are read singly.
+template <typename L>
 __global__ void chunk_lse_update(float* row_max, float* row_sum, float* target_logit,
-                                 const float* logits, int64_t ld, int64_t width, int64_t v0,
+                                 const L* logits, int64_t ld, int64_t width, int64_t v0,
                                  const int32_t* targets, int64_t rows) {
   const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / kWarpSize;
   const int lane = threadIdx.x % kWarpSize;
   if (r >= rows) return;  // the whole warp: the shuffles below see all 32 lanes
-  const float* z = logits + r * ld;
+  const L* z = logits + r * ld;
   // Every lane starts from the row's running max, so the chunk's max below is the new one.
   const float old_max = row_max[r];
   float m = old_max, s = 0.0f;
 
-  const auto floats_in = static_cast<unsigned>(reinterpret_cast<uintptr_t>(z) / sizeof(float));
-  const int64_t to_boundary = (0u - floats_in) % 4u;  // floats to the next 16-byte boundary
+  const auto elements_in = static_cast<unsigned>(reinterpret_cast<uintptr_t>(z) / sizeof(L));
+  const int64_t to_boundary = (0u - elements_in) % 4u;  // logits to the next quad boundary
   const int64_t head = to_boundary < width ? to_boundary : width;
   const int64_t vecs = (width - head) / 4, tail = head + vecs * 4;
   if (lane < head) {
-    const float v[1] = {z[lane]};
+    const float v[1] = {to_f32(z[lane])};
     absorb(m, s, v);
   }
   if (lane < width - tail) {
-    const float v[1] = {z[tail + lane]};
+    const float v[1] = {to_f32(z[tail + lane])};
     absorb(m, s, v);
   }
-  // Lane l reads float4s l, l + 32, l + 64, ...: kLseUnroll of them at a time, then the rest
+  // Lane l reads quads l, l + 32, l + 64, ...: kLseUnroll of them at a time, then the rest
   // one at a time.
-  const float4* zv = reinterpret_cast<const float4*>(z + head);
+  const L* zv = z + head;
   int64_t i = lane;
   for (; i + (kLseUnroll - 1) * kWarpSize < vecs; i += kLseUnroll * kWarpSize) {
     float4 q[kLseUnroll];
 #pragma unroll
-    for (int u = 0; u < kLseUnroll; ++u) q[u] = zv[i + u * kWarpSize];
+    for (int u = 0; u < kLseUnroll; ++u) q[u] = load_quad(zv + (i + u * kWarpSize) * 4);
     float v[4 * kLseUnroll];
 #pragma unroll
     for (int u = 0; u < kLseUnroll; ++u)
@@ -154,7 +177,7 @@ __global__ void chunk_lse_update(float* row_max, float* row_sum, float* target_l
     absorb(m, s, v);
   }
   for (; i < vecs; i += kWarpSize) {
-    const float4 q = zv[i];
+    const float4 q = load_quad(zv + i * 4);
     const float v[4] = {q.x, q.y, q.z, q.w};
     absorb(m, s, v);
   }
@@ -167,7 +190,7 @@ __global__ void chunk_lse_update(float* row_max, float* row_sum, float* target_l
     row_sum[r] = row_sum[r] * expf(old_max - base) + sum;
     row_max[r] = new_max;
     const int64_t t = targets[r];
-    if (t >= v0 && t < v0 + width) target_logit[r] = z[t - v0];
+    if (t >= v0 && t < v0 + width) target_logit[r] = to_f32(z[t - v0]);
   }
 }
 
@@ -221,10 +244,10 @@ __device__ __forceinline__ void store_quad(bf16* o, int64_t q, float4 g) {
 // `out` when both buffers are 16-byte aligned (`vectorised`, checked on the host; ld may be
 // anything: the shard passes use the shard chunk). The at most 3 columns before head and 3
 // after the last quad are written singly; without `vectorised` every column is.
-template <typename Out>
-__global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t width,
-                             int64_t padded, int64_t v0, const int32_t* targets, const float* lse,
-                             float grad_scale, int64_t rows, bool vectorised) {
+template <typename Out, typename L>
+__global__ void softmax_grad(Out* out, const L* logits, int64_t ld, int64_t width, int64_t padded,
+                             int64_t v0, const int32_t* targets, const float* lse, float grad_scale,
+                             int64_t rows, bool vectorised) {
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   // Warps take tiles of 64 quads, 2 * stride quads apart; lane l the tile's quads l and l + 32.
@@ -235,7 +258,7 @@ __global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t 
     const bool live = t >= 0;
     const float row_lse = live ? lse[r] : 0.0f;
     const int64_t target_col = t - v0;  // outside [0, width) when another chunk holds it
-    const float* z = logits + r * ld;
+    const L* z = logits + r * ld;
     Out* o = out + r * ld;
     // Column j's gradient from its logit zj (not used outside live columns j < width).
     auto grad = [&](int64_t j, float zj) {
@@ -247,7 +270,7 @@ __global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t 
       return g;
     };
     auto single = [&](int64_t j) {
-      o[j] = from_f32<Out>(grad(j, live && j < width ? z[j] : 0.0f));
+      o[j] = from_f32<Out>(grad(j, live && j < width ? to_f32(z[j]) : 0.0f));
     };
     if (!vectorised) {
       for (int64_t j = first; j < padded; j += stride) single(j);
@@ -258,7 +281,7 @@ __global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t 
     const int64_t quads = (padded - head) / kQuad, tail = head + quads * kQuad;
     if (first < head) single(first);
     if (first < padded - tail) single(tail + first);
-    const float4* zq = reinterpret_cast<const float4*>(z + head);
+    const L* zq = z + head;
     auto quad_grad = [&](int64_t q, float4 v) {
       const int64_t j = head + q * kQuad;
       return make_float4(grad(j, v.x), grad(j + 1, v.y), grad(j + 2, v.z), grad(j + 3, v.w));
@@ -269,8 +292,8 @@ __global__ void softmax_grad(Out* out, const float* logits, int64_t ld, int64_t 
       // Columns in [width, padded) are inside the row (padded <= ld): loaded, never used.
       float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v2 = v;
       if (live) {
-        v = zq[q];
-        if (second) v2 = zq[q2];
+        v = load_quad(zq + q * kQuad);
+        if (second) v2 = load_quad(zq + q2 * kQuad);
       }
       store_quad(o + head, q, quad_grad(q, v));
       if (second) store_quad(o + head, q2, quad_grad(q2, v2));
@@ -288,14 +311,19 @@ dim3 softmax_grad_grid(int64_t rows, int64_t padded) {
 
 bool aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <typename T>
+// L: the logits' type, f32, or bf16 for the bf16 variant under bf16_logits (the gradient then
+// overwrites them in place).
+template <typename T, typename L>
 double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
   constexpr bool kBf16 = std::is_same_v<T, bf16>;
+  constexpr bool kHalfLogits = std::is_same_v<L, bf16>;
+  static_assert(kBf16 || !kHalfLogits, "bf16 logits belong to the bf16 variant");
   LOOM_CHECK(a.rows > 0 && a.dim > 0 && a.vocab > 0, "cross entropy over rows ", a.rows, " dim ",
              a.dim, " vocab ", a.vocab);
   const int64_t chunk = effective_chunk(a.vocab_chunk, a.vocab);
   const int64_t chunks = detail::ceil_div(a.vocab, chunk);
-  const size_t needed = cross_entropy_workspace_bytes(a.rows, a.dim, a.vocab, a.vocab_chunk, kBf16);
+  const size_t needed =
+      layout(nullptr, a.rows, a.dim, padded_to_16(chunk), kBf16, kHalfLogits).bytes;
   std::unique_ptr<detail::ScratchBuffer<char>> owned;
   char* base = static_cast<char*>(a.workspace);
   if (base) {
@@ -306,7 +334,8 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
     base = owned->get();
   }
   const int64_t ld = padded_to_16(chunk);
-  const Workspace w = layout(base, a.rows, a.dim, ld, kBf16);
+  const Workspace w = layout(base, a.rows, a.dim, ld, kBf16, kHalfLogits);
+  L* const logits = static_cast<L*>(w.logits);
   const unsigned row_blocks = static_cast<unsigned>(detail::ceil_div(a.rows, kRowsPerBlock));
 
   // A last chunk whose width is not a multiple of 16 (GPT-2's 50257) would leave the logits and
@@ -334,7 +363,7 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
   };
   auto logits_of_chunk = [&](int64_t v0, int64_t width) {
     gemm(false, true, a.rows, padded_of(v0, width), a.dim, 1.0f, a.hidden, a.dim, weight_of(v0),
-         a.dim, 0.0f, w.logits, ld, stream);
+         a.dim, 0.0f, logits, ld, stream);
   };
 
   // Pass 1: online log-sum-exp over the chunks.
@@ -344,8 +373,8 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t v0 = c * chunk, width = std::min(chunk, a.vocab - v0);
     logits_of_chunk(v0, width);
-    chunk_lse_update<<<row_blocks, kThreads, 0, stream>>>(
-        w.row_max, w.row_sum, w.target_logit, w.logits, ld, width, v0, a.targets, a.rows);
+    chunk_lse_update<<<row_blocks, kThreads, 0, stream>>>(w.row_max, w.row_sum, w.target_logit,
+                                                          logits, ld, width, v0, a.targets, a.rows);
     LOOM_CUDA_CHECK_LAUNCH();
   }
   finalize_loss<<<1, kLossThreads, 0, stream>>>(
@@ -367,14 +396,14 @@ double cross_entropy_impl(const CrossEntropyArgsT<T>& a, cudaStream_t stream) {
       const int64_t v0 = c * chunk, width = std::min(chunk, a.vocab - v0);
       if (chunks > 1) logits_of_chunk(v0, width);
       T* d_logits;
-      if constexpr (kBf16)
-        d_logits = w.d_logits;
+      if constexpr (std::is_same_v<T, L>)
+        d_logits = logits;  // in place
       else
-        d_logits = w.logits;  // in place
+        d_logits = w.d_logits;
       const int64_t padded = padded_of(v0, width);
       softmax_grad<<<softmax_grad_grid(a.rows, padded), kThreads, 0, stream>>>(
-          d_logits, w.logits, ld, width, padded, v0, a.targets, w.lse, a.grad_scale, a.rows,
-          aligned_16(d_logits) && aligned_16(w.logits));
+          d_logits, logits, ld, width, padded, v0, a.targets, w.lse, a.grad_scale, a.rows,
+          aligned_16(d_logits) && aligned_16(logits));
       LOOM_CUDA_CHECK_LAUNCH();
       if (d_hidden_f32)
         gemm(false, false, a.rows, a.dim, padded, 1.0f, d_logits, ld, weight_of(v0), a.dim,
@@ -504,17 +533,40 @@ void log_sum_exp_loss(double* loss, bool accumulate, float* lse, float* row_loss
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+std::atomic<int> g_bf16_logits{-1};  // -1: not yet read from LOOM_CUDA_LOGITS
+}  // namespace
+
+bool bf16_logits() {
+  int value = g_bf16_logits.load();
+  if (value < 0) {
+    const char* text = std::getenv("LOOM_CUDA_LOGITS");
+    const std::string mode = text ? text : "";
+    if (mode.empty() || mode == "bf16")
+      value = 1;
+    else if (mode == "f32")
+      value = 0;
+    else
+      throw_error("LOOM_CUDA_LOGITS='", mode, "': expected bf16 or f32");
+    g_bf16_logits.store(value);
+  }
+  return value == 1;
+}
+void set_bf16_logits(bool on) { g_bf16_logits.store(on ? 1 : 0); }
+
 size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, int64_t vocab_chunk,
                                      bool bf16_variant) {
-  return layout(nullptr, rows, dim, padded_to_16(effective_chunk(vocab_chunk, vocab)), bf16_variant)
+  return layout(nullptr, rows, dim, padded_to_16(effective_chunk(vocab_chunk, vocab)), bf16_variant,
+                bf16_logits())
       .bytes;
 }
 
 double lm_head_cross_entropy(const CrossEntropyArgs& args, cudaStream_t stream) {
-  return cross_entropy_impl(args, stream);
+  return cross_entropy_impl<float, float>(args, stream);
 }
 double lm_head_cross_entropy(const CrossEntropyArgsBf16& args, cudaStream_t stream) {
-  return cross_entropy_impl(args, stream);
+  return bf16_logits() ? cross_entropy_impl<bf16, bf16>(args, stream)
+                       : cross_entropy_impl<bf16, float>(args, stream);
 }
 
 }  // namespace loom::cuda

@@ -7,9 +7,14 @@
 // the two products for d_hidden and d_weight. Negative targets are ignored (no loss, no
 // gradient).
 //
-// bf16 variant: hidden, weight and d_hidden are bf16; logits, statistics and d_weight are f32;
-// the chunk's logit gradient is rounded to bf16 for the two products (cuBLASLt wants matching
-// operand types), and d_hidden is accumulated over chunks in f32 and rounded once at the end.
+// bf16 variant: hidden, weight and d_hidden are bf16; statistics and d_weight are f32; the
+// logits are bf16 (bf16_logits(), the default: the product's f32 accumulators rounded once, as
+// PyTorch's autocast, Megatron-LM and llm.c keep them; statistics and softmax in f32 from them)
+// and the chunk's logit gradient, rounded to bf16 for the two products (cuBLASLt wants matching
+// operand types), overwrites them in place; or f32 logits with a separate bf16 gradient
+// (LOOM_CUDA_LOGITS=f32: 6 bytes a logit against 2, and two more f32 passes over them). d_hidden
+// is accumulated over chunks in f32 and rounded once at the end. The vocabulary-parallel
+// shard passes below keep f32 logits.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -41,8 +46,13 @@ struct CrossEntropyArgsT {
 using CrossEntropyArgs = CrossEntropyArgsT<float>;
 using CrossEntropyArgsBf16 = CrossEntropyArgsT<bf16>;
 
-// Device scratch one call needs (logit chunk, per-row statistics, and for bf16 the rounded
-// logit gradient and the f32 d_hidden accumulator).
+// Whether the bf16 variant keeps its logits in bf16: LOOM_CUDA_LOGITS = bf16 (the default) or
+// f32, read once (any other value is an error naming it); set_bf16_logits overrides it (tests).
+bool bf16_logits();
+void set_bf16_logits(bool on);
+
+// Device scratch one call needs (logit chunk, per-row statistics, and for bf16 the f32
+// d_hidden accumulator and, with f32 logits, the rounded logit gradient).
 size_t cross_entropy_workspace_bytes(int64_t rows, int64_t dim, int64_t vocab, int64_t vocab_chunk,
                                      bool bf16_variant);
 

@@ -256,6 +256,9 @@ TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
   EXPECT_EQ(
       loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, true),
       201'326'592.0 + 12'582'912 + 65'536 + 1'646'854'144 + 823'427'072 + 50'331'648 + 50'331'648);
+  // The shard passes' 6 bytes a logit size the chunk under tp: on 24 GB, 24e9 / 16 / (16384 x
+  // 6) = 15258, down to 14336 (2 bytes a logit would give 45056).
+  EXPECT_EQ(loom_cuda_vocab_chunk(model_preset("gpt2-124m"), l, 1024, 24e9, 2), 14336);
 }
 
 // The head's d_hidden is written by the forward's fused loss and read by the backward, so every

@@ -480,6 +480,11 @@ TEST(Trainer, VocabChunkIsChosenForTheDevice) {
   // On 8 GiB 16384; on 2 GiB only 4096 fit: never below 8192.
   EXPECT_EQ(resolved_vocab_chunk(c, int64_t{8} << 30), 16384);
   EXPECT_EQ(resolved_vocab_chunk(c, int64_t{2} << 30), 8192);
+  // Under tp the shard passes keep f32 logits and a bf16 gradient: 6 bytes, 2^30 / (16384 x 6)
+  // = 10922 on 16 GiB, down to 10240.
+  c.tp = 2;
+  EXPECT_EQ(resolved_vocab_chunk(c, int64_t{16} << 30), 10240);
+  c.tp = 1;
   // f32 keeps 4 bytes a logit: 16 GiB / 16 / (16384 x 4) = 16384 entries.
   c.precision = Precision::F32;
   EXPECT_EQ(resolved_vocab_chunk(c, int64_t{16} << 30), 16384);

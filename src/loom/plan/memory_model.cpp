@@ -317,8 +317,8 @@ int64_t loom_cuda_vocab_chunk(const ModelConfig& m, const PlanLayout& l, int64_t
   // train_config.cpp resolved_vocab_chunk, for the micro-batch's rows (its full sequences).
   const int64_t vocab = m.vocab_size;
   const double rule_rows = static_cast<double>(std::max<int64_t>(1, l.micro_batch * seq_len));
-  const auto fits =
-      static_cast<int64_t>(device_memory / 16 / (rule_rows * (activation_bytes < 4 ? 2 : 4)));
+  const auto fits = static_cast<int64_t>(
+      device_memory / 16 / (rule_rows * (activation_bytes < 4 ? (l.tp > 1 ? 6 : 2) : 4)));
   return fits >= vocab ? vocab : std::min(vocab, std::max(kDefaultVocabChunk, fits / 1024 * 1024));
 }
 

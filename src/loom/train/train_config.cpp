@@ -499,9 +499,10 @@ int64_t resolved_vocab_chunk(const TrainConfig& c, int64_t device_memory_bytes) 
   const int64_t vocab = c.model.vocab_size;
   if (c.device != Device::CUDA) return std::min(kDefaultVocabChunk, vocab);
   // bf16 and FP8 keep bf16 logits and write their gradient over them (kernels/cuda/
-  // cross_entropy.hpp; LOOM_CUDA_LOGITS=f32 takes 3 times this, f32 logits and a bf16 gradient).
+  // cross_entropy.hpp; LOOM_CUDA_LOGITS=f32 takes 3 times this); tensor parallelism's shard
+  // passes keep f32 logits and a bf16 gradient (6).
   const bool bf16 = c.precision != Precision::F32;
-  const int64_t bytes_per_logit = bf16 ? 2 : 4;
+  const int64_t bytes_per_logit = bf16 ? (c.tp > 1 ? 6 : 2) : 4;
   const int64_t rows = std::max<int64_t>(1, c.batch_size * c.seq_len);
   const int64_t fits = device_memory_bytes / 16 / (rows * bytes_per_logit);
   if (fits >= vocab) return vocab;

@@ -237,6 +237,63 @@ TEST(Ops, CrossAttentionAveragesVisibleValuesAndChecksItsArguments) {
                   {"kv [2, 4]", "1 queries over 3 keys"});
 }
 
+// The residual add before a norm: residual [1, 1, -1, -1] + delta [0.5, -0.5, 0.5, -0.5] =
+// [1.5, 0.5, -0.5, -1.5], mean 0 and mean square (2.25 + 0.25 + 0.25 + 2.25) / 4 = 1.25, so
+// LayerNorm (weight 1, bias 0, eps 0) and RMSNorm both give sum / sqrt(1.25); in the second row
+// [1, -1, 1, -1] + [2^-10, 0, 0, 0] the first sum 1 + 2^-10 rounds to 1 in bf16 (half an ulp of 1
+// is 2^-8) when the sum is rounded. The sum may
+// be the delta's buffer, the residual's, or its own; each equals ops::add_into then the norm.
+TEST(Ops, AddNormSumsThenNormalisesTheSum) {
+  const std::vector<float> residual = {1, 1, -1, -1, 1, -1, 1, -1};
+  const std::vector<float> delta = {0.5f, -0.5f, 0.5f, -0.5f, 0x1p-10f, 0, 0, 0};
+  const Tensor weight = tensor_of({1, 1, 1, 1}, {4}), bias = tensor_of({0, 0, 0, 0}, {4});
+  const double r = 1 / std::sqrt(1.25);
+  for (const bool layernorm : {true, false}) {
+    for (const bool round : {false, true}) {
+      for (const int where : {0, 1, 2}) {  // the sum into delta, into residual, apart
+        SCOPED_TRACE(testing::Message() << (layernorm ? "LayerNorm" : "RMSNorm") << " round "
+                                        << round << " sum " << where);
+        const Tensor res = tensor_of(residual, {2, 4}), del = tensor_of(delta, {2, 4});
+        const Tensor sum = where == 0   ? del
+                           : where == 1 ? res
+                                        : tensor_of(std::vector<float>(8), {2, 4});
+        Tensor out = tensor_of(std::vector<float>(8), {2, 4});
+        Tensor mean = tensor_of({0, 0}, {2}), rstd = tensor_of({0, 0}, {2});
+        ops::add_norm_forward(sum, out, mean, rstd, res, del, weight, layernorm ? bias : Tensor(),
+                              0.0f, round);
+        const std::vector<float> s = sum.to_f32_vector(), o = out.to_f32_vector();
+        const std::vector<double> want = {1.5 * r, 0.5 * r, -0.5 * r, -1.5 * r};
+        for (int i = 0; i < 4; ++i) {
+          EXPECT_EQ(s[i], residual[i] + delta[i]);
+          EXPECT_NEAR(o[i], want[i], 1e-6);
+        }
+        EXPECT_EQ(s[4], round ? 1.0f : 1.0f + 0x1p-10f);
+        // The same as the unfused ops in turn, bit for bit.
+        Tensor ref_sum = tensor_of(residual, {2, 4}),
+               ref_out = tensor_of(std::vector<float>(8), {2, 4});
+        Tensor ref_mean = tensor_of({0, 0}, {2}), ref_rstd = tensor_of({0, 0}, {2});
+        ops::add_into(ref_sum, tensor_of(delta, {2, 4}));
+        if (round) ops::round_to_bf16_(ref_sum);
+        if (layernorm)
+          ops::layernorm_forward(ref_out, ref_mean, ref_rstd, ref_sum, weight, bias, 0.0f);
+        else
+          ops::rmsnorm_forward(ref_out, ref_rstd, ref_sum, weight, 0.0f);
+        EXPECT_EQ(s, ref_sum.to_f32_vector());
+        EXPECT_EQ(o, ref_out.to_f32_vector());
+        EXPECT_EQ(rstd.to_f32_vector(), ref_rstd.to_f32_vector());
+        if (layernorm) {
+          EXPECT_EQ(mean.to_f32_vector(), ref_mean.to_f32_vector());
+        }
+      }
+    }
+  }
+  // Shapes that do not agree are refused by name.
+  const Tensor wide = tensor_of(std::vector<float>(12), {3, 4});
+  EXPECT_THROW(ops::add_norm_forward(wide, wide, Tensor(), tensor_of({0, 0, 0}, {3}),
+                                     tensor_of(residual, {2, 4}), wide, weight, Tensor(), 0, false),
+               Error);
+}
+
 TEST(Ops, HeadLossAddsIntoALossSumAndReturnsZero) {
   // A zero head gives every logit 0: each row with a target loses log(vocab) exactly (by hand),
   // and the ignored row nothing. With loss_sum the op returns 0 and the sum accumulates there;

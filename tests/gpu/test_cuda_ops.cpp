@@ -227,6 +227,57 @@ TEST_F(CudaOps, AttentionRopeAndSwiglu) {
   expect_close(actd, act, kF32, kF32, "swiglu_forward");
 }
 
+// The residual add before a norm on CUDA in bf16: one fused kernel (kernels/cuda/norms) that
+// stores the rounded sum and normalises it as stored, against the unfused ops on the same
+// device bit for bit (add_into rounds the sum the same way, and the norm kernel is the same),
+// at GPT-2's width on 64 rows, LayerNorm and RMSNorm, the sum written over the delta (as the
+// block does) and into its own buffer; and against the CPU on the same bf16 values (the sum,
+// rounded, exactly; the norm within the output's bf16 rounding, 2^-8, and f32 order).
+TEST_F(CudaOps, AddNormFusedEqualsTheUnfusedOps) {
+  const int64_t rows = 64, dim = 768;
+  const Tensor residual = rounded(host_tensor(random_vector(rows * dim, 31), {rows, dim}));
+  const Tensor delta = rounded(host_tensor(random_vector(rows * dim, 32), {rows, dim}));
+  const Tensor weight = rounded(host_tensor(random_vector(dim, 33, 0.5f, 1.5f), {dim}));
+  const Tensor bias = rounded(host_tensor(random_vector(dim, 34), {dim}));
+  auto zeros = [](const Shape& s) { return Tensor::zeros(s, DType::F32, MemCategory::Workspace); };
+  for (const bool layernorm : {true, false}) {
+    for (const bool own_buffer : {false, true}) {
+      SCOPED_TRACE(testing::Message() << (layernorm ? "LayerNorm" : "RMSNorm")
+                                      << (own_buffer ? ", sum apart" : ", sum over delta"));
+      const Tensor b = layernorm ? bias : Tensor(),
+                   bd = layernorm ? on_cuda(bias, DType::BF16) : Tensor();
+      const Tensor wd = on_cuda(weight, DType::BF16), rd = on_cuda(residual, DType::BF16);
+      const Tensor dd = on_cuda(delta, DType::BF16);
+      const Tensor sum = own_buffer ? on_cuda(zeros({rows, dim}), DType::BF16) : dd;
+      Tensor out = on_cuda(zeros({rows, dim}), DType::BF16);
+      Tensor mean = on_cuda(zeros({rows})), rstd = on_cuda(zeros({rows}));
+      ops::add_norm_forward(sum, out, mean, rstd, rd, dd, wd, bd, 1e-5f, true);
+      // Unfused on the device.
+      Tensor ref_sum = on_cuda(delta, DType::BF16),
+             ref_out = on_cuda(zeros({rows, dim}), DType::BF16);
+      Tensor ref_mean = on_cuda(zeros({rows})), ref_rstd = on_cuda(zeros({rows}));
+      ops::add_into(ref_sum, rd);
+      if (layernorm)
+        ops::layernorm_forward(ref_out, ref_mean, ref_rstd, ref_sum, wd, bd, 1e-5f);
+      else
+        ops::rmsnorm_forward(ref_out, ref_rstd, ref_sum, wd, 1e-5f);
+      EXPECT_EQ(sum.to_f32_vector(), ref_sum.to_f32_vector());
+      EXPECT_EQ(out.to_f32_vector(), ref_out.to_f32_vector());
+      EXPECT_EQ(rstd.to_f32_vector(), ref_rstd.to_f32_vector());
+      if (layernorm) {
+        EXPECT_EQ(mean.to_f32_vector(), ref_mean.to_f32_vector());
+      }
+      // The CPU on the same values.
+      Tensor cpu_sum = delta.clone(MemCategory::Workspace), cpu_out = zeros({rows, dim});
+      Tensor cpu_mean = zeros({rows}), cpu_rstd = zeros({rows});
+      ops::add_norm_forward(cpu_sum, cpu_out, cpu_mean, cpu_rstd, residual, cpu_sum, weight, b,
+                            1e-5f, true);
+      EXPECT_EQ(sum.to_f32_vector(), cpu_sum.to_f32_vector());
+      expect_close(out, cpu_out, 1.0 / 256, 1e-5, "add_norm_forward out");
+    }
+  }
+}
+
 TEST_F(CudaOps, EmbeddingHeadLossAndSumOfSquares) {
   const int64_t batch = 2, seq = 8, dim = 32, vocab = 50, rows = batch * seq;
   std::vector<int32_t> tokens(rows), targets(rows);

@@ -205,6 +205,37 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
                        eps);
 }
 
+void add_norm_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                      const Tensor& residual, const Tensor& delta, const Tensor& weight,
+                      const Tensor& bias, float eps, bool round_sum_to_bf16) {
+  const Device device =
+      device_of("add_norm_forward", {&sum, &out, &rstd, &residual, &delta, &weight});
+  LOOM_CHECK(
+      sum.numel() == residual.numel() && sum.numel() == delta.numel() && sum.numel() == out.numel(),
+      "ops::add_norm_forward: sum ", shape_to_string(sum.shape()), ", residual ",
+      shape_to_string(residual.shape()), ", delta ", shape_to_string(delta.shape()), ", out ",
+      shape_to_string(out.shape()));
+#ifdef LOOM_HAVE_CUDA
+  if (device == Device::CUDA && sum.dtype() == DType::BF16 &&
+      cuda_impl::add_norm_forward(sum, out, mean, rstd, residual, delta, weight, bias, eps))
+    return;
+#else
+  (void)device;
+#endif
+  // Unfused: the sum where it is stored, then the norm of it.
+  if (sum.raw() == delta.raw()) {
+    add_into(sum, residual);
+  } else {
+    if (sum.raw() != residual.raw()) sum.copy_from(residual);
+    add_into(sum, delta);
+  }
+  if (round_sum_to_bf16) round_to_bf16_(sum);
+  if (bias.defined())
+    layernorm_forward(out, mean, rstd, sum, weight, bias, eps);
+  else
+    rmsnorm_forward(out, rstd, sum, weight, eps);
+}
+
 void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out,
                       const Tensor& input, const Tensor& weight, const Tensor& rstd) {
   const Device device =

@@ -62,6 +62,16 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& input,
                      const Tensor& weight, float eps);
 void rmsnorm_backward(const Tensor& d_input, const Tensor& d_weight, const Tensor& d_out,
                       const Tensor& input, const Tensor& weight, const Tensor& rstd);
+// The residual add before a norm, then the norm: sum = residual + delta (stored: the next
+// layer's input and this norm's backward input; may be residual or delta itself), rounded to
+// bf16 values when round_sum_to_bf16 (the CPU's bf16 mode, f32 storage), then out =
+// norm(sum). Exactly ops::add_into, round_to_bf16_ and the norm's forward in turn; on CUDA with
+// bf16 storage one fused kernel (kernels/cuda/norms: the sum is rounded where it is stored and
+// normalised as stored, so the same bits), saving a launch and a pass over the rows. bias
+// undefined for RMSNorm (mean then unused).
+void add_norm_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                      const Tensor& residual, const Tensor& delta, const Tensor& weight,
+                      const Tensor& bias, float eps, bool round_sum_to_bf16);
 
 // ---- activations ----------------------------------------------------------------------
 void gelu_forward(const Tensor& out, const Tensor& input);

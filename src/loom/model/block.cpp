@@ -61,9 +61,9 @@ void TransformerBlock::forward(const Tensor& x_out, const Tensor& x_in, BlockSta
   norm1.forward(stash.norm1_out, stash.norm1, x_in);
   round_if_bf16(stash.norm1_out);
   attention.forward(stash.residual_mid, stash, batch, seq_len);
-  ops::add_into(stash.residual_mid, x_in);
-  round_if_bf16(stash.residual_mid);
-  norm2.forward(stash.norm2_out, stash.norm2, stash.residual_mid);
+  // residual_mid = attention's output + x_in, and norm2 of it (one kernel on CUDA in bf16).
+  norm2.forward_added(stash.norm2_out, stash.norm2, stash.residual_mid, x_in, stash.residual_mid,
+                      bf16_activations_);
   round_if_bf16(stash.norm2_out);
   if (moe) {
     moe->forward(x_out, stash.norm2_out, stash.moe);

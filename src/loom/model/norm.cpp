@@ -17,6 +17,14 @@ void Norm::forward(const Tensor& out, NormStash& stash, const Tensor& input) con
     ops::rmsnorm_forward(out, stash.rstd, input, weight.value, eps_);
 }
 
+void Norm::forward_added(const Tensor& out, NormStash& stash, const Tensor& sum,
+                         const Tensor& residual, const Tensor& delta,
+                         bool round_sum_to_bf16) const {
+  ops::add_norm_forward(sum, out, stash.mean, stash.rstd, residual, delta, weight.value,
+                        kind_ == NormKind::LayerNorm ? bias.value : Tensor(), eps_,
+                        round_sum_to_bf16);
+}
+
 void Norm::backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input,
                     const NormStash& stash) {
   if (kind_ == NormKind::LayerNorm)

@@ -18,6 +18,11 @@ class Norm {
   Norm(NormKind kind, std::string name, int64_t dim, float eps);
   // input, out: [rows, dim].
   void forward(const Tensor& out, NormStash& stash, const Tensor& input) const;
+  // The residual add before the norm, then the norm of the sum: sum = residual + delta (sum may
+  // be either of them), rounded to bf16 values when round_sum_to_bf16, then forward(out, stash,
+  // sum) (ops::add_norm_forward: one fused kernel on CUDA in bf16).
+  void forward_added(const Tensor& out, NormStash& stash, const Tensor& sum, const Tensor& residual,
+                     const Tensor& delta, bool round_sum_to_bf16) const;
   // d_input accumulated.
   void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input,
                 const NormStash& stash);

@@ -206,6 +206,20 @@ double lm_head_cross_entropy(const CrossEntropyArgs& args) {
   return head_loss<float>(args, targets.get(), [](const Tensor& t) { return f32(t); });
 }
 
+bool add_norm_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                      const Tensor& residual, const Tensor& delta, const Tensor& weight,
+                      const Tensor& bias, float eps) {
+  if (!is_bf16("add_norm_forward", {&sum, &out, &residual, &delta, &weight})) return false;
+  const int64_t dim = weight.numel(), rows = sum.numel() / dim;
+  if (bias.defined())
+    cuda::add_layernorm_forward(b16(sum), b16(out), f32(mean), f32(rstd), b16(residual), b16(delta),
+                                b16(weight), b16(bias), rows, dim, eps);
+  else
+    cuda::add_rmsnorm_forward(b16(sum), b16(out), f32(rstd), b16(residual), b16(delta), b16(weight),
+                              rows, dim, eps);
+  return true;
+}
+
 void add_into(const Tensor& dst, const Tensor& src) {
   if (is_bf16("add_into", {&dst, &src}))
     cuda::add_into(b16(dst), b16(src), dst.numel());

@@ -63,6 +63,10 @@ void embedding_backward(const Tensor& d_token_table, const Tensor* d_position_ta
                         const int32_t* positions);
 double lm_head_cross_entropy(const CrossEntropyArgs& args);
 void add_into(const Tensor& dst, const Tensor& src);
+// ops::add_norm_forward's fused kernel for bf16 storage; false (nothing done) otherwise.
+bool add_norm_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                      const Tensor& residual, const Tensor& delta, const Tensor& weight,
+                      const Tensor& bias, float eps);
 void scale_(const Tensor& x, float factor);
 double sum_of_squares(const Tensor& x);
 std::vector<double> sums_of_squares(const std::vector<const Tensor*>& xs);

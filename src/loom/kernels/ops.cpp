@@ -209,7 +209,7 @@ void add_norm_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, 
                       const Tensor& residual, const Tensor& delta, const Tensor& weight,
                       const Tensor& bias, float eps, bool round_sum_to_bf16) {
   const Device device =
-      device_of("add_norm_forward", {&sum, &out, &rstd, &residual, &delta, &weight});
+      device_of("add_norm_forward", {&sum, &out, &mean, &rstd, &residual, &delta, &weight, &bias});
   LOOM_CHECK(
       sum.numel() == residual.numel() && sum.numel() == delta.numel() && sum.numel() == out.numel(),
       "ops::add_norm_forward: sum ", shape_to_string(sum.shape()), ", residual ",

@@ -39,7 +39,7 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 finish() {
   note "total: $(( $(date +%s) - START )) s of a ${BUDGET} s budget"
-  tar -C "$W" --exclude='*.bin' --exclude='*.safetensors' --exclude=ctest --exclude='ckpt*' \
+  tar -C "$W" --exclude='*.ncu-rep' --exclude='*.bin' --exclude='*.safetensors' --exclude=ctest --exclude='ckpt*' \
     -cJf "$OUT/details.tar.xz" . 2>/dev/null
   # The device tool brings back 8 files from $OUT: the profile joins them where there is room
   # (it is in details.tar.xz either way).
@@ -302,29 +302,29 @@ bench_torch() {  # preset batch [--compile [seq]]
   cat "$W/torch_${tag}_$1.out" >> "$OUT/bench.log"
   grep '^{' "$W/torch_${tag}_$1.out" >> "$OUT/bench.jsonl"
 }
-# 5b. profile: Nsight Compute's duration of every kernel of a 2-step GPT-2 124M run (bf16,
-# batch 16 x 1024), summed per kernel name and per step: where the step's time goes.
-if want profile && command -v ncu >/dev/null && [ -s "$B/bench_train_000000.bin" ]; then
-  # LOOM_PROFILE_CASE="preset:batch:precision" profiles another case (e.g. llama-1b:4:fp8).
-  IFS=: read -r prof_preset prof_batch prof_precision <<<"${LOOM_PROFILE_CASE:-gpt2-124m:16:bf16}"
-  bench_toml "$B/profile.toml" "$prof_preset" "$prof_batch" "$prof_precision" 2 "$B/profile_run"
+# 5b. profile: Nsight Compute's duration of every kernel of 2-step runs (GPT-2 124M bf16, batch
+# 16 x 1024, and llama-1b FP8, 4 x 1024, by default), summed per kernel name and per step: where
+# each step's time goes.
+profile_case() {  # preset batch precision tag
+  local tag=$4
+  bench_toml "$B/profile_$tag.toml" "$1" "$2" "$3" 2 "$B/profile_run_$tag"
   # LOOM_PROFILE_ATTENTION picks the attention kernels of the profiled run (auto by default).
-  check profile 150 "$W/profile.log" env LOOM_CUDA_ATTENTION="${LOOM_PROFILE_ATTENTION:-auto}" ncu --clock-control none --metrics gpu__time_duration.sum \
-      --csv --page raw --log-file "$W/profile_ncu.txt" -f -o "$W/profile_report" "$P/build/loom" train "$B/profile.toml"
+  check "profile_$tag" 150 "$W/profile_$tag.log" env LOOM_CUDA_ATTENTION="${LOOM_PROFILE_ATTENTION:-auto}" ncu --clock-control none --metrics gpu__time_duration.sum \
+      --csv --page raw --log-file "$W/profile_ncu_$tag.txt" -f -o "$W/profile_report_$tag" "$P/build/loom" train "$B/profile_$tag.toml"
   # LOOM_PROFILE_KERNEL=regex: Nsight Compute's full section set for one launch of that kernel.
   if [ -n "${LOOM_PROFILE_KERNEL:-}" ]; then
-    check profile_kernel 60 "$W/profile_kernel.txt" env LOOM_CUDA_ATTENTION="${LOOM_PROFILE_ATTENTION:-auto}" ncu --clock-control none --set full -k "regex:$LOOM_PROFILE_KERNEL" \
-        -s 3 -c 1 "$P/build/loom" train "$B/profile.toml"
+    check "profile_kernel_$tag" 60 "$W/profile_kernel_$tag.txt" env LOOM_CUDA_ATTENTION="${LOOM_PROFILE_ATTENTION:-auto}" ncu --clock-control none --set full -k "regex:$LOOM_PROFILE_KERNEL" \
+        -s 3 -c 1 "$P/build/loom" train "$B/profile_$tag.toml"
     grep -E 'Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|L1/TEX Hit|L2 Hit|Theoretical Occupancy|Block Limit|Waves Per SM|Compute \(SM\) Throughput|uncoalesced|excessive' \
-        "$W/profile_kernel.txt" | head -n 24 | cut -c1-200 | sed 's/^/        /' | tee -a "$SUMMARY"
+        "$W/profile_kernel_$tag.txt" | head -n 24 | cut -c1-200 | sed 's/^/        /' | tee -a "$SUMMARY"
   fi
-  ncu --import "$W/profile_report.ncu-rep" --csv --page raw --print-units base --metrics gpu__time_duration.sum > "$W/profile.csv" 2>>"$W/profile.log"
-  "${SYSENV[@]}" /usr/bin/python3 - "$W/profile.csv" <<'PY' | tee -a "$SUMMARY"
+  ncu --import "$W/profile_report_$tag.ncu-rep" --csv --page raw --print-units base --metrics gpu__time_duration.sum > "$W/profile_$tag.csv" 2>>"$W/profile_$tag.log"
+  "${SYSENV[@]}" /usr/bin/python3 - "$W/profile_$tag.csv" "$tag" <<'PY' | tee -a "$SUMMARY"
 import csv, sys, collections, re
 rows = list(csv.reader(open(sys.argv[1])))
 head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
 if head is None:
-    print("        profile: no kernels in the report"); sys.exit()
+    print(f"        profile {sys.argv[2]}: no kernels in the report"); sys.exit()
 h = rows[head]; name_i = h.index("Kernel Name"); t_i = h.index("gpu__time_duration.sum")
 total, per, count = 0.0, collections.Counter(), collections.Counter()
 for r in rows[head + 1:]:
@@ -333,10 +333,17 @@ for r in rows[head + 1:]:
     name = re.sub(r"^void ", "", r[name_i].replace("<unnamed>::", ""))  # nanoseconds (--print-units base)
     name = name[:110] if name.startswith(("cutlass", "loom::pointwise")) else re.sub(r"[(<].*", "", name)
     per[name] += t; count[name] += 1; total += t
-print(f"        profile: {sum(count.values())} kernels, {total/1e6:.1f} ms of kernel time over 2 steps; top kernel names (ms over 2 steps, launches):")
+print(f"        profile {sys.argv[2]}: {sum(count.values())} kernels, {total/1e6:.1f} ms of kernel time over 2 steps; top kernel names (ms over 2 steps, launches):")
 for name, t in per.most_common(25):
     print(f"          {t/1e6:8.2f} ms {100*t/total:5.1f}%  {count[name]:5d}  {name[:90]}")
 PY
+}
+if want profile && command -v ncu >/dev/null && [ -s "$B/bench_train_000000.bin" ]; then
+  # LOOM_PROFILE_CASE="preset:batch:precision ..." profiles other cases.
+  for prof_case in ${LOOM_PROFILE_CASE:-gpt2-124m:16:bf16 llama-1b:4:fp8}; do
+    IFS=: read -r prof_preset prof_batch prof_precision <<<"$prof_case"
+    profile_case "$prof_preset" "$prof_batch" "$prof_precision" "${prof_preset}_$prof_precision"
+  done
 fi
 
 # LOOM_BENCH_LOOM="preset:batch:precision:attention[:variant] ..." replaces the default runs

@@ -283,7 +283,9 @@ bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_e
   [ "$variant" = f32_logits ] && logits=f32
   bench_toml "$B/$name.toml" "$1" "$2" "$precision" "$STEPS" "$B/loom_$name" "$seq"
   check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" LOOM_CUDA_GELU_EPILOGUE="$gelu" LOOM_CUDA_CUDNN_DETERMINISTIC="$det" LOOM_CUDA_LOGITS="$logits" "$P/build/loom" train "$B/$name.toml"
-  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention${variant:+ $variant}" "$seq" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
+  # What the run's first line says it took (the attention kernels auto chose, the logits).
+  local kernels; kernels=$(grep -o 'attention: [^|]*' "$OUT/bench.log" | tail -n 1 | sed 's/ *$//')
+  "${SYSENV[@]}" /usr/bin/python3 - "$B/loom_$name/metrics.jsonl" "$1" "$2" "$precision" "$attention${variant:+ $variant}" "$seq" "$kernels" >> "$OUT/bench.jsonl" 2>>"$OUT/bench.log" <<'PY'
 import json, sys, statistics
 records = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"][5:]
 ms = statistics.median(r["step_ms"] for r in records)
@@ -291,7 +293,7 @@ memory = max((r["memory_bytes"] or 0) for r in records) / 2 ** 30
 seq = int(sys.argv[6])
 print(json.dumps({"engine": "loom", "preset": sys.argv[2], "batch": int(sys.argv[3]), "seq": seq,
                   "precision": sys.argv[4], "attention": sys.argv[5], "ms_per_step": ms, "tokens_per_s": int(sys.argv[3]) * seq / ms * 1e3,
-                  "peak_memory_gib": memory}))
+                  "peak_memory_gib": memory, "kernels": sys.argv[7]}))
 PY
 }
 bench_torch() {  # preset batch [--compile [seq]]

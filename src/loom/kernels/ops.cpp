@@ -435,6 +435,16 @@ void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t
     std::memcpy(d + r * dst_ld + dst_col, s + r * src_ld + src_col, static_cast<size_t>(cols) * sizeof(float));
 }
 
+std::string cuda_kernel_summary(Device device, int64_t head_dim, bool bf16) {
+  if (device != Device::CUDA) return {};
+#ifdef LOOM_HAVE_CUDA
+  return cuda_impl::kernel_summary(head_dim, bf16);
+#else
+  (void)head_dim, (void)bf16;
+  return {};
+#endif
+}
+
 int64_t max_attention_head_dim(Device device) {
   if (device == Device::CPU) return std::numeric_limits<int64_t>::max();
 #ifdef LOOM_HAVE_CUDA

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "loom/core/tensor.hpp"
@@ -122,6 +123,11 @@ void copy_columns(const Tensor& dst, int64_t dst_col, const Tensor& src, int64_t
 // The largest head_dim the attention ops take on `device` (the CPU has no limit; 0 for a
 // device this loom was built without).
 int64_t max_attention_head_dim(Device device);
+// What the CUDA engine runs for a model of this head width (bf16 or f32 activations): the
+// attention kernels LOOM_CUDA_ATTENTION picks (auto: cuDNN's where it loads, else why not and
+// loom's) and the lm-head's logit precision, as one phrase for the run's first line; empty on
+// the CPU or without CUDA.
+std::string cuda_kernel_summary(Device device, int64_t head_dim, bool bf16);
 
 // Rotary embedding ("rotate half", Hugging Face's table rounding): the table on the host,
 // and a device copy made on the first CUDA use.

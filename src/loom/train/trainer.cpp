@@ -20,6 +20,7 @@
 #include "loom/kernels/cpu/gemm.hpp"
 #ifdef LOOM_HAVE_CUDA
 #include "loom/kernels/cuda/device_info.hpp"
+#include "loom/kernels/ops.hpp"
 #endif
 #include "loom/model/flops.hpp"
 #include "loom/obs/loss_plot.hpp"
@@ -410,24 +411,34 @@ TrainSummary Trainer::run() {
     std::snprintf(where, sizeof where, "%s, dense peak %.0f TFLOP/s", device_name.c_str(), peak_gflops / 1e3);
   else
     std::snprintf(where, sizeof where, "%s (peak unknown: no MFU)", device_name.c_str());
+  // On CUDA, which attention kernels and logit precision this run takes (auto may fall back).
+  const std::string kernels = ops::cuda_kernel_summary(model_->device(), config_.model.head_dim(),
+                                                       model_->compute_dtype() == DType::BF16);
+  const std::string where_text =
+      kernels.empty() ? std::string(where) : std::string(where) + ", " + kernels;
   // Per-rank FLOPs over the per-rank peak: MFU of one rank (a tp rank does 1/tp of its
   // replica's work, a pipeline stage 1/pp of it, evenly split).
   const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
                                 static_cast<double>(config_.tokens_per_step()) /
                                 (groups_.tp_size * groups_.pp_size * groups_.cp_size);
   if (is_rank0())
-    std::printf("model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
-              "%s | dp %d%s x cp %d x tp %d%s x pp %d%s\n",
-              architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
-              static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
-              static_cast<long long>(global_tokens_per_step()),
-              config_.precision == Precision::BF16 ? "bf16 (fp32 master)"
-              : config_.precision == Precision::FP8 ? "fp8 linears (fp32 master)" : "f32",
-              recompute_name(config_.recompute), where, groups_.dp_size,
-              groups_.ep ? (" (ep " + std::to_string(groups_.ep_size) + ")").c_str() : "", groups_.cp_size, groups_.tp_size,
-              config_.sequence_parallel ? " (sequence parallel)" : "", groups_.pp_size,
-              groups_.pp ? (std::string(" (") + schedule_name(config_.pp_schedule) + ", " +
-                            std::to_string(config_.grad_accum) + " micro-batches)").c_str() : "");
+    std::printf(
+        "model %s: %.2fM parameters, %lld layers, d=%lld | %lld tokens/step | %s, recompute %s | "
+        "%s | dp %d%s x cp %d x tp %d%s x pp %d%s\n",
+        architecture_name(config_.model.arch), config_.model.parameter_count() / 1e6,
+        static_cast<long long>(config_.model.n_layer), static_cast<long long>(config_.model.n_embd),
+        static_cast<long long>(global_tokens_per_step()),
+        config_.precision == Precision::BF16  ? "bf16 (fp32 master)"
+        : config_.precision == Precision::FP8 ? "fp8 linears (fp32 master)"
+                                              : "f32",
+        recompute_name(config_.recompute), where_text.c_str(), groups_.dp_size,
+        groups_.ep ? (" (ep " + std::to_string(groups_.ep_size) + ")").c_str() : "",
+        groups_.cp_size, groups_.tp_size, config_.sequence_parallel ? " (sequence parallel)" : "",
+        groups_.pp_size,
+        groups_.pp ? (std::string(" (") + schedule_name(config_.pp_schedule) + ", " +
+                      std::to_string(config_.grad_accum) + " micro-batches)")
+                         .c_str()
+                   : "");
   std::fflush(stdout);
 
   ProgressBar progress = is_rank0() ? ProgressBar(config_.steps) : ProgressBar(config_.steps, stderr, false);

@@ -7,6 +7,7 @@
 #include "loom/kernels/cuda/activations.hpp"
 #include "loom/kernels/cuda/adamw.hpp"
 #include "loom/kernels/cuda/attention.hpp"
+#include "loom/kernels/cuda/attention_cudnn.hpp"
 #include "loom/kernels/cuda/cross_entropy.hpp"
 #include "loom/kernels/cuda/elementwise.hpp"
 #include "loom/kernels/cuda/embedding.hpp"
@@ -260,6 +261,35 @@ std::vector<double> sums_of_squares(const std::vector<const Tensor*>& xs) {
 void round_to_bf16_(const Tensor& x) { cuda::round_to_bf16_inplace(f32(x), x.numel()); }
 
 int64_t max_attention_head_dim() { return cuda::kMaxAttentionHeadDim; }
+
+std::string kernel_summary(int64_t head_dim, bool bf16) {
+  if (!bf16) return "attention: scalar kernels (f32), logits f32";
+  // A causal call of this head width, as cuDNN and the tensor-core kernels judge it (pointers
+  // are the engine's, 256-byte aligned, so none is given).
+  const cpu::AttentionShape shape{1, 2, 1, 1, head_dim};
+  std::string attention;
+  switch (cuda::attention_kernel()) {
+    case cuda::AttentionKernel::scalar: attention = "scalar kernels"; break;
+    case cuda::AttentionKernel::tensor_cores: attention = "loom's first tensor-core kernels"; break;
+    case cuda::AttentionKernel::pipelined:
+      attention = "loom's pipelined tensor-core kernels";
+      break;
+    case cuda::AttentionKernel::cudnn: attention = "cuDNN's fused flash attention"; break;
+    case cuda::AttentionKernel::automatic: {
+      const std::string no_cudnn = cuda::detail::cudnn_attention_refusal(shape, {});
+      if (no_cudnn.empty()) {
+        attention = "cuDNN's fused flash attention (auto)";
+      } else {
+        attention = cuda::tensor_cores_refusal(shape, {}).empty()
+                        ? "loom's pipelined tensor-core kernels (auto"
+                        : "scalar kernels (auto";
+        attention += "; cuDNN not taken: " + no_cudnn + ")";
+      }
+      break;
+    }
+  }
+  return "attention: " + attention + ", logits " + (cuda::bf16_logits() ? "bf16" : "f32");
+}
 
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step) {

@@ -72,6 +72,7 @@ double sum_of_squares(const Tensor& x);
 std::vector<double> sums_of_squares(const std::vector<const Tensor*>& xs);
 void round_to_bf16_(const Tensor& x);
 int64_t max_attention_head_dim();
+std::string kernel_summary(int64_t head_dim, bool bf16);
 void adamw_update(const Tensor& param, const Tensor& working, const Tensor& grad,
                   const Tensor& exp_avg, const Tensor& exp_avg_sq, const AdamWStep& step);
 void adamw_update_many(std::span<const AdamWTensors> tensors);

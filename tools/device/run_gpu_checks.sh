@@ -193,27 +193,28 @@ fi
 grep -E '^(step 10/10|done:)' "$OUT/mpi_smoke.log" | sed 's/^/        /' | tee -a "$SUMMARY"
 
 # 3b. calibrate: the CUDA engine measured into a machine profile (about 20 s), and the planner's
-# predictions from it for the bench's GPT-2 124M and llama-1b runs (bf16, 16 and 4 x 1024, one
-# GPU: one micro-batch), which 5. measures.
+# predictions from it for the bench's runs (one GPU, one micro-batch: preset:batch:precision:seq,
+# GPT-2 124M and llama-1b in bf16 at 1024, llama-1b at 4096; a profile is bf16), which 5. measures.
 PROFILE=$W/gpu_profile.json
-PLANS="gpt2-124m:16 llama-1b:4"
+PLANS="gpt2-124m:16:bf16:1024 llama-1b:4:bf16:1024 llama-1b:1:bf16:4096"
 if want calibrate; then
   check calibrate 120 "$W/calibrate.log" mpirun --allow-run-as-root -np 1 "$P/build/loom" calibrate --device cuda --out "$PROFILE"
   grep -E 'bf16: GEMM peak|^wrote|error' "$W/calibrate.log" | cut -c1-400 | sed 's/^/        /' | tee -a "$SUMMARY"
   [ -s "$PROFILE" ] && cp "$PROFILE" "$OUT/gpu_profile.json"
   for plan in $PLANS; do
     [ -s "$PROFILE" ] || break
-    IFS=: read -r plan_preset plan_batch <<<"$plan"
-    timeout 60 "$P/build/loom" plan --model "$plan_preset" --seq 1024 --global-batch "$plan_batch" \
-      --layout "mbs=$plan_batch" --profile "$PROFILE" --json > "$W/plan_$plan_preset.json" 2>> "$W/calibrate.log"
-    "${SYSENV[@]}" /usr/bin/python3 - "$W/plan_$plan_preset.json" "$plan_preset" "$plan_batch" <<'PY' | tee -a "$SUMMARY"
+    IFS=: read -r plan_preset plan_batch plan_precision plan_seq <<<"$plan"
+    plan_file="$W/plan_${plan_preset}_${plan_batch}_${plan_precision}_$plan_seq.json"
+    timeout 60 "$P/build/loom" plan --model "$plan_preset" --seq "$plan_seq" --global-batch "$plan_batch" \
+      --precision "$plan_precision" --layout "mbs=$plan_batch" --profile "$PROFILE" --json > "$plan_file" 2>> "$W/calibrate.log"
+    "${SYSENV[@]}" /usr/bin/python3 - "$plan_file" "$plan_preset" "$plan_batch" "$plan_precision $plan_batch x $plan_seq" <<'PY' | tee -a "$SUMMARY"
 import json, sys
 try:
     p = json.load(open(sys.argv[1]))
 except (OSError, ValueError) as e:
     print(f"        plan --profile: no prediction ({e})"); sys.exit()
 t, m = p["time"], p["memory_bytes"]
-print(f"        plan --profile: {sys.argv[2]} bf16 {sys.argv[3]} x 1024 on one GPU: predicted {1e3 * t['step_s']:.1f} ms/step "
+print(f"        plan --profile: {sys.argv[2]} {sys.argv[4]} on one GPU: predicted {1e3 * t['step_s']:.1f} ms/step "
       f"(compute {1e3 * t['compute_s']:.1f}, optimizer {1e3 * t['optimizer_s']:.1f}), {t['tokens_per_s']:.0f} tokens/s, "
       f"memory {m['total'] / 2**30:.2f} GiB ({'fits' if p['fits'] else 'does NOT fit'})")
 PY
@@ -391,25 +392,26 @@ fi
 [ -s "$OUT/bench.jsonl" ] && sed 's/^/        /' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
 # The calibration's predictions (3b.) against the bench's measured steps and peak memory (5.).
 for plan in $PLANS; do
-  IFS=: read -r plan_preset plan_batch <<<"$plan"
-  [ -s "$W/plan_$plan_preset.json" ] && [ -s "$OUT/bench.jsonl" ] || continue
-  "${SYSENV[@]}" /usr/bin/python3 - "$W/plan_$plan_preset.json" "$OUT/bench.jsonl" "$plan_preset" "$plan_batch" <<'PY' | tee -a "$SUMMARY"
+  IFS=: read -r plan_preset plan_batch plan_precision plan_seq <<<"$plan"
+  plan_file="$W/plan_${plan_preset}_${plan_batch}_${plan_precision}_$plan_seq.json"
+  [ -s "$plan_file" ] && [ -s "$OUT/bench.jsonl" ] || continue
+  "${SYSENV[@]}" /usr/bin/python3 - "$plan_file" "$OUT/bench.jsonl" "$plan_preset" "$plan_batch" "$plan_precision" "$plan_seq" <<'PY' | tee -a "$SUMMARY"
 import json, sys
 try:
     plan = json.load(open(sys.argv[1]))
     predicted, memory = 1e3 * plan["time"]["step_s"], plan["memory_bytes"]["total"] / 2**30
 except (OSError, ValueError, KeyError):
     sys.exit()
-preset, batch = sys.argv[3], int(sys.argv[4])
+preset, batch, precision, seq = sys.argv[3], int(sys.argv[4]), sys.argv[5], int(sys.argv[6])
 for line in open(sys.argv[2]):
     try:
         r = json.loads(line)
     except ValueError:
         continue
-    if (r.get("engine"), r.get("preset"), r.get("batch"), r.get("precision"), r.get("attention")) == \
-            ("loom", preset, batch, "bf16", "auto"):
+    if (r.get("engine"), r.get("preset"), r.get("batch"), r.get("precision"), r.get("attention"), r.get("seq", 1024)) == \
+            ("loom", preset, batch, precision, "auto", seq):
         measured = r["ms_per_step"]
-        print(f"        calibrate vs bench: {preset} bf16 {batch} x 1024: predicted {predicted:.1f} ms/step, "
+        print(f"        calibrate vs bench: {preset} {precision} {batch} x {seq}: predicted {predicted:.1f} ms/step, "
               f"measured {measured:.1f} ms/step ({100 * (predicted / measured - 1):+.1f}%); memory predicted "
               f"{memory:.2f} GiB, peak {r['peak_memory_gib']:.2f} GiB ({100 * (memory / r['peak_memory_gib'] - 1):+.1f}%)")
         break

@@ -208,34 +208,37 @@ TEST(PlanProfile, GpuProfileRoundTripsWithItsDeviceAndMemory) {
 // separate bf16 gradient (what LOOM_CUDA_LOGITS=f32 still allocates) the same count gave what
 // the allocator reported on an H100 80GB HBM3 (85,017,493,504 bytes) on 2026-11-27
 // (docs/results/h100-2026-11-27) to the byte: GPT-2 124M, 16 x 1024, bf16: 5,497,635,072 bytes;
-// llama-1b, 4 x 1024: 3,512,811,776. Since session 26 the bf16 logits hold their own gradient:
-// those figures less the f32 logits.
+// llama-1b, 4 x 1024: 3,512,811,776. Since session 26 the bf16 logits hold their own gradient
+// and the blocks carry one residual gradient in place (two [rows, d] buffers fewer): those
+// figures less the f32 logits and the two buffers.
 TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
   const double h100 = 85'017'493'504.0;
   PlanLayout l;
   l.micro_batch = 16;
-  // GPT-2: rows 16384, d 768. Block scratch (2 x 768 + 2304 + 768 + 3072 + 3072 + 2 x 768
-  // = 12288 bf16 per row): 402,653,184; the head's d_hidden 25,165,824; the targets (int32)
-  // 65,536. The whole vocabulary fits in 1/16 of the GPU at 2 bytes a logit, so one chunk of
-  // 50257 with a stride of 50272: bf16 logits (and their gradient) 1,647,312,896, four row
-  // statistics 262,144, the loss 256 (one aligned double), the f32 d_hidden accumulator
-  // 50,331,648, and 50257 not a multiple of 16, its weight rows padded to 50272: 77,217,792.
-  // The H100's 5,497,635,072 less its f32 logits' 3,294,625,792.
+  // GPT-2: rows 16384, d 768. Block scratch (d_norm_out 768, d_qkv 2304, d_attn_out 768, the
+  // MLP's 3072 + 3072, the residual gradient 768 = 10752 bf16 per row): 352,321,536; the head's
+  // d_hidden 25,165,824; the targets (int32) 65,536. The whole vocabulary fits in 1/16 of the GPU
+  // at 2 bytes a logit, so one chunk of 50257 with a stride of 50272: bf16 logits (and their
+  // gradient) 1,647,312,896, four row statistics 262,144, the loss 256 (one aligned double), the
+  // f32 d_hidden accumulator 50,331,648, and 50257 not a multiple of 16, its weight rows padded to
+  // 50272: 77,217,792. The H100's 5,497,635,072 less its f32 logits' 3,294,625,792 and two 16384 x
+  // 768 bf16 buffers (50,331,648).
   const double gpt2 = loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, true);
-  EXPECT_EQ(gpt2, 402'653'184.0 + 25'165'824 + 65'536 + 1'647'312'896 + 262'144 + 256 + 50'331'648 +
+  EXPECT_EQ(gpt2, 352'321'536.0 + 25'165'824 + 65'536 + 1'647'312'896 + 262'144 + 256 + 50'331'648 +
                       77'217'792);
-  EXPECT_EQ(gpt2, 5'497'635'072.0 - 3'294'625'792);
+  EXPECT_EQ(gpt2, 5'497'635'072.0 - 3'294'625'792 - 50'331'648);
   // Not the last pipeline stage: the block scratch alone.
   EXPECT_EQ(loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, false),
-            402'653'184.0);
-  // llama-1b: rows 4096, d 2048, q|k|v 3072, SwiGLU 2 x 8192: (4096 + 5120 + 24576 + 4096)
-  // bf16 per row = 310,378,496; d_hidden 16,777,216; targets 16,384; vocabulary 128256 in one
+            352'321'536.0);
+  // llama-1b: rows 4096, d 2048, q|k|v 3072, SwiGLU 2 x 8192: (2048 + 5120 + 24576 + 2048)
+  // bf16 per row = 276,824,064; d_hidden 16,777,216; targets 16,384; vocabulary 128256 in one
   // chunk (a multiple of 16: no padded copy): bf16 logits 1,050,673,152 + 65,536 + 256 +
-  // 33,554,432. The H100's 3,512,811,776 less its f32 logits' 2,101,346,304.
+  // 33,554,432. The H100's 3,512,811,776 less its f32 logits' 2,101,346,304 and two 4096 x
+  // 2048 bf16 buffers (33,554,432).
   l.micro_batch = 4;
   const double llama = loom_cuda_workspace_bytes(model_preset("llama-1b"), l, 1024, h100, 2, true);
-  EXPECT_EQ(llama, 310'378'496.0 + 16'777'216 + 16'384 + 1'050'673'152 + 65'536 + 256 + 33'554'432);
-  EXPECT_EQ(llama, 3'512'811'776.0 - 2'101'346'304);
+  EXPECT_EQ(llama, 276'824'064.0 + 16'777'216 + 16'384 + 1'050'673'152 + 65'536 + 256 + 33'554'432);
+  EXPECT_EQ(llama, 3'512'811'776.0 - 2'101'346'304 - 33'554'432);
   // On a 24 GB GPU the logits no longer fit in 1/16 of it: 24e9 / 16 / (16384 x 2) = 45776
   // logits a row, rounded down to 1024s: chunks of 45056, the last 50257 - 45056 = 5201 wide
   // (padded to 5216). Logits 16384 x 45056 x 2 = 1,476,395,008; statistics, loss, accumulator
@@ -244,10 +247,10 @@ TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
   EXPECT_EQ(loom_cuda_vocab_chunk(model_preset("gpt2-124m"), l, 1024, 24e9, 2), 45056);
   EXPECT_EQ(
       loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, 24e9, 2, true),
-      402'653'184.0 + 25'165'824 + 65'536 + 1'476'395'008 + 262'144 + 256 + 50'331'648 + 8'011'776);
-  // tp 2 with sp: the block scratch on 8192 local rows for the norms' and residuals' tensors
-  // (2 x 768 + 2 x 768) and the whole 16384 for q|k|v, attention and MLP at half width (1152 +
-  // 384 + 1536 + 1536): (8192 x 3072 + 16384 x 4608) x 2 = 201,326,592; d_hidden on 8192 rows
+      352'321'536.0 + 25'165'824 + 65'536 + 1'476'395'008 + 262'144 + 256 + 50'331'648 + 8'011'776);
+  // tp 2 with sp: the block scratch on 8192 local rows for d_norm_out and the residual gradient
+  // (768 + 768) and the whole 16384 for q|k|v, attention and MLP at half width (1152 + 384 +
+  // 1536 + 1536): (8192 x 1536 + 16384 x 4608) x 2 = 176,160,768; d_hidden on 8192 rows
   // 12,582,912; targets 65,536; the shard's chunk min(50257, 25129) = 25129: f32 logits 16384 x
   // 25129 x 4 = 1,646,854,144 and bf16 gradients 823,427,072, the accumulator 50,331,648, and
   // the gathered hidden rows with their gradient 2 x 16384 x 768 x 2 = 50,331,648.
@@ -255,7 +258,7 @@ TEST(PlanProfile, CudaEngineWorkspaceIsWhatTheEngineAllocates) {
   l.sequence_parallel = true;
   EXPECT_EQ(
       loom_cuda_workspace_bytes(model_preset("gpt2-124m"), l, 1024, h100, 2, true),
-      201'326'592.0 + 12'582'912 + 65'536 + 1'646'854'144 + 823'427'072 + 50'331'648 + 50'331'648);
+      176'160'768.0 + 12'582'912 + 65'536 + 1'646'854'144 + 823'427'072 + 50'331'648 + 50'331'648);
   // The shard passes' 6 bytes a logit size the chunk under tp: on 24 GB, 24e9 / 16 / (16384 x
   // 6) = 15258, down to 14336 (2 bytes a logit would give 45056).
   EXPECT_EQ(loom_cuda_vocab_chunk(model_preset("gpt2-124m"), l, 1024, 24e9, 2), 14336);

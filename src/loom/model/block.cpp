@@ -85,28 +85,28 @@ void TransformerBlock::set_bf16_activations(bool on) {
   if (moe) moe->set_bf16_activations(on);
 }
 
-void TransformerBlock::backward(const Tensor& d_x_in, const Tensor& d_x_out, const Tensor& x_in,
-                                BlockStash& stash, BlockGradScratch& scratch, Recompute recompute,
-                                int64_t batch, int64_t seq_len) {
+void TransformerBlock::backward(const Tensor& d_x, const Tensor& x_in, BlockStash& stash,
+                                BlockGradScratch& scratch, Recompute recompute, int64_t batch,
+                                int64_t seq_len) {
   if (recompute == Recompute::Full) {
     forward(scratch.d_norm_out, x_in, stash, batch, seq_len);  // output itself unused
   } else if (recompute == Recompute::Selective) {
     attention.recompute_core(stash, batch, seq_len);
     if (mlp) mlp->recompute_activation(stash);  // a MoE block keeps its experts' activations
   }
-  const Tensor& d_mid = scratch.d_residual_mid;
-  d_mid.copy_from(d_x_out);  // the residual passes the gradient through
+  // The MLP reads the output's gradient before norm2 adds to it (work a split backward defers
+  // keeps its own copy); the residual then carries it on: d_x becomes the gradient at
+  // residual_mid, which attention reads, and then at x_in.
   if (moe) {
-    moe->backward(scratch.d_norm_out, d_x_out, stash.norm2_out, stash.moe, aux_loss_coef_ * stash.moe_loss_scale,
-                  z_loss_coef_ * stash.moe_loss_scale);
+    moe->backward(scratch.d_norm_out, d_x, stash.norm2_out, stash.moe,
+                  aux_loss_coef_ * stash.moe_loss_scale, z_loss_coef_ * stash.moe_loss_scale);
     stash.moe = MoeStash{};  // its routing's buffers are sized by the data: freed once read
   } else {
-    mlp->backward(d_x_out, stash, scratch);
+    mlp->backward(d_x, stash, scratch);
   }
-  norm2.backward(d_mid, scratch.d_norm_out, stash.residual_mid, stash.norm2);
-  attention.backward(d_mid, stash, scratch, batch, seq_len);
-  d_x_in.copy_from(d_mid);
-  norm1.backward(d_x_in, scratch.d_norm_out, x_in, stash.norm1);
+  norm2.backward(d_x, scratch.d_norm_out, stash.residual_mid, stash.norm2);
+  attention.backward(d_x, stash, scratch, batch, seq_len);
+  norm1.backward(d_x, scratch.d_norm_out, x_in, stash.norm1);
 }
 
 ParameterList TransformerBlock::partial_grads() {

@@ -16,11 +16,12 @@ class TransformerBlock {
   // x_in, x_out: [local_rows, C], this rank's rows of the residual stream.
   void forward(const Tensor& x_out, const Tensor& x_in, BlockStash& stash, int64_t batch,
                int64_t seq_len) const;
-  // d_x_in (written) from d_x_out. `recompute` says what the stash is missing: Selective
-  // reruns the attention core and the MLP activation, Full reruns the whole forward.
-  void backward(const Tensor& d_x_in, const Tensor& d_x_out, const Tensor& x_in,
-                BlockStash& stash, BlockGradScratch& scratch, Recompute recompute, int64_t batch,
-                int64_t seq_len);
+  // d_x: on entry the gradient of the block's output, on return that of its input (in place:
+  // the residual passes the gradient through, and what the norms' backwards add goes straight
+  // into it). `recompute` says what the stash is missing: Selective reruns the attention core
+  // and the MLP activation, Full reruns the whole forward.
+  void backward(const Tensor& d_x, const Tensor& x_in, BlockStash& stash, BlockGradScratch& scratch,
+                Recompute recompute, int64_t batch, int64_t seq_len);
   void collect(ParameterList& out);
   // Where each collected parameter sits in the whole block's order, and how many the whole
   // block has: they differ under expert parallelism, where a rank holds some experts only.

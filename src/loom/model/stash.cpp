@@ -58,7 +58,6 @@ BlockGradScratch make_block_grad_scratch(const ModelConfig& c, const ParallelPla
   const int64_t local_rows = plan.local_rows(rows);
   const LocalDims dims = plan.local_dims(c);
   BlockGradScratch g;
-  g.d_residual_mid = scratch({local_rows, c.n_embd});
   g.d_norm_out = scratch({local_rows, c.n_embd});
   g.d_qkv = scratch({rows, dims.qkv_width()});
   g.d_attn_out = scratch({rows, dims.heads * dims.head_dim});

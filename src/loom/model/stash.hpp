@@ -53,7 +53,7 @@ BlockStash make_block_stash(const ModelConfig& config, const ParallelPlan& plan,
 
 // Gradient scratch space used by every block's backward in turn (one copy per model).
 struct BlockGradScratch {
-  Tensor d_residual_mid, d_norm_out, d_qkv, d_attn_out, d_mlp_pre, d_mlp_act;
+  Tensor d_norm_out, d_qkv, d_attn_out, d_mlp_pre, d_mlp_act;
 };
 BlockGradScratch make_block_grad_scratch(const ModelConfig& config, const ParallelPlan& plan,
                                          const ActivationFormat& format, int64_t rows);

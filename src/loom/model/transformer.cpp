@@ -240,8 +240,7 @@ void Transformer::ensure_shape(int64_t batch, int64_t seq_len) {
                       ? Tensor()
                       : Tensor::empty({rows, std::min(vocab_chunk_, config_.vocab_size)}, DType::F32,
                                       MemCategory::Workspace, format_.device);
-  d_residual_a_ = Tensor::empty({rows, c}, format_.dtype, MemCategory::Workspace, format_.device);
-  d_residual_b_ = Tensor::empty({rows, c}, format_.dtype, MemCategory::Workspace, format_.device);
+  d_residual_ = Tensor::empty({rows, c}, format_.dtype, MemCategory::Workspace, format_.device);
   batch_ = batch;
   seq_len_ = seq_len;
 }

@@ -270,7 +270,7 @@ class Transformer {
   BlockStash selective_shared_;      // Selective: the recomputables every block shares
   BlockGradScratch scratch_;
   Tensor logits_chunk_;     // [rows, vocab_chunk] cross-entropy scratch
-  Tensor d_residual_a_, d_residual_b_;
+  Tensor d_residual_;       // the residual stream's gradient, carried through the blocks in place
   bool bf16_activations_ = false;
 };
 

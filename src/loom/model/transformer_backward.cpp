@@ -81,12 +81,11 @@ Tensor Transformer::backward_chunk(int64_t chunk_index, ChunkActivations& a,
   ensure_shape(a.batch, a.seq_len);  // the scratch of this set's shape
   if (!chunk.last_stage() && !d_output.defined())
     throw_error("pipeline stage ", chunk.stage, " needs the gradient of its output from the next stage");
-  if (!chunk.last_stage() && d_output.numel() != d_residual_a_.numel())
-    throw_error("pipeline stage ", chunk.stage, ": output gradient ", shape_to_string(d_output.shape()), " for ",
-                shape_to_string(d_residual_a_.shape()));
+  if (!chunk.last_stage() && d_output.numel() != d_residual_.numel())
+    throw_error("pipeline stage ", chunk.stage, ": output gradient ",
+                shape_to_string(d_output.shape()), " for ", shape_to_string(d_residual_.shape()));
   const bool sequence_parallel = plan_->sequence_parallel() && plan_->tp() > 1;
-  Tensor d_out = d_residual_a_;
-  Tensor d_in = d_residual_b_;
+  Tensor d_out = d_residual_;  // each block's backward turns it into its input's gradient
   if (chunk.last_stage()) {
     d_out.zero_();
     ParameterList final_norm_params;
@@ -106,12 +105,12 @@ Tensor Transformer::backward_chunk(int64_t chunk_index, ChunkActivations& a,
     const int64_t unit = chunk.first_layer + i + 1;
     fire(unit_hooks_.before_backward, unit);
     TransformerBlock& block = *blocks[static_cast<size_t>(first_block + i)];
-    backward_part(block.partial_grads(), block_parameters_[static_cast<size_t>(first_block + i)], weights, [&] {
-      block.backward(d_in, d_out, a.residual(i), stash_of(a, i), scratch_, recompute_, a.batch,
-                     a.seq_len);
-    });
+    backward_part(block.partial_grads(), block_parameters_[static_cast<size_t>(first_block + i)],
+                  weights, [&] {
+                    block.backward(d_out, a.residual(i), stash_of(a, i), scratch_, recompute_,
+                                   a.batch, a.seq_len);
+                  });
     fire(unit_hooks_.after_backward, unit);
-    std::swap(d_in, d_out);
   }
   if (!chunk.first_stage()) {
     a.grad_ready = false;

@@ -331,13 +331,13 @@ double loom_cuda_workspace_bytes(const ModelConfig& m, const PlanLayout& l, int6
   const int64_t local_rows = l.sequence_parallel ? rows / l.tp : rows;
   const int64_t c = m.n_embd, tp = l.tp, f = m.ffn_hidden / tp;
   const double r = static_cast<double>(rows), lr = static_cast<double>(local_rows);
-  // Block scratch: d_residual_mid and d_norm_out on the rank's rows, d_qkv and d_attn_out on the
-  // whole rows, and for a dense MLP its pre-activation and activation gradients.
+  // Block scratch: d_norm_out on the rank's rows, d_qkv and d_attn_out on the whole rows, and
+  // for a dense MLP its pre-activation and activation gradients.
   double elements =
-      2 * lr * c + r * static_cast<double>((m.q_dim() + 2 * m.kv_dim()) / tp + m.q_dim() / tp);
+      lr * c + r * static_cast<double>((m.q_dim() + 2 * m.kv_dim()) / tp + m.q_dim() / tp);
   if (m.moe_layer_count() < m.n_layer)
     elements += r * static_cast<double>((m.arch == Architecture::Llama ? 2 * f : f) + f);
-  elements += 2 * lr * c;  // d_residual_a, d_residual_b
+  elements += lr * c;  // the residual stream's gradient, carried through the blocks in place
   double bytes = elements * b;
   if (!last_stage) return bytes;
   bytes += static_cast<double>(head_sets) * lr * c * b;  // the head's d_hidden, one per set

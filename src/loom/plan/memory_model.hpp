@@ -208,7 +208,7 @@ int64_t deferred_weight_grad_bytes(const ModelConfig& model, int64_t layers, boo
 MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
 
 // The workspace loom's CUDA engine allocates on one rank of layout l (bytes): the blocks'
-// gradient scratch (model/stash.cpp, make_block_grad_scratch) and the two residual gradients
+// gradient scratch (model/stash.cpp, make_block_grad_scratch) and the residual gradient
 // (Transformer::set_batch), and on the last pipeline stage the head's d_hidden and the fused
 // cross-entropy's buffers (kernels/cuda/cross_entropy.cu: a [rows, chunk padded to 16] logit
 // chunk, f32, or bf16 with bf16 activations, where the logit gradient overwrites it, row

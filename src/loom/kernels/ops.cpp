@@ -216,7 +216,8 @@ void add_norm_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, 
       shape_to_string(residual.shape()), ", delta ", shape_to_string(delta.shape()), ", out ",
       shape_to_string(out.shape()));
 #ifdef LOOM_HAVE_CUDA
-  if (device == Device::CUDA && sum.dtype() == DType::BF16 &&
+  // The fused kernel takes bf16 storage; it declines (does nothing) otherwise.
+  if (device == Device::CUDA &&
       cuda_impl::add_norm_forward(sum, out, mean, rstd, residual, delta, weight, bias, eps))
     return;
 #else

@@ -1,6 +1,13 @@
 #include "loom/train/device_peak.hpp"
 
+#include <cstdio>
+
+#include "loom/kernels/cpu/gemm.hpp"
+#include "loom/kernels/ops.hpp"
 #include "loom/plan/hardware.hpp"
+#ifdef LOOM_HAVE_CUDA
+#include "loom/kernels/cuda/device_info.hpp"
+#endif
 
 namespace loom {
 
@@ -29,6 +36,49 @@ std::optional<double> dense_peak_tflops(const std::string& name, DType compute_d
     return bf16 ? plan::gpu_preset("a100-80gb").bf16_tflops : kA100Fp32Tflops;
   if (contains(name, "B200") && bf16) return plan::gpu_preset("b200").bf16_tflops;
   return std::nullopt;
+}
+
+namespace {
+// The first visible GPU's name and memory; empty without CUDA.
+struct GpuFacts {
+  std::string name;
+  int64_t memory_bytes = 0;
+};
+GpuFacts first_cuda_device() {
+#ifdef LOOM_HAVE_CUDA
+  const cuda::DeviceInfo info = cuda::device_info();
+  if (!info.devices.empty())
+    return {info.devices.front().name, info.devices.front().total_memory_bytes};
+#endif
+  return {};
+}
+}  // namespace
+
+int64_t first_cuda_device_memory_bytes() { return first_cuda_device().memory_bytes; }
+
+RunDevice describe_run_device(Device device, DType compute_dtype, int64_t head_dim) {
+  RunDevice run;
+  char where[256];
+  if (device != Device::CUDA) {
+    run.peak_gflops = cpu::measure_sgemm_gflops();
+    std::snprintf(where, sizeof where, "%d threads, SGEMM peak %.0f GFLOP/s", cpu::num_threads(),
+                  run.peak_gflops);
+    run.description = where;
+    return run;
+  }
+  std::string name = first_cuda_device().name;
+  if (name.empty()) name = "cuda";
+  run.peak_gflops = dense_peak_tflops(name, compute_dtype).value_or(0.0) * 1e3;
+  if (run.peak_gflops > 0)
+    std::snprintf(where, sizeof where, "%s, dense peak %.0f TFLOP/s", name.c_str(),
+                  run.peak_gflops / 1e3);
+  else
+    std::snprintf(where, sizeof where, "%s (peak unknown: no MFU)", name.c_str());
+  run.description = where;
+  const std::string kernels =
+      ops::cuda_kernel_summary(device, head_dim, compute_dtype == DType::BF16);
+  if (!kernels.empty()) run.description += ", " + kernels;
+  return run;
 }
 
 }  // namespace loom

@@ -5,6 +5,7 @@
 // the GPUs of plan/hardware's presets, matched by the name the CUDA runtime reports; unknown
 // GPUs (and FP32 on B200, whose datasheet we have no figure from) give nullopt, and the trainer
 // then reports no MFU rather than a guess.
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -13,5 +14,18 @@
 namespace loom {
 
 std::optional<double> dense_peak_tflops(const std::string& device_name, DType compute_dtype);
+
+// The first visible GPU's memory (the run's devices are alike); 0 without CUDA.
+int64_t first_cuda_device_memory_bytes();
+
+// What a run's MFU is measured against and how its first line names the device: the CPU's
+// SGEMM rate measured here (as bench/ does), or a GPU's datasheet dense peak for the compute
+// dtype (0 when unknown: no MFU is reported); on CUDA the phrase adds the attention kernels
+// and logit precision the run takes (ops::cuda_kernel_summary: auto may fall back).
+struct RunDevice {
+  double peak_gflops = 0;
+  std::string description;
+};
+RunDevice describe_run_device(Device device, DType compute_dtype, int64_t head_dim);
 
 }  // namespace loom

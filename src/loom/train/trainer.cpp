@@ -18,23 +18,19 @@
 #include "loom/data/unigram.hpp"
 #include "loom/dist/tensor_comm.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
-#ifdef LOOM_HAVE_CUDA
-#include "loom/kernels/cuda/device_info.hpp"
-#include "loom/kernels/ops.hpp"
-#endif
 #include "loom/model/flops.hpp"
 #include "loom/obs/loss_plot.hpp"
 #include "loom/obs/metrics_log.hpp"
 #include "loom/obs/progress.hpp"
 #include "loom/obs/step_line.hpp"
+#include "loom/optim/grad_clip.hpp"
 #include "loom/parallel/context_parallel.hpp"
 #include "loom/parallel/expert_parallel.hpp"
 #include "loom/parallel/tensor_parallel_plan.hpp"
 #include "loom/train/checkpointing.hpp"
+#include "loom/train/device_peak.hpp"
 #include "loom/train/fp8_config.hpp"
 #include "loom/train/launch.hpp"
-#include "loom/optim/grad_clip.hpp"
-#include "loom/train/device_peak.hpp"
 #include "loom/train/pipeline_report.hpp"
 
 namespace loom {
@@ -42,31 +38,10 @@ namespace loom {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// The first visible GPU's name and memory (the run's devices are alike); empty without CUDA.
-struct GpuFacts {
-  std::string name;
-  int64_t memory_bytes = 0;
-};
-GpuFacts first_cuda_device() {
-#ifdef LOOM_HAVE_CUDA
-  const cuda::DeviceInfo info = cuda::device_info();
-  if (!info.devices.empty())
-    return {info.devices.front().name, info.devices.front().total_memory_bytes};
-#endif
-  return {};
-}
-std::string cuda_device_name() {
-  const std::string name = first_cuda_device().name;
-  return name.empty() ? "cuda" : name;
-}
-}  // namespace
-
-namespace {
 // What the engine cannot train on a device, and data it cannot train as asked, are refused
 // before anything is built.
 TrainConfig checked_for_device(TrainConfig config) {
@@ -129,7 +104,7 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   const bool bf16 = config_.precision == Precision::BF16 ||
                     (config_.precision == Precision::FP8 && config_.device == Device::CUDA);
   const int64_t device_memory =
-      config_.device == Device::CUDA ? first_cuda_device().memory_bytes : 0;
+      config_.device == Device::CUDA ? first_cuda_device_memory_bytes() : 0;
   model_ = std::make_unique<Transformer>(config_.model, config_.recompute,
                                          resolved_vocab_chunk(config_, device_memory), plan, chunks);
   model_->init_weights(config_.seed);
@@ -397,25 +372,10 @@ TrainSummary Trainer::run() {
     metrics.emplace(metrics_path, start_step > 0 ? MetricsLog::Mode::Append : MetricsLog::Mode::Truncate);
   }
 
-  // The CPU's peak is the SGEMM rate measured here (as bench/ does); a GPU's its datasheet's
-  // dense peak for the compute dtype (0 when unknown: no MFU is reported).
-  const bool on_cuda = model_->device() == Device::CUDA;
-  const std::string device_name = on_cuda ? cuda_device_name() : "";
-  const double peak_gflops =
-      on_cuda ? dense_peak_tflops(device_name, model_->compute_dtype()).value_or(0.0) * 1e3
-              : cpu::measure_sgemm_gflops();
-  char where[256];
-  if (!on_cuda)
-    std::snprintf(where, sizeof where, "%d threads, SGEMM peak %.0f GFLOP/s", cpu::num_threads(), peak_gflops);
-  else if (peak_gflops > 0)
-    std::snprintf(where, sizeof where, "%s, dense peak %.0f TFLOP/s", device_name.c_str(), peak_gflops / 1e3);
-  else
-    std::snprintf(where, sizeof where, "%s (peak unknown: no MFU)", device_name.c_str());
-  // On CUDA, which attention kernels and logit precision this run takes (auto may fall back).
-  const std::string kernels = ops::cuda_kernel_summary(model_->device(), config_.model.head_dim(),
-                                                       model_->compute_dtype() == DType::BF16);
-  const std::string where_text =
-      kernels.empty() ? std::string(where) : std::string(where) + ", " + kernels;
+  // The peak MFU is measured against, and the device as the first line names it.
+  const RunDevice run_device =
+      describe_run_device(model_->device(), model_->compute_dtype(), config_.model.head_dim());
+  const double peak_gflops = run_device.peak_gflops;
   // Per-rank FLOPs over the per-rank peak: MFU of one rank (a tp rank does 1/tp of its
   // replica's work, a pipeline stage 1/pp of it, evenly split).
   const double flops_per_step = flops_per_token(config_.model, config_.seq_len) *
@@ -431,7 +391,7 @@ TrainSummary Trainer::run() {
         config_.precision == Precision::BF16  ? "bf16 (fp32 master)"
         : config_.precision == Precision::FP8 ? "fp8 linears (fp32 master)"
                                               : "f32",
-        recompute_name(config_.recompute), where_text.c_str(), groups_.dp_size,
+        recompute_name(config_.recompute), run_device.description.c_str(), groups_.dp_size,
         groups_.ep ? (" (ep " + std::to_string(groups_.ep_size) + ")").c_str() : "",
         groups_.cp_size, groups_.tp_size, config_.sequence_parallel ? " (sequence parallel)" : "",
         groups_.pp_size,

@@ -35,6 +35,16 @@ for f in $(find "$P/build" -type f -perm -u+x) "$P/mpi/bin/orterun" "$P/mpi/bin/
 done
 [ $status = 0 ] && echo "ok: every library of $(find "$P/build" -type f -perm -u+x | wc -l) binaries and $(ls "$P"/mpi/lib/x86_64-linux-gnu/openmpi/lib/openmpi3/*.so | wc -l) plugins resolves into the pack (or is glibc/libstdc++/CUDA)"
 
+# The timeline tracer loads only in the trace phase, with lib/cupti/ in front.
+if [ -f "$P/lib/cupti/libloom_kernel_trace.so" ]; then
+  out=$(LD_LIBRARY_PATH="$P/lib/cupti:$LD_LIBRARY_PATH" ldd "$P/lib/cupti/libloom_kernel_trace.so" 2>&1) || true
+  if grep -q 'not found' <<<"$out" || ! grep -q "libcupti.so.* => $P/lib/cupti/" <<<"$out"; then
+    echo "the tracer does not resolve its CUPTI from lib/cupti:"; echo "$out"; status=1
+  else
+    echo "ok: lib/cupti/libloom_kernel_trace.so takes lib/cupti/$(ls "$P/lib/cupti" | grep libcupti)"
+  fi
+fi
+
 echo "== 2. LD_DEBUG=libs: what loom --help loads"
 LD_DEBUG=libs "$P/build/loom" --help >/dev/null 2>"$T/ld.log"
 loaded=$(sed -n 's/.*calling init: //p' "$T/ld.log" | sort -u)

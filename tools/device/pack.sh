@@ -8,6 +8,7 @@
 #   lib/             the ldd closure of those binaries and of OpenMPI/PMIx's plugins, minus
 #                    glibc, libstdc++/libgcc_s, the CUDA driver and the big CUDA libraries
 #   lib/cuda-fallback/libcudart.so.13   (0.7 MB; put LAST on LD_LIBRARY_PATH: the image's first)
+#   lib/cupti/       the timeline tracer (libloom_kernel_trace.so) and its libcupti.so.13 (4 MB)
 #   mpi/             OpenMPI 4.1 laid out like /usr (bin/, lib/x86_64-linux-gnu/openmpi/lib/openmpi3
 #                    plugins, share/openmpi help files, etc/openmpi): relocate with OPAL_PREFIX=mpi
 #                    and OPAL_SYSCONFDIR=mpi/etc/openmpi
@@ -79,6 +80,14 @@ fi
       [ -e "$P/lib/$name" ] || cp -L "$path" "$P/lib/$name"
     done
 strip --strip-unneeded "$P"/lib/*.so* 2>/dev/null || true
+# The timeline tracer (tools/device/kernel_trace: a CUDA injection library, loaded through
+# CUDA_INJECTION64_PATH by the trace phase only) and the CUPTI it was built against, kept apart
+# in lib/cupti/ so that nothing else loads it.
+if [ -f "$BUILD/tools/device/kernel_trace/libloom_kernel_trace.so" ]; then
+  mkdir -p "$P/lib/cupti"
+  strip --strip-unneeded -o "$P/lib/cupti/libloom_kernel_trace.so" "$BUILD/tools/device/kernel_trace/libloom_kernel_trace.so"
+  cp -L "$(ldd "$BUILD/tools/device/kernel_trace/libloom_kernel_trace.so" | awk '/libcupti/ {print $3}')" "$P/lib/cupti/"
+fi
 cp -L /usr/local/cuda/lib64/libcudart.so.13 "$P/lib/cuda-fallback/" 2>/dev/null \
   || cp -L "$(ldd "$BUILD/loom" | awk '/libcudart/ {print $3}')" "$P/lib/cuda-fallback/" 2>/dev/null || true
 missing=$(for b in "${bins[@]}"; do ldd "$BUILD/$b" 2>/dev/null; done | grep 'not found' | sort -u || true)

@@ -18,6 +18,9 @@
 #                  llm.c where .device/llmc/train_gpt2cu was built by tools/device/build_llmc.sh) on
 #                  GPT-2 124M (then Llama 1B) at seq 1024, bf16, then the ablations and Llama 1B at
 #                  seq 4096 (bf16, fp8, torch.compile), as long as the budget lasts
+#  5c. trace       (inside 5., after the main comparison) the device timelines of loom's, llm.c's
+#                  and torch.compile's GPT-2 step and loom's llama-1b bf16 / FP8 step: per kernel
+#                  family, idle time host-bound or waited (tools/device/kernel_trace)
 # Results go to $OUT (the device's result folder; .device/out when unset), at most 8 files:
 #   summary.txt (one PASS/FAIL/SKIP/TIMEOUT line per check, read this first), env.txt,
 #   gpu_tests.log, mpi_smoke.log, layouts.log, bench.log, bench.jsonl, details.tar.xz (every log,
@@ -39,7 +42,7 @@ note() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 finish() {
   note "total: $(( $(date +%s) - START )) s of a ${BUDGET} s budget"
-  tar -C "$W" --exclude='*.ncu-rep' --exclude='*.bin' --exclude='*.safetensors' --exclude=ctest --exclude='ckpt*' \
+  tar -C "$W" --exclude='*.ncu-rep' --exclude='*.bin' --exclude=big --exclude='*.safetensors' --exclude=ctest --exclude='ckpt*' \
     -cJf "$OUT/details.tar.xz" . 2>/dev/null
   # The device tool brings back 8 files from $OUT: the profile joins them where there is room
   # (it is in details.tar.xz either way).
@@ -114,10 +117,11 @@ else
   note "cudnn   no libloom_cudnn.so in the pack (built without the cudnn-frontend headers)"
 fi
 
-# LOOM_CHECKS picks the phases (default all but probe, the FP8 diagnosis of 2026-11-26): probe tests
-# nccl smoke calibrate layouts profile bench.
+# LOOM_CHECKS picks the phases (default all but probe, the FP8 diagnosis of 2026-11-26, and profile,
+# Nsight Compute's kernel table, which trace replaces): probe tests nccl smoke calibrate layouts
+# profile bench trace (trace runs inside bench, after its main comparison).
 # LOOM_BENCH_TORCH=0 leaves out the PyTorch runs of the bench.
-CHECKS=" ${LOOM_CHECKS:-tests nccl smoke calibrate layouts profile bench} "
+CHECKS=" ${LOOM_CHECKS:-tests nccl smoke calibrate layouts bench trace} "
 want() { [[ "$CHECKS" == *" $1 "* ]]; }
 
 # 0b. probe: which FP8 matmuls this cuBLASLt takes (.device/fp8_probe, built here from
@@ -341,6 +345,49 @@ for name, t in per.most_common(25):
     print(f"          {t/1e6:8.2f} ms {100*t/total:5.1f}%  {count[name]:5d}  {name[:90]}")
 PY
 }
+# 5c. trace: each engine's device timeline over 10 steps (tools/device/kernel_trace, CUPTI's
+# activity records through CUDA_INJECTION64_PATH: these machines have no Nsight Systems, and
+# Nsight Compute replays kernels one by one with the caches flushed), then per step: span, busy,
+# idle (host-bound or waited), time per kernel family, top kernels, largest gaps
+# (tools/device/kernel_trace_summary.py; JSON lines in trace.jsonl). loom's GPT-2 beside llm.c's
+# and torch.compile's on the same case, then llama-1b in bf16 and FP8. Runs inside the bench,
+# after its main comparison. The tracer adds a little to each launch: its step times are not
+# the bench's.
+TRACER=$P/lib/cupti/libloom_kernel_trace.so
+TRACE_ENV=(env CUDA_INJECTION64_PATH="$TRACER" LD_LIBRARY_PATH="$P/lib/cupti:$LD_LIBRARY_PATH")
+trace_summary() {  # csv marker skip label
+  if [ -s "$1" ]; then
+    "${SYSENV[@]}" /usr/bin/python3 "$REPO/tools/device/kernel_trace_summary.py" "$1" --marker "$2" --skip "$3" \
+        --label "$4" --json "$W/trace.jsonl" 2>&1 | tee -a "$SUMMARY"
+  else
+    note "        trace $4: no trace written (see trace.log)"
+  fi
+}
+trace_loom() {  # preset batch precision
+  local name="$1_$3"
+  bench_toml "$B/trace_$name.toml" "$1" "$2" "$3" 10 "$B/trace_run_$name"
+  check "trace_loom_$name" 90 "$W/trace.log" "${TRACE_ENV[@]}" LOOM_KERNEL_TRACE_OUT="$W/trace_loom_$name.csv" \
+      "$P/build/loom" train "$B/trace_$name.toml"
+  trace_summary "$W/trace_loom_$name.csv" adamw 3 "loom $1 $3 $2 x 1024"
+}
+trace_phase() {
+  [ -f "$TRACER" ] || { note "SKIP    trace (no libloom_kernel_trace.so in the pack: built without CUPTI)"; return 0; }
+  trace_loom gpt2-124m 16 bf16
+  if [ -x "$REPO/.device/llmc/train_gpt2cu" ]; then
+    check trace_llmc 90 "$W/trace.log" "${TRACE_ENV[@]}" LOOM_KERNEL_TRACE_OUT="$W/trace_llmc.csv" \
+        bash "$REPO/bench/llmc_gpu.sh" "$REPO/.device/llmc/train_gpt2cu" "$W/llmc_trace" 10 16
+    trace_summary "$W/trace_llmc.csv" adamw 3 "llm.c gpt2-124m bf16 16 x 1024"
+  fi
+  if [ "${LOOM_BENCH_TORCH:-1}" != 0 ]; then
+    mkdir -p "$W/big"   # torch.compile's trace holds the compilation: left out of details.tar.xz
+    check trace_torch_compile 150 "$W/trace.log" env CUDA_INJECTION64_PATH="$TRACER" LOOM_KERNEL_TRACE_OUT="$W/big/trace_torch_compile.csv" \
+        LD_LIBRARY_PATH="$P/lib/cupti:$LOOM_DEVICE_ORIG_LD_LIBRARY_PATH" "$PY" bench/torch_gpu_train_step.py \
+        --preset gpt2-124m --batch 16 --seq 1024 --steps 10 --compile
+    trace_summary "$W/big/trace_torch_compile.csv" '(?i)adam' 8 "torch.compile gpt2-124m bf16 16 x 1024"
+  fi
+  trace_loom llama-1b 4 bf16
+  trace_loom llama-1b 4 fp8
+}
 if want profile && command -v ncu >/dev/null && [ -s "$B/bench_train_000000.bin" ]; then
   # LOOM_PROFILE_CASE="preset:batch:precision ..." profiles other cases.
   for prof_case in ${LOOM_PROFILE_CASE:-gpt2-124m:16:bf16 llama-1b:4:fp8}; do
@@ -367,6 +414,7 @@ elif want bench; then
     check bench_llmc 150 "$W/llmc.out" bash "$REPO/bench/llmc_gpu.sh" "$REPO/.device/llmc/train_gpt2cu" "$W/llmc" "$STEPS" 16
     grep '^{' "$W/llmc.out" >> "$OUT/bench.jsonl"
   fi
+  want trace && trace_phase
   # What FP8, the GELU epilogues and the pipelined attention (auto) each buy, on the same machine
   # in the same run (the scalar kernels' 227 ms for GPT-2 was measured on 2026-11-26; the first
   # tensor-core kernels' 46.1 / 87.0 ms on 2026-11-27).

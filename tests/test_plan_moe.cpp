@@ -6,6 +6,7 @@
 #include "loom/model/flops.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/plan/collectives.hpp"
+#include "loom/plan/host_issue.hpp"
 #include "loom/plan/search.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
@@ -138,6 +139,64 @@ TEST(PlanMoe, LayoutChecksAndTheSearchTriesExpertParallelism) {
   EXPECT_TRUE(saw_ep);
   // 8B parameters fit nowhere unsharded on one GPU; ep makes the experts fit at 16 GPUs.
   EXPECT_GT(r.ranked.front().layout.ep * r.ranked.front().layout.tp * r.ranked.front().layout.pp, 1);
+}
+
+// Dropless MoE on Megatron-Core (host_issue.hpp): the host issues a layer's operations after
+// waiting for its token counts, so no pass over the layer is shorter than their issue time.
+// Counts by hand: Mixtral (8 experts, every layer MoE) under ep 8 holds 1 expert a rank:
+// 40 + 45 + 4 x 1 = 89 operations forward, twice that backward; under ep 1, 40 + 45 + 4 x 8 = 117.
+TEST(PlanMoe, TheHostPacesDroplessMegatronMoeLayers) {
+  const ModelConfig m = model_preset("mixtral-8x7b");
+  const plan::PlanLayout ep8 = plan::parse_layout("dp=32,ep=8,zero=1");
+  EXPECT_DOUBLE_EQ(plan::moe_host_forward_ops(m, ep8), 89);
+  EXPECT_DOUBLE_EQ(plan::moe_host_forward_ops(m, plan::parse_layout("dp=32,zero=1")), 117);
+  ModelConfig dense = m;
+  dense.n_experts = dense.experts_per_token = 0;
+  EXPECT_DOUBLE_EQ(plan::moe_host_forward_ops(dense, ep8), 0);
+  const plan::ClusterSpec cluster = four_nodes();
+  plan::TrainingJob job = sequences_of_4096(64);
+  const plan::LayerTime device = plan::predict_layer_time(m, ep8, cluster, job);
+  // A host far slower than the device: the passes are its issue time exactly.
+  job.moe_host_s_per_op = 1.0;
+  const plan::LayerTime host = plan::predict_layer_time(m, ep8, cluster, job);
+  EXPECT_DOUBLE_EQ(host.forward_s, 89.0);
+  EXPECT_DOUBLE_EQ(host.backward_s, 178.0);
+  // A host far faster: the device's time, unchanged.
+  job.moe_host_s_per_op = 1e-12;
+  EXPECT_EQ(plan::predict_layer_time(m, ep8, cluster, job).forward_s, device.forward_s);
+  // The step: two micro-batches of one sequence a rank (64 sequences over dp 32), each through
+  // 32 layers of 89 + 178 operations under a 1 s host: at least 2 x 32 x 267 s (the head,
+  // optimizer and data-parallel sync add well under 1%).
+  job.moe_host_s_per_op = 1.0;
+  const plan::StepTime step = plan::predict_step_time(m, ep8, cluster, job);
+  EXPECT_GE(step.total_s, 2 * 32 * 267.0);
+  EXPECT_LT(step.total_s, 2 * 32 * 267.0 * 1.01);
+
+  // Which published runs: a Megatron-Core stack with a dropless MoE model, not drop-and-pad,
+  // not Megatron-Bridge 25.09's token-drop benchmarks, not its full-iteration CUDA graphs.
+  auto issue = [&](bool megatron, const ModelConfig& model, const std::string& text, const std::string& source,
+                   const std::string& gpu) {
+    return plan::published_moe_host_issue(megatron, model, text, source, gpu).seconds_per_op;
+  };
+  const std::string qwen = "qwen3_30b_a3b", c2602 = "Megatron-Bridge '26.02 NeMo Container' DGX-B200";
+  EXPECT_EQ(issue(true, m, qwen, c2602, "b200"), plan::kMoeHostSecondsPerOp);
+  EXPECT_EQ(issue(false, m, qwen, c2602, "b200"), 0);
+  EXPECT_EQ(issue(true, dense, qwen, c2602, "b200"), 0);
+  EXPECT_EQ(issue(true, m, "qwen3_30b_a3b (tokendrop)", c2602, "b200"), 0);
+  ModelConfig capped = m;
+  capped.moe_capacity_factor = 1.0;
+  EXPECT_EQ(issue(true, capped, qwen, c2602, "b200"), 0);
+  const std::string c2509 = "Megatron-Bridge '25.09 NeMo Container' DGX-H100";
+  EXPECT_EQ(issue(true, m, qwen, c2509, "h100-sxm"), 0);
+  EXPECT_EQ(issue(true, m, "deepseekv3", c2509, "h100-sxm"), plan::kMoeHostSecondsPerOp);
+  EXPECT_EQ(issue(true, m, "deepseekv3", c2509, "b200"), 0);
+  const std::string c2606 = "'26.06 NeMo Container'", c260601 = "'26.06.01 NeMo Container'";
+  EXPECT_EQ(issue(true, m, qwen, c2606, "gb200"), 0);
+  EXPECT_EQ(issue(true, m, qwen, c2606, "b200"), plan::kMoeHostSecondsPerOp);
+  EXPECT_EQ(issue(true, m, qwen, c260601, "b300"), 0);
+  EXPECT_EQ(issue(true, m, qwen, c260601, "h100-sxm"), plan::kMoeHostSecondsPerOp);
+  expect_contains(plan::published_moe_host_issue(true, m, qwen, c2602, "b200").assumption,
+                  {"dropless MoE on Megatron-Core", "20 us"});
 }
 
 }  // namespace

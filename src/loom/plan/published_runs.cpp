@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "loom/core/error.hpp"
+#include "loom/plan/host_issue.hpp"
 #include "loom/plan/published_fields.hpp"
 #include "loom/plan/published_models.hpp"
 
@@ -428,6 +429,8 @@ void fill_run(const json& entry, PublishedRun& run) {
               "backward never reads, dropped by the partitioner); wk, wo, w3, norms, RoPE, SwiGLU "
               "recomputed");
   }
+  apply_moe_host_issue(
+      run, lowercase(f.text("id") + " " + f.text("notes") + " " + f.text("model.name")));
   const std::string precision = lowercase(f.text("precision"));
   // "FP8", "amp_fp8", "FP8-CS", "Float8 (torchao)", "E4M3": Linear layers in 8-bit floats.
   if (!contains_any(precision, {"fp4", "float4", "e2m1"}).empty())

@@ -97,6 +97,7 @@ struct PublishedRun {
   // bf16 moments (2 + 4), as apex's distributed_fused_adam does with dtype bf16.
   double master_bytes = 4, moment_bytes = 8;
   std::vector<int64_t> stage_layers;  // empty: even split (or the engine's)
+  double moe_host_s_per_op = 0;       // TrainingJob::moe_host_s_per_op (host_issue.hpp)
 };
 
 // Reads a JSON array of runs. Throws loom::Error only for the file itself (unreadable, not

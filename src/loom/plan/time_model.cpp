@@ -7,6 +7,7 @@
 #include "loom/model/flops.hpp"
 #include "loom/plan/collectives.hpp"
 #include "loom/plan/gemm_calibration.hpp"
+#include "loom/plan/host_issue.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 #include "loom/plan/rank_parameters.hpp"
 
@@ -25,11 +26,7 @@ struct LayerCost {
   double cp_exposed_forward_s = 0, cp_exposed_backward_s = 0;  // what the attention core does not hide
 };
 
-}  // namespace
-
-// job.stream_bytes_per_s, or `otherwise` (the GPU's bandwidth) where the profile did not measure
-// one.
-namespace {
+// job.stream_bytes_per_s, or `otherwise` (the GPU's bandwidth) where no profile measured one.
 double streaming_rate(const TrainingJob& job, double otherwise) {
   return job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : otherwise;
 }
@@ -337,9 +334,10 @@ double moe_imbalance_of(const ModelConfig& m, const TrainingJob& job) {
 
 LayerTime predict_layer_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job) {
   const LayerCost c = layer_cost(m, l, cluster, job, job.gemm.value_or(default_gemm_efficiency(cluster.gpu)));
-  const double ep = c.ep_comm_s / 2;
-  return {c.forward_s + c.tp_exposed_forward_s + ep + c.cp_exposed_forward_s,
-          c.backward_s + c.tp_exposed_backward_s + ep + c.cp_exposed_backward_s};
+  const double ep = c.ep_comm_s / 2, host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l);
+  return {std::max(c.forward_s + c.tp_exposed_forward_s + ep + c.cp_exposed_forward_s, host_f),
+          std::max(c.backward_s + c.tp_exposed_backward_s + ep + c.cp_exposed_backward_s,
+                   kMoeHostBackwardOverForward * host_f)};
 }
 
 StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
@@ -400,9 +398,14 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     head_fwd += gather_s + 18 * whole / gpu.hbm_bandwidth_bytes_per_s;
     head_bwd += 26 * whole / gpu.hbm_bandwidth_bytes_per_s;
   }
-  // Per direction: what the tp collectives leave exposed and the expert all-to-alls.
-  const double blocking_forward = layer.tp_exposed_forward_s + layer.ep_comm_s / 2;
-  const double blocking_backward = layer.tp_exposed_backward_s + layer.ep_comm_s / 2;
+  // Per direction: what the tp collectives leave exposed and the expert all-to-alls, or where
+  // the host paces MoE layers (host_issue.hpp) the wait for its issue of the layer's operations.
+  const double host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l);
+  const double blocking_forward = std::max(layer.tp_exposed_forward_s + layer.ep_comm_s / 2,
+                                           host_f - layer.forward_s - layer.cp_exposed_forward_s);
+  const double blocking_backward = std::max(
+      layer.tp_exposed_backward_s + layer.ep_comm_s / 2,
+      kMoeHostBackwardOverForward * host_f - layer.backward_s - layer.cp_exposed_backward_s);
   // Each stage's passes: its layers, plus the head on the last. The simulation takes each
   // stage's own; the closed forms (ranking layouts quickly) pace uniform chunks: with one chunk
   // per rank the slowest stage's, with several the busiest rank's mean chunk (a rank with the

@@ -100,6 +100,10 @@ struct TrainingJob {
   // Transformer, Fedus et al. 2021, sec. 2.2). `loom train` logs the engine's per-expert
   // figure, moe_load_max_over_mean, which bounds the per-rank one.
   double moe_imbalance = 1.0;
+  // Host seconds per operation where the host paces each MoE layer (host_issue.hpp: Megatron-
+  // Core's dropless dispatch waits for the token counts, then the host issues the layer's
+  // operations one by one): a layer pass takes no less than its operations' issue time. 0: off.
+  double moe_host_s_per_op = 0;
 };
 
 // The load imbalance the time model applies: job.moe_imbalance, capped at the model's capacity

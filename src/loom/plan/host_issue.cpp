@@ -1,0 +1,76 @@
+#include "loom/plan/host_issue.hpp"
+
+#include <cstdio>
+#include <regex>
+
+#include "loom/plan/published_runs.hpp"
+
+namespace loom::plan {
+
+double moe_host_forward_ops(const ModelConfig& m, const PlanLayout& l) {
+  const int64_t moe_layers = m.moe_layer_count();
+  if (moe_layers == 0 || m.n_layer <= 0) return 0;
+  const double moe_share = static_cast<double>(moe_layers) / static_cast<double>(m.n_layer);
+  const double local_experts =
+      static_cast<double>(m.n_experts) / static_cast<double>(std::max<int64_t>(l.ep, 1));
+  return 40 + moe_share * (45 + 4 * local_experts) + (1 - moe_share) * 10;
+}
+
+namespace {
+
+// The NeMo container a Megatron-Bridge table row names ('26.06 NeMo Container', '26.06.01'):
+// year, month, patch; {0, 0, 0} when none.
+struct Container {
+  int year = 0, month = 0, patch = 0;
+  bool at_least(int y, int m, int p) const {
+    return year != y ? year > y : month != m ? month > m : patch >= p;
+  }
+};
+
+Container container_of(const std::string& source) {
+  static const std::regex pattern(R"((\d\d)\.(\d\d)(?:\.(\d\d))? nemo container)",
+                                  std::regex::icase);
+  std::smatch match;
+  if (!std::regex_search(source, match, pattern)) return {};
+  return {std::stoi(match[1]), std::stoi(match[2]), match[3].matched ? std::stoi(match[3]) : 0};
+}
+
+}  // namespace
+
+HostIssue published_moe_host_issue(bool megatron_stack, const ModelConfig& m,
+                                   const std::string& text, const std::string& source,
+                                   const std::string& gpu) {
+  if (!megatron_stack || m.moe_layer_count() == 0) return {};
+  if (m.moe_capacity_factor > 0 || text.find("tokendrop") != std::string::npos ||
+      text.find("token drop") != std::string::npos || text.find("token-drop") != std::string::npos)
+    return {};  // drop-and-pad: static shapes, no wait
+  const Container c = container_of(source);
+  // Megatron-Bridge 25.09 (v0.1.0rc3, bf71eba07b: scripts/performance/run_script.py) ran its
+  // MoE benchmarks with apply_moe_token_drop (capacity factor 1.0, padded), but DeepSeek-V3 on
+  // H100, which took DeepEP's dropless dispatch.
+  if (c.year == 25 && c.month == 9 &&
+      !(text.find("deepseek") != std::string::npos && gpu.rfind("h100", 0) == 0))
+    return {};
+  // Its full-iteration CUDA graphs: 26.06 on GB200/GB300, 26.06.01 on B200/B300.
+  const bool grace = gpu.rfind("gb", 0) == 0,
+             blackwell = gpu.rfind("b200", 0) == 0 || gpu.rfind("b300", 0) == 0;
+  if ((grace && c.at_least(26, 6, 0)) || (blackwell && c.at_least(26, 6, 1))) return {};
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f us", kMoeHostSecondsPerOp * 1e6);
+  return {
+      kMoeHostSecondsPerOp,
+      std::string(
+          "dropless MoE on Megatron-Core: the host waits for each MoE layer's token counts, then "
+          "issues its operations one by one; a layer pass takes at least its operations x ") +
+          buf + " (docs/PLANNER.md, host-issued MoE layers)"};
+}
+
+void apply_moe_host_issue(PublishedRun& run, const std::string& text) {
+  const HostIssue host = published_moe_host_issue(run.conventions.megatron, run.model, text,
+                                                  run.source, run.cluster.gpu.name);
+  if (host.seconds_per_op <= 0) return;
+  run.moe_host_s_per_op = host.seconds_per_op;
+  run.assumptions.push_back(host.assumption);
+}
+
+}  // namespace loom::plan

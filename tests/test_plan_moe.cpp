@@ -190,11 +190,14 @@ TEST(PlanMoe, TheHostPacesDroplessMegatronMoeLayers) {
   EXPECT_EQ(issue(true, m, qwen, c2509, "h100-sxm"), 0);
   EXPECT_EQ(issue(true, m, "deepseekv3", c2509, "h100-sxm"), plan::kMoeHostSecondsPerOp);
   EXPECT_EQ(issue(true, m, "deepseekv3", c2509, "b200"), 0);
+  // Full-iteration graphs: Qwen3-30B-A3B on GB200 from 26.06, on B200 from 26.06.01, never on
+  // H100; GPT-OSS never.
   const std::string c2606 = "'26.06 NeMo Container'", c260601 = "'26.06.01 NeMo Container'";
-  EXPECT_EQ(issue(true, m, qwen, c2606, "gb200"), 0);
+  EXPECT_EQ(issue(true, m, "Qwen3 30B-A3B", c2606, "gb200"), 0);
   EXPECT_EQ(issue(true, m, qwen, c2606, "b200"), plan::kMoeHostSecondsPerOp);
-  EXPECT_EQ(issue(true, m, qwen, c260601, "b300"), 0);
+  EXPECT_EQ(issue(true, m, qwen, c260601, "b200"), 0);
   EXPECT_EQ(issue(true, m, qwen, c260601, "h100-sxm"), plan::kMoeHostSecondsPerOp);
+  EXPECT_EQ(issue(true, m, "gpt_oss_120b", c260601, "gb200"), plan::kMoeHostSecondsPerOp);
   expect_contains(plan::published_moe_host_issue(true, m, qwen, c2602, "b200").assumption,
                   {"dropless MoE on Megatron-Core", "20 us"});
 }

@@ -1,5 +1,6 @@
 #include "loom/plan/host_issue.hpp"
 
+#include <cctype>
 #include <cstdio>
 #include <regex>
 
@@ -51,10 +52,28 @@ HostIssue published_moe_host_issue(bool megatron_stack, const ModelConfig& m,
   if (c.year == 25 && c.month == 9 &&
       !(text.find("deepseek") != std::string::npos && gpu.rfind("h100", 0) == 0))
     return {};
-  // Its full-iteration CUDA graphs: 26.06 on GB200/GB300, 26.06.01 on B200/B300.
-  const bool grace = gpu.rfind("gb", 0) == 0,
-             blackwell = gpu.rfind("b200", 0) == 0 || gpu.rfind("b300", 0) == 0;
-  if ((grace && c.at_least(26, 6, 0)) || (blackwell && c.at_least(26, 6, 1))) return {};
+  // Its full-iteration CUDA graphs (cuda_graph_impl "full_iteration" with a bounded expert
+  // capacity, no wait), per model and GPU from the container that first ran them: commit
+  // 55443cbfb (#4211, 26.06) and e80116b22 (#4606, 26.06.01), scripts/performance/configs.
+  // GPT-OSS and Kimi K2 never ran them; H100 never did.
+  struct Graphs {
+    const char* model;
+    const char* gpu;
+    Container from;
+  };
+  static const Graphs kFullIteration[] = {
+      {"30b_a3b", "gb", {26, 6, 0}},     {"30b_a3b", "b300", {26, 6, 0}},
+      {"30b_a3b", "b200", {26, 6, 1}},   {"235b_a22b", "gb", {26, 6, 0}},
+      {"235b_a22b", "b300", {26, 6, 1}}, {"235b_a22b", "b200", {26, 6, 1}},
+      {"deepseek", "gb", {26, 6, 0}},    {"deepseek", "b300", {26, 6, 1}}};
+  std::string named = text;  // "Qwen3 30B-A3B", "Qwen3_30B_a3B": one spelling
+  for (char& ch : named)
+    ch = ch == ' ' || ch == '-' ? '_'
+                                : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const Graphs& g : kFullIteration)
+    if (named.find(g.model) != std::string::npos && gpu.rfind(g.gpu, 0) == 0 &&
+        c.at_least(g.from.year, g.from.month, g.from.patch))
+      return {};
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.0f us", kMoeHostSecondsPerOp * 1e6);
   return {

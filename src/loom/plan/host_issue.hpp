@@ -10,9 +10,9 @@
 // of the rest of the layer waits for the host to issue it (PyTorch and Transformer Engine's
 // Python, per op), so a pass over a layer takes no less than the host's time to issue its
 // operations. Drop-and-pad routing (a capacity factor, the "tokendrop" rows) has static shapes,
-// no wait and whole-layer CUDA graphs; Megatron-Bridge's full-iteration graphs (26.06 on GB200
-// and GB300, 26.06.01 on B200 and B300: commits 55443cbfb, #4211, and e80116b22, #4606) bound
-// the permuted tokens (moe_expert_rank_capacity_factor) and remove the wait.
+// no wait and whole-layer CUDA graphs; Megatron-Bridge's full-iteration graphs (from 26.06 for
+// Qwen3 and DeepSeek-V3 on some Blackwell parts: commits 55443cbfb, #4211, and e80116b22, #4606)
+// bound the permuted tokens (moe_expert_rank_capacity_factor) and remove the wait.
 // docs/PLANNER.md, "Host-issued MoE layers", has the counts, the constant and what it moved.
 #include <string>
 

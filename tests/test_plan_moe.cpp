@@ -161,6 +161,14 @@ TEST(PlanMoe, TheHostPacesDroplessMegatronMoeLayers) {
   const plan::LayerTime host = plan::predict_layer_time(m, ep8, cluster, job);
   EXPECT_DOUBLE_EQ(host.forward_s, 89.0);
   EXPECT_DOUBLE_EQ(host.backward_s, 178.0);
+  // Full recomputation issues the forward again in backward (and waits for its counts again):
+  // (2 + 1) x 89 operations; on half the layers, (2 + 0.5) x 89.
+  plan::PlanLayout full = ep8;
+  full.recompute = Recompute::Full;
+  EXPECT_DOUBLE_EQ(plan::predict_layer_time(m, full, cluster, job).backward_s, 267.0);
+  job.memory.full_recompute_share = 0.5;
+  EXPECT_DOUBLE_EQ(plan::predict_layer_time(m, full, cluster, job).backward_s, 222.5);
+  job.memory.full_recompute_share = 1.0;
   // A host far faster: the device's time, unchanged.
   job.moe_host_s_per_op = 1e-12;
   EXPECT_EQ(plan::predict_layer_time(m, ep8, cluster, job).forward_s, device.forward_s);
@@ -183,6 +191,7 @@ TEST(PlanMoe, TheHostPacesDroplessMegatronMoeLayers) {
   EXPECT_EQ(issue(false, m, qwen, c2602, "b200"), 0);
   EXPECT_EQ(issue(true, dense, qwen, c2602, "b200"), 0);
   EXPECT_EQ(issue(true, m, "qwen3_30b_a3b (tokendrop)", c2602, "b200"), 0);
+  EXPECT_EQ(issue(true, m, "Qwen3 30B-A3B, Token-Drop", c2602, "b200"), 0);
   ModelConfig capped = m;
   capped.moe_capacity_factor = 1.0;
   EXPECT_EQ(issue(true, capped, qwen, c2602, "b200"), 0);

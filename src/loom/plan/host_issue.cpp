@@ -1,5 +1,6 @@
 #include "loom/plan/host_issue.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <regex>
@@ -15,6 +16,10 @@ double moe_host_forward_ops(const ModelConfig& m, const PlanLayout& l) {
   const double local_experts =
       static_cast<double>(m.n_experts) / static_cast<double>(std::max<int64_t>(l.ep, 1));
   return 40 + moe_share * (45 + 4 * local_experts) + (1 - moe_share) * 10;
+}
+
+double moe_host_backward_over_forward(const PlanLayout& l, const TrainingJob& job) {
+  return 2 + (l.recompute == Recompute::Full ? job.memory.full_recompute_share : 0.0);
 }
 
 namespace {
@@ -42,15 +47,20 @@ HostIssue published_moe_host_issue(bool megatron_stack, const ModelConfig& m,
                                    const std::string& text, const std::string& source,
                                    const std::string& gpu) {
   if (!megatron_stack || m.moe_layer_count() == 0) return {};
-  if (m.moe_capacity_factor > 0 || text.find("tokendrop") != std::string::npos ||
-      text.find("token drop") != std::string::npos || text.find("token-drop") != std::string::npos)
+  // One spelling: lowercase, spaces and dashes as underscores ("Qwen3 30B-A3B", "Qwen3_30B_a3B").
+  std::string named = text;
+  for (char& ch : named)
+    ch = ch == ' ' || ch == '-' ? '_'
+                                : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (m.moe_capacity_factor > 0 || named.find("tokendrop") != std::string::npos ||
+      named.find("token_drop") != std::string::npos)
     return {};  // drop-and-pad: static shapes, no wait
   const Container c = container_of(source);
   // Megatron-Bridge 25.09 (v0.1.0rc3, bf71eba07b: scripts/performance/run_script.py) ran its
   // MoE benchmarks with apply_moe_token_drop (capacity factor 1.0, padded), but DeepSeek-V3 on
   // H100, which took DeepEP's dropless dispatch.
   if (c.year == 25 && c.month == 9 &&
-      !(text.find("deepseek") != std::string::npos && gpu.rfind("h100", 0) == 0))
+      !(named.find("deepseek") != std::string::npos && gpu.rfind("h100", 0) == 0))
     return {};
   // Its full-iteration CUDA graphs (cuda_graph_impl "full_iteration" with a bounded expert
   // capacity, no wait), per model and GPU from the container that first ran them: commit
@@ -66,10 +76,6 @@ HostIssue published_moe_host_issue(bool megatron_stack, const ModelConfig& m,
       {"30b_a3b", "b200", {26, 6, 1}},   {"235b_a22b", "gb", {26, 6, 0}},
       {"235b_a22b", "b300", {26, 6, 1}}, {"235b_a22b", "b200", {26, 6, 1}},
       {"deepseek", "gb", {26, 6, 0}},    {"deepseek", "b300", {26, 6, 1}}};
-  std::string named = text;  // "Qwen3 30B-A3B", "Qwen3_30B_a3B": one spelling
-  for (char& ch : named)
-    ch = ch == ' ' || ch == '-' ? '_'
-                                : static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   for (const Graphs& g : kFullIteration)
     if (named.find(g.model) != std::string::npos && gpu.rfind(g.gpu, 0) == 0 &&
         c.at_least(g.from.year, g.from.month, g.from.patch))

@@ -18,6 +18,7 @@
 
 #include "loom/model/config.hpp"
 #include "loom/plan/layout.hpp"
+#include "loom/plan/time_model.hpp"
 
 namespace loom::plan {
 
@@ -30,10 +31,12 @@ constexpr double kMoeHostSecondsPerOp = 20e-6;
 // auxiliary-loss terms, the token counts and their copy, permute and unpermute, the two
 // all-to-alls and their bookkeeping, the shared expert where there is one) 45, and 4 per local
 // expert (each expert's two GEMMs, its activation, its quantisation). A dense layer's MLP adds
-// 10. The mean layer weighs MoE and dense layers by their counts. Backward issues twice the
-// forward's (each GEMM's two gradient GEMMs).
+// 10. The mean layer weighs MoE and dense layers by their counts.
 double moe_host_forward_ops(const ModelConfig& model, const PlanLayout& layout);
-constexpr double kMoeHostBackwardOverForward = 2;
+// Backward's operations over the forward's: 2, and under full recomputation the forward's again
+// on the share of layers recomputed (job.memory.full_recompute_share), which waits on the token
+// counts once more.
+double moe_host_backward_over_forward(const PlanLayout& layout, const TrainingJob& job);
 
 // For a published run: the host seconds per op its stack spends where the host paces its MoE
 // layers (a Megatron-Core stack, a dropless MoE model), else 0, and the assumption to print.

@@ -337,7 +337,7 @@ LayerTime predict_layer_time(const ModelConfig& m, const PlanLayout& l, const Cl
   const double ep = c.ep_comm_s / 2, host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l);
   return {std::max(c.forward_s + c.tp_exposed_forward_s + ep + c.cp_exposed_forward_s, host_f),
           std::max(c.backward_s + c.tp_exposed_backward_s + ep + c.cp_exposed_backward_s,
-                   kMoeHostBackwardOverForward * host_f)};
+                   moe_host_backward_over_forward(l, job) * host_f)};
 }
 
 StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
@@ -398,14 +398,18 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     head_fwd += gather_s + 18 * whole / gpu.hbm_bandwidth_bytes_per_s;
     head_bwd += 26 * whole / gpu.hbm_bandwidth_bytes_per_s;
   }
-  // Per direction: what the tp collectives leave exposed and the expert all-to-alls, or where
-  // the host paces MoE layers (host_issue.hpp) the wait for its issue of the layer's operations.
-  const double host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l);
-  const double blocking_forward = std::max(layer.tp_exposed_forward_s + layer.ep_comm_s / 2,
-                                           host_f - layer.forward_s - layer.cp_exposed_forward_s);
-  const double blocking_backward = std::max(
-      layer.tp_exposed_backward_s + layer.ep_comm_s / 2,
-      kMoeHostBackwardOverForward * host_f - layer.backward_s - layer.cp_exposed_backward_s);
+  // A layer's pass: its compute and what it waits for (the tp and cp collectives' exposed part,
+  // the expert all-to-alls), or where the host paces MoE layers (host_issue.hpp) its issue of the
+  // layer's operations if longer. DualPipeV's other pass hides the waits, not the host's issue.
+  const double ep_half = layer.ep_comm_s / 2,
+               comm_f = layer.tp_exposed_forward_s + ep_half + layer.cp_exposed_forward_s,
+               comm_b = layer.tp_exposed_backward_s + ep_half + layer.cp_exposed_backward_s;
+  const double host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l),
+               host_b = moe_host_backward_over_forward(l, job) * host_f;
+  const double pass_f = std::max(layer.forward_s + comm_f, host_f),
+               pass_b = std::max(layer.backward_s + comm_b, host_b);
+  const double hide_f = pass_f - std::max(layer.forward_s, host_f),
+               hide_b = pass_b - std::max(layer.backward_s, host_b);
   // Each stage's passes: its layers, plus the head on the last. The simulation takes each
   // stage's own; the closed forms (ranking layouts quickly) pace uniform chunks: with one chunk
   // per rank the slowest stage's, with several the busiest rank's mean chunk (a rank with the
@@ -416,16 +420,11 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   for (int64_t stage = 0; stage < stages; ++stage) {
     const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
     const bool last = stage == stages - 1;
-    const double head = last ? head_fwd : 0;
-    const double f = n * (layer.forward_s + blocking_forward + layer.cp_exposed_forward_s) + head;
-    const double b = n * (layer.backward_s + blocking_backward + layer.cp_exposed_backward_s) +
-                     (last ? head_bwd : 0);
+    const double f = n * pass_f + (last ? head_fwd : 0), b = n * pass_b + (last ? head_bwd : 0);
     const double w = std::min(n * layer.weight_grad_s + (last ? head_gemm : 0),
                               b / 2);  // B is never shorter than W
     // The collectives each pass waits for (hidable under DualPipeV's other pass).
-    stage_passes.push_back(
-        {f, b - w, w, n * (blocking_forward + layer.cp_exposed_forward_s),
-         std::min(n * (blocking_backward + layer.cp_exposed_backward_s), b - w)});
+    stage_passes.push_back({f, b - w, w, n * hide_f, std::min(n * hide_b, b - w)});
     t_f = std::max(t_f, f);
     t_b = std::max(t_b, b);
     t_w = std::max(t_w, w);

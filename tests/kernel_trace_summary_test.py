@@ -94,6 +94,57 @@ def main():
         whole = kts.summarise(device, api, "no such kernel", 1)
         check("no marker: span", whole["span_ms"], 0.680)
         check("no marker: busy", whole["busy_ms"], 0.100 + 0.010 + 0.230 + 0.070 + 0.170 + 0.020)
+    # Real kernel names (loom's in an anonymous namespace, llm.c's, PyTorch's and cuBLAS's) in
+    # their families, and their short names.
+    names = [
+        ("void loom::cuda::(anonymous namespace)::norm_forward_kernel<__nv_bfloat16>(Args)", "layer/rms norm",
+         "loom::cuda::norm_forward_kernel"),
+        ("void loom::cuda::(anonymous namespace)::norm_weight_grad_partials<float>(float const*)", "layer/rms norm", None),
+        ("void loom::cuda::(anonymous namespace)::mma_forward_kernel<64, true>(Params)", "attention",
+         "loom::cuda::mma_forward_kernel"),
+        ("void loom::cuda::(anonymous namespace)::chunk_lse_update<__nv_bfloat16>(Args)", "cross-entropy/softmax", None),
+        ("void loom::cuda::(anonymous namespace)::finalize_loss(float*)", "cross-entropy/softmax", None),
+        ("void loom::cuda::(anonymous namespace)::sum_of_squares_partials(float const*)", "optimizer", None),
+        ("void loom::cuda::(anonymous namespace)::adamw_multi_kernel(AdamWSlice const*, long, long)", "optimizer",
+         "loom::cuda::adamw_multi_kernel"),
+        ("void loom::cuda::(anonymous namespace)::quantize4_kernel<__nv_fp8_e4m3>(Args)", "fp8 cast/amax", None),
+        ("sm90_xmma_gemm_e4m3e4m3_e4m3f32_f32_tn_n_tilesize128x128x64", "gemm", None),
+        ("cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>(Params)", "gemm",
+         "cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_32x32_128x2_tn_align8>"),
+        ("void matmul_backward_bias_kernel9<float, true>(float*, __nv_bfloat16 const*, int, int, int)", "bias gradient",
+         None),
+        ("void layernorm_forward_kernel6(__nv_bfloat16*, float*, float*)", "layer/rms norm", None),
+        ("void fused_classifier_kernel5<__nv_bfloat16>(__nv_bfloat16*, float*)", "cross-entropy/softmax", None),
+        ("void global_norm_squared_kernel<__nv_bfloat16>(float*, __nv_bfloat16 const*, unsigned long)", "optimizer", None),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&)>"
+         "(int, float, at::detail::Array<char*, 2>)", "gelu/swiglu", "at::native::vectorized_elementwise_kernel"),
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float>(int)",
+         "layer/rms norm", "at::native::vectorized_layer_norm_kernel"),
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x64_4x1x1_kernel0_0",
+         "attention", None),
+    ]
+    for name, fam, short in names:
+        if kts.family("kernel", name) != fam:
+            failures.append(f"family of {name}: {kts.family('kernel', name)}, want {fam}")
+        if short is not None and kts.short_name(name) != short:
+            failures.append(f"short name of {name}: {kts.short_name(name)}, want {short}")
+    # llm.c's update: one AdamW kernel per parameter tensor (3 here), the first update with a
+    # master-weight copy between them. With the marker 'adamw|copy_and_cast' each update is one run:
+    # three step ends at 30, 130, 230 us; with 'adamw' alone the first update splits in three.
+    llmc = []
+    for step, base in enumerate((0, 100, 200)):
+        llmc.append((base * US, (base + 10) * US, "kernel", "void gelu_forward_kernel2(float*)", 7, 0))
+        for p in range(3):
+            t = base + 10 + 6 * p
+            if step == 0:
+                llmc.append((t * US, (t + 3) * US, "kernel", "void copy_and_cast_kernel<float>(float*)", 7, 0))
+            llmc.append(((t + 3) * US, (t + 6) * US, "kernel", "void adamw_kernel3<__nv_bfloat16>(float*)", 7, 0))
+    llmc.sort()
+    ends = kts.step_ends(llmc, "adamw|copy_and_cast")
+    if ends != [28 * US, 128 * US, 228 * US]:
+        failures.append(f"llm.c step ends: {ends}")
+    if len(kts.step_ends(llmc, "adamw")) != 5:
+        failures.append(f"llm.c with 'adamw' alone: {kts.step_ends(llmc, 'adamw')}")
     for f in failures:
         print("FAIL", f)
     print("ok" if not failures else f"{len(failures)} failures")

@@ -22,17 +22,36 @@ import json
 import re
 import sys
 
-# Kernel families, first match wins (attention before GEMM: flash kernels are GEMMs too).
+# Kernel families, first match wins: attention before GEMM (flash kernels are GEMMs too), GEMM
+# before the FP8 casts (cuBLASLt's FP8 GEMMs name e4m3), llm.c's bias-gradient reduction before
+# GEMM. Names as loom (kernels/cuda), llm.c (train_gpt2.cu) and PyTorch / Inductor give them.
 FAMILIES = [
-    ("attention", r"flash|fmha|sdpa|attention|attn|scaled_dot|cudnn_generated"),
-    ("fp8 cast/amax", r"fp8|e4m3|e5m2|amax|quantis|quantiz"),
-    ("layer/rms norm", r"layer_?norm|layernorm|rms_?norm|rmsnorm|add_norm|norm_fwd|norm_bwd"),
-    ("cross-entropy/softmax", r"cross_?entropy|softmax|logsumexp|xent|nll|crossentropy"),
-    ("optimizer", r"adam|multi_tensor|optimizer|grad_norm|global_norm|clip|l2norm|norm_squared"),
+    ("attention", r"flash|fmha|sdpa|attention|attn|scaled_dot|cudnn_generated|\bmma_(forward|backward)"
+                  r"|pipelined_(forward|backward)|ranged_(forward|backward)"),
+    ("bias gradient", r"matmul_backward_bias|bias_grad"),
     ("gemm", r"gemm|cutlass|cublas|nvjet|xmma|matmul|sm90_|sm80_|sm100_|ampere_|hopper_|wgmma|splitk"),
+    ("fp8 cast/amax", r"fp8|e4m3|e5m2|amax|quantis|quantiz"),
+    ("layer/rms norm", r"layer_?norm|layernorm|rms_?norm|rmsnorm|add_norm|\bnorm_(forward|backward|weight)"
+                       r"|norm_fwd|norm_bwd"),
+    ("cross-entropy/softmax", r"cross_?entropy|softmax|logsumexp|xent|nll|crossentropy|\blse|_lse_|finalize_loss"
+                              r"|fused_classifier|token_grad"),
+    ("optimizer", r"adam|multi_tensor|optimizer|grad_norm|global_norm|clip|l2norm|norm_squared|sums?_of_squares"),
     ("gelu/swiglu", r"gelu|silu|swiglu|swish"),
-    ("embedding/encoder", r"embed|encoder|wte|wpe|gather|index_select|scatter"),
+    ("embedding/encoder", r"embed|encoder|wte|wpe|gather|index_select|scatter|shard_lookup|position"),
 ]
+COMPILED = [(fam, re.compile(pattern)) for fam, pattern in FAMILIES]
+
+
+def plain_name(name):
+    """A kernel's name without its return type, "(anonymous namespace)::" and its arguments; the
+    template arguments stay (PyTorch's elementwise kernels name their op there)."""
+    return re.sub(r"\(.*", "", re.sub(r"^void ", "", name.replace("(anonymous namespace)::", "")))
+
+
+def short_name(name):
+    """plain_name without template arguments, but for CUTLASS's (whose template names the tile)."""
+    name = plain_name(name)
+    return (name if name.startswith("cutlass") else re.sub(r"<.*", "", name))[:100]
 
 
 def family(kind, name):
@@ -40,9 +59,9 @@ def family(kind, name):
         return "memcpy"
     if kind == "memset":
         return "memset"
-    low = name.lower()
-    for fam, pattern in FAMILIES:
-        if re.search(pattern, low):
+    low = plain_name(name).lower()
+    for fam, pattern in COMPILED:
+        if pattern.search(low):
             return fam
     return "elementwise/other"
 
@@ -53,7 +72,11 @@ def read(path):
         for row in csv.DictReader(f):
             start, end = int(row["start_ns"]), int(row["end_ns"])
             if row["kind"] == "api":
-                api.setdefault(int(row["correlation"]), (start, end, row["name"]))
+                # A runtime call and the driver call inside it may share a correlation id: the
+                # later end is the launch's.
+                corr = int(row["correlation"])
+                if corr not in api or end > api[corr][1]:
+                    api[corr] = (start, end, row["name"])
             elif end > start:
                 device.append((start, end, row["kind"], row["name"], int(row["stream"]), int(row["correlation"])))
     device.sort()
@@ -93,6 +116,7 @@ def summarise(device, api, marker, skip):
     if len(ends) >= first + 2:
         t0, t1, steps = ends[first], ends[-1], len(ends) - 1 - first
     elif device:  # no marker (or too few): the whole trace as one step
+        print(f"        (only {len(ends)} step ends matched the marker: the whole trace is taken as one step)")
         t0, t1, steps = device[0][0], max(d[1] for d in device), 1
     else:
         return None
@@ -113,7 +137,9 @@ def summarise(device, api, marker, skip):
         i = bisect.bisect_left(starts, g1)
         nxt = inside[i] if i < len(inside) else None
         launch = api.get(nxt[5]) if nxt else None
-        late = launch is not None and launch[1] >= g0
+        # A blocking copy or set returns once done: its start says when the host issued it.
+        blocking = launch is not None and ("Memcpy" in launch[2] or "Memset" in launch[2]) and "Async" not in launch[2]
+        late = launch is not None and (launch[0] if blocking else launch[1]) >= g0
         if late:
             host_bound += g1 - g0
         j = bisect.bisect_right(end_times, g0)  # the last operation to end by g0
@@ -124,7 +150,7 @@ def summarise(device, api, marker, skip):
     for s, e, kind, name, _, _ in inside:
         d = min(e, t1) - max(s, t0)
         per_family[family(kind, name)] += d
-        short = re.sub(r"\(.*", "", name)[:100]
+        short = short_name(name)
         per_kernel[short] += d
         count[short] += 1
     ms = lambda ns: ns / 1e6 / steps

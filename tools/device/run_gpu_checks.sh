@@ -250,7 +250,7 @@ fi
 STEPS=${STEPS:-20}
 B=$W/bench
 mkdir -p "$B"
-if want bench && [ "$(left)" -gt 60 ]; then
+if { want bench || want trace; } && [ "$(left)" -gt 60 ]; then
   "${SYSENV[@]}" /usr/bin/python3 - "$B" <<'PY'
 import struct, sys, random
 random.seed(0)
@@ -376,12 +376,16 @@ trace_phase() {
   if [ -x "$REPO/.device/llmc/train_gpt2cu" ]; then
     check trace_llmc 90 "$W/trace.log" "${TRACE_ENV[@]}" LOOM_KERNEL_TRACE_OUT="$W/trace_llmc.csv" \
         bash "$REPO/bench/llmc_gpu.sh" "$REPO/.device/llmc/train_gpt2cu" "$W/llmc_trace" 10 16
-    trace_summary "$W/trace_llmc.csv" adamw 3 "llm.c gpt2-124m bf16 16 x 1024"
+    # llm.c updates each parameter tensor with its own AdamW launch (and, the first time, a
+    # master-weight copy between them): the marker takes both, so an update is one run.
+    trace_summary "$W/trace_llmc.csv" 'adamw|copy_and_cast' 3 "llm.c gpt2-124m bf16 16 x 1024"
   fi
   if [ "${LOOM_BENCH_TORCH:-1}" != 0 ]; then
     mkdir -p "$W/big"   # torch.compile's trace holds the compilation: left out of details.tar.xz
-    check trace_torch_compile 150 "$W/trace.log" env CUDA_INJECTION64_PATH="$TRACER" LOOM_KERNEL_TRACE_OUT="$W/big/trace_torch_compile.csv" \
-        LD_LIBRARY_PATH="$P/lib/cupti:$LOOM_DEVICE_ORIG_LD_LIBRARY_PATH" "$PY" bench/torch_gpu_train_step.py \
+    # PyTorch keeps its own libraries (and its own CUPTI, if it loads one; the tracer's RUNPATH
+    # finds the packed one otherwise).
+    check trace_torch_compile 150 "$W/trace.log" "${SYSENV[@]}" CUDA_INJECTION64_PATH="$TRACER" \
+        LOOM_KERNEL_TRACE_OUT="$W/big/trace_torch_compile.csv" "$PY" bench/torch_gpu_train_step.py \
         --preset gpt2-124m --batch 16 --seq 1024 --steps 10 --compile
     trace_summary "$W/big/trace_torch_compile.csv" '(?i)adam' 8 "torch.compile gpt2-124m bf16 16 x 1024"
   fi
@@ -414,7 +418,7 @@ elif want bench; then
     check bench_llmc 150 "$W/llmc.out" bash "$REPO/bench/llmc_gpu.sh" "$REPO/.device/llmc/train_gpt2cu" "$W/llmc" "$STEPS" 16
     grep '^{' "$W/llmc.out" >> "$OUT/bench.jsonl"
   fi
-  want trace && trace_phase
+  if want trace; then trace_phase; TRACED=1; fi
   # What FP8, the GELU epilogues and the pipelined attention (auto) each buy, on the same machine
   # in the same run (the scalar kernels' 227 ms for GPT-2 was measured on 2026-11-26; the first
   # tensor-core kernels' 46.1 / 87.0 ms on 2026-11-27).
@@ -437,6 +441,8 @@ elif want bench; then
   bench_loom gpt2-124m 16 bf16 tensor_cores
   bench_loom llama-1b 4 bf16 tensor_cores
 fi
+# The trace without the default bench (LOOM_CHECKS without bench, or LOOM_BENCH_LOOM's runs).
+if want trace && [ "${TRACED:-0}" = 0 ] && [ -s "$B/bench_train_000000.bin" ]; then trace_phase; fi
 [ -s "$OUT/bench.jsonl" ] && sed 's/^/        /' "$OUT/bench.jsonl" | tee -a "$SUMMARY"
 # The calibration's predictions (3b.) against the bench's measured steps and peak memory (5.).
 for plan in $PLANS; do

@@ -10,12 +10,15 @@
 // driver API calls that launch or wait (start, end, the correlation id that ties a launch to its
 // kernel), so that each idle gap on the device can be told apart: the host had not yet launched
 // the next kernel (host-bound) or it had and the kernel waited (a dependency).
-// At exit the records go to LOOM_KERNEL_TRACE_OUT as CSV:
+// At exit the records go to LOOM_KERNEL_TRACE_OUT (NAME.<pid> for any other process of the job
+// that initialises CUDA; a forked child writes nothing) as CSV:
 //   kind,start_ns,end_ns,stream,correlation,name
 // kind: kernel | memcpy | memset | api. An api row's name is the call's name ("cudaLaunchKernel").
 // tools/device/kernel_trace_summary.py reads it.
 #include <cupti.h>
 #include <cxxabi.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +40,7 @@ std::mutex g_mutex;
 std::vector<Row>* g_rows = nullptr;  // never freed: written at exit, after which nothing runs
 std::string* g_out = nullptr;
 bool g_written = false;
+pid_t g_pid = 0;  // the process that initialised: a forked child inherits the atexit, not the job
 constexpr size_t kBufferBytes = 8u << 20;
 
 std::string demangle(const char* name) {
@@ -111,7 +115,12 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 }
 
 void write_trace() {
+  if (getpid() != g_pid) return;  // a fork of the traced process: its parent writes
   cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  size_t dropped = 0;
+  if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS && dropped > 0)
+    std::fprintf(stderr, "loom_kernel_trace: CUPTI dropped %zu records (they show as idle time)\n",
+                 dropped);
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_written) return;
   g_written = true;
@@ -149,11 +158,20 @@ bool ok(CUptiResult r, const char* what) {
 extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) {
   const char* out = std::getenv("LOOM_KERNEL_TRACE_OUT");
   g_out = new std::string(out && *out ? out : "loom_kernel_trace.csv");
+  g_pid = getpid();
+  // The first process to initialise CUDA takes the name (created now, so that a helper process
+  // that initialises CUDA later and exits first cannot take it); any other writes NAME.<pid>.
+  const int fd = open(g_out->c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  if (fd >= 0)
+    close(fd);
+  else
+    *g_out += "." + std::to_string(g_pid);
   g_rows = new std::vector<Row>();
   g_rows->reserve(1 << 20);
+  // A failure here leaves the program untraced, never without CUDA: 1 either way.
   if (!ok(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed),
           "cuptiActivityRegisterCallbacks"))
-    return 0;
+    return 1;
   bool all = ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "enable kernels");
   all = ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "enable memcpy") && all;
   all = ok(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "enable memset") && all;

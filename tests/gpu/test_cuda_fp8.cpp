@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -427,6 +428,35 @@ TEST(CudaFp8Training, FollowsBf16OnLearnableData) {
     for (size_t s = 3; s < want.size(); ++s)        // after the 3 warm-up steps
       EXPECT_NEAR(got[s], want[s], 0.01 * want[s]) << "step " << s + 1;
   }
+}
+
+// From the second step on, delayed scaling's scale pairs come from one upload a step
+// (Fp8Context::step_scale_pairs) instead of a copy per quantisation: the same scales, so the
+// same run bit for bit (LOOM_FP8_SCALE_PER_CALL=1 restores the copies). 8 steps of the tiny Llama.
+TEST(CudaFp8Training, StepScalesInOneUploadAreEachCallsScales) {
+  const cuda::DeviceInfo info = cuda::device_info();
+  if (info.count == 0) GTEST_SKIP() << "no CUDA device: not run";
+  if (info.devices[0].compute_major * 10 + info.devices[0].compute_minor < 89)
+    GTEST_SKIP() << "no FP8 tensor cores: not run";
+  TinyRun run("cuda_fp8_scale_upload");
+  run.write_learnable_shards();
+  const std::string base = run.config("llama", 8);
+  auto losses = [&](const std::string& name, bool per_call) {
+    if (per_call)
+      setenv("LOOM_FP8_SCALE_PER_CALL", "1", 1);
+    else
+      unsetenv("LOOM_FP8_SCALE_PER_CALL");
+    Trainer trainer(
+        parse_config(base, {"train.device=\"cuda\"", "train.precision=\"fp8\"", kLearnableLr,
+                            "checkpoint.dir=\"\"", "log.dir=\"" + run.dir + "/" + name + "\""}));
+    trainer.run();
+    unsetenv("LOOM_FP8_SCALE_PER_CALL");
+    return losses_of(run.dir + "/" + name + "/metrics.jsonl");
+  };
+  const std::vector<double> per_call = losses("per_call", true),
+                            uploaded = losses("uploaded", false);
+  ASSERT_EQ(per_call.size(), 8u);
+  EXPECT_EQ(uploaded, per_call);
 }
 
 }  // namespace

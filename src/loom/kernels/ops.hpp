@@ -309,6 +309,9 @@ void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax);
 // computed on the device.
 Tensor fp8_scale_pair(float scale);
 Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin);
+// Many host scales' pairs in one upload: pair i at elements [2 i, 2 i + 2) (a slice_as of 2 is
+// fp8_scale_pair(scales[i])'s tensor, value for value).
+Tensor fp8_scale_pairs(const std::vector<float>& scales);
 // The codes of columns [col, col + cols) of x at scale_pair's scale (and their transpose when
 // asked). With amax_slots (a device F32 tensor), amax_slots[amax_index] = max(itself, max |x|)
 // from the same pass over x: fp8_amax and fp8_max_into's result without a second read.

@@ -36,6 +36,13 @@ Tensor fp8_scale_pair([[maybe_unused]] float scale) {
   fp8_codes_need_cuda("fp8_scale_pair");
 #endif
 }
+Tensor fp8_scale_pairs([[maybe_unused]] const std::vector<float>& scales) {
+#ifdef LOOM_HAVE_CUDA
+  return cuda_impl::fp8_scale_pairs(scales);
+#else
+  fp8_codes_need_cuda("fp8_scale_pairs");
+#endif
+}
 Tensor fp8_scale_pair([[maybe_unused]] const Tensor& amax, [[maybe_unused]] cpu::Fp8Format format,
                       [[maybe_unused]] int margin) {
   LOOM_OPS_ON_CUDA(device_of("fp8_scale_pair", {&amax}), fp8_scale_pair(amax, format, margin))

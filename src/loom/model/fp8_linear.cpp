@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "loom/core/error.hpp"
 #include "loom/kernels/ops.hpp"
@@ -55,6 +57,7 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
   Fp8Context& ctx = *context_;
   LOOM_CHECK(ctx.config.recipe != Fp8Recipe::Blockwise,
              "FP8 on CUDA scales per tensor (delayed or current); blockwise runs on the CPU");
+  ctx.on_device = true;
   const float history = scaling.history_amax();
   const bool use_current = ctx.config.recipe == Fp8Recipe::Current || history == 0.0f;
   auto step_amax_slots = [&]() -> const Tensor& {
@@ -67,7 +70,10 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
     // Delayed, with a history: the scale is known before x is read, so the step's amax comes
     // from the codes pass itself (on an H100 the separate amax pass was a sixth of llama-1b's
     // FP8 step).
-    const Tensor pair = ops::fp8_scale_pair(cpu::fp8_scale(history, format, ctx.config.margin));
+    const Tensor pair =
+        ctx.in_step && ctx.step_scale_pairs.defined()
+            ? ctx.step_scale_pairs.slice_as(2 * (3 * index + slot), {2})  // the same scale
+            : ops::fp8_scale_pair(cpu::fp8_scale(history, format, ctx.config.margin));
     if (!ctx.in_step) return ops::fp8_quantize(x, col, cols, pair, format, transposed);
     return ops::fp8_quantize(x, col, cols, pair, format, transposed, &step_amax_slots(),
                              3 * index + slot);
@@ -206,6 +212,26 @@ void Fp8Training::begin_step() {
   if (context_->device_step_amax.defined()) context_->device_step_amax.zero_();
   ++context_->step_serial;
   context_->in_step = true;
+  // The step's delayed scales, in one upload (Fp8Context::step_scale_pairs): each operand's from
+  // its history, as quantize_on_device computes it (an operand without one takes the current
+  // scale there and never reads its pair).
+  context_->step_scale_pairs = Tensor();
+  const char* per_call = std::getenv("LOOM_FP8_SCALE_PER_CALL");
+  if (context_->on_device && context_->config.recipe == Fp8Recipe::Delayed &&
+      !(per_call && std::string(per_call) == "1")) {
+    std::vector<float> scales;
+    for (const Fp8Linear* layer : layers_) {
+      int slot = 0;
+      for (const Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output}) {
+        const cpu::Fp8Format format =
+            slot++ == 2 ? context_->config.gradient_format() : cpu::Fp8Format::E4M3;
+        const float history = s->history_amax();
+        scales.push_back(history > 0.0f ? cpu::fp8_scale(history, format, context_->config.margin)
+                                        : 1.0f);
+      }
+    }
+    context_->step_scale_pairs = ops::fp8_scale_pairs(scales);
+  }
 }
 
 void Fp8Training::finish_step(bool keep) {

@@ -111,6 +111,7 @@ void moe_combine_backward(const Tensor& d_expert_out, const Tensor& d_weights, c
 Tensor fp8_amax(const Tensor& x, int64_t col, int64_t cols);
 void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax);
 Tensor fp8_scale_pair(float scale);
+Tensor fp8_scale_pairs(const std::vector<float>& scales);
 Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin);
 Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
                       cpu::Fp8Format format, bool transposed, const Tensor* amax_slots,

@@ -53,6 +53,19 @@ Tensor fp8_scale_pair(float scale) {
   return pair;
 }
 
+Tensor fp8_scale_pairs(const std::vector<float>& scales) {
+  const int64_t n = static_cast<int64_t>(scales.size());
+  Tensor pairs = device_floats(std::max<int64_t>(2 * n, 2));
+  std::vector<float> host(static_cast<size_t>(2 * n));
+  for (size_t i = 0; i < scales.size(); ++i)
+    host[2 * i] = 1.0f / scales[i], host[2 * i + 1] = scales[i];
+  // Pageable, as fp8_scale_pair's: the copy returns once `host` is staged.
+  if (n > 0)
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(pairs.raw(), host.data(), host.size() * sizeof(float),
+                                    cudaMemcpyHostToDevice, cuda::current_stream()));
+  return pairs;
+}
+
 Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin) {
   Tensor pair = device_floats(2);
   cuda::fp8_scale_from_amax(f32(pair), f32(amax), format, margin);

@@ -145,6 +145,27 @@ def main():
         failures.append(f"llm.c step ends: {ends}")
     if len(kts.step_ends(llmc, "adamw")) != 5:
         failures.append(f"llm.c with 'adamw' alone: {kts.step_ends(llmc, 'adamw')}")
+    # The comparison table: one column per summary in the order asked, a family one lacks as 0.
+    a = {"trace": "loom x", "span_ms": 2.0, "busy_ms": 1.5, "idle_ms": 0.5, "idle_host_bound_ms": 0.25,
+         "families_ms": {"gemm": 1.0, "attention": 0.5}}
+    b = {"trace": "llm.c y", "span_ms": 1.0, "busy_ms": 1.0, "idle_ms": 0.0, "idle_host_bound_ms": 0.0,
+         "families_ms": {"gemm": 0.75, "layer/rms norm": 0.25}}
+    table = kts.compare([a, b], ["llm.c y", "loom x"])
+    want_rows = {"step": ["1.00", "2.00"], "gemm": ["0.75", "1.00"], "attention": ["0.00", "0.50"],
+                 "layer/rms norm": ["0.25", "0.00"]}
+    header = table[0].split()
+    if header != ["llm.c", "loom"]:
+        failures.append(f"compare header: {header}")
+    seen = set()
+    for line in table[1:]:
+        name = line[:34].strip()
+        seen.add(name)
+        if name in want_rows and line[34:].split() != want_rows[name]:
+            failures.append(f"compare row {name}: {line[34:].split()}")
+    if not set(want_rows) <= seen:
+        failures.append(f"compare rows: {sorted(seen)}")
+    if len(table) != 1 + 4 + 3:
+        failures.append(f"compare: {len(table)} lines")
     for f in failures:
         print("FAIL", f)
     print("ok" if not failures else f"{len(failures)} failures")

@@ -168,14 +168,47 @@ def summarise(device, api, marker, skip):
     }
 
 
+def compare(summaries, labels=None):
+    """Lines of a table: ms a step per kernel family (and busy, idle, span), one column per
+    summary (the JSON lines main --json writes), in the given order."""
+    rows = [r for r in summaries if labels is None or r["trace"] in labels]
+    if labels is not None:
+        rows.sort(key=lambda r: labels.index(r["trace"]))
+    if not rows:
+        return []
+    families = []
+    for r in rows:
+        for fam in r["families_ms"]:
+            if fam not in families:
+                families.append(fam)
+    width = max(12, *(len(r["trace"].split(" ")[0]) for r in rows))
+    lines = ["          " + " " * 24 + "".join(f"{r['trace'].split(' ')[0]:>{width}}" for r in rows)]
+    for key, name in (("span_ms", "step"), ("busy_ms", "busy"), ("idle_ms", "idle"),
+                      ("idle_host_bound_ms", "idle, host-bound")):
+        lines.append(f"          {name:24s}" + "".join(f"{r[key]:>{width}.2f}" for r in rows))
+    for fam in families:
+        lines.append(f"          {fam:24s}" + "".join(f"{r['families_ms'].get(fam, 0.0):>{width}.2f}" for r in rows))
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("trace")
-    ap.add_argument("--marker", required=True, help="regex naming the optimizer kernels that end a step")
+    ap.add_argument("trace", help="a trace CSV, or with --compare the JSON lines file --json wrote")
+    ap.add_argument("--compare", nargs="*", metavar="LABEL",
+                    help="print a table of the summaries in TRACE (a --json file) with these labels, in order")
+    ap.add_argument("--marker", help="regex naming the optimizer kernels that end a step")
     ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out, the first always (default 3)")
     ap.add_argument("--label", default="")
     ap.add_argument("--json", help="append the summary as one JSON line to this file")
     args = ap.parse_args(argv)
+    if args.compare is not None:
+        summaries = [json.loads(line) for line in open(args.trace) if line.strip()]
+        lines = compare(summaries, args.compare or None)
+        print("        trace comparison, ms a step:" if lines else "        trace comparison: no summaries")
+        print("\n".join(lines))
+        return 0
+    if not args.marker:
+        ap.error("--marker is required to summarise a trace")
     device, api = read(args.trace)
     s = summarise(device, api, args.marker, args.skip)
     label = args.label or args.trace

@@ -390,8 +390,15 @@ trace_phase() {
         --preset gpt2-124m --batch 16 --seq 1024 --steps 10 --compile
     trace_summary "$W/big/trace_torch_compile.csv" '(?i)adam' 8 "torch.compile gpt2-124m bf16 16 x 1024"
   fi
+  # GPT-2 side by side: loom, llm.c, torch.compile (those that ran), ms a step per family.
+  [ -s "$W/trace.jsonl" ] && "${SYSENV[@]}" /usr/bin/python3 "$REPO/tools/device/kernel_trace_summary.py" "$W/trace.jsonl" \
+      --compare "loom gpt2-124m bf16 16 x 1024" "llm.c gpt2-124m bf16 16 x 1024" "torch.compile gpt2-124m bf16 16 x 1024" \
+      2>&1 | tee -a "$SUMMARY"
   trace_loom llama-1b 4 bf16
   trace_loom llama-1b 4 fp8
+  [ -s "$W/trace.jsonl" ] && "${SYSENV[@]}" /usr/bin/python3 "$REPO/tools/device/kernel_trace_summary.py" "$W/trace.jsonl" \
+      --compare "loom llama-1b bf16 4 x 1024" "loom llama-1b fp8 4 x 1024" 2>&1 | tee -a "$SUMMARY"
+  return 0
 }
 if want profile && command -v ncu >/dev/null && [ -s "$B/bench_train_000000.bin" ]; then
   # LOOM_PROFILE_CASE="preset:batch:precision ..." profiles other cases.

@@ -367,15 +367,26 @@ trace_summary() {  # csv marker skip label
 trace_loom() {  # preset batch precision
   local name="$1_$3"
   bench_toml "$B/trace_$name.toml" "$1" "$2" "$3" 10 "$B/trace_run_$name"
-  check "trace_loom_$name" 90 "$W/trace.log" "${TRACE_ENV[@]}" LOOM_KERNEL_TRACE_OUT="$W/trace_loom_$name.csv" \
+  check "trace_loom_$name" 60 "$W/trace.log" "${TRACE_ENV[@]}" LOOM_KERNEL_TRACE_OUT="$W/trace_loom_$name.csv" \
       "$P/build/loom" train "$B/trace_$name.toml"
   trace_summary "$W/trace_loom_$name.csv" adamw 3 "loom $1 $3 $2 x 1024"
 }
 trace_phase() {
   [ -f "$TRACER" ] || { note "SKIP    trace (no libloom_kernel_trace.so in the pack: built without CUPTI)"; return 0; }
+  # The tracer has not run on a GPU before: first 3 steps of the tiny-step GPT-2 (a few seconds
+  # untraced) under a 45 s limit; if that fails or leaves no trace, the other traced runs are
+  # skipped rather than each spending its timeout.
+  bench_toml "$B/trace_probe.toml" gpt2-124m 16 bf16 3 "$B/trace_run_probe"
+  check trace_probe 45 "$W/trace.log" "${TRACE_ENV[@]}" LOOM_KERNEL_TRACE_OUT="$W/trace_probe.csv" \
+      "$P/build/loom" train "$B/trace_probe.toml"
+  if ! grep -q '^kernel,' "$W/trace_probe.csv" 2>/dev/null; then
+    note "SKIP    trace (the probe run left no kernel records: see trace.log)"
+    return 0
+  fi
+  note "        trace probe: $(grep -c '^kernel,' "$W/trace_probe.csv") kernels, $(grep -c '^api,' "$W/trace_probe.csv") launch/wait calls recorded"
   trace_loom gpt2-124m 16 bf16
   if [ -x "$REPO/.device/llmc/train_gpt2cu" ]; then
-    check trace_llmc 90 "$W/trace.log" "${TRACE_ENV[@]}" LOOM_KERNEL_TRACE_OUT="$W/trace_llmc.csv" \
+    check trace_llmc 60 "$W/trace.log" "${TRACE_ENV[@]}" LOOM_KERNEL_TRACE_OUT="$W/trace_llmc.csv" \
         bash "$REPO/bench/llmc_gpu.sh" "$REPO/.device/llmc/train_gpt2cu" "$W/llmc_trace" 10 16
     # llm.c updates each parameter tensor with its own AdamW launch (and, the first time, a
     # master-weight copy between them): the marker takes both, so an update is one run.
@@ -385,7 +396,7 @@ trace_phase() {
     mkdir -p "$W/big"   # torch.compile's trace holds the compilation: left out of details.tar.xz
     # PyTorch keeps its own libraries (and its own CUPTI, if it loads one; the tracer's RUNPATH
     # finds the packed one otherwise).
-    check trace_torch_compile 150 "$W/trace.log" "${SYSENV[@]}" CUDA_INJECTION64_PATH="$TRACER" \
+    check trace_torch_compile 120 "$W/trace.log" "${SYSENV[@]}" CUDA_INJECTION64_PATH="$TRACER" \
         LOOM_KERNEL_TRACE_OUT="$W/big/trace_torch_compile.csv" "$PY" bench/torch_gpu_train_step.py \
         --preset gpt2-124m --batch 16 --seq 1024 --steps 10 --compile
     trace_summary "$W/big/trace_torch_compile.csv" '(?i)adam' 8 "torch.compile gpt2-124m bf16 16 x 1024"

@@ -57,7 +57,6 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
   Fp8Context& ctx = *context_;
   LOOM_CHECK(ctx.config.recipe != Fp8Recipe::Blockwise,
              "FP8 on CUDA scales per tensor (delayed or current); blockwise runs on the CPU");
-  ctx.on_device = true;
   const float history = scaling.history_amax();
   const bool use_current = ctx.config.recipe == Fp8Recipe::Current || history == 0.0f;
   auto step_amax_slots = [&]() -> const Tensor& {
@@ -217,7 +216,7 @@ void Fp8Training::begin_step() {
   // scale there and never reads its pair).
   context_->step_scale_pairs = Tensor();
   const char* per_call = std::getenv("LOOM_FP8_SCALE_PER_CALL");
-  if (context_->on_device && context_->config.recipe == Fp8Recipe::Delayed &&
+  if (context_->device_step_amax.defined() && context_->config.recipe == Fp8Recipe::Delayed &&
       !(per_call && std::string(per_call) == "1")) {
     std::vector<float> scales;
     for (const Fp8Linear* layer : layers_) {

@@ -78,11 +78,10 @@ struct Fp8Context {
   // by it.
   int64_t step_serial = 0;
   // CUDA, delayed scaling: the step's scale pairs of every layer's operands (pair 3 i + slot),
-  // uploaded in one copy by begin_step once the layers have run on the device, in place of one
-  // small host-to-device copy per quantisation (four a linear layer a micro-batch).
-  // LOOM_FP8_SCALE_PER_CALL=1 keeps the copy per quantisation.
+  // uploaded in one copy by begin_step once a step has run on the device (device_step_amax
+  // exists), in place of one small host-to-device copy per quantisation (four a linear layer a
+  // micro-batch). LOOM_FP8_SCALE_PER_CALL=1 keeps the copy per quantisation.
   Tensor step_scale_pairs;
-  bool on_device = false;
 };
 
 // One operand of a linear layer's GEMMs: the amax history (newest first) and the largest amax of

@@ -1,6 +1,7 @@
 // The rates kernels sustain in training, by GPU family: a GEMM's share of the dense peak by its
-// shape, and fused attention's by its keys per query and head width (declared in
-// time_model.hpp, which prices a layer and a step with them).
+// shape, and fused attention's by its keys per query and head width; and loom's own CUDA
+// engine's memory-bound kernels of a layer (declared in time_model.hpp, which prices a layer and
+// a step with them).
 #include "loom/plan/time_model.hpp"
 
 namespace loom::plan {
@@ -37,6 +38,40 @@ double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_d
   const bool ampere = ampere_part(gpu);
   const double fraction = (ampere ? 0.40 : 0.25) * kernel_speedup;
   return fraction * keys / (keys + 256) * head_dim / (head_dim + 24);
+}
+
+// job.stream_bytes_per_s, or `otherwise` (the GPU's bandwidth) where no profile measured one.
+double streaming_rate(const TrainingJob& job, double otherwise) {
+  return job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : otherwise;
+}
+
+// loom's CUDA engine's memory-bound kernels of one layer, forward and backward, counted from the
+// kernels it launches (model/block.cpp, kernels/cuda/norms.cu; an H100 profile of GPT-2 124M and
+// llama-1b, docs/results/h100-2026-11-27, shows which). Norms, per row: each of the two reads its
+// input and writes its output forward (2 tensors of the stream's width), and backward reads the
+// output gradient, the input and the residual gradient it accumulates into, and writes that
+// (4), its weight partials reading the output gradient and the input again (2): 16. Streams: the
+// two residual adds forward (3 each: ops::add_into), the two residual-gradient copies backward
+// (2 each), attention's row dot of the output and its gradient (2 q), and for Llama RoPE on q and
+// k forward and backward (2 each) and SwiGLU (reads gate and up, writes the product; backward
+// reads the gradient and both, writes two: 8 of ffn). GPT-2's GELU runs in the GEMM epilogues.
+// Norms, adds and copies on the rank's rows (1/tp under sp), the rest on the whole rows' tp share.
+double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const TrainingJob& job,
+                                double norm_bytes_per_s) {
+  const double b = job.memory.activation_bytes;
+  const double rows = static_cast<double>(l.micro_batch * job.seq_len / l.cp),
+               t = static_cast<double>(l.tp);
+  const double local_rows = l.sequence_parallel ? rows / t : rows;
+  const double c = static_cast<double>(m.n_embd), q = static_cast<double>(m.q_dim()) / t,
+               kv = static_cast<double>(m.kv_dim()) / t, f = static_cast<double>(m.ffn_hidden) / t;
+  const double norms = 16 * c * local_rows * b;
+  double stream = (10 * c * local_rows + 2 * q * rows) * b;
+  if (m.arch == Architecture::Llama) {
+    const double dense_share =
+        1 - static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
+    stream += (4 * (q + kv) + 8 * f * dense_share) * rows * b;
+  }
+  return norms / norm_bytes_per_s + stream / streaming_rate(job, norm_bytes_per_s);
 }
 
 }  // namespace loom::plan

@@ -26,43 +26,6 @@ struct LayerCost {
   double cp_exposed_forward_s = 0, cp_exposed_backward_s = 0;  // what the attention core does not hide
 };
 
-// job.stream_bytes_per_s, or `otherwise` (the GPU's bandwidth) where no profile measured one.
-double streaming_rate(const TrainingJob& job, double otherwise) {
-  return job.stream_bytes_per_s > 0 ? job.stream_bytes_per_s : otherwise;
-}
-}  // namespace
-
-// loom's CUDA engine's memory-bound kernels of one layer, forward and backward, counted from the
-// kernels it launches (model/block.cpp, kernels/cuda/norms.cu; an H100 profile of GPT-2 124M and
-// llama-1b, docs/results/h100-2026-11-27, shows which). Norms, per row: each of the two reads its
-// input and writes its output forward (2 tensors of the stream's width), and backward reads the
-// output gradient, the input and the residual gradient it accumulates into, and writes that
-// (4), its weight partials reading the output gradient and the input again (2): 16. Streams: the
-// two residual adds forward (3 each: ops::add_into), the two residual-gradient copies backward
-// (2 each), attention's row dot of the output and its gradient (2 q), and for Llama RoPE on q and
-// k forward and backward (2 each) and SwiGLU (reads gate and up, writes the product; backward
-// reads the gradient and both, writes two: 8 of ffn). GPT-2's GELU runs in the GEMM epilogues.
-// Norms, adds and copies on the rank's rows (1/tp under sp), the rest on the whole rows' tp share.
-double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const TrainingJob& job,
-                                double norm_bytes_per_s) {
-  const double b = job.memory.activation_bytes;
-  const double rows = static_cast<double>(l.micro_batch * job.seq_len / l.cp),
-               t = static_cast<double>(l.tp);
-  const double local_rows = l.sequence_parallel ? rows / t : rows;
-  const double c = static_cast<double>(m.n_embd), q = static_cast<double>(m.q_dim()) / t,
-               kv = static_cast<double>(m.kv_dim()) / t, f = static_cast<double>(m.ffn_hidden) / t;
-  const double norms = 16 * c * local_rows * b;
-  double stream = (10 * c * local_rows + 2 * q * rows) * b;
-  if (m.arch == Architecture::Llama) {
-    const double dense_share =
-        1 - static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
-    stream += (4 * (q + kv) + 8 * f * dense_share) * rows * b;
-  }
-  return norms / norm_bytes_per_s + stream / streaming_rate(job, norm_bytes_per_s);
-}
-
-namespace {
-
 LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
                      const GemmEfficiency& gemm) {
   const GpuSpec& gpu = cluster.gpu;
@@ -332,12 +295,29 @@ double moe_imbalance_of(const ModelConfig& m, const TrainingJob& job) {
                                    : job.moe_imbalance;
 }
 
+namespace {
+// A layer's passes: compute plus what they wait for (the tp and cp collectives' exposed part,
+// the expert all-to-alls), or the host's issue of the layer's operations where longer
+// (host_issue.hpp); and what DualPipeV's other pass can hide of each: the waits, not the issue.
+struct LayerPasses {
+  double forward_s, backward_s, hidable_forward_s, hidable_backward_s;
+};
+LayerPasses layer_passes(const LayerCost& c, const ModelConfig& m, const PlanLayout& l,
+                         const TrainingJob& job) {
+  const double wait_f = c.tp_exposed_forward_s + c.ep_comm_s / 2 + c.cp_exposed_forward_s;
+  const double wait_b = c.tp_exposed_backward_s + c.ep_comm_s / 2 + c.cp_exposed_backward_s;
+  const double host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l);
+  const double host_b = moe_host_backward_over_forward(l, job) * host_f;
+  const double f = std::max(c.forward_s + wait_f, host_f),
+               b = std::max(c.backward_s + wait_b, host_b);
+  return {f, b, f - std::max(c.forward_s, host_f), b - std::max(c.backward_s, host_b)};
+}
+}  // namespace
+
 LayerTime predict_layer_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job) {
   const LayerCost c = layer_cost(m, l, cluster, job, job.gemm.value_or(default_gemm_efficiency(cluster.gpu)));
-  const double ep = c.ep_comm_s / 2, host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l);
-  return {std::max(c.forward_s + c.tp_exposed_forward_s + ep + c.cp_exposed_forward_s, host_f),
-          std::max(c.backward_s + c.tp_exposed_backward_s + ep + c.cp_exposed_backward_s,
-                   moe_host_backward_over_forward(l, job) * host_f)};
+  const LayerPasses p = layer_passes(c, m, l, job);
+  return {p.forward_s, p.backward_s};
 }
 
 StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster, const TrainingJob& job,
@@ -398,18 +378,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     head_fwd += gather_s + 18 * whole / gpu.hbm_bandwidth_bytes_per_s;
     head_bwd += 26 * whole / gpu.hbm_bandwidth_bytes_per_s;
   }
-  // A layer's pass: its compute and what it waits for (the tp and cp collectives' exposed part,
-  // the expert all-to-alls), or where the host paces MoE layers (host_issue.hpp) its issue of the
-  // layer's operations if longer. DualPipeV's other pass hides the waits, not the host's issue.
-  const double ep_half = layer.ep_comm_s / 2,
-               comm_f = layer.tp_exposed_forward_s + ep_half + layer.cp_exposed_forward_s,
-               comm_b = layer.tp_exposed_backward_s + ep_half + layer.cp_exposed_backward_s;
-  const double host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l),
-               host_b = moe_host_backward_over_forward(l, job) * host_f;
-  const double pass_f = std::max(layer.forward_s + comm_f, host_f),
-               pass_b = std::max(layer.backward_s + comm_b, host_b);
-  const double hide_f = pass_f - std::max(layer.forward_s, host_f),
-               hide_b = pass_b - std::max(layer.backward_s, host_b);
+  const LayerPasses passes = layer_passes(layer, m, l, job);
   // Each stage's passes: its layers, plus the head on the last. The simulation takes each
   // stage's own; the closed forms (ranking layouts quickly) pace uniform chunks: with one chunk
   // per rank the slowest stage's, with several the busiest rank's mean chunk (a rank with the
@@ -420,11 +389,13 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   for (int64_t stage = 0; stage < stages; ++stage) {
     const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
     const bool last = stage == stages - 1;
-    const double f = n * pass_f + (last ? head_fwd : 0), b = n * pass_b + (last ? head_bwd : 0);
+    const double f = n * passes.forward_s + (last ? head_fwd : 0),
+                 b = n * passes.backward_s + (last ? head_bwd : 0);
     const double w = std::min(n * layer.weight_grad_s + (last ? head_gemm : 0),
                               b / 2);  // B is never shorter than W
     // The collectives each pass waits for (hidable under DualPipeV's other pass).
-    stage_passes.push_back({f, b - w, w, n * hide_f, std::min(n * hide_b, b - w)});
+    stage_passes.push_back({f, b - w, w, n * passes.hidable_forward_s,
+                            std::min(n * passes.hidable_backward_s, b - w)});
     t_f = std::max(t_f, f);
     t_b = std::max(t_b, b);
     t_w = std::max(t_w, w);

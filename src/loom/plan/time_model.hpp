@@ -150,8 +150,10 @@ StepTime predict_step_time(const ModelConfig& model, const PlanLayout& layout, c
 
 // loom's CUDA engine's memory-bound kernels of one layer (forward and backward, one micro-batch):
 // its norms' bytes at norm_bytes_per_s, its streaming kernels' at job.stream_bytes_per_s
-// (time_model.cpp counts what each kernel reads and writes).
+// (kernel_rates.cpp counts what each kernel reads and writes).
 double loom_cuda_layer_memory_s(const ModelConfig& m, const PlanLayout& l, const TrainingJob& job,
                                 double norm_bytes_per_s);
+// job.stream_bytes_per_s, or `otherwise` (the GPU's bandwidth) where no profile measured one.
+double streaming_rate(const TrainingJob& job, double otherwise);
 
 }  // namespace loom::plan

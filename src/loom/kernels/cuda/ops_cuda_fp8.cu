@@ -44,27 +44,20 @@ void fp8_max_into(const Tensor& slots, int64_t index, const Tensor& amax) {
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-Tensor fp8_scale_pair(float scale) {
-  Tensor pair = device_floats(2);
-  const float host[2] = {1.0f / scale, scale};  // {inverse, scale}: see fp8.hpp
-  // From pageable memory the copy returns once `host` is staged: no wait for the device.
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(pair.raw(), host, sizeof host, cudaMemcpyHostToDevice,
-                                  cuda::current_stream()));
-  return pair;
-}
-
 Tensor fp8_scale_pairs(const std::vector<float>& scales) {
   const int64_t n = static_cast<int64_t>(scales.size());
-  Tensor pairs = device_floats(std::max<int64_t>(2 * n, 2));
+  Tensor pairs = device_floats(std::max<int64_t>(2 * n, 2));  // {inverse, scale}: see fp8.hpp
   std::vector<float> host(static_cast<size_t>(2 * n));
   for (size_t i = 0; i < scales.size(); ++i)
     host[2 * i] = 1.0f / scales[i], host[2 * i + 1] = scales[i];
-  // Pageable, as fp8_scale_pair's: the copy returns once `host` is staged.
+  // From pageable memory the copy returns once `host` is staged: no wait for the device.
   if (n > 0)
     LOOM_CUDA_CHECK(cudaMemcpyAsync(pairs.raw(), host.data(), host.size() * sizeof(float),
                                     cudaMemcpyHostToDevice, cuda::current_stream()));
   return pairs;
 }
+
+Tensor fp8_scale_pair(float scale) { return fp8_scale_pairs({scale}); }
 
 Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin) {
   Tensor pair = device_floats(2);

@@ -31,17 +31,20 @@ struct Fp8LinearCase {
   Fp8Formats formats;
   int margin;
   const char* label;
+  int64_t sequence_rows = 0;
 };
 
 class Fp8LinearCases : public ::testing::TestWithParam<Fp8LinearCase> {};
 
 TEST_P(Fp8LinearCases, TwoStepsMatchTheTorchReference) {
   const Fp8LinearCase c = GetParam();
-  // 200 inputs and 136 outputs: two 1 x 128 tiles per row (one partial) and 2 x 2 weight blocks.
-  constexpr int64_t rows = 6, in = 200, out = 136, wide = 150, col = 7;
+  // 200 inputs and 136 outputs: two 1 x 128 tiles per row (one partial) and 2 x 2 weight blocks;
+  // 140 rows: two 128 x 1 tiles per column for the weight gradient (one partial), or, as two
+  // sequences of 70, one per sequence.
+  constexpr int64_t rows = 140, in = 200, out = 136, wide = 150, col = 7;
   Linear linear("l", in, out, true, false);
   auto context = std::make_shared<Fp8Context>();
-  context->config = {c.recipe, c.formats, 16, c.margin};
+  context->config = {c.recipe, c.formats, 16, c.margin, c.sequence_rows};
   Fp8Training training(context, {linear.enable_fp8(context)});
   linear.bias.value.copy_from(random_tensor({out}, 0.1, 1));
 
@@ -90,7 +93,8 @@ TEST_P(Fp8LinearCases, TwoStepsMatchTheTorchReference) {
   std::ofstream(dir + "/case.json") << nlohmann::json{
       {"recipe", fp8_recipe_name(c.recipe)},
       {"format", fp8_formats_name(c.formats)},
-      {"margin", c.margin}}.dump();
+      {"margin", c.margin},
+      {"sequence_rows", c.sequence_rows}}.dump();
   write_safetensors(dir + "/inputs.safetensors", inputs);
   write_safetensors(
       dir + "/loom.safetensors",
@@ -113,7 +117,8 @@ INSTANTIATE_TEST_SUITE_P(
         Fp8LinearCase{Fp8Recipe::Delayed, Fp8Formats::E4M3, 1, "delayed_e4m3_margin1"},
         Fp8LinearCase{Fp8Recipe::Current, Fp8Formats::Hybrid, 0, "current_hybrid"},
         Fp8LinearCase{Fp8Recipe::Blockwise, Fp8Formats::Hybrid, 0, "blockwise_hybrid"},
-        Fp8LinearCase{Fp8Recipe::Blockwise, Fp8Formats::E4M3, 0, "blockwise_e4m3"}),
+        Fp8LinearCase{Fp8Recipe::Blockwise, Fp8Formats::E4M3, 0, "blockwise_e4m3"},
+        Fp8LinearCase{Fp8Recipe::Blockwise, Fp8Formats::Hybrid, 0, "blockwise_two_sequences", 70}),
     [](const auto& info) { return std::string(info.param.label); });
 
 // A history of 2 keeps the newest two step amaxes; a skipped step's amax never enters it.

@@ -155,12 +155,18 @@ TEST(Fp8Config, BadKeysAndLayoutsAreRefusedWithWhatWorks) {
                     (void)parse(gpt2, {fp8, "parallel.pp=2"});
                   }),
                   {"parallel.pp = 2", "one process or under data parallelism"});
-  // On CUDA: per-tensor recipes only, and every GEMM dimension a multiple of 16 (cuBLASLt).
+  // On CUDA: every GEMM dimension a multiple of 16 (cuBLASLt); blockwise, of its 128-element
+  // tiles, the sequence length included (the weight gradients' 128 x 1 tiles stay inside one).
   const std::string cuda = "train.device=\"cuda\"";
   expect_contains(error_message([&] {
                     (void)parse(gpt2, {fp8, cuda, "train.fp8_recipe=\"blockwise\""});
                   }),
-                  {"blockwise", "cuda", "delayed or current"});
+                  {"blockwise", "CUDA", "train.seq_len = 16", "multiple of 128", "delayed"});
+  expect_contains(error_message([&] {
+                    (void)parse(gpt2, {fp8, cuda, "train.fp8_recipe=\"blockwise\"",
+                                       "train.seq_len=128", "model.max_seq_len=128"});
+                  }),
+                  {"blockwise", "model.n_embd", "multiple of 128"});
   expect_contains(error_message([&] {
                     (void)parse(gpt2, {fp8, cuda, "train.seq_len=10"});
                   }),
@@ -171,7 +177,8 @@ TEST(Fp8Config, BadKeysAndLayoutsAreRefusedWithWhatWorks) {
                   {"model.n_embd", "40", "multiple of 16"});
   TrainConfig blockwise = parse(gpt2, {fp8, "train.fp8_recipe=\"blockwise\""});
   blockwise.device = Device::CUDA;  // a config handed to the trainer directly is checked there too
-  expect_contains(error_message([&] { Trainer trainer(blockwise); }), {"blockwise", "cuda"});
+  expect_contains(error_message([&] { Trainer trainer(blockwise); }),
+                  {"blockwise", "CUDA", "multiple of 128"});
   // A CUDA FP8 config the engine takes gets as far as looking for the GPU.
   if (device_memory::cuda_device_count() == 0)
     expect_contains(error_message([&] {

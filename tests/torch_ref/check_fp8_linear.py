@@ -7,10 +7,13 @@ GEMMs in float64 on the dequantised operands.
 
 Two steps were run. Step 1 (empty history) scales by the current amax in every recipe but
 blockwise; step 2 by the recipe's rule: current amax, the history (step 1's amax: delayed), or
-a scale per 1 x 128 tile of input and output gradient and per 128 x 128 block of the weight.
+a scale per 1 x 128 tile of input and output gradient and per 128 x 128 block of the weight
+(blockwise), whose weight gradient takes the input and the output gradient quantised again in
+128 x 1 tiles (128 consecutive rows of one column; DeepSeek-V3's, and Transformer Engine's
+column-wise copies), tiles that stop at each sequence's end (case.json's "sequence_rows", 0: none).
 
 Usage:  /usr/bin/python3 tests/torch_ref/check_fp8_linear.py DIR
-DIR: case.json {"recipe", "format", "margin"}, inputs.safetensors (x1, w1, g1, x2, w2, g2, b: the
+DIR: case.json {"recipe", "format", "margin", "sequence_rows"}, inputs.safetensors (x1, w1, g1, x2, w2, g2, b: the
 inputs, weights and output gradients of the two steps, and the bias), loom.safetensors (out, d_x,
 d_w, d_b of step 2, and history [3, 2]: the newest two amaxes of input, weight, gradient).
 Tolerance 1e-5 of each tensor's largest magnitude (loom accumulates in f32); histories exact.
@@ -81,6 +84,19 @@ def qdq_tiles(x, tile_rows, name, margin, tile=128):
     return out
 
 
+def qdq_column_tiles(x, name, margin, sequence_rows, tile=128):
+    """128 x 1 tiles: each column's rows in runs of 128 within each sequence, a scale per run."""
+    out = torch.empty_like(x)
+    span = sequence_rows or x.shape[0]
+    for s in range(0, x.shape[0], span):
+        for r in range(s, min(s + span, x.shape[0]), tile):
+            stop = min(r + tile, s + span, x.shape[0])
+            block = x[r:stop]
+            for c in range(x.shape[1]):
+                out[r:stop, c] = qdq(block[:, c], scale_of(block[:, c].abs().max(), name, margin), name)
+    return out
+
+
 def amax(x):
     return x.abs().max()
 
@@ -96,8 +112,11 @@ def main(directory):
     recipe, margin = case["recipe"], int(case["margin"])
     grad_format = "e5m2" if case["format"] == "hybrid" else "e4m3"
     x, w, g = t["x2"], t["w2"], t["g2"]
+    xq_t = gq_t = None  # the weight gradient's operands where they differ from xq and gq
     if recipe == "blockwise":
         xq, wq, gq = qdq_tiles(x, 1, "e4m3", margin), qdq_tiles(w, 128, "e4m3", margin), qdq_tiles(g, 1, grad_format, margin)
+        rows = int(case.get("sequence_rows", 0))
+        xq_t, gq_t = qdq_column_tiles(x, "e4m3", margin, rows), qdq_column_tiles(g, grad_format, margin, rows)
     else:
         if recipe == "delayed":  # the history holds step 1's amaxes
             sx, sw, sg = (scale_of(amax(t[k]), f, margin) for k, f in (("x1", "e4m3"), ("w1", "e4m3"), ("g1", grad_format)))
@@ -105,7 +124,9 @@ def main(directory):
             sx, sw, sg = scale_of(amax(x), "e4m3", margin), scale_of(amax(w), "e4m3", margin), scale_of(amax(g), grad_format, margin)
         xq, wq, gq = qdq(x, sx, "e4m3"), qdq(w, sw, "e4m3"), qdq(g, sg, grad_format)
     d = torch.float64
-    want = {"out": xq.to(d) @ wq.to(d).T + t["b"].to(d), "d_x": gq.to(d) @ wq.to(d), "d_w": gq.to(d).T @ xq.to(d),
+    xq_t = xq if xq_t is None else xq_t
+    gq_t = gq if gq_t is None else gq_t
+    want = {"out": xq.to(d) @ wq.to(d).T + t["b"].to(d), "d_x": gq.to(d) @ wq.to(d), "d_w": gq_t.to(d).T @ xq_t.to(d),
             "d_b": g.to(d).sum(0)}
     plain = {"out": x.to(d) @ w.to(d).T + t["b"].to(d), "d_x": g.to(d) @ w.to(d), "d_w": g.to(d).T @ x.to(d)}
     ok = True

@@ -279,7 +279,7 @@ warmup_steps = 0
 dir = "$6"
 TOML
 }
-bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue | nondeterministic | f32_logits | scale_per_call [seq]]]]
+bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_epilogue | nondeterministic | f32_logits | scale_per_call | blockwise [seq]]]]
   local precision=${3:-bf16} attention=${4:-auto} variant=${5:-} gelu=1 seq=${6:-1024} det=1 logits=bf16
   local name="$1_${3:-bf16}_${4:-auto}${variant:+_$variant}"
   [ "$seq" != 1024 ] && name="${name}_seq$seq"
@@ -288,6 +288,8 @@ bench_loom() {  # preset batch [precision [attention kernels [variant: no_gelu_e
   [ "$variant" = f32_logits ] && logits=f32
   local scale_per_call=0; [ "$variant" = scale_per_call ] && scale_per_call=1
   bench_toml "$B/$name.toml" "$1" "$2" "$precision" "$STEPS" "$B/loom_$name" "$seq"
+  # blockwise: DeepSeek-V3's tiles on cuBLASLt's block-scaled FP8 GEMMs (train.fp8_recipe).
+  [ "$variant" = blockwise ] && sed -i 's/^precision = "fp8"$/precision = "fp8"\nfp8_recipe = "blockwise"/' "$B/$name.toml"
   check "bench_loom_$name" 120 "$OUT/bench.log" env LOOM_CUDA_ATTENTION="$attention" LOOM_CUDA_GELU_EPILOGUE="$gelu" LOOM_CUDA_CUDNN_DETERMINISTIC="$det" LOOM_CUDA_LOGITS="$logits" LOOM_FP8_SCALE_PER_CALL="$scale_per_call" "$P/build/loom" train "$B/$name.toml"
   # What the run's first line says it took (the attention kernels auto chose, the logits).
   local kernels; kernels=$(grep -o 'attention: [^|]*' "$OUT/bench.log" | tail -n 1 | sed 's/ *$//')
@@ -444,6 +446,8 @@ elif want bench; then
   bench_loom llama-1b 4 fp8
   # FP8's delayed scales uploaded per quantisation (before session 27) against once a step.
   bench_loom llama-1b 4 fp8 auto scale_per_call
+  # Blockwise scaling (1 x 128 / 128 x 128 tiles, cuBLASLt's block-scaled kernels; Hopper only).
+  bench_loom llama-1b 4 fp8 auto blockwise
   bench_loom gpt2-124m 16 fp8
   # The ~1B model at sequence 4096 (issue 14): one sequence, the same 4096 tokens a step as 4 x
   # 1024, against torch.compile (the faster PyTorch at 1024) and in FP8.

@@ -296,8 +296,15 @@ void round_to_bf16_(const Tensor& x);
 // One operand of an FP8 GEMM: the codes of a [rows, cols] block (row-major, and when asked the
 // transpose [cols, rows]) and its {1 / scale, scale} pair, all in device memory (the inverse
 // first: cuBLASLt's scale pointer, at the start of its allocation).
+// How an Fp8Codes' scales cover it: one scale pair for the tensor, or blockwise (DeepSeek-V3's
+// recipe) a factor per tile in cuBLASLt's block-scaled layouts (kernels/cuda/fp8.hpp): Tiles,
+// 128-element runs along each operand's inner dimension (codes: 1 x 128 along the rows; codes_t:
+// 128 x 1 down the columns); Blocks, 128 x 128 blocks (a weight, codes_t its transpose).
+enum class Fp8Tiling { PerTensor, Tiles, Blocks };
 struct Fp8Codes {
   Tensor codes, codes_t, scale_pair;  // codes: bytes in an F32 tensor's storage
+  Tensor scales, scales_t;            // blockwise: codes' and codes_t's dequantisation factors
+  Fp8Tiling tiling = Fp8Tiling::PerTensor;
   cpu::Fp8Format format = cpu::Fp8Format::E4M3;
   int64_t rows = 0, cols = 0;
 };
@@ -318,8 +325,20 @@ Tensor fp8_scale_pairs(const std::vector<float>& scales);
 Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
                       cpu::Fp8Format format, bool transposed, const Tensor* amax_slots = nullptr,
                       int64_t amax_index = 0);
+// Blockwise (train.fp8_recipe = "blockwise"): columns [col, col + cols) of x [rows, ld] as
+// 1 x 128 tiles along the rows (codes, when `along_rows`) and as 128 x 1 tiles down the columns,
+// transposed (codes_t, when `down_columns`: the operand of a product over the rows), each tile
+// scaled by cpu::fp8_scale of its own amax; rows and cols multiples of 128. With amax_slots,
+// amax_slots[amax_index] = max(itself, the largest tile amax).
+Fp8Codes fp8_quantize_tiles(const Tensor& x, int64_t col, int64_t cols, cpu::Fp8Format format,
+                            int margin, bool along_rows, bool down_columns,
+                            const Tensor* amax_slots = nullptr, int64_t amax_index = 0);
+// x [rows, cols] in 128 x 128 blocks, a scale each, with the transpose when asked.
+Fp8Codes fp8_quantize_blocks(const Tensor& x, cpu::Fp8Format format, int margin, bool transposed,
+                             const Tensor* amax_slots = nullptr, int64_t amax_index = 0);
 // Columns [c_col, c_col + N) of c [M, ld] (BF16 or F32) = beta c + op(a) op(b)^T dequantised,
-// op = the codes or their transpose: op(a) [M, K], op(b) [N, K].
+// op = the codes or their transpose: op(a) [M, K], op(b) [N, K]. Blockwise operands pair Tiles
+// with Tiles or with Blocks (M, N and K multiples of 128; Hopper's cuBLASLt).
 void fp8_gemm(const Tensor& c, int64_t c_col, float beta, const Fp8Codes& a, bool a_transposed,
               const Fp8Codes& b, bool b_transposed);
 // d_bias (F32) += column sums of columns [col, col + d_bias.numel()) of d_out.

@@ -58,6 +58,26 @@ Fp8Codes fp8_quantize([[maybe_unused]] const Tensor& x, [[maybe_unused]] int64_t
       fp8_quantize(x, col, cols, scale_pair, format, transposed, amax_slots, amax_index))
   fp8_codes_need_cuda("fp8_quantize");
 }
+Fp8Codes fp8_quantize_tiles([[maybe_unused]] const Tensor& x, [[maybe_unused]] int64_t col,
+                            [[maybe_unused]] int64_t cols, [[maybe_unused]] cpu::Fp8Format format,
+                            [[maybe_unused]] int margin, [[maybe_unused]] bool along_rows,
+                            [[maybe_unused]] bool down_columns,
+                            [[maybe_unused]] const Tensor* amax_slots,
+                            [[maybe_unused]] int64_t amax_index) {
+  LOOM_OPS_ON_CUDA(device_of("fp8_quantize_tiles", {&x}),
+                   fp8_quantize_tiles(x, col, cols, format, margin, along_rows, down_columns,
+                                      amax_slots, amax_index))
+  fp8_codes_need_cuda("fp8_quantize_tiles");
+}
+Fp8Codes fp8_quantize_blocks([[maybe_unused]] const Tensor& x,
+                             [[maybe_unused]] cpu::Fp8Format format, [[maybe_unused]] int margin,
+                             [[maybe_unused]] bool transposed,
+                             [[maybe_unused]] const Tensor* amax_slots,
+                             [[maybe_unused]] int64_t amax_index) {
+  LOOM_OPS_ON_CUDA(device_of("fp8_quantize_blocks", {&x}),
+                   fp8_quantize_blocks(x, format, margin, transposed, amax_slots, amax_index))
+  fp8_codes_need_cuda("fp8_quantize_blocks");
+}
 void fp8_gemm([[maybe_unused]] const Tensor& c, [[maybe_unused]] int64_t c_col,
               [[maybe_unused]] float beta, [[maybe_unused]] const Fp8Codes& a,
               [[maybe_unused]] bool a_transposed, [[maybe_unused]] const Fp8Codes& b,

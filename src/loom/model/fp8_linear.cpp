@@ -22,15 +22,23 @@ Fp8Linear::Fp8Linear(std::shared_ptr<Fp8Context> context) : context_(std::move(c
 }
 
 Tensor Fp8Linear::quantize(const float* x, int64_t rows, int64_t cols, int64_t stride,
-                           Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows) {
+                           Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows,
+                           int64_t tile_cols) {
   Fp8Context& ctx = *context_;
   Tensor q = Tensor::empty({rows, cols}, DType::F32, MemCategory::Workspace);
   float amax = 0.0f;
   if (ctx.config.recipe == Fp8Recipe::Blockwise) {
-    // Tiles never span rows of activations or gradients, so a replica's rows are quantised as
-    // one process would; weights are the same on every replica. Nothing to reduce.
-    amax = cpu::quantize_dequantize_tiles(q.f32(), cols, x, stride, rows, cols, tile_rows,
-                                          kFp8TileSize, format, ctx.config.margin);
+    // 1 x 128 tiles never span rows, and 128 x 1 tiles never span sequences, so a replica's
+    // rows are quantised as one process would; weights are the same on every replica. Nothing
+    // to reduce.
+    const int64_t span =
+        tile_cols == 1 && ctx.config.sequence_rows > 0 ? ctx.config.sequence_rows : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += span) {
+      const float part = cpu::quantize_dequantize_tiles(
+          q.f32() + r0 * cols, cols, x + r0 * stride, stride, std::min(span, rows - r0), cols,
+          tile_rows, tile_cols, format, ctx.config.margin);
+      amax = std::isnan(part) || std::isnan(amax) ? NAN : std::max(amax, part);
+    }
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       const float row_amax = cpu::abs_max(x + r * stride, cols);
@@ -56,15 +64,10 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
                                             cpu::Fp8Format format, bool transposed) {
   Fp8Context& ctx = *context_;
   LOOM_CHECK(ctx.config.recipe != Fp8Recipe::Blockwise,
-             "FP8 on CUDA scales per tensor (delayed or current); blockwise runs on the CPU");
+             "Fp8Linear: blockwise operands are quantised per tile (quantize_tiles_on_device)");
   const float history = scaling.history_amax();
   const bool use_current = ctx.config.recipe == Fp8Recipe::Current || history == 0.0f;
-  auto step_amax_slots = [&]() -> const Tensor& {
-    if (!ctx.device_step_amax.defined())
-      ctx.device_step_amax = Tensor::zeros({3 * std::max<int64_t>(ctx.layer_count, index + 1)},
-                                           DType::F32, MemCategory::Workspace, Device::CUDA);
-    return ctx.device_step_amax;
-  };
+  auto step_amax_slots = [&]() -> const Tensor& { return device_step_amax(); };
   if (!use_current) {
     // Delayed, with a history: the scale is known before x is read, so the step's amax comes
     // from the codes pass itself (on an H100 the separate amax pass was a sixth of llama-1b's
@@ -92,14 +95,48 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
   return ops::fp8_quantize(x, col, cols, pair, format, transposed);
 }
 
+const Tensor& Fp8Linear::device_step_amax() {
+  Fp8Context& ctx = *context_;
+  if (!ctx.device_step_amax.defined())
+    ctx.device_step_amax = Tensor::zeros({3 * std::max<int64_t>(ctx.layer_count, index + 1)},
+                                         DType::F32, MemCategory::Workspace, Device::CUDA);
+  return ctx.device_step_amax;
+}
+
+ops::Fp8Codes Fp8Linear::quantize_tiles_on_device(const Tensor& x, int64_t col, int64_t cols,
+                                                  int slot, cpu::Fp8Format format, bool along_rows,
+                                                  bool down_columns) {
+  const Fp8Context& ctx = *context_;
+  // 128 x 1 tiles stop at each sequence's end: on the device sequences span whole tiles
+  // (train.seq_len a multiple of 128, checked before the run), so plain 128-row tiles do.
+  LOOM_CHECK(!down_columns || ctx.config.sequence_rows % kFp8TileSize == 0,
+             "blockwise FP8 on CUDA: sequences of ", ctx.config.sequence_rows,
+             " tokens, not a multiple of 128");
+  if (!ctx.in_step)
+    return ops::fp8_quantize_tiles(x, col, cols, format, ctx.config.margin, along_rows,
+                                   down_columns);
+  return ops::fp8_quantize_tiles(x, col, cols, format, ctx.config.margin, along_rows, down_columns,
+                                 &device_step_amax(), 3 * index + slot);
+}
+
 const ops::Fp8Codes& Fp8Linear::device_weight_codes(const Tensor& weight_value, int64_t in) {
   const Fp8Context& ctx = *context_;
   const bool kept = ctx.in_step && weight_codes_step_ == ctx.step_serial &&
                     weight_codes_.rows == weight_value.size(0) && weight_codes_.cols == in;
   if (!kept) {
     // Inside a step the transposed copy is made at once: the backward's d_input product takes it.
-    weight_codes_ =
-        quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, ctx.in_step);
+    if (ctx.config.recipe == Fp8Recipe::Blockwise) {
+      LOOM_CHECK(weight_value.size(1) == in, "Fp8Linear: a weight ", weight_value.size(1),
+                 " wide for ", in, " inputs");
+      weight_codes_ = ctx.in_step ? ops::fp8_quantize_blocks(weight_value, cpu::Fp8Format::E4M3,
+                                                             ctx.config.margin, true,
+                                                             &device_step_amax(), 3 * index + 1)
+                                  : ops::fp8_quantize_blocks(weight_value, cpu::Fp8Format::E4M3,
+                                                             ctx.config.margin, false);
+    } else {
+      weight_codes_ =
+          quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, ctx.in_step);
+    }
     weight_codes_step_ = ctx.in_step ? ctx.step_serial : -1;
   }
   return weight_codes_;
@@ -113,16 +150,19 @@ void Fp8Linear::release_step_cache() {
 void Fp8Linear::forward_on_device(const Tensor& out, int64_t out_col, const Tensor& input_value,
                                   const Tensor& weight_value, const Tensor* bias) {
   const int64_t in = input_value.size(1);
-  // cuBLASLt's FP8 kernels take row counts in multiples of 16; training's (tokens per
-  // micro-batch) are checked before the run, but sampling's grow one token at a time. Those
-  // products run in bf16, outside any step (nothing is recorded).
-  if (input_value.size(0) % 16 != 0) {
+  const bool blockwise = context_->config.recipe == Fp8Recipe::Blockwise;
+  // cuBLASLt's FP8 kernels take row counts in multiples of 16 (128 for blockwise tiles);
+  // training's (tokens per micro-batch) are checked before the run, but sampling's grow one
+  // token at a time. Those products run in bf16, outside any step (nothing is recorded).
+  const int64_t multiple = blockwise ? kFp8TileSize : 16;
+  if (input_value.size(0) % multiple != 0) {
     LOOM_CHECK(!context_->in_step, "FP8 on CUDA inside a training step with ", input_value.size(0),
-               " rows, not a multiple of 16");
+               " rows, not a multiple of ", multiple);
     return ops::linear_forward(out, out_col, input_value, weight_value, bias);
   }
   const ops::Fp8Codes x =
-      quantize_on_device(input_value, 0, in, input, 0, cpu::Fp8Format::E4M3, false);
+      blockwise ? quantize_tiles_on_device(input_value, 0, in, 0, cpu::Fp8Format::E4M3, true, false)
+                : quantize_on_device(input_value, 0, in, input, 0, cpu::Fp8Format::E4M3, false);
   const ops::Fp8Codes& w = device_weight_codes(weight_value, in);
   ops::fp8_gemm(out, out_col, 0.0f, x, false, w, false);  // out = x @ w^T
   // Added after the product's bf16 rounding: two roundings where the CPU makes one (cuBLASLt's
@@ -135,16 +175,25 @@ void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
                                    const Tensor& d_out, int64_t d_out_col,
                                    const Tensor& input_value, const Tensor& weight_value) {
   const int64_t in = input_value.size(1), out_features = weight_value.size(0);
+  const bool blockwise = context_->config.recipe == Fp8Recipe::Blockwise;
+  // Blockwise: the gradient's 1 x 128 tiles for d_input and its 128 x 1 tiles (transposed) for
+  // d_weight, whose inner dimension is the tokens.
   const ops::Fp8Codes g =
-      quantize_on_device(d_out, d_out_col, out_features, grad_output, 2,
-                         context_->config.gradient_format(), d_weight.defined());
+      blockwise ? quantize_tiles_on_device(d_out, d_out_col, out_features, 2,
+                                           context_->config.gradient_format(), d_input.defined(),
+                                           d_weight.defined())
+                : quantize_on_device(d_out, d_out_col, out_features, grad_output, 2,
+                                     context_->config.gradient_format(), d_weight.defined());
   if (d_input.defined()) {
     // The step's weight codes (made by this micro-batch's forward or an earlier one), or, outside
     // a step, fresh ones with their transpose.
     const ops::Fp8Codes* w = &device_weight_codes(weight_value, in);
     ops::Fp8Codes fresh;
     if (!w->codes_t.defined()) {
-      fresh = quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, true);
+      fresh = blockwise
+                  ? ops::fp8_quantize_blocks(weight_value, cpu::Fp8Format::E4M3,
+                                             context_->config.margin, true)
+                  : quantize_on_device(weight_value, 0, in, weight, 1, cpu::Fp8Format::E4M3, true);
       w = &fresh;
     }
     // d_input [rows, in] (+)= g [rows, out] @ (w^T [in, out])^T
@@ -152,7 +201,9 @@ void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
   }
   if (d_weight.defined()) {
     const ops::Fp8Codes x =
-        quantize_on_device(input_value, 0, in, input, 0, cpu::Fp8Format::E4M3, true);
+        blockwise
+            ? quantize_tiles_on_device(input_value, 0, in, 0, cpu::Fp8Format::E4M3, false, true)
+            : quantize_on_device(input_value, 0, in, input, 0, cpu::Fp8Format::E4M3, true);
     // d_weight [out, in] += g^T [out, rows] @ (x^T [in, rows])^T
     ops::fp8_gemm(d_weight, 0, 1.0f, g, true, x, true);
   }
@@ -183,13 +234,25 @@ void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Ten
   const int64_t rows = input_value.size(0), in = input_value.size(1),
                 out_features = weight_value.size(0);
   const float* g = d_out.f32() + d_out_col;
-  const Tensor dq = quantize(g, rows, out_features, d_out.size(1), grad_output,
-                             context_->config.gradient_format(), 1);
+  const cpu::Fp8Format g_format = context_->config.gradient_format();
+  const Tensor dq = quantize(g, rows, out_features, d_out.size(1), grad_output, g_format, 1);
   // The same quantised operands as the forward: the scales have not moved within the step.
-  const Tensor x = quantize(input_value.f32(), rows, in, in, input, cpu::Fp8Format::E4M3, 1);
   const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight, cpu::Fp8Format::E4M3,
                             kFp8TileSize);
-  ops::linear_backward(d_input, accumulate_input, d_weight, Tensor(), dq, 0, x, w);
+  if (context_->config.recipe == Fp8Recipe::Blockwise) {
+    // d_input from the 1 x 128 gradient tiles; d_weight, a sum over tokens, from 128 x 1 tiles
+    // of the gradient and the input (the GEMM's inner dimension, as a GPU's block-scaled kernels
+    // take it).
+    if (d_input.defined()) ops::linear_input_grad(d_input, accumulate_input, dq, 0, w);
+    const Tensor dq_t =
+        quantize(g, rows, out_features, d_out.size(1), grad_output, g_format, kFp8TileSize, 1);
+    const Tensor x_t =
+        quantize(input_value.f32(), rows, in, in, input, cpu::Fp8Format::E4M3, kFp8TileSize, 1);
+    ops::linear_backward(Tensor(), false, d_weight, Tensor(), dq_t, 0, x_t, w);
+  } else {
+    const Tensor x = quantize(input_value.f32(), rows, in, in, input, cpu::Fp8Format::E4M3, 1);
+    ops::linear_backward(d_input, accumulate_input, d_weight, Tensor(), dq, 0, x, w);
+  }
   if (d_bias.defined()) {
     Tensor g_high = Tensor::empty({rows, out_features}, DType::F32, MemCategory::Workspace);
     for (int64_t r = 0; r < rows; ++r)

@@ -15,12 +15,16 @@
 //             first step) takes the current amax: Transformer Engine starts at scale 1, which would
 //             flush gradients of order 1 / tokens, below E5M2's 2^-16, to zero.
 //   blockwise DeepSeek-V3 (arXiv 2412.19437, section 3.3.2): a scale per 1 x 128 tile of inputs and
-//             output gradients and per 128 x 128 block of weights. One simplification: the
-//             weight-gradient GEMM reads the same 1 x 128 input tiles (DeepSeek-V3 requantises the
-//             input in 128 x 1 tiles for it).
+//             output gradients and per 128 x 128 block of weights; the weight-gradient GEMM, whose
+//             inner dimension is the tokens, reads the input and the output gradient quantised
+//             again in 128 x 1 tiles (128 consecutive tokens of one column), as DeepSeek-V3 does
+//             and as Transformer Engine's Float8BlockScaling does for its column-wise copies. Those
+//             tiles stop at a sequence's end (Fp8Config::sequence_rows), so a data-parallel
+//             replica's tiles are the ones one process makes.
 // Every scale and amax of a layer lives in its Fp8Linear.
-// On CUDA (bf16 activations and weights; delayed or current scaling) the same recipe runs on FP8
-// tensor cores: each operand is quantised to FP8 codes on the device (the CPU's rounding,
+// On CUDA (bf16 activations and weights; every recipe, blockwise on Hopper's block-scaled
+// cuBLASLt kernels with 128-multiple widths and sequences) the same recipe runs on FP8 tensor
+// cores: each operand is quantised to FP8 codes on the device (the CPU's rounding,
 // kernels/cuda/fp8) and cuBLASLt multiplies the codes (accumulating at the FP8 tensor cores'
 // precision, promoted to f32 periodically) with the operands' dequantisation factors. The
 // backward quantises the output gradient and the input again (the same scales: they do not move
@@ -55,6 +59,9 @@ struct Fp8Config {
   Fp8Formats formats = Fp8Formats::Hybrid;
   int64_t amax_history = kDefaultFp8AmaxHistory;
   int margin = 0;
+  // Rows (tokens) per sequence in the products' row order (the trainer's train.seq_len): the
+  // blockwise recipe's 128 x 1 tiles do not cross it. 0: no boundary (a lone Linear).
+  int64_t sequence_rows = 0;
   cpu::Fp8Format gradient_format() const {
     return formats == Fp8Formats::Hybrid ? cpu::Fp8Format::E5M2 : cpu::Fp8Format::E4M3;
   }
@@ -118,6 +125,11 @@ class Fp8Linear {
   ops::Fp8Codes quantize_on_device(const Tensor& x, int64_t col, int64_t cols,
                                    Fp8TensorScaling& scaling, int slot, cpu::Fp8Format format,
                                    bool transposed);
+  // Blockwise: the same columns in 1 x 128 tiles (codes) and 128 x 1 tiles (codes_t).
+  ops::Fp8Codes quantize_tiles_on_device(const Tensor& x, int64_t col, int64_t cols, int slot,
+                                         cpu::Fp8Format format, bool along_rows, bool down_columns);
+  // The context's device step amaxes (made at the first quantisation on the device).
+  const Tensor& device_step_amax();
   // CUDA: the weight's codes, with their transpose inside a step. The weight and its scale do
   // not change inside a step, so the codes made at the step's first product serve every later
   // one (each micro-batch's forward and backward): one amax and one quantisation of each weight
@@ -126,8 +138,10 @@ class Fp8Linear {
   ops::Fp8Codes weight_codes_;
   int64_t weight_codes_step_ = -1;  // the step_serial they were made in; -1: none kept
   // A new [rows, cols] tensor of the quantised-dequantised block at `x` (rows `stride` apart).
+  // Blockwise: per tile_rows x tile_cols tile (128 x 1 tiles within each sequence).
   Tensor quantize(const float* x, int64_t rows, int64_t cols, int64_t stride,
-                  Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows);
+                  Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows,
+                  int64_t tile_cols = kFp8TileSize);
   std::shared_ptr<Fp8Context> context_;
 };
 

@@ -57,23 +57,30 @@ void check_fp8_training(const TrainConfig& c) {
   const char* works =
       "; FP8 runs on the CPU in one process or under data parallelism (plain or ZeRO)";
   if (c.device == Device::CUDA) {
-    if (c.fp8.recipe == Fp8Recipe::Blockwise)
-      throw_error(
-          "train.fp8_recipe = \"blockwise\" with train.device = \"cuda\": the CUDA FP8 path "
-          "scales per tensor so far (delayed or current); blockwise runs on the CPU");
-    // cuBLASLt's FP8 kernels take every GEMM dimension a multiple of 16.
+    // cuBLASLt's FP8 kernels take every GEMM dimension a multiple of 16; its block-scaled ones
+    // (blockwise) a multiple of the 128-element tiles, and the 128 x 1 tiles of the weight
+    // gradients' token dimension stay inside a sequence.
+    const bool blockwise = c.fp8.recipe == Fp8Recipe::Blockwise;
+    const int64_t multiple = blockwise ? 128 : 16;
     const int64_t tokens = c.batch_size * c.seq_len, width = c.model.n_embd,
                   hidden = c.model.ffn_hidden, kv = c.model.kv_dim();
     for (const auto& [name, value] :
-         {std::pair<const char*, int64_t>{
-              "train.batch_size x train.seq_len (tokens per micro-batch)", tokens},
+         {std::pair<const char*, int64_t>{blockwise
+                                              ? "train.seq_len"
+                                              : "train.batch_size x train.seq_len (tokens per "
+                                                "micro-batch)",
+                                          blockwise ? c.seq_len : tokens},
           {"model.n_embd", width},
           {"model.ffn_hidden", hidden},
           {"the query width (n_head x head_dim)", c.model.q_dim()},
           {"the key/value width (n_kv_head x head_dim)", kv}})
-      if (value % 16 != 0)  // q|k|v's width, q + 2 kv, follows
+      if (value % multiple != 0)  // q|k|v's width, q + 2 kv, follows
         throw_error("train.precision = \"fp8\" on CUDA: ", name, " = ", value,
-                    " is not a multiple of 16, which cuBLASLt's FP8 GEMMs need");
+                    " is not a multiple of ", multiple,
+                    blockwise ? ", which blockwise FP8's 128-element tiles on cuBLASLt's "
+                                "block-scaled GEMMs need (or use fp8_recipe = \"delayed\" or "
+                                "\"current\": multiples of 16)"
+                              : ", which cuBLASLt's FP8 GEMMs need");
   }
   if (c.tp > 1)
     throw_error("train.precision = \"fp8\" with parallel.tp = ", c.tp, ": not supported", works);

@@ -55,6 +55,14 @@ TrainConfig checked_for_device(TrainConfig config) {
           "train.precision = \"fp8\" on CUDA needs FP8 tensor cores (compute capability 8.9 or "
           "later: Ada, Hopper); this GPU is ",
           capability / 10, ".", capability % 10, ": use train.precision = \"bf16\"");
+    // cuBLASLt's 128-tile block scaling (VEC128 / BLK128x128) is a Hopper feature; Blackwell
+    // scales blocks of 32 (MXFP8), which this recipe's tiles are not.
+    if (config.precision == Precision::FP8 && config.fp8.recipe == Fp8Recipe::Blockwise &&
+        (capability < 90 || capability >= 100))
+      throw_error(
+          "train.fp8_recipe = \"blockwise\" on CUDA runs on cuBLASLt's 128-element block-scaled "
+          "FP8 GEMMs, which Hopper (compute capability 9.0) has; this GPU is ",
+          capability / 10, ".", capability % 10, ": use fp8_recipe = \"delayed\" or \"current\"");
   }
   // Packed documents a row cannot hold are refused before anything is built.
   if (config.document_mask && !config.split_long_documents) {
@@ -109,7 +117,11 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
                                          resolved_vocab_chunk(config_, device_memory), plan, chunks);
   model_->init_weights(config_.seed);
   model_->set_bf16_activations(bf16);
-  if (config_.precision == Precision::FP8) fp8_ = &model_->enable_fp8(config_.fp8);
+  if (config_.precision == Precision::FP8) {
+    Fp8Config fp8 = config_.fp8;
+    fp8.sequence_rows = config_.seq_len;  // a micro-batch's rows: its sequences one after another
+    fp8_ = &model_->enable_fp8(fp8);
+  }
   if (config_.document_mask) model_->set_document_mask(config_.eot_token, config_.document_positions);
   // The same model on the device: bf16 storage for activations and working weights there.
   if (config_.device == Device::CUDA) model_->to_device(Device::CUDA, bf16 ? DType::BF16 : DType::F32);

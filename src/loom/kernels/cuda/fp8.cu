@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "loom/core/cuda/cuda_check.hpp"
+#include "loom/core/error.hpp"
 #include "loom/kernels/cuda/device_common.cuh"
 #include "loom/kernels/cuda/fp8.hpp"
 
@@ -242,6 +243,189 @@ void quantize_impl(uint8_t* codes, uint8_t* codes_t, const T* x, int64_t rows, i
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
+// ---- Blockwise scaling (DeepSeek-V3's tiles in cuBLASLt's block-scaled layouts) ------------
+
+constexpr int kBlock = 128;  // a tile's edge: 1 x 128, 128 x 1 or 128 x 128 elements
+
+// cpu::fp8_scale on the device: 1 for a zero or non-finite amax, else max_finite / amax / 2^margin.
+__device__ __forceinline__ float tile_scale(float amax, float max_finite, int margin) {
+  return (!(amax > 0.0f) || !isfinite(amax)) ? 1.0f : ldexpf(max_finite / amax, -margin);
+}
+__device__ __forceinline__ uint8_t code_of(float v, float scale, __nv_fp8_interpretation_t kind) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kind));
+}
+__device__ __forceinline__ float warp_bits_max(float m) {
+  for (int offset = detail::kWarpSize / 2; offset > 0; offset /= 2)
+    m = bits_max(m, __shfl_xor_sync(detail::kFullMask, m, offset));
+  return m;
+}
+
+// 1 x 128 tiles along each row: a warp per tile (8 a block), each lane 4 elements 32 apart, so
+// the warp's loads and byte stores are contiguous. Tile (r, t)'s factor at scales[t * ld + r].
+template <typename T>
+__global__ void quantize_rows_kernel(uint8_t* codes, float* scales, int64_t scales_ld, const T* x,
+                                     int64_t rows, int64_t cols, int64_t stride, float max_finite,
+                                     int margin, __nv_fp8_interpretation_t kind, float* amax) {
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize;
+  const int64_t row = int64_t{blockIdx.y} * (blockDim.x / detail::kWarpSize) +
+                      static_cast<int64_t>(threadIdx.x) / detail::kWarpSize;
+  const int64_t tile = blockIdx.x;
+  float v[4], m = 0.0f;
+  const bool live = row < rows;  // every thread reaches block_max_into below
+  if (live) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[k] = to_f32(x[row * stride + tile * kBlock + lane + 32 * k]);
+      m = bits_max(m, fabsf(v[k]));
+    }
+  }
+  m = warp_bits_max(m);
+  if (live) {
+    const float scale = tile_scale(m, max_finite, margin);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      codes[row * cols + tile * kBlock + lane + 32 * k] = code_of(v[k], scale, kind);
+    if (lane == 0) scales[tile * scales_ld + row] = 1.0f / scale;
+  }
+  if (amax) block_max_into(amax, m);
+}
+
+// 128 x 1 tiles down each column, written transposed: codes_t[c * rows + r], the operand whose
+// inner dimension is the rows (a weight gradient's tokens). A block takes 128 rows x 32 columns
+// through shared memory: loads coalesced along rows, each column's 128 codes stored as 32 words.
+// Tile (t, c)'s factor at scales_t[t * ld + c].
+constexpr int kColsPerBlock = 32;
+template <typename T>
+__global__ void quantize_cols_kernel(uint8_t* codes_t, float* scales_t, int64_t scales_ld,
+                                     const T* x, int64_t rows, int64_t cols, int64_t stride,
+                                     float max_finite, int margin, __nv_fp8_interpretation_t kind,
+                                     float* amax) {
+  __shared__ float tile[kBlock][kColsPerBlock + 1];
+  __shared__ float partial[8][kColsPerBlock];
+  __shared__ float scale_of_col[kColsPerBlock];
+  const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize,
+            warp = static_cast<int>(threadIdx.x) / detail::kWarpSize;  // 8 warps
+  const int64_t r0 = int64_t{blockIdx.y} * kBlock, c0 = int64_t{blockIdx.x} * kColsPerBlock;
+  float m = 0.0f;
+  for (int r = warp; r < kBlock; r += 8) {
+    const float v = to_f32(x[(r0 + r) * stride + c0 + lane]);
+    tile[r][lane] = v;
+    m = bits_max(m, fabsf(v));
+  }
+  partial[warp][lane] = m;
+  __syncthreads();
+  float column_amax = 0.0f;
+  if (warp == 0) {
+    for (int w = 0; w < 8; ++w) column_amax = bits_max(column_amax, partial[w][lane]);
+    const float scale = tile_scale(column_amax, max_finite, margin);
+    scale_of_col[lane] = scale;
+    scales_t[blockIdx.y * scales_ld + c0 + lane] = 1.0f / scale;
+  }
+  __syncthreads();
+  for (int c = warp; c < kColsPerBlock; c += 8) {
+    const float scale = scale_of_col[c];
+    uint32_t packed = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      packed |= static_cast<uint32_t>(code_of(tile[4 * lane + k][c], scale, kind)) << (8 * k);
+    *reinterpret_cast<uint32_t*>(codes_t + (c0 + c) * rows + r0 + 4 * lane) = packed;
+  }
+  if (amax) block_max_into(amax, column_amax);  // warp 0 holds the columns' amaxes
+}
+
+// 128 x 128 blocks: one scale per block from its amax; codes row-major and, when asked, their
+// transpose codes_t[c * rows + r] (the same blocks and scales seen from the other side). Block
+// (i, j)'s factor at scales[i * ld + j] and, transposed, scales_t[j * ld_t + i].
+constexpr int kPerThread = kBlock * kBlock / kThreads;  // 64 elements a thread
+template <typename T>
+__global__ void quantize_blocks_kernel(uint8_t* codes, uint8_t* codes_t, float* scales,
+                                       int64_t scales_ld, float* scales_t, int64_t scales_t_ld,
+                                       const T* x, int64_t rows, int64_t cols, int64_t stride,
+                                       float max_finite, int margin, __nv_fp8_interpretation_t kind,
+                                       float* amax) {
+  __shared__ uint8_t block_codes[kBlock][kBlock + 4];
+  __shared__ float warp_max[kThreads / detail::kWarpSize];
+  __shared__ float block_scale;
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t r0 = int64_t{blockIdx.y} * kBlock, c0 = int64_t{blockIdx.x} * kBlock;
+  float v[kPerThread], m = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {  // element i * 256 + t: row (i * 256 + t) / 128
+    const int e = i * kThreads + t;
+    v[i] = to_f32(x[(r0 + e / kBlock) * stride + c0 + e % kBlock]);
+    m = bits_max(m, fabsf(v[i]));
+  }
+  m = warp_bits_max(m);
+  if (t % detail::kWarpSize == 0) warp_max[t / detail::kWarpSize] = m;
+  __syncthreads();
+  if (t == 0) {
+    float b = 0.0f;
+    for (int w = 0; w < kThreads / detail::kWarpSize; ++w) b = bits_max(b, warp_max[w]);
+    block_scale = tile_scale(b, max_finite, margin);
+    if (amax) atomic_max_nonnegative(amax, b);
+    scales[blockIdx.y * scales_ld + blockIdx.x] = 1.0f / block_scale;
+    if (scales_t) scales_t[blockIdx.x * scales_t_ld + blockIdx.y] = 1.0f / block_scale;
+  }
+  __syncthreads();
+  const float scale = block_scale;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int e = i * kThreads + t;
+    const uint8_t code = code_of(v[i], scale, kind);
+    codes[(r0 + e / kBlock) * cols + c0 + e % kBlock] = code;
+    if (codes_t) block_codes[e / kBlock][e % kBlock] = code;
+  }
+  if (codes_t) {  // the same for the whole block, so is the barrier
+    __syncthreads();
+    for (int i = 0; i < kPerThread; ++i) {  // element i * 256 + t of the transpose
+      const int e = i * kThreads + t, c = e / kBlock, r = e % kBlock;
+      codes_t[(c0 + c) * rows + r0 + r] = block_codes[r][c];
+    }
+  }
+}
+
+void check_blocks(const char* what, int64_t rows, int64_t cols, int64_t stride) {
+  if (rows <= 0 || cols <= 0 || rows % kBlock != 0 || cols % kBlock != 0 || stride < cols)
+    throw_error(what, ": a [", rows, ", ", cols, "] block (rows ", stride,
+                " apart); blockwise FP8 on CUDA takes rows and columns in multiples of 128");
+}
+
+template <typename T>
+void quantize_tiles_impl(uint8_t* codes, float* scales, uint8_t* codes_t, float* scales_t,
+                         const T* x, int64_t rows, int64_t cols, int64_t stride,
+                         cpu::Fp8Format format, int margin, float* amax, cudaStream_t stream) {
+  check_blocks("fp8_quantize_tiles", rows, cols, stride);
+  const float max_finite = cpu::fp8_spec(format).max_finite;
+  if (codes) {
+    constexpr int kRowsPerBlock = kThreads / detail::kWarpSize;
+    const dim3 grid(static_cast<unsigned>(cols / kBlock),
+                    static_cast<unsigned>(detail::ceil_div(rows, int64_t{kRowsPerBlock})));
+    quantize_rows_kernel<<<grid, kThreads, 0, stream>>>(codes, scales, fp8_vec128_scales_ld(rows),
+                                                        x, rows, cols, stride, max_finite, margin,
+                                                        interpretation(format), amax);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+  if (codes_t) {
+    const dim3 grid(static_cast<unsigned>(cols / kColsPerBlock),
+                    static_cast<unsigned>(rows / kBlock));
+    quantize_cols_kernel<<<grid, kThreads, 0, stream>>>(
+        codes_t, scales_t, fp8_vec128_scales_ld(cols), x, rows, cols, stride, max_finite, margin,
+        interpretation(format), amax);
+    LOOM_CUDA_CHECK_LAUNCH();
+  }
+}
+
+template <typename T>
+void quantize_blocks_impl(uint8_t* codes, float* scales, uint8_t* codes_t, float* scales_t,
+                          const T* x, int64_t rows, int64_t cols, int64_t stride,
+                          cpu::Fp8Format format, int margin, float* amax, cudaStream_t stream) {
+  check_blocks("fp8_quantize_blocks", rows, cols, stride);
+  const dim3 grid(static_cast<unsigned>(cols / kBlock), static_cast<unsigned>(rows / kBlock));
+  quantize_blocks_kernel<<<grid, kThreads, 0, stream>>>(
+      codes, codes_t, scales, fp8_blk128_scales_ld(cols), scales_t, fp8_blk128_scales_ld(rows), x,
+      rows, cols, stride, cpu::fp8_spec(format).max_finite, margin, interpretation(format), amax);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
 }  // namespace
 
 void fp8_amax(float* amax, const bf16* x, int64_t rows, int64_t cols, int64_t stride,
@@ -268,6 +452,34 @@ void fp8_quantize(uint8_t* codes, uint8_t* codes_t, const float* x, int64_t rows
                   int64_t stride, const float* scale_pair, cpu::Fp8Format format, float* amax,
                   cudaStream_t stream) {
   quantize_impl(codes, codes_t, x, rows, cols, stride, scale_pair, format, amax, stream);
+}
+
+int64_t fp8_vec128_scales_ld(int64_t rows) { return (rows + 3) / 4 * 4; }
+int64_t fp8_blk128_scales_ld(int64_t cols) { return ((cols + kBlock - 1) / kBlock + 3) / 4 * 4; }
+
+void fp8_quantize_tiles(uint8_t* codes, float* scales, uint8_t* codes_t, float* scales_t,
+                        const bf16* x, int64_t rows, int64_t cols, int64_t stride,
+                        cpu::Fp8Format format, int margin, float* amax, cudaStream_t stream) {
+  quantize_tiles_impl(codes, scales, codes_t, scales_t, x, rows, cols, stride, format, margin, amax,
+                      stream);
+}
+void fp8_quantize_tiles(uint8_t* codes, float* scales, uint8_t* codes_t, float* scales_t,
+                        const float* x, int64_t rows, int64_t cols, int64_t stride,
+                        cpu::Fp8Format format, int margin, float* amax, cudaStream_t stream) {
+  quantize_tiles_impl(codes, scales, codes_t, scales_t, x, rows, cols, stride, format, margin, amax,
+                      stream);
+}
+void fp8_quantize_blocks(uint8_t* codes, float* scales, uint8_t* codes_t, float* scales_t,
+                         const bf16* x, int64_t rows, int64_t cols, int64_t stride,
+                         cpu::Fp8Format format, int margin, float* amax, cudaStream_t stream) {
+  quantize_blocks_impl(codes, scales, codes_t, scales_t, x, rows, cols, stride, format, margin,
+                       amax, stream);
+}
+void fp8_quantize_blocks(uint8_t* codes, float* scales, uint8_t* codes_t, float* scales_t,
+                         const float* x, int64_t rows, int64_t cols, int64_t stride,
+                         cpu::Fp8Format format, int margin, float* amax, cudaStream_t stream) {
+  quantize_blocks_impl(codes, scales, codes_t, scales_t, x, rows, cols, stride, format, margin,
+                       amax, stream);
 }
 
 }  // namespace loom::cuda

@@ -80,9 +80,12 @@ struct MatmulSpec {
   void* c = nullptr;
   int64_t ldc = 0;
   cudaDataType_t a_type = CUDA_R_32F, b_type = CUDA_R_32F, c_type = CUDA_R_32F;
-  // FP8 operands' dequantisation factors (device floats; null for other types).
+  // FP8 operands' dequantisation factors (device floats; null for other types): one per tensor,
+  // or per tile in cuBLASLt's block-scaled layouts (kernels/cuda/fp8.hpp) under these modes
+  // (cublasLtMatmulMatrixScale_t values; 0, one scalar, is cuBLASLt's default).
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
+  int32_t a_scale_mode = 0, b_scale_mode = 0;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* bias = nullptr;  // bias (BIAS, per column of row-major C) or bias gradient (BGRADB)
   // GELU_AUX's pre-activation output and DGELU's input: shaped like C, rows aux_ld apart.
@@ -102,6 +105,7 @@ struct PlanKey {
   uint32_t align_a, align_b, align_c, align_bias;  // the heuristic reads the bias pointer's too
   int64_t aux_ld;
   uint32_t align_aux;
+  int32_t a_scale_mode, b_scale_mode;
   bool operator==(const PlanKey&) const = default;
 };
 struct PlanKeyHash {
@@ -120,6 +124,7 @@ struct PlanKeyHash {
     mix(uint64_t{key.align_a} << 48 | uint64_t{key.align_b} << 32 | uint64_t{key.align_c} << 16 |
         key.align_bias);
     mix(static_cast<uint64_t>(key.aux_ld) << 16 | key.align_aux);
+    mix(static_cast<uint64_t>(key.a_scale_mode) << 8 | static_cast<uint64_t>(key.b_scale_mode));
     return h;
   }
 };
@@ -171,6 +176,15 @@ std::unique_ptr<Plan> make_plan(const MatmulSpec& s, const PlanKey& key, CublasC
     desc.set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, s.aux_ld);
   }
   set_scale_pointers(desc, s);
+  if (s.a_scale_mode != 0 || s.b_scale_mode != 0) {
+#if CUBLAS_VERSION >= 120900
+    // Block scaling (cuBLAS 12.9+, Hopper): cuBLAS's A is our B.
+    desc.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, s.b_scale_mode);
+    desc.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, s.a_scale_mode);
+#else
+    return plan;  // supported = false: block-scaled FP8 needs cuBLAS 12.9
+#endif
+  }
   plan->a_layout = std::make_unique<MatrixLayout>(s.b_type, s.transpose_b ? s.k : s.n,
                                                   s.transpose_b ? s.n : s.k, s.ldb);
   plan->b_layout = std::make_unique<MatrixLayout>(s.a_type, s.transpose_a ? s.m : s.k,
@@ -227,7 +241,9 @@ cublasStatus_t try_matmul(const MatmulSpec& s, cudaStream_t stream) {
                     alignment_bytes(s.c),
                     s.bias ? alignment_bytes(s.bias) : 0u,
                     s.aux ? s.aux_ld : 0,
-                    s.aux ? alignment_bytes(s.aux) : 0u};
+                    s.aux ? alignment_bytes(s.aux) : 0u,
+                    s.a_scale_mode,
+                    s.b_scale_mode};
   PlanCache& cache = plan_cache();
   Plan* plan = nullptr;
   {
@@ -453,10 +469,32 @@ void fp8_gemm_impl(Out* c, int64_t ldc, float beta, const Fp8Operand& a, const F
   s.c_type = data_type<Out>();
   s.a_scale = a.inverse_scale;
   s.b_scale = b.inverse_scale;
+  const bool blocks = a.scaling != Fp8Scaling::Tensor || b.scaling != Fp8Scaling::Tensor;
+  if (blocks) {
+    // cuBLASLt's block-scaled FP8 (Hopper): both operands per tile, at most one in 128 x 128
+    // blocks, every dimension a multiple of 128 (the tiles).
+    if (a.scaling == Fp8Scaling::Tensor || b.scaling == Fp8Scaling::Tensor ||
+        (a.scaling == Fp8Scaling::Blocks128x128 && b.scaling == Fp8Scaling::Blocks128x128))
+      throw_error(
+          "FP8 gemm: block-scaled operands go in pairs of 1 x 128 tiles, or tiles with 128 x 128 "
+          "blocks (cuBLASLt has no 128 x 128 by 128 x 128 nor mixed per-tensor kernel)");
+    if (m % 128 != 0 || n % 128 != 0 || k % 128 != 0)
+      throw_error("blockwise FP8 gemm on CUDA needs m, n and k multiples of 128, got ", m, "x", n,
+                  "x", k);
+    auto mode = [](Fp8Scaling scaling) {
+      return static_cast<int32_t>(scaling == Fp8Scaling::Tiles1x128
+                                      ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                      : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F);
+    };
+    s.a_scale_mode = mode(a.scaling);
+    s.b_scale_mode = mode(b.scaling);
+  }
   if (try_matmul(s, stream) != CUBLAS_STATUS_SUCCESS)
     throw_error("cuBLASLt has no FP8 algorithm for a ", m, "x", n, "x", k, " product (",
                 cpu::fp8_format_name(a.format), " x ", cpu::fp8_format_name(b.format),
-                "); FP8 GEMMs need a Hopper (sm_90) or later GPU");
+                blocks ? ", scaled per 128-element tile" : "",
+                blocks ? "); blockwise FP8 GEMMs need cuBLAS 12.9 or later on a Hopper (sm_90) GPU"
+                       : "); FP8 GEMMs need a Hopper (sm_90) or later GPU");
 }
 }  // namespace
 

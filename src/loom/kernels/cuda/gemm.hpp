@@ -70,17 +70,23 @@ void add_bias(float* out, int64_t ld, const float* bias, int64_t rows, int64_t c
 void add_bias(bf16* out, int64_t ld, const bf16* bias, int64_t rows, int64_t cols,
               cudaStream_t stream = current_stream());
 
+// How an FP8 operand's dequantisation factors cover it: one for the tensor, or one per tile
+// in cuBLASLt's block-scaled layouts (fp8.hpp: 1 x 128 tiles along k, 128 x 128 blocks).
+enum class Fp8Scaling { Tensor, Tiles1x128, Blocks128x128 };
 // One FP8 operand of fp8_gemm: row-major codes [rows, k] (k contiguous) of the given format
-// and the device float that turns them back into values (1 / the quantisation scale).
+// and the device float(s) that turn them back into values (1 / the quantisation scale).
 struct Fp8Operand {
   const uint8_t* codes = nullptr;
   cpu::Fp8Format format = cpu::Fp8Format::E4M3;
   const float* inverse_scale = nullptr;
+  Fp8Scaling scaling = Fp8Scaling::Tensor;
 };
 // c[m, n] = beta * c + (a.inverse_scale * b.inverse_scale) * A[m, k] @ B[n, k]^T on FP8 tensor
 // cores (cuBLASLt; sm_89 or later; their accumulator keeps about 14 bits between cuBLASLt's
 // promotions to f32, not IEEE f32 throughout), c in bf16 (ld ldc) or f32. m, n and k
-// multiples of 16; two E5M2 operands are refused (cuBLASLt has no such kernel).
+// multiples of 16; two E5M2 operands are refused (cuBLASLt has no such kernel). Block-scaled
+// operands (both per tile, at most one in 128 x 128 blocks; m, n, k multiples of 128) run on
+// cuBLASLt's block-scaled kernels, which promote each 128-long partial sum to f32 with its scales.
 void fp8_gemm(bf16* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b, int64_t m,
               int64_t n, int64_t k, cudaStream_t stream = current_stream());
 void fp8_gemm(float* c, int64_t ldc, float beta, const Fp8Operand& a, const Fp8Operand& b,

@@ -116,6 +116,11 @@ Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin);
 Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
                       cpu::Fp8Format format, bool transposed, const Tensor* amax_slots,
                       int64_t amax_index);
+Fp8Codes fp8_quantize_tiles(const Tensor& x, int64_t col, int64_t cols, cpu::Fp8Format format,
+                            int margin, bool along_rows, bool down_columns,
+                            const Tensor* amax_slots, int64_t amax_index);
+Fp8Codes fp8_quantize_blocks(const Tensor& x, cpu::Fp8Format format, int margin, bool transposed,
+                             const Tensor* amax_slots, int64_t amax_index);
 void fp8_gemm(const Tensor& c, int64_t c_col, float beta, const Fp8Codes& a, bool a_transposed,
               const Fp8Codes& b, bool b_transposed);
 void bias_grad_columns(const Tensor& d_bias, const Tensor& d_out, int64_t col);

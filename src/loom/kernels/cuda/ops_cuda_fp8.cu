@@ -1,6 +1,8 @@
 // The op layer's FP8 functions on CUDA (ops.hpp, "FP8 on CUDA"): model/fp8_linear's device path.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "loom/core/cuda/cuda_check.hpp"
 #include "loom/core/error.hpp"
 #include "loom/kernels/cuda/fp8.hpp"
@@ -65,6 +67,17 @@ Tensor fp8_scale_pair(const Tensor& amax, cpu::Fp8Format format, int margin) {
   return pair;
 }
 
+namespace {
+float* amax_slot(const char* op, const Tensor* slots, int64_t index) {
+  if (!slots) return nullptr;
+  LOOM_CHECK(slots->device() == Device::CUDA && slots->dtype() == DType::F32 && index >= 0 &&
+                 index < slots->numel(),
+             op, ": amax slot ", index, " of a ", slots->numel(),
+             "-element tensor (a device F32 one expected)");
+  return f32(*slots) + index;
+}
+}  // namespace
+
 Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& scale_pair,
                       cpu::Fp8Format format, bool transposed, const Tensor* amax_slots,
                       int64_t amax_index) {
@@ -93,12 +106,79 @@ Fp8Codes fp8_quantize(const Tensor& x, int64_t col, int64_t cols, const Tensor& 
   return q;
 }
 
+Fp8Codes fp8_quantize_tiles(const Tensor& x, int64_t col, int64_t cols, cpu::Fp8Format format,
+                            int margin, bool along_rows, bool down_columns,
+                            const Tensor* amax_slots, int64_t amax_index) {
+  const int64_t rows = x.size(0), ld = x.size(1);
+  LOOM_CHECK(col >= 0 && cols >= 0 && col + cols <= ld, "fp8_quantize_tiles: columns [", col, ", ",
+             col + cols, ") of a tensor ", ld, " wide");
+  float* amax = amax_slot("fp8_quantize_tiles", amax_slots, amax_index);
+  Fp8Codes q;
+  q.format = format, q.rows = rows, q.cols = cols, q.tiling = Fp8Tiling::Tiles;
+  auto zeros = [](int64_t n) {  // the layouts' padding entries defined too
+    return Tensor::zeros({std::max<int64_t>(n, 1)}, DType::F32, MemCategory::Workspace,
+                         Device::CUDA);
+  };
+  if (along_rows) {
+    q.codes = device_bytes(rows * cols);
+    q.scales = zeros((cols + 127) / 128 * cuda::fp8_vec128_scales_ld(rows));
+  }
+  if (down_columns) {
+    q.codes_t = device_bytes(rows * cols);
+    q.scales_t = zeros((rows + 127) / 128 * cuda::fp8_vec128_scales_ld(cols));
+  }
+  uint8_t* codes = along_rows ? mutable_bytes(q.codes) : nullptr;
+  uint8_t* codes_t = down_columns ? mutable_bytes(q.codes_t) : nullptr;
+  float* scales = along_rows ? f32(q.scales) : nullptr;
+  float* scales_t = down_columns ? f32(q.scales_t) : nullptr;
+  if (x.dtype() == DType::BF16)
+    cuda::fp8_quantize_tiles(codes, scales, codes_t, scales_t, b16(x) + col, rows, cols, ld, format,
+                             margin, amax);
+  else
+    cuda::fp8_quantize_tiles(codes, scales, codes_t, scales_t, f32(x) + col, rows, cols, ld, format,
+                             margin, amax);
+  return q;
+}
+
+Fp8Codes fp8_quantize_blocks(const Tensor& x, cpu::Fp8Format format, int margin, bool transposed,
+                             const Tensor* amax_slots, int64_t amax_index) {
+  const int64_t rows = x.size(0), cols = x.size(1);
+  float* amax = amax_slot("fp8_quantize_blocks", amax_slots, amax_index);
+  Fp8Codes q;
+  q.format = format, q.rows = rows, q.cols = cols, q.tiling = Fp8Tiling::Blocks;
+  auto zeros = [](int64_t n) {
+    return Tensor::zeros({std::max<int64_t>(n, 1)}, DType::F32, MemCategory::Workspace,
+                         Device::CUDA);
+  };
+  q.codes = device_bytes(rows * cols);
+  q.scales = zeros((rows + 127) / 128 * cuda::fp8_blk128_scales_ld(cols));
+  if (transposed) {
+    q.codes_t = device_bytes(rows * cols);
+    q.scales_t = zeros((cols + 127) / 128 * cuda::fp8_blk128_scales_ld(rows));
+  }
+  uint8_t* codes_t = transposed ? mutable_bytes(q.codes_t) : nullptr;
+  float* scales_t = transposed ? f32(q.scales_t) : nullptr;
+  if (x.dtype() == DType::BF16)
+    cuda::fp8_quantize_blocks(mutable_bytes(q.codes), f32(q.scales), codes_t, scales_t, b16(x),
+                              rows, cols, cols, format, margin, amax);
+  else
+    cuda::fp8_quantize_blocks(mutable_bytes(q.codes), f32(q.scales), codes_t, scales_t, f32(x),
+                              rows, cols, cols, format, margin, amax);
+  return q;
+}
+
 void fp8_gemm(const Tensor& c, int64_t c_col, float beta, const Fp8Codes& a, bool a_transposed,
               const Fp8Codes& b, bool b_transposed) {
   auto operand = [](const Fp8Codes& q, bool transposed) {
-    LOOM_CHECK(!transposed || q.codes_t.defined(),
-               "fp8_gemm: the transposed codes were not made (fp8_quantize's `transposed`)");
-    return cuda::Fp8Operand{bytes(transposed ? q.codes_t : q.codes), q.format, f32(q.scale_pair)};
+    const Tensor& codes = transposed ? q.codes_t : q.codes;
+    LOOM_CHECK(codes.defined(), "fp8_gemm: the ", transposed ? "transposed " : "",
+               "codes were not made (fp8_quantize's `transposed`, fp8_quantize_tiles' "
+               "`along_rows` / `down_columns`)");
+    if (q.tiling == Fp8Tiling::PerTensor)
+      return cuda::Fp8Operand{bytes(codes), q.format, f32(q.scale_pair)};
+    return cuda::Fp8Operand{bytes(codes), q.format, f32(transposed ? q.scales_t : q.scales),
+                            q.tiling == Fp8Tiling::Tiles ? cuda::Fp8Scaling::Tiles1x128
+                                                         : cuda::Fp8Scaling::Blocks128x128};
   };
   const int64_t m = a_transposed ? a.cols : a.rows, k = a_transposed ? a.rows : a.cols;
   const int64_t n = b_transposed ? b.cols : b.rows, kb = b_transposed ? b.rows : b.cols;

@@ -163,6 +163,16 @@ TEST(Fp8Kernels, ScalesAndTiles) {
   EXPECT_EQ(cpu::fp8_scale(57344.0f, kE5M2, 0), 1.0f);
   EXPECT_EQ(cpu::fp8_scale(0.0f, kE4M3, 0), 1.0f);  // all-zero tensor
   EXPECT_EQ(cpu::fp8_scale(std::numeric_limits<float>::infinity(), kE4M3, 0), 1.0f);
+  // 448 / 3e-37 overflows f32: the largest float instead (Transformer Engine's clamp), so a tile
+  // of tiny values keeps its zeros (0 x an infinite scale is NaN) and its tiny value codes as
+  // 104 (3e-37 x FLT_MAX = 102.1; E4M3's grid in [64, 128) is 8 apart: 96, 104).
+  EXPECT_EQ(cpu::fp8_scale(3e-37f, kE4M3, 0), std::numeric_limits<float>::max());
+  {
+    std::vector<float> tiny = {3e-37f, 0.0f}, q(2);
+    cpu::quantize_dequantize_tiles(q.data(), 2, tiny.data(), 2, 1, 2, 1, 128, kE4M3, 0);
+    EXPECT_EQ(q[0], 104.0f * (1.0f / std::numeric_limits<float>::max()));
+    EXPECT_EQ(q[1], 0.0f);
+  }
   // Per tensor: amax 3 -> scale 448/3; 3 maps to 448 and back exactly, 1 to 149.33 -> 144
   // (E4M3's grid in [128, 256) is 16 apart: 144, 160) and back to 144 * 3/448 = 0.96428...
   std::vector<float> x = {3.0f, 1.0f, -0.5f, 0.0f}, out(4);

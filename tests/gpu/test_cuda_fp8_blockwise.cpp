@@ -64,6 +64,9 @@ std::vector<float> tile_inputs(int64_t rows, int64_t cols, uint32_t seed) {
       if ((r == 3 && c >= kTile && c < 2 * kTile) || (c == 5 && r >= kTile && r < 2 * kTile))
         v = 0.0f;
       if (r < kTile && c >= 2 * kTile && c < 3 * kTile) v *= 10.0f;
+      // Row 6's third 1 x 128 tile: amax 3e-37, whose scale 448 / 3e-37 overflows f32 and is
+      // clamped to FLT_MAX (cpu::fp8_scale), so its zeros stay zeros.
+      if (r == 6 && c >= 2 * kTile && c < 3 * kTile) v = c % 2 == 0 ? 3e-37f : 0.0f;
     }
   return x;
 }
@@ -121,6 +124,8 @@ TEST_F(CudaFp8BlockwiseTest, TilesGiveTheCpuCodesAndScales) {
                   << "row " << r << " column " << c;
           }
         EXPECT_EQ(got_scales[static_cast<size_t>(1 * ld + 3)], 1.0f);  // the zero tile
+        // The tiny tile's scale, clamped: a positive factor, its zeros kept as zeros.
+        EXPECT_GT(got_scales[static_cast<size_t>(2 * ld + 6)], 0.0f);
         for (int64_t t = 0; t < rows / kTile; ++t)
           for (int64_t c = 0; c < cols; ++c) {
             const float scale =
@@ -211,9 +216,21 @@ BlockOperand block_operand(const std::vector<float>& x, int64_t rows, int64_t k,
   return o;
 }
 
+// Operands whose every tile has its own scale, so a factor read from the wrong place changes
+// the product: a [m, k] ~ 2^(i % 4 + k-block), b [n, k] ~ 2^(5 x row-block + k-block + j % 3 - 6).
+// Within one output element each 128-long k-block carries at least 2^-8 of sum |terms|, so a
+// factor off by 2x anywhere moves it by far more than the 2^-12 tolerance. k = 640: five
+// k-blocks, so a row of 128 x 128 block factors is padded to 8 (the layout's padding in use).
 TEST_F(CudaFp8BlockwiseTest, GemmEqualsTheDequantisedProduct) {
-  constexpr int64_t m = 256, n = 384, k = 512;
-  const auto a = tile_inputs(m, k, 21), b = random_vector(n * k, 22, -0.1f, 0.1f);
+  constexpr int64_t m = 256, n = 384, k = 640;
+  auto a = random_vector(m * k, 21), b = random_vector(n * k, 22);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t q = 0; q < k; ++q)
+      a[static_cast<size_t>(i * k + q)] *= std::ldexp(1.0f, static_cast<int>(i % 4 + q / kTile));
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t q = 0; q < k; ++q)
+      b[static_cast<size_t>(j * k + q)] *=
+          std::ldexp(1.0f, static_cast<int>(5 * (j / kTile) + q / kTile + j % 3 - 6));
   struct Pair {
     const char* name;
     bool b_blocks;
@@ -244,13 +261,22 @@ TEST_F(CudaFp8BlockwiseTest, GemmEqualsTheDequantisedProduct) {
     fp8_gemm(c32.get(), n, 1.0f, qa.operand(), qb.operand(), m, n, k);
     DeviceBuffer<bf16> c16(m * n);
     fp8_gemm(c16.get(), n, 0.0f, qa.operand(), qb.operand(), m, n, k);
-    const auto got32 = c32.download(), got16 = from_bf16(c16.download());
+    // A bf16 output accumulated into (beta = 1: Llama's k|v and up projections' input gradients).
+    const auto start16 = rounded_to_bf16(start);
+    DeviceBuffer<bf16> c16_sum(to_bf16(start16));
+    fp8_gemm(c16_sum.get(), n, 1.0f, qa.operand(), qb.operand(), m, n, k);
+    const auto got32 = c32.download(), got16 = from_bf16(c16.download()),
+               got16_sum = from_bf16(c16_sum.download());
     for (int64_t i = 0; i < m * n; ++i) {
       ASSERT_NEAR(got32[i], want[i], kFp8Accumulation * magnitude[i]) << "f32 element " << i;
       const double without_start = want[i] - start[i];
       ASSERT_NEAR(got16[i], without_start,
                   kBf16Rounding * std::fabs(without_start) + kFp8Accumulation * magnitude[i])
           << "bf16 element " << i;
+      const double with_start16 = without_start + start16[i];
+      ASSERT_NEAR(got16_sum[i], with_start16,
+                  kBf16Rounding * std::fabs(with_start16) + kFp8Accumulation * magnitude[i])
+          << "bf16 beta = 1 element " << i;
     }
   }
   const BlockOperand blocks_a = block_operand(a, m, k, Fp8Format::E4M3, true);
@@ -296,10 +322,26 @@ TEST_F(CudaFp8BlockwiseTest, LinearOnCudaFollowsTheCpuEmulation) {
     auto x = random_vector(rows * in, 20 + step, -spread, spread);
     for (int64_t r = 0; r < kTile; ++r)
       for (int64_t c = kTile; c < 2 * kTile; ++c) x[static_cast<size_t>(r * in + c)] *= 10.0f;
+    // x's rows and w's 128 x 128 blocks at scales of their own (2^(r % 3), 2^(2 i + j - 2)), so
+    // each tile's and block's factor differs and a misplaced one changes the products.
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < in; ++c)
+        x[static_cast<size_t>(r * in + c)] *= static_cast<float>(1 << (r % 3));
     x = rounded_to_bf16(x);
-    const auto w =
-        rounded_to_bf16(random_vector(out * in, 30 + step, -0.05f * spread, 0.05f * spread));
-    const auto g = rounded_to_bf16(random_vector(rows * wide, 40 + step, -1e-3f, 1e-3f));
+    auto w = random_vector(out * in, 30 + step, -0.05f * spread, 0.05f * spread);
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t c = 0; c < in; ++c)
+        w[static_cast<size_t>(o * in + c)] *=
+            std::ldexp(1.0f, static_cast<int>(2 * (o / kTile) + c / kTile - 2));
+    w = rounded_to_bf16(w);
+    // g's columns and 128-row groups at scales of their own (2^(j % 5 + 2 x row-group)), so its
+    // 1 x 128 and 128 x 1 tiles differ too.
+    auto g = random_vector(rows * wide, 40 + step, -1e-3f, 1e-3f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < wide; ++j)
+        g[static_cast<size_t>(r * wide + j)] *=
+            std::ldexp(1.0f, static_cast<int>(j % 5 + 2 * (r / kTile)));
+    g = rounded_to_bf16(g);
     const Tensor hx = host_tensor(x, {rows, in}), hw = host_tensor(w, {out, in}),
                  hg = host_tensor(g, {rows, wide});
     cpu_linear.weight.value.copy_from(hw);
@@ -378,7 +420,11 @@ namespace loom::test {
 namespace {
 
 // The check for this recipe: blockwise FP8 follows bf16 on a learnable task, losses
-// within 1% after warm-up, on TinyRun's models widened to the 128-element tiles.
+// within 1% after warm-up, on TinyRun's models widened to the 128-element tiles (d 128, seq 128,
+// 256 tokens a step). At TinyRun's lr of 1e-2 these wider models' runs part ways on the CPU too
+// (15-30% apart at some step, bf16 against the FP8 emulation); at 3e-3 the CPU's emulation stays
+// within 0.44% (GPT-2) and 0.14% (Llama) of bf16 after warm-up and both learn (0.82 nats at the
+// end, against ln 64 = 4.16), measured on 2026-11-28.
 TEST(CudaFp8Training, BlockwiseFollowsBf16OnLearnableData) {
   const cuda::DeviceInfo info = cuda::device_info();
   if (info.count == 0) GTEST_SKIP() << "no CUDA device: not run";
@@ -393,7 +439,7 @@ TEST(CudaFp8Training, BlockwiseFollowsBf16OnLearnableData) {
     auto config = [&](const std::string& precision) {
       std::vector<std::string> overrides = {"train.device=\"cuda\"",
                                             "train.precision=\"" + precision + "\"",
-                                            kLearnableLr,
+                                            "optim.lr=3e-3",
                                             "checkpoint.dir=\"\"",
                                             "log.dir=\"" + run.dir + "/" + precision + "\"",
                                             "model.n_embd=128",

@@ -68,7 +68,8 @@ def scale_of(amax, name, margin):
     amax = torch.as_tensor(amax, dtype=F32)
     if not (amax > 0):
         return torch.tensor(1.0, dtype=F32)
-    return torch.tensor(float(TABLES[name][-1]), dtype=F32) / amax * (2.0 ** -margin)
+    scale = torch.tensor(float(TABLES[name][-1]), dtype=F32) / amax * (2.0 ** -margin)
+    return torch.tensor(torch.finfo(F32).max, dtype=F32) if torch.isinf(scale) else scale
 
 
 def qdq(x, scale, name):

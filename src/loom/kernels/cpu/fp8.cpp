@@ -83,7 +83,11 @@ float abs_max(const float* x, int64_t n) {
 
 float fp8_scale(float amax, Fp8Format format, int margin) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
-  return std::ldexp(fp8_spec(format).max_finite / amax, -margin);
+  const float scale = std::ldexp(fp8_spec(format).max_finite / amax, -margin);
+  // An amax below max_finite / FLT_MAX (about 1e-36) overflows: the largest float instead, as
+  // Transformer Engine's compute_scale_from_amax does, so 1 / scale stays above zero and a zero
+  // element dequantises to zero, not 0 x inf.
+  return std::isinf(scale) ? std::numeric_limits<float>::max() : scale;
 }
 
 namespace {

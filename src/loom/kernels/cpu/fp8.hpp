@@ -36,7 +36,8 @@ float fp8_decode(uint8_t code, Fp8Format format);
 float abs_max(const float* x, int64_t n);
 // The scale that maps amax onto the format's largest value, divided by 2^margin
 // (Transformer Engine's delayed-scaling formula); 1 when amax is zero or not finite, so an all-
-// zero tensor stays zero and a bad amax does not poison the scale.
+// zero tensor stays zero and a bad amax does not poison the scale; FLT_MAX where the quotient
+// overflows (an amax below about 1e-36).
 float fp8_scale(float amax, Fp8Format format, int margin);
 
 // out[r, c] = round_to_fp8(in[r, c] * scale) * (1 / scale) for a [rows, cols] block whose rows

@@ -1,6 +1,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cfloat>
 
 #include "loom/core/cuda/cuda_check.hpp"
 #include "loom/core/error.hpp"
@@ -76,10 +77,16 @@ __global__ void amax_kernel_16b(float* amax, const T* x, int64_t rows, int64_t g
   block_max_into(amax, m);
 }
 
+// cpu::fp8_scale: 1 for a zero or non-finite amax, else max_finite / amax / 2^margin, FLT_MAX
+// where that overflows.
+__device__ __forceinline__ float device_fp8_scale(float amax, float max_finite, int margin) {
+  if (!(amax > 0.0f) || !isfinite(amax)) return 1.0f;
+  const float scale = ldexpf(max_finite / amax, -margin);
+  return isinf(scale) ? FLT_MAX : scale;
+}
+
 __global__ void scale_kernel(float* scale_pair, const float* amax, float max_finite, int margin) {
-  const float a = *amax;
-  // cpu::fp8_scale: 1 for a zero or non-finite amax, else max_finite / amax / 2^margin.
-  const float scale = (!(a > 0.0f) || !isfinite(a)) ? 1.0f : ldexpf(max_finite / a, -margin);
+  const float scale = device_fp8_scale(*amax, max_finite, margin);
   scale_pair[0] = 1.0f / scale;  // first: cuBLASLt reads it, and wants it aligned
   scale_pair[1] = scale;
 }
@@ -247,9 +254,8 @@ void quantize_impl(uint8_t* codes, uint8_t* codes_t, const T* x, int64_t rows, i
 
 constexpr int kBlock = 128;  // a tile's edge: 1 x 128, 128 x 1 or 128 x 128 elements
 
-// cpu::fp8_scale on the device: 1 for a zero or non-finite amax, else max_finite / amax / 2^margin.
 __device__ __forceinline__ float tile_scale(float amax, float max_finite, int margin) {
-  return (!(amax > 0.0f) || !isfinite(amax)) ? 1.0f : ldexpf(max_finite / amax, -margin);
+  return device_fp8_scale(amax, max_finite, margin);
 }
 __device__ __forceinline__ uint8_t code_of(float v, float scale, __nv_fp8_interpretation_t kind) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v * scale, __NV_SATFINITE, kind));
@@ -267,9 +273,9 @@ __global__ void quantize_rows_kernel(uint8_t* codes, float* scales, int64_t scal
                                      int64_t rows, int64_t cols, int64_t stride, float max_finite,
                                      int margin, __nv_fp8_interpretation_t kind, float* amax) {
   const int lane = static_cast<int>(threadIdx.x) % detail::kWarpSize;
-  const int64_t row = int64_t{blockIdx.y} * (blockDim.x / detail::kWarpSize) +
+  const int64_t row = int64_t{blockIdx.x} * (blockDim.x / detail::kWarpSize) +
                       static_cast<int64_t>(threadIdx.x) / detail::kWarpSize;
-  const int64_t tile = blockIdx.x;
+  const int64_t tile = blockIdx.y;  // cols / 128 tiles on y (at most 65,535), rows on x
   float v[4], m = 0.0f;
   const bool live = row < rows;  // every thread reaches block_max_into below
   if (live) {
@@ -307,9 +313,12 @@ __global__ void quantize_cols_kernel(uint8_t* codes_t, float* scales_t, int64_t 
             warp = static_cast<int>(threadIdx.x) / detail::kWarpSize;  // 8 warps
   const int64_t r0 = int64_t{blockIdx.y} * kBlock, c0 = int64_t{blockIdx.x} * kColsPerBlock;
   float m = 0.0f;
+  // Column c of row r lives at tile[r][(c + r / 32) % 32]: the write phase's reads of rows
+  // 4 lane .. 4 lane + 3 of one column then fall in 32 different banks (without the rotation,
+  // lanes 8 apart would share one).
   for (int r = warp; r < kBlock; r += 8) {
     const float v = to_f32(x[(r0 + r) * stride + c0 + lane]);
-    tile[r][lane] = v;
+    tile[r][(lane + (r >> 5)) & 31] = v;
     m = bits_max(m, fabsf(v));
   }
   partial[warp][lane] = m;
@@ -327,7 +336,9 @@ __global__ void quantize_cols_kernel(uint8_t* codes_t, float* scales_t, int64_t 
     uint32_t packed = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-      packed |= static_cast<uint32_t>(code_of(tile[4 * lane + k][c], scale, kind)) << (8 * k);
+      packed |= static_cast<uint32_t>(
+                    code_of(tile[4 * lane + k][(c + ((4 * lane + k) >> 5)) & 31], scale, kind))
+                << (8 * k);
     *reinterpret_cast<uint32_t*>(codes_t + (c0 + c) * rows + r0 + 4 * lane) = packed;
   }
   if (amax) block_max_into(amax, column_amax);  // warp 0 holds the columns' amaxes
@@ -395,11 +406,13 @@ void quantize_tiles_impl(uint8_t* codes, float* scales, uint8_t* codes_t, float*
                          const T* x, int64_t rows, int64_t cols, int64_t stride,
                          cpu::Fp8Format format, int margin, float* amax, cudaStream_t stream) {
   check_blocks("fp8_quantize_tiles", rows, cols, stride);
+  if (reinterpret_cast<uintptr_t>(codes_t) % 4 != 0)
+    throw_error("fp8_quantize_tiles: transposed codes at an address not 4-byte aligned");
   const float max_finite = cpu::fp8_spec(format).max_finite;
   if (codes) {
     constexpr int kRowsPerBlock = kThreads / detail::kWarpSize;
-    const dim3 grid(static_cast<unsigned>(cols / kBlock),
-                    static_cast<unsigned>(detail::ceil_div(rows, int64_t{kRowsPerBlock})));
+    const dim3 grid(static_cast<unsigned>(detail::ceil_div(rows, int64_t{kRowsPerBlock})),
+                    static_cast<unsigned>(cols / kBlock));
     quantize_rows_kernel<<<grid, kThreads, 0, stream>>>(codes, scales, fp8_vec128_scales_ld(rows),
                                                         x, rows, cols, stride, max_finite, margin,
                                                         interpretation(format), amax);

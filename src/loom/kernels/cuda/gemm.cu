@@ -481,6 +481,7 @@ void fp8_gemm_impl(Out* c, int64_t ldc, float beta, const Fp8Operand& a, const F
     if (m % 128 != 0 || n % 128 != 0 || k % 128 != 0)
       throw_error("blockwise FP8 gemm on CUDA needs m, n and k multiples of 128, got ", m, "x", n,
                   "x", k);
+#if CUBLAS_VERSION >= 120900
     auto mode = [](Fp8Scaling scaling) {
       return static_cast<int32_t>(scaling == Fp8Scaling::Tiles1x128
                                       ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
@@ -488,6 +489,10 @@ void fp8_gemm_impl(Out* c, int64_t ldc, float beta, const Fp8Operand& a, const F
     };
     s.a_scale_mode = mode(a.scaling);
     s.b_scale_mode = mode(b.scaling);
+#else
+    throw_error("blockwise FP8 gemm: this build's cuBLAS (", CUBLAS_VERSION,
+                ") predates block scaling (12.9)");
+#endif
   }
   if (try_matmul(s, stream) != CUBLAS_STATUS_SUCCESS)
     throw_error("cuBLASLt has no FP8 algorithm for a ", m, "x", n, "x", k, " product (",

@@ -115,17 +115,17 @@ Fp8Codes fp8_quantize_tiles(const Tensor& x, int64_t col, int64_t cols, cpu::Fp8
   float* amax = amax_slot("fp8_quantize_tiles", amax_slots, amax_index);
   Fp8Codes q;
   q.format = format, q.rows = rows, q.cols = cols, q.tiling = Fp8Tiling::Tiles;
-  auto zeros = [](int64_t n) {  // the layouts' padding entries defined too
-    return Tensor::zeros({std::max<int64_t>(n, 1)}, DType::F32, MemCategory::Workspace,
-                         Device::CUDA);
-  };
+  // rows and cols are multiples of 128 (the kernels refuse others), so the layouts have no
+  // padding and every factor is written.
   if (along_rows) {
     q.codes = device_bytes(rows * cols);
-    q.scales = zeros((cols + 127) / 128 * cuda::fp8_vec128_scales_ld(rows));
+    q.scales =
+        device_floats(std::max<int64_t>((cols + 127) / 128 * cuda::fp8_vec128_scales_ld(rows), 1));
   }
   if (down_columns) {
     q.codes_t = device_bytes(rows * cols);
-    q.scales_t = zeros((rows + 127) / 128 * cuda::fp8_vec128_scales_ld(cols));
+    q.scales_t =
+        device_floats(std::max<int64_t>((rows + 127) / 128 * cuda::fp8_vec128_scales_ld(cols), 1));
   }
   uint8_t* codes = along_rows ? mutable_bytes(q.codes) : nullptr;
   uint8_t* codes_t = down_columns ? mutable_bytes(q.codes_t) : nullptr;
@@ -146,7 +146,7 @@ Fp8Codes fp8_quantize_blocks(const Tensor& x, cpu::Fp8Format format, int margin,
   float* amax = amax_slot("fp8_quantize_blocks", amax_slots, amax_index);
   Fp8Codes q;
   q.format = format, q.rows = rows, q.cols = cols, q.tiling = Fp8Tiling::Blocks;
-  auto zeros = [](int64_t n) {
+  auto zeros = [](int64_t n) {  // a row of blocks is padded to 4: those entries defined too
     return Tensor::zeros({std::max<int64_t>(n, 1)}, DType::F32, MemCategory::Workspace,
                          Device::CUDA);
   };

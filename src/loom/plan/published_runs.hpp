@@ -6,6 +6,7 @@
 // published_conventions.hpp), and compares. What a run leaves out is picked by a documented
 // rule and named next to the prediction; a run that cannot be predicted is refused with the
 // reason, and the others go on.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,9 @@ struct PublishedRun {
   ClusterSpec cluster;
   PlanLayout layout;
   Unstated unstated;
+  // parallelism.pp_schedule naming a schedule other than (interleaved) 1F1B: DualPipe(V), ZB-H1,
+  // ZB-V, GPipe / AFAB (run with the V that schedule takes); else 1F1B or interleaved by V.
+  std::optional<PipelineSchedule> named_schedule;
   int64_t seq_len = 0, global_batch = 0;
   bool flash_attention = true;
   bool unfused_rmsnorm =

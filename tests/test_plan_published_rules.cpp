@@ -2,7 +2,7 @@
 // and what a record's own text names: Megatron-Core's MoE parallel folding, an FP8 run's stated
 // FP8 peak, Hagemann et al.'s sweeps' defaults and attention kernels, torchtitan's pipeline
 // micro-batches and "selective layer" checkpointing, Megatron's --tp-comm-overlap, a named
-// pipeline schedule (DualPipe, zero bubble, GPipe).
+// pipeline schedule (DualPipe, zero bubble, GPipe), an unstated ZeRO stage.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -305,6 +305,36 @@ TEST(PublishedRuns, ANamedPipelineScheduleIsTheOneRun) {
   EXPECT_FALSE(run("plain", "1F1B", "null").named_schedule.has_value());
   expect_contains(run("clash", "DualPipe", "4").refused, {"'DualPipe' runs 2 chunk(s) a rank",
                                                           "not the stated vp 4"});
+}
+
+// No ZeRO stage stated, implied by an fsdp text or by a Megatron stack: with data parallelism,
+// 0 or 1, the faster that fits (ZeRO-1 moves plain dp's bytes). A 70B model on tp 8 holds
+// 8.75B parameters a GPU: 140 GB of mixed-precision Adam state unsharded, 48 GB with the
+// optimizer's 12 bytes split over dp 8; one data-parallel rank has nothing to shard.
+TEST(PublishedRuns, AnUnstatedZeroStageIsTheOneThatFits) {
+  auto run = [](const std::string& id, int dp) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 80, "hidden": 8192, "heads": 64, "ffn": 28672, "vocab": 128256, "seq_len": 2048},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": )" +
+                             std::to_string(8 * dp) + R"(, "tp": 8, "pp": 1, "dp": )" +
+                             std::to_string(dp) + R"(},
+      "micro_batch": 1, "global_batch": 64, "recompute": "full", "measured": {"mfu": 0.4}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun sharded = run("dp8", 8);
+  ASSERT_TRUE(sharded.refused.empty()) << sharded.refused;
+  EXPECT_TRUE(sharded.unstated.zero);
+  const plan::RunCheck c = plan::check_published_run(sharded);
+  ASSERT_TRUE(c.answered);
+  EXPECT_EQ(c.layout.zero_stage, 1);
+  EXPECT_TRUE(c.fits);
+  std::string picks;
+  for (const std::string& p : c.picks) picks += p + "; ";
+  expect_contains(picks, {"ZeRO stage 1 (not stated)"});
+  const plan::PublishedRun alone = run("dp1", 1);
+  EXPECT_FALSE(alone.unstated.zero);
+  EXPECT_EQ(alone.layout.zero_stage, 0);
 }
 
 }  // namespace

@@ -284,10 +284,12 @@ TEST(PublishedRuns, TorchtitanSelectiveIsItsPerOpPolicy) {
 // Runs loom added after choosing the defaults (out of sample): Korthikanti et al.'s 530B with
 // selective recomputation + SP and with full recomputation; DeepSeek-V3's pre-training on 2048
 // H800s (its report's 180K GPU hours per trillion tokens: 1543 tokens/s a GPU) under DualPipe,
-// read as DualPipeV (-36% when it was taken for 1F1B with its all-to-alls exposed).
+// read as DualPipeV (-36% when it was taken for 1F1B with its all-to-alls exposed); Nemotron-4
+// 340B's three batch-ramp stages on 1536-6144 H100s (-29% when an unstated ZeRO stage was 0,
+// which left room only for full recomputation).
 TEST(PublishedRuns, AddedRunsAreWithinFifteenPercent) {
   const std::vector<plan::PublishedRun> runs = loom_runs("loom_added_runs.json");
-  ASSERT_EQ(runs.size(), 3u);
+  ASSERT_EQ(runs.size(), 6u);
   std::vector<double> predicted;
   for (const plan::PublishedRun& r : runs) {
     const plan::RunCheck c = plan::check_published_run(r);

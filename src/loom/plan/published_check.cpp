@@ -141,14 +141,16 @@ RunCheck check_run(const PublishedRun& run) {
     for (int64_t ep = 1; ep <= model.n_experts && ep <= run.layout.dp * run.layout.cp; ep *= 2)
       if (model.n_experts % ep == 0 && (run.layout.dp * run.layout.cp) % ep == 0) eps.push_back(ep);
   }
+  const std::vector<int64_t> zeros = choices(run.unstated.zero, run.layout.zero_stage, {0, 1});
   for (int64_t mbs : choices(run.unstated.micro_batch, run.layout.micro_batch, {1, 2, 4, 8, 16})) {
     const std::vector<int64_t> vps = run.unstated.interleaved
                                          ? std::vector<int64_t>{2, 3, 4, 5, 6, 8}
                                          : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8};
     for (int64_t vp : choices(run.unstated.vp, run.layout.vp, vps)) {
-      for (Recompute recompute : recomputes) for (int64_t ep : eps) {
+      for (Recompute recompute : recomputes) for (int64_t ep : eps) for (int64_t zero : zeros) {
         PlanLayout l = run.layout;
         l.ep = ep;
+        l.zero_stage = static_cast<int>(zero);
         l.micro_batch = mbs;
         l.vp = vp;
         l.recompute = recompute;
@@ -207,6 +209,7 @@ RunCheck check_run(const PublishedRun& run) {
         "vp " + std::to_string(l.vp) +
         (run.unstated.interleaved && !check.fits ? " (none fits: the fastest)" : ""));
   if (run.unstated.recompute) check.picks.push_back(std::string("recompute ") + recompute_word(l.recompute));
+  if (run.unstated.zero) check.picks.push_back("ZeRO stage " + std::to_string(l.zero_stage) + " (not stated)");
   if (!best_split_note.empty()) check.picks.push_back(best_split_note);
   if (l.tp > 1 && job.tp_comm_overlap)
     check.picks.push_back(

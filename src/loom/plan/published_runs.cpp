@@ -193,8 +193,12 @@ void read_layout(const RunFields& f, PublishedRun& run) {
       l.zero_stage = 3;
     } else {
       l.zero_stage = run.conventions.megatron && l.dp * l.cp > 1 ? 1 : 0;
-      run.assumptions.push_back(l.zero_stage == 1 ? "ZeRO stage not stated: 1 (Megatron's distributed optimizer)"
-                                                  : "ZeRO stage not stated: 0");
+      if (l.zero_stage == 1)
+        run.assumptions.push_back("ZeRO stage not stated: 1 (Megatron's distributed optimizer)");
+      else if (l.dp * l.cp > 1)
+        run.unstated.zero = true;  // 0 or 1, said with the pick
+      else
+        run.assumptions.push_back("ZeRO stage not stated: 0");
     }
     if (!fsdp.empty()) run.assumptions.push_back("ZeRO stage " + std::to_string(l.zero_stage) + " read from fsdp '" + f.text("parallelism.fsdp") + "'");
   }

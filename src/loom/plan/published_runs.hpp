@@ -45,6 +45,10 @@ struct Measured {
 // rule; these say which.
 struct Unstated {
   bool micro_batch = false, vp = false, recompute = false;
+  // No ZeRO stage stated or implied (fsdp text, a Megatron stack's distributed optimizer), with
+  // data parallelism: 0 or 1, the faster that fits (ZeRO-1 moves plain dp's bytes, Rajbhandari
+  // et al. 2020 sec. 7).
+  bool zero = false;
   // parallelism.ep null on a mixture of experts: the ep (dividing the experts and dp x cp) that
   // runs fastest and fits, as for the other unstated fields.
   bool ep = false;

@@ -337,5 +337,37 @@ TEST(PublishedRuns, AnUnstatedZeroStageIsTheOneThatFits) {
   EXPECT_EQ(alone.layout.zero_stage, 0);
 }
 
+// Neither tp nor dp stated, only the GPU count: tp is the fastest of 1, 2, 4, 8 within a node
+// that fits (dp the rest, sequence parallelism with it). The same 70B model on 64 GPUs cannot
+// hold its 70B parameters' bf16 weights and gradients (280 GB) on one GPU at tp 1 even with
+// ZeRO-1, so tp 1 is never the pick; a stated tp is kept.
+TEST(PublishedRuns, AnUnstatedTensorParallelismIsTheFastestThatFits) {
+  auto run = [](const std::string& id, const std::string& tp) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 80, "hidden": 8192, "heads": 64, "ffn": 28672, "vocab": 128256, "seq_len": 2048},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 64, "tp": )" +
+                             tp + R"(, "pp": 1},
+      "micro_batch": 1, "global_batch": 64, "recompute": "full", "measured": {"mfu": 0.4}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun open = run("open", "null");
+  ASSERT_TRUE(open.refused.empty()) << open.refused;
+  EXPECT_TRUE(open.unstated.tp);
+  const plan::RunCheck c = plan::check_published_run(open);
+  ASSERT_TRUE(c.answered);
+  EXPECT_TRUE(c.fits);
+  EXPECT_GT(c.layout.tp, 1);
+  EXPECT_EQ(c.layout.tp * c.layout.dp, 64);
+  EXPECT_TRUE(c.layout.sequence_parallel);
+  std::string picks;
+  for (const std::string& p : c.picks) picks += p + "; ";
+  expect_contains(picks, {"tp " + std::to_string(c.layout.tp) + ", dp " +
+                          std::to_string(c.layout.dp) + " (not stated)"});
+  const plan::PublishedRun stated = run("stated", "2");
+  EXPECT_FALSE(stated.unstated.tp);
+  EXPECT_EQ(plan::check_published_run(stated).layout.tp, 2);
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -142,15 +142,32 @@ RunCheck check_run(const PublishedRun& run) {
       if (model.n_experts % ep == 0 && (run.layout.dp * run.layout.cp) % ep == 0) eps.push_back(ep);
   }
   const std::vector<int64_t> zeros = choices(run.unstated.zero, run.layout.zero_stage, {0, 1});
+  // An unstated tp (and dp): 1, 2, 4, 8 within a node, dividing the GPUs and the heads.
+  std::vector<int64_t> tps = {run.layout.tp};
+  if (run.unstated.tp) {
+    tps.clear();
+    const int64_t gpus = run.layout.gpus();
+    for (int64_t tp : {1, 2, 4, 8})
+      if (tp <= run.cluster.gpus_per_node && gpus % (tp * run.layout.pp * run.layout.cp) == 0 &&
+          model.n_head % tp == 0 && model.n_kv_head % tp == 0)
+        tps.push_back(tp);
+  }
   for (int64_t mbs : choices(run.unstated.micro_batch, run.layout.micro_batch, {1, 2, 4, 8, 16})) {
     const std::vector<int64_t> vps = run.unstated.interleaved
                                          ? std::vector<int64_t>{2, 3, 4, 5, 6, 8}
                                          : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8};
     for (int64_t vp : choices(run.unstated.vp, run.layout.vp, vps)) {
-      for (Recompute recompute : recomputes) for (int64_t ep : eps) for (int64_t zero : zeros) {
+      for (Recompute recompute : recomputes) for (int64_t ep : eps) for (int64_t zero : zeros) for (int64_t tp : tps) {
         PlanLayout l = run.layout;
+        if (tp != l.tp) {
+          l.dp = l.gpus() / (tp * l.pp * l.cp);
+          l.tp = tp;
+          if (run.unstated.sp_follows_tp) l.sequence_parallel = tp > 1;
+        }
+        if (ep > 1 && (l.dp * l.cp) % ep != 0) continue;
         l.ep = ep;
-        l.zero_stage = static_cast<int>(zero);
+        // An unstated stage has nothing to shard on one data-parallel rank.
+        l.zero_stage = run.unstated.zero && l.dp * l.cp == 1 ? 0 : static_cast<int>(zero);
         l.micro_batch = mbs;
         l.vp = vp;
         l.recompute = recompute;
@@ -210,6 +227,8 @@ RunCheck check_run(const PublishedRun& run) {
         (run.unstated.interleaved && !check.fits ? " (none fits: the fastest)" : ""));
   if (run.unstated.recompute) check.picks.push_back(std::string("recompute ") + recompute_word(l.recompute));
   if (run.unstated.zero) check.picks.push_back("ZeRO stage " + std::to_string(l.zero_stage) + " (not stated)");
+  if (run.unstated.tp)
+    check.picks.push_back("tp " + std::to_string(l.tp) + ", dp " + std::to_string(l.dp) + " (not stated)");
   if (!best_split_note.empty()) check.picks.push_back(best_split_note);
   if (l.tp > 1 && job.tp_comm_overlap)
     check.picks.push_back(

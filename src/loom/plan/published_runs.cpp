@@ -162,7 +162,14 @@ void read_layout(const RunFields& f, PublishedRun& run) {
     if (*total % model_parallel != 0)
       throw Refusal{"parallelism.total_gpus = " + std::to_string(*total) + " is not a multiple of tp x pp x cp"};
     l.dp = *total / model_parallel;
-    run.assumptions.push_back("dp not stated: total_gpus / (tp x pp x cp) = " + std::to_string(l.dp));
+    if (!f.integer("parallelism.tp")) {
+      run.unstated.tp = true;  // searched with dp in published_check
+      run.assumptions.push_back(
+          "tp and dp not stated: tp the fastest of 1, 2, 4, 8 within a node that fits, dp = "
+          "total_gpus / (tp x pp x cp)");
+    } else {
+      run.assumptions.push_back("dp not stated: total_gpus / (tp x pp x cp) = " + std::to_string(l.dp));
+    }
   }
   // ZeRO stage: stated; else read from the fsdp text; else Megatron's distributed optimizer
   // (ZeRO-1, no extra traffic: a reduce-scatter and an all-gather move what one all-reduce
@@ -213,6 +220,7 @@ void read_layout(const RunFields& f, PublishedRun& run) {
                                 run.conventions.unstated_off_why + ")");
   } else {
     l.sequence_parallel = l.tp > 1;
+    run.unstated.sp_follows_tp = true;
     if (l.tp > 1) run.assumptions.push_back("sequence_parallel not stated: on (tp > 1)");
   }
   const std::optional<int64_t> vp = f.integer("parallelism.vp");

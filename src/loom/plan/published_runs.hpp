@@ -49,6 +49,10 @@ struct Unstated {
   // data parallelism: 0 or 1, the faster that fits (ZeRO-1 moves plain dp's bytes, Rajbhandari
   // et al. 2020 sec. 7).
   bool zero = false;
+  // Neither tp nor dp stated, only total_gpus: tp the faster of 1, 2, 4, 8 (within a node) that
+  // fits, dp the rest; sequence parallelism follows tp where the record leaves it to the rule.
+  bool tp = false;
+  bool sp_follows_tp = false;
   // parallelism.ep null on a mixture of experts: the ep (dividing the experts and dp x cp) that
   // runs fastest and fits, as for the other unstated fields.
   bool ep = false;

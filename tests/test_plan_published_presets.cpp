@@ -45,6 +45,10 @@ const Stated kStated[] = {
     {"DBRX", "DBRX 132B", 132e9, 0.004, "Databricks 2024"},
     {"Grok-1", "Grok-1 314B", 314e9, 0.006, "xai-org/grok-1 README"},
     {"DeepSeekMoE 16B", "DeepSeekMoE 16B", 16.4e9, 0.003, "Dai et al. 2024"},
+    // Multi-head latent attention stood in for by full heads of the same parameters (2%).
+    {"DeepSeek-V2", "DeepSeek-V2 236B", 236e9, 0.005, "DeepSeek-AI 2024, sec. 3.1"},
+    {"deepseek-ai/DeepSeek-V2-Lite", "DeepSeek-V2-Lite 16B", 15.7e9, 0.005,
+     "DeepSeek-AI 2024, Appendix B"},
     {"GLM-130B", "GLM-130B", 130e9, 0.005, "Zeng et al. 2022"},
     {"Code Llama 34B", "Code Llama 34B", 33.7e9, 0.002, "Roziere et al. 2023"},
     {"Llama 2 34B", "Llama 2 34B", 33.7e9, 0.002, "Touvron et al. 2023 (Code Llama 34B's layers)"},
@@ -80,6 +84,12 @@ TEST(PublishedPresets, MixturesOfExpertsCountTheirActiveParameters) {
   const double ds_active =
       static_cast<double>(ds.config.parameter_count()) - 27.0 * (64 - 6) * 3 * 2048 * 1408;
   EXPECT_NEAR(ds_active / 2.8e9, 1.0, 0.02);
+  // DeepSeek-V2: 160 experts of 1536, top 6, on 59 of 60 layers of 5120: 21B of 236B active.
+  const plan::PublishedModel v2 = *plan::find_published_model("DeepSeek-V2.5");
+  EXPECT_EQ(v2.name, "DeepSeek-V2 236B");
+  const double v2_active =
+      static_cast<double>(v2.config.parameter_count()) - 59.0 * (160 - 6) * 3 * 5120 * 1536;
+  EXPECT_NEAR(v2_active / 21e9, 1.0, 0.03);
 }
 
 // Names that are not these models: other families' and words that contain a family's letters.

@@ -414,6 +414,7 @@ std::string family_of(const std::string& name) {
       {std::regex(R"(falcon(?![\s_-]*(2|3|mamba|h1|e\b)))"), "falcon"},
       {std::regex(R"(pythia)"), "pythia"},
       {std::regex(R"(deepseek[\s_-]*moe)"), "deepseekmoe"},
+      {std::regex(R"(deepseek[\s_-]*v2)"), "deepseekv2"},  // V2, V2.5 and V2-Lite
       {std::regex(R"(deepseek(?![\s_-]*(v[0-9]|coder|r1|math|vl|prover)))"), "deepseekllm"},
       {std::regex(R"((^|[^a-z])yi(?![a-z]))"), "yi"},
       {std::regex(R"(dbrx)"), "dbrx"},

@@ -224,6 +224,38 @@ const std::vector<Entry>& more_entries() {
        67,
        {"DeepSeek LLM 67B", llama_shape(95, 8192, 64, 8, 22016, 102400, 4096), int64_t{4608} * 4096,
         kDeepSeekLlm, "", ""}},
+      // DeepSeek-AI 2024, 'DeepSeek-V2' (arXiv 2405.04434), sec. 3.1.1 and config.json: 60
+      // layers of 5120, the first dense (12288), then 160 routed experts of 1536, top 6, and 2
+      // shared; vocabulary 102,400 untied; 4K pre-training context; batches ramped to 9216
+      // sequences (sec. 3.1.2). MLA with 128 heads (q_lora 1536, kv_lora 512, qk 128 + 64 rope,
+      // v 128): 7.9 + 37.7 + 2.9 + 16.8 + 83.9 = 149M a layer, stood in for by 128 full heads
+      // of 56 (4 x 5120 x 7168 = 147M), as DeepSeek-V3's: 235.6B parameters, 21.4B active
+      // (236B and 21B stated). DeepSeek-V2-Lite: 27 layers of 2048, 16 heads without q_lora
+      // (2048 x 3072 + 2048 x 576 + 512 x 4096 + 2048 x 2048 = 13.9M a layer; 16 full heads of
+      // 104, 13.6M), the first dense (10944), 64 routed experts of 1408, top 6, 2 shared:
+      // 15.7B, 2.4B active (as stated).
+      {"deepseekv2",
+       16,
+       {"DeepSeek-V2-Lite 16B",
+        heads_of(shared_experts(
+                     experts_of(llama_shape(27, 2048, 16, 16, 10944, 102400, 4096), 64, 6, 1408), 2,
+                     1, 1),
+                 104),
+        0, "DeepSeek-AI 2024 (arXiv 2405.04434), Appendix B; DeepSeek-V2-Lite config.json", "",
+        "multi-head latent attention approximated by 16 full heads of 104 (parameters within 2%)"},
+       R"(lite)"},
+      {"deepseekv2",
+       236,
+       {"DeepSeek-V2 236B",
+        heads_of(shared_experts(
+                     experts_of(llama_shape(60, 5120, 128, 128, 12288, 102400, 4096), 160, 6, 1536),
+                     2, 1, 1),
+                 56),
+        int64_t{9216} * 4096,
+        "DeepSeek-AI 2024 (arXiv 2405.04434), sec. 3.1; DeepSeek-V2 config.json", "",
+        "multi-head latent attention approximated by 128 full heads of 56 (parameters within 2%, "
+        "attention core about a third of MLA's FLOPs)"},
+       R"(v2(?![\s_.-]*lite))"},
       // Dai et al. 2024, 'DeepSeekMoE' (arXiv 2401.06066), sec. 5.1 and config.json: 28 layers
       // of 2048, 16 heads, the first layer dense (10944), then 64 routed experts of 1408, top 6,
       // and 2 shared; vocabulary 102,400, context 4096.

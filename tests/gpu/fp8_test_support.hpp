@@ -4,10 +4,13 @@
 // and host tensors of bf16 values moved to the device.
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "gpu_test_support.hpp"
 #include "loom/core/tensor.hpp"
+#include "loom/model/fp8_linear.hpp"
+#include "loom/model/linear.hpp"
 
 namespace loom::cuda::test {
 
@@ -56,5 +59,63 @@ inline Tensor on_gpu_bf16(const Tensor& host) {
   t.copy_from(host);  // converts: the values are bf16 already, so exactly
   return t;
 }
+
+// One FP8 Linear (with a bias of bf16 values) on each device under the same recipe: the CPU's
+// emulation in f32 and the device's codes in bf16. A step feeds both the same bf16 values (x
+// [rows, in], the weight [out, in], an output gradient [rows, wide] read from column `col`),
+// writes columns [col, col + out) of a wide output, runs the backward and closes the step.
+struct Fp8LinearPair {
+  struct Step {
+    std::vector<float> want_out, got_out, want_dx, got_dx, want_dw, got_dw, want_db, got_db;
+  };
+  Linear cpu, gpu;
+  std::shared_ptr<Fp8Context> cpu_context = std::make_shared<Fp8Context>(),
+                              gpu_context = std::make_shared<Fp8Context>();
+  std::unique_ptr<Fp8Training> cpu_training, gpu_training;
+  Tensor bias;  // host, bf16 values
+  int64_t in, out;
+
+  Fp8LinearPair(int64_t in_features, int64_t out_features, Fp8Recipe recipe)
+      : cpu("l", in_features, out_features, true, false),
+        gpu("l", in_features, out_features, true, false),
+        in(in_features),
+        out(out_features) {
+    cpu_context->config.recipe = gpu_context->config.recipe = recipe;
+    cpu_training = std::make_unique<Fp8Training>(
+        cpu_context, std::vector<Fp8Linear*>{cpu.enable_fp8(cpu_context)});
+    gpu_training = std::make_unique<Fp8Training>(
+        gpu_context, std::vector<Fp8Linear*>{gpu.enable_fp8(gpu_context)});
+    bias = host_tensor(rounded_to_bf16(random_vector(out, 3, -0.1f, 0.1f)), {out});
+    cpu.bias.value.copy_from(bias);
+    gpu.bias.value = on_gpu_bf16(bias);
+    gpu.weight.grad = Tensor::zeros({out, in}, DType::F32, MemCategory::Workspace, Device::CUDA);
+    gpu.bias.grad = Tensor::zeros({out}, DType::F32, MemCategory::Workspace, Device::CUDA);
+  }
+
+  Step step(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& g,
+            int64_t rows, int64_t wide, int64_t col) {
+    const Tensor hx = host_tensor(x, {rows, in}), hw = host_tensor(w, {out, in}),
+                 hg = host_tensor(g, {rows, wide});
+    cpu.weight.value.copy_from(hw);
+    gpu.weight.value = on_gpu_bf16(hw);
+    cpu.weight.grad.zero_(), cpu.bias.grad.zero_();
+    gpu.weight.grad.zero_(), gpu.bias.grad.zero_();
+    Tensor cpu_out = Tensor::zeros({rows, wide}, DType::F32, MemCategory::Workspace);
+    Tensor gpu_out = Tensor::zeros({rows, wide}, DType::BF16, MemCategory::Workspace, Device::CUDA);
+    Tensor cpu_dx = Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace);
+    Tensor gpu_dx = Tensor::zeros({rows, in}, DType::BF16, MemCategory::Workspace, Device::CUDA);
+    const Tensor gx = on_gpu_bf16(hx), gg = on_gpu_bf16(hg);
+    cpu_training->begin_step(), gpu_training->begin_step();
+    cpu.forward(cpu_out, col, hx);
+    gpu.forward(gpu_out, col, gx);
+    cpu.backward(cpu_dx, false, hg, col, hx);
+    gpu.backward(gpu_dx, false, gg, col, gx);
+    cpu_training->finish_step(true), gpu_training->finish_step(true);
+    return {cpu_out.to_f32_vector(),         gpu_out.to_f32_vector(),
+            cpu_dx.to_f32_vector(),          gpu_dx.to_f32_vector(),
+            cpu.weight.grad.to_f32_vector(), gpu.weight.grad.to_f32_vector(),
+            cpu.bias.grad.to_f32_vector(),   gpu.bias.grad.to_f32_vector()};
+  }
+};
 
 }  // namespace loom::cuda::test

@@ -256,17 +256,7 @@ TEST_F(CudaFp8Test, LinearOnCudaFollowsTheCpuEmulation) {
   constexpr int64_t rows = 64, in = 96, out = 80, wide = 112, col = 16;
   for (const Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Current}) {
     SCOPED_TRACE(fp8_recipe_name(recipe));
-    Linear cpu_linear("l", in, out, true, false), gpu_linear("l", in, out, true, false);
-    auto cpu_context = std::make_shared<Fp8Context>(), gpu_context = std::make_shared<Fp8Context>();
-    cpu_context->config.recipe = gpu_context->config.recipe = recipe;
-    Fp8Training cpu_training(cpu_context, {cpu_linear.enable_fp8(cpu_context)});
-    Fp8Training gpu_training(gpu_context, {gpu_linear.enable_fp8(gpu_context)});
-    const Tensor bias = host_tensor(rounded_to_bf16(random_vector(out, 3, -0.1f, 0.1f)), {out});
-    cpu_linear.bias.value.copy_from(bias);
-    gpu_linear.bias.value = on_gpu_bf16(bias);
-    gpu_linear.weight.grad =
-        Tensor::zeros({out, in}, DType::F32, MemCategory::Workspace, Device::CUDA);
-    gpu_linear.bias.grad = Tensor::zeros({out}, DType::F32, MemCategory::Workspace, Device::CUDA);
+    Fp8LinearPair pair(in, out, recipe);
     for (int step = 1; step <= 2; ++step) {
       SCOPED_TRACE("step " + std::to_string(step));
       const float spread = step == 1 ? 1.0f : 1.5f;  // a delayed scale then saturates some
@@ -274,32 +264,16 @@ TEST_F(CudaFp8Test, LinearOnCudaFollowsTheCpuEmulation) {
       const auto w =
           rounded_to_bf16(random_vector(out * in, 30 + step, -0.05f * spread, 0.05f * spread));
       const auto g = rounded_to_bf16(random_vector(rows * wide, 40 + step, -1e-3f, 1e-3f));
-      const Tensor hx = host_tensor(x, {rows, in}), hw = host_tensor(w, {out, in}),
-                   hg = host_tensor(g, {rows, wide});
-      cpu_linear.weight.value.copy_from(hw);
-      gpu_linear.weight.value = on_gpu_bf16(hw);
-      cpu_linear.weight.grad.zero_(), cpu_linear.bias.grad.zero_();
-      gpu_linear.weight.grad.zero_(), gpu_linear.bias.grad.zero_();
-      Tensor cpu_out = Tensor::zeros({rows, wide}, DType::F32, MemCategory::Workspace);
-      Tensor gpu_out =
-          Tensor::zeros({rows, wide}, DType::BF16, MemCategory::Workspace, Device::CUDA);
-      Tensor cpu_dx = Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace);
-      Tensor gpu_dx = Tensor::zeros({rows, in}, DType::BF16, MemCategory::Workspace, Device::CUDA);
-      const Tensor gx = on_gpu_bf16(hx), gg = on_gpu_bf16(hg);
-      cpu_training.begin_step(), gpu_training.begin_step();
-      cpu_linear.forward(cpu_out, col, hx);
-      gpu_linear.forward(gpu_out, col, gx);
-      cpu_linear.backward(cpu_dx, false, hg, col, hx);
-      gpu_linear.backward(gpu_dx, false, gg, col, gx);
-      cpu_training.finish_step(true), gpu_training.finish_step(true);
+      const Fp8LinearPair::Step s = pair.step(x, w, g, rows, wide, col);
 
-      EXPECT_EQ(gpu_training.amax_history(), cpu_training.amax_history());
+      EXPECT_EQ(pair.gpu_training->amax_history(), pair.cpu_training->amax_history());
       // Bounds: the same codes on both sides, so only the sums (the GPU's FP8 accumulation,
       // kFp8Accumulation, and the CPU's f32 one, each of the sum of |terms|, bounded here by
       // k max|x| max|w| with 20% slack) and the GPU's bf16 roundings (2^-8): d_input's, and
       // out's two, the product's before the bias is added (2^-8 |want - bias|) and the sum's.
-      const auto want_out = cpu_out.to_f32_vector(), got_out = gpu_out.to_f32_vector();
-      const auto bias_values = bias.to_f32_vector();
+      const auto& want_out = s.want_out;
+      const auto& got_out = s.got_out;
+      const auto bias_values = pair.bias.to_f32_vector();
       const double out_terms = 1.5 * 0.075 * in * 1.2;  // |x| |w| k with the scales' slack
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < wide; ++j) {
@@ -312,21 +286,19 @@ TEST_F(CudaFp8Test, LinearOnCudaFollowsTheCpuEmulation) {
                           (kFp8Accumulation + accumulation(in)) * out_terms)
               << "out " << i;
         }
-      const auto want_dx = cpu_dx.to_f32_vector(), got_dx = gpu_dx.to_f32_vector();
+      const auto &want_dx = s.want_dx, &got_dx = s.got_dx;
       const double dx_terms = 1e-3 * 0.075 * out * 1.2;
       for (size_t i = 0; i < want_dx.size(); ++i)
         ASSERT_NEAR(got_dx[i], want_dx[i],
                     kBf16Rounding * std::fabs(want_dx[i]) +
                         (kFp8Accumulation + accumulation(out)) * dx_terms)
             << "d_input " << i;
-      const auto want_dw = cpu_linear.weight.grad.to_f32_vector(),
-                 got_dw = gpu_linear.weight.grad.to_f32_vector();
+      const auto &want_dw = s.want_dw, &got_dw = s.got_dw;
       const double dw_terms = 1e-3 * 1.5 * rows * 1.2;
       for (size_t i = 0; i < want_dw.size(); ++i)
         ASSERT_NEAR(got_dw[i], want_dw[i], (kFp8Accumulation + accumulation(rows)) * dw_terms)
             << "d_weight " << i;
-      expect_close(gpu_linear.bias.grad.to_f32_vector(), cpu_linear.bias.grad.to_f32_vector(), 0.0,
-                   2 * accumulation(rows) * 1e-3 * rows, "d_bias");
+      expect_close(s.got_db, s.want_db, 0.0, 2 * accumulation(rows) * 1e-3 * rows, "d_bias");
     }
   }
 }

@@ -281,17 +281,7 @@ TEST_F(CudaFp8BlockwiseTest, GemmEqualsTheDequantisedProduct) {
 // scales and codes on both sides, so only the sums and the GPU's bf16 roundings differ.
 TEST_F(CudaFp8BlockwiseTest, LinearOnCudaFollowsTheCpuEmulation) {
   constexpr int64_t rows = 256, in = 256, out = 384, wide = 640, col = 128;
-  Linear cpu_linear("l", in, out, true, false), gpu_linear("l", in, out, true, false);
-  auto cpu_context = std::make_shared<Fp8Context>(), gpu_context = std::make_shared<Fp8Context>();
-  cpu_context->config.recipe = gpu_context->config.recipe = Fp8Recipe::Blockwise;
-  Fp8Training cpu_training(cpu_context, {cpu_linear.enable_fp8(cpu_context)});
-  Fp8Training gpu_training(gpu_context, {gpu_linear.enable_fp8(gpu_context)});
-  const Tensor bias = host_tensor(rounded_to_bf16(random_vector(out, 3, -0.1f, 0.1f)), {out});
-  cpu_linear.bias.value.copy_from(bias);
-  gpu_linear.bias.value = on_gpu_bf16(bias);
-  gpu_linear.weight.grad =
-      Tensor::zeros({out, in}, DType::F32, MemCategory::Workspace, Device::CUDA);
-  gpu_linear.bias.grad = Tensor::zeros({out}, DType::F32, MemCategory::Workspace, Device::CUDA);
+  Fp8LinearPair pair(in, out, Fp8Recipe::Blockwise);
   for (int step = 1; step <= 2; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const float spread = step == 1 ? 1.0f : 1.5f;
@@ -319,25 +309,9 @@ TEST_F(CudaFp8BlockwiseTest, LinearOnCudaFollowsTheCpuEmulation) {
         g[static_cast<size_t>(r * wide + j)] *=
             std::ldexp(1.0f, static_cast<int>(j % 5 + 2 * (r / kTile)));
     g = rounded_to_bf16(g);
-    const Tensor hx = host_tensor(x, {rows, in}), hw = host_tensor(w, {out, in}),
-                 hg = host_tensor(g, {rows, wide});
-    cpu_linear.weight.value.copy_from(hw);
-    gpu_linear.weight.value = on_gpu_bf16(hw);
-    cpu_linear.weight.grad.zero_(), cpu_linear.bias.grad.zero_();
-    gpu_linear.weight.grad.zero_(), gpu_linear.bias.grad.zero_();
-    Tensor cpu_out = Tensor::zeros({rows, wide}, DType::F32, MemCategory::Workspace);
-    Tensor gpu_out = Tensor::zeros({rows, wide}, DType::BF16, MemCategory::Workspace, Device::CUDA);
-    Tensor cpu_dx = Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace);
-    Tensor gpu_dx = Tensor::zeros({rows, in}, DType::BF16, MemCategory::Workspace, Device::CUDA);
-    const Tensor gx = on_gpu_bf16(hx), gg = on_gpu_bf16(hg);
-    cpu_training.begin_step(), gpu_training.begin_step();
-    cpu_linear.forward(cpu_out, col, hx);
-    gpu_linear.forward(gpu_out, col, gx);
-    cpu_linear.backward(cpu_dx, false, hg, col, hx);
-    gpu_linear.backward(gpu_dx, false, gg, col, gx);
-    cpu_training.finish_step(true), gpu_training.finish_step(true);
+    const Fp8LinearPair::Step s = pair.step(x, w, g, rows, wide, col);
 
-    EXPECT_EQ(gpu_training.amax_history(), cpu_training.amax_history());
+    EXPECT_EQ(pair.gpu_training->amax_history(), pair.cpu_training->amax_history());
     // Bounds: the same codes on both sides, so only the sums differ (the GPU's FP8 accumulation,
     // kFp8Accumulation, and the CPU's f32 one, each of the element's own sum of |terms|, taken
     // here from the unquantised values with 30% slack for the rounding to E4M3 / E5M2) and the
@@ -356,8 +330,8 @@ TEST_F(CudaFp8BlockwiseTest, LinearOnCudaFollowsTheCpuEmulation) {
       }
       return 1.3 * sum;
     };
-    const auto want_out = cpu_out.to_f32_vector(), got_out = gpu_out.to_f32_vector();
-    const auto bias_values = bias.to_f32_vector();
+    const auto &want_out = s.want_out, &got_out = s.got_out;
+    const auto bias_values = pair.bias.to_f32_vector();
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t j = col; j < col + out; ++j) {
         const size_t i = static_cast<size_t>(r * wide + j);
@@ -368,7 +342,7 @@ TEST_F(CudaFp8BlockwiseTest, LinearOnCudaFollowsTheCpuEmulation) {
                         (kFp8Accumulation + accumulation(in)) * terms)
             << "out " << r << ", " << j;
       }
-    const auto want_dx = cpu_dx.to_f32_vector(), got_dx = gpu_dx.to_f32_vector();
+    const auto &want_dx = s.want_dx, &got_dx = s.got_dx;
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < in; ++c) {
         const size_t i = static_cast<size_t>(r * in + c);
@@ -378,8 +352,7 @@ TEST_F(CudaFp8BlockwiseTest, LinearOnCudaFollowsTheCpuEmulation) {
             kBf16Rounding * std::fabs(want_dx[i]) + (kFp8Accumulation + accumulation(out)) * terms)
             << "d_input " << r << ", " << c;
       }
-    const auto want_dw = cpu_linear.weight.grad.to_f32_vector(),
-               got_dw = gpu_linear.weight.grad.to_f32_vector();
+    const auto &want_dw = s.want_dw, &got_dw = s.got_dw;
     for (int64_t o = 0; o < out; ++o)
       for (int64_t c = 0; c < in; ++c) {
         const size_t i = static_cast<size_t>(o * in + c);

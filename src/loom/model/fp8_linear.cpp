@@ -67,7 +67,6 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
              "Fp8Linear: blockwise operands are quantised per tile (quantize_tiles_on_device)");
   const float history = scaling.history_amax();
   const bool use_current = ctx.config.recipe == Fp8Recipe::Current || history == 0.0f;
-  auto step_amax_slots = [&]() -> const Tensor& { return device_step_amax(); };
   if (!use_current) {
     // Delayed, with a history: the scale is known before x is read, so the step's amax comes
     // from the codes pass itself (on an H100 the separate amax pass was a sixth of llama-1b's
@@ -77,7 +76,7 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
             ? ctx.step_scale_pairs.slice_as(2 * (3 * index + slot), {2})  // the same scale
             : ops::fp8_scale_pair(cpu::fp8_scale(history, format, ctx.config.margin));
     if (!ctx.in_step) return ops::fp8_quantize(x, col, cols, pair, format, transposed);
-    return ops::fp8_quantize(x, col, cols, pair, format, transposed, &step_amax_slots(),
+    return ops::fp8_quantize(x, col, cols, pair, format, transposed, &device_step_amax(),
                              3 * index + slot);
   }
   const Tensor amax = ops::fp8_amax(x, col, cols);
@@ -91,7 +90,7 @@ ops::Fp8Codes Fp8Linear::quantize_on_device(const Tensor& x, int64_t col, int64_
   } else {
     pair = ops::fp8_scale_pair(amax, format, ctx.config.margin);
   }
-  if (ctx.in_step) ops::fp8_max_into(step_amax_slots(), 3 * index + slot, amax);
+  if (ctx.in_step) ops::fp8_max_into(device_step_amax(), 3 * index + slot, amax);
   return ops::fp8_quantize(x, col, cols, pair, format, transposed);
 }
 

@@ -119,6 +119,10 @@ class RunFields {
   std::string id_;
 };
 
+// The layout a run states (parallelism.*) into run.layout, with the rules for what it leaves
+// out (published_layout.cpp).
+void read_layout(const RunFields& f, PublishedRun& run);
+
 // The model a run describes: its dimensions (with model.moe and the MLP form a stated
 // parameter count settles), or a named preset; refuses what ModelConfig cannot hold.
 ModelConfig model_of(const RunFields& f, PublishedRun& run);

@@ -98,6 +98,9 @@ TEST(PublishedPresets, OtherNamesKeepTheirFamilies) {
   EXPECT_EQ(plan::find_published_model("Llama 2 70B")->name, "Llama 2 70B");
   EXPECT_EQ(plan::find_published_model("CodeLlama-70b")->name, "Code Llama 70B");
   EXPECT_EQ(plan::find_published_model("DeepSeek-V3 671B")->name, "DeepSeek-V3 671B");
+  // Megatron-Bridge's tables name it without a size; V3 has one.
+  EXPECT_EQ(plan::find_published_model("DeepSeekV3 (w/o MTP)")->name, "DeepSeek-V3 671B");
+  EXPECT_FALSE(plan::find_published_model("DeepSeekV4 Flash").has_value());
   EXPECT_EQ(plan::find_published_model("bloom-560m")->name, "BLOOM 560M");
   EXPECT_EQ(plan::find_published_model("StarCoder2-15B")->name, "StarCoder2 15B");
   EXPECT_EQ(plan::find_published_model("GPT-2 XL")->name, "GPT-2 1.5B");

@@ -319,7 +319,7 @@ TEST(PublishedRuns, TorchtitanTablesReadItsPipelineAndPowerDefaults) {
 // overlapped as NeMo's recipes set it and -21.4% with NVLink at NCCL's rate, while only full
 // recomputation fit the planner's memory: its launcher config (NeMo-Framework-Launcher 24.07,
 // nemotron_340b.yaml) states selective recomputation and apex's distributed Adam with bf16 state
-// and gradients, now in the record: -0.1%.
+// and gradients, now in the record: -0.1% (+3.2% since NeMo's attention runs at 1.4x, below).
 TEST(PublishedRuns, NemoAndAutomodelTables) {
   const std::vector<plan::PublishedRun> runs = loom_runs("loom_nemo_tables.json");
   ASSERT_EQ(runs.size(), 22u);
@@ -338,7 +338,7 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
     EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
     if (r.id == "nemo2407_h100_fp8_Nemotron-340B_128gpu") {
       EXPECT_EQ(c.layout.recompute, Recompute::Selective);
-      EXPECT_LT(std::fabs(tokens->relative_error), 0.02);
+      EXPECT_LT(std::fabs(tokens->relative_error), 0.04);
     }
     if (r.id == "automodel_h100_bf16_gptoss120b_64gpu") {
       EXPECT_EQ(c.layout.ep, 16);
@@ -348,8 +348,30 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
   EXPECT_EQ(refused, 3);
   const plan::ValidationSummary s = plan::summarize(checks);
   // 5.8 before Kimi K2's preset (session 21), 4.4 and 19.5 before Nemotron-340B's stated
-  // optimizer and recomputation (session 25).
-  EXPECT_EQ(median_and_p90(s), "3.7 11.2");
+  // optimizer and recomputation (session 25), 3.7 and 11.2 before NeMo's attention at 1.4x the
+  // 2023-24 rate (session 29).
+  EXPECT_EQ(median_and_p90(s), "4.2 11.3");
+}
+
+// NeMo 24.03.01's "Long Input Sequences" table (published/loom_nemo_long_sequence.json): Llama 2
+// 7B in FP8 at 4K to 1M tokens on 4 to 1,024 H100s, cp up to 32. Attention's share of the FLOPs
+// grows from 13% to 97%, so the rows measure the rate of NeMo's fused attention (cuDNN's, under
+// Transformer Engine 1.x): at FlashAttention-2's rate they came out 10% (4K) to 34% (1M) slow,
+// at 1.4x it within 8.2% at every length (fitted there and on the 24.07 table: in sample).
+TEST(PublishedRuns, NemoLongSequenceTable) {
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_nemo_long_sequence.json");
+  ASSERT_EQ(runs.size(), 9u);
+  const std::vector<plan::RunCheck> checks = check_all(runs);
+  for (const plan::RunCheck& c : checks) {
+    SCOPED_TRACE(c.run->id);
+    ASSERT_TRUE(c.answered) << c.run->refused;
+    const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
+    ASSERT_NE(tokens, nullptr);
+    EXPECT_LT(std::fabs(tokens->relative_error), 0.09);
+    EXPECT_EQ(c.layout.cp, c.run->layout.cp);
+  }
+  EXPECT_EQ(checks.back().run->seq_len, 1048576);
+  EXPECT_EQ(checks.back().layout.cp, 32);
 }
 
 // 150 trials of Hagemann et al.'s sweeps the planner had not seen when its rules were set

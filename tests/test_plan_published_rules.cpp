@@ -87,6 +87,31 @@ TEST(PublishedRuns, AnFp8RunsStatedFp8PeakIsNotItsBf16Rate) {
   EXPECT_FALSE(run("sparse", "amp_fp8", 3958).stated_fp8_peak);
 }
 
+// Narayanan et al. 2021 predates sequence parallelism (Korthikanti et al. 2022): a PTD-P row of
+// its Table 2 that names only tp and pp runs without it, and says so; NeMo's attention runs at
+// 1.4x FlashAttention-2's rate, Megatron-Bridge's at 2x, another source's at 1x.
+TEST(PublishedRuns, SourcesBeforeSequenceParallelismAndTheirAttentionRates) {
+  auto run = [](const std::string& id, const std::string& source) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": ")" + source + R"(",
+      "model": {"name": "GPT-3 175B", "seq_len": 2048},
+      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8, "peak_dense_tflops_assumed": 312},
+      "parallelism": {"total_gpus": 384, "tp": 8, "pp": 12, "dp": 4},
+      "micro_batch": 1, "global_batch": 1536, "recompute": "full", "measured": {"tflops_per_gpu": 150}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun ptdp = run("ptdp", "Narayanan et al. 2021 (arXiv 2104.04473), Table 2");
+  ASSERT_TRUE(ptdp.refused.empty()) << ptdp.refused;
+  EXPECT_FALSE(ptdp.layout.sequence_parallel);
+  std::string said;
+  for (const std::string& a : ptdp.assumptions) said += a + "; ";
+  expect_contains(said, {"sequence_parallel not stated: off (2021: sequence parallelism appeared"});
+  EXPECT_EQ(run("nemo", "NVIDIA/NeMo performance_summary.md").attention_kernel_speedup, 1.4);
+  EXPECT_EQ(run("bridge", "NVIDIA-NeMo/Megatron-Bridge docs").attention_kernel_speedup, 2.0);
+  const plan::PublishedRun other = run("other", "a 2024 blog post");
+  EXPECT_EQ(other.attention_kernel_speedup, 1.0);
+  EXPECT_TRUE(other.layout.sequence_parallel);  // tp > 1 after 2022: on
+}
+
 // Hagemann et al.'s sweeps: where a trial leaves them out, sequence parallelism is off (it has its
 // own ablation, the seqpara sheets) and the pipeline runs one chunk per rank; the attention
 // kernel each trial names in its notes sets the attention: PyTorch's ("torch") or Megatron's

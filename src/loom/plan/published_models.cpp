@@ -152,7 +152,9 @@ const std::vector<Entry>& recent_entries() {
        {"DeepSeek-V3 671B", model_preset("deepseek-v3-gqa"), 0,
         "DeepSeek-V3 Technical Report, sec. 4.2", "",
         "multi-head latent attention approximated by 128 full heads of 56 (parameters within 10%, "
-        "attention core about a third of MLA's FLOPs)"}},
+        "attention core about a third of MLA's FLOPs)"},
+       // One size, so the name alone ("DeepSeekV3", Megatron-Bridge's tables) is enough.
+       R"(v3)"},
       // Kimi K2 (moonshotai/Kimi-K2-Base config.json, DeepseekV3ForCausalLM; Kimi Team 2025,
       // arXiv 2507.20534, Table 2): 61 layers of 7168, the first dense (18432), 384 routed
       // experts of 2048 + 1 shared, top 8, sigmoid routing, vocabulary 163,840 untied, 4K

@@ -89,7 +89,8 @@ TEST(PublishedRuns, AnFp8RunsStatedFp8PeakIsNotItsBf16Rate) {
 
 // Narayanan et al. 2021 predates sequence parallelism (Korthikanti et al. 2022): a PTD-P row of
 // its Table 2 that names only tp and pp runs without it, and says so; NeMo's attention runs at
-// 1.4x FlashAttention-2's rate, Megatron-Bridge's at 2x, another source's at 1x.
+// 1.4x FlashAttention-2's rate, Megatron-Bridge's at 2x, another source's at 1x; a
+// Megatron-Bridge row without VP runs one chunk a rank.
 TEST(PublishedRuns, SourcesBeforeSequenceParallelismAndTheirAttentionRates) {
   auto run = [](const std::string& id, const std::string& source) {
     const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": ")" + source + R"(",
@@ -106,7 +107,13 @@ TEST(PublishedRuns, SourcesBeforeSequenceParallelismAndTheirAttentionRates) {
   for (const std::string& a : ptdp.assumptions) said += a + "; ";
   expect_contains(said, {"sequence_parallel not stated: off (2021: sequence parallelism appeared"});
   EXPECT_EQ(run("nemo", "NVIDIA/NeMo performance_summary.md").attention_kernel_speedup, 1.4);
-  EXPECT_EQ(run("bridge", "NVIDIA-NeMo/Megatron-Bridge docs").attention_kernel_speedup, 2.0);
+  const plan::PublishedRun bridge = run("bridge", "NVIDIA-NeMo/Megatron-Bridge docs");
+  EXPECT_EQ(bridge.attention_kernel_speedup, 2.0);
+  // Its tables' VP column: "n/a" (null) is one chunk a rank, not a choice.
+  EXPECT_EQ(bridge.layout.vp, 1);
+  EXPECT_FALSE(bridge.unstated.vp);
+  EXPECT_EQ(plan::check_published_run(bridge).layout.vp, 1);
+  EXPECT_TRUE(ptdp.unstated.vp);  // Narayanan's interleaving is searched
   const plan::PublishedRun other = run("other", "a 2024 blog post");
   EXPECT_EQ(other.attention_kernel_speedup, 1.0);
   EXPECT_TRUE(other.layout.sequence_parallel);  // tp > 1 after 2022: on

@@ -82,6 +82,14 @@ SourceConventions cudnn9_fused(SourceConventions c) {
   return c;
 }
 
+// Megatron-Bridge's performance tables have a VP column in every table; "n/a" there (a null in
+// a record) is no interleaving, not a choice left open.
+SourceConventions vp_column(SourceConventions c) {
+  c.unstated_pp_one_chunk = true;
+  c.unstated_one_chunk_why = "the table's VP column: n/a is no interleaving";
+  return c;
+}
+
 SourceConventions tp_overlapped(SourceConventions c) {
   c.tp_comm_overlap = true;
   return c;
@@ -154,11 +162,10 @@ SourceConventions megatron_readme() {
 const std::vector<Row>& rows() {
   using F = FlopCount;
   static const std::vector<Row> all = {
-      {"narayanan",
-       before_sequence_parallelism(materialized(
-           make("Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
-                "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count "
-                "the recomputed forward")))},
+      {"narayanan", before_sequence_parallelism(materialized(make(
+                        "Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
+                        "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count "
+                        "the recomputed forward")))},
       {"korthikanti", materialized(make("Korthikanti et al. 2022", F::KorthikantiModel,
                                         F::KorthikantiHardware, F::KorthikantiModel, true,
                                         "Korthikanti et al. 2022 sec. 6.3 (model and hardware "
@@ -179,23 +186,24 @@ const std::vector<Row>& rows() {
       {"llama team",
        make("Llama 3 (Meta 2024)", F::PaLM, F::RecomputeHardware, F::PaLM, false,
             "Llama 3 sec. 3.3.2 Table 4: BF16 MFU; FLOP count not given, PaLM's assumed")},
-      {"megatron-bridge",
-       tp_overlapped(fa3_class(make("Megatron-Bridge 25.11", F::NonEmbeddingCausal,
-                                    F::RecomputeHardware, F::NonEmbeddingCausal, true,
-                                    "Megatron-Bridge performance summary: model TFLOP/s from its "
-                                    "flop formulas (input embedding "
-                                    "not counted, causal attention halved); checked: 744 TFLOP/s / "
-                                    "14,451 tokens/s = 51.5 GFLOP "
-                                    "per token for Llama 3.1 8B at 8K")))},
+      {"megatron-bridge", vp_column(tp_overlapped(fa3_class(
+                              make("Megatron-Bridge 25.11", F::NonEmbeddingCausal,
+                                   F::RecomputeHardware, F::NonEmbeddingCausal, true,
+                                   "Megatron-Bridge performance summary: model TFLOP/s from its "
+                                   "flop formulas (input embedding "
+                                   "not counted, causal attention halved); checked: 744 TFLOP/s / "
+                                   "14,451 tokens/s = 51.5 GFLOP "
+                                   "per token for Llama 3.1 8B at 8K"))))},
       {"automodel", fa3_class(make("NeMo Automodel", F::PaLM, F::RecomputeHardware, F::PaLM, false,
                                    "NeMo Automodel performance summary (MFU = TFLOP/s / 989)"))},
-      {"nvidia/nemo", tp_overlapped(cudnn9_fused(make("NeMo 24.07", F::NonEmbeddingFull, F::RecomputeHardware,
-                                         F::NonEmbeddingFull, true,
-                                         "NeMo 24.07 performance summary: model TFLOP/s from "
-                                         "NeMo's flop formulas (input embedding not "
-                                         "counted, attention in full); checked: 697 TFLOP/s / "
-                                         "12,036 tokens/s = 57.9 GFLOP per token for "
-                                         "Llama 3.1 8B at 8K")))},
+      {"nvidia/nemo",
+       tp_overlapped(cudnn9_fused(make("NeMo 24.07", F::NonEmbeddingFull, F::RecomputeHardware,
+                                       F::NonEmbeddingFull, true,
+                                       "NeMo 24.07 performance summary: model TFLOP/s from "
+                                       "NeMo's flop formulas (input embedding not "
+                                       "counted, attention in full); checked: 697 TFLOP/s / "
+                                       "12,036 tokens/s = 57.9 GFLOP per token for "
+                                       "Llama 3.1 8B at 8K")))},
       // The README of NVIDIA/Megatron-LM (2024-25), not every paper that names Megatron-LM
       // (Shoeybi et al. 2019's title does).
       {"nvidia/megatron-lm", megatron_readme()},

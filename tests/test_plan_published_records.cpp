@@ -483,6 +483,48 @@ TEST(PublishedRuns, LooselyTypedFieldsAreReadByTheirMeaning) {
   EXPECT_TRUE(run("bad", "\"two\"", "true", "0.4").malformed);
 }
 
+// Cells as tables print them: an empty one ("n/a", "-", "") is not stated, numbers keep their
+// thousands separators and units ("5,984", "80 GiB" in a field of GB, "42%" for a utilisation),
+// a parenthesised note after a number is a note ("2 (SP)"), an FSDP column's 0 / 1 is off / on,
+// and flags read "no" / "off" / "enabled". A unit a field cannot have is still malformed.
+TEST(PublishedRuns, TableCellsAreReadAsTablesPrintThem) {
+  auto run = [](const std::string& id, const std::string& parallelism, const std::string& rest) {
+    const std::string text = R"([{"id": ")" + id +
+                             R"(", "kind": "throughput", "source": "NVIDIA-NeMo/Megatron-Bridge",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": "H100 80GB", "gpus_per_node": 8, "gpu_mem_gb": "80 GiB"},
+      "parallelism": {"total_gpus": 16, "pp": 1, "dp": 8)" +
+                             parallelism + R"(}, )" + rest + R"(}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const std::string ok =
+      R"("micro_batch": 1, "global_batch": "1,280", "measured": {"tokens_per_s_per_gpu": "5,984"})";
+  const plan::PublishedRun cells = run(
+      "cells",
+      R"x(, "tp": "2 (SP)", "vp": "n/a", "cp": "-", "ep": "", "zero_stage": "N/A", "fsdp": 1, "sequence_parallel": "no")x",
+      ok);
+  ASSERT_TRUE(cells.refused.empty()) << cells.refused;
+  EXPECT_EQ(cells.layout.tp, 2);
+  EXPECT_EQ(cells.layout.vp, 1);
+  EXPECT_EQ(cells.layout.cp, 1);
+  EXPECT_EQ(cells.layout.zero_stage, 3);  // FSDP column 1
+  EXPECT_FALSE(cells.layout.sequence_parallel);
+  EXPECT_EQ(cells.global_batch, 1280);
+  EXPECT_DOUBLE_EQ(cells.cluster.gpu.hbm_bytes, 80.0 * 1024 * 1024 * 1024);  // as "gpu_mem_gb": 80
+  ASSERT_EQ(cells.measured.size(), 1u);
+  EXPECT_DOUBLE_EQ(cells.measured.front().value, 5984);
+  EXPECT_EQ(run("ddp", R"(, "tp": 1, "fsdp": 0)", ok).layout.zero_stage,
+            1);  // Megatron's optimizer
+  const plan::PublishedRun percent =
+      run("pct", R"(, "tp": 1, "sequence_parallel": "enabled")",
+          R"("micro_batch": 1, "global_batch": 64, "measured": {"mfu": "42%"})");
+  ASSERT_EQ(percent.measured.size(), 1u);
+  EXPECT_DOUBLE_EQ(percent.measured.front().value, 0.42);
+  EXPECT_TRUE(run("tb", R"(, "tp": "2 TB")", ok).malformed);
+  EXPECT_TRUE(run("pct_tp", R"(, "tp": "2%")", ok).malformed);
+  EXPECT_TRUE(run("range", R"(, "tp": "2-4")", ok).malformed);
+}
+
 // Records at the edges: each is answered, refused with a reason or malformed naming its field,
 // and none stops the others (tests/fuzz/fuzz_published_runs runs the same under ASan/UBSan).
 TEST(PublishedRuns, EdgeRecordsAreRefusedOrAnsweredNeverFatal) {

@@ -2,11 +2,13 @@
 // What published_runs.cpp and published_model_reader.cpp share: a refusal, text helpers and
 // RunFields, which reads one run's fields naming the run and the field in every error.
 // Internal to the published-runs reader.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -36,6 +38,60 @@ inline std::string contains_any(const std::string& text, std::initializer_list<c
   return "";
 }
 
+inline std::string trimmed(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t\n\r");
+  if (first == std::string::npos) return "";
+  const size_t last = text.find_last_not_of(" \t\n\r");
+  return text.substr(first, last - first + 1);
+}
+
+// What tables write in a cell they leave empty ("n/a", "-", "N/A", "not stated"): a number or a
+// flag written so is not stated. (Text fields keep their words: "none" is a recomputation.)
+inline bool says_not_stated(const std::string& text) {
+  static const char* const kWords[] = {"",         "n/a",    "na",   "-",          "--",
+                                       "\u2013",   "\u2014", "null", "not stated", "unknown",
+                                       "unstated", "?",      "tbd",  "not given",  "not reported"};
+  const std::string t = lowercase(trimmed(text));
+  for (const char* w : kWords)
+    if (t == w) return true;
+  return false;
+}
+
+// A number as tables print it, or nullopt where the text is something else: "8", "1e9",
+// thousands separated ("5,984", "1,280"), approximate ("~380"), with a unit the field has ("80
+// GB" or "80 GiB" in a field of GB, read as its bare number would be; "419.7 TFLOP/s", "12 s",
+// "42%" for a utilisation, as a fraction) or a note in parentheses ("2 (SP)").
+inline std::optional<double> loose_number(const std::string& text, const std::string& path) {
+  static const std::regex pattern(
+      R"(^(~|about |approx\.? )?\s*([0-9]{1,3}(,[0-9]{3})+(\.[0-9]+)?|[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?)\s*(gib|gb|tflop/s|tflops|tokens/s|s|%)?\s*(\([^()]*\))?$)");
+  std::smatch m;
+  const std::string t = lowercase(trimmed(text));
+  if (!std::regex_match(t, m, pattern)) return std::nullopt;
+  std::string digits = m[2].str();
+  digits.erase(std::remove(digits.begin(), digits.end(), ','), digits.end());
+  char* end = nullptr;
+  double value = std::strtod(digits.c_str(), &end);
+  if (end == nullptr || *end != '\0' || !std::isfinite(value)) return std::nullopt;
+  const std::string unit = m[6].str();
+  const auto ends_with = [&](const char* tail) {
+    const std::string x(tail);
+    return path.size() >= x.size() && path.compare(path.size() - x.size(), x.size(), x) == 0;
+  };
+  if (unit == "gib" || unit == "gb") {
+    if (!ends_with("_gb")) return std::nullopt;  // read in the field's unit, as its number would be
+  } else if (unit == "%") {
+    if (!ends_with("mfu") && !ends_with("hfu")) return std::nullopt;
+    value /= 100;
+  } else if (unit == "tflop/s" || unit == "tflops") {
+    if (path.find("tflops") == std::string::npos) return std::nullopt;
+  } else if (unit == "tokens/s") {
+    if (path.find("tokens_per_s") == std::string::npos) return std::nullopt;
+  } else if (unit == "s") {
+    if (!ends_with("_s")) return std::nullopt;
+  }
+  return value;
+}
+
 // Reads fields of one run, naming the run and the field in every error. A path is
 // "section.key" or "section.sub.key".
 class RunFields {
@@ -58,13 +114,12 @@ class RunFields {
     const json* v = find(path);
     if (v == nullptr) return std::nullopt;
     if (v->is_number()) return v->get<double>();
-    // A number written as a string ("8", "0.42", "1e9") is read as that number; anything else
-    // in the string is not guessed at.
+    // A number written as a string ("8", "0.42", "1e9", "5,984", "80 GB") is read as that
+    // number, an empty cell ("n/a", "-") as not stated; anything else is not guessed at.
     if (v->is_string()) {
       const std::string t = v->get<std::string>();
-      char* end = nullptr;
-      const double parsed = std::strtod(t.c_str(), &end);
-      if (!t.empty() && end != nullptr && *end == '\0' && std::isfinite(parsed)) return parsed;
+      if (says_not_stated(t)) return std::nullopt;
+      if (const std::optional<double> parsed = loose_number(t, path)) return parsed;
     }
     throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not a number");
   }
@@ -91,9 +146,11 @@ class RunFields {
       if (path == name) return limit;
     return 1e7;  // parallel degrees, GPU counts, dense-layer counts
   }
+  // A number or true/false where a text is expected (an FSDP column's 0 or 1) is its printed form.
   std::string text(const std::string& path) const {
     const json* v = find(path);
     if (v == nullptr) return "";
+    if (v->is_number() || v->is_boolean()) return v->dump();
     if (!v->is_string()) throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not a string");
     return v->get<std::string>();
   }
@@ -101,10 +158,15 @@ class RunFields {
     const json* v = find(path);
     if (v == nullptr) return std::nullopt;
     if (v->is_boolean()) return v->get<bool>();
+    if (v->is_number() && (v->get<double>() == 0 || v->get<double>() == 1))
+      return v->get<double>() == 1;
     if (v->is_string()) {
-      const std::string t = lowercase(v->get<std::string>());
-      if (t == "true" || t == "yes") return true;
-      if (t == "false") return false;
+      const std::string t = lowercase(trimmed(v->get<std::string>()));
+      if (t == "true" || t == "yes" || t == "y" || t == "on" || t == "enabled" || t == "1")
+        return true;
+      if (t == "false" || t == "no" || t == "n" || t == "off" || t == "disabled" || t == "0")
+        return false;
+      if (says_not_stated(t)) return std::nullopt;
     }
     throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not true or false");
   }

@@ -57,7 +57,10 @@ void read_layout(const RunFields& f, PublishedRun& run) {
   // does) for Megatron stacks with dp > 1, and plain data parallelism for others.
   // A stage written as text ("ZeRO-1", "stage 3") is its digit.
   std::optional<int64_t> stated_zero;
-  if (const json* z = f.find("parallelism.zero_stage"); z != nullptr && z->is_string()) {
+  if (const json* z = f.find("parallelism.zero_stage");
+      z != nullptr && z->is_string() && says_not_stated(z->get<std::string>())) {
+    stated_zero = std::nullopt;
+  } else if (z != nullptr && z->is_string()) {
     std::smatch digit;
     const std::string t = z->get<std::string>();
     if (!std::regex_search(t, digit, std::regex(R"(^\D*([0-3])\D*$)")))
@@ -72,7 +75,11 @@ void read_layout(const RunFields& f, PublishedRun& run) {
       throw_error("published run '", run.id, "': parallelism.zero_stage = ", *z, " is not 0-3");
     l.zero_stage = static_cast<int>(*z);
   } else {
-    const std::string fsdp = lowercase(f.text("parallelism.fsdp"));
+    std::string fsdp = lowercase(trimmed(f.text("parallelism.fsdp")));
+    // An FSDP column's 0 / 1 (or false / true): off or on.
+    if (fsdp == "0" || fsdp == "false" || fsdp == "no") fsdp = "fsdp=0";
+    if (fsdp == "1" || fsdp == "true" || fsdp == "yes") fsdp = "fsdp";
+    if (says_not_stated(fsdp)) fsdp.clear();
     if (!fsdp.empty() && !contains_any(fsdp, {"zero-2", "zero2", "grads sharded"}).empty()) {
       l.zero_stage = 2;
     } else if (!fsdp.empty() && !contains_any(fsdp, {"ddp", "fsdp=0"}).empty()) {

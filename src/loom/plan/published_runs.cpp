@@ -116,7 +116,9 @@ void read_measured(const RunFields& f, PublishedRun& run) {
 // dp, else tokens over the sequence length.
 int64_t parse_global_batch_text(const std::string& text, int64_t dp, int64_t seq, std::vector<std::string>& assumptions) {
   std::smatch m;
-  const std::string lower = lowercase(text);
+  std::string lower = lowercase(text);
+  // Thousands separators ("1,280 sequences").
+  lower = std::regex_replace(lower, std::regex(R"(([0-9]),([0-9]{3})(?![0-9]))"), "$1$2");
   if (std::regex_search(lower, m, std::regex(R"(([0-9]+)\s*(sequences\s*)?per\s*(dp|data[- ]parallel))"))) {
     const int64_t per = std::stoll(m[1].str());
     assumptions.push_back("global_batch '" + text + "': " + std::to_string(per) + " x dp " + std::to_string(dp) + " = " +
@@ -131,7 +133,8 @@ int64_t parse_global_batch_text(const std::string& text, int64_t dp, int64_t seq
                           std::to_string(seq) + " = " + std::to_string(sequences) + " sequences");
     return sequences;
   }
-  if (std::regex_match(lower, m, std::regex(R"(\s*([0-9]+)\s*)"))) return std::stoll(m[1].str());
+  if (std::regex_match(lower, m, std::regex(R"(\s*([0-9]+)\s*(sequences|samples)?\s*)")))
+    return std::stoll(m[1].str());
   throw Refusal{"global_batch '" + text + "' gives neither 'N per DP group' nor 'N M tokens' nor a number"};
 }
 

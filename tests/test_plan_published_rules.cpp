@@ -369,7 +369,44 @@ TEST(PublishedRuns, AnUnstatedZeroStageIsTheOneThatFits) {
   EXPECT_EQ(alone.layout.zero_stage, 0);
 }
 
-// Neither tp nor dp stated, only the GPU count: tp is the fastest of 1, 2, 4, 8 within a node
+// A model given only by its size takes the shape of Megatron-LM's GPT of the nearest size
+// (Narayanan et al. 2021 Table 1) with the layers its count needs: 100B is nearest 76.1B (hidden
+// 10240, 80 heads), (100e9 - 51200 x 10240) / (12 x 10240^2) = 79.4 layers -> 79; a "GPT-2-like"
+// name without a context takes GPT-2's 1024. A source of 2020 picks its recomputation from none
+// and full (selective came in 2022) and its tp up to a DGX-2's 16. No size and no shape: refused.
+TEST(PublishedRuns, AModelGivenOnlyByItsSizeTakesMegatronsShape) {
+  auto run = [](const std::string& id, const std::string& model) {
+    const std::string text =
+        R"([{"id": ")" + id + R"(", "kind": "throughput",
+      "source": "Rajbhandari et al. 2019/2020, 'ZeRO: Memory Optimizations Toward Training Trillion Parameter Models'",
+      "model": )" +
+        model +
+        R"x(, "hardware": {"gpu": "V100 32GB (DGX-2)", "gpu_mem_gb": 32, "gpus_per_node": 16},
+      "parallelism": {"total_gpus": 400, "pp": 1, "zero_stage": 2},
+      "measured": {"tflops_per_gpu": 38}}])x";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun sized = run("sized", R"({"name": "GPT-2-like 100B", "params_b": 100})");
+  ASSERT_TRUE(sized.refused.empty()) << sized.refused;
+  EXPECT_EQ(sized.model.n_embd, 10240);
+  EXPECT_EQ(sized.model.n_head, 80);
+  EXPECT_EQ(sized.model.n_layer, 79);
+  EXPECT_EQ(sized.seq_len, 1024);
+  std::string said;
+  for (const std::string& a : sized.assumptions) said += a + "; ";
+  expect_contains(said, {"in the shape of Megatron-LM's 76.1 B", "seq_len not stated: 1024"});
+  const plan::RunCheck c = plan::check_published_run(sized);
+  ASSERT_TRUE(c.answered);
+  EXPECT_TRUE(c.fits);
+  EXPECT_NE(c.layout.recompute, Recompute::Selective);
+  EXPECT_FALSE(c.layout.sequence_parallel);
+  EXPECT_EQ(c.layout.tp, 16);  // 100B in fp16 fits 32 GB only split 16 ways
+  expect_contains(run("unsized", R"({"name": "a big model"})").refused, {"nor params_b"});
+  expect_contains(run("no_context", R"({"name": "a 100B model", "params_b": 100})").refused,
+                  {"model.seq_len is not stated"});
+}
+
+// Neither tp nor dp stated, only the GPU count: tp is the fastest power of two within a node
 // that fits (dp the rest, sequence parallelism with it). The same 70B model on 64 GPUs cannot
 // hold its 70B parameters' bf16 weights and gradients (280 GB) on one GPU at tp 1 even with
 // ZeRO-1, so tp 1 is never the pick; a stated tp is kept.

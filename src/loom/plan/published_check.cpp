@@ -130,9 +130,12 @@ RunCheck check_run(const PublishedRun& run) {
   StepTime best_time;
   MemoryBreakdown best_memory;
   std::string best_split_note;
+  // Selective recomputation where the source's stacks had it (Korthikanti et al., May 2022).
   const std::vector<Recompute> recomputes =
-      run.unstated.recompute ? std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full}
-                             : std::vector<Recompute>{run.layout.recompute};
+      !run.unstated.recompute ? std::vector<Recompute>{run.layout.recompute}
+      : run.conventions.before_selective_recompute
+          ? std::vector<Recompute>{Recompute::None, Recompute::Full}
+          : std::vector<Recompute>{Recompute::None, Recompute::Selective, Recompute::Full};
   // An unstated ep on a mixture of experts: every power of two that divides the experts and
   // dp x cp (the ranks experts are spread over).
   std::vector<int64_t> eps = {run.layout.ep};
@@ -142,12 +145,13 @@ RunCheck check_run(const PublishedRun& run) {
       if (model.n_experts % ep == 0 && (run.layout.dp * run.layout.cp) % ep == 0) eps.push_back(ep);
   }
   const std::vector<int64_t> zeros = choices(run.unstated.zero, run.layout.zero_stage, {0, 1});
-  // An unstated tp (and dp): 1, 2, 4, 8 within a node, dividing the GPUs and the heads.
+  // An unstated tp (and dp): a power of two within a node (16 on a DGX-2), dividing the GPUs
+  // and the heads.
   std::vector<int64_t> tps = {run.layout.tp};
   if (run.unstated.tp) {
     tps.clear();
     const int64_t gpus = run.layout.gpus();
-    for (int64_t tp : {1, 2, 4, 8})
+    for (int64_t tp : {1, 2, 4, 8, 16})
       if (tp <= run.cluster.gpus_per_node && gpus % (tp * run.layout.pp * run.layout.cp) == 0 &&
           model.n_head % tp == 0 && model.n_kv_head % tp == 0)
         tps.push_back(tp);
@@ -225,7 +229,11 @@ RunCheck check_run(const PublishedRun& run) {
     check.picks.push_back(
         "vp " + std::to_string(l.vp) +
         (run.unstated.interleaved && !check.fits ? " (none fits: the fastest)" : ""));
-  if (run.unstated.recompute) check.picks.push_back(std::string("recompute ") + recompute_word(l.recompute));
+  if (run.unstated.recompute)
+    check.picks.push_back(std::string("recompute ") + recompute_word(l.recompute) +
+                          (run.conventions.before_selective_recompute
+                               ? " (of none and full: selective recomputation appeared in 2022)"
+                               : ""));
   if (run.unstated.zero) check.picks.push_back("ZeRO stage " + std::to_string(l.zero_stage) + " (not stated)");
   if (run.unstated.tp)
     check.picks.push_back("tp " + std::to_string(l.tp) + ", dp " + std::to_string(l.dp) + " (not stated)");

@@ -55,9 +55,10 @@ SourceConventions materialized(SourceConventions c) {
 
 // Narayanan et al. 2021 predates Megatron-LM's sequence parallelism (Korthikanti et al., May
 // 2022): an unstated one is off (its Table 2's PTD-P rows name only tp and pp).
-SourceConventions before_sequence_parallelism(SourceConventions c) {
+SourceConventions before_sequence_parallelism(SourceConventions c, const char* year) {
   c.unstated_sp_off = true;
-  c.unstated_off_why = "2021: sequence parallelism appeared in May 2022";
+  c.unstated_off_why = std::string(year) + ": sequence parallelism appeared in May 2022";
+  c.before_selective_recompute = true;
   return c;
 }
 
@@ -162,10 +163,13 @@ SourceConventions megatron_readme() {
 const std::vector<Row>& rows() {
   using F = FlopCount;
   static const std::vector<Row> all = {
-      {"narayanan", before_sequence_parallelism(materialized(make(
-                        "Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
-                        "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count "
-                        "the recomputed forward")))},
+      {"narayanan",
+       before_sequence_parallelism(
+           materialized(
+               make("Narayanan et al. 2021", F::PaLM, F::NarayananEq3, F::NarayananEq3, true,
+                    "Narayanan et al. 2021 sec. 5.1, eq. 3: the TFLOP/s and % of peak count "
+                    "the recomputed forward")),
+           "2021")},
       {"korthikanti", materialized(make("Korthikanti et al. 2022", F::KorthikantiModel,
                                         F::KorthikantiHardware, F::KorthikantiModel, true,
                                         "Korthikanti et al. 2022 sec. 6.3 (model and hardware "
@@ -178,8 +182,11 @@ const std::vector<Row>& rows() {
                               "4/3 of it when checkpointing; "
                               "its H100 FP8 table's MFU is over the FP8 peak"))},
       {"rajbhandari",
-       materialized(make("ZeRO (Rajbhandari et al. 2020)", F::PaLM, F::RecomputeHardware, F::PaLM,
-                         false, "the ZeRO paper: Fig. 1 model states (2 + 2 + 12) Psi / Nd, GB"))},
+       before_sequence_parallelism(
+           materialized(make("ZeRO (Rajbhandari et al. 2020)", F::PaLM, F::RecomputeHardware,
+                             F::PaLM, false,
+                             "the ZeRO paper: Fig. 1 model states (2 + 2 + 12) Psi / Nd, GB")),
+           "2020")},
       {"hagemann",
        hagemann_sweeps(make("Hagemann et al. 2023", F::PaLM, F::RecomputeHardware, F::PaLM, false,
                             "Hagemann et al. 2023: MFU after PaLM (6N + 12Lhs)"))},
@@ -236,6 +243,7 @@ SourceConventions conventions_of_source(const std::string& source) {
   other.materialized_attention = early;
   other.unstated_sp_off = early;
   other.unstated_pp_one_chunk = early;
+  other.before_selective_recompute = early;
   if (early) {
     const std::string dated = "a source of " + std::to_string(year);
     other.materialized_why = dated + ": FlashAttention appeared in May 2022";

@@ -78,6 +78,9 @@ struct SourceConventions {
   // What its sweeps ran where a record leaves it out: sequence parallelism off and one pipeline
   // chunk per rank (1F1B), not the planner's general guesses (on; the fastest interleaving).
   bool unstated_sp_off = false, unstated_pp_one_chunk = false;
+  // Its runs predate selective recomputation (Korthikanti et al., May 2022): an unstated
+  // recomputation is none or full.
+  bool before_selective_recompute = false;
   std::string unstated_off_why = "the source's sweeps ran it as a separate ablation";
   std::string unstated_one_chunk_why = "the source's sweeps vary no interleaving";
   // A record's kernel label ("kernel: <label>" in its notes) names the fused RMSNorm kernel

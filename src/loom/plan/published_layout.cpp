@@ -45,7 +45,7 @@ void read_layout(const RunFields& f, PublishedRun& run) {
     if (!f.integer("parallelism.tp")) {
       run.unstated.tp = true;  // searched with dp in published_check
       run.assumptions.push_back(
-          "tp and dp not stated: tp the fastest of 1, 2, 4, 8 within a node that fits, dp = "
+          "tp and dp not stated: tp the fastest power of two within a node (to 16) that fits, dp = "
           "total_gpus / (tp x pp x cp)");
     } else {
       run.assumptions.push_back("dp not stated: total_gpus / (tp x pp x cp) = " +

@@ -1,6 +1,7 @@
 // The model of a published run: its stated dimensions (with model.moe, and the MLP form and
 // tying that a stated parameter count settles) or the preset its name matches.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <regex>
 
@@ -100,6 +101,54 @@ void match_stated_parameters(ModelConfig& m, PublishedRun& run) {
   run.assumptions.push_back(text + best->why + after);
 }
 
+// A model given only by its size ("GPT-2-like 100B", params_b 100): a GPT in the shape of
+// Megatron-LM's model of the nearest size (Narayanan et al. 2021, Table 1: hidden and heads),
+// with as many layers as the stated count needs (12h^2 a layer, the embedding V x h). Its
+// FLOPs per token are 6N whatever the shape; the shape sets the GEMMs' widths.
+ModelConfig gpt_of_size(double params, const std::string& name, PublishedRun& run) {
+  struct Shape {
+    double size_b;
+    int64_t hidden, heads;
+  };
+  static const Shape kTable1[] = {{1.7, 2304, 24},     {3.6, 3072, 32},     {7.5, 4096, 32},
+                                  {18.4, 6144, 48},    {39.1, 8192, 64},    {76.1, 10240, 80},
+                                  {145.6, 12288, 96},  {310.1, 16384, 128}, {529.6, 20480, 128},
+                                  {1008.0, 25600, 160}};
+  const double size_b = params / 1e9;
+  const Shape* best = &kTable1[0];
+  for (const Shape& shape : kTable1)
+    if (std::fabs(std::log(shape.size_b / size_b)) < std::fabs(std::log(best->size_b / size_b)))
+      best = &shape;
+  ModelConfig m;
+  m.arch = Architecture::GPT2;
+  m.tied_embeddings = true;
+  m.n_embd = best->hidden;
+  m.n_head = m.n_kv_head = best->heads;
+  m.ffn_hidden = 4 * m.n_embd;
+  m.vocab_size = run.conventions.unstated_vocab > 0 ? run.conventions.unstated_vocab : 51200;
+  const double h = static_cast<double>(m.n_embd);
+  m.n_layer = std::max<int64_t>(
+      1, std::llround((params - static_cast<double>(m.vocab_size) * h) / (12 * h * h)));
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "model dimensions not stated, no preset for '%s': a GPT of %.4g B in the shape of "
+                "Megatron-LM's %.4g B (Narayanan et al. 2021 Table 1: hidden %lld, %lld heads), "
+                "%lld layers",
+                name.c_str(), size_b, best->size_b, static_cast<long long>(m.n_embd),
+                static_cast<long long>(m.n_head), static_cast<long long>(m.n_layer));
+  run.assumptions.push_back(text);
+  return m;
+}
+
+// The context of a GPT named by its generation where the record leaves it out: GPT-2's 1024,
+// GPT-3's 2048 (Radford et al. 2019; Brown et al. 2020).
+int64_t gpt_generation_context(const std::string& name) {
+  const std::string lower = lowercase(name);
+  if (std::regex_search(lower, std::regex(R"(gpt[\s_-]*2(?![0-9]))"))) return 1024;
+  if (std::regex_search(lower, std::regex(R"(gpt[\s_-]*3(?![0-9]))"))) return 2048;
+  return 0;
+}
+
 }  // namespace
 
 ModelConfig model_of(const RunFields& f, PublishedRun& run) {
@@ -156,11 +205,22 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
                                   "-key sliding window from preset " + named->name);
       }
     }
+  } else if (!named) {
+    if (run.params <= 0)
+      throw Refusal{
+          "model dimensions (layers, hidden, heads) are not stated, nor params_b, and no "
+          "published architecture matches model.name '" +
+          name + "'"};
+    m = gpt_of_size(run.params, name, run);
+    if (!f.integer("model.seq_len")) {
+      const int64_t context = gpt_generation_context(name);
+      if (context == 0) throw Refusal{"model.seq_len is not stated"};
+      m.max_seq_len = context;
+      run.assumptions.push_back("seq_len not stated: " + std::to_string(context) +
+                                ", its GPT generation's");
+    }
   } else {
     const std::optional<PublishedModel>& preset = named;
-    if (!preset)
-      throw Refusal{"model dimensions (layers, hidden, heads) are not stated and no published architecture matches "
-                    "model.name '" + name + "'"};
     m = preset->config;
     run.assumptions.push_back("model from preset " + preset->name + " (" + preset->source.substr(0, preset->source.find(',')) + ")");
     if (const std::optional<int64_t> vocab = f.integer("model.vocab");
@@ -194,8 +254,10 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
     if (size > 1e15) throw Refusal{"the model comes to about " + std::to_string(size / 1e12) + "T parameters, past 10^15"};
   }
   const std::optional<int64_t> seq = f.integer("model.seq_len");
-  // A preset brings its pre-training context; dimensions alone bring none.
-  if (!seq && !(named && !(layers && hidden && heads))) throw Refusal{"model.seq_len is not stated"};
+  // A preset brings its pre-training context, a GPT generation its own (above); dimensions
+  // alone bring none.
+  if (!seq && layers && hidden && heads && !(named && !named->approximation.empty()))
+    throw Refusal{"model.seq_len is not stated"};
   m.max_seq_len = seq.value_or(m.max_seq_len);
   if (m.max_seq_len <= 0) throw Refusal{"model.seq_len is not stated"};
   if (layers && hidden && heads && !named && run.params > 0 && f.integer("model.ffn") && !m.is_moe())

@@ -66,7 +66,8 @@ inline std::optional<double> loose_number(const std::string& text, const std::st
       R"(^(~|about |approx\.? )?\s*([0-9]{1,3}(,[0-9]{3})+(\.[0-9]+)?|[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?)\s*(gib|gb|tflop/s|tflops|tokens/s|s|%)?\s*(\([^()]*\))?$)");
   std::smatch m;
   const std::string t = lowercase(trimmed(text));
-  if (!std::regex_match(t, m, pattern)) return std::nullopt;
+  // A cell is short; a long text is not a number (and std::regex recurses per character).
+  if (t.size() > 64 || !std::regex_match(t, m, pattern)) return std::nullopt;
   std::string digits = m[2].str();
   digits.erase(std::remove(digits.begin(), digits.end(), ','), digits.end());
   char* end = nullptr;

@@ -116,6 +116,8 @@ void read_measured(const RunFields& f, PublishedRun& run) {
 // dp, else tokens over the sequence length.
 int64_t parse_global_batch_text(const std::string& text, int64_t dp, int64_t seq, std::vector<std::string>& assumptions) {
   std::smatch m;
+  if (text.size() > 200)
+    throw Refusal{"global_batch is a text of " + std::to_string(text.size()) + " characters"};
   std::string lower = lowercase(text);
   // Thousands separators ("1,280 sequences").
   lower = std::regex_replace(lower, std::regex(R"(([0-9]),([0-9]{3})(?![0-9]))"), "$1$2");

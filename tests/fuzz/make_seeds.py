@@ -186,7 +186,7 @@ inject_nan_at_steps = [3, 5]
                                   "hagemann_13B_seq8192_64gpu_tp1_pp1_mbs4_disabled_sp1_132876",
                                   "korthikanti22_t4_22B_layer_selective_recompute", "llama3_405B_8192gpu_seq8192",
                                   "automodel_h100_bf16_deepseekv3_1024gpu", "nemo2407_h100_fp8_LLAMA3-8B_8gpu",
-                                  "torchtitan_h100_202412_t1_fsdp_compile"],
+                                  "torchtitan_h100_202412_t1_fsdp_compile", "zero_100B_400gpu"],
              "loom_torchtitan_tables.json": ["torchtitan_h100_202412_t5_inter", "torchtitan_h100_202412_t6_cp2"],
              "loom_megatron_bridge_tables.json": ["mbridge2511_gb200_llama405b_256gpu"]}
     for name, ids in picks.items():
@@ -195,6 +195,16 @@ inject_nan_at_steps = [3, 5]
         for run_id in ids:
             write(f"{out}/published_runs/{run_id.replace(' ', '_')}",
                   json.dumps([runs[run_id]], separators=(",", ":")).encode())
+
+    # A record as a new user copies it from a table: empty cells, separators, units, notes.
+    with open(os.path.join(published, "loom_megatron_bridge_tables.json")) as f:
+        cells = next(r for r in json.load(f) if r["id"] == "mbridge2511_gb200_llama405b_256gpu")
+    cells["id"] = "table_cells"
+    cells["parallelism"].update(tp="4 (SP)", vp="n/a", cp="-", ep="", fsdp=0, sequence_parallel="no")
+    cells["global_batch"] = "1,536"
+    cells["hardware"]["gpu_mem_gb"] = "186 GB"
+    cells["measured"]["tokens_per_s_per_gpu"] = "~5,984"
+    write(f"{out}/published_runs/table_cells", json.dumps([cells], separators=(",", ":")).encode())
 
     for i, directory in enumerate(sys.argv[2:]):
         write(f"{out}/checkpoint/ckpt{i}_as_is", pack_checkpoint(directory, False))

@@ -101,6 +101,10 @@ TEST(PublishedPresets, OtherNamesKeepTheirFamilies) {
   // Megatron-Bridge's tables name it without a size; V3 has one.
   EXPECT_EQ(plan::find_published_model("DeepSeekV3 (w/o MTP)")->name, "DeepSeek-V3 671B");
   EXPECT_FALSE(plan::find_published_model("DeepSeekV4 Flash").has_value());
+  // A size decides where one is given; another model's architecture string is not V3.
+  EXPECT_FALSE(plan::find_published_model("DeepSeek-V3 236B").has_value());
+  EXPECT_NE(plan::find_published_model("Kimi K2 (DeepseekV3ForCausalLM)")->name,
+            "DeepSeek-V3 671B");
   EXPECT_EQ(plan::find_published_model("bloom-560m")->name, "BLOOM 560M");
   EXPECT_EQ(plan::find_published_model("StarCoder2-15B")->name, "StarCoder2 15B");
   EXPECT_EQ(plan::find_published_model("GPT-2 XL")->name, "GPT-2 1.5B");

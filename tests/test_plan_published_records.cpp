@@ -515,6 +515,14 @@ TEST(PublishedRuns, TableCellsAreReadAsTablesPrintThem) {
   EXPECT_DOUBLE_EQ(cells.measured.front().value, 5984);
   EXPECT_EQ(run("ddp", R"(, "tp": 1, "fsdp": 0)", ok).layout.zero_stage,
             1);  // Megatron's optimizer
+  EXPECT_EQ(run("fsdp_on", R"(, "tp": 1, "fsdp": "enabled")", ok).layout.zero_stage, 3);
+  // "n/a" or a dash for a parallel degree is that parallelism not used; separators repeat.
+  const plan::PublishedRun unused =
+      run("unused", R"(, "tp": "n/a", "ep": "-")",
+          R"("micro_batch": 1, "global_batch": "1,234,567", "measured": {"mfu": 0.4})");
+  EXPECT_EQ(unused.layout.tp, 1);
+  EXPECT_FALSE(unused.unstated.tp);
+  EXPECT_EQ(unused.global_batch, 1234567);
   const plan::PublishedRun percent =
       run("pct", R"(, "tp": 1, "sequence_parallel": "enabled")",
           R"("micro_batch": 1, "global_batch": 64, "measured": {"mfu": "42%"})");

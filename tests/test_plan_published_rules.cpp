@@ -371,7 +371,7 @@ TEST(PublishedRuns, AnUnstatedZeroStageIsTheOneThatFits) {
 
 // A model given only by its size takes the shape of Megatron-LM's GPT of the nearest size
 // (Narayanan et al. 2021 Table 1) with the layers its count needs: 100B is nearest 76.1B (hidden
-// 10240, 80 heads), (100e9 - 51200 x 10240) / (12 x 10240^2) = 79.4 layers -> 79; a "GPT-2-like"
+// 10240, 80 heads), (100e9 - 51200 x 10240) / (12 x 10240^2) = 79.06 layers -> 79; a "GPT-2-like"
 // name without a context takes GPT-2's 1024. A source of 2020 picks its recomputation from none
 // and full (selective came in 2022) and its tp up to a DGX-2's 16. No size and no shape: refused.
 TEST(PublishedRuns, AModelGivenOnlyByItsSizeTakesMegatronsShape) {
@@ -402,6 +402,19 @@ TEST(PublishedRuns, AModelGivenOnlyByItsSizeTakesMegatronsShape) {
   EXPECT_FALSE(c.layout.sequence_parallel);
   EXPECT_EQ(c.layout.tp, 16);  // 100B in fp16 fits 32 GB only split 16 ways
   expect_contains(run("unsized", R"({"name": "a big model"})").refused, {"nor params_b"});
+  // Only a dense GPT of unknown shape: a mixture of experts, a named family's missing size or
+  // a record with some dimensions is refused, not given a GPT's shape.
+  for (const char* other : {R"({"name": "an MoE 100B", "params_b": 100, "seq_len": 2048})",
+                            R"({"name": "Llama 3 13B", "params_b": 13, "seq_len": 2048})",
+                            R"({"name": "x", "params_b": 100, "layers": 80, "seq_len": 2048})"})
+    expect_contains(run("other", other).refused, {"not all stated"});
+  // Below 1.7B, GPT-3's small shapes: 0.35B -> hidden 1024 (Brown et al. 2020 Table 2.1),
+  // (0.35e9 - 51200 x 1024) / (12 x 1024^2) = 23.6 -> 24 layers, as GPT-3 Medium has.
+  const plan::PublishedRun small = run("small", R"({"name": "GPT-3 350M", "params_b": 0.35})");
+  ASSERT_TRUE(small.refused.empty()) << small.refused;
+  EXPECT_EQ(small.model.n_embd, 1024);
+  EXPECT_EQ(small.model.n_layer, 24);
+  EXPECT_EQ(small.seq_len, 2048);
   expect_contains(run("no_context", R"({"name": "a 100B model", "params_b": 100})").refused,
                   {"model.seq_len is not stated"});
 }

@@ -53,8 +53,10 @@ SourceConventions materialized(SourceConventions c) {
   return c;
 }
 
-// Narayanan et al. 2021 predates Megatron-LM's sequence parallelism (Korthikanti et al., May
-// 2022): an unstated one is off (its Table 2's PTD-P rows name only tp and pp).
+// Sources that predate Megatron-LM's sequence parallelism and selective recomputation
+// (Korthikanti et al., May 2022: Narayanan et al. 2021, the ZeRO paper of 2020): an unstated
+// sequence parallelism is off (Narayanan's Table 2 PTD-P rows name only tp and pp) and an
+// unstated recomputation is none or full.
 SourceConventions before_sequence_parallelism(SourceConventions c, const char* year) {
   c.unstated_sp_off = true;
   c.unstated_off_why = std::string(year) + ": sequence parallelism appeared in May 2022";
@@ -72,12 +74,12 @@ SourceConventions fa3_class(SourceConventions c) {
 
 // NeMo's 2024 containers (24.03-24.07: Transformer Engine 1.x, cuDNN 9.0-9.1) ran attention
 // through cuDNN's fused kernel, which Transformer Engine 1.x prefers over FlashAttention-2 on
-// sm90, but before cuDNN's FlashAttention-3-class kernels: 1.5x the 2023-24 rate, midway to
-// fa3_class's 2x. Chosen on a 0.25 grid (1, 1.25, 1.5, 1.75, 2) against NeMo's own tables: the
-// 24.07 pre-training rows (published/loom_nemo_tables.json) and the held-out 24.03.01 "Long
+// sm90, but before cuDNN's FlashAttention-3-class kernels: 1.4x the 2023-24 rate, between it
+// and fa3_class's 2x. Fitted on a grid (1, 1.25, 1.3, 1.4, 1.5, 1.75, 2) against NeMo's own
+// tables: the 24.07 pre-training rows (published/loom_nemo_tables.json) and the 24.03.01 "Long
 // Input Sequences" table (Llama 2 7B at 4K to 1M tokens, cp up to 32, where attention is up to
-// 97% of the FLOPs): at 1x those rows come out 10% (4K) to 34% (1M) slow, at 1.5x within 3% at
-// every length; docs/PLANNER.md, "NeMo's attention".
+// 97% of the FLOPs; published/loom_nemo_long_sequence.json): at 1x those rows came out 10% (4K)
+// to 34% (1M) slow, at 1.4x -1% to -8%; docs/PLANNER.md, "NeMo's attention".
 SourceConventions cudnn9_fused(SourceConventions c) {
   c.attention_kernel_speedup = 1.4;
   return c;

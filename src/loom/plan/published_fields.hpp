@@ -57,6 +57,29 @@ inline bool says_not_stated(const std::string& text) {
   return false;
 }
 
+// "n/a" or a dash in a parallel degree's column is that parallelism not used: 1.
+inline bool says_not_used(const std::string& path, const std::string& text) {
+  static const char* const kDegrees[] = {"parallelism.tp", "parallelism.pp", "parallelism.cp",
+                                         "parallelism.ep", "parallelism.vp"};
+  static const char* const kWords[] = {"n/a", "na", "-", "--", "\u2013", "\u2014"};
+  bool degree = false;
+  for (const char* d : kDegrees) degree = degree || path == d;
+  const std::string t = lowercase(trimmed(text));
+  for (const char* w : kWords)
+    if (degree && t == w) return true;
+  return false;
+}
+
+// The words a flag or an on/off column takes: 1 on, 0 off, -1 neither.
+inline int on_off_word(const std::string& text) {
+  const std::string t = lowercase(trimmed(text));
+  for (const char* w : {"true", "yes", "y", "on", "enabled", "1"})
+    if (t == w) return 1;
+  for (const char* w : {"false", "no", "n", "off", "disabled", "0"})
+    if (t == w) return 0;
+  return -1;
+}
+
 // A number as tables print it, or nullopt where the text is something else: "8", "1e9",
 // thousands separated ("5,984", "1,280"), approximate ("~380"), with a unit the field has ("80
 // GB" or "80 GiB" in a field of GB, read as its bare number would be; "419.7 TFLOP/s", "12 s",
@@ -119,6 +142,7 @@ class RunFields {
     // number, an empty cell ("n/a", "-") as not stated; anything else is not guessed at.
     if (v->is_string()) {
       const std::string t = v->get<std::string>();
+      if (says_not_used(path, t)) return 1.0;
       if (says_not_stated(t)) return std::nullopt;
       if (const std::optional<double> parsed = loose_number(t, path)) return parsed;
     }
@@ -162,12 +186,8 @@ class RunFields {
     if (v->is_number() && (v->get<double>() == 0 || v->get<double>() == 1))
       return v->get<double>() == 1;
     if (v->is_string()) {
-      const std::string t = lowercase(trimmed(v->get<std::string>()));
-      if (t == "true" || t == "yes" || t == "y" || t == "on" || t == "enabled" || t == "1")
-        return true;
-      if (t == "false" || t == "no" || t == "n" || t == "off" || t == "disabled" || t == "0")
-        return false;
-      if (says_not_stated(t)) return std::nullopt;
+      if (const int word = on_off_word(v->get<std::string>()); word >= 0) return word == 1;
+      if (says_not_stated(v->get<std::string>())) return std::nullopt;
     }
     throw_error("published run '", id_, "': ", path, " = ", v->dump(), " is not true or false");
   }

@@ -76,9 +76,8 @@ void read_layout(const RunFields& f, PublishedRun& run) {
     l.zero_stage = static_cast<int>(*z);
   } else {
     std::string fsdp = lowercase(trimmed(f.text("parallelism.fsdp")));
-    // An FSDP column's 0 / 1 (or false / true): off or on.
-    if (fsdp == "0" || fsdp == "false" || fsdp == "no") fsdp = "fsdp=0";
-    if (fsdp == "1" || fsdp == "true" || fsdp == "yes") fsdp = "fsdp";
+    // An FSDP column's 0 / 1 (or off / on, false / true): off or on.
+    if (const int word = on_off_word(fsdp); word >= 0) fsdp = word == 1 ? "fsdp" : "fsdp=0";
     if (says_not_stated(fsdp)) fsdp.clear();
     if (!fsdp.empty() && !contains_any(fsdp, {"zero-2", "zero2", "grads sharded"}).empty()) {
       l.zero_stage = 2;

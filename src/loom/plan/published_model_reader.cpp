@@ -102,18 +102,23 @@ void match_stated_parameters(ModelConfig& m, PublishedRun& run) {
 }
 
 // A model given only by its size ("GPT-2-like 100B", params_b 100): a GPT in the shape of
-// Megatron-LM's model of the nearest size (Narayanan et al. 2021, Table 1: hidden and heads),
-// with as many layers as the stated count needs (12h^2 a layer, the embedding V x h). Its
-// FLOPs per token are 6N whatever the shape; the shape sets the GEMMs' widths.
+// Megatron-LM's model of the nearest size (Narayanan et al. 2021, Table 1: hidden and heads;
+// GPT-3's below 1.7B), with as many layers as the stated count needs (12h^2 a layer, the embedding
+// V x h). Its FLOPs per token are 6N whatever the shape; the shape sets the GEMMs' widths.
 ModelConfig gpt_of_size(double params, const std::string& name, PublishedRun& run) {
   struct Shape {
     double size_b;
     int64_t hidden, heads;
   };
-  static const Shape kTable1[] = {{1.7, 2304, 24},     {3.6, 3072, 32},     {7.5, 4096, 32},
-                                  {18.4, 6144, 48},    {39.1, 8192, 64},    {76.1, 10240, 80},
-                                  {145.6, 12288, 96},  {310.1, 16384, 128}, {529.6, 20480, 128},
-                                  {1008.0, 25600, 160}};
+  // Below 1.7B, GPT-3's small models (Brown et al. 2020, Table 2.1).
+  static const Shape kTable1[] = {{0.125, 768, 12},    {0.35, 1024, 16},    {0.76, 1536, 16},
+                                  {1.3, 2048, 16},     {1.7, 2304, 24},     {3.6, 3072, 32},
+                                  {7.5, 4096, 32},     {18.4, 6144, 48},    {39.1, 8192, 64},
+                                  {76.1, 10240, 80},   {145.6, 12288, 96},  {310.1, 16384, 128},
+                                  {529.6, 20480, 128}, {1008.0, 25600, 160}};
+  if (!(params >= 1e7 && params <= 1e15))
+    throw Refusal{"model.params_b = " + std::to_string(params / 1e9) +
+                  " with no dimensions: outside 0.01B-10^6 B, no GPT shape given to it"};
   const double size_b = params / 1e9;
   const Shape* best = &kTable1[0];
   for (const Shape& shape : kTable1)
@@ -144,8 +149,9 @@ ModelConfig gpt_of_size(double params, const std::string& name, PublishedRun& ru
 // GPT-3's 2048 (Radford et al. 2019; Brown et al. 2020).
 int64_t gpt_generation_context(const std::string& name) {
   const std::string lower = lowercase(name);
-  if (std::regex_search(lower, std::regex(R"(gpt[\s_-]*2(?![0-9]))"))) return 1024;
-  if (std::regex_search(lower, std::regex(R"(gpt[\s_-]*3(?![0-9]))"))) return 2048;
+  // Not "GPT 2B" or "GPT 2.7B": a digit followed by a size is the size.
+  if (std::regex_search(lower, std::regex(R"(gpt[\s_-]*3(?![0-9.]|\s*b\b))"))) return 2048;
+  if (std::regex_search(lower, std::regex(R"(gpt[\s_-]*2(?![0-9.]|\s*b\b))"))) return 1024;
   return 0;
 }
 
@@ -165,6 +171,9 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
       throw Refusal{"model.name '" + name + "' reads as " + named->name + ", but its layers or hidden size differ from it"};
     m = named->config;
     run.assumptions.push_back("model from preset " + named->name + ": " + named->approximation);
+    if (!f.integer("model.seq_len"))
+      run.assumptions.push_back("seq_len not stated: the preset's " +
+                                std::to_string(m.max_seq_len));
   } else if (layers && hidden && heads) {
     m.n_layer = *layers;
     m.n_embd = *hidden;
@@ -211,7 +220,22 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
           "model dimensions (layers, hidden, heads) are not stated, nor params_b, and no "
           "published architecture matches model.name '" +
           name + "'"};
+    // Only a dense GPT of unknown shape: not a named family's size that has no preset, not a
+    // mixture of experts, not a record that states some dimensions but not all.
+    const std::string family = published_family(name);
+    static const std::regex moe_name(R"(moe|mixture|expert|[0-9]x[0-9]|-a[0-9.]+b)");
+    if (layers || hidden || heads || f.find("model.moe") != nullptr ||
+        std::regex_search(lowercase(name), moe_name) ||
+        !(family.empty() || family == "gpt2" || family == "gpt3"))
+      throw Refusal{
+          "model dimensions (layers, hidden, heads) are not all stated and no published "
+          "architecture matches model.name '" +
+          name + "'"};
     m = gpt_of_size(run.params, name, run);
+    if (const std::optional<int64_t> vocab = f.integer("model.vocab"); vocab && *vocab > 0) {
+      m.vocab_size = *vocab;
+      run.assumptions.push_back("vocab " + std::to_string(*vocab) + " as stated");
+    }
     if (!f.integer("model.seq_len")) {
       const int64_t context = gpt_generation_context(name);
       if (context == 0) throw Refusal{"model.seq_len is not stated"};
@@ -237,7 +261,10 @@ ModelConfig model_of(const RunFields& f, PublishedRun& run) {
                                 run.conventions.unstated_vocab_why + "), not the preset's");
     }
     if (!f.integer("model.seq_len")) run.assumptions.push_back("seq_len not stated: the preset's " + std::to_string(m.max_seq_len));
-    if (!f.find("global_batch") && preset->batch_tokens > 0) {
+    const json* gb = f.find("global_batch");
+    const bool batch_stated =
+        gb != nullptr && !(gb->is_string() && says_not_stated(gb->get<std::string>()));
+    if (!batch_stated && preset->batch_tokens > 0) {
       const int64_t seq = f.integer("model.seq_len").value_or(m.max_seq_len);
       run.global_batch = std::max<int64_t>(1, preset->batch_tokens / seq);
       run.assumptions.push_back("global_batch not stated: the model's published batch, " + std::to_string(preset->batch_tokens) +

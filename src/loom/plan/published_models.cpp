@@ -153,8 +153,10 @@ const std::vector<Entry>& recent_entries() {
         "DeepSeek-V3 Technical Report, sec. 4.2", "",
         "multi-head latent attention approximated by 128 full heads of 56 (parameters within 10%, "
         "attention core about a third of MLA's FLOPs)"},
-       // One size, so the name alone ("DeepSeekV3", Megatron-Bridge's tables) is enough.
-       R"(v3)"},
+       // One size, so the name alone ("DeepSeekV3", Megatron-Bridge's tables) is enough where
+       // it gives no size (a size decides below) and is not an architecture string of another
+       // model (Kimi K2's and Moonlight's config.json say DeepseekV3ForCausalLM).
+       R"(^(?!.*([0-9]\s*b(?![a-z0-9])|kimi|moonlight|forcausal)).*deepseek[\s_-]*v3)"},
       // Kimi K2 (moonshotai/Kimi-K2-Base config.json, DeepseekV3ForCausalLM; Kimi Team 2025,
       // arXiv 2507.20534, Table 2): 61 layers of 7168, the first dense (18432), 384 routed
       // experts of 2048 + 1 shared, top 8, sigmoid routing, vocabulary 163,840 untied, 4K
@@ -434,6 +436,10 @@ std::string family_of(const std::string& name) {
 }
 
 }  // namespace
+
+std::string published_family(const std::string& printed_name) {
+  return family_of(normalised(printed_name));
+}
 
 std::optional<PublishedModel> find_published_model(const std::string& printed_name) {
   using published_model_table::Entry;

@@ -27,5 +27,7 @@ struct PublishedModel {
 // and "LLaMA-33B" are the same model; "Llama 3.1 8B" matches Llama 3 8B). nullopt when none
 // matches.
 std::optional<PublishedModel> find_published_model(const std::string& printed_name);
+// The family key a printed name belongs to ("llama3", "gpt2", "deepseekv3", ...), "" when none.
+std::string published_family(const std::string& printed_name);
 
 }  // namespace loom::plan

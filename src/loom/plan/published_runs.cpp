@@ -120,7 +120,9 @@ int64_t parse_global_batch_text(const std::string& text, int64_t dp, int64_t seq
     throw Refusal{"global_batch is a text of " + std::to_string(text.size()) + " characters"};
   std::string lower = lowercase(text);
   // Thousands separators ("1,280 sequences").
-  lower = std::regex_replace(lower, std::regex(R"(([0-9]),([0-9]{3})(?![0-9]))"), "$1$2");
+  static const std::regex separator(R"(([0-9]),([0-9]{3})(?![0-9]))");
+  for (std::string joined; (joined = std::regex_replace(lower, separator, "$1$2")) != lower;)
+    lower = joined;
   if (std::regex_search(lower, m, std::regex(R"(([0-9]+)\s*(sequences\s*)?per\s*(dp|data[- ]parallel))"))) {
     const int64_t per = std::stoll(m[1].str());
     assumptions.push_back("global_batch '" + text + "': " + std::to_string(per) + " x dp " + std::to_string(dp) + " = " +
@@ -261,11 +263,15 @@ void fill_run(const json& entry, PublishedRun& run) {
   run.cluster.nodes = std::max<int64_t>(1, run.layout.gpus() / run.cluster.gpus_per_node);
 
   bool recompute_stated = false;
-  // recompute: a text, or true / false (checkpointing on or off).
   const json* recompute_node = f.find("recompute");
-  const std::string recompute_said = recompute_node != nullptr && recompute_node->is_boolean()
-                                         ? (recompute_node->get<bool>() ? "full" : "none")
-                                         : f.text("recompute");
+  // recompute: a text, or true / false / 1 / 0 (checkpointing on or off).
+  const bool on_off =
+      recompute_node != nullptr &&
+      (recompute_node->is_boolean() ||
+       (recompute_node->is_number() && (*recompute_node == 0 || *recompute_node == 1)));
+  const std::string recompute_said =
+      on_off ? (*recompute_node == true || *recompute_node == 1 ? "full" : "none")
+             : f.text("recompute");
   run.layout.recompute = recompute_of(recompute_said, &recompute_stated);
   // loom's copy may add what the run's launcher config states (recompute_config, with a
   // recompute_config_note naming the file and line; published/README.md).
@@ -387,7 +393,9 @@ void fill_run(const json& entry, PublishedRun& run) {
   if (f.integer("micro_batch") && mbs == 0) run.assumptions.push_back("micro_batch 0: read as not stated");
   run.layout.micro_batch = mbs > 0 ? mbs : 1;
   run.unstated.micro_batch = mbs == 0;
-  if (const json* gb = f.find("global_batch")) {
+  const json* gb = f.find("global_batch");
+  if (gb != nullptr && gb->is_string() && says_not_stated(gb->get<std::string>())) gb = nullptr;
+  if (gb != nullptr) {
     if (gb->is_number_integer() && gb->get<int64_t>() > 0 && gb->get<int64_t>() <= int64_t{10'000'000'000})
       run.global_batch = gb->get<int64_t>();
     else if (gb->is_string())

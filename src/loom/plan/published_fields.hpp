@@ -45,27 +45,31 @@ inline std::string trimmed(const std::string& text) {
   return text.substr(first, last - first + 1);
 }
 
-// What tables write in a cell they leave empty ("n/a", "-", "N/A", "not stated"): a number or a
-// flag written so is not stated. (Text fields keep their words: "none" is a recomputation.)
+// The words a parallel degree's column writes for that parallelism not used, and the rest of
+// what tables write in a cell they leave empty.
+inline constexpr const char* kNotUsedWords[] = {"n/a", "na", "-", "--", "\u2013", "\u2014"};
+inline constexpr const char* kNotStatedWords[] = {
+    "", "null", "not stated", "unknown", "unstated", "?", "tbd", "not given", "not reported"};
+
+// An empty cell ("n/a", "-", "N/A", "not stated"): a number or a flag written so is not stated.
+// (Text fields keep their words: "none" is a recomputation.)
 inline bool says_not_stated(const std::string& text) {
-  static const char* const kWords[] = {"",         "n/a",    "na",   "-",          "--",
-                                       "\u2013",   "\u2014", "null", "not stated", "unknown",
-                                       "unstated", "?",      "tbd",  "not given",  "not reported"};
   const std::string t = lowercase(trimmed(text));
-  for (const char* w : kWords)
+  for (const char* w : kNotUsedWords)
+    if (t == w) return true;
+  for (const char* w : kNotStatedWords)
     if (t == w) return true;
   return false;
 }
 
 // "n/a" or a dash in a parallel degree's column is that parallelism not used: 1.
 inline bool says_not_used(const std::string& path, const std::string& text) {
-  static const char* const kDegrees[] = {"parallelism.tp", "parallelism.pp", "parallelism.cp",
-                                         "parallelism.ep", "parallelism.vp"};
-  static const char* const kWords[] = {"n/a", "na", "-", "--", "\u2013", "\u2014"};
   bool degree = false;
-  for (const char* d : kDegrees) degree = degree || path == d;
+  for (const char* d :
+       {"parallelism.tp", "parallelism.pp", "parallelism.cp", "parallelism.ep", "parallelism.vp"})
+    degree = degree || path == d;
   const std::string t = lowercase(trimmed(text));
-  for (const char* w : kWords)
+  for (const char* w : kNotUsedWords)
     if (degree && t == w) return true;
   return false;
 }

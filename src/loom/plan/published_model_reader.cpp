@@ -150,8 +150,10 @@ ModelConfig gpt_of_size(double params, const std::string& name, PublishedRun& ru
 int64_t gpt_generation_context(const std::string& name) {
   const std::string lower = lowercase(name);
   // Not "GPT 2B" or "GPT 2.7B": a digit followed by a size is the size.
-  if (std::regex_search(lower, std::regex(R"(gpt[\s_-]*3(?![0-9.]|\s*b\b))"))) return 2048;
-  if (std::regex_search(lower, std::regex(R"(gpt[\s_-]*2(?![0-9.]|\s*b\b))"))) return 1024;
+  static const std::regex gpt3(R"(gpt[\s_-]*3(?![0-9.]|\s*b\b))"),
+      gpt2(R"(gpt[\s_-]*2(?![0-9.]|\s*b\b))");
+  if (std::regex_search(lower, gpt3)) return 2048;
+  if (std::regex_search(lower, gpt2)) return 1024;
   return 0;
 }
 

@@ -259,6 +259,21 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   EXPECT_GT(speedup, 1.0);
   EXPECT_LT(speedup, 2.0);
   EXPECT_LT(fp8["memory_bytes"]["activations"].get<double>(), bf16["memory_bytes"]["activations"].get<double>());
+  // --precision nvfp4 on a GB200 (FP4 10 PF dense, twice its FP8): faster than fp8 there, by
+  // less than 2x; an H100 has no FP4 tensor cores and is refused.
+  const std::string gb200 = "plan --model llama-8b --gpu gb200 --layout dp=8,zero=1,mbs=1,recompute=none --seq 8192 "
+                            "--global-batch 128 --json";
+  r = run_loom(gb200 + " --precision fp8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double fp8_tokens = nlohmann::json::parse(r.output)["time"]["tokens_per_s"].get<double>();
+  r = run_loom(gb200 + " --precision nvfp4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double fp4_speedup = nlohmann::json::parse(r.output)["time"]["tokens_per_s"].get<double>() / fp8_tokens;
+  EXPECT_GT(fp4_speedup, 1.0);
+  EXPECT_LT(fp4_speedup, 2.0);
+  r = run_loom("plan --model llama-8b --gpu h100-sxm --layout dp=8 --precision nvfp4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--precision nvfp4 on h100-sxm, which has no FP4 tensor cores"));
   r = run_loom("plan --model llama-8b --gpu a100-80gb --layout dp=8 --precision fp8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--precision fp8 on a100-80gb, which has no FP8 tensor cores"));

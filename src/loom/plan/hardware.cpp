@@ -44,18 +44,25 @@ const std::vector<GpuSpec>& presets() {
       {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700, true},
       // NVIDIA DGX B200 datasheet / HGX B200 platform specs, per GPU (8 per system): FP8
       // 72 PF and FP16/BF16 36 PF sparse per system -> 9 and 4.5 PF per GPU sparse; 1,440 GB
-      // and 64 TB/s HBM3e per system -> 180 GB and 8 TB/s; NVLink 5 1.8 TB/s; 1,000 W.
-      {"b200", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 180 * kGiB, 8e12, 1800e9 / 2, 1000, true},
+      // and 64 TB/s HBM3e per system -> 180 GB and 8 TB/s; NVLink 5 1.8 TB/s; 1,000 W. FP4
+      // 144 PF sparse per system -> 9 PF dense per GPU.
+      {"b200", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 180 * kGiB, 8e12, 1800e9 / 2, 1000, true,
+       144000.0 / 8 / 2},
       // NVIDIA DGX B300 datasheet, per GPU (8 per system): FP8 72 PF sparse per system as
       // B200 (BF16 not restated there: B200's), 2.3 TB HBM3e -> 288 GB at 8 TB/s, NVLink 5
-      // 1.8 TB/s, about 1,100 W.
-      {"b300", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1100, true},
+      // 1.8 TB/s, about 1,100 W. Blackwell Ultra's FP4 is 1.5x Blackwell's: 14 PF dense per
+      // B300 (Verda's per-GPU table, "GB300 NVL72: GPU Architecture & Performance", 2025).
+      {"b300", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1100, true,
+       14000.0},
       // NVIDIA GB200 NVL72 datasheet, per GPU (72 per rack): FP8 720 PF and FP16/BF16 360 PF
       // sparse per rack -> 5 and 2.5 PF dense; 13.4 TB HBM3e at 576 TB/s -> 186 GB, 8 TB/s;
-      // NVLink 5 1.8 TB/s; about 1,200 W.
-      {"gb200", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 186 * kGiB, 8e12, 1800e9 / 2, 1200, true},
-      // GB300 NVL72 datasheet: the same FP8 and BF16 per rack as GB200, 20.7 TB HBM3e -> 288 GB.
-      {"gb300", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1400, true},
+      // NVLink 5 1.8 TB/s; about 1,200 W. FP4 1,440 PF sparse per rack -> 10 PF dense.
+      {"gb200", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 186 * kGiB, 8e12, 1800e9 / 2, 1200, true,
+       1440000.0 / 72 / 2},
+      // GB300 NVL72 datasheet: the same FP8 and BF16 per rack as GB200, 20.7 TB HBM3e -> 288 GB;
+      // FP4 1,080 PF dense per rack (1,440 sparse) -> 15 PF per GPU.
+      {"gb300", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1400, true,
+       1080000.0 / 72},
   };
   return table;
 }
@@ -112,6 +119,7 @@ void ClusterSpec::validate() const {
   if (gpu.name.empty()) throw_error("cluster: gpu.name is empty; name the GPU or use a preset");
   require_positive("gpu.bf16_tflops", gpu.bf16_tflops);
   require_range("gpu.fp8_tflops", gpu.fp8_tflops, 0, 1e6, ">= 0 (0 = no FP8)");
+  require_range("gpu.fp4_tflops", gpu.fp4_tflops, 0, 1e6, ">= 0 (0 = no FP4)");
   require_positive("gpu.hbm_bytes", gpu.hbm_bytes);
   require_positive("gpu.hbm_bandwidth_bytes_per_s", gpu.hbm_bandwidth_bytes_per_s);
   require_range("gpu.nvlink_bytes_per_s", gpu.nvlink_bytes_per_s, 0, 1e15, ">= 0 (0 = none)");

@@ -27,6 +27,9 @@ struct GpuSpec {
   // NVSwitch with NVLink SHARP (third-generation NVSwitch and later: HGX/DGX H100, H800, H200,
   // B200, GB200 NVL72), which NCCL's all-reduce uses within a node; not NVLink bridges (PCIe, NVL).
   bool nvls = false;
+  // Dense FP4 (NVFP4 / MXFP4) peak, in TFLOPS; 0 where the tensor cores have no 4-bit mode
+  // (everything before Blackwell).
+  double fp4_tflops = 0;
 };
 
 // Presets: "v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h100-pcie", "h100-nvl", "a800-80gb",

@@ -238,6 +238,7 @@ void fill_run(const json& entry, PublishedRun& run) {
         const double scale = std::cbrt(limit / run.cluster.gpu.tdp_watts);
         if (!f.number("hardware.peak_dense_tflops_assumed")) run.cluster.gpu.bf16_tflops *= scale;
         run.cluster.gpu.fp8_tflops *= scale;
+        run.cluster.gpu.fp4_tflops *= scale;
         char text_scale[160];
         std::snprintf(text_scale, sizeof text_scale, "%.0f W power limit of a %.0f W part: tensor-core peak x %.3f ((limit / TDP)^(1/3))",
                       limit, run.cluster.gpu.tdp_watts, scale);
@@ -328,9 +329,13 @@ void fill_run(const json& entry, PublishedRun& run) {
       run, lowercase(f.text("id") + " " + f.text("notes") + " " + f.text("model.name")));
   const std::string precision = lowercase(f.text("precision"));
   // "FP8", "amp_fp8", "FP8-CS", "Float8 (torchao)", "E4M3": Linear layers in 8-bit floats.
-  if (!contains_any(precision, {"fp4", "float4", "e2m1"}).empty())
-    throw Refusal{"precision '" + f.text("precision") + "': 4-bit GEMMs are not modelled (BF16 and FP8 are)"};
-  run.fp8 = !contains_any(precision, {"fp8", "float8", "e4m3"}).empty();
+  // "NVFP4", "MXFP4", "FP4", "E2M1": the linear layers' GEMMs in 4-bit floats, everything the
+  // FP8 recipe keeps in higher precision kept so (Transformer Engine's NVFP4 recipe).
+  run.fp4 = !contains_any(precision, {"fp4", "float4", "e2m1"}).empty();
+  if (run.fp4 && run.cluster.gpu.fp4_tflops <= 0)
+    throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name +
+                  ", which has no FP4 tensor cores (Blackwell and later have)"};
+  run.fp8 = run.fp4 || !contains_any(precision, {"fp8", "float8", "e4m3"}).empty();
   if (run.fp8 && run.cluster.gpu.fp8_tflops <= 0)
     throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name + ", which has no FP8 tensor cores"};
   // An FP8 run may state the FP8 peak as its "dense peak" (llm-foundry's FP8 table divides by

@@ -90,6 +90,7 @@ struct PublishedRun {
   // the source's convention, or what the record's notes name (FlashAttention v1: 0.5).
   double attention_kernel_speedup = 1.0;
   bool fp8 = false;
+  bool fp4 = false;  // NVFP4 / MXFP4 linear layers (TrainingJob::fp4_gemms); fp8 is set too
   // An FP8 run whose stated peak is the part's dense FP8 rate: its MFU is over that peak.
   bool stated_fp8_peak = false;
   // Under full recomputation, the share of layers checkpointed (GpuJob::full_recompute_share).

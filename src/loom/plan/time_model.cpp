@@ -15,6 +15,16 @@ namespace loom::plan {
 
 namespace {
 
+// NVFP4 linear layers reach this share of the FP4 peak's speedup, at the GEMM efficiency FP8
+// GEMMs reach: what Transformer Engine's NVFP4 recipe adds per GEMM (a second, transposed and
+// Hadamard-rotated quantisation of each weight-gradient input, 16 x 16 block scales of the
+// weights, stochastic rounding of the gradients; NVIDIA 2025, "Pretraining Large Language
+// Models with NVFP4", arXiv 2509.25149, sec. 4) and the lower realised rate of 4-bit tensor
+// cores. FITTED, to the ratio NVFP4 / MXFP8 of Megatron-Bridge's same-layout Llama 3 70B and
+// 405B rows on GB200 and GB300 (26.02 and 26.04 tables, 11 pairs; docs/PLANNER.md, "NVFP4"):
+// 0.8 over-predicts the ratio by +3% (median), 0.7 under-predicts it by 4%.
+constexpr double kNvfp4GemmRateShare = 0.75;
+
 struct LayerCost {
   double forward_s = 0, backward_s = 0;   // one layer, one micro-batch, compute only
   double weight_grad_s = 0;               // the part of backward_s a split backward's W does
@@ -31,7 +41,9 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   const GpuSpec& gpu = cluster.gpu;
   const double peak = gpu.bf16_tflops * 1e12;
   const bool fp8 = job.fp8_gemms && gpu.fp8_tflops > 0;
-  const double linear_peak = fp8 ? gpu.fp8_tflops * 1e12 : peak;
+  const bool fp4 = fp8 && job.fp4_gemms && gpu.fp4_tflops > 0;
+  const double linear_peak =
+      fp4 ? kNvfp4GemmRateShare * gpu.fp4_tflops * 1e12 : fp8 ? gpu.fp8_tflops * 1e12 : peak;
   const double tokens = static_cast<double>(l.micro_batch * job.seq_len / l.cp), t = static_cast<double>(l.tp);
   const double h = static_cast<double>(m.n_embd), f = static_cast<double>(m.ffn_hidden);
   const double kv = static_cast<double>(m.kv_dim()), seq = static_cast<double>(job.seq_len);

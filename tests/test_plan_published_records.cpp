@@ -187,11 +187,14 @@ TEST(PublishedRuns, WideHeadsAndSlidingWindowsFromPublishedShapes) {
                         static_cast<double>(m->expert_parameter_count());
     EXPECT_NEAR((static_cast<double>(m->parameter_count()) - idle) / 1e9, 17, 0.5);
   }
+  // Hybrid Mamba-2 stacks by their names (test_plan_hybrid.cpp checks their presets).
   const plan::PublishedRun hybrid =
       run("hybrid", R"({"name": "Nemotron_3_Nano", "seq_len": 8192})");
-  expect_contains(hybrid.refused, {"Nemotron-H / Nemotron 3: a hybrid of Mamba-2 and attention layers"});
+  ASSERT_TRUE(hybrid.refused.empty()) << hybrid.refused;
+  EXPECT_EQ(hybrid.model.hybrid_layer_count('M'), 23);
   const plan::PublishedRun v3 = run("v3", R"({"name": "Nemotron V3 Super 120B", "seq_len": 4096})");
-  expect_contains(v3.refused, {"a hybrid of Mamba-2 and attention layers"});
+  ASSERT_TRUE(v3.refused.empty()) << v3.refused;
+  EXPECT_EQ(v3.model.moe_latent, 1024);
 }
 
 // A stated parameter count settles the MLP form the dimensions leave open, for a model no preset
@@ -330,12 +333,15 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
     EXPECT_FALSE(r.malformed) << r.id;
     if (!c.answered) {
       ++refused;
-      expect_contains(r.refused, {"a hybrid of Mamba-2 and attention layers"});
       continue;
     }
     const plan::FigureCheck* tokens = figure(c, plan::Figure::TokensPerSecond);
     ASSERT_NE(tokens, nullptr) << r.id;
-    EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
+    // Automodel's Nemotron 3 rows (hybrid Mamba stacks, answered since session 30) miss by up to
+    // 47%: open, docs/PLANNER.md "Hybrid Mamba stacks".
+    if (!r.model.is_hybrid()) {
+      EXPECT_LT(std::fabs(tokens->relative_error), 0.21) << r.id;
+    }
     if (r.id == "nemo2407_h100_fp8_Nemotron-340B_128gpu") {
       EXPECT_EQ(c.layout.recompute, Recompute::Selective);
       EXPECT_LT(std::fabs(tokens->relative_error), 0.04);
@@ -345,12 +351,13 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
       EXPECT_LT(std::fabs(tokens->relative_error), 0.10);
     }
   }
-  EXPECT_EQ(refused, 3);
+  EXPECT_EQ(refused, 0);
   const plan::ValidationSummary s = plan::summarize(checks);
   // 5.8 before Kimi K2's preset (session 21), 4.4 and 19.5 before Nemotron-340B's stated
   // optimizer and recomputation (session 25), 3.7 and 11.2 before NeMo's attention at 1.4x the
-  // 2023-24 rate (session 29).
-  EXPECT_EQ(median_and_p90(s), "4.2 11.3");
+  // 2023-24 rate (session 29), 4.2 and 11.3 over 19 rows before the 3 Nemotron 3 rows were
+  // answered (session 30).
+  EXPECT_EQ(median_and_p90(s), "4.3 11.5");
 }
 
 // NeMo 24.03.01's "Long Input Sequences" table (published/loom_nemo_long_sequence.json): Llama 2

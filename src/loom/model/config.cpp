@@ -34,14 +34,48 @@ MoeRouter parse_moe_router(const std::string& text) {
 }
 
 namespace {
-int64_t mlp_parameters(Architecture arch, int64_t c, int64_t f) {
-  return arch == Architecture::GPT2 ? c * f + f + f * c + c  // c_fc, c_proj
-                                    : 3 * c * f;             // gate, up, down
+int64_t mlp_parameters(Architecture arch, bool squared_relu, int64_t c, int64_t f) {
+  if (arch == Architecture::GPT2) return c * f + f + f * c + c;  // c_fc, c_proj
+  return squared_relu ? 2 * c * f                                // up, down
+                      : 3 * c * f;                               // gate, up, down
 }
 }  // namespace
 
-int64_t ModelConfig::expert_parameter_count() const { return mlp_parameters(arch, n_embd, expert_ffn()); }
-int64_t ModelConfig::dense_mlp_parameter_count() const { return mlp_parameters(arch, n_embd, ffn_hidden); }
+int64_t ModelConfig::expert_parameter_count() const {
+  return mlp_parameters(arch, squared_relu_mlp, moe_latent > 0 ? moe_latent : n_embd, expert_ffn());
+}
+int64_t ModelConfig::dense_mlp_parameter_count() const {
+  return mlp_parameters(arch, squared_relu_mlp, n_embd, ffn_hidden);
+}
+
+int64_t ModelConfig::hybrid_layer_count(char kind) const {
+  int64_t count = 0;
+  for (const char symbol : hybrid_pattern) count += symbol == kind;
+  return count;
+}
+int64_t ModelConfig::attention_layer_count() const {
+  return is_hybrid() ? hybrid_layer_count('*') : n_layer;
+}
+int64_t ModelConfig::dense_mlp_layer_count() const {
+  return is_hybrid() ? hybrid_layer_count('-') : n_layer - moe_layer_count();
+}
+
+double ModelConfig::mamba_scan_flops_per_token() const {
+  const double q = static_cast<double>(mamba_chunk), n = static_cast<double>(mamba_state);
+  const double inner = static_cast<double>(mamba_inner()),
+               groups = static_cast<double>(mamba_groups);
+  return 2 * q * n * groups + 2 * q * inner + 4 * n * inner;
+}
+
+int64_t ModelConfig::mamba_parameter_count() const {
+  const int64_t c = n_embd, channels = mamba_conv_channels();
+  return c                                   // the block's pre-norm
+         + c * mamba_in_proj()               // in_proj
+         + channels * mamba_conv + channels  // conv1d weight and bias
+         + 3 * mamba_heads                   // dt_bias, A_log, D
+         + mamba_inner()                     // the gated RMSNorm
+         + mamba_inner() * c;                // out_proj
+}
 
 int64_t ModelConfig::moe_layer_count() const {
   int64_t count = 0;
@@ -64,6 +98,21 @@ double ModelConfig::mean_keys_per_query(int64_t layer, int64_t seq_len) const {
 
 int64_t ModelConfig::parameter_count() const {
   const int64_t c = n_embd;
+  // A mixture-of-experts block's MLP part: the routed experts with their router, the latent
+  // projections, the shared experts (one MLP n_shared x as wide as an expert, on the hidden state).
+  const int64_t moe_block =
+      n_experts * expert_parameter_count() + n_experts * c + 2 * c * moe_latent +
+      (n_shared_experts > 0
+           ? mlp_parameters(arch, squared_relu_mlp, c, n_shared_experts * expert_ffn())
+           : 0);
+  if (is_hybrid()) {
+    int64_t total = vocab_size * c + c /*final norm*/ + (tied_embeddings ? 0 : vocab_size * c);
+    total += hybrid_layer_count('*') * (c + 2 * c * q_dim() + 2 * c * kv_dim());
+    total += hybrid_layer_count('-') * (c + dense_mlp_parameter_count());
+    total += hybrid_layer_count('E') * (c + moe_block);
+    total += hybrid_layer_count('M') * mamba_parameter_count();
+    return total;
+  }
   int64_t per_layer = 0;
   if (arch == Architecture::GPT2) {
     per_layer = 2 * c                                 // ln_1
@@ -79,7 +128,7 @@ int64_t ModelConfig::parameter_count() const {
   // as wide as an expert).
   const int64_t moe_layers = moe_layer_count();
   int64_t total = vocab_size * c + n_layer * per_layer + (n_layer - moe_layers) * dense_mlp_parameter_count();
-  total += moe_layers * (n_experts * expert_parameter_count() + n_experts * c + n_shared_experts * expert_parameter_count());
+  total += moe_layers * moe_block;
   total += arch == Architecture::GPT2 ? 2 * c : c;              // final norm
   if (arch == Architecture::GPT2) total += max_seq_len * c;     // wpe
   if (!tied_embeddings) total += vocab_size * c;                // lm_head
@@ -170,10 +219,70 @@ void ModelConfig::validate() const {
                 " (the first layers that stay dense; at least one layer must be a mixture of experts)");
   if (n_experts == 0 && (moe_first_dense != 0 || moe_every != 1))
     throw_error("model.moe_first_dense / model.moe_every are set for a dense model (n_experts = 0)");
+  validate_hybrid();
   if (moe_bias_rate > 0 && moe_router != MoeRouter::Sigmoid)
     throw_error("model.moe_bias_rate: got ", moe_bias_rate, " with model.moe_router = softmax; the selection bias "
                 "(auxiliary-loss-free balancing) belongs to the sigmoid router: set moe_router = \"sigmoid\" or the "
                 "rate to 0");
+}
+
+void ModelConfig::validate_hybrid() const {
+  if (squared_relu_mlp && arch != Architecture::Llama)
+    throw_error(
+        "model.squared_relu_mlp: a two-matrix squared-ReLU MLP is Nemotron's (Llama-style); "
+        "GPT-2's MLP "
+        "has its own GELU");
+  if (moe_latent < 0 || (moe_latent > 0 && n_experts == 0))
+    throw_error("model.moe_latent: got ", moe_latent,
+                ", expected 0, or a width with model.n_experts > 0");
+  if (mtp_layers < 0)
+    throw_error("model.mtp_layers: got ", mtp_layers, ", expected 0 or more depths");
+  if (!is_hybrid()) {
+    if (mamba_heads != 0)
+      throw_error("model.mamba_heads: got ", mamba_heads,
+                  " without model.hybrid_pattern (no layer is Mamba)");
+    return;
+  }
+  if (arch != Architecture::Llama)
+    throw_error(
+        "model.hybrid_pattern: hybrid Mamba stacks are Llama-style (RMSNorm, no biases); "
+        "model.arch is gpt2");
+  if (static_cast<int64_t>(hybrid_pattern.size()) != n_layer)
+    throw_error("model.hybrid_pattern: ", hybrid_pattern.size(),
+                " symbols for model.n_layer = ", n_layer, "; one symbol a layer");
+  for (const char symbol : hybrid_pattern)
+    if (symbol != 'M' && symbol != '*' && symbol != '-' && symbol != 'E')
+      throw_error(
+          "model.hybrid_pattern: '", std::string(1, symbol), "' in \"", hybrid_pattern,
+          "\"; expected M (Mamba-2), * (attention), - (dense MLP) or E (mixture of experts)");
+  if ((hybrid_layer_count('E') > 0) != (n_experts > 0))
+    throw_error("model.hybrid_pattern: ", hybrid_layer_count('E'),
+                " E layers with model.n_experts = ", n_experts,
+                "; give experts exactly when the pattern has E layers");
+  if (n_experts > 0 && (moe_first_dense != 0 || moe_every != 1))
+    throw_error(
+        "model.moe_first_dense / model.moe_every: a hybrid's E symbols place its experts; leave "
+        "them unset");
+  if (sliding_window > 0)
+    throw_error(
+        "model.sliding_window: not planned for a hybrid Mamba stack (its attention layers are "
+        "global)");
+  if (hybrid_layer_count('M') > 0) {
+    for (const auto& [key, value] : {std::pair<const char*, int64_t>{"mamba_heads", mamba_heads},
+                                     {"mamba_head_dim", mamba_head_dim},
+                                     {"mamba_state", mamba_state},
+                                     {"mamba_groups", mamba_groups},
+                                     {"mamba_conv", mamba_conv},
+                                     {"mamba_chunk", mamba_chunk}})
+      if (value <= 0)
+        throw_error("model.", key, ": got ", value,
+                    ", expected a positive integer for the M layers");
+    if (mamba_heads % mamba_groups != 0)
+      throw_error("model.mamba_groups: ", mamba_groups,
+                  " does not divide model.mamba_heads = ", mamba_heads);
+  } else if (mamba_heads != 0) {
+    throw_error("model.mamba_heads: got ", mamba_heads, " but model.hybrid_pattern has no M layer");
+  }
 }
 
 namespace {

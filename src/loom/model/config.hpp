@@ -76,18 +76,63 @@ struct ModelConfig {
   // layer is windowed. sliding_window = 0: every layer is global.
   int64_t sliding_window = 0;
   int64_t global_attention_every = 0;
+  // Hybrid Mamba-2 / attention stacks (Nemotron-H, NVIDIA 2025, arXiv 2504.03624; Megatron-LM's
+  // hybrid layer pattern): one symbol a layer, each its own pre-norm residual block: 'M' a
+  // Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs"), '*' attention, '-' a dense MLP of
+  // ffn_hidden, 'E' a mixture-of-experts MLP. n_layer is the pattern's length. Empty: a
+  // transformer, every layer attention + MLP. Llama-style only; `loom plan` plans hybrids, the
+  // engine does not build them.
+  std::string hybrid_pattern;
+  // A Mamba-2 mixer: mamba_heads heads of mamba_head_dim (d_inner = heads x head_dim), an SSM
+  // state of mamba_state per head, B and C shared by mamba_groups groups of heads, a causal
+  // depthwise convolution of mamba_conv taps over x|B|C, the scan in chunks of mamba_chunk.
+  int64_t mamba_heads = 0, mamba_head_dim = 64, mamba_state = 128, mamba_groups = 8, mamba_conv = 4,
+          mamba_chunk = 128;
+  // MLPs and experts as up -> squared ReLU -> down, two matrices (Nemotron-4, Nemotron-H), not
+  // SwiGLU's three. Llama-style only.
+  bool squared_relu_mlp = false;
+  // Latent MoE (Nemotron 3 Super and Ultra): the routed experts run on a moe_latent-wide
+  // projection of the token, one down projection (h -> latent) before them and one up
+  // (latent -> h) after, shared by the experts. 0: on the hidden state.
+  int64_t moe_latent = 0;
+  // Multi-token prediction (DeepSeek-V3, Liu et al. 2024, sec. 2.2; Nemotron 3): mtp_layers more
+  // depths after the last layer, each an attention block and an MLP block (a hybrid's "*E" or
+  // "*-") on the projected [hidden; next token's embedding], and one more pass of the shared head.
+  int64_t mtp_layers = 0;
 
   int64_t head_dim() const { return attention_head_dim > 0 ? attention_head_dim : n_embd / n_head; }
   int64_t q_dim() const { return n_head * head_dim(); }  // q's width, and the attention output's
   int64_t kv_dim() const { return n_kv_head * head_dim(); }
   bool is_moe() const { return n_experts > 0; }
+  bool is_hybrid() const { return !hybrid_pattern.empty(); }
+  // A layer's symbol in the hybrid pattern; a transformer's layers are all 'T' (attention + MLP).
+  char layer_kind(int64_t layer) const {
+    return is_hybrid() ? hybrid_pattern[static_cast<size_t>(layer)] : 'T';
+  }
+  int64_t hybrid_layer_count(char kind) const;  // layers of that symbol
+  int64_t attention_layer_count() const;        // hybrid '*'; a transformer's every layer
+  int64_t dense_mlp_layer_count() const;        // hybrid '-'; a transformer's non-MoE layers
+  int64_t mamba_inner() const { return mamba_heads * mamba_head_dim; }
+  int64_t mamba_conv_channels() const { return mamba_inner() + 2 * mamba_groups * mamba_state; }
+  // in_proj's output: z and x (d_inner each), B and C (groups x state each), dt (one per head).
+  int64_t mamba_in_proj() const {
+    return 2 * mamba_inner() + 2 * mamba_groups * mamba_state + mamba_heads;
+  }
+  // The SSD scan's forward FLOPs per token (chunked; Dao & Gu 2024, sec. 6): C B^T within a
+  // chunk per group (2 Q N G), its masked product with x per head (2 Q d_inner), the chunk states
+  // B^T x and their read-out C h (2 x 2 N d_inner).
+  double mamba_scan_flops_per_token() const;
+  // One Mamba-2 mixer's parameters with its pre-norm: in_proj, conv1d (weights and bias),
+  // dt_bias, A_log, D, the gated RMSNorm over d_inner, out_proj.
+  int64_t mamba_parameter_count() const;
   int64_t expert_ffn() const { return moe_ffn_hidden > 0 ? moe_ffn_hidden : ffn_hidden; }
   bool is_moe_layer(int64_t layer) const {
+    if (is_hybrid()) return layer_kind(layer) == 'E';
     return is_moe() && layer >= moe_first_dense && (layer - moe_first_dense) % moe_every == 0;
   }
   int64_t moe_layer_count() const;
   bool is_windowed_layer(int64_t layer) const {
-    return sliding_window > 0 &&
+    return sliding_window > 0 && !is_hybrid() &&
            (global_attention_every == 0 || (layer + 1) % global_attention_every != 0);
   }
   int64_t windowed_layer_count() const;
@@ -103,6 +148,7 @@ struct ModelConfig {
   int64_t parameter_count() const;
   // Throws loom::Error naming the first inconsistent field.
   void validate() const;
+  void validate_hybrid() const;  // the hybrid, squared-ReLU, latent-MoE and MTP fields
 };
 
 // Named presets: gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b, llama-1b, llama-3b, llama-8b,

@@ -7,7 +7,8 @@
 // the attention's width, n_head x head_dim (n_embd unless model.head_dim says otherwise). A
 // sliding-window layer's queries meet fewer keys (ModelConfig::mean_keys_per_query).
 // For a mixture of experts only the experts a token is routed to count (its router is counted).
-// Recomputation is not counted (MFU, not HFU: Chowdhery et al. 2022, appendix B).
+// Recomputation is not counted (MFU, not HFU: Chowdhery et al. 2022, appendix B). A hybrid
+// Mamba stack's scans count as attention does (ModelConfig::mamba_scan_flops_per_token).
 #include "loom/model/config.hpp"
 
 namespace loom {
@@ -21,10 +22,15 @@ inline double flops_per_token(const ModelConfig& c, int64_t seq_len) {
     matmul_params -=
         static_cast<double>(c.moe_layer_count() * (c.n_experts - c.experts_per_token) * c.expert_parameter_count());
   // 2 matmuls x 2 FLOPs x 3 (forward and backward) per key a query meets, per attention column.
+  // A hybrid's attention layers alone meet keys; its Mamba layers add their scans, forward and
+  // backward (3x).
   double keys = 0;
-  for (int64_t l = 0; l < c.n_layer; ++l) keys += c.mean_keys_per_query(l, seq_len);
+  for (int64_t l = 0; l < c.n_layer; ++l)
+    if (c.layer_kind(l) == 'T' || c.layer_kind(l) == '*') keys += c.mean_keys_per_query(l, seq_len);
   const double attention = 12.0 * keys * static_cast<double>(c.q_dim());
-  return 6.0 * matmul_params + attention;
+  const double scans =
+      3.0 * static_cast<double>(c.hybrid_layer_count('M')) * c.mamba_scan_flops_per_token();
+  return 6.0 * matmul_params + attention + scans;
 }
 
 }  // namespace loom

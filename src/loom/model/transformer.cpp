@@ -31,6 +31,12 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
       vocab_chunk_(vocab_chunk),
       chunks_(chunks.empty() ? whole_model(config.n_layer) : std::move(chunks)) {
   config_.validate();
+  if (config_.is_hybrid() || config_.squared_relu_mlp || config_.moe_latent > 0 ||
+      config_.mtp_layers > 0)
+    throw_error(
+        "model: loom's engine builds transformers of SwiGLU or GELU MLPs; a hybrid Mamba stack, a "
+        "squared-ReLU "
+        "MLP, latent experts and multi-token prediction are for `loom plan` only");
   if (vocab_chunk_ <= 0) throw_error("vocab_chunk: got ", vocab_chunk_, ", expected a positive count");
   holds_embedding_ = holds_head_ = false;
   for (const ModelChunk& chunk : chunks_) {

@@ -13,6 +13,9 @@ struct LayerElements {
   // Of those, the inputs of Linear layers (saved in 1 byte under FP8): the two norm outputs
   // (in replicated_by_tp) and the attention output and MLP activation (in recomputable).
   double linear_replicated, linear_recomputable;
+  // Linear inputs among split_by_tp (a hybrid's Mamba out_proj input, a hybrid MoE block's
+  // dispatched copies).
+  double linear_split = 0;
 };
 
 // One layer's elements: a mixture-of-experts layer's (`moe_layer`) or a dense one's.

@@ -30,7 +30,8 @@ LayerElements layer_elements_of(const ModelConfig& m, bool moe_layer) {
   const double h = static_cast<double>(m.n_embd);
   const double f = static_cast<double>(moe_layer ? m.expert_ffn() : m.ffn_hidden);
   const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;  // LayerNorm: mean and rstd
-  const double mlp_pre = m.arch == Architecture::GPT2 ? f : 2 * f;  // SwiGLU keeps gate | up
+  const double mlp_pre =
+      m.arch == Architecture::GPT2 || m.squared_relu_mlp ? f : 2 * f;  // SwiGLU keeps gate | up
   // A mixture of experts runs each token through k experts: k copies of the MLP interior, the
   // k dispatched copies of its input and the k expert outputs the combine's backward reads,
   // the router's logits and probabilities over the experts, and the k routing weights
@@ -53,7 +54,75 @@ LayerElements layer_elements_of(const ModelConfig& m, bool moe_layer) {
 // whole model; a pipeline stage's mix may differ from the mean).
 namespace {
 
+// One block of a hybrid Mamba stack: its input and pre-norm output, and its mixer's stash.
+// A Mamba-2 mixer (Megatron-LM's MambaMixer on mamba_ssm's fused path,
+// mamba_split_conv1d_scan_combined, which saves zxbcdt and out_x and recomputes the convolution
+// and the chunk states in backward) keeps in_proj's output (z|x|B|C|dt), the scan's output and
+// out_proj's input (the gated norm's output, saved by out_proj's linear): none of it dropped by
+// selective recomputation. Attention, MLP and expert blocks keep what a transformer layer's
+// halves keep; a latent MoE dispatches latent-wide copies.
+LayerElements hybrid_block_elements(const ModelConfig& m, char kind) {
+  const double h = static_cast<double>(m.n_embd);
+  LayerElements e{};
+  e.replicated_by_tp = h /*input*/ + h + 1 /*RMSNorm output and rstd*/;
+  e.linear_replicated = h;
+  const double inner = static_cast<double>(m.mamba_inner());
+  const double pre = [&](double f) {
+    return m.squared_relu_mlp ? f : 2 * f;
+  }(static_cast<double>(kind == 'E' ? m.expert_ffn() : m.ffn_hidden));
+  const double f = static_cast<double>(kind == 'E' ? m.expert_ffn() : m.ffn_hidden);
+  switch (kind) {
+    case 'M':
+      e.split_by_tp = static_cast<double>(m.mamba_in_proj()) + 2 * inner;
+      e.linear_split = inner;
+      break;
+    case '*': {
+      const double q = static_cast<double>(m.q_dim());
+      e.split_by_tp = q + 2.0 * static_cast<double>(m.kv_dim());
+      e.recomputable = q + static_cast<double>(m.n_head);
+      e.linear_recomputable = q;
+      break;
+    }
+    case '-':
+      e.split_by_tp = pre;
+      e.recomputable = f;
+      e.linear_recomputable = f;
+      break;
+    default: {  // 'E', as layer_elements_of's experts
+      const double k = static_cast<double>(m.experts_per_token);
+      const double width = m.moe_latent > 0 ? static_cast<double>(m.moe_latent) : h;
+      const double shared = static_cast<double>(m.n_shared_experts);
+      // The k dispatched copies; the k expert outputs only where the routing weights multiply
+      // them in the combine: a squared-ReLU expert applies its weight inside the activation
+      // (Megatron-Core's fused weighted squared ReLU, which Nemotron 3 sets:
+      // use_fused_weighted_squared_relu), so its backward reads the saved pre-activation instead.
+      const double copies = m.squared_relu_mlp ? 1 : 2;
+      e.split_by_tp = k * pre + copies * k * width + 2 * static_cast<double>(m.n_experts) + k +
+                      shared * (pre + f) + (m.moe_latent > 0 ? 2 * width : 0);
+      e.recomputable = k * f;
+      e.linear_recomputable = k * f;
+      e.linear_split = k * width;  // the dispatched copies: the experts' first GEMM's input
+      break;
+    }
+  }
+  return e;
+}
+
 LayerElements layer_elements(const ModelConfig& m) {
+  if (m.is_hybrid()) {
+    LayerElements mean{};
+    const double n = static_cast<double>(m.n_layer);
+    for (const char kind : m.hybrid_pattern) {
+      const LayerElements e = hybrid_block_elements(m, kind);
+      mean.replicated_by_tp += e.replicated_by_tp / n;
+      mean.split_by_tp += e.split_by_tp / n;
+      mean.recomputable += e.recomputable / n;
+      mean.linear_replicated += e.linear_replicated / n;
+      mean.linear_recomputable += e.linear_recomputable / n;
+      mean.linear_split += e.linear_split / n;
+    }
+    return mean;
+  }
   const double moe = static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
   if (moe == 0 || moe == 1) return layer_elements_of(m, moe == 1);
   const LayerElements a = layer_elements_of(m, true), b = layer_elements_of(m, false);
@@ -95,7 +164,7 @@ double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t
   if (l.recompute == Recompute::None) per_token += e.recomputable / t;
   double bytes = tokens * per_token * bytes_per_element;
   if (fp8_linear_inputs) {  // those elements at 1 byte instead of bytes_per_element
-    double linear = e.linear_replicated / (l.sequence_parallel ? t : 1.0);
+    double linear = e.linear_replicated / (l.sequence_parallel ? t : 1.0) + e.linear_split / t;
     if (l.recompute == Recompute::None) linear += e.linear_recomputable / t;
     bytes -= tokens * linear * (bytes_per_element - 1);
   }
@@ -106,7 +175,8 @@ double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t
 
 double torchtitan_op_sac_layer_bytes(const ModelConfig& m, int64_t micro_batch, int64_t seq_len,
                                      const PlanLayout& l, double bytes_per_element, bool eager) {
-  if (m.arch != Architecture::Llama || m.moe_layer_count() > 0)
+  if (m.arch != Architecture::Llama || m.moe_layer_count() > 0 || m.is_hybrid() ||
+      m.squared_relu_mlp)
     throw_error("torchtitan's per-op selective recomputation counts a dense Llama block's 7 matmuls; ",
                 architecture_name(m.arch), m.moe_layer_count() > 0 ? " with experts" : "", " is not one");
   const double tokens =
@@ -174,6 +244,11 @@ int64_t chunks_in_flight(const PlanLayout& l, int64_t micro_batches, int64_t ran
 
 int64_t deferred_weight_grad_bytes(const ModelConfig& m, int64_t layers, bool first_stage, bool last_stage,
                                    int64_t rows, int64_t bytes_per_element) {
+  if (m.is_hybrid() || m.squared_relu_mlp)
+    throw_error(
+        "deferred_weight_grad_bytes: counts a transformer block's saved tensors; a hybrid Mamba "
+        "stack's "
+        "are not modelled");
   if (m.n_experts > 0)
     throw_error("deferred_weight_grad_bytes: a mixture-of-experts model's W keeps what routing sends each expert, "
                 "which no shape fixes");

@@ -269,6 +269,35 @@ int latest_year_named(const std::string& text) {
   return latest;
 }
 
+double megatron_hybrid_flops_per_token(const ModelConfig& m, double seq) {
+  const double h = static_cast<double>(m.n_embd), q = static_cast<double>(m.q_dim()),
+               kv = static_cast<double>(m.kv_dim());
+  const double scale = m.squared_relu_mlp ? 1.0 : 1.5;  // gated_linear_unit
+  // Megatron-Bridge's mamba_layer_flops takes d_in = 2h whatever the heads are.
+  const double d_in = 2 * h, state = static_cast<double>(m.mamba_state);
+  const double mamba = 2 * h *
+                           (2 * d_in + 2 * static_cast<double>(m.mamba_groups) * state +
+                            static_cast<double>(m.mamba_heads)) +
+                       7 * d_in * state + 2 * d_in * h;
+  const double attention = 4 * h * (q + kv) + 2 * q * seq;
+  const double mlp = 4 * static_cast<double>(m.ffn_hidden) * h * scale;
+  const double fe = static_cast<double>(m.expert_ffn()),
+               k = static_cast<double>(m.experts_per_token);
+  const double latent = static_cast<double>(m.moe_latent);
+  double moe =
+      m.moe_latent > 0 ? 4 * latent * fe * k * scale + 4 * h * latent : 4 * h * fe * k * scale;
+  moe += 4 * h * static_cast<double>(m.n_shared_experts) * fe * scale;
+  // The MTP pattern's copies (here one attention and one MLP block a depth) are in the counts.
+  const double mtp = static_cast<double>(m.mtp_layers);
+  const double mtp_moe = m.is_moe() ? mtp : 0;
+  const double forward = (static_cast<double>(m.hybrid_layer_count('*')) + mtp) * attention +
+                         static_cast<double>(m.hybrid_layer_count('M')) * mamba +
+                         (static_cast<double>(m.hybrid_layer_count('-')) + mtp - mtp_moe) * mlp +
+                         (static_cast<double>(m.hybrid_layer_count('E')) + mtp_moe) * moe +
+                         2 * h * static_cast<double>(m.vocab_size) * (1 + mtp);
+  return 3 * forward;
+}
+
 double flops_per_token(FlopCount count, const ModelConfig& m, double params, double seq, Recompute recompute) {
   // A mixture of experts counts the parameters a token meets (its top-k routed experts, the
   // shared ones and the rest of the model), as every source's MoE MFU does: the stated total
@@ -287,6 +316,8 @@ double flops_per_token(FlopCount count, const ModelConfig& m, double params, dou
   auto attention_flops = [&](bool causal) {
     double keys = 0;
     for (int64_t layer = 0; layer < m.n_layer; ++layer) {
+      if (m.layer_kind(layer) != 'T' && m.layer_kind(layer) != '*')
+        continue;  // a hybrid's non-attention blocks
       const bool windowed =
           m.is_windowed_layer(layer) && static_cast<double>(m.sliding_window) < seq;
       if (windowed)
@@ -312,6 +343,8 @@ double flops_per_token(FlopCount count, const ModelConfig& m, double params, dou
       return 72 * l * h * h * (1 + seq / (6 * h) + v / (12 * h * l));
     case FlopCount::NonEmbeddingFull:
     case FlopCount::NonEmbeddingCausal: {
+      if (m.is_hybrid() && count == FlopCount::NonEmbeddingCausal)
+        return megatron_hybrid_flops_per_token(m, seq);
       ModelConfig no_blocks = m;
       no_blocks.n_layer = 0;
       const double blocks = static_cast<double>(m.parameter_count() - no_blocks.parameter_count()) - inactive;

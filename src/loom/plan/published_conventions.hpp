@@ -102,6 +102,11 @@ SourceConventions conventions_of_source(const std::string& source);
 int latest_year_named(const std::string& text);
 
 // FLOPs per token of `count` for a model of `params` parameters (the source's N) at `seq`.
+// Megatron-Bridge's FLOPs per token of a hybrid Mamba stack (training/utils/flop_utils.py,
+// hybrid_flops at 067f987): 3x the forward of its attention (causal), Mamba-2 (in_proj, scan
+// and out_proj, with d_inner taken as 2h), MLP and expert blocks, the MTP pattern's copies and
+// the head once per depth.
+double megatron_hybrid_flops_per_token(const ModelConfig& m, double seq);
 double flops_per_token(FlopCount count, const ModelConfig& model, double params, double seq, Recompute recompute);
 
 }  // namespace loom::plan

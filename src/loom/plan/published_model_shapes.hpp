@@ -93,5 +93,6 @@ inline ModelConfig shared_experts(ModelConfig c, int64_t shared, int64_t first_d
 // papers and open releases (published_models_more.cpp).
 const std::vector<Entry>& recent_entries();
 const std::vector<Entry>& more_entries();
+const std::vector<Entry>& hybrid_entries();  // published_models_hybrid.cpp
 
 }  // namespace loom::plan::published_model_table

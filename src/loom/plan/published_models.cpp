@@ -282,16 +282,6 @@ const std::vector<Entry>& recent_entries() {
         tied(
             windowed(heads_of(llama_shape(62, 5376, 32, 16, 21504, 262208, 131072), 128), 1024, 6)),
         0, kGemma3, "", kGemmaApprox}},
-      // Nemotron-H (NVIDIA 2025, arXiv 2504.03624) and Nemotron 3 Nano / Super / Ultra: most of
-      // their layers are Mamba-2 state-space layers among a few attention layers.
-      {"nemotronhybrid",
-       0,
-       {"Nemotron-H / Nemotron 3", ModelConfig{}, 0, "Nemotron-H report (arXiv 2504.03624)",
-        "a hybrid of Mamba-2 and attention layers, which loom's ModelConfig does not describe (a "
-        "Llama-based "
-        "Nano / Super / Ultra: name its Llama base)",
-        ""},
-       R"(.)"},
       // Nemotron-3 8B and 22B (NeMo 24.07's "Nemotron-8B" and "Nemotron-22B"): multi-head
       // attention, a squared-ReLU MLP of 4h, vocabulary 256,000, untied, sequence 4096.
       {"nemotron4",
@@ -447,7 +437,8 @@ std::optional<PublishedModel> find_published_model(const std::string& printed_na
   const std::string family = family_of(name);
   if (family.empty()) return std::nullopt;
   const std::vector<Entry>* tables[] = {&published_model_table::recent_entries(),
-                                        &published_model_table::more_entries()};
+                                        &published_model_table::more_entries(),
+                                        &published_model_table::hybrid_entries()};
   for (const std::vector<Entry>* table : tables)
     for (const Entry& e : *table)
       if (family == e.family && e.variant != nullptr &&

@@ -59,14 +59,38 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     return 2 * rows * out * in / (linear_peak * gemm.efficiency(rows, out, in));
   };
   LayerCost c;
-  double forward = gemm_s(tokens, (q + 2 * kv) / t, h) + gemm_s(tokens, h, q / t);
-  auto mlp_s = [&](double rows, double width) {
-    return m.arch == Architecture::GPT2 ? gemm_s(rows, width / t, h) + gemm_s(rows, h, width / t)
-                                        : gemm_s(rows, 2 * width / t, h) + gemm_s(rows, h, width / t);
+  // The mean layer: a transformer's every layer has attention and an MLP (dense or experts); a
+  // hybrid Mamba stack's layers are one of attention, Mamba-2, dense MLP or experts, each
+  // weighted by its count in the pattern.
+  const double layers = static_cast<double>(m.n_layer);
+  const double attention_share = static_cast<double>(m.attention_layer_count()) / layers;
+  const double dense_share = static_cast<double>(m.dense_mlp_layer_count()) / layers;
+  const double mamba_share = static_cast<double>(m.hybrid_layer_count('M')) / layers;
+  double forward =
+      attention_share * (gemm_s(tokens, (q + 2 * kv) / t, h) + gemm_s(tokens, h, q / t));
+  // An MLP of `width` on inputs of `in`: up and down (GPT-2's GELU, Nemotron's squared ReLU), or
+  // SwiGLU's gate and up as one GEMM, then down.
+  const bool two_matrices = m.arch == Architecture::GPT2 || m.squared_relu_mlp;
+  auto mlp_in_s = [&](double rows, double width, double in) {
+    return two_matrices ? gemm_s(rows, width / t, in) + gemm_s(rows, in, width / t)
+                        : gemm_s(rows, 2 * width / t, in) + gemm_s(rows, in, width / t);
   };
-  // The mean layer: a mixed model's dense and mixture-of-experts layers weighted by their counts.
-  const double moe_share = static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer);
-  if (moe_share < 1) forward += (1 - moe_share) * mlp_s(tokens, f);
+  auto mlp_s = [&](double rows, double width) { return mlp_in_s(rows, width, h); };
+  const double moe_share = static_cast<double>(m.moe_layer_count()) / layers;
+  if (dense_share > 0) forward += dense_share * mlp_s(tokens, f);
+  double scan_s = 0;  // a Mamba-2 layer's SSD scan, forward
+  if (mamba_share > 0) {
+    // A Mamba-2 mixer split over tp by heads: in_proj (h -> z|x|B|C|dt) and out_proj (d_inner ->
+    // h) GEMMs; its SSD scan's chunked matmuls (ModelConfig::mamba_scan_flops_per_token) run as
+    // a fused attention kernel does over chunk-long key blocks of head_dim-wide heads: the same
+    // blocked tensor-core products (Dao & Gu 2024, sec. 6, compare SSD with FlashAttention-2).
+    const double inner = static_cast<double>(m.mamba_inner());
+    scan_s = tokens * m.mamba_scan_flops_per_token() / t /
+             (peak * fused_attention_efficiency(gpu, static_cast<double>(m.mamba_chunk),
+                                                static_cast<double>(m.mamba_head_dim)));
+    forward += mamba_share * (gemm_s(tokens, static_cast<double>(m.mamba_in_proj()) / t, h) +
+                              gemm_s(tokens, h, inner / t));
+  }
   if (moe_share > 0) {
     // Mixture of experts with balanced routing: this rank's E/ep experts each see k x tokens x
     // ep / E rows (its own tokens and its ep peers'), so the FLOPs are k dense MLPs' but the
@@ -77,14 +101,18 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     // Under ep the busiest rank's experts see `imbalance` x the mean rows (TrainingJob); with one
     // rank holding every expert the rows add up to k x tokens however they are routed.
     const double imbalance = l.ep > 1 ? moe_imbalance_of(m, job) : 1.0;
-    double moe = experts / ep * mlp_s(imbalance * tokens * k * ep / experts, fe) + gemm_s(tokens, experts, h);
+    // A latent MoE's experts run on latent-wide rows, between one down and one up projection.
+    const double width = m.moe_latent > 0 ? static_cast<double>(m.moe_latent) : h;
+    double moe = experts / ep * mlp_in_s(imbalance * tokens * k * ep / experts, fe, width) +
+                 gemm_s(tokens, experts, h);
+    if (m.moe_latent > 0) moe += gemm_s(tokens, width, h) + gemm_s(tokens, h, width);
     if (m.n_shared_experts > 0) moe += mlp_s(tokens, static_cast<double>(m.n_shared_experts) * fe);
     forward += moe_share * moe;
     if (l.ep > 1) {
       // Dispatch and combine: each all-to-all moves this rank's k routed copies of its tokens
       // (split over tp, as with sequence-parallel dispatch); backward runs both again. Not
       // overlapped: the experts wait for their tokens.
-      const double bytes = imbalance * tokens * k * h / t * job.memory.activation_bytes;
+      const double bytes = imbalance * tokens * k * width / t * job.memory.activation_bytes;
       c.ep_comm_s = moe_share * 4 * collective_time(Collective::AllToAll, bytes, group_topology(cluster, l.ep, l.tp)).seconds;
     }
   }
@@ -130,11 +158,17 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
                                                        head_dim))
             : 2 * c.attention_core_s;
   }
+  // A hybrid's mean layer: attention in its share of the layers, the Mamba scans in theirs
+  // (their backward, as attention's, kFusedAttentionBackwardFlops x the forward). Not in the
+  // attention core: selective recomputation does not rerun the scans, CP does not hide behind them.
+  c.attention_core_s = attention_share * c.attention_core_s;
+  attention_backward_s =
+      attention_share * attention_backward_s + mamba_share * kFusedAttentionBackwardFlops * scan_s;
   // W: the weight-gradient GEMMs, as many FLOPs as the forward's linear layers (Qi et al. 2023,
   // sec 2: B carries the input-gradient GEMMs and the attention backward).
   c.weight_grad_s = forward;
   const double linear_forward = forward;
-  forward += c.attention_core_s;
+  forward += c.attention_core_s + mamba_share * scan_s;
   // Materialised scores [a/t, tokens, seq] pass through HBM: forward writes them, the fused
   // scale-mask-softmax reads and writes, dropout reads, writes and keeps a 1-byte mask, PV
   // reads (13 bytes per score in bf16); backward reads and writes about 19 (Megatron-LM's
@@ -146,7 +180,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   // 4, float()'s 4 + 2, the division's 2 + 2, QK^T's gradients read dS twice 2 + 2: 36.
   double scores_forward_s = 0, scores_backward_s = 0;
   if (!flash) {
-    const double scores = tokens * static_cast<double>(m.n_head) / t * seq;
+    const double scores = attention_share * tokens * static_cast<double>(m.n_head) / t * seq;
     const bool unfused = job.memory.unfused_softmax;
     scores_forward_s = (unfused ? 32 : 13) * scores / gpu.hbm_bandwidth_bytes_per_s;
     scores_backward_s = (unfused ? 36 : 19) * scores / gpu.hbm_bandwidth_bytes_per_s;
@@ -247,6 +281,13 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       c.tp_comm_s += share * 2 * one;
       c.tp_exposed_backward_s += share * c.tp_exposed_forward_s;
     }
+    // A hybrid's block has one mixer, so one column- and row-parallel pair: half a transformer
+    // layer's collectives, each beside the block's own GEMMs.
+    if (m.is_hybrid()) {
+      c.tp_comm_s /= 2;
+      c.tp_exposed_forward_s /= 2;
+      c.tp_exposed_backward_s /= 2;
+    }
   }
   if (l.cp > 1) {
     const double hops = static_cast<double>(l.cp - 1), core = c.attention_core_s;
@@ -293,6 +334,11 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
         break;
       }
     }
+    // A hybrid: its attention layers' share (its Mamba layers' own context-parallel exchange is
+    // not modelled).
+    c.cp_comm_s *= attention_share;
+    c.cp_exposed_forward_s *= attention_share;
+    c.cp_exposed_backward_s *= attention_share;
   }
   return c;
 }
@@ -390,6 +436,11 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     head_fwd += gather_s + 18 * whole / gpu.hbm_bandwidth_bytes_per_s;
     head_bwd += 26 * whole / gpu.hbm_bandwidth_bytes_per_s;
   }
+  // Multi-token prediction (ModelConfig::mtp_layers): each depth one more attention and MLP on
+  // the last stage (a hybrid's two blocks, a transformer's one layer) and one more head.
+  const double mtp_layers = static_cast<double>(m.mtp_layers * (m.is_hybrid() ? 2 : 1));
+  head_fwd *= 1 + static_cast<double>(m.mtp_layers);
+  head_bwd *= 1 + static_cast<double>(m.mtp_layers);
   const LayerPasses passes = layer_passes(layer, m, l, job);
   // Each stage's passes: its layers, plus the head on the last. The simulation takes each
   // stage's own; the closed forms (ranking layouts quickly) pace uniform chunks: with one chunk
@@ -399,8 +450,9 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   double t_f = 0, t_b = 0, t_w = 0, compute_per_micro = 0, layers_per_rank = 0, busy_per_micro = 0;
   std::vector<PassTimes> stage_passes;
   for (int64_t stage = 0; stage < stages; ++stage) {
-    const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
     const bool last = stage == stages - 1;
+    const double n =
+        static_cast<double>(stage_layers[static_cast<size_t>(stage)]) + (last ? mtp_layers : 0);
     const double f = n * passes.forward_s + (last ? head_fwd : 0),
                  b = n * passes.backward_s + (last ? head_bwd : 0);
     const double w = std::min(n * layer.weight_grad_s + (last ? head_gemm : 0),
@@ -418,8 +470,9 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     double work = 0, layers = 0, f = 0, b = 0, w = 0;
     for (int64_t chunk = 0; chunk < l.vp; ++chunk) {
       const int64_t stage = stage_of(chunk, rank, l.pp, stage_placement(l.schedule));
-      const double n = static_cast<double>(stage_layers[static_cast<size_t>(stage)]);
       const bool last = stage == stages - 1;
+      const double n =
+          static_cast<double>(stage_layers[static_cast<size_t>(stage)]) + (last ? mtp_layers : 0);
       work += n * (layer.forward_s + layer.backward_s) + (last ? head_fwd + head_bwd : 0);
       layers += n;
       const PassTimes& passes = stage_passes[static_cast<size_t>(stage)];

@@ -9,6 +9,8 @@
 #include "loom/model/config.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/model/transformer.hpp"
+#include "loom/parallel/parallel_layout.hpp"
+#include "loom/plan/layout.hpp"
 #include "loom/plan/published_conventions.hpp"
 #include "loom/plan/published_models.hpp"
 #include "loom/plan/published_runs.hpp"
@@ -66,6 +68,11 @@ TEST(PlanHybrid, NemotronPresetsHoldTheirCheckpointsParameters) {
   EXPECT_EQ(plan::find_published_model("Nemotron_3_Ultra")->name, "Nemotron 3 Ultra 550B-A55B");
   EXPECT_FALSE(plan::find_published_model("Nemotron-3 8B")->config.is_hybrid());
   EXPECT_FALSE(plan::find_published_model("Nemotron 3 Nano 4B").has_value());
+  // The Llama-based Nemotrons of 2025 are none of these: a variant needs its stated size too.
+  for (const char* llama_based : {"Nemotron Super 49B", "Nemotron Ultra 253B", "Nemotron Nano 8B"})
+    EXPECT_FALSE(plan::find_published_model(llama_based).has_value()) << llama_based;
+  EXPECT_EQ(plan::find_published_model("Nemotron-4 340B on a DGX SuperPOD")->name,
+            "Nemotron-4 340B");
 }
 
 ModelConfig tiny_hybrid(const std::string& pattern) {
@@ -105,6 +112,19 @@ TEST(PlanHybrid, APatternIsCheckedAndTheEngineRefusesHybrids) {
   expect_contains(error_message([&] { no_mamba.validate(); }),
                   {"model.mamba_heads", "for the M layers"});
   EXPECT_NO_THROW(tiny_hybrid("M*-").validate());
+  ModelConfig transformer = tiny_hybrid("*-");
+  transformer.hybrid_pattern.clear();
+  transformer.n_layer = 1;
+  expect_contains(error_message([&] { transformer.validate(); }),
+                  {"model.squared_relu_mlp", "hybrid Mamba stacks only"});
+  // Mamba-2 mixers split over tp by heads and by groups: 8 heads in 2 groups take tp 2, not 4.
+  EXPECT_NO_THROW(
+      check_layout(plan::parse_layout("tp=2,dp=4"), tiny_hybrid("M*-"), 1024, LayoutRules::Valid));
+  expect_contains(
+      error_message([] {
+        check_layout(plan::parse_layout("tp=4,dp=2"), tiny_hybrid("M*-"), 1024, LayoutRules::Valid);
+      }),
+      {"Mamba-2 mixers' 8 heads in 2 groups do not split over tp=4", "tp values that work: 1, 2"});
   expect_contains(error_message([] { Transformer t(tiny_hybrid("M*-"), Recompute::None, 1000); }),
                   {"for `loom plan` only"});
 }
@@ -129,10 +149,11 @@ TEST(PlanHybrid, MegatronBridgeCountsAHybridsFlopsAsItsFormulaDoes) {
 // same GEMMs, stash and collectives (two blocks of one all-reduce pair each for a layer's two), so
 // the same step.
 TEST(PlanHybrid, AlternatingAttentionAndMlpBlocksStepAsATransformer) {
-  ModelConfig transformer = tiny_hybrid("*-*-*-*-");
+  ModelConfig hybrid = tiny_hybrid("*-*-*-*-");
+  hybrid.squared_relu_mlp = false;  // SwiGLU MLP blocks, as the transformer's
+  ModelConfig transformer = hybrid;
   transformer.hybrid_pattern.clear();
   transformer.n_layer = 4;
-  const ModelConfig hybrid = tiny_hybrid("*-*-*-*-");
   EXPECT_EQ(hybrid.parameter_count(), transformer.parameter_count());
   plan::TrainingJob job;
   job.seq_len = job.memory.seq_len = 1024;
@@ -150,8 +171,8 @@ TEST(PlanHybrid, AlternatingAttentionAndMlpBlocksStepAsATransformer) {
     EXPECT_NEAR(a.total_s / b.total_s, 1.0, 0.01);
   }
   // Mamba blocks cost their GEMMs and scans: a Mamba block in place of each MLP block is slower
-  // by in_proj and out_proj (256 x 1,160 and 512 x 256 against the MLP's 2 x 256 x 512) and the
-  // scans.
+  // by in_proj and out_proj (256 x 1,288 and 512 x 256: 921,600 FLOPs a token, against the
+  // SwiGLU MLP's 3 x 256 x 512: 786,432) and the scans.
   const plan::StepTime mamba = plan::predict_step_time(
       tiny_hybrid("*M*M*M*M"), plan::parse_layout("dp=8,zero=1"), cluster, job);
   const plan::StepTime mlp =

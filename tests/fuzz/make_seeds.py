@@ -188,7 +188,9 @@ inject_nan_at_steps = [3, 5]
                                   "automodel_h100_bf16_deepseekv3_1024gpu", "nemo2407_h100_fp8_LLAMA3-8B_8gpu",
                                   "torchtitan_h100_202412_t1_fsdp_compile", "zero_100B_400gpu"],
              "loom_torchtitan_tables.json": ["torchtitan_h100_202412_t5_inter", "torchtitan_h100_202412_t6_cp2"],
-             "loom_megatron_bridge_tables.json": ["mbridge2511_gb200_llama405b_256gpu"]}
+             "loom_megatron_bridge_tables.json": ["mbridge2511_gb200_llama405b_256gpu"],
+             "loom_megatron_bridge_nvfp4.json": ["mbridge2604_gb300_LLAMA3_70B_64gpu_NVFP4"],
+             "loom_nemo_tables.json": ["automodel_h100_bf16_nemotronv3super120b_64gpu"]}
     for name, ids in picks.items():
         with open(os.path.join(published, name)) as f:
             runs = {r["id"]: r for r in json.load(f)}

@@ -128,6 +128,10 @@ Machine machine_of(const PlanArgs& args, int64_t gpus) {
   if (!args.gemm_timings.empty()) throw_error("plan: give --profile or --gemm-timings, not both (a profile has its GEMM timings)");
   if (args.attention != "flash")
     throw_error("plan: --profile predicts loom's engine, whose attention is flash-style; drop --attention ", args.attention);
+  const ModelConfig model = plan_model(args.model);
+  if (model.is_hybrid())
+    throw_error("plan: --profile predicts loom's own engine, which does not build ", args.model,
+                " (a hybrid Mamba stack); drop --profile to plan it on GPU presets");
   const plan::MachineProfile profile = plan::read_machine_profile(args.profile);
   const bool cuda = profile.device == Device::CUDA;
   const std::string measured = cuda ? "bf16" : "f32";

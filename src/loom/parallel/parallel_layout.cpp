@@ -149,9 +149,13 @@ std::string tp_values_that(const ModelConfig& m, const std::function<bool(int64_
 
 // Heads, MLP columns and vocabulary rows split over tp; KV heads split, or replicate when
 // there are fewer of them than ranks (Megatron-LM: each KV head on tp / n_kv_head ranks).
+// A hybrid's Mamba-2 mixers split by heads and by B/C groups (Megatron-LM's MambaMixer asserts
+// both divide).
 bool tp_valid(const ModelConfig& m, int64_t tp) {
+  const bool mamba =
+      m.hybrid_layer_count('M') == 0 || (m.mamba_heads % tp == 0 && m.mamba_groups % tp == 0);
   return m.n_head % tp == 0 && (m.n_kv_head % tp == 0 || tp % m.n_kv_head == 0) &&
-         m.ffn_hidden % tp == 0 && m.vocab_size >= tp;
+         m.ffn_hidden % tp == 0 && m.vocab_size >= tp && mamba;
 }
 // The engine's attention splits KV heads only (parallel/tensor_parallel_plan).
 bool tp_engine(const ModelConfig& m, int64_t tp) {
@@ -203,6 +207,9 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
   else if (m.vocab_size < l.tp)
     invalid("tp", "model.vocab_size = ", m.vocab_size, " leaves a rank of tp=", l.tp,
             " without a vocabulary row");
+  else if (!tp_valid(m, l.tp))
+    invalid("tp", "the Mamba-2 mixers' ", m.mamba_heads, " heads in ", m.mamba_groups,
+            " groups do not split over tp=", l.tp, "; tp values that work: ", tp_valid_list());
   const bool zbv = stage_placement(l.schedule) == StagePlacement::V;  // zbv, dualpipev
   if (l.vp > 1 && l.pp == 1)
     invalid("v", "interleaving (v=", l.vp, ") needs pipeline parallelism (pp > 1)");

@@ -72,10 +72,10 @@ HostIssue published_moe_host_issue(bool megatron_stack, const ModelConfig& m,
     Container from;
   };
   static const Graphs kFullIteration[] = {
-      {"30b_a3b", "gb", {26, 6, 0}},     {"30b_a3b", "b300", {26, 6, 0}},
-      {"30b_a3b", "b200", {26, 6, 1}},   {"235b_a22b", "gb", {26, 6, 0}},
-      {"235b_a22b", "b300", {26, 6, 1}}, {"235b_a22b", "b200", {26, 6, 1}},
-      {"deepseek", "gb", {26, 6, 0}},    {"deepseek", "b300", {26, 6, 1}}};
+      {"qwen3_30b_a3b", "gb", {26, 6, 0}},     {"qwen3_30b_a3b", "b300", {26, 6, 0}},
+      {"qwen3_30b_a3b", "b200", {26, 6, 1}},   {"qwen3_235b_a22b", "gb", {26, 6, 0}},
+      {"qwen3_235b_a22b", "b300", {26, 6, 1}}, {"qwen3_235b_a22b", "b200", {26, 6, 1}},
+      {"deepseek", "gb", {26, 6, 0}},          {"deepseek", "b300", {26, 6, 1}}};
   for (const Graphs& g : kFullIteration)
     if (named.find(g.model) != std::string::npos && gpu.rfind(g.gpu, 0) == 0 &&
         c.at_least(g.from.year, g.from.month, g.from.patch))

@@ -169,7 +169,9 @@ double layer_activation_bytes(const ModelConfig& m, int64_t micro_batch, int64_t
     bytes -= tokens * linear * (bytes_per_element - 1);
   }
   if (!flash_attention && l.recompute == Recompute::None)
-    bytes += tokens * 5 * static_cast<double>(m.n_head) / t * static_cast<double>(seq_len);
+    bytes += tokens * 5 * static_cast<double>(m.n_head) / t * static_cast<double>(seq_len) *
+             static_cast<double>(m.attention_layer_count()) /
+             static_cast<double>(m.n_layer);  // a hybrid's attention blocks
   return bytes;
 }
 
@@ -296,6 +298,7 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
     if (job.unfused_softmax && !job.flash_attention && layout.recompute == Recompute::None)
       stash += 1.0 * static_cast<double>(layout.micro_batch * job.seq_len / layout.cp) *
                static_cast<double>(m.n_head) / static_cast<double>(layout.tp) *
+               static_cast<double>(m.attention_layer_count()) / static_cast<double>(m.n_layer) *
                static_cast<double>(job.seq_len);  // 6 bytes a score, not 5
     return stash;
   };

@@ -347,6 +347,8 @@ double flops_per_token(FlopCount count, const ModelConfig& m, double params, dou
         return megatron_hybrid_flops_per_token(m, seq);
       ModelConfig no_blocks = m;
       no_blocks.n_layer = 0;
+      no_blocks.hybrid_pattern.clear();
+      no_blocks.mamba_heads = 0;
       const double blocks = static_cast<double>(m.parameter_count() - no_blocks.parameter_count()) - inactive;
       return 6 * (blocks + v * h) +
              (count == FlopCount::NonEmbeddingFull ? attention : attention_flops(true));

@@ -77,6 +77,8 @@ struct Entry {
   // Models a family names by variant rather than size (Llama 4 Scout and Maverick are both
   // "17B"): a pattern the lower-case name matches, tried before the size.
   const char* variant = nullptr;
+  // Matched by its variant only, and only when a stated size agrees (not by size alone).
+  bool variant_only = false;
 };
 
 // Shared experts of the routed experts' width, a dense MLP of ffn_hidden on the layers that are

@@ -389,7 +389,7 @@ std::string family_of(const std::string& name) {
       // "nemotron_3_nano", "Nemotron V3 Super 120B"); "Nemotron-3 8B" (dense, 2023) and
       // "nemotron-340b" are this family's.
       {std::regex(
-           R"(nemotron(?![\s_-]*(h([\s_-]|$|[0-9])|v?[35][\s_.-]*(nano|super|ultra|lightning|5)))(?!.*(nano|super|ultra|lightning)))"),
+           R"(nemotron(?![\s_-]*(h([\s_-]|$|[0-9])|v?[35][\s_.-]*(nano|super|ultra|lightning|5)))(?!.*(^|[^a-z])(nano|super|ultra|lightning)([^a-z]|$)))"),
        "nemotron4"},
       {std::regex(R"(nemotron)"), "nemotronhybrid"},
       // published_models_more.cpp's families.
@@ -439,21 +439,27 @@ std::optional<PublishedModel> find_published_model(const std::string& printed_na
   const std::vector<Entry>* tables[] = {&published_model_table::recent_entries(),
                                         &published_model_table::more_entries(),
                                         &published_model_table::hybrid_entries()};
-  for (const std::vector<Entry>* table : tables)
-    for (const Entry& e : *table)
-      if (family == e.family && e.variant != nullptr &&
-          std::regex_search(name, std::regex(e.variant)))
-        return e.model;
   // The size: the first number followed by "b" that is not part of the family's version
   // ("Llama 3.1 8B" -> 8, "GPT3-5B" -> 5, "DeepSeek-V3 671B (37B active)" -> 671).
   static const std::regex size(R"((^|[^0-9.])([0-9]+(\.[0-9]+)?)\s*b(?![a-z0-9]))");
   std::smatch match;
-  if (!std::regex_search(name, match, size)) return std::nullopt;
-  const double size_b = std::stod(match[2].str());
+  const bool sized = std::regex_search(name, match, size);
+  const double size_b = sized ? std::stod(match[2].str()) : 0;
+  auto same_size = [&](const Entry& e) {
+    return std::abs(size_b - e.size_b) < (e.size_b < 2 ? 0.05 : 0.5);
+  };
+  // A variant_only entry needs its variant, and the stated size if any ("Nemotron Super 49B",
+  // Llama-based, is not Nemotron 3 Super 120B).
   for (const std::vector<Entry>* table : tables)
     for (const Entry& e : *table)
-      if (family == e.family && std::abs(size_b - e.size_b) < (e.size_b < 2 ? 0.05 : 0.5))
+      if (family == e.family && e.variant != nullptr &&
+          std::regex_search(name, std::regex(e.variant)) &&
+          (!e.variant_only || !sized || same_size(e)))
         return e.model;
+  if (!sized) return std::nullopt;
+  for (const std::vector<Entry>* table : tables)
+    for (const Entry& e : *table)
+      if (family == e.family && !e.variant_only && same_size(e)) return e.model;
   return std::nullopt;
 }
 

@@ -57,6 +57,11 @@ ModelConfig nemotron3(ModelConfig c, int64_t experts, int64_t top_k, int64_t exp
   return c;
 }
 
+// Every entry here is matched by its variant and, where the name states one, its size: the
+// Llama-based "Nemotron Nano 8B", "Super 49B" and "Ultra 253B" are none of these.
+const char* const kNemotronHVariant = R"(nemotron[\s_-]*h([^a-z]|$))";
+const char* const kNano2Variant = R"((^|[^a-z])nano([^a-z]|$))";
+
 const char* const kNano3Pattern = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME";
 
 }  // namespace
@@ -70,7 +75,8 @@ const std::vector<Entry>& hybrid_entries() {
        {"Nemotron 3 Nano 30B-A3B",
         nemotron3(hybrid(kNano3Pattern, 2688, 32, 2, 1856, 64, 64, 128), 128, 6, 1856, 0, 0), 0,
         kNemotron3, "", kHybridApprox},
-       R"(nano(?![\s_-]*(v?2|[0-9]+(\.[0-9]+)?\s*b)))"},
+       R"((^|[^a-z])nano([^a-z]|$))",
+       true},
       {"nemotronhybrid",
        30,
        {"Nemotron 3.5 Lightning 30B-A3B",
@@ -79,7 +85,8 @@ const std::vector<Entry>& hybrid_entries() {
         "Nano's "
         "architecture, trained with MTP",
         "", kHybridApprox},
-       R"(lightning)"},
+       R"(lightning)",
+       true},
       {"nemotronhybrid",
        120,
        {"Nemotron 3 Super 120B-A12B",
@@ -88,7 +95,8 @@ const std::vector<Entry>& hybrid_entries() {
                          4096, 32, 2, 2688, 128, 64, 128),
                   512, 22, 2688, 1024, 2),
         0, kNemotron3, "", kHybridApprox},
-       R"(super)"},
+       R"((^|[^a-z])super([^a-z]|$))",
+       true},
       {"nemotronhybrid",
        550,
        {"Nemotron 3 Ultra 550B-A55B",
@@ -98,20 +106,25 @@ const std::vector<Entry>& hybrid_entries() {
                          8192, 64, 2, 5120, 256, 64, 128),
                   512, 22, 5120, 2048, 2),
         0, kNemotron3, "", kHybridApprox},
-       R"(ultra)"},
+       R"((^|[^a-z])ultra([^a-z]|$))",
+       true},
       {"nemotronhybrid",
        8,
        {"Nemotron-H 8B",
         hybrid("M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-", 4096, 32, 8, 21504, 128, 64,
                128),
-        0, kNemotronH, "", kHybridApprox}},
+        0, kNemotronH, "", kHybridApprox},
+       kNemotronHVariant,
+       true},
       {"nemotronhybrid",
        47,
        {"Nemotron-H 47B",
         hybrid("M-M-M-M-M-M-M-M-M*-M-M-M-M-M-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-M-M---MM---"
                "M-M*-M-M-M-M-M-",
                8192, 64, 8, 30720, 256, 64, 256),
-        0, kNemotronH, "", kHybridApprox}},
+        0, kNemotronH, "", kHybridApprox},
+       kNemotronHVariant,
+       true},
       {"nemotronhybrid",
        56,
        {"Nemotron-H 56B",
@@ -119,19 +132,25 @@ const std::vector<Entry>& hybrid_entries() {
                "M*-M-M-M-M-M*-M-"
                "M-M-M-M*-M-M-M-M-M-",
                8192, 64, 8, 32768, 256, 64, 256),
-        0, kNemotronH, "", kHybridApprox}},
+        0, kNemotronH, "", kHybridApprox},
+       kNemotronHVariant,
+       true},
       {"nemotronhybrid",
        9,
        {"Nemotron Nano 2 9B",
         hybrid("M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-", 4480, 40, 8, 15680, 128,
                80, 128),
-        0, kNemotronNano2, "", kHybridApprox}},
+        0, kNemotronNano2, "", kHybridApprox},
+       kNano2Variant,
+       true},
       {"nemotronhybrid",
        12,
        {"Nemotron Nano 2 12B",
         hybrid("M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M*-M-M-M-M-", 5120, 40, 8, 20480,
                128, 80, 128),
-        0, kNemotronNano2, "", kHybridApprox}},
+        0, kNemotronNano2, "", kHybridApprox},
+       kNano2Variant,
+       true},
   };
   return table;
 }

@@ -64,7 +64,8 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   // weighted by its count in the pattern.
   const double layers = static_cast<double>(m.n_layer);
   const double attention_share = static_cast<double>(m.attention_layer_count()) / layers;
-  const double dense_share = static_cast<double>(m.dense_mlp_layer_count()) / layers;
+  const double dense_share = m.is_hybrid() ? static_cast<double>(m.dense_mlp_layer_count()) / layers
+                                           : 1 - static_cast<double>(m.moe_layer_count()) / layers;
   const double mamba_share = static_cast<double>(m.hybrid_layer_count('M')) / layers;
   double forward =
       attention_share * (gemm_s(tokens, (q + 2 * kv) / t, h) + gemm_s(tokens, h, q / t));
@@ -248,7 +249,8 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     // second column-parallel linear, in the dense layers only (a mixture-of-experts layer's
     // experts run whole on every tp rank).
     const double backward_reductions =
-        job.tp_reduce_per_column_linear && !l.sequence_parallel && m.arch == Architecture::Llama
+        job.tp_reduce_per_column_linear && !l.sequence_parallel && m.arch == Architecture::Llama &&
+                !m.is_hybrid()
             ? 2 + (1 - static_cast<double>(m.moe_layer_count()) / static_cast<double>(m.n_layer))
             : 2;
     c.tp_comm_s = (2 + backward_reductions) * one;
@@ -282,7 +284,8 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       c.tp_exposed_backward_s += share * c.tp_exposed_forward_s;
     }
     // A hybrid's block has one mixer, so one column- and row-parallel pair: half a transformer
-    // layer's collectives, each beside the block's own GEMMs.
+    // layer's collectives (under tp_comm_overlap each still paired with half the block's GEMMs,
+    // as a transformer layer's are).
     if (m.is_hybrid()) {
       c.tp_comm_s /= 2;
       c.tp_exposed_forward_s /= 2;
@@ -290,7 +293,10 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     }
   }
   if (l.cp > 1) {
-    const double hops = static_cast<double>(l.cp - 1), core = c.attention_core_s;
+    // One attention layer's core (c.attention_core_s is the mean layer's: a hybrid's attention
+    // share of it): what one attention layer's exchange hides behind.
+    const double hops = static_cast<double>(l.cp - 1),
+                 core = attention_share > 0 ? c.attention_core_s / attention_share : 0.0;
     const CpWireBytes wire = context_parallel_wire_bytes(m, l, tokens, job.memory.activation_bytes,
                                                          job.memory.cp_gathers_repeated_kv);
     const GroupTopology cp_group = group_topology(cluster, l.cp, l.tp * l.ep);
@@ -437,7 +443,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     head_bwd += 26 * whole / gpu.hbm_bandwidth_bytes_per_s;
   }
   // Multi-token prediction (ModelConfig::mtp_layers): each depth one more attention and MLP on
-  // the last stage (a hybrid's two blocks, a transformer's one layer) and one more head.
+  // the last stage, charged as two of the hybrid's mean blocks (a transformer's one layer), and
+  // one more pass of the head. Its weights and activations are not in the memory model.
   const double mtp_layers = static_cast<double>(m.mtp_layers * (m.is_hybrid() ? 2 : 1));
   head_fwd *= 1 + static_cast<double>(m.mtp_layers);
   head_bwd *= 1 + static_cast<double>(m.mtp_layers);
@@ -455,8 +462,9 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
         static_cast<double>(stage_layers[static_cast<size_t>(stage)]) + (last ? mtp_layers : 0);
     const double f = n * passes.forward_s + (last ? head_fwd : 0),
                  b = n * passes.backward_s + (last ? head_bwd : 0);
-    const double w = std::min(n * layer.weight_grad_s + (last ? head_gemm : 0),
-                              b / 2);  // B is never shorter than W
+    const double w = std::min(
+        n * layer.weight_grad_s + (last ? head_gemm * (1 + static_cast<double>(m.mtp_layers)) : 0),
+        b / 2);  // B is never shorter than W
     // The collectives each pass waits for (hidable under DualPipeV's other pass).
     stage_passes.push_back({f, b - w, w, n * passes.hidable_forward_s,
                             std::min(n * passes.hidable_backward_s, b - w)});
@@ -478,7 +486,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
       const PassTimes& passes = stage_passes[static_cast<size_t>(stage)];
       f += passes.forward_s;
       b += passes.backward_s();
-      w += n * layer.weight_grad_s + (last ? head_gemm : 0);
+      w += n * layer.weight_grad_s +
+           (last ? head_gemm * (1 + static_cast<double>(m.mtp_layers)) : 0);
     }
     if (f + b > mean_f + mean_b) mean_f = f, mean_b = b, mean_w = w;
     compute_per_micro = std::max(compute_per_micro, work);

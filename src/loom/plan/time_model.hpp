@@ -78,8 +78,9 @@ struct TrainingJob {
   // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.
   bool fp8_gemms = false;
   // FP4 GEMMs (Transformer Engine's NVFP4 recipe, Blackwell: E2M1 with an E4M3 scale per 16
-  // elements): the linear layers' forward, input-gradient and weight-gradient GEMMs at the GPU's
-  // FP4 peak, everything else as under fp8_gemms (set both). Needs gpu.fp4_tflops > 0.
+  // elements): the linear layers' forward, input-gradient and weight-gradient GEMMs at a fitted
+  // share of the GPU's FP4 peak (kNvfp4GemmRateShare, time_model.cpp), everything else as under
+  // fp8_gemms (set both). Needs gpu.fp4_tflops > 0.
   bool fp4_gemms = false;
   Zero3Traffic zero3_traffic = Zero3Traffic::Hierarchical;
   // Data parallelism synchronised in the optimizer step, after the whole backward: under ZeRO

@@ -248,6 +248,17 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   const nlohmann::json best = nlohmann::json::parse(r.output.substr(r.output.find('{')))["top"][0];
   EXPECT_GT(best["time"]["tokens_per_s"].get<double>(), 0);
   EXPECT_FALSE(best["engine_supported"].get<bool>());  // planned, not trained by loom's engine
+  // Nemotron 3 Super in NVFP4 on 64 GB200s: 512 latent experts on 40 of 88 blocks, and MTP. Its
+  // 120,000 listed parameters are tallied once per (tp, ep), not once per layout and rank (the
+  // search took over ten minutes before).
+  r = run_loom(
+      "plan --model \"Nemotron 3 Super\" --gpu gb200 --gpus 64 --seq 8192 --global-batch 512 "
+      "--precision nvfp4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_GT(
+      nlohmann::json::parse(r.output.substr(r.output.find('{')))["top"][0]["time"]["tokens_per_s"]
+          .get<double>(),
+      0);
   r = run_loom("plan --model llama-405b --gpus 8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("the smallest count of h100-sxm that fits is"));

@@ -1,5 +1,7 @@
 #include "loom/plan/rank_parameters.hpp"
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "loom/model/parameter_specs.hpp"
@@ -15,7 +17,46 @@ struct Tally {
   double token_table = 0, position_table = 0, final_norm = 0, head = 0;
 };
 
+Tally count_tally(const ModelConfig& m, const PlanLayout& l);
+
+// The tally depends on the model's shapes and the layout's tp and ep only; a search evaluates
+// thousands of layouts of one model, and a model of 512 experts on 40 layers lists 120,000
+// parameters, so the last few tallies are kept (per thread).
 Tally tally(const ModelConfig& m, const PlanLayout& l) {
+  std::string key = std::to_string(static_cast<int>(m.arch));
+  for (const int64_t v : {m.vocab_size,
+                          m.max_seq_len,
+                          m.n_layer,
+                          m.n_embd,
+                          m.n_head,
+                          m.n_kv_head,
+                          m.attention_head_dim,
+                          m.ffn_hidden,
+                          static_cast<int64_t>(m.tied_embeddings),
+                          m.n_experts,
+                          m.n_shared_experts,
+                          m.moe_ffn_hidden,
+                          m.moe_first_dense,
+                          m.moe_every,
+                          m.mamba_heads,
+                          m.mamba_head_dim,
+                          m.mamba_state,
+                          m.mamba_groups,
+                          m.mamba_conv,
+                          static_cast<int64_t>(m.squared_relu_mlp),
+                          m.moe_latent,
+                          l.tp,
+                          l.ep})
+    key += "," + std::to_string(v);
+  key += "," + m.hybrid_pattern;
+  thread_local std::map<std::string, Tally> cache;
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  if (cache.size() >= 16) cache.clear();
+  return cache.emplace(key, count_tally(m, l)).first->second;
+}
+
+Tally count_tally(const ModelConfig& m, const PlanLayout& l) {
   Tally t;
   t.block.assign(static_cast<size_t>(m.n_layer), 0);
   t.experts.assign(static_cast<size_t>(m.n_layer), 0);

@@ -196,6 +196,12 @@ TEST(Cli, PlanPredictsTheCudaEngineFromAGpuProfile) {
   EXPECT_THAT(r.output, HasSubstr("profiles loom's cuda engine"));
 }
 
+// The JSON a command printed after what it said on stderr (a published model's approximation):
+// from the first line that opens an object.
+std::string json_part(const std::string& output) {
+  return output.rfind('{', 0) == 0 ? output : output.substr(output.find("\n{") + 1);
+}
+
 TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   CommandResult r = run_loom("plan --model llama-8b --gpu h100-sxm --layout tp=8,dp=8,zero=1,recompute=selective,sp=1 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -245,7 +251,7 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   r = run_loom("plan --model \"Nemotron-H 8B\" --gpus 8 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("Mamba-2 scans"));
-  const nlohmann::json best = nlohmann::json::parse(r.output.substr(r.output.find('{')))["top"][0];
+  const nlohmann::json best = nlohmann::json::parse(json_part(r.output))["top"][0];
   EXPECT_GT(best["time"]["tokens_per_s"].get<double>(), 0);
   EXPECT_FALSE(best["engine_supported"].get<bool>());  // planned, not trained by loom's engine
   // Nemotron 3 Super in NVFP4 on 64 GB200s: 512 latent experts on 40 of 88 blocks, and MTP. Its
@@ -256,8 +262,7 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
       "--precision nvfp4 --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_GT(
-      nlohmann::json::parse(r.output.substr(r.output.find('{')))["top"][0]["time"]["tokens_per_s"]
-          .get<double>(),
+      nlohmann::json::parse(json_part(r.output))["top"][0]["time"]["tokens_per_s"].get<double>(),
       0);
   r = run_loom("plan --model llama-405b --gpus 8");
   EXPECT_EQ(r.exit_code, 2);

@@ -109,6 +109,9 @@ struct ModelConfig {
   char layer_kind(int64_t layer) const {
     return is_hybrid() ? hybrid_pattern[static_cast<size_t>(layer)] : 'T';
   }
+  bool has_attention(int64_t layer) const {
+    return layer_kind(layer) == 'T' || layer_kind(layer) == '*';
+  }
   int64_t hybrid_layer_count(char kind) const;  // layers of that symbol
   int64_t attention_layer_count() const;        // hybrid '*'; a transformer's every layer
   int64_t dense_mlp_layer_count() const;        // hybrid '-'; a transformer's non-MoE layers

@@ -26,7 +26,7 @@ inline double flops_per_token(const ModelConfig& c, int64_t seq_len) {
   // backward (3x).
   double keys = 0;
   for (int64_t l = 0; l < c.n_layer; ++l)
-    if (c.layer_kind(l) == 'T' || c.layer_kind(l) == '*') keys += c.mean_keys_per_query(l, seq_len);
+    if (c.has_attention(l)) keys += c.mean_keys_per_query(l, seq_len);
   const double attention = 12.0 * keys * static_cast<double>(c.q_dim());
   const double scans =
       3.0 * static_cast<double>(c.hybrid_layer_count('M')) * c.mamba_scan_flops_per_token();

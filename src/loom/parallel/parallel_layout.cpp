@@ -287,7 +287,8 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
     unsupported("model", "GPT-2-style experts", "model.n_experts = ", m.n_experts,
                 " with model.arch = gpt2: the engine's mixture-of-experts layers are Llama-style (SwiGLU "
                 "experts, Mixtral's layout) so far; use arch = \"llama\"");
-  if (m.is_hybrid() || m.squared_relu_mlp || m.moe_latent > 0 || m.mtp_layers > 0)
+  if (m.is_hybrid())  // ModelConfig::validate allows squared-ReLU MLPs, latent experts and MTP on
+                      // hybrids only
     unsupported("model", "hybrid Mamba stacks",
                 "the engine builds transformers of SwiGLU or GELU MLPs; a hybrid Mamba stack, a "
                 "squared-ReLU MLP, "

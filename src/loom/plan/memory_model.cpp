@@ -26,58 +26,43 @@ MemoryBreakdown zero_model_states(double params, const StateBytes& bytes, int64_
   return m;
 }
 
-LayerElements layer_elements_of(const ModelConfig& m, bool moe_layer) {
-  const double h = static_cast<double>(m.n_embd);
-  const double f = static_cast<double>(moe_layer ? m.expert_ffn() : m.ffn_hidden);
-  const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;  // LayerNorm: mean and rstd
-  const double mlp_pre =
-      m.arch == Architecture::GPT2 || m.squared_relu_mlp ? f : 2 * f;  // SwiGLU keeps gate | up
-  // A mixture of experts runs each token through k experts: k copies of the MLP interior, the
-  // k dispatched copies of its input and the k expert outputs the combine's backward reads,
-  // the router's logits and probabilities over the experts, and the k routing weights
-  // (model/moe's MoeStash).
-  const double k = moe_layer ? static_cast<double>(m.experts_per_token) : 1;
-  // Shared experts add one always-on MLP of n_shared x f: its pre-activation and activation.
-  const double shared = moe_layer ? static_cast<double>(m.n_shared_experts) : 0;
-  const double moe_extra = moe_layer ? 2 * k * h + 2 * static_cast<double>(m.n_experts) + k + shared * (mlp_pre + f) : 0;
-  LayerElements e;
-  e.replicated_by_tp = h /*input*/ + 2 * (h + norm_stats) /*two norms*/ + h /*mid residual*/;
-  const double q = static_cast<double>(m.q_dim());  // q and the attention output
-  e.split_by_tp = (q + 2.0 * static_cast<double>(m.kv_dim())) + k * mlp_pre + moe_extra;
-  e.recomputable = q + static_cast<double>(m.n_head) + k * f;
-  e.linear_replicated = 2 * h;
-  e.linear_recomputable = q + k * f;
-  return e;
-}
-
-// The mean layer: dense and mixture-of-experts layers weighted by their counts (exact for the
-// whole model; a pipeline stage's mix may differ from the mean).
 namespace {
 
-// One block of a hybrid Mamba stack: its input and pre-norm output, and its mixer's stash.
-// A Mamba-2 mixer (Megatron-LM's MambaMixer on mamba_ssm's fused path,
-// mamba_split_conv1d_scan_combined, which saves zxbcdt and out_x and recomputes the convolution
-// and the chunk states in backward) keeps in_proj's output (z|x|B|C|dt), the scan's output and
-// out_proj's input (the gated norm's output, saved by out_proj's linear): none of it dropped by
-// selective recomputation. Attention, MLP and expert blocks keep what a transformer layer's
-// halves keep; a latent MoE dispatches latent-wide copies.
-LayerElements hybrid_block_elements(const ModelConfig& m, char kind) {
+// One block: its input and pre-norm output (and the norm's statistics), and its mixer's stash.
+// A transformer layer is two: an attention block ('*') and an MLP or expert block ('-', 'E');
+// a hybrid Mamba stack's layers are one each ('M' too).
+//   - Attention keeps q|k|v, and its output and log-sum-exp (dropped by selective).
+//   - An MLP keeps its pre-activation (SwiGLU: gate | up) and its activation (dropped by
+//   selective).
+//   - A mixture of experts runs each token through k experts: k copies of the MLP interior, the k
+//     dispatched copies of its input and the k expert outputs the combine's backward reads, the
+//     router's logits and probabilities over the experts, and the k routing weights (model/moe's
+//     MoeStash); shared experts add one always-on MLP of n_shared x f. A squared-ReLU expert
+//     applies its routing weight inside the activation (Megatron-Core's fused weighted squared
+//     ReLU, which Nemotron 3 sets), so its backward reads the saved pre-activation, not the k
+//     outputs; a latent MoE dispatches latent-wide copies between its two projections.
+//   - A Mamba-2 mixer (Megatron-LM's MambaMixer on mamba_ssm's fused path,
+//     mamba_split_conv1d_scan_combined, which saves zxbcdt and out_x and recomputes the
+//     convolution and the chunk states in backward) keeps in_proj's output (z|x|B|C|dt), the
+//     scan's output and out_proj's input: none of it dropped by selective recomputation.
+LayerElements block_elements(const ModelConfig& m, char kind) {
   const double h = static_cast<double>(m.n_embd);
+  const double norm_stats = m.arch == Architecture::GPT2 ? 2 : 1;  // LayerNorm: mean and rstd
   LayerElements e{};
-  e.replicated_by_tp = h /*input*/ + h + 1 /*RMSNorm output and rstd*/;
+  e.replicated_by_tp = h /*input*/ + h + norm_stats /*the norm's output and statistics*/;
   e.linear_replicated = h;
-  const double inner = static_cast<double>(m.mamba_inner());
-  const double pre = [&](double f) {
-    return m.squared_relu_mlp ? f : 2 * f;
-  }(static_cast<double>(kind == 'E' ? m.expert_ffn() : m.ffn_hidden));
   const double f = static_cast<double>(kind == 'E' ? m.expert_ffn() : m.ffn_hidden);
+  const double pre =
+      m.arch == Architecture::GPT2 || m.squared_relu_mlp ? f : 2 * f;  // SwiGLU: gate | up
   switch (kind) {
-    case 'M':
+    case 'M': {
+      const double inner = static_cast<double>(m.mamba_inner());
       e.split_by_tp = static_cast<double>(m.mamba_in_proj()) + 2 * inner;
       e.linear_split = inner;
       break;
+    }
     case '*': {
-      const double q = static_cast<double>(m.q_dim());
+      const double q = static_cast<double>(m.q_dim());  // q and the attention output
       e.split_by_tp = q + 2.0 * static_cast<double>(m.kv_dim());
       e.recomputable = q + static_cast<double>(m.n_head);
       e.linear_recomputable = q;
@@ -88,32 +73,49 @@ LayerElements hybrid_block_elements(const ModelConfig& m, char kind) {
       e.recomputable = f;
       e.linear_recomputable = f;
       break;
-    default: {  // 'E', as layer_elements_of's experts
+    default: {  // 'E'
       const double k = static_cast<double>(m.experts_per_token);
       const double width = m.moe_latent > 0 ? static_cast<double>(m.moe_latent) : h;
       const double shared = static_cast<double>(m.n_shared_experts);
-      // The k dispatched copies; the k expert outputs only where the routing weights multiply
-      // them in the combine: a squared-ReLU expert applies its weight inside the activation
-      // (Megatron-Core's fused weighted squared ReLU, which Nemotron 3 sets:
-      // use_fused_weighted_squared_relu), so its backward reads the saved pre-activation instead.
       const double copies = m.squared_relu_mlp ? 1 : 2;
       e.split_by_tp = k * pre + copies * k * width + 2 * static_cast<double>(m.n_experts) + k +
                       shared * (pre + f) + (m.moe_latent > 0 ? 2 * width : 0);
       e.recomputable = k * f;
       e.linear_recomputable = k * f;
-      e.linear_split = k * width;  // the dispatched copies: the experts' first GEMM's input
+      // The dispatched copies are the experts' first GEMM's input (1 byte under FP8); counted so
+      // for hybrids, whose presets came with it, not yet for a transformer's experts.
+      if (m.is_hybrid()) e.linear_split = k * width;
       break;
     }
   }
   return e;
 }
 
+LayerElements operator+(const LayerElements& a, const LayerElements& b) {
+  return {a.replicated_by_tp + b.replicated_by_tp,
+          a.split_by_tp + b.split_by_tp,
+          a.recomputable + b.recomputable,
+          a.linear_replicated + b.linear_replicated,
+          a.linear_recomputable + b.linear_recomputable,
+          a.linear_split + b.linear_split};
+}
+
+}  // namespace
+
+LayerElements layer_elements_of(const ModelConfig& m, bool moe_layer) {
+  return block_elements(m, '*') + block_elements(m, moe_layer ? 'E' : '-');
+}
+
+// The mean layer: dense and mixture-of-experts layers weighted by their counts, a hybrid's blocks
+// by theirs (exact for the whole model; a pipeline stage's mix may differ from the mean).
+namespace {
+
 LayerElements layer_elements(const ModelConfig& m) {
   if (m.is_hybrid()) {
     LayerElements mean{};
     const double n = static_cast<double>(m.n_layer);
     for (const char kind : m.hybrid_pattern) {
-      const LayerElements e = hybrid_block_elements(m, kind);
+      const LayerElements e = block_elements(m, kind);
       mean.replicated_by_tp += e.replicated_by_tp / n;
       mean.split_by_tp += e.split_by_tp / n;
       mean.recomputable += e.recomputable / n;

@@ -316,8 +316,7 @@ double flops_per_token(FlopCount count, const ModelConfig& m, double params, dou
   auto attention_flops = [&](bool causal) {
     double keys = 0;
     for (int64_t layer = 0; layer < m.n_layer; ++layer) {
-      if (m.layer_kind(layer) != 'T' && m.layer_kind(layer) != '*')
-        continue;  // a hybrid's non-attention blocks
+      if (!m.has_attention(layer)) continue;  // a hybrid's non-attention blocks
       const bool windowed =
           m.is_windowed_layer(layer) && static_cast<double>(m.sliding_window) < seq;
       if (windowed)

@@ -497,6 +497,47 @@ TEST(PublishedRuns, Nvfp4RowsAgainstTheirMxfp8Rows) {
   ASSERT_GE(errors.size(), 8u);
   std::sort(errors.begin(), errors.end());
   EXPECT_LT(std::fabs(errors[errors.size() / 2]), 0.05);
+  // The README's row for this file, as printed there.
+  const plan::ValidationSummary s = plan::summarize(checks);
+  auto pct = [](double e) {
+    char text[16];
+    std::snprintf(text, sizeof text, "%.1f", 100 * e);
+    return std::string(text);
+  };
+  EXPECT_EQ(s.answered, 32);
+  EXPECT_EQ(pct(s.rates.median), "11.8");
+  EXPECT_EQ(pct(s.rates.p90), "16.8");
+  EXPECT_EQ(pct(s.rates.worst), "47.2");
+}
+
+// "MXFP8", "FP8_MX" and Megatron-Bridge 25.09's "FP8_MX_32x32" are FP8 with a scale per 32
+// elements (TrainingJob::mx_gemms); "FP8_CS" and "FP8" are per-tensor FP8, "MXFP4" is 4-bit.
+// Hopper has no block-scaled tensor cores: an MXFP8 row on an H100 is refused, naming the part.
+TEST(PublishedRuns, MxfpPrecisionsReadAsBlockScaledFp8) {
+  auto row = [](const std::string& gpu, const std::string& precision) {
+    return R"({"id": ")" + precision + R"(", "kind": "throughput", "source": "Doe 2025",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": ")" +
+           gpu + R"(", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 8, "tp": 1, "pp": 1, "dp": 8}, "precision": ")" +
+           precision + R"(",
+      "micro_batch": 1, "global_batch": 64, "recompute": "none", "measured": {"mfu": 0.3}})";
+  };
+  const std::string text = "[" + row("B200", "MXFP8") + "," + row("B200", "FP8_MX_32x32") + "," +
+                           row("B200", "FP8-MX") + "," + row("B200", "FP8_CS") + "," +
+                           row("B200", "FP8") + "," + row("B200", "MXFP4") + "," +
+                           row("H100 80GB", "MXFP8") + "]";
+  const std::vector<plan::PublishedRun> runs =
+      plan::read_published_runs(write_file("mx.json", text));
+  ASSERT_EQ(runs.size(), 7u);
+  for (int i = 0; i < 6; ++i) {
+    SCOPED_TRACE(runs[i].id);
+    EXPECT_TRUE(runs[i].refused.empty()) << runs[i].refused;
+    EXPECT_TRUE(runs[i].fp8);
+    EXPECT_EQ(runs[i].mx, i < 3);
+    EXPECT_EQ(runs[i].fp4, i == 5);
+  }
+  expect_contains(runs[6].refused, {"MXFP8", "no block-scaled (MX) tensor cores"});
 }
 
 }  // namespace

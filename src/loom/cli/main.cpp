@@ -102,8 +102,12 @@ int main(int argc, char** argv) {
   plan_cmd->add_option("--top", plan_args.top, "rows of the search table")->check(CLI::PositiveNumber);
   plan_cmd->add_option("--seq", plan_args.seq_len, "sequence length")->check(CLI::PositiveNumber);
   plan_cmd->add_option("--global-batch", plan_args.global_batch, "sequences per optimizer step")->check(CLI::PositiveNumber);
-  plan_cmd->add_option("--precision", plan_args.precision, "bf16, fp8 (FP8 Linear GEMMs, Transformer Engine's recipe), nvfp4 (4-bit Linear GEMMs on Blackwell) or f32")
-      ->check(CLI::IsMember({"bf16", "fp8", "nvfp4", "f32"}));
+  plan_cmd
+      ->add_option(
+          "--precision", plan_args.precision,
+          "bf16, fp8 (FP8 Linear GEMMs, Transformer Engine's recipe), mxfp8 (the same with a scale "
+          "per 32 elements, Blackwell), nvfp4 (4-bit Linear GEMMs on Blackwell) or f32")
+      ->check(CLI::IsMember({"bf16", "fp8", "mxfp8", "nvfp4", "f32"}));
   plan_cmd->add_flag("--json", plan_args.json, "print JSON instead of a table");
   plan_cmd->add_option("--gemm-timings", plan_args.gemm_timings, "CSV of measured GEMMs (m,n,k,seconds) to calibrate the time model")
       ->check(CLI::ExistingFile);

@@ -90,16 +90,22 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   job.memory.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
   // fp8: Transformer Engine's recipe, Linear GEMMs in FP8 and their saved inputs in 1 byte;
   // the rest in bf16 with fp32 master weights.
+  // mxfp8: the same at the block-scaled kernels' rate (TrainingJob::mx_gemms).
   // nvfp4: the same, with the Linear GEMMs in 4 bits (TrainingJob::fp4_gemms).
-  if (args.precision == "fp8" || args.precision == "nvfp4") {
+  if (args.precision == "fp8" || args.precision == "mxfp8" || args.precision == "nvfp4") {
     const plan::GpuSpec gpu = plan_cluster(args, args.gpus_per_node).gpu;
     if (gpu.fp8_tflops <= 0)
       throw_error("plan: --precision ", args.precision, " on ", gpu.name, ", which has no FP8 tensor cores; use bf16");
     if (args.precision == "nvfp4" && gpu.fp4_tflops <= 0)
       throw_error("plan: --precision nvfp4 on ", gpu.name,
                   ", which has no FP4 tensor cores (B200, B300, GB200 and GB300 have); use fp8 or bf16");
+    if (args.precision == "mxfp8" && gpu.fp4_tflops <= 0)
+      throw_error("plan: --precision mxfp8 on ", gpu.name,
+                  ", which has no block-scaled (MX) tensor cores (B200, B300, GB200 and GB300 "
+                  "have); use fp8 or bf16");
     job.fp8_gemms = true;
     job.fp4_gemms = args.precision == "nvfp4";
+    job.mx_gemms = args.precision == "mxfp8";
     job.memory.fp8_linear_inputs = true;
   }
   if (!args.gemm_timings.empty()) {

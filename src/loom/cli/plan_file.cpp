@@ -66,8 +66,10 @@ void apply_plan_file(PlanArgs& args) {
   set_unless_given("layout", args.layout, r.get_string("plan.layout", args.layout));
   set_unless_given("top", args.top, r.get_int("plan.top", args.top));
   r.reject_unknown_keys();
-  if (args.precision != "bf16" && args.precision != "fp8" && args.precision != "nvfp4" && args.precision != "f32")
-    throw_error(args.config, ": training.precision = '", args.precision, "'; expected bf16, fp8, nvfp4 or f32");
+  if (args.precision != "bf16" && args.precision != "fp8" && args.precision != "mxfp8" &&
+      args.precision != "nvfp4" && args.precision != "f32")
+    throw_error(args.config, ": training.precision = '", args.precision,
+                "'; expected bf16, fp8, mxfp8, nvfp4 or f32");
   if (args.attention != "flash" && args.attention != "materialized")
     throw_error(args.config, ": training.attention = '", args.attention, "'; expected flash or materialized");
   if (!(args.moe_imbalance >= 1 && args.moe_imbalance <= 1e6))

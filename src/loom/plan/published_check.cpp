@@ -101,6 +101,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.global_batch = global_batch;
   job.fp8_gemms = run.fp8;
   job.fp4_gemms = run.fp4;
+  job.mx_gemms = run.mx;
   job.attention_kernel_speedup = run.attention_kernel_speedup;
   job.tp_comm_overlap = run.tp_comm_overlap;
   job.dp_sync_after_backward = run.conventions.dp_sync_after_backward;

@@ -335,7 +335,13 @@ void fill_run(const json& entry, PublishedRun& run) {
   if (run.fp4 && run.cluster.gpu.fp4_tflops <= 0)
     throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name +
                   ", which has no FP4 tensor cores (Blackwell and later have)"};
-  run.fp8 = run.fp4 || !contains_any(precision, {"fp8", "float8", "e4m3"}).empty();
+  // "MXFP8", "FP8_MX", "FP8-MX", "FP8_MX_32x32": FP8 with a scale per 32 elements (Blackwell).
+  run.mx =
+      !run.fp4 && !contains_any(precision, {"mxfp8", "fp8_mx", "fp8-mx", "fp8 mx", "mx8"}).empty();
+  if (run.mx && run.cluster.gpu.fp4_tflops <= 0)
+    throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name +
+                  ", which has no block-scaled (MX) tensor cores (Blackwell and later have)"};
+  run.fp8 = run.fp4 || run.mx || !contains_any(precision, {"fp8", "float8", "e4m3"}).empty();
   if (run.fp8 && run.cluster.gpu.fp8_tflops <= 0)
     throw Refusal{"precision '" + f.text("precision") + "' on " + run.cluster.gpu.name + ", which has no FP8 tensor cores"};
   // An FP8 run may state the FP8 peak as its "dense peak" (llm-foundry's FP8 table divides by

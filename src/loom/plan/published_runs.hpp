@@ -91,6 +91,7 @@ struct PublishedRun {
   double attention_kernel_speedup = 1.0;
   bool fp8 = false;
   bool fp4 = false;  // NVFP4 / MXFP4 linear layers (TrainingJob::fp4_gemms); fp8 is set too
+  bool mx = false;   // MXFP8 linear layers (TrainingJob::mx_gemms); fp8 is set too
   // An FP8 run whose stated peak is the part's dense FP8 rate: its MFU is over that peak.
   bool stated_fp8_peak = false;
   // Under full recomputation, the share of layers checkpointed (GpuJob::full_recompute_share).

@@ -79,9 +79,14 @@ struct TrainingJob {
   bool fp8_gemms = false;
   // FP4 GEMMs (Transformer Engine's NVFP4 recipe, Blackwell: E2M1 with an E4M3 scale per 16
   // elements): the linear layers' forward, input-gradient and weight-gradient GEMMs at a fitted
-  // share of the GPU's FP4 peak (kNvfp4GemmRateShare, time_model.cpp), everything else as under
+  // share of the GPU's FP4 peak (kNvfp4GemmRateShare, layer_cost.cpp), everything else as under
   // fp8_gemms (set both). Needs gpu.fp4_tflops > 0.
   bool fp4_gemms = false;
+  // MXFP8 GEMMs (Transformer Engine's MXFP8 recipe, Blackwell: an E8M0 scale per 32 elements):
+  // fp8_gemms at the block-scaled kernels' measured rate, kMxfp8GemmRate of per-tensor FP8's
+  // (layer_cost.cpp). Set with fp8_gemms, not with fp4_gemms; needs gpu.fp4_tflops > 0 (the
+  // parts with block-scaled tensor cores).
+  bool mx_gemms = false;
   Zero3Traffic zero3_traffic = Zero3Traffic::Hierarchical;
   // Data parallelism synchronised in the optimizer step, after the whole backward: under ZeRO
   // stage 0-2 one all-reduce of every gradient in fp32 (16-bit gradients up-cast first), and

@@ -77,14 +77,41 @@ TEST(GpuPresets, MatchDatasheetsHalvedForSparsity) {
   EXPECT_DOUBLE_EQ(gb200.fp8_tflops, 5000);
   EXPECT_DOUBLE_EQ(gb200.hbm_bytes, 186 * kGiB);
 
+  // AMD Instinct datasheets: MI300X BF16 1,307.4 and FP8 2,614.9 TF dense, 192 GB at 5.3 TB/s,
+  // Infinity Fabric 896 GB/s both ways; an MI250X GCD half the package's 383 TF, 128 GB, 3.2 TB/s.
+  const plan::GpuSpec& mi300x = gpu_preset("mi300x");
+  EXPECT_DOUBLE_EQ(mi300x.bf16_tflops, 1307.4);
+  EXPECT_DOUBLE_EQ(mi300x.fp8_tflops, 2614.9);
+  EXPECT_DOUBLE_EQ(mi300x.hbm_bytes, 192 * kGiB);
+  EXPECT_DOUBLE_EQ(mi300x.nvlink_bytes_per_s, 448e9);
+  EXPECT_DOUBLE_EQ(mi300x.fp4_tflops, 0);  // CDNA 3: no 4-bit or block-scaled tensor cores
+  EXPECT_FALSE(mi300x.nvls);
+  EXPECT_TRUE(plan::amd_part(mi300x));
+  EXPECT_FALSE(plan::amd_part(h100));
+  const plan::GpuSpec& mi250x = gpu_preset("mi250x");
+  EXPECT_DOUBLE_EQ(mi250x.bf16_tflops, 191.5);
+  EXPECT_DOUBLE_EQ(mi250x.hbm_bytes, 64 * kGiB);
+  EXPECT_DOUBLE_EQ(mi250x.hbm_bandwidth_bytes_per_s, 1.6e12);
+  EXPECT_DOUBLE_EQ(mi250x.fp8_tflops, 0);
+  EXPECT_DOUBLE_EQ(gpu_preset("mi355x").fp4_tflops, 10000);
+  // A GH200 is an H100's tensor cores with 96 GB of HBM3 at 4 TB/s; the H20 a cut Hopper.
+  EXPECT_DOUBLE_EQ(gpu_preset("gh200").bf16_tflops, h100.bf16_tflops);
+  EXPECT_DOUBLE_EQ(gpu_preset("gh200").hbm_bytes, 96 * kGiB);
+  EXPECT_DOUBLE_EQ(gpu_preset("gh200-144gb").hbm_bandwidth_bytes_per_s, 4.9e12);
+  EXPECT_DOUBLE_EQ(gpu_preset("h20").bf16_tflops, 148);
+  EXPECT_DOUBLE_EQ(gpu_preset("v100-16gb").hbm_bytes, 16 * kGiB);
+
   EXPECT_EQ(&gpu_preset("H100-SXM"), &h100) << "names match case-insensitively";
   EXPECT_EQ(plan::gpu_preset_names(),
-            (std::vector<std::string>{"v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h100-pcie", "h100-nvl", "a800-80gb", "h200", "b200", "b300", "gb200", "gb300"}));
+            (std::vector<std::string>{"v100-32gb", "v100-16gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm",
+                                      "h100-pcie", "h100-nvl", "a800-80gb", "h200", "gh200", "gh200-144gb", "h20", "b200",
+                                      "b300", "gb200", "gb300", "mi250x", "mi250", "mi300x", "mi325x", "mi350x",
+                                      "mi355x"}));
 }
 
 TEST(GpuPresets, UnknownNameListsValidOnes) {
-  const std::string message = error_message([] { gpu_preset("mi300x"); });
-  expect_contains(message, {"'mi300x'", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200"});
+  const std::string message = error_message([] { gpu_preset("tpu-v5p"); });
+  expect_contains(message, {"'tpu-v5p'", "a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x"});
 }
 
 TEST(ClusterSpec, DefaultsReproduceLlama3FailureRate) {

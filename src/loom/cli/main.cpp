@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   loom::cli::PlanArgs plan_args;
   auto* plan_cmd = app.add_subcommand("plan", "find the best layout for a model on a cluster, or evaluate one (--layout)");
   plan_cmd->add_option("--model", plan_args.model, "model preset or TOML config with a [model] table");
-  plan_cmd->add_option("--gpu", plan_args.gpu, "GPU preset: v100-32gb, a100-40gb, a100-80gb, a800-80gb, h100-sxm, h100-pcie, h100-nvl, h800-sxm, h200, b200, b300, gb200, gb300");
+  plan_cmd->add_option("--gpu", plan_args.gpu, "GPU preset: v100-32gb, v100-16gb, a100-40gb, a100-80gb, a800-80gb, h100-sxm, h100-pcie, h100-nvl, h800-sxm, h200, gh200, gh200-144gb, h20, b200, b300, gb200, gb300, mi250x, mi250 (one GCD), mi300x, mi325x, mi350x, mi355x");
   plan_cmd->add_option("--layout", plan_args.layout, "evaluate one layout, e.g. tp=2,pp=4,dp=8,zero=1,mbs=1,recompute=selective,sp=1");
   plan_cmd->add_option("--gpus", plan_args.gpus, "GPU count (required to search)")->check(CLI::NonNegativeNumber);
   plan_cmd->add_option("--gpus-per-node", plan_args.gpus_per_node, "GPUs per NVLink node")->check(CLI::PositiveNumber);

@@ -18,6 +18,9 @@ const std::vector<GpuSpec>& presets() {
       // tensor-core peak (Volta has no BF16; the "bf16" field holds the 16-bit tensor peak),
       // HBM2 900 GB/s, NVLink 300 GB/s, 300 W.
       {"v100-32gb", 125.0, 0, 32 * kGiB, 900e9, 300e9 / 2, 300},
+      // The same datasheet's 16 GB SXM2 part (DGX-1, Megatron-LM's 2019 runs on DGX-2H used
+      // 32 GB): the same compute, HBM2 and NVLink.
+      {"v100-16gb", 125.0, 0, 16 * kGiB, 900e9, 300e9 / 2, 300},
       // NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf),
       // SXM column: BF16 624 TF sparse, HBM2 1,555 GB/s, NVLink 600 GB/s, max TDP 400 W.
       // Ampere has no FP8 tensor cores.
@@ -42,6 +45,16 @@ const std::vector<GpuSpec>& presets() {
       // NVIDIA H200 Tensor Core GPU datasheet, SXM column: same compute as H100 SXM (BF16
       // 1,979 TF, FP8 3,958 TF sparse), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, up to 700 W.
       {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700, true},
+      // NVIDIA GH200 Grace Hopper Superchip datasheet: the H100's tensor cores (BF16 1,979 TF,
+      // FP8 3,958 TF sparse) with 96 GB HBM3 at 4 TB/s, or 144 GB HBM3e at 4.9 TB/s; NVLink-C2C
+      // to the Grace CPU and NVLink 900 GB/s to other GPUs (CSCS Alps, JUPITER and Isambard-AI
+      // join four superchips a node by NVLink, without NVSwitch); the module up to 1,000 W, CPU
+      // and memory included.
+      {"gh200", 1979.0 / 2, 3958.0 / 2, 96 * kGiB, 4.0e12, 900e9 / 2, 1000},
+      {"gh200-144gb", 1979.0 / 2, 3958.0 / 2, 144 * kGiB, 4.9e12, 900e9 / 2, 1000},
+      // NVIDIA H20 (the 2024 export part, HGX H20 product brief): BF16 148 TF and FP8 296 TF
+      // dense, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s on the HGX baseboard's NVSwitch, 400 W.
+      {"h20", 148.0, 296.0, 96 * kGiB, 4.0e12, 900e9 / 2, 400, true},
       // NVIDIA DGX B200 datasheet / HGX B200 platform specs, per GPU (8 per system): FP8
       // 72 PF and FP16/BF16 36 PF sparse per system -> 9 and 4.5 PF per GPU sparse; 1,440 GB
       // and 64 TB/s HBM3e per system -> 180 GB and 8 TB/s; NVLink 5 1.8 TB/s; 1,000 W. FP4
@@ -63,6 +76,23 @@ const std::vector<GpuSpec>& presets() {
       // FP4 1,080 PF dense per rack (1,440 sparse) -> 15 PF per GPU.
       {"gb300", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1400, true,
        1080000.0 / 72},
+      // AMD Instinct MI250X and MI250 datasheets, per package of two GCDs: BF16 383.0 and 362.1
+      // TF peak (dense; CDNA 2 has no FP8 and no sparsity), 128 GB HBM2e at 3.2 TB/s, 560 W and
+      // 500 W. ROCm, and every paper that trains on them (Frontier, LUMI), counts a GCD as one
+      // GPU: half of each. Between GCDs, Infinity Fabric: 200 GB/s within a package, 50-100 GB/s
+      // between packages of a Frontier node, so a ring of 8 runs at the 50 GB/s links.
+      {"mi250x", 383.0 / 2, 0, 64 * kGiB, 3.2e12 / 2, 50e9, 560.0 / 2},
+      {"mi250", 362.1 / 2, 0, 64 * kGiB, 3.2e12 / 2, 50e9, 500.0 / 2},
+      // AMD Instinct MI300X datasheet: BF16 1,307.4 TF and FP8 2,614.9 TF dense (twice with
+      // sparsity), 192 GB HBM3 at 5.3 TB/s, 750 W; seven Infinity Fabric links to the other seven
+      // GPUs of a platform, 896 GB/s both ways together (448 GB/s out). MI325X: the same compute,
+      // 256 GB HBM3E at 6 TB/s, 1,000 W. MI350X and MI355X (CDNA 4): BF16 2.3 and 2.5 PF, FP8 4.6
+      // and 5.0 PF, MXFP4 9.2 and 10 PF dense, 288 GB HBM3E at 8 TB/s, 1,000 W and 1,400 W, seven
+      // links of 153.6 GB/s (both ways) each.
+      {"mi300x", 1307.4, 2614.9, 192 * kGiB, 5.3e12, 896e9 / 2, 750},
+      {"mi325x", 1307.4, 2614.9, 256 * kGiB, 6.0e12, 896e9 / 2, 1000},
+      {"mi350x", 2300.0, 4600.0, 288 * kGiB, 8e12, 7 * 153.6e9 / 2, 1000, false, 9200.0},
+      {"mi355x", 2500.0, 5000.0, 288 * kGiB, 8e12, 7 * 153.6e9 / 2, 1400, false, 10000.0},
   };
   return table;
 }
@@ -93,6 +123,8 @@ void require_positive(const char* field, double value) {
 
 bool ampere_part(const GpuSpec& gpu) { return gpu.name.rfind("a100", 0) == 0 || gpu.name.rfind("a800", 0) == 0; }
 
+bool amd_part(const GpuSpec& gpu) { return gpu.name.rfind("mi", 0) == 0; }
+
 const GpuSpec& gpu_preset(const std::string& name) {
   const std::string wanted = lowercase(name);
   for (const GpuSpec& spec : presets())
@@ -109,6 +141,10 @@ std::vector<std::string> gpu_preset_names() {
 double default_inter_node_bytes_per_s(const GpuSpec& gpu) {
   // NVIDIA DGX-2: eight 100 Gb/s EDR InfiniBand ports for 16 V100s (6.25 GB/s per GPU).
   if (gpu.name.rfind("v100", 0) == 0) return 8 * 100e9 / 8 / 16;
+  // Frontier and LUMI: four 200 Gb/s Slingshot-11 NICs a node of four MI250X (eight GCDs).
+  if (gpu.name.rfind("mi250", 0) == 0) return 4 * 200e9 / 8 / 8;
+  // CSCS Alps, JUPITER: four 200 Gb/s NICs a node of four GH200.
+  if (gpu.name.rfind("gh200", 0) == 0) return 200e9 / 8;
   return ampere_part(gpu) ? 25e9 : 50e9;
 }
 

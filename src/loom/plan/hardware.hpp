@@ -32,12 +32,16 @@ struct GpuSpec {
   double fp4_tflops = 0;
 };
 
-// Presets: "v100-32gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h100-pcie", "h100-nvl", "a800-80gb",
-// "h200", "b200", "b300", "gb200", "gb300". The name is matched
+// Presets: "v100-32gb", "v100-16gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h100-pcie",
+// "h100-nvl", "a800-80gb", "h200", "gh200", "gh200-144gb", "h20", "b200", "b300", "gb200", "gb300",
+// "mi250x", "mi250" (one GCD each), "mi300x", "mi325x", "mi350x", "mi355x". The name is matched
 // case-insensitively; an unknown name throws a loom::Error that lists the valid ones.
 const GpuSpec& gpu_preset(const std::string& name);
 // An Ampere part (A100, A800): its GEMM and attention efficiencies and its network are the A100's.
 bool ampere_part(const GpuSpec& gpu);
+// An AMD Instinct part: its GEMM and attention efficiencies are the Hopper family's (no AMD run
+// calibrates them; the assumption is printed with a prediction).
+bool amd_part(const GpuSpec& gpu);
 std::vector<std::string> gpu_preset_names();
 
 // Inter-node bandwidth per GPU, one direction, of the reference server of the GPU's

@@ -82,7 +82,7 @@ HostIssue published_moe_host_issue(bool megatron_stack, const ModelConfig& m,
       return {};
   // A Grace-Blackwell system's host is an Arm Grace CPU, slower per PyTorch operation than the
   // DGX parts' Xeons (Transformer Engine issue #2053).
-  const bool grace = gpu.rfind("gb", 0) == 0;
+  const bool grace = gpu.rfind("gb", 0) == 0 || gpu.rfind("gh", 0) == 0;
   const double seconds = kMoeHostSecondsPerOp * (grace ? kGraceHostFactor : 1.0);
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.0f us", seconds * 1e6);

@@ -92,6 +92,23 @@ TEST(PublishedPresets, MixturesOfExpertsCountTheirActiveParameters) {
   EXPECT_NEAR(v2_active / 21e9, 1.0, 0.03);
 }
 
+// Apertus (Swiss AI 2025): xIELU's two matrices of F stand as a SwiGLU of 2F/3, so the layer
+// keeps its parameters. By hand from its launch scripts' dimensions: per layer q and o (2 h^2), k
+// and v (2 h 1024), the MLP (2 h F) and two norms (2 h); both embeddings (V = 131,072) and the
+// final norm.
+TEST(PublishedPresets, ApertusKeepsItsTwoMatrixMlpsParameters) {
+  auto by_hand = [](double layers, double h, double f) {
+    return layers * (2 * h * h + 2 * h * 1024 + 2 * h * f + 2 * h) + 2 * 131072 * h + h;
+  };
+  const plan::PublishedModel big = *plan::find_published_model("swiss-ai/Apertus-70B-2509");
+  EXPECT_EQ(big.name, "Apertus 70B");
+  EXPECT_DOUBLE_EQ(static_cast<double>(big.config.parameter_count()), by_hand(80, 8192, 43008));
+  EXPECT_EQ(big.batch_tokens, 4096 * 4096);
+  const plan::PublishedModel small = *plan::find_published_model("Apertus 8B");
+  EXPECT_DOUBLE_EQ(static_cast<double>(small.config.parameter_count()), by_hand(32, 4096, 21504));
+  EXPECT_FALSE(small.approximation.empty());
+}
+
 // Names that are not these models: other families' and words that contain a family's letters.
 TEST(PublishedPresets, OtherNamesKeepTheirFamilies) {
   EXPECT_EQ(plan::find_published_model("GPT-3 175B (Megatron-LM)")->name, "GPT-3 175B");

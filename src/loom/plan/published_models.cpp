@@ -419,6 +419,7 @@ std::string family_of(const std::string& name) {
       {std::regex(R"((^|[^a-z])mpt(?![a-z]))"), "mpt"},
       {std::regex(R"(olmo[\s_-]*2(?![0-9]))"), "olmo2"},
       {std::regex(R"(olmo(?!e))"), "olmo"},  // not OLMoE, a mixture of experts
+      {std::regex(R"(apertus)"), "apertus"},
   };
   for (const auto& [pattern, family] : families)
     if (std::regex_search(name, pattern)) return family;

@@ -60,6 +60,13 @@ const char* const kOlmo =
 const char* const kOlmo2 =
     "OLMo Team 2024, '2 OLMo 2 Furious' (arXiv 2501.00656), Table 1 (batches of 1024 and 2048 "
     "sequences of 4096); config.json";
+const char* const kApertus =
+    "Swiss AI 2025, Apertus v1 Technical Report (arXiv 2509.14233), Table 1; "
+    "swiss-ai/pretrain-code "
+    "pretraining/submit_apertus_70b.sh and submit_apertus_8b.sh";
+const char* const kXielu =
+    "xIELU's 2-matrix MLP of F charged as a SwiGLU of 2F/3 (the same parameters, FLOPs and saved "
+    "bytes)";
 const char* const kGpt2 =
     "Radford et al. 2019, 'Language Models are Unsupervised Multitask Learners', Table 2; the "
     "released checkpoints (vocabulary 50,257, context 1024)";
@@ -370,6 +377,19 @@ const std::vector<Entry>& more_entries() {
       {"olmo2",
        13,
        {"OLMo 2 13B", llama_shape(40, 5120, 40, 40, 13824, 100352, 4096), 8 << 20, kOlmo2, "", ""}},
+      // Swiss AI 2025, Apertus (arXiv 2509.14233, Table 1; swiss-ai/pretrain-code
+      // submit_apertus_70b.sh and submit_apertus_8b.sh): 80 layers of 8192 (64 heads, 8 kv) and
+      // 32 of 4096 (32 heads, 8 kv), xIELU MLPs of 43008 and 21504 (two matrices, not gated),
+      // untied, vocabulary 131,072, sequences of 4096; the 70B's batch 4096 sequences after its
+      // ramp from 2048.
+      {"apertus",
+       70,
+       {"Apertus 70B", llama_shape(80, 8192, 64, 8, 43008 * 2 / 3, 131072, 4096), 4096 * 4096,
+        kApertus, "", kXielu}},
+      {"apertus",
+       8,
+       {"Apertus 8B", llama_shape(32, 4096, 32, 8, 21504 * 2 / 3, 131072, 4096), 0, kApertus, "",
+        kXielu}},
   };
   return all;
 }

@@ -159,9 +159,17 @@ RunCheck check_run(const PublishedRun& run) {
         tps.push_back(tp);
   }
   for (int64_t mbs : choices(run.unstated.micro_batch, run.layout.micro_batch, {1, 2, 4, 8, 16})) {
-    const std::vector<int64_t> vps = run.unstated.interleaved
-                                         ? std::vector<int64_t>{2, 3, 4, 5, 6, 8}
-                                         : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8};
+    std::vector<int64_t> vps = run.unstated.interleaved ? std::vector<int64_t>{2, 3, 4, 5, 6, 8}
+                                                        : std::vector<int64_t>{1, 2, 3, 4, 5, 6, 8};
+    // Megatron's --num-layers-per-virtual-pipeline-stage takes any divisor of a stage's layers.
+    // Where none of 2-8 chunks splits them (7 a stage: 112 layers on pp 16; 23: 92 on pp 4), the
+    // stage's own layer count is searched too: 7 or 23 chunks of one layer.
+    if (run.unstated.vp && run.layout.pp > 1 && model.n_layer % run.layout.pp == 0) {
+      const int64_t per_stage = model.n_layer / run.layout.pp;
+      bool splits = false;
+      for (int64_t v : {2, 3, 4, 5, 6, 8}) splits = splits || per_stage % v == 0;
+      if (!splits && per_stage > 1) vps.push_back(per_stage);
+    }
     for (int64_t vp : choices(run.unstated.vp, run.layout.vp, vps)) {
       for (Recompute recompute : recomputes) for (int64_t ep : eps) for (int64_t zero : zeros) for (int64_t tp : tps) {
         PlanLayout l = run.layout;

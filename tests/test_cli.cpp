@@ -324,13 +324,13 @@ TEST(Cli, PlanValidateComparesPublishedRunsAndCalibratesFromGemmTimings) {
   const nlohmann::json v = nlohmann::json::parse(r.output);
   EXPECT_EQ(v["runs"].size(), 57u);
   EXPECT_EQ(v["total"].get<int64_t>(), 57);
-  EXPECT_EQ(v["answered"].get<int64_t>(), 56);  // the one refused: see test_plan_validate.cpp
+  EXPECT_EQ(v["answered"].get<int64_t>(), 57);  // every one (test_plan_validate.cpp)
   EXPECT_EQ(v["malformed"].get<int64_t>(), 0);
   EXPECT_EQ(v["verdicts"].get<int64_t>(), v["verdicts_right"].get<int64_t>());
   r = run_loom("plan --validate " + published);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("narayanan21_t1_1008.0B"));
-  EXPECT_THAT(r.output, HasSubstr("coverage: 56 of 57 runs answered"));
+  EXPECT_THAT(r.output, HasSubstr("coverage: 57 of 57 runs answered"));
   EXPECT_THAT(r.output, HasSubstr("TFLOP/s through the run's own 27.18 GFLOP per token"));
   EXPECT_THAT(r.output, HasSubstr("median |error|"));
   r = run_loom("plan --layout dp=8");

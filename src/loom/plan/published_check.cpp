@@ -8,6 +8,7 @@
 #include "loom/core/error.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/plan/memory_model.hpp"
+#include "loom/plan/published_fields.hpp"
 #include "loom/plan/published_runs.hpp"
 #include "loom/plan/search.hpp"
 #include "loom/plan/time_model.hpp"
@@ -52,6 +53,46 @@ const char* recompute_word(Recompute r) {
 
 namespace {
 
+// The largest GPT (Megatron-LM's shapes, gpt_in_megatron_shape) whose memory fits on the run's
+// GPU at its layout and the given ZeRO stage, in billions of parameters: memory grows with the
+// parameters, so a bisection on the log of the size, to 0.1%. A tp that does not divide a
+// shape's heads takes one head per tp rank (the parameters do not change).
+double largest_model_that_fits(const PublishedRun& run, int zero_stage, RunCheck& check) {
+  PlanLayout l = run.layout;
+  l.zero_stage = zero_stage;
+  GpuJob memory;
+  memory.seq_len = run.seq_len;
+  memory.flash_attention = run.flash_attention;
+  memory.state = kMixedPrecisionAdam;
+  memory.state.gradient = run.gradient_bytes;
+  if (zero_stage == 0 && run.conventions.fused_fp32_allreduce_buffer) memory.state.gradient += 4;
+  memory.micro_batches = 1;
+  PublishedRun scratch = run;
+  auto fits = [&](double params) {
+    scratch.assumptions.clear();
+    ModelConfig m = published_detail::gpt_in_megatron_shape(params, "largest", scratch);
+    if (m.n_head % l.tp != 0) m.n_head = m.n_kv_head = l.tp;
+    if (m.n_layer < l.pp) return true;  // smaller than any model the layout could hold
+    memory.stage_layers = stage_layer_counts(m.n_layer, l.pp);
+    return fits_in_hbm(predict_gpu_memory(m, l, memory), run.cluster.gpu.hbm_bytes,
+                       run.conventions.megatron);
+  };
+  double low = 1e8, high = 1e15;
+  if (!fits(low)) return 0;
+  while (high / low > 1.001) {
+    const double mid = std::sqrt(low * high);
+    (fits(mid) ? low : high) = mid;
+  }
+  check.notes.push_back(
+      "largest model at ZeRO stage " + std::to_string(zero_stage) +
+      ": a GPT in Megatron-LM's shapes (Narayanan et al. 2021, Table 1), micro-batch " +
+      std::to_string(l.micro_batch) + ", recompute " + recompute_word(l.recompute) +
+      (zero_stage == 0 && run.conventions.fused_fp32_allreduce_buffer
+           ? ", every gradient also in a fused fp32 all-reduce buffer (ZeRO paper sec. 3.2)"
+           : ""));
+  return low / 1e9;
+}
+
 RunCheck check_run(const PublishedRun& run) {
   RunCheck check;
   check.run = &run;
@@ -62,6 +103,14 @@ RunCheck check_run(const PublishedRun& run) {
     for (const Measured& m : run.measured) {
       const double gb = zero_model_states(run.params, kMixedPrecisionAdam, run.layout.dp, run.layout.zero_stage).total() / 1e9;
       check.figures.push_back({m, gb, gb / m.value - 1});
+    }
+    return check;
+  }
+  if (!run.measured.empty() && run.measured.front().figure == Figure::LargestModel) {
+    for (const Measured& m : run.measured) {
+      const double billions = largest_model_that_fits(
+          run, m.zero_stage >= 0 ? m.zero_stage : run.layout.zero_stage, check);
+      check.figures.push_back({m, billions, billions / m.value - 1});
     }
     return check;
   }
@@ -328,6 +377,7 @@ RunCheck check_run(const PublishedRun& run) {
       case Figure::Fits: predicted = check.fits ? 1 : 0; break;
       case Figure::LayerForwardMs: predicted = 1e3 * predict_layer_time(model, l, run.cluster, job).forward_s; break;
       case Figure::LayerBackwardMs: predicted = 1e3 * predict_layer_time(model, l, run.cluster, job).backward_s; break;
+      case Figure::LargestModel: break;  // answered above, for records that measure only it
     }
     const double error = m.figure == Figure::Fits ? (predicted == m.value ? 0.0 : 1.0) : predicted / m.value - 1;
     check.figures.push_back({m, predicted, error});

@@ -85,6 +85,13 @@ SourceConventions cudnn9_fused(SourceConventions c) {
   return c;
 }
 
+// The ZeRO paper's baseline data parallelism (Megatron-LM, 2019): every gradient fused into one
+// flattened fp32 buffer for the all-reduce (its sec. 3.2, "Temporary buffers").
+SourceConventions fused_allreduce_buffer(SourceConventions c) {
+  c.fused_fp32_allreduce_buffer = true;
+  return c;
+}
+
 // Megatron-Bridge's performance tables have a VP column in every table; "n/a" there (a null in
 // a record) is no interleaving, not a choice left open.
 SourceConventions vp_column(SourceConventions c) {
@@ -184,11 +191,11 @@ const std::vector<Row>& rows() {
                               "4/3 of it when checkpointing; "
                               "its H100 FP8 table's MFU is over the FP8 peak"))},
       {"rajbhandari",
-       before_sequence_parallelism(
+       fused_allreduce_buffer(before_sequence_parallelism(
            materialized(make("ZeRO (Rajbhandari et al. 2020)", F::PaLM, F::RecomputeHardware,
                              F::PaLM, false,
                              "the ZeRO paper: Fig. 1 model states (2 + 2 + 12) Psi / Nd, GB")),
-           "2020")},
+           "2020"))},
       {"hagemann",
        hagemann_sweeps(make("Hagemann et al. 2023", F::PaLM, F::RecomputeHardware, F::PaLM, false,
                             "Hagemann et al. 2023: MFU after PaLM (6N + 12Lhs)"))},

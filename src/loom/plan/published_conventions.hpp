@@ -93,6 +93,10 @@ struct SourceConventions {
   int64_t unstated_vocab = 0;
   std::string unstated_vocab_why;
   bool mfu_counts_model_params = false;
+  // Data parallelism without ZeRO fuses every gradient into one flattened fp32 buffer for its
+  // all-reduce, 4 bytes a parameter beside the 16-bit gradients (the ZeRO paper, sec. 3.2, of
+  // its Megatron-LM baseline: "a flattened fp32 buffer would require 6 GB" for 1.5B).
+  bool fused_fp32_allreduce_buffer = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

@@ -214,6 +214,11 @@ void read_layout(const RunFields& f, PublishedRun& run);
 // parameter count settles), or a named preset; refuses what ModelConfig cannot hold.
 ModelConfig model_of(const RunFields& f, PublishedRun& run);
 
+// A GPT of `params` parameters in the shape of Megatron-LM's model of the nearest size
+// (Narayanan et al. 2021, Table 1), as a record naming only a size gets; the shape is said in
+// run.assumptions.
+ModelConfig gpt_in_megatron_shape(double params, const std::string& name, PublishedRun& run);
+
 // The attention a run ran (run.flash_attention, run.attention_kernel_speedup) from its
 // `attention` field (flash | materialized, checked by the caller) or the kernel its lower-case
 // `notes` name, else its source's date; and where the source's labels name the norm kernel,

@@ -159,6 +159,10 @@ int64_t gpt_generation_context(const std::string& name) {
 
 }  // namespace
 
+ModelConfig gpt_in_megatron_shape(double params, const std::string& name, PublishedRun& run) {
+  return gpt_of_size(params, name, run);
+}
+
 ModelConfig model_of(const RunFields& f, PublishedRun& run) {
   const std::string name = f.text("model.name");
   const std::optional<int64_t> layers = f.integer("model.layers"), hidden = f.integer("model.hidden"),

@@ -32,6 +32,7 @@ const char* figure_name(Figure figure) {
     case Figure::Fits: return "fits (1) / OOM (0)";
     case Figure::LayerForwardMs: return "layer forward ms";
     case Figure::LayerBackwardMs: return "layer backward ms";
+    case Figure::LargestModel: return "largest model B";
   }
   return "unknown";
 }
@@ -39,7 +40,8 @@ const char* figure_name(Figure figure) {
 FigureClass figure_class(Figure figure) {
   switch (figure) {
     case Figure::MemoryPerGpu:
-    case Figure::ModelStates: return FigureClass::Memory;
+    case Figure::ModelStates:
+    case Figure::LargestModel: return FigureClass::Memory;
     case Figure::Fits: return FigureClass::Verdict;
     default: return FigureClass::Rate;
   }
@@ -112,6 +114,36 @@ void read_measured(const RunFields& f, PublishedRun& run) {
         c.memory == MemoryCount::Reserved ? "peak reserved by the caching allocator, GiB"
                                           : "model states + activations by formula, GiB");
   if (const std::optional<bool> oom = f.flag("measured.oom")) add(Figure::Fits, *oom ? 0.0 : 1.0, "the run's OOM verdict");
+  // The largest model that fits, in billions ("max_measured_model_B_baseline": the ZeRO paper's
+  // Table 2), at the ZeRO stage its key names: baseline 0, zero1 / os 1, zero2 / os_g 2, zero3 /
+  // os_g_p 3; a key naming none, the layout's stage.
+  if (const json* o = f.find("measured.other"); o != nullptr && o->is_object()) {
+    static const std::regex largest(R"(^max[a-z_]*model[a-z_]*_b(_.*)?$)");
+    for (auto it = o->begin(); it != o->end(); ++it) {
+      const std::string key = lowercase(it.key());
+      std::smatch match;
+      if (!std::regex_match(key, match, largest)) continue;
+      if (!it->is_number())
+        throw_error("published run '", run.id, "': measured.other.", it.key(), " is not a number");
+      const std::string suffix = match[1].matched ? match[1].str() : "";
+      int stage = -1;
+      if (suffix == "_baseline")
+        stage = 0;
+      else if (suffix == "_zero1" || suffix == "_os" || suffix == "_pos")
+        stage = 1;
+      else if (suffix == "_zero2" || suffix == "_os_g" || suffix == "_pos_g")
+        stage = 2;
+      else if (suffix == "_zero3" || suffix == "_os_g_p" || suffix == "_pos_g_p")
+        stage = 3;
+      else if (!suffix.empty())
+        throw Refusal{"measured.other." + it.key() + ": no ZeRO stage read from '" + suffix + "'"};
+      const size_t before = run.measured.size();
+      add(Figure::LargestModel, it->get<double>(),
+          "largest GPT that fits" +
+              (stage >= 0 ? ", ZeRO stage " + std::to_string(stage) : std::string()));
+      if (run.measured.size() > before) run.measured.back().zero_stage = stage;
+    }
+  }
   if (run.measured.empty()) {
     std::string other;
     if (const json* o = f.find("measured.other"); o != nullptr)
@@ -166,65 +198,9 @@ Recompute recompute_of(const std::string& printed, bool* stated) {
   return Recompute::None;
 }
 
-void fill_run(const json& entry, PublishedRun& run) {
-  const RunFields f(entry, run.id);
-  run.kind = f.text("kind");
-  run.source = f.text("source");
-  run.conventions = conventions_of_source(run.source);
-  run.source_label = run.conventions.label;
-  run.uncertain = f.flag("uncertain").value_or(false);
-  f.require_object("model");
-  f.require_object("hardware");
-  run.params = f.number("model.params_b").value_or(0) * 1e9;
-  read_measured(f, run);
-  read_layout(f, run);
-
-  if (run.kind == "analytic_memory_reference") {
-    if (run.params <= 0) throw Refusal{"model.params_b is needed for a model-state reference"};
-    return;
-  }
-  run.model = model_of(f, run);
-  run.seq_len = run.model.max_seq_len;
-  if (run.seq_len % run.layout.cp != 0)
-    throw Refusal{"cp = " + std::to_string(run.layout.cp) + " does not divide seq_len " + std::to_string(run.seq_len)};
-  if (run.layout.cp > 1 && run.conventions.cp_allgather_repeated_kv) {
-    run.layout.cp_comm = CpComm::AllGather;
-    run.assumptions.push_back(
-        "cp exchange not stated: all-gather (torchtitan's context_parallel_rotate_method default "
-        "at 9dec370), of k|v repeated to the query heads (repeat_kv before SDPA)");
-  }
-  if (run.layout.ep > 1 && !run.model.is_moe()) {
-    run.assumptions.push_back("ep " + std::to_string(run.layout.ep) + " on a dense model: no experts to place, ep = 1");
-    run.layout.ep = 1;
-  } else if (run.model.is_moe() && run.model.n_experts % run.layout.ep != 0) {
-    throw Refusal{"ep = " + std::to_string(run.layout.ep) + " does not divide the " + std::to_string(run.model.n_experts) +
-                  " experts"};
-  } else if (run.model.is_moe() && (run.layout.dp * run.layout.cp) % run.layout.ep != 0) {
-    // Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv 2504.14960): the experts'
-    // own mesh refolds the attention's tp x cp x dp ranks, so with an expert tp of 1 ep may span
-    // tp as well as dp (Qwen3 235B-A22B: tp 2, dp 16, ep 32). A GPU then holds E / ep whole
-    // experts and runs its tp share of the tokens through them: the parameters, FLOPs and
-    // all-to-all bytes of ep / tp expert-parallel ranks with each expert split over tp, which
-    // is what is modelled.
-    const int64_t tp = run.layout.tp, ep = run.layout.ep, replicas = run.layout.dp * run.layout.cp;
-    if (tp > 1 && ep % tp == 0 && replicas % (ep / tp) == 0) {
-      run.assumptions.push_back(
-          "ep " + std::to_string(ep) +
-          " spans tp x dp (MoE parallel folding, expert tp 1): modelled as ep " +
-          std::to_string(ep / tp) + " with each expert split over tp " + std::to_string(tp) +
-          (ep > tp ? " (the same experts, FLOPs and all-to-all bytes per GPU)"
-                   : " (the same experts and FLOPs per GPU; the dispatch within the tp group is "
-                     "charged as tp's collectives)"));
-      run.layout.ep = ep / tp;
-    } else {
-      throw Refusal{
-          "ep = " + std::to_string(ep) + " with tp = " + std::to_string(tp) +
-          " and dp x cp = " + std::to_string(replicas) +
-          ": an expert-parallel group lies within the data-parallel ranks (ep divides dp x cp) or, "
-          "with MoE "
-          "parallel folding, spans whole tp groups (tp divides ep, and ep / tp divides dp x cp)"};
-    }
-  }
+// The GPU and the cluster a run ran on (hardware.*): the part's preset, a stated peak, memory or
+// power limit, the NVLink domain and the nodes.
+void read_hardware(const RunFields& f, PublishedRun& run) {
   run.cluster.gpu = gpu_preset(preset_of_gpu(f.text("hardware.gpu")));
   const GpuSpec preset_gpu = run.cluster.gpu;
   const std::optional<double> stated_peak = f.number("hardware.peak_dense_tflops_assumed");
@@ -285,6 +261,94 @@ void fill_run(const json& entry, PublishedRun& run) {
   }
   run.cluster.gpus_per_node = std::max<int64_t>(1, std::min(run.layout.gpus(), nvlink_domain));
   run.cluster.nodes = std::max<int64_t>(1, run.layout.gpus() / run.cluster.gpus_per_node);
+}
+
+void fill_run(const json& entry, PublishedRun& run) {
+  const RunFields f(entry, run.id);
+  run.kind = f.text("kind");
+  run.source = f.text("source");
+  run.conventions = conventions_of_source(run.source);
+  run.source_label = run.conventions.label;
+  run.uncertain = f.flag("uncertain").value_or(false);
+  f.require_object("model");
+  f.require_object("hardware");
+  run.params = f.number("model.params_b").value_or(0) * 1e9;
+  read_measured(f, run);
+  read_layout(f, run);
+
+  if (run.kind == "analytic_memory_reference") {
+    if (run.params <= 0) throw Refusal{"model.params_b is needed for a model-state reference"};
+    return;
+  }
+  // The largest model that fits is searched (published_check.cpp), at the leanest activations
+  // where the record does not say: sequences of the model's context (GPT-2's 1024), micro-batch
+  // 1, full recomputation.
+  if (std::all_of(run.measured.begin(), run.measured.end(),
+                  [](const Measured& m) { return m.figure == Figure::LargestModel; })) {
+    run.seq_len = f.integer("model.seq_len").value_or(0);
+    if (run.seq_len <= 0) {
+      run.seq_len = 1024;
+      run.assumptions.push_back("seq_len not stated: 1024 (GPT-2's context)");
+    }
+    run.layout.micro_batch = std::max<int64_t>(1, f.integer("micro_batch").value_or(1));
+    bool stated = false;
+    run.layout.recompute = recompute_of(f.text("recompute"), &stated);
+    if (!stated) {
+      run.layout.recompute = Recompute::Full;
+      run.assumptions.push_back(
+          "recompute not stated: full (a largest model is found at the leanest activations)");
+    }
+    run.gradient_bytes = f.text("precision").find("fp32 grad") != std::string::npos ? 4 : 2;
+    read_hardware(f, run);
+    return;
+  }
+  run.model = model_of(f, run);
+  run.seq_len = run.model.max_seq_len;
+  if (run.seq_len % run.layout.cp != 0)
+    throw Refusal{"cp = " + std::to_string(run.layout.cp) + " does not divide seq_len " +
+                  std::to_string(run.seq_len)};
+  if (run.layout.cp > 1 && run.conventions.cp_allgather_repeated_kv) {
+    run.layout.cp_comm = CpComm::AllGather;
+    run.assumptions.push_back(
+        "cp exchange not stated: all-gather (torchtitan's context_parallel_rotate_method default "
+        "at 9dec370), of k|v repeated to the query heads (repeat_kv before SDPA)");
+  }
+  if (run.layout.ep > 1 && !run.model.is_moe()) {
+    run.assumptions.push_back("ep " + std::to_string(run.layout.ep) +
+                              " on a dense model: no experts to place, ep = 1");
+    run.layout.ep = 1;
+  } else if (run.model.is_moe() && run.model.n_experts % run.layout.ep != 0) {
+    throw Refusal{"ep = " + std::to_string(run.layout.ep) + " does not divide the " +
+                  std::to_string(run.model.n_experts) + " experts"};
+  } else if (run.model.is_moe() && (run.layout.dp * run.layout.cp) % run.layout.ep != 0) {
+    // Megatron-Core's MoE parallel folding (Liu et al. 2025, arXiv 2504.14960): the experts'
+    // own mesh refolds the attention's tp x cp x dp ranks, so with an expert tp of 1 ep may span
+    // tp as well as dp (Qwen3 235B-A22B: tp 2, dp 16, ep 32). A GPU then holds E / ep whole
+    // experts and runs its tp share of the tokens through them: the parameters, FLOPs and
+    // all-to-all bytes of ep / tp expert-parallel ranks with each expert split over tp, which
+    // is what is modelled.
+    const int64_t tp = run.layout.tp, ep = run.layout.ep, replicas = run.layout.dp * run.layout.cp;
+    if (tp > 1 && ep % tp == 0 && replicas % (ep / tp) == 0) {
+      run.assumptions.push_back(
+          "ep " + std::to_string(ep) +
+          " spans tp x dp (MoE parallel folding, expert tp 1): modelled as ep " +
+          std::to_string(ep / tp) + " with each expert split over tp " + std::to_string(tp) +
+          (ep > tp ? " (the same experts, FLOPs and all-to-all bytes per GPU)"
+                   : " (the same experts and FLOPs per GPU; the dispatch within the tp group is "
+                     "charged as tp's collectives)"));
+      run.layout.ep = ep / tp;
+    } else {
+      throw Refusal{
+          "ep = " + std::to_string(ep) + " with tp = " + std::to_string(tp) +
+          " and dp x cp = " + std::to_string(replicas) +
+          ": an expert-parallel group lies within the data-parallel ranks (ep divides dp x cp) or, "
+          "with MoE "
+          "parallel folding, spans whole tp groups (tp divides ep, and ep / tp divides dp x cp)"};
+    }
+  }
+  read_hardware(f, run);
+  const GpuSpec preset_gpu = gpu_preset(preset_of_gpu(f.text("hardware.gpu")));
+  const std::optional<double> stated_peak = f.number("hardware.peak_dense_tflops_assumed");
 
   bool recompute_stated = false;
   const json* recompute_node = f.find("recompute");

@@ -20,16 +20,17 @@ namespace loom::plan {
 
 // What a run measured, one entry per figure.
 enum class Figure {
-  Mfu,                // model FLOPs utilisation (a fraction), in the source's FLOP count
-  Hfu,                // hardware FLOPs utilisation, counting recomputation
-  TflopsPerGpu,       // achieved TFLOP/s per GPU, in the source's FLOP count
-  TokensPerSecond,    // tokens/s per GPU
-  StepTime,           // seconds per optimizer step
-  MemoryPerGpu,       // GB or GiB per GPU, as the source counts it (MemoryCount)
-  ModelStates,        // the ZeRO paper's analytic model-state GB per GPU
-  Fits,               // the out-of-memory verdict: 1 = ran, 0 = out of memory
-  LayerForwardMs,     // one transformer layer's forward, ms
-  LayerBackwardMs,    // one transformer layer's backward (with its recomputation), ms
+  Mfu,              // model FLOPs utilisation (a fraction), in the source's FLOP count
+  Hfu,              // hardware FLOPs utilisation, counting recomputation
+  TflopsPerGpu,     // achieved TFLOP/s per GPU, in the source's FLOP count
+  TokensPerSecond,  // tokens/s per GPU
+  StepTime,         // seconds per optimizer step
+  MemoryPerGpu,     // GB or GiB per GPU, as the source counts it (MemoryCount)
+  ModelStates,      // the ZeRO paper's analytic model-state GB per GPU
+  Fits,             // the out-of-memory verdict: 1 = ran, 0 = out of memory
+  LayerForwardMs,   // one transformer layer's forward, ms
+  LayerBackwardMs,  // one transformer layer's backward (with its recomputation), ms
+  LargestModel,     // the largest model that fits, billions of parameters (a GPT of any size)
 };
 const char* figure_name(Figure figure);
 enum class FigureClass { Rate, Memory, Verdict };  // how the summary groups errors
@@ -39,6 +40,7 @@ struct Measured {
   Figure figure = Figure::Mfu;
   double value = 0;
   std::string convention;  // how the source counts it, printed next to the prediction
+  int zero_stage = -1;     // LargestModel: the ZeRO stage it was measured at (-1: the layout's)
 };
 
 // What a run does not state, the planner enumerates (fastest layout that fits) or picks by a

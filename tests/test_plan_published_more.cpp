@@ -1,0 +1,146 @@
+// Published runs on what session 31 added: the GPUs beyond the HGX parts (AMD Instinct, GH200,
+// H20, V100 16 GB), the rest of the Megatron-LM README's H100 table, and the largest model that
+// fits as a measured figure.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "loom/plan/published_runs.hpp"
+#include "published_runs_support.hpp"
+#include "test_support.hpp"
+
+namespace loom::test {
+namespace {
+
+// GPUs as sources print them beyond the HGX parts: a Grace Hopper superchip is not an H200, nor
+// an H20; the V100's 16 GB part is its own; AMD's Instinct parts by name.
+TEST(PublishedRuns, GpusBeyondTheHgxPartsAreReadByName) {
+  auto gpu_of = [&](const std::string& id, const std::string& gpu) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": {"gpu": ")" +
+                             gpu +
+                             R"(", "gpus_per_node": 8}, "parallelism": {"total_gpus": 8, "dp": 8},
+      "micro_batch": 1, "global_batch": 64, "measured": {"mfu": 0.4}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front().cluster.gpu.name;
+  };
+  EXPECT_EQ(gpu_of("gh200", "NVIDIA GH200 Grace Hopper"), "gh200");
+  EXPECT_EQ(gpu_of("gh200_144", "GH200 144GB HBM3e"), "gh200-144gb");
+  EXPECT_EQ(gpu_of("h200", "NVIDIA H200 141GB"), "h200");
+  EXPECT_EQ(gpu_of("h20", "NVIDIA H20"), "h20");
+  EXPECT_EQ(gpu_of("v100_16", "V100-SXM2-16GB"), "v100-16gb");
+  EXPECT_EQ(gpu_of("v100_32", "V100 32GB (DGX-2)"), "v100-32gb");
+  EXPECT_EQ(gpu_of("mi250x", "AMD Instinct MI250X"), "mi250x");
+  EXPECT_EQ(gpu_of("mi250", "AMD MI250"), "mi250");
+  EXPECT_EQ(gpu_of("mi300x", "Instinct MI300X OAM"), "mi300x");
+  EXPECT_EQ(gpu_of("mi355x", "AMD Instinct MI355X"), "mi355x");
+  // An MI250X GPU is one GCD (ROCm's device); a record giving the package's 128 GB or peak
+  // counts packages and is refused, naming what to state. A GH200 node holds four superchips
+  // where the record does not say; AMD parts say whose efficiencies they take.
+  auto said = [](const plan::PublishedRun& r) {
+    std::string all;
+    for (const std::string& a : r.assumptions) all += a + "; ";
+    return all;
+  };
+  auto read = [&](const std::string& id, const std::string& hardware) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": )" + hardware +
+                             R"(, "parallelism": {"total_gpus": 8, "dp": 8},
+      "micro_batch": 1, "global_batch": 64, "measured": {"mfu": 0.4}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun mi250x =
+      read("mi250x_gcd", R"({"gpu": "MI250X", "gpu_mem_gb": 64, "gpus_per_node": 8})");
+  EXPECT_TRUE(mi250x.refused.empty()) << mi250x.refused;
+  EXPECT_DOUBLE_EQ(mi250x.cluster.gpu.hbm_bytes, 64.0 * 1024 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(mi250x.cluster.gpu.bf16_tflops, 191.5);
+  EXPECT_DOUBLE_EQ(mi250x.cluster.inter_node_bytes_per_s_per_gpu,
+                   12.5e9);  // 4 x 200 Gb/s for 8 GCDs
+  expect_contains(said(mi250x), {"one GCD", "Hopper family's GEMM and attention"});
+  expect_contains(read("mi250_pkg", R"({"gpu": "AMD MI250", "gpu_mem_gb": 128})").refused,
+                  {"whole package", "state the record per GCD"});
+  expect_contains(
+      read("mi250_peak", R"({"gpu": "MI250", "peak_dense_tflops_assumed": 362.1})").refused,
+      {"whole package"});
+  const plan::PublishedRun gh200 = read("gh200_node", R"({"gpu": "GH200"})");
+  EXPECT_EQ(gh200.cluster.gpus_per_node, 4);
+  expect_contains(said(gh200), {"gpus_per_node not stated: 4 (GH200 nodes"});
+}
+
+// The rest of the Megatron-LM README's H100 table (the shared file holds its 7.1B and 70B rows):
+// 1.7B-462B on 48-6144 GPUs, every one answered within 15%, the README row's median as printed.
+// 92 layers on pp 4 and 112 on pp 16 leave 23 and 7 a stage, which no 2-8 chunks split: they
+// interleave one layer a chunk (1F1B instead left them at -13% and -18%).
+TEST(PublishedRuns, MegatronReadmeTableRows) {
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_megatron_readme_table.json");
+  ASSERT_EQ(runs.size(), 7u);
+  const std::vector<plan::RunCheck> checks = check_all(runs);
+  for (const plan::RunCheck& c : checks) {
+    SCOPED_TRACE(c.run->id);
+    ASSERT_TRUE(c.answered) << c.run->refused;
+    EXPECT_LT(std::fabs(c.figures.front().relative_error), 0.15);
+    if (c.run->id == "megatron_readme_h100_119B") {
+      EXPECT_EQ(c.layout.vp, 23);
+    }
+    if (c.run->id == "megatron_readme_h100_462B") {
+      EXPECT_EQ(c.layout.vp, 7);
+    }
+  }
+  char median[16];
+  std::snprintf(median, sizeof median, "%.1f", 100 * plan::summarize(checks).rates.median);
+  EXPECT_STREQ(median, "5.5");
+}
+
+// The ZeRO paper's Table 2 measured the largest model that trains at MP 8 on 512 V100s: 10B
+// with Megatron-LM's data parallelism, 50B with ZeRO-1. The planner searches the largest GPT
+// that fits. By hand (32 GB a GPU, model states only, the paper's own accounting): the baseline
+// holds 2 + 2 bytes of 16-bit parameters and gradients, 12 of Adam and a fused fp32 all-reduce
+// buffer of 4 (its sec. 3.2), 20 Psi / 8 <= 32 GB: at most 12.8B; ZeRO-1 (4 + 12 / 64) Psi / 8:
+// at most 61.1B. Activations and workspace take some of it, and the table's sizes are the largest
+// it tried that ran, so each prediction lies between the measured size and that bound (without
+// the fused buffer the baseline came out 14.2B).
+TEST(PublishedRuns, LargestModelThatFitsLiesBetweenTheMeasuredAndTheStatesOnlyBound) {
+  const std::vector<plan::PublishedRun> runs = plan::read_published_runs(kPublished);
+  const plan::PublishedRun* zero = nullptr;
+  for (const plan::PublishedRun& r : runs)
+    if (r.id == "zero_t2_maxmodel_mp8_512gpu") zero = &r;
+  ASSERT_NE(zero, nullptr);
+  const plan::RunCheck c = plan::check_published_run(*zero);
+  ASSERT_TRUE(c.answered);
+  ASSERT_EQ(c.figures.size(), 2u);
+  EXPECT_EQ(c.figures[0].measured.zero_stage, 0);
+  EXPECT_EQ(c.figures[1].measured.zero_stage, 1);
+  EXPECT_EQ(plan::figure_class(plan::Figure::LargestModel), plan::FigureClass::Memory);
+  EXPECT_GE(c.figures[0].predicted, 10.0);
+  EXPECT_LE(c.figures[0].predicted, 32.0 * 8 / 20);
+  EXPECT_GE(c.figures[1].predicted, 50.0);
+  EXPECT_LE(c.figures[1].predicted, 32.0 * 8 / (4 + 12.0 / 64));
+  // Keys name their stage; one naming none takes the layout's, one naming something else is
+  // refused by name.
+  auto read = [](const std::string& id, const std::string& other) {
+    const std::string text = R"J([{"id": ")J" + id +
+                             R"J(", "kind": "memory_feasibility", "source": "Doe 2024",
+      "model": {"name": "GPT (largest that fits)"}, "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 64, "tp": 8, "dp": 8, "zero_stage": 2}, "measured": {"other": )J" +
+                             other + "}}]";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  const plan::PublishedRun stages =
+      read("stages", R"({"max_model_b_zero3": 100, "max_model_b": 40})");
+  ASSERT_TRUE(stages.refused.empty()) << stages.refused;
+  ASSERT_EQ(stages.measured.size(), 2u);  // in the keys' order: "max_model_b" first
+  EXPECT_EQ(stages.measured[0].zero_stage, -1);
+  EXPECT_EQ(stages.measured[1].zero_stage, 3);
+  const plan::RunCheck sc = plan::check_published_run(stages);
+  ASSERT_TRUE(sc.answered);
+  EXPECT_GT(sc.figures[1].predicted, sc.figures[0].predicted);  // ZeRO-3 holds more than ZeRO-2
+  expect_contains(read("odd", R"({"max_model_b_offload": 13})").refused,
+                  {"max_model_b_offload", "no ZeRO stage"});
+}
+
+}  // namespace
+}  // namespace loom::test

@@ -24,6 +24,13 @@ inline std::string median_and_p90(const plan::ValidationSummary& s) {
   return text;
 }
 
+// A fraction as a percent to one decimal, as the README prints it: 0.0462 -> "4.6".
+inline std::string pct(double fraction) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%.1f", 100 * fraction);
+  return text;
+}
+
 inline std::vector<plan::RunCheck> check_all(const std::vector<plan::PublishedRun>& runs) {
   std::vector<plan::RunCheck> checks;
   for (const plan::PublishedRun& r : runs) checks.push_back(plan::check_published_run(r));

@@ -90,9 +90,7 @@ TEST(PublishedRuns, MegatronReadmeTableRows) {
       EXPECT_EQ(c.layout.vp, 7);
     }
   }
-  char median[16];
-  std::snprintf(median, sizeof median, "%.1f", 100 * plan::summarize(checks).rates.median);
-  EXPECT_STREQ(median, "5.5");
+  EXPECT_EQ(pct(plan::summarize(checks).rates.median), "5.5");
 }
 
 // The ZeRO paper's Table 2 measured the largest model that trains at MP 8 on 512 V100s: 10B

@@ -499,11 +499,6 @@ TEST(PublishedRuns, Nvfp4RowsAgainstTheirMxfp8Rows) {
   EXPECT_LT(std::fabs(errors[errors.size() / 2]), 0.05);
   // The README's row for this file, as printed there.
   const plan::ValidationSummary s = plan::summarize(checks);
-  auto pct = [](double e) {
-    char text[16];
-    std::snprintf(text, sizeof text, "%.1f", 100 * e);
-    return std::string(text);
-  };
   EXPECT_EQ(s.answered, 32);
   EXPECT_EQ(pct(s.rates.median), "11.8");
   EXPECT_EQ(pct(s.rates.p90), "16.8");

@@ -218,11 +218,6 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   const std::vector<plan::PublishedRun> runs = plan::read_published_runs(path);  // the checks point into it
   const std::vector<plan::RunCheck> checks = check_all(runs);
   const plan::ValidationSummary s = plan::summarize(checks);
-  auto pct = [](double e) {
-    char text[16];
-    std::snprintf(text, sizeof text, "%.1f", 100 * e);
-    return std::string(text);
-  };
   EXPECT_EQ(s.runs, 57);
   // 55 before a size without a shape took Megatron-LM's (session 29), 56 before the largest
   // model that fits was searched (session 31: the ZeRO paper's Table 2 row).

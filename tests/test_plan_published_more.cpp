@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -138,6 +141,83 @@ TEST(PublishedRuns, LargestModelThatFitsLiesBetweenTheMeasuredAndTheStatesOnlyBo
   EXPECT_GT(sc.figures[1].predicted, sc.figures[0].predicted);  // ZeRO-3 holds more than ZeRO-2
   expect_contains(read("odd", R"({"max_model_b_offload": 13})").refused,
                   {"max_model_b_offload", "no ZeRO stage"});
+}
+
+// What a record measures beside its headline: Korthikanti et al.'s Fig. 1 bars give model states
+// and activations apart, counted by formula over the GPU's transformer layers (18 bytes a
+// parameter of 12 h^2 / t a layer; by hand 48 x 12 x 6144^2 / 8 x 18 B = 45.56 GiB for the 22B,
+// 3 x 12 x 20480^2 / 8 x 18 B = 31.64 GiB for the 530B); a record giving only the cluster's
+// PFLOP/s or only a layer's fwd + bwd time is predicted in those, as the per-GPU TFLOP/s times
+// the GPUs and the passes' sum.
+TEST(PublishedRuns, MemoryBarsAggregateRatesAndLayerSumsArePredicted) {
+  const std::vector<plan::PublishedRun> runs = plan::read_published_runs(kPublished);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const std::map<std::string, double> by_hand = {
+      {"korthikanti22_fig1_mem_22B_seqpar_selective", 48 * 12 * 6144.0 * 6144 / 8 * 18 / gib},
+      {"korthikanti22_fig1_mem_530B_baseline_no_recompute",
+       3 * 12 * 20480.0 * 20480 / 8 * 18 / gib}};
+  int bars = 0;
+  for (const plan::PublishedRun& r : runs) {
+    const auto hand = by_hand.find(r.id);
+    if (hand == by_hand.end()) continue;
+    const plan::RunCheck c = plan::check_published_run(r);
+    const plan::FigureCheck* states = figure(c, plan::Figure::StatesPerGpu);
+    const plan::FigureCheck* activations = figure(c, plan::Figure::ActivationsPerGpu);
+    ASSERT_NE(states, nullptr) << r.id;
+    ASSERT_NE(activations, nullptr) << r.id;
+    EXPECT_NEAR(hand->second, states->measured.value, 0.01) << r.id;    // the paper's own bar
+    EXPECT_NEAR(states->predicted / hand->second, 1.0, 0.002) << r.id;  // its norms' weights beside
+    EXPECT_LT(std::fabs(activations->relative_error), 0.05) << r.id;
+    ++bars;
+  }
+  EXPECT_EQ(bars, 2);
+  // Only the cluster's PFLOP/s, or only a layer's sum: the same run's other figures give them.
+  std::ifstream in(kPublished);
+  nlohmann::json shared = nlohmann::json::parse(in);
+  nlohmann::json aggregate, layer;
+  for (const nlohmann::json& run : shared) {
+    if (run["id"] == "megatron_readme_h100_70B") aggregate = run;
+    if (run["id"] == "korthikanti22_t4_22B_layer_selective_recompute") layer = run;
+  }
+  const plan::RunCheck full_rate = plan::check_published_run(
+      plan::read_published_runs(
+          write_file("agg_full.json", nlohmann::json::array({aggregate}).dump()))
+          .front());
+  aggregate["measured"]["tflops_per_gpu"] = nullptr;
+  aggregate["measured"]["mfu"] = nullptr;
+  const plan::RunCheck only_aggregate = plan::check_published_run(
+      plan::read_published_runs(write_file("agg.json", nlohmann::json::array({aggregate}).dump()))
+          .front());
+  ASSERT_TRUE(only_aggregate.answered);
+  ASSERT_EQ(only_aggregate.figures.size(), 1u);
+  EXPECT_EQ(only_aggregate.figures[0].measured.figure, plan::Figure::AggregatePflops);
+  EXPECT_NEAR(only_aggregate.figures[0].predicted,
+              figure(full_rate, plan::Figure::TflopsPerGpu)->predicted * 768 / 1000, 1e-9);
+  EXPECT_EQ(figure(full_rate, plan::Figure::AggregatePflops),
+            nullptr);  // beside TFLOP/s: not again
+  const plan::RunCheck both_passes = plan::check_published_run(
+      plan::read_published_runs(
+          write_file("layer_full.json", nlohmann::json::array({layer}).dump()))
+          .front());
+  layer["measured"]["other"].erase("layer_forward_ms");
+  const plan::RunCheck sum_only = plan::check_published_run(
+      plan::read_published_runs(write_file("layer.json", nlohmann::json::array({layer}).dump()))
+          .front());
+  const plan::FigureCheck* sum = figure(sum_only, plan::Figure::LayerFwdBwdMs);
+  ASSERT_NE(sum, nullptr);
+  EXPECT_NEAR(sum->predicted,
+              figure(both_passes, plan::Figure::LayerForwardMs)->predicted +
+                  figure(both_passes, plan::Figure::LayerBackwardMs)->predicted,
+              1e-9);
+  EXPECT_EQ(figure(both_passes, plan::Figure::LayerFwdBwdMs), nullptr);
+  // A unit other than GiB or GB is named, not guessed.
+  nlohmann::json odd = shared[0];
+  odd["measured"]["other"] = {{"activations_gib", 3}, {"unit", "MB"}};
+  const plan::PublishedRun bad =
+      plan::read_published_runs(write_file("unit.json", nlohmann::json::array({odd}).dump()))
+          .front();
+  EXPECT_TRUE(bad.malformed);
+  expect_contains(bad.refused, {"measured.other.unit = 'MB'", "expected GiB or GB"});
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/published_fields.hpp"
 #include "loom/plan/published_runs.hpp"
+#include "loom/plan/rank_parameters.hpp"
 #include "loom/plan/search.hpp"
 #include "loom/plan/time_model.hpp"
 
@@ -353,6 +354,16 @@ RunCheck check_run(const PublishedRun& run) {
       tflops_per_token = stated;
     }
   }
+  // Model states "by formula" (Korthikanti et al.'s Fig. 1) count the GPU's transformer layers,
+  // 18 bytes a parameter of 12 h^2 / t a layer, not the embedding or the head its stage also
+  // holds: by hand their 22B on tp 8 gives 48 x 12 x 6144^2 / 8 x 18 B = 45.56 GiB and their 530B
+  // on tp 8, pp 35 x 3 chunks 3 x 12 x 20480^2 / 8 x 18 B = 31.64 GiB, the figure's bars.
+  double states_gib =
+      (best_memory.parameters + best_memory.gradients + best_memory.optimizer_state) / kGiB;
+  if (run.conventions.memory == MemoryCount::StatesAndActivations) {
+    const RankParameters first = rank_parameters(model, l, 0, job.memory.stage_layers);
+    if (first.total() > 0) states_gib *= (first.block + first.experts) / first.total();
+  }
   for (const Measured& m : run.measured) {
     double predicted = 0;
     switch (m.figure) {
@@ -369,7 +380,7 @@ RunCheck check_run(const PublishedRun& run) {
       case Figure::MemoryPerGpu:
         predicted = run.conventions.memory == MemoryCount::Reserved
                         ? check.reserved_gib
-                        : (best_memory.parameters + best_memory.gradients + best_memory.optimizer_state + best_memory.activations) / kGiB;
+                        : states_gib + best_memory.activations / kGiB;
         break;
       case Figure::ModelStates:
         predicted = (best_memory.parameters + best_memory.gradients + best_memory.optimizer_state) / 1e9;
@@ -378,6 +389,16 @@ RunCheck check_run(const PublishedRun& run) {
       case Figure::LayerForwardMs: predicted = 1e3 * predict_layer_time(model, l, run.cluster, job).forward_s; break;
       case Figure::LayerBackwardMs: predicted = 1e3 * predict_layer_time(model, l, run.cluster, job).backward_s; break;
       case Figure::LargestModel: break;  // answered above, for records that measure only it
+      case Figure::StatesPerGpu: predicted = states_gib; break;
+      case Figure::ActivationsPerGpu: predicted = best_memory.activations / kGiB; break;
+      case Figure::AggregatePflops:
+        predicted = check.tokens_per_s_per_gpu * tflops_per_token * gpus / 1e15;
+        break;
+      case Figure::LayerFwdBwdMs: {
+        const LayerTime t = predict_layer_time(model, l, run.cluster, job);
+        predicted = 1e3 * (t.forward_s + t.backward_s);
+        break;
+      }
     }
     const double error = m.figure == Figure::Fits ? (predicted == m.value ? 0.0 : 1.0) : predicted / m.value - 1;
     check.figures.push_back({m, predicted, error});

@@ -23,8 +23,8 @@ const char* flop_count_name(FlopCount count);
 
 // What a source's memory_per_gpu_gb holds.
 enum class MemoryCount {
-  Reserved,               // torch.cuda.max_memory_reserved: the caching allocator's peak, GiB
-  StatesAndActivations,   // model states plus activations by formula, GiB
+  Reserved,              // torch.cuda.max_memory_reserved: the caching allocator's peak, GiB
+  StatesAndActivations,  // the transformer layers' model states plus activations by formula, GiB
 };
 
 struct SourceConventions {

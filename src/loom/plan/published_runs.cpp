@@ -33,6 +33,10 @@ const char* figure_name(Figure figure) {
     case Figure::LayerForwardMs: return "layer forward ms";
     case Figure::LayerBackwardMs: return "layer backward ms";
     case Figure::LargestModel: return "largest model B";
+    case Figure::StatesPerGpu: return "model states GiB per GPU";
+    case Figure::ActivationsPerGpu: return "activations GiB per GPU";
+    case Figure::AggregatePflops: return "PFLOP/s, all GPUs";
+    case Figure::LayerFwdBwdMs: return "layer fwd + bwd ms";
   }
   return "unknown";
 }
@@ -41,7 +45,9 @@ FigureClass figure_class(Figure figure) {
   switch (figure) {
     case Figure::MemoryPerGpu:
     case Figure::ModelStates:
-    case Figure::LargestModel: return FigureClass::Memory;
+    case Figure::LargestModel:
+    case Figure::StatesPerGpu:
+    case Figure::ActivationsPerGpu: return FigureClass::Memory;
     case Figure::Fits: return FigureClass::Verdict;
     default: return FigureClass::Rate;
   }
@@ -107,6 +113,31 @@ void read_measured(const RunFields& f, PublishedRun& run) {
   add(Figure::StepTime, f.number("measured.step_time_s"), "");
   add(Figure::LayerForwardMs, f.number("measured.other.layer_forward_ms"), "");
   add(Figure::LayerBackwardMs, f.number("measured.other.layer_backward_ms"), "");
+  // Where a record gives only the sum of a layer's passes, or only the cluster's PFLOP/s, those;
+  // beside the per-pass times or the per-GPU TFLOP/s they say nothing more.
+  if (!f.number("measured.other.layer_forward_ms") || !f.number("measured.other.layer_backward_ms"))
+    add(Figure::LayerFwdBwdMs, f.number("measured.other.layer_fwd_bwd_ms"), "");
+  if (!f.number("measured.tflops_per_gpu"))
+    add(Figure::AggregatePflops, f.number("measured.other.aggregate_pflops"),
+        flop_count_name(c.tflops));
+  // A memory breakdown (Korthikanti et al.'s Fig. 1 bars): model states and activations apart,
+  // in measured.other.unit (GiB unless it says GB).
+  {
+    const std::string unit = lowercase(f.text("measured.other.unit"));
+    if (!unit.empty() && unit != "gib" && unit != "gb")
+      throw_error("published run '", run.id, "': measured.other.unit = '",
+                  f.text("measured.other.unit"), "'; expected GiB or GB");
+    const double to_gib = unit == "gb" ? 1e9 / (1024.0 * 1024.0 * 1024.0) : 1.0;
+    auto in_gib = [&](const char* path) -> std::optional<double> {
+      std::optional<double> v = f.number(path);
+      if (v) *v *= to_gib;
+      return v;
+    };
+    add(Figure::StatesPerGpu, in_gib("measured.other.params_grads_optimizer_gib"),
+        "parameters, gradients and optimizer, GiB");
+    add(Figure::ActivationsPerGpu, in_gib("measured.other.activations_gib"),
+        "activations by formula, GiB");
+  }
   if (run.kind == "analytic_memory_reference")
     add(Figure::ModelStates, f.number("measured.memory_per_gpu_gb"), "(2 + 2 + 12) Psi sharded by ZeRO stage, GB");
   else

@@ -20,17 +20,21 @@ namespace loom::plan {
 
 // What a run measured, one entry per figure.
 enum class Figure {
-  Mfu,              // model FLOPs utilisation (a fraction), in the source's FLOP count
-  Hfu,              // hardware FLOPs utilisation, counting recomputation
-  TflopsPerGpu,     // achieved TFLOP/s per GPU, in the source's FLOP count
-  TokensPerSecond,  // tokens/s per GPU
-  StepTime,         // seconds per optimizer step
-  MemoryPerGpu,     // GB or GiB per GPU, as the source counts it (MemoryCount)
-  ModelStates,      // the ZeRO paper's analytic model-state GB per GPU
-  Fits,             // the out-of-memory verdict: 1 = ran, 0 = out of memory
-  LayerForwardMs,   // one transformer layer's forward, ms
-  LayerBackwardMs,  // one transformer layer's backward (with its recomputation), ms
-  LargestModel,     // the largest model that fits, billions of parameters (a GPT of any size)
+  Mfu,                // model FLOPs utilisation (a fraction), in the source's FLOP count
+  Hfu,                // hardware FLOPs utilisation, counting recomputation
+  TflopsPerGpu,       // achieved TFLOP/s per GPU, in the source's FLOP count
+  TokensPerSecond,    // tokens/s per GPU
+  StepTime,           // seconds per optimizer step
+  MemoryPerGpu,       // GB or GiB per GPU, as the source counts it (MemoryCount)
+  ModelStates,        // the ZeRO paper's analytic model-state GB per GPU
+  Fits,               // the out-of-memory verdict: 1 = ran, 0 = out of memory
+  LayerForwardMs,     // one transformer layer's forward, ms
+  LayerBackwardMs,    // one transformer layer's backward (with its recomputation), ms
+  LargestModel,       // the largest model that fits, billions of parameters (a GPT of any size)
+  StatesPerGpu,       // parameters + gradients + optimizer state on the most loaded GPU, GiB
+  ActivationsPerGpu,  // the activations it holds at its peak, GiB
+  AggregatePflops,    // every GPU's TFLOP/s together, PFLOP/s, in the source's FLOP count
+  LayerFwdBwdMs,      // one transformer layer's forward and backward, ms
 };
 const char* figure_name(Figure figure);
 enum class FigureClass { Rate, Memory, Verdict };  // how the summary groups errors

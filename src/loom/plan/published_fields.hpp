@@ -206,6 +206,14 @@ class RunFields {
   std::string id_;
 };
 
+// The GPU preset a printed name reads as ("A100-SXM4-80GB", "GH200", "AMD MI250X"); a TPU or an
+// unknown part is a Refusal naming the known ones.
+std::string preset_of_gpu(const std::string& printed);
+
+// The GPU and cluster a run ran on (hardware.*) into run.cluster, with what it assumed
+// (published_hardware.cpp).
+void read_hardware(const RunFields& f, PublishedRun& run);
+
 // The layout a run states (parallelism.*) into run.layout, with the rules for what it leaves
 // out (published_layout.cpp).
 void read_layout(const RunFields& f, PublishedRun& run);

@@ -186,10 +186,14 @@ inject_nan_at_steps = [3, 5]
                                   "hagemann_13B_seq8192_64gpu_tp1_pp1_mbs4_disabled_sp1_132876",
                                   "korthikanti22_t4_22B_layer_selective_recompute", "llama3_405B_8192gpu_seq8192",
                                   "automodel_h100_bf16_deepseekv3_1024gpu", "nemo2407_h100_fp8_LLAMA3-8B_8gpu",
-                                  "torchtitan_h100_202412_t1_fsdp_compile", "zero_100B_400gpu"],
+                                  "torchtitan_h100_202412_t1_fsdp_compile", "zero_100B_400gpu",
+                                  "zero_t2_maxmodel_mp8_512gpu", "korthikanti22_fig1_mem_22B_seqpar_selective"],
+             "loom_added_runs.json": ["apertus70b_gh200_4096gpu"],
+             "loom_megatron_readme_table.json": ["megatron_readme_h100_462B"],
              "loom_torchtitan_tables.json": ["torchtitan_h100_202412_t5_inter", "torchtitan_h100_202412_t6_cp2"],
              "loom_megatron_bridge_tables.json": ["mbridge2511_gb200_llama405b_256gpu"],
-             "loom_megatron_bridge_nvfp4.json": ["mbridge2604_gb300_LLAMA3_70B_64gpu_NVFP4"],
+             "loom_megatron_bridge_nvfp4.json": ["mbridge2604_gb300_LLAMA3_70B_64gpu_NVFP4",
+                                                 "mbridge2604_gb300_LLAMA3_70B_64gpu_MXFP8"],
              "loom_nemo_tables.json": ["automodel_h100_bf16_nemotronv3super120b_64gpu"]}
     for name, ids in picks.items():
         with open(os.path.join(published, name)) as f:

@@ -223,7 +223,7 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   // model that fits was searched (session 31: the ZeRO paper's Table 2 row).
   EXPECT_EQ(s.answered, 57);
   EXPECT_EQ(s.rates.count, 48);
-  EXPECT_EQ(pct(s.rates.median), "4.6");
+  EXPECT_EQ(pct(s.rates.median), "4.5");  // 4.6 before Megatron's asynchronous tp backward
   EXPECT_EQ(pct(s.rates.p90), "10.8");
   EXPECT_EQ(pct(s.rates.worst), "23.7");
   EXPECT_EQ(s.memory.count, 14);
@@ -237,7 +237,7 @@ TEST(PublishedRuns, SummaryIsTheOneTheReadmePrints) {
   EXPECT_EQ(medians["Narayanan et al. 2021"], "3.4");
   EXPECT_EQ(medians["MosaicML llm-foundry"], "5.7");
   EXPECT_EQ(medians["Hagemann et al. 2023"], "8.3");
-  EXPECT_EQ(medians["Korthikanti et al. 2022"], "6.0");
+  EXPECT_EQ(medians["Korthikanti et al. 2022"], "2.7");
   EXPECT_EQ(medians["Llama 3 (Meta 2024)"], "2.6");
   EXPECT_EQ(medians["Megatron-LM README (H100)"], "5.6");
   EXPECT_EQ(medians["NeMo 24.07"], "5.4");  // 6.3 before NeMo's attention at 1.4x (session 29)

@@ -263,6 +263,12 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     c.tp_comm_s = (2 + backward_reductions) * one;
     c.tp_exposed_forward_s = 2 * one;
     c.tp_exposed_backward_s = backward_reductions * one;
+    if (job.tp_async_backward && !(job.tp_comm_overlap && l.sequence_parallel)) {
+      // Each of the backward's two collective pairs (an all-reduce; under sequence parallelism
+      // an all-gather and a reduce-scatter) runs beside the GEMMs of the column-parallel linear it
+      // serves: half the layer's input- and weight-gradient GEMMs, 2 x linear_forward / 2.
+      c.tp_exposed_backward_s = 2 * std::max(0.0, one - linear_forward);
+    }
     if (job.tp_comm_overlap &&
         l.sequence_parallel) {  // Megatron-LM asserts sequence parallelism for it
       // Transformer Engine's userbuffers as NeMo's H100 configs set them

@@ -154,6 +154,10 @@ RunCheck check_run(const PublishedRun& run) {
   job.mx_gemms = run.mx;
   job.attention_kernel_speedup = run.attention_kernel_speedup;
   job.tp_comm_overlap = run.tp_comm_overlap;
+  // Megatron-LM's asynchronous tp backward, on by default from 2022 (the stacks after sequence
+  // parallelism: Korthikanti et al. and later); Narayanan et al. 2021 and the ZeRO paper's 2019
+  // Megatron ran without it.
+  job.tp_async_backward = run.conventions.megatron && !run.conventions.before_selective_recompute;
   job.dp_sync_after_backward = run.conventions.dp_sync_after_backward;
   job.tp_reduce_per_column_linear = run.conventions.tp_reduce_per_column_linear;
   job.moe_host_s_per_op = run.moe_host_s_per_op;

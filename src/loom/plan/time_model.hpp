@@ -73,6 +73,13 @@ struct TrainingJob {
   // chunks pipelined against its GEMM. Only under sequence parallelism (Megatron-LM asserts it).
   // Off: exposed in full, as Megatron-LM's default.
   bool tp_comm_overlap = false;
+  // Megatron-LM's asynchronous tensor-parallel backward (megatron/core/tensor_parallel/layers.py,
+  // LinearWithGradAccumulationAndAsyncCommunication; on by default since 2022): a column-parallel
+  // linear's input-gradient all-reduce (under sequence parallelism its reduce-scatter, and the
+  // all-gather of its input that the weight gradient needs) runs while that linear's own
+  // weight- and input-gradient GEMMs do, so only what outlasts them is exposed. tp_comm_overlap,
+  // where set, supersedes it.
+  bool tp_async_backward = false;
   // FP8 GEMMs (Transformer Engine's recipe: the linear layers in FP8 at the GPU's FP8 peak,
   // attention and everything memory-bound in BF16, each GEMM input and output gradient cast to
   // FP8 once: a 2-byte read and a 1-byte write per element). Needs gpu.fp8_tflops > 0.

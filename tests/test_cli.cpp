@@ -306,6 +306,17 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   EXPECT_THAT(
       r.output,
       HasSubstr("--precision mxfp8 on h100-sxm, which has no block-scaled (MX) tensor cores"));
+  // An AMD part is planned (its datasheet, the Hopper family's efficiencies), but loom's GPU
+  // engine is CUDA: every layout on it is marked.
+  r = run_loom(
+      "plan --model llama-8b --gpu mi300x --layout dp=8,zero=1,mbs=1,recompute=none --seq 8192 "
+      "--global-batch 128 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json amd = nlohmann::json::parse(r.output);
+  EXPECT_FALSE(amd["engine_supported"].get<bool>());
+  EXPECT_THAT(amd["engine_note"].get<std::string>(),
+              HasSubstr("AMD GPUs (loom's GPU engine is CUDA)"));
+  EXPECT_TRUE(nlohmann::json::parse(run_loom(eight).output)["engine_supported"].get<bool>());
   r = run_loom("plan --model llama-8b --gpu h100-sxm --layout dp=8 --precision nvfp4");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("--precision nvfp4 on h100-sxm, which has no FP4 tensor cores"));

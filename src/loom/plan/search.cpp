@@ -95,6 +95,15 @@ bool fits_somewhere(const ModelConfig& m, int64_t gpus, const ClusterSpec& clust
 
 }  // namespace
 
+std::string engine_note_on(const GpuSpec& gpu, const PlanLayout& layout, const ModelConfig& model,
+                           int64_t seq_len) {
+  std::string note = engine_support_note(layout, model, seq_len);
+  if (amd_part(gpu))
+    note += (note.empty() ? "engine: not yet supported: " : ", ") +
+            std::string("AMD GPUs (loom's GPU engine is CUDA)");
+  return note;
+}
+
 SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, const TrainingJob& job, int64_t simulate_top) {
   cluster.validate();
   SearchResult result;
@@ -121,7 +130,8 @@ SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, co
       ++result.batch_ok;
       TrainingJob j = job;
       j.memory = mem;
-      result.ranked.push_back({l, memory, predict_step_time(m, l, cluster, j, false), engine_support_note(l, m, job.seq_len)});
+      result.ranked.push_back({l, memory, predict_step_time(m, l, cluster, j, false),
+                               engine_note_on(cluster.gpu, l, m, job.seq_len)});
     }
   });
   // Fastest first; layouts within 0.1% of each other are a tie the model cannot resolve, so

@@ -50,4 +50,19 @@ inline std::string write_file(const std::string& name, const std::string& text) 
   return dir.file(name);
 }
 
+// A one-run file of a small dense model on the hardware given as a JSON object, read back.
+inline plan::PublishedRun record_on(const std::string& id, const std::string& hardware) {
+  const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
+      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
+      "hardware": )" + hardware +
+                           R"(, "parallelism": {"total_gpus": 8, "dp": 8},
+      "micro_batch": 1, "global_batch": 64, "measured": {"mfu": 0.4}}])";
+  return plan::read_published_runs(write_file(id + ".json", text)).front();
+}
+
+// The GPU preset a printed hardware.gpu reads as.
+inline std::string gpu_of(const std::string& id, const std::string& gpu) {
+  return record_on(id, R"({"gpu": ")" + gpu + R"(", "gpus_per_node": 8})").cluster.gpu.name;
+}
+
 }  // namespace loom::test

@@ -21,15 +21,6 @@ namespace {
 // GPUs as sources print them beyond the HGX parts: a Grace Hopper superchip is not an H200, nor
 // an H20; the V100's 16 GB part is its own; AMD's Instinct parts by name.
 TEST(PublishedRuns, GpusBeyondTheHgxPartsAreReadByName) {
-  auto gpu_of = [&](const std::string& id, const std::string& gpu) {
-    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
-      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
-      "hardware": {"gpu": ")" +
-                             gpu +
-                             R"(", "gpus_per_node": 8}, "parallelism": {"total_gpus": 8, "dp": 8},
-      "micro_batch": 1, "global_batch": 64, "measured": {"mfu": 0.4}}])";
-    return plan::read_published_runs(write_file(id + ".json", text)).front().cluster.gpu.name;
-  };
   EXPECT_EQ(gpu_of("gh200", "NVIDIA GH200 Grace Hopper"), "gh200");
   EXPECT_EQ(gpu_of("gh200_144", "GH200 144GB HBM3e"), "gh200-144gb");
   EXPECT_EQ(gpu_of("h200", "NVIDIA H200 141GB"), "h200");
@@ -48,14 +39,7 @@ TEST(PublishedRuns, GpusBeyondTheHgxPartsAreReadByName) {
     for (const std::string& a : r.assumptions) all += a + "; ";
     return all;
   };
-  auto read = [&](const std::string& id, const std::string& hardware) {
-    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
-      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
-      "hardware": )" + hardware +
-                             R"(, "parallelism": {"total_gpus": 8, "dp": 8},
-      "micro_batch": 1, "global_batch": 64, "measured": {"mfu": 0.4}}])";
-    return plan::read_published_runs(write_file(id + ".json", text)).front();
-  };
+  const auto read = record_on;
   const plan::PublishedRun mi250x =
       read("mi250x_gcd", R"({"gpu": "MI250X", "gpu_mem_gb": 64, "gpus_per_node": 8})");
   EXPECT_TRUE(mi250x.refused.empty()) << mi250x.refused;

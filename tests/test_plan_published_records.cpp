@@ -559,13 +559,6 @@ TEST(PublishedRuns, EdgeRecordsAreRefusedOrAnsweredNeverFatal) {
   EXPECT_TRUE(run("zero_bad", R"(, "zero_stage": "sharded")", ok).malformed);
   // GPUs as sources print them: the H100's PCIe and NVL parts are not its SXM part ("NVLink" is
   // not "NVL"), an A800 is an A100 with NVLink cut to 400 GB/s.
-  auto gpu_of = [&](const std::string& id, const std::string& gpu) {
-    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2024",
-      "model": {"name": "x", "layers": 8, "hidden": 512, "heads": 8, "ffn": 2048, "vocab": 1000, "seq_len": 1024},
-      "hardware": {"gpu": ")" + gpu + R"(", "gpus_per_node": 8}, "parallelism": {"total_gpus": 8, "dp": 8},
-      "micro_batch": 1, "global_batch": 64, "measured": {"mfu": 0.4}}])";
-    return plan::read_published_runs(write_file(id + ".json", text)).front().cluster.gpu.name;
-  };
   EXPECT_EQ(gpu_of("pcie", "NVIDIA H100 PCIe 80GB"), "h100-pcie");
   EXPECT_EQ(gpu_of("nvl", "H100 NVL 94GB"), "h100-nvl");
   EXPECT_EQ(gpu_of("sxm", "H100 SXM5 80GB (NVLink 4)"), "h100-sxm");

@@ -119,6 +119,35 @@ TEST(PlanMoe, TheBusiestExpertRankSetsThePace) {
                   {"moe_imbalance = 0.5", "expected a finite number >= 1"});
 }
 
+// A dispatcher that sends a token once to each rank holding any of its experts (DeepEP):
+// Mixtral's 8 experts, 2 a token, on 2, 4 or 8 ranks. A rank of E/g experts misses both of a
+// token's with chance C(E - E/g, 2) / C(E, 2): on 2 ranks C(4,2)/C(8,2) = 6/28, so 2 x 22/28 =
+// 11/7 ranks are hit; on 4, 4 x (1 - 15/28) = 13/7; on 8 (one expert each) exactly k = 2.
+TEST(PlanMoe, OnePerDestinationRankDispatchSendsFewerRows) {
+  const ModelConfig m = model_preset("mixtral-8x7b");
+  EXPECT_NEAR(plan::expert_groups_hit(m, 2), 11.0 / 7, 1e-12);
+  EXPECT_NEAR(plan::expert_groups_hit(m, 4), 13.0 / 7, 1e-12);
+  EXPECT_NEAR(plan::expert_groups_hit(m, 8), 2.0, 1e-12);
+  EXPECT_NEAR(plan::expert_groups_hit(m, 1), 1.0, 1e-12);
+  plan::TrainingJob job = sequences_of_4096(64);
+  EXPECT_EQ(plan::moe_dispatch_copies(m, 4, job), 2);  // an all-to-all of permuted rows: k each
+  job.moe_dispatch_per_rank = true;
+  EXPECT_NEAR(plan::moe_dispatch_copies(m, 4, job), 13.0 / 7, 1e-12);
+  // The layer's forward waits for half of the 4 all-to-alls, each now 13/14 of the bytes.
+  const plan::ClusterSpec cluster = four_nodes();
+  const plan::PlanLayout l = plan::parse_layout("dp=32,ep=4,zero=1");
+  const double per_rank = plan::predict_layer_time(m, l, cluster, job).forward_s;
+  job.moe_dispatch_per_rank = false;
+  const double per_expert = plan::predict_layer_time(m, l, cluster, job).forward_s;
+  const plan::GroupTopology group = plan::group_topology(cluster, 4, 1);
+  const double bytes = 4096.0 * 2 * static_cast<double>(m.n_embd) * 2;  // bf16 rows, k copies
+  auto all_to_all = [&](double b) {
+    return plan::collective_time(plan::Collective::AllToAll, b, group).seconds;
+  };
+  EXPECT_NEAR(per_expert - per_rank, 2 * (all_to_all(bytes) - all_to_all(bytes * 13 / 14)),
+              1e-9 * per_rank);
+}
+
 TEST(PlanMoe, LayoutChecksAndTheSearchTriesExpertParallelism) {
   const ModelConfig m = model_preset("mixtral-8x7b");
   expect_contains(error_message([&] { plan::check_layout(plan::parse_layout("dp=8,ep=3"), m, 4096); }),

@@ -116,9 +116,11 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     forward += moe_share * moe;
     if (l.ep > 1) {
       // Dispatch and combine: each all-to-all moves this rank's k routed copies of its tokens
-      // (split over tp, as with sequence-parallel dispatch); backward runs both again. Not
-      // overlapped: the experts wait for their tokens.
-      const double bytes = imbalance * tokens * k * width / t * job.memory.activation_bytes;
+      // (or one per destination rank: moe_dispatch_copies), split over tp as with
+      // sequence-parallel dispatch; backward runs both again. Not overlapped: the experts wait
+      // for their tokens.
+      const double bytes = imbalance * tokens * moe_dispatch_copies(m, l.ep, job) * width / t *
+                           job.memory.activation_bytes;
       c.ep_comm_s =
           moe_share * 4 *
           collective_time(Collective::AllToAll, bytes, group_topology(cluster, l.ep, l.tp)).seconds;

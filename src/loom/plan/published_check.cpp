@@ -161,6 +161,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.dp_sync_after_backward = run.conventions.dp_sync_after_backward;
   job.tp_reduce_per_column_linear = run.conventions.tp_reduce_per_column_linear;
   job.moe_host_s_per_op = run.moe_host_s_per_op;
+  job.moe_dispatch_per_rank = run.moe_dispatch_per_rank;
   job.memory.fp8_linear_inputs = run.fp8;
   if (run.deepspeed_zero3) job.zero3_traffic = Zero3Traffic::DeepSpeed;
   job.memory.seq_len = run.seq_len;

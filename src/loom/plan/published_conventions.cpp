@@ -100,6 +100,21 @@ SourceConventions vp_column(SourceConventions c) {
   return c;
 }
 
+// NeMo Automodel's benchmark recipes (examples/llm_benchmark/*.yaml at e45812012) build their
+// models in bf16 (the model classes' initialize_weights casts to config.torch_dtype, bf16 by
+// default; FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) shards those, and
+// a sharded gradient takes its parameter's dtype): no fp32 copy. Every mixture-of-experts recipe
+// steps torch.optim.Adam, whose moments take the parameters' dtype (bf16: 4 bytes a parameter);
+// the dense Llama 3 70B one steps Transformer Engine's FusedAdam (master_weights=False, fp32
+// moments by default: 8).
+// The same recipes wrap every block in a checkpoint (parallelizer activation_checkpointing:
+// true, ptd_checkpoint_wrapper per layer: full recomputation) in all but gpt-oss 120B's.
+SourceConventions bf16_parameters(SourceConventions c) {
+  c.bf16_parameters_no_master = true;
+  c.unstated_recompute_full = true;
+  return c;
+}
+
 SourceConventions tp_overlapped(SourceConventions c) {
   c.tp_comm_overlap = true;
   return c;
@@ -210,8 +225,9 @@ const std::vector<Row>& rows() {
                                    "not counted, causal attention halved); checked: 744 TFLOP/s / "
                                    "14,451 tokens/s = 51.5 GFLOP "
                                    "per token for Llama 3.1 8B at 8K"))))},
-      {"automodel", fa3_class(make("NeMo Automodel", F::PaLM, F::RecomputeHardware, F::PaLM, false,
-                                   "NeMo Automodel performance summary (MFU = TFLOP/s / 989)"))},
+      {"automodel", bf16_parameters(fa3_class(
+                        make("NeMo Automodel", F::PaLM, F::RecomputeHardware, F::PaLM, false,
+                             "NeMo Automodel performance summary (MFU = TFLOP/s / 989)")))},
       {"nvidia/nemo",
        tp_overlapped(cudnn9_fused(make("NeMo 24.07", F::NonEmbeddingFull, F::RecomputeHardware,
                                        F::NonEmbeddingFull, true,

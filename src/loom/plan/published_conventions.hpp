@@ -97,6 +97,11 @@ struct SourceConventions {
   // all-reduce, 4 bytes a parameter beside the 16-bit gradients (the ZeRO paper, sec. 3.2, of
   // its Megatron-LM baseline: "a flattened fp32 buffer would require 6 GB" for 1.5B).
   bool fused_fp32_allreduce_buffer = false;
+  // Its recipes train bf16 parameters with no fp32 copy, and a mixture of experts with
+  // torch.optim.Adam, whose moments take the parameters' dtype (PublishedRun::master_bytes).
+  bool bf16_parameters_no_master = false;
+  // Its benchmark recipes checkpoint every block where a record leaves recomputation out.
+  bool unstated_recompute_full = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

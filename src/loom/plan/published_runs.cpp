@@ -310,6 +310,12 @@ void fill_run(const json& entry, PublishedRun& run) {
     run.assumptions.push_back("recompute " + f.text("recompute_config") +
                               " from the launcher config (recompute_config_note)");
   }
+  if (!recompute_stated && run.conventions.unstated_recompute_full) {
+    run.layout.recompute = Recompute::Full;
+    recompute_stated = true;
+    run.assumptions.push_back(
+        "recompute not stated: full (the source's benchmark recipes checkpoint every block)");
+  }
   run.unstated.recompute = !recompute_stated;
   // torchtitan's "selective activation checkpointing" is its per-op policy (its configs'
   // selective_ac_option = "op"); "selective layer" is its other option, every n-th block fully
@@ -401,6 +407,14 @@ void fill_run(const json& entry, PublishedRun& run) {
     run.master_bytes = 2;
     run.moment_bytes = 4;
     run.assumptions.push_back("optimizer state in bf16 as stated: copy and moments 6 bytes a parameter");
+  } else if (state_dtype.empty() && run.conventions.bf16_parameters_no_master) {
+    run.master_bytes = 0;
+    run.moment_bytes = run.model.is_moe() ? 4 : 8;
+    run.assumptions.push_back(
+        run.model.is_moe() ? "bf16 parameters, no fp32 copy, Adam moments in bf16 (the source's "
+                             "MoE recipes: torch.optim.Adam on bf16 parameters)"
+                           : "bf16 parameters, no fp32 copy, Adam moments in fp32 (the source's "
+                             "dense recipes: Transformer Engine's FusedAdam defaults)");
   }
   if (!grad_dtype.empty()) {
     run.gradient_bytes = grad_dtype == "bf16" ? 2 : 4;
@@ -424,6 +438,14 @@ void fill_run(const json& entry, PublishedRun& run) {
       run.conventions.tp_comm_overlap ||
       !contains_any(notes, {"tp-comm-overlap", "tp comm overlap", "tp_comm_overlap"}).empty();
   read_kernels(f, notes, attention, run);
+  // A dispatcher that sends a token once per destination rank (TrainingJob::moe_dispatch_per_rank)
+  // where the record names one.
+  const std::string dispatcher = contains_any(notes, {"deepep", "hybridep", "hybrid-ep"});
+  if (run.model.is_moe() && !dispatcher.empty()) {
+    run.moe_dispatch_per_rank = true;
+    run.assumptions.push_back("expert dispatch by '" + dispatcher +
+                              "': each token sent once to each rank holding its experts");
+  }
 
   // The stated micro-batch, 0 when not stated (a stated 0 reads as not stated).
   const int64_t mbs = f.integer("micro_batch").value_or(0);

@@ -22,6 +22,25 @@ double moe_imbalance_of(const ModelConfig& m, const TrainingJob& job) {
                                    : job.moe_imbalance;
 }
 
+double expert_groups_hit(const ModelConfig& m, int64_t groups) {
+  const double k = static_cast<double>(m.experts_per_token);
+  if (groups <= 1) return std::min(k, static_cast<double>(std::max<int64_t>(groups, 0)));
+  if (m.n_experts % groups != 0) return std::min(k, static_cast<double>(groups));
+  // The chance that none of a token's k experts (drawn without replacement from E) lies in a
+  // given group of E/groups: C(E - E/groups, k) / C(E, k), a product of k ratios.
+  const int64_t experts = m.n_experts, per_group = m.n_experts / groups;
+  double missed = 1;
+  for (int64_t i = 0; i < m.experts_per_token && missed > 0; ++i)
+    missed *= std::max(0.0, static_cast<double>(experts - per_group - i)) /
+              static_cast<double>(experts - i);
+  return std::min(k, static_cast<double>(groups) * (1 - missed));
+}
+
+double moe_dispatch_copies(const ModelConfig& m, int64_t ep, const TrainingJob& job) {
+  const double k = static_cast<double>(m.experts_per_token);
+  return job.moe_dispatch_per_rank && ep > 1 ? expert_groups_hit(m, ep) : k;
+}
+
 namespace {
 // A layer's passes: compute plus what they wait for (the tp and cp collectives' exposed part,
 // the expert all-to-alls), or the host's issue of the layer's operations where longer

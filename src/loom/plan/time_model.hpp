@@ -121,7 +121,21 @@ struct TrainingJob {
   // Core's dropless dispatch waits for the token counts, then the host issues the layer's
   // operations one by one): a layer pass takes no less than its operations' issue time. 0: off.
   double moe_host_s_per_op = 0;
+  // The dispatcher sends a token once to each rank that holds any of its experts, and that rank
+  // combines its experts' outputs before sending one row back (DeepEP, deepseek-ai/DeepEP:
+  // get_dispatch_layout's is_token_in_rank; Megatron-Core's flex dispatcher and HybridEP alike),
+  // not once per chosen expert as an all-to-all of permuted rows does (Megatron-Core's
+  // alltoall dispatcher). Under balanced routing a token meets ep (1 - C(E - E/ep, k) / C(E, k))
+  // distinct ranks of its k experts (moe_dispatch_copies).
+  bool moe_dispatch_per_rank = false;
 };
+
+// Rows each token sends through the dispatch all-to-all under expert parallelism `ep`: its k
+// chosen experts, or with job.moe_dispatch_per_rank the distinct ranks that hold them.
+double moe_dispatch_copies(const ModelConfig& model, int64_t ep, const TrainingJob& job);
+// Of `groups` equal groups of a model's experts, how many hold at least one of a token's k
+// experts under balanced routing: groups (1 - C(E - E/groups, k) / C(E, k)).
+double expert_groups_hit(const ModelConfig& model, int64_t groups);
 
 // The load imbalance the time model applies: job.moe_imbalance, capped at the model's capacity
 // factor when it has one. Throws loom::Error for a value below 1 or not finite.

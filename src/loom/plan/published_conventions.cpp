@@ -120,6 +120,14 @@ SourceConventions tp_overlapped(SourceConventions c) {
   return c;
 }
 
+SourceConventions nemo_framework() {
+  using F = FlopCount;
+  return tp_overlapped(cudnn9_fused(make("NeMo 24.12-25.07", F::NonEmbeddingFull,
+                                         F::RecomputeHardware, F::NonEmbeddingFull, true,
+                                         "NeMo Framework user guide performance summary: "
+                                         "NeMo's flop formulas, as in 24.07")));
+}
+
 // Hagemann et al. 2023's sweeps (JohannesHa/COLM-submission-efficient-parallelization-layouts):
 // sequence parallelism is a separate ablation (data/seqpara/*.xlsx, the only sheets with a
 // sequence-parallel column), so the main sweeps (data/*_all_runs.xlsx) ran without it; the
@@ -236,6 +244,15 @@ const std::vector<Row>& rows() {
                                        "counted, attention in full); checked: 697 TFLOP/s / "
                                        "12,036 tokens/s = 57.9 GFLOP per token for "
                                        "Llama 3.1 8B at 8K")))},
+      // The NeMo Framework user guide's performance summaries (NeMo 2.0 containers, 24.12 to
+      // 25.07; published/loom_nemo2_tables.json): Megatron-Core under NeMo as in 24.07, the
+      // same flop formulas (Llama 3 8B at 8K: 1917 TFLOP/s / 33,099 tokens/s = 57.9 GFLOP a
+      // token, 24.07's figure), the same recipes' tp overlap. Attention at 24.07's 1.4x, not
+      // Megatron-Bridge's 2x: over the 30 rows 11.7% median at 1.4, 17.2% at 2 (their
+      // Blackwell rows, from the first Blackwell containers, run slower than the same layouts
+      // under Megatron-Bridge 25.09: Llama 3 8B on 8 B200s 26,006 against 29,994 tokens/s).
+      {"nemo framework", nemo_framework()},
+      {"nemo-framework", nemo_framework()},
       // The README of NVIDIA/Megatron-LM (2024-25), not every paper that names Megatron-LM
       // (Shoeybi et al. 2019's title does).
       {"nvidia/megatron-lm", megatron_readme()},

@@ -399,6 +399,41 @@ TEST(Cli, PlanLayoutsPasteBackAndAreMarkedWhenTheEngineLacksThem) {
 }
 
 // A plan file says what the flags say; flags given on the command line win; typos are errors.
+// LoRA fine-tuning (--finetune lora, or training.finetune): the base keeps its 16-bit weights
+// only, so 70B on 8 H100s at tp 2, pp 4 drops from 189 GiB (does not fit) to what its weights and
+// activations take; the step loses its weight-gradient GEMMs (about a third of the compute).
+TEST(Cli, PlanFineTunesWithLoraOnAFrozenBase) {
+  const std::string layout =
+      "plan --model llama-70b --seq 4096 --global-batch 32 --layout tp=2,pp=4,dp=1,zero=0 --json";
+  CommandResult r = run_loom(layout);
+  EXPECT_EQ(r.exit_code, 1) << r.output;  // every weight training does not fit
+  const nlohmann::json full = nlohmann::json::parse(r.output);
+  r = run_loom(layout + " --finetune lora");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json lora = nlohmann::json::parse(r.output);
+  EXPECT_EQ(lora["finetune"], "lora");
+  EXPECT_TRUE(lora["fits"].get<bool>());
+  EXPECT_EQ(lora["memory_bytes"]["gradients"].get<double>(), 0);
+  EXPECT_EQ(lora["memory_bytes"]["optimizer_state"].get<double>(), 0);
+  EXPECT_EQ(lora["memory_bytes"]["parameters"], full["memory_bytes"]["parameters"]);
+  EXPECT_EQ(lora["memory_bytes"]["activations"], full["memory_bytes"]["activations"]);
+  const double ratio = lora["time"]["compute_s"].get<double>() / full["time"]["compute_s"].get<double>();
+  EXPECT_GT(ratio, 0.6);
+  EXPECT_LT(ratio, 0.8);
+  r = run_loom(layout + " --finetune qlora");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--finetune"));
+  TempDir dir("cli_plan_lora");
+  write_text_file(dir.file("lora.toml"), "[training]\nfinetune = \"lora\"\nseq_len = 4096\nglobal_batch = 32\n");
+  r = run_loom("plan --model llama-70b --layout tp=2,pp=4,dp=1,zero=0 --json --config " + dir.file("lora.toml"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.output)["finetune"], "lora");
+  write_text_file(dir.file("bad.toml"), "[training]\nfinetune = \"adapters\"\n");
+  r = run_loom("plan --model llama-70b --config " + dir.file("bad.toml"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("training.finetune = 'adapters'; expected full or lora"));
+}
+
 TEST(Cli, PlanReadsModelClusterAndTrainingFromATomlFile) {
   TempDir dir("cli_plan_file");
   write_text_file(dir.file("plan.toml"), R"([model]

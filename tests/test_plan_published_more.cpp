@@ -106,6 +106,36 @@ TEST(PublishedRuns, NemoFrameworkTables) {
   EXPECT_EQ(pct(s.rates.p90), "28.5");
 }
 
+// The fine-tuning tables of NeMo 24.07, Megatron-Bridge 26.06 and Automodel
+// (published/loom_finetune_tables.json: 8 SFT and 14 LoRA rows). LoRA rows freeze the base
+// (TrainingJob::frozen_base), which before took them for pre-training: 15-42% slow, median 30%.
+// Their TFLOP/s count 4 FLOPs a parameter of the blocks and the head, no attention under the
+// Megatron stacks (NeMo's Llama 2 70B: 722 TFLOP/s over 2621 tokens/s = 275.5 GFLOP a token,
+// 4 x 68.72B = 274.9), so no LoRA row goes through its own count. An SFT row is pre-training's
+// work: its source names LoRA too ("with SFT ..., and LoRA"), its own fields decide.
+TEST(PublishedRuns, FineTuningTables) {
+  const std::vector<plan::PublishedRun> runs = loom_runs("loom_finetune_tables.json");
+  ASSERT_EQ(runs.size(), 22u);
+  const std::vector<plan::RunCheck> checks = check_all(runs);
+  int lora = 0;
+  for (const plan::RunCheck& c : checks) {
+    SCOPED_TRACE(c.run->id);
+    ASSERT_TRUE(c.answered) << c.run->refused;
+    const bool named = c.run->id.find("LoRA") != std::string::npos ||
+                       c.run->id.find("lora") != std::string::npos;
+    EXPECT_EQ(c.run->frozen_base, named);
+    lora += c.run->frozen_base ? 1 : 0;
+    if (c.run->frozen_base) {
+      for (const std::string& note : c.notes) EXPECT_EQ(note.find("run's own"), std::string::npos) << note;
+      EXPECT_LT(std::fabs(c.figures.front().relative_error), 0.20);
+    }
+  }
+  EXPECT_EQ(lora, 14);
+  const plan::ValidationSummary s = plan::summarize(checks);
+  EXPECT_EQ(pct(s.rates.median), "9.8");
+  EXPECT_EQ(pct(s.rates.p90), "18.4");
+}
+
 // The ZeRO paper's Table 2 measured the largest model that trains at MP 8 on 512 V100s: 10B
 // with Megatron-LM's data parallelism, 50B with ZeRO-1. The planner searches the largest GPT
 // that fits. By hand (32 GB a GPU, model states only, the paper's own accounting): the baseline

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "loom/model/config.hpp"
+#include "loom/model/flops.hpp"
 #include "loom/plan/collectives.hpp"
 #include "loom/plan/hardware.hpp"
 #include "loom/plan/layer_cost.hpp"
@@ -194,6 +195,42 @@ TEST(PlanTime, AsyncTpBackwardHidesTheAllReducesBehindTheGradientGemms) {
       EXPECT_GT(async.tp_exposed_backward_s, 0.0);
     }
   }
+}
+
+// LoRA's frozen base (TrainingJob::frozen_base) drops every weight-gradient GEMM: a layer's
+// backward loses exactly its W (the forward's linear GEMMs, c.weight_grad_s of the full run) and
+// W is empty; the head's backward loses one of its two products; no gradient is reduced over dp
+// and no optimizer steps; MFU counts 4 of training's 6 FLOPs a parameter. By hand for GPT-2 124M
+// on dp 16 over two A100 nodes, ZeRO-1: the step is the full one less those, to 1e-12.
+TEST(PlanTime, AFrozenBaseComputesInputGradientsOnly) {
+  const ModelConfig m = model_preset("gpt2-124m");
+  const plan::ClusterSpec cluster = a100_nodes(2);
+  const plan::GemmEfficiency gemm = plan::default_gemm_efficiency(cluster.gpu);
+  plan::TrainingJob job = job_of(1024, 64);
+  const plan::PlanLayout l = plan::parse_layout("dp=16 mbs=1 zero=1 recompute=none");
+  const plan::LayerCost full = plan::layer_cost(m, l, cluster, job, gemm);
+  const plan::StepTime full_step = plan::predict_step_time(m, l, cluster, job);
+  job.frozen_base = true;
+  const plan::LayerCost lora = plan::layer_cost(m, l, cluster, job, gemm);
+  const plan::StepTime lora_step = plan::predict_step_time(m, l, cluster, job);
+  EXPECT_GT(full.weight_grad_s, 0);
+  EXPECT_EQ(lora.weight_grad_s, 0);
+  EXPECT_NEAR(full.backward_s - lora.backward_s, full.weight_grad_s, 1e-15);
+  EXPECT_DOUBLE_EQ(lora.forward_s, full.forward_s);
+  EXPECT_EQ(lora_step.dp_comm_s, 0);
+  EXPECT_EQ(lora_step.optimizer_s, 0);
+  EXPECT_GT(full_step.optimizer_s, 0);
+  // 4 micro-batches of 12 layers each lose their W, the head its weight-gradient GEMM
+  // (2 x tokens x h x V at the GEMM rate of its shape).
+  const double tokens = 1024, h = 768, v = static_cast<double>(m.vocab_size);
+  const double head_gemm =
+      2 * tokens * h * v / (cluster.gpu.bf16_tflops * 1e12 * gemm.efficiency(tokens, v, h));
+  EXPECT_NEAR(full_step.compute_s - lora_step.compute_s, 4 * (12 * full.weight_grad_s + head_gemm),
+              1e-9 * full_step.compute_s);
+  EXPECT_NEAR(lora_step.mfu,
+              4.0 / 6.0 * flops_per_token(m, 1024) * 64 * 1024 /
+                  (lora_step.total_s * 16 * cluster.gpu.bf16_tflops * 1e12),
+              1e-12);
 }
 
 }  // namespace

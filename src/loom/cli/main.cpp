@@ -120,6 +120,10 @@ int main(int argc, char** argv) {
                        "mixture of experts under ep: the busiest rank's routed rows over the mean (>= 1; loom train "
                        "logs moe_load_max_over_mean)")
       ->check(CLI::Range(1.0, 1e6));
+  plan_cmd->add_option("--finetune", plan_args.finetune,
+                       "full (every weight trains, as pre-training) or lora (the base weights frozen: input "
+                       "gradients only, no gradients, optimizer state or gradient reduction for them)")
+      ->check(CLI::IsMember({"full", "lora"}));
   plan_cmd->add_option("--attention", plan_args.attention, "flash, or materialized (the s x s scores are stored)")
       ->check(CLI::IsMember({"flash", "materialized"}));
   plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")

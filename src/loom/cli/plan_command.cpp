@@ -88,6 +88,9 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   job.moe_imbalance = args.moe_imbalance;
   job.memory.activation_bytes = args.precision == "f32" ? 4 : 2;
   job.memory.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
+  // LoRA: the base keeps its weights only (TrainingJob::frozen_base).
+  job.frozen_base = args.finetune == "lora";
+  if (job.frozen_base) job.memory.state = {job.memory.state.parameter, 0, 0, 0};
   // fp8: Transformer Engine's recipe, Linear GEMMs in FP8 and their saved inputs in 1 byte;
   // the rest in bf16 with fp32 master weights.
   // mxfp8: the same at the block-scaled kernels' rate (TrainingJob::mx_gemms).
@@ -151,6 +154,9 @@ Machine machine_of(const PlanArgs& args, int64_t gpus) {
   m.job.seq_len = args.seq_len;
   m.job.global_batch = args.global_batch;
   m.job.moe_imbalance = args.moe_imbalance;
+  if (args.finetune != "full")
+    throw_error("plan: --profile predicts loom's own engine, which trains every weight; drop --finetune ",
+                args.finetune);
   m.job.memory.seq_len = args.seq_len;
   m.cluster.gpu.name = (cuda ? "profiled " : "ranks of ") + profile.machine;
   return {m.cluster, m.job, !cuda};
@@ -392,16 +398,18 @@ int run_plan(const PlanArgs& command_line) {
     const nlohmann::json out = {
         {"model", args.model}, {"parameters", model.parameter_count()}, {"gpu", gpu.name}, {"layout", layout.describe()},
         {"seq_len", args.seq_len}, {"global_batch", args.global_batch}, {"micro_batches", job.memory.micro_batches},
+        {"finetune", args.finetune},
         {"memory_bytes", memory_json(mem)}, {"memory_model", engine_memory ? "engine" : "gpu"}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits},
         {"engine_supported", engine_note.empty()}, {"engine_note", engine_note}};
     std::printf("%s\n", out.dump(2).c_str());
     write_charts(args, {{layout, mem, time, engine_note}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
     return fits ? 0 : 1;
   }
-  std::printf("model %s: %.2fB parameters | %s | %lld GPUs (%s) | seq %lld, global batch %lld, %lld micro-batches\n",
+  std::printf("model %s: %.2fB parameters | %s | %lld GPUs (%s) | seq %lld, global batch %lld, %lld micro-batches%s\n",
               args.model.c_str(), static_cast<double>(model.parameter_count()) / 1e9, layout.describe().c_str(),
               static_cast<long long>(layout.gpus()), gpu.name.c_str(), static_cast<long long>(args.seq_len),
-              static_cast<long long>(args.global_batch), static_cast<long long>(job.memory.micro_batches));
+              static_cast<long long>(args.global_batch), static_cast<long long>(job.memory.micro_batches),
+              job.frozen_base ? " | LoRA: base weights frozen" : "");
   if (engine_memory)
     std::printf("\nmemory of the first pipeline stage's rank (loom's engine as its allocator counts it; comm buffers and "
                 "workspace not itemised)\n");

@@ -63,6 +63,7 @@ void apply_plan_file(PlanArgs& args) {
   set_unless_given("attention", args.attention, r.get_string("training.attention", args.attention));
   set_unless_given("train-tokens", args.train_tokens, r.get_double("training.train_tokens", args.train_tokens));
   set_unless_given("moe-imbalance", args.moe_imbalance, r.get_double("training.moe_imbalance", args.moe_imbalance));
+  set_unless_given("finetune", args.finetune, r.get_string("training.finetune", args.finetune));
   set_unless_given("layout", args.layout, r.get_string("plan.layout", args.layout));
   set_unless_given("top", args.top, r.get_int("plan.top", args.top));
   r.reject_unknown_keys();
@@ -70,6 +71,8 @@ void apply_plan_file(PlanArgs& args) {
       args.precision != "nvfp4" && args.precision != "f32")
     throw_error(args.config, ": training.precision = '", args.precision,
                 "'; expected bf16, fp8, mxfp8, nvfp4 or f32");
+  if (args.finetune != "full" && args.finetune != "lora")
+    throw_error(args.config, ": training.finetune = '", args.finetune, "'; expected full or lora");
   if (args.attention != "flash" && args.attention != "materialized")
     throw_error(args.config, ": training.attention = '", args.attention, "'; expected flash or materialized");
   if (!(args.moe_imbalance >= 1 && args.moe_imbalance <= 1e6))

@@ -176,7 +176,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       attention_share * attention_backward_s + mamba_share * kFusedAttentionBackwardFlops * scan_s;
   // W: the weight-gradient GEMMs, as many FLOPs as the forward's linear layers (Qi et al. 2023,
   // sec 2: B carries the input-gradient GEMMs and the attention backward).
-  c.weight_grad_s = forward;
+  c.weight_grad_s = job.frozen_base ? 0.0 : forward;
   const double linear_forward = forward;
   forward += c.attention_core_s + mamba_share * scan_s;
   // Materialised scores [a/t, tokens, seq] pass through HBM: forward writes them, the fused
@@ -224,7 +224,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     norm_backward_s = (92 - 6) * elements / gpu.hbm_bandwidth_bytes_per_s;
   }
   c.forward_s = forward + scores_forward_s + memory_s / 2 + cast_forward_s + norm_forward_s;
-  c.backward_s = 2 * linear_forward + attention_backward_s + scores_backward_s + memory_s / 2 +
+  c.backward_s = (job.frozen_base ? 1 : 2) * linear_forward + attention_backward_s + scores_backward_s + memory_s / 2 +
                  cast_backward_s + norm_backward_s;
   if (l.recompute == Recompute::Full) c.backward_s += job.memory.full_recompute_share * c.forward_s;
   if (l.recompute == Recompute::Selective) {

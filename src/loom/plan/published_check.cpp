@@ -162,6 +162,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.tp_reduce_per_column_linear = run.conventions.tp_reduce_per_column_linear;
   job.moe_host_s_per_op = run.moe_host_s_per_op;
   job.moe_dispatch_per_rank = run.moe_dispatch_per_rank;
+  job.frozen_base = run.frozen_base;
   job.memory.fp8_linear_inputs = run.fp8;
   if (run.deepspeed_zero3) job.zero3_traffic = Zero3Traffic::DeepSpeed;
   job.memory.seq_len = run.seq_len;
@@ -172,6 +173,8 @@ RunCheck check_run(const PublishedRun& run) {
   job.memory.state.gradient = run.gradient_bytes;
   job.memory.state.master = run.master_bytes;
   job.memory.state.moments = run.moment_bytes;
+  // A frozen base keeps its 16-bit weights only: no gradient buffer, copy or moments.
+  if (run.frozen_base) job.memory.state = {job.memory.state.parameter, 0, 0, 0};
   job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;
   job.memory.logits_gathered_over_tp = run.conventions.logits_gathered_over_tp;
   job.memory.logits_bytes_per_element_under_tp = run.conventions.logits_bytes_under_tp;
@@ -335,7 +338,18 @@ RunCheck check_run(const PublishedRun& run) {
                            : run.cluster.gpu.bf16_tflops) *
                       1e12;
   const double s = static_cast<double>(run.seq_len);
-  auto per_token = [&](FlopCount count) { return flops_per_token(count, model, n, s, l.recompute); };
+  // A LoRA run's model FLOPs count the forward and the input gradients, 4 a parameter of the
+  // blocks and the head (the input embedding not counted): NeMo 24.07's Llama 2 7B, 663 TFLOP/s
+  // over 24,824 tokens/s = 26.7 GFLOP a token, 4 x 6.61B = 26.4; Megatron-Bridge 26.06's Llama 3
+  // 70B, 735 / 2643 = 278.1, 4 x 69.5B = 278.0: the Megatron stacks count no attention there.
+  // Automodel's Llama 3 70B, 316 / 1091.85 = 289.4: 4 x 69.5B + 4Lhs (causal) = 288.7.
+  auto per_token = [&](FlopCount count) {
+    if (!run.frozen_base) return flops_per_token(count, model, n, s, l.recompute);
+    const double causal = flops_per_token(FlopCount::NonEmbeddingCausal, model, n, s, l.recompute);
+    const double attention =
+        flops_per_token(FlopCount::NonEmbeddingFull, model, n, s, l.recompute) - causal;  // 6Lhs
+    return 4.0 / 6.0 * (run.conventions.megatron ? causal - attention : causal);
+  };
   // A run that states both its model TFLOP/s and its tokens/s per GPU states its own FLOPs per
   // token, their ratio. Where the convention's formula counts more than 2% away from it (a
   // source that counted a model its own way: Megatron-Bridge's 25.11 gpt-oss rows against its

@@ -108,7 +108,8 @@ SourceConventions vp_column(SourceConventions c) {
 // the dense Llama 3 70B one steps Transformer Engine's FusedAdam (master_weights=False, fp32
 // moments by default: 8).
 // The same recipes wrap every block in a checkpoint (parallelizer activation_checkpointing:
-// true, ptd_checkpoint_wrapper per layer: full recomputation) in all but gpt-oss 120B's.
+// true, ptd_checkpoint_wrapper per layer: full recomputation) in all on more than one GPU but
+// gpt-oss 120B's (its 70B and 32B LoRA recipes too; the one-GPU 8B and 7B LoRA ones do not).
 SourceConventions bf16_parameters(SourceConventions c) {
   c.bf16_parameters_no_master = true;
   c.unstated_recompute_full = true;

@@ -310,7 +310,26 @@ void fill_run(const json& entry, PublishedRun& run) {
     run.assumptions.push_back("recompute " + f.text("recompute_config") +
                               " from the launcher config (recompute_config_note)");
   }
-  if (!recompute_stated && run.conventions.unstated_recompute_full) {
+  // LoRA fine-tuning (NeMo's, Megatron-Bridge's and Automodel's "LoRA" tables; "PEFT"): the base
+  // weights frozen (TrainingJob::frozen_base). Supervised fine-tuning of every weight ("SFT") on
+  // packed sequences is pre-training's work. The record's own fields decide before its source,
+  // whose text may name both (NeMo 24.07's table "with SFT ..., and LoRA").
+  const std::string own = lowercase(run.id + " " + run.kind + " " + f.text("notes") + " " +
+                                    f.text("measured.notes"));
+  const std::string source = lowercase(run.source);
+  const auto says_lora = [](const std::string& text) { return !contains_any(text, {"lora", "peft"}).empty(); };
+  const auto says_sft = [](const std::string& text) {
+    return !contains_any(text, {"sft", "supervised fine-tuning", "full fine-tuning"}).empty();
+  };
+  if (says_lora(own) || (!says_sft(own) && says_lora(source) && !says_sft(source))) {
+    run.frozen_base = true;
+    run.assumptions.push_back(
+        "LoRA fine-tuning: the base weights frozen (input gradients only, no gradient reduction, "
+        "optimizer or gradient buffers for them; the adapters not counted)");
+  }
+  // Automodel's one-GPU recipes (the 8B and 7B LoRA ones) leave checkpointing off, its
+  // FSDP2Manager's default; every recipe on more GPUs sets it, gpt-oss 120B's excepted.
+  if (!recompute_stated && run.conventions.unstated_recompute_full && run.layout.gpus() > 1) {
     run.layout.recompute = Recompute::Full;
     recompute_stated = true;
     run.assumptions.push_back(

@@ -118,8 +118,9 @@ struct PublishedRun {
   double master_bytes = 4, moment_bytes = 8;
   std::vector<int64_t> stage_layers;  // empty: even split (or the engine's)
   double moe_host_s_per_op = 0;       // TrainingJob::moe_host_s_per_op (host_issue.hpp)
-  bool moe_dispatch_per_rank =
-      false;  // TrainingJob::moe_dispatch_per_rank: DeepEP or HybridEP named
+  // TrainingJob::moe_dispatch_per_rank: DeepEP or HybridEP named.
+  bool moe_dispatch_per_rank = false;
+  bool frozen_base = false;  // TrainingJob::frozen_base: a LoRA (PEFT) fine-tuning run
 };
 
 // Reads a JSON array of runs. Throws loom::Error only for the file itself (unreadable, not

@@ -105,7 +105,9 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
                                          job.memory.activation_bytes) < m.vocab_size;
   const bool half_logits = job.memory.activation_bytes < 4 && l.tp == 1;
   double head_fwd = head_gemm + (loom_cuda ? (half_logits ? 2 : 4) * logits / stream_rate : 0);
-  double head_bwd = (head_recomputed ? 3 : 2) * head_gemm +
+  // A frozen base (TrainingJob::frozen_base) drops the head's weight-gradient product.
+  const double head_weight_grad = job.frozen_base ? 0.0 : head_gemm;
+  double head_bwd = (head_recomputed ? 2 : 1) * head_gemm + head_weight_grad +
                     (loom_cuda ? (half_logits ? 4 : 6) * logits / stream_rate : 0);
   if (job.memory.logits_gathered_over_tp) {
     // Aleph-Alpha/scaling's head (GpuJob::logits_gathered_over_tp): the ranks' logits are
@@ -145,7 +147,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     const double f = n * passes.forward_s + (last ? head_fwd : 0),
                  b = n * passes.backward_s + (last ? head_bwd : 0);
     const double w = std::min(
-        n * layer.weight_grad_s + (last ? head_gemm * (1 + static_cast<double>(m.mtp_layers)) : 0),
+        n * layer.weight_grad_s + (last ? head_weight_grad * (1 + static_cast<double>(m.mtp_layers)) : 0),
         b / 2);  // B is never shorter than W
     // The collectives each pass waits for (hidable under DualPipeV's other pass).
     stage_passes.push_back({f, b - w, w, n * passes.hidable_forward_s,
@@ -169,7 +171,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
       f += passes.forward_s;
       b += passes.backward_s();
       w += n * layer.weight_grad_s +
-           (last ? head_gemm * (1 + static_cast<double>(m.mtp_layers)) : 0);
+           (last ? head_weight_grad * (1 + static_cast<double>(m.mtp_layers)) : 0);
     }
     if (f + b > mean_f + mean_b) mean_f = f, mean_b = b, mean_w = w;
     compute_per_micro = std::max(compute_per_micro, work);
@@ -251,7 +253,18 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     return collective_time(op, dense_elements * bytes_per_element, dp_group).seconds +
            collective_time(op, expert_elements * bytes_per_element, expert_group).seconds;
   };
-  if (replicas > 1) {
+  if (replicas > 1 && job.frozen_base) {
+    // A frozen base reduces no gradient and updates nothing; ZeRO-3 still gathers each layer
+    // for its forward and its backward, once per micro-batch.
+    if (l.zero_stage == 3) {
+      const double layers = static_cast<double>(held.layers);
+      const double ag = both(Collective::AllGather, held.block / layers, held.experts / layers,
+                             job.memory.state.parameter);
+      out.dp_comm_s = static_cast<double>(micro) * layers * 2 * ag;
+      exposed += static_cast<double>(micro) * layers *
+                 (std::max(0.0, ag - layer.forward_s) + std::max(0.0, ag - layer.backward_s));
+    }
+  } else if (replicas > 1) {
     const double grad = job.memory.state.gradient, param = job.memory.state.parameter;
     const double last_backward = static_cast<double>(l.vp) * t_b;  // what the last bucket's reduction hides behind
     if (job.dp_sync_after_backward && l.zero_stage <= 2) {
@@ -313,12 +326,15 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   const double owned = l.zero_stage >= 1 ? params_per_rank / static_cast<double>(replicas) +
                                                experts_per_rank / static_cast<double>(expert_replicas)
                                          : params_per_rank + experts_per_rank;
-  out.optimizer_s =
-      owned * 32 / (loom_cuda ? stream_rate : gpu.hbm_bandwidth_bytes_per_s) * sharing;
+  out.optimizer_s = job.frozen_base ? 0.0
+                                     : owned * 32 / (loom_cuda ? stream_rate : gpu.hbm_bandwidth_bytes_per_s) *
+                                           sharing;
   out.total_s = makespan + (out.exposed_comm_s - (busy - out.compute_s)) + out.optimizer_s;
   const double step_tokens = static_cast<double>(job.global_batch * job.seq_len);
   out.tokens_per_s = step_tokens / out.total_s;
-  out.mfu = flops_per_token(m, job.seq_len) * step_tokens /
+  // A frozen base computes 4 of training's 6 FLOPs a parameter (forward and input gradients), as
+  // NeMo and Megatron-Bridge count a LoRA run's model FLOPs.
+  out.mfu = (job.frozen_base ? 4.0 / 6.0 : 1.0) * flops_per_token(m, job.seq_len) * step_tokens /
             (out.total_s * static_cast<double>(l.gpus()) * gpu.bf16_tflops * 1e12);
   return out;
 }

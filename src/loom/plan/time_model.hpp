@@ -128,6 +128,13 @@ struct TrainingJob {
   // alltoall dispatcher). Under balanced routing a token meets ep (1 - C(E - E/ep, k) / C(E, k))
   // distinct ranks of its k experts (moe_dispatch_copies).
   bool moe_dispatch_per_rank = false;
+  // Fine-tuning with the base model's weights frozen, as LoRA trains (Hu et al. 2021, "LoRA:
+  // Low-Rank Adaptation of Large Language Models", sec. 4): backward computes input gradients
+  // only (every Linear's and the head's weight-gradient GEMM dropped, the split backward's W
+  // empty), no gradient is reduced over data parallelism and no optimizer steps the base; ZeRO-3
+  // still gathers it. The adapters (rank r << h) are not counted: their GEMMs, gradients and
+  // state are r / h of a Linear's.
+  bool frozen_base = false;
 };
 
 // Rows each token sends through the dispatch all-to-all under expert parallelism `ep`: its k

@@ -131,6 +131,23 @@ TEST(PublishedRuns, FineTuningTables) {
     }
   }
   EXPECT_EQ(lora, 14);
+  // Where a record says its task: the model's name or the notes decide; a source alone decides
+  // only where it names LoRA and not SFT.
+  std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/published/loom_finetune_tables.json");
+  const nlohmann::json rows = nlohmann::json::parse(in);
+  auto frozen = [&](const std::string& name, const std::string& source, const std::string& notes) {
+    nlohmann::json r = rows.at(0);  // NeMo 24.07's Llama 2 7B SFT row
+    r["id"] = "task_probe";
+    r["model"]["name"] = name;
+    r["source"] = source;
+    r["measured"]["notes"] = notes;
+    return plan::parse_published_runs(nlohmann::json::array({r}).dump(), "probe").at(0).frozen_base;
+  };
+  EXPECT_TRUE(frozen("LLAMA2-7B (LoRA)", "a table of SFT and LoRA rows", ""));
+  EXPECT_FALSE(frozen("LLAMA2-7B", "a table of SFT and LoRA rows", ""));
+  EXPECT_TRUE(frozen("LLAMA2-7B", "a table of SFT and LoRA rows", "task: PEFT"));
+  EXPECT_TRUE(frozen("LLAMA3_70B", "Megatron-Bridge, LoRA Performance", ""));
+  EXPECT_FALSE(frozen("LLAMA3_70B", "Megatron-Bridge, SFT Performance", ""));
   const plan::ValidationSummary s = plan::summarize(checks);
   EXPECT_EQ(pct(s.rates.median), "9.8");
   EXPECT_EQ(pct(s.rates.p90), "18.4");

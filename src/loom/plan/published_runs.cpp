@@ -314,8 +314,9 @@ void fill_run(const json& entry, PublishedRun& run) {
   // weights frozen (TrainingJob::frozen_base). Supervised fine-tuning of every weight ("SFT") on
   // packed sequences is pre-training's work. The record's own fields decide before its source,
   // whose text may name both (NeMo 24.07's table "with SFT ..., and LoRA").
-  const std::string own = lowercase(run.id + " " + run.kind + " " + f.text("notes") + " " +
-                                    f.text("measured.notes"));
+  const std::string own = lowercase(run.id + " " + run.kind + " " + f.text("model.name") + " " +
+                                    f.text("model.notes") + " " + f.text("notes") + " " +
+                                    f.text("measured.notes") + " " + f.text("parallelism.notes"));
   const std::string source = lowercase(run.source);
   const auto says_lora = [](const std::string& text) { return !contains_any(text, {"lora", "peft"}).empty(); };
   const auto says_sft = [](const std::string& text) {

@@ -412,6 +412,8 @@ TEST(Cli, PlanFineTunesWithLoraOnAFrozenBase) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const nlohmann::json lora = nlohmann::json::parse(r.output);
   EXPECT_EQ(lora["finetune"], "lora");
+  EXPECT_FALSE(lora["engine_supported"].get<bool>());  // loom's trainer trains every weight
+  EXPECT_THAT(lora["engine_note"].get<std::string>(), HasSubstr("LoRA fine-tuning"));
   EXPECT_TRUE(lora["fits"].get<bool>());
   EXPECT_EQ(lora["memory_bytes"]["gradients"].get<double>(), 0);
   EXPECT_EQ(lora["memory_bytes"]["optimizer_state"].get<double>(), 0);

@@ -189,6 +189,12 @@ TEST(PlanTime, AsyncTpBackwardHidesTheAllReducesBehindTheGradientGemms) {
     EXPECT_NEAR(async.tp_exposed_backward_s, 2 * std::max(0.0, all_reduce - async.weight_grad_s),
                 1e-12);
     EXPECT_DOUBLE_EQ(async.tp_exposed_forward_s, sync.tp_exposed_forward_s);
+    // A frozen base (LoRA) has only the input-gradient GEMMs to hide them behind, half as long.
+    job.frozen_base = true;
+    const plan::LayerCost frozen = plan::layer_cost(m, l, cluster, job, gemm);
+    job.frozen_base = false;
+    EXPECT_NEAR(frozen.tp_exposed_backward_s,
+                2 * std::max(0.0, all_reduce - async.weight_grad_s / 2), 1e-12);
     if (mbs == 4) {
       EXPECT_EQ(async.tp_exposed_backward_s, 0.0);
     } else {
@@ -227,6 +233,19 @@ TEST(PlanTime, AFrozenBaseComputesInputGradientsOnly) {
       2 * tokens * h * v / (cluster.gpu.bf16_tflops * 1e12 * gemm.efficiency(tokens, v, h));
   EXPECT_NEAR(full_step.compute_s - lora_step.compute_s, 4 * (12 * full.weight_grad_s + head_gemm),
               1e-9 * full_step.compute_s);
+  // ZeRO-3 still gathers each layer for its forward and its backward; only the reduce-scatter of
+  // its gradients goes: 4 micro-batches x 12 layers of 12h^2 + 13h parameters, 2-byte gradients.
+  const plan::PlanLayout zero3 = plan::parse_layout("dp=16 mbs=1 zero=3 recompute=none");
+  const double rs =
+      plan::collective_time(plan::Collective::ReduceScatter, (12 * h * h + 13 * h) * 2,
+                            plan::group_topology(cluster, 16, 1))
+          .seconds;
+  const double frozen3 = plan::predict_step_time(m, zero3, cluster, job).dp_comm_s;
+  job.frozen_base = false;
+  const double full3 = plan::predict_step_time(m, zero3, cluster, job).dp_comm_s;
+  job.frozen_base = true;
+  EXPECT_GT(frozen3, 0);
+  EXPECT_NEAR(full3 - frozen3, 4 * 12 * rs, 1e-12);
   EXPECT_NEAR(lora_step.mfu,
               4.0 / 6.0 * flops_per_token(m, 1024) * 64 * 1024 /
                   (lora_step.total_s * 16 * cluster.gpu.bf16_tflops * 1e12),

@@ -366,7 +366,8 @@ int run_plan(const PlanArgs& command_line) {
   const plan::PlanLayout layout = plan::parse_layout(args.layout);
   plan::check_layout(layout, model, args.seq_len);
   const std::string engine_note =
-      plan::engine_note_on(plan_cluster(args, args.gpus_per_node).gpu, layout, model, args.seq_len);
+      plan::engine_note_on(plan_cluster(args, args.gpus_per_node).gpu, layout, model, args.seq_len,
+                           args.finetune == "lora");
   if (args.gpus != 0 && layout.gpus() != args.gpus)
     throw_error("plan: layout ", layout.describe(), " uses ", layout.gpus(), " GPUs, but --gpus (or cluster.gpus) is ", args.gpus);
   const int64_t per_step = layout.dp * layout.micro_batch;

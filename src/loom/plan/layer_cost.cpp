@@ -265,11 +265,14 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     c.tp_comm_s = (2 + backward_reductions) * one;
     c.tp_exposed_forward_s = 2 * one;
     c.tp_exposed_backward_s = backward_reductions * one;
+    // Half the backward's GEMMs: of the input and weight gradients 2 x linear_forward / 2; of a
+    // frozen base's input gradients alone (TrainingJob::frozen_base) linear_forward / 2.
+    const double backward_half = job.frozen_base ? linear_forward / 2 : linear_forward;
     if (job.tp_async_backward && !(job.tp_comm_overlap && l.sequence_parallel)) {
       // Each of the backward's two collective pairs (an all-reduce; under sequence parallelism
       // an all-gather and a reduce-scatter) runs beside the GEMMs of the column-parallel linear it
-      // serves: half the layer's input- and weight-gradient GEMMs, 2 x linear_forward / 2.
-      c.tp_exposed_backward_s = 2 * std::max(0.0, one - linear_forward);
+      // serves: half the layer's backward GEMMs.
+      c.tp_exposed_backward_s = 2 * std::max(0.0, one - backward_half);
     }
     if (job.tp_comm_overlap &&
         l.sequence_parallel) {  // Megatron-LM asserts sequence parallelism for it
@@ -287,8 +290,10 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       const double comm = one;  // one of the four collectives of a layer
       c.tp_exposed_forward_s =
           chunked(comm, linear_forward / 2, t) + chunked(comm, linear_forward / 2, 4);
-      c.tp_exposed_backward_s =
-          chunked(comm, linear_forward, t) + std::max(0.0, comm - linear_forward);
+      // The bulk reduce-scatters hide behind the weight-gradient GEMMs, which a frozen base
+      // does not run.
+      c.tp_exposed_backward_s = chunked(comm, backward_half, t) +
+                                (job.frozen_base ? comm : std::max(0.0, comm - linear_forward));
     }
     // Full recomputation reruns the forward in the backward, its collectives too (Megatron-LM's
     // tensor_parallel.checkpoint calls the layer's forward again, RowParallelLinear's all-reduce

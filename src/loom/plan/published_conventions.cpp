@@ -110,6 +110,8 @@ SourceConventions vp_column(SourceConventions c) {
 // The same recipes wrap every block in a checkpoint (parallelizer activation_checkpointing:
 // true, ptd_checkpoint_wrapper per layer: full recomputation) in all on more than one GPU but
 // gpt-oss 120B's (its 70B and 32B LoRA recipes too; the one-GPU 8B and 7B LoRA ones do not).
+// The rule takes every run on more than one GPU as full, gpt-oss 120B's too (its record does not
+// say; at none the planner does not fit it).
 SourceConventions bf16_parameters(SourceConventions c) {
   c.bf16_parameters_no_master = true;
   c.unstated_recompute_full = true;

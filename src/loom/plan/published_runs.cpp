@@ -318,9 +318,24 @@ void fill_run(const json& entry, PublishedRun& run) {
                                     f.text("model.notes") + " " + f.text("notes") + " " +
                                     f.text("measured.notes") + " " + f.text("parallelism.notes"));
   const std::string source = lowercase(run.source);
-  const auto says_lora = [](const std::string& text) { return !contains_any(text, {"lora", "peft"}).empty(); };
-  const auto says_sft = [](const std::string& text) {
-    return !contains_any(text, {"sft", "supervised fine-tuning", "full fine-tuning"}).empty();
+  // As words: "_" and "-" separate them (ids write "mbridge2606_LoRA_..."), but not letters or
+  // digits; and MLA's "q_lora_rank" / "kv_lora_rank" (DeepSeek-V3's, Kimi K2's) are not LoRA.
+  const auto says_word = [](const std::string& text, const std::string& word) {
+    const auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
+    for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) {
+      const size_t end = at + word.size();
+      if ((at > 0 && alnum(text[at - 1])) || (end < text.size() && alnum(text[end]))) continue;
+      if (text.compare(end, 5, "_rank") == 0 || text.compare(end, 5, " rank") == 0) continue;
+      return true;
+    }
+    return false;
+  };
+  const auto says_lora = [&](const std::string& text) {
+    return says_word(text, "lora") || says_word(text, "peft");
+  };
+  const auto says_sft = [&](const std::string& text) {
+    return says_word(text, "sft") ||
+           !contains_any(text, {"supervised fine-tuning", "full fine-tuning"}).empty();
   };
   if (says_lora(own) || (!says_sft(own) && says_lora(source) && !says_sft(source))) {
     run.frozen_base = true;
@@ -329,7 +344,8 @@ void fill_run(const json& entry, PublishedRun& run) {
         "optimizer or gradient buffers for them; the adapters not counted)");
   }
   // Automodel's one-GPU recipes (the 8B and 7B LoRA ones) leave checkpointing off, its
-  // FSDP2Manager's default; every recipe on more GPUs sets it, gpt-oss 120B's excepted.
+  // FSDP2Manager's default; every recipe on more GPUs sets it but gpt-oss 120B's, which the rule
+  // takes as full too (its record does not say; at none the planner does not fit it).
   if (!recompute_stated && run.conventions.unstated_recompute_full && run.layout.gpus() > 1) {
     run.layout.recompute = Recompute::Full;
     recompute_stated = true;

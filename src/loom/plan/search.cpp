@@ -96,8 +96,11 @@ bool fits_somewhere(const ModelConfig& m, int64_t gpus, const ClusterSpec& clust
 }  // namespace
 
 std::string engine_note_on(const GpuSpec& gpu, const PlanLayout& layout, const ModelConfig& model,
-                           int64_t seq_len) {
+                           int64_t seq_len, bool frozen_base) {
   std::string note = engine_support_note(layout, model, seq_len);
+  if (frozen_base)
+    note += (note.empty() ? "engine: not yet supported: " : ", ") +
+            std::string("LoRA fine-tuning (loom's trainer trains every weight)");
   if (amd_part(gpu))
     note += (note.empty() ? "engine: not yet supported: " : ", ") +
             std::string("AMD GPUs (loom's GPU engine is CUDA)");
@@ -131,7 +134,7 @@ SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, co
       TrainingJob j = job;
       j.memory = mem;
       result.ranked.push_back({l, memory, predict_step_time(m, l, cluster, j, false),
-                               engine_note_on(cluster.gpu, l, m, job.seq_len)});
+                               engine_note_on(cluster.gpu, l, m, job.seq_len, job.frozen_base)});
     }
   });
   // Fastest first; layouts within 0.1% of each other are a tie the model cannot resolve, so

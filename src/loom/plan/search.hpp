@@ -44,9 +44,10 @@ constexpr double kUsableMemoryFraction = 0.9;
 bool fits_in_hbm(const MemoryBreakdown& memory, double hbm_bytes, bool contiguous_states);
 
 // What loom's engine lacks to run `layout` on `gpu`: engine_support_note's missing features, and
-// that loom's GPU engine is CUDA, so an AMD part runs none of it. "" when it runs.
+// that loom's GPU engine is CUDA, so an AMD part runs none of it, and that it trains every weight
+// (a frozen base, TrainingJob::frozen_base, is LoRA's). "" when it runs.
 std::string engine_note_on(const GpuSpec& gpu, const PlanLayout& layout, const ModelConfig& model,
-                           int64_t seq_len);
+                           int64_t seq_len, bool frozen_base = false);
 
 SearchResult search_layouts(const ModelConfig& model, const ClusterSpec& cluster, const TrainingJob& job,
                             int64_t simulate_top = 32);

@@ -253,17 +253,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
     return collective_time(op, dense_elements * bytes_per_element, dp_group).seconds +
            collective_time(op, expert_elements * bytes_per_element, expert_group).seconds;
   };
-  if (replicas > 1 && job.frozen_base) {
-    // A frozen base reduces no gradient and updates nothing; ZeRO-3 still gathers each layer
-    // for its forward and its backward, once per micro-batch.
-    if (l.zero_stage == 3) {
-      const double layers = static_cast<double>(held.layers);
-      const double ag = both(Collective::AllGather, held.block / layers, held.experts / layers,
-                             job.memory.state.parameter);
-      out.dp_comm_s = static_cast<double>(micro) * layers * 2 * ag;
-      exposed += static_cast<double>(micro) * layers *
-                 (std::max(0.0, ag - layer.forward_s) + std::max(0.0, ag - layer.backward_s));
-    }
+  if (replicas > 1 && job.frozen_base && l.zero_stage <= 2) {
+    // A frozen base reduces no gradient and updates nothing (ZeRO-3 still gathers it, below).
   } else if (replicas > 1) {
     const double grad = job.memory.state.gradient, param = job.memory.state.parameter;
     const double last_backward = static_cast<double>(l.vp) * t_b;  // what the last bucket's reduction hides behind
@@ -305,6 +296,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
         ag = both(Collective::AllGather, dense_layer, expert_layer, param);
         rs = both(Collective::ReduceScatter, dense_layer, expert_layer, grad);
       }
+      if (job.frozen_base) rs = 0;  // no gradient to reduce-scatter
       if (job.memory.fsdp_gathered_under_pp && l.pp > 1) {
         // FSDP2 under pipelining (GpuJob::fsdp_gathered_under_pp): each layer gathered once, at
         // its first forward, and its gradients reduce-scattered once, after its last backward.
@@ -332,8 +324,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   out.total_s = makespan + (out.exposed_comm_s - (busy - out.compute_s)) + out.optimizer_s;
   const double step_tokens = static_cast<double>(job.global_batch * job.seq_len);
   out.tokens_per_s = step_tokens / out.total_s;
-  // A frozen base computes 4 of training's 6 FLOPs a parameter (forward and input gradients), as
-  // NeMo and Megatron-Bridge count a LoRA run's model FLOPs.
+  // A frozen base computes 4 of training's 6 FLOPs a parameter (forward and input gradients);
+  // the attention's backward is not frozen, so this counts a little less than is computed.
   out.mfu = (job.frozen_base ? 4.0 / 6.0 : 1.0) * flops_per_token(m, job.seq_len) * step_tokens /
             (out.total_s * static_cast<double>(l.gpus()) * gpu.bf16_tflops * 1e12);
   return out;

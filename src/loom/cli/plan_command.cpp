@@ -90,7 +90,7 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   job.memory.state = args.precision == "f32" ? plan::kF32Adam : plan::kMixedPrecisionAdam;
   // LoRA: the base keeps its weights only (TrainingJob::frozen_base).
   job.frozen_base = args.finetune == "lora";
-  if (job.frozen_base) job.memory.state = {job.memory.state.parameter, 0, 0, 0};
+  if (job.frozen_base) job.memory.state = plan::frozen_base_state(job.memory.state);
   // fp8: Transformer Engine's recipe, Linear GEMMs in FP8 and their saved inputs in 1 byte;
   // the rest in bf16 with fp32 master weights.
   // mxfp8: the same at the block-scaled kernels' rate (TrainingJob::mx_gemms).

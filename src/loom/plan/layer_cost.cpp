@@ -224,8 +224,9 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     norm_backward_s = (92 - 6) * elements / gpu.hbm_bandwidth_bytes_per_s;
   }
   c.forward_s = forward + scores_forward_s + memory_s / 2 + cast_forward_s + norm_forward_s;
-  c.backward_s = (job.frozen_base ? 1 : 2) * linear_forward + attention_backward_s + scores_backward_s + memory_s / 2 +
-                 cast_backward_s + norm_backward_s;
+  // The input-gradient GEMMs (as many FLOPs as the forward's) and W.
+  c.backward_s = linear_forward + c.weight_grad_s + attention_backward_s + scores_backward_s +
+                 memory_s / 2 + cast_backward_s + norm_backward_s;
   if (l.recompute == Recompute::Full) c.backward_s += job.memory.full_recompute_share * c.forward_s;
   if (l.recompute == Recompute::Selective) {
     if (job.memory.selective == SelectivePolicy::TorchtitanOps) {
@@ -265,9 +266,8 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     c.tp_comm_s = (2 + backward_reductions) * one;
     c.tp_exposed_forward_s = 2 * one;
     c.tp_exposed_backward_s = backward_reductions * one;
-    // Half the backward's GEMMs: of the input and weight gradients 2 x linear_forward / 2; of a
-    // frozen base's input gradients alone (TrainingJob::frozen_base) linear_forward / 2.
-    const double backward_half = job.frozen_base ? linear_forward / 2 : linear_forward;
+    // Half the backward's GEMMs, the input gradients' and W's (none under a frozen base).
+    const double backward_half = (linear_forward + c.weight_grad_s) / 2;
     if (job.tp_async_backward && !(job.tp_comm_overlap && l.sequence_parallel)) {
       // Each of the backward's two collective pairs (an all-reduce; under sequence parallelism
       // an all-gather and a reduce-scatter) runs beside the GEMMs of the column-parallel linear it
@@ -290,10 +290,9 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       const double comm = one;  // one of the four collectives of a layer
       c.tp_exposed_forward_s =
           chunked(comm, linear_forward / 2, t) + chunked(comm, linear_forward / 2, 4);
-      // The bulk reduce-scatters hide behind the weight-gradient GEMMs, which a frozen base
-      // does not run.
-      c.tp_exposed_backward_s = chunked(comm, backward_half, t) +
-                                (job.frozen_base ? comm : std::max(0.0, comm - linear_forward));
+      // The bulk reduce-scatters hide behind W (which a frozen base does not run).
+      c.tp_exposed_backward_s =
+          chunked(comm, backward_half, t) + std::max(0.0, comm - c.weight_grad_s);
     }
     // Full recomputation reruns the forward in the backward, its collectives too (Megatron-LM's
     // tensor_parallel.checkpoint calls the layer's forward again, RowParallelLinear's all-reduce

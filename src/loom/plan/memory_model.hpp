@@ -24,6 +24,11 @@ struct StateBytes {
 constexpr StateBytes kMixedPrecisionAdam{2, 2, 4, 8};
 // Everything f32 (the CPU engine in f32 mode): no separate master.
 constexpr StateBytes kF32Adam{4, 4, 0, 8};
+// A frozen base (LoRA's, TrainingJob::frozen_base) keeps its weights only: no gradient, copy or
+// moments.
+constexpr StateBytes frozen_base_state(const StateBytes& trained) {
+  return {trained.parameter, 0, 0, 0};
+}
 
 // Model states of one rank holding `params` parameters, sharded over `dp` by ZeRO `stage`
 // (ZeRO paper, Fig. 1): stage 1 shards master + moments, 2 also gradients, 3 also parameters.

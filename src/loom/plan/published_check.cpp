@@ -173,8 +173,7 @@ RunCheck check_run(const PublishedRun& run) {
   job.memory.state.gradient = run.gradient_bytes;
   job.memory.state.master = run.master_bytes;
   job.memory.state.moments = run.moment_bytes;
-  // A frozen base keeps its 16-bit weights only: no gradient buffer, copy or moments.
-  if (run.frozen_base) job.memory.state = {job.memory.state.parameter, 0, 0, 0};
+  if (run.frozen_base) job.memory.state = frozen_base_state(job.memory.state);
   job.memory.logits_bytes_per_element = run.conventions.logits_bytes_per_element;
   job.memory.logits_gathered_over_tp = run.conventions.logits_gathered_over_tp;
   job.memory.logits_bytes_per_element_under_tp = run.conventions.logits_bytes_under_tp;

@@ -318,25 +318,15 @@ void fill_run(const json& entry, PublishedRun& run) {
                                     f.text("model.notes") + " " + f.text("notes") + " " +
                                     f.text("measured.notes") + " " + f.text("parallelism.notes"));
   const std::string source = lowercase(run.source);
-  // As words: "_" and "-" separate them (ids write "mbridge2606_LoRA_..."), but not letters or
-  // digits; and MLA's "q_lora_rank" / "kv_lora_rank" (DeepSeek-V3's, Kimi K2's) are not LoRA.
-  const auto says_word = [](const std::string& text, const std::string& word) {
-    const auto alnum = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
-    for (size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) {
-      const size_t end = at + word.size();
-      if ((at > 0 && alnum(text[at - 1])) || (end < text.size() && alnum(text[end]))) continue;
-      if (text.compare(end, 5, "_rank") == 0 || text.compare(end, 5, " rank") == 0) continue;
-      return true;
-    }
-    return false;
-  };
+  // As words: "_" and "-" separate them (ids write "mbridge2606_LoRA_..."), letters and digits do
+  // not; MLA's "q_lora_rank" / "kv_lora_rank" (DeepSeek-V3's, Kimi K2's) are not LoRA.
+  static const std::regex lora_word(R"((^|[^a-z0-9])(lora|peft)(?![a-z0-9])(?![\s_]rank))");
+  static const std::regex sft_word(
+      R"((^|[^a-z0-9])sft(?![a-z0-9])|supervised fine-tuning|full fine-tuning)");
   const auto says_lora = [&](const std::string& text) {
-    return says_word(text, "lora") || says_word(text, "peft");
+    return std::regex_search(text, lora_word);
   };
-  const auto says_sft = [&](const std::string& text) {
-    return says_word(text, "sft") ||
-           !contains_any(text, {"supervised fine-tuning", "full fine-tuning"}).empty();
-  };
+  const auto says_sft = [&](const std::string& text) { return std::regex_search(text, sft_word); };
   if (says_lora(own) || (!says_sft(own) && says_lora(source) && !says_sft(source))) {
     run.frozen_base = true;
     run.assumptions.push_back(

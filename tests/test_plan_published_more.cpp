@@ -86,7 +86,9 @@ TEST(PublishedRuns, MegatronReadmeTableRows) {
 // source, which left most of them at ZeRO-0 and unfitted (15.3% median). Their TFLOP/s count
 // NeMo 24.07's FLOPs: Llama 3 8B at 8K, 1917 TFLOP/s over 33,099 tokens/s = 57.9 GFLOP a
 // token, 6(N - Vh) + 12Lhs exactly, so no row goes through its own count. Attention at 24.07's
-// 1.4x: 11.7% median, 17.2% at Megatron-Bridge's 2x (docs/PLANNER.md, "NeMo 2.0 tables").
+// 1.4x: 11.7% median, 17.2% at Megatron-Bridge's 2x (docs/PLANNER.md, "NeMo 2.0 tables");
+// 8.5% since a GB200 sustains 72.9% of its peak, not the H100's 80.3% (GpuSpec::mamf_share),
+// which takes its Llama 3 8B row from -4.3% to -12.3%.
 TEST(PublishedRuns, NemoFrameworkTables) {
   const std::vector<plan::PublishedRun> runs = loom_runs("loom_nemo2_tables.json");
   ASSERT_EQ(runs.size(), 30u);
@@ -98,12 +100,12 @@ TEST(PublishedRuns, NemoFrameworkTables) {
     EXPECT_GE(c.layout.zero_stage, 1);
     if (c.run->id == "nemo2504_gb200_fp8_LLAMA3-8B_8gpu") {
       for (const std::string& note : c.notes) EXPECT_EQ(note.find("run's own"), std::string::npos) << note;
-      EXPECT_LT(std::fabs(c.figures.front().relative_error), 0.10);
+      EXPECT_LT(std::fabs(c.figures.front().relative_error), 0.13);
     }
   }
   const plan::ValidationSummary s = plan::summarize(checks);
-  EXPECT_EQ(pct(s.rates.median), "11.7");
-  EXPECT_EQ(pct(s.rates.p90), "28.5");
+  EXPECT_EQ(pct(s.rates.median), "8.5");
+  EXPECT_EQ(pct(s.rates.p90), "24.5");
 }
 
 // The fine-tuning tables of NeMo 24.07, Megatron-Bridge 26.06 and Automodel
@@ -161,7 +163,7 @@ TEST(PublishedRuns, FineTuningTables) {
   EXPECT_TRUE(frozen("LLAMA3_70B", "Megatron-Bridge, LoRA Performance", ""));
   EXPECT_FALSE(frozen("LLAMA3_70B", "Megatron-Bridge, SFT Performance", ""));
   const plan::ValidationSummary s = plan::summarize(checks);
-  EXPECT_EQ(pct(s.rates.median), "9.8");
+  EXPECT_EQ(pct(s.rates.median), "6.8");
   EXPECT_EQ(pct(s.rates.p90), "18.4");
 }
 
@@ -287,6 +289,40 @@ TEST(PublishedRuns, MemoryBarsAggregateRatesAndLayerSumsArePredicted) {
           .front();
   EXPECT_TRUE(bad.malformed);
   expect_contains(bad.refused, {"measured.other.unit = 'MB'", "expected GiB or GB"});
+}
+
+// Where no layout fits the planner's memory, the run still ran: of an unstated recomputation it
+// takes the most (it saved what memory it could), then the fastest. Narayanan et al. 2021's
+// ZeRO-3 row of a 530B GPT on 640 A100s at micro-batch 4 (their Table 2, whose eq. 3 counts
+// the recomputed forward): 13 GB of ZeRO-3 states a GPU, but one 20480-wide layer's 4 x 2048
+// tokens need 16 GB of activations and 10 GB of gathered weights, and 105 stored layer inputs
+// 35 GB, over 80 GB at any recomputation. It was predicted at none (+98%) before; at full,
+// +49%. A stated recomputation is kept.
+TEST(PublishedRuns, NothingFitsTakesTheMostRecomputation) {
+  auto run = [](const std::string& id, const std::string& recompute) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": "Doe 2021",
+      "model": {"name": "x", "layers": 105, "hidden": 20480, "heads": 128, "ffn": 81920, "vocab": 51200, "seq_len": 2048},
+      "hardware": {"gpu": "A100 80GB", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 640, "tp": 1, "pp": 1, "dp": 640, "zero_stage": 3},
+      "micro_batch": 4, "global_batch": 2560)" +
+                             recompute + R"(, "measured": {"tflops_per_gpu": 138}}])";
+    return plan::check_published_run(
+        plan::read_published_runs(write_file(id + ".json", text)).front());
+  };
+  const plan::RunCheck unstated = run("unstated", "");
+  ASSERT_TRUE(unstated.answered);
+  EXPECT_FALSE(unstated.fits);
+  EXPECT_EQ(unstated.layout.recompute, Recompute::Full);
+  std::string picks;
+  for (const std::string& p : unstated.picks) picks += p + "; ";
+  EXPECT_NE(picks.find("recompute full"), std::string::npos) << picks;
+  EXPECT_NE(picks.find("none fits: the most recomputation"), std::string::npos) << picks;
+  const plan::RunCheck stated = run("stated", R"(, "recompute": false)");
+  EXPECT_FALSE(stated.fits);
+  EXPECT_EQ(stated.layout.recompute, Recompute::None);
+  // Full recomputation reruns the forward: slower than none at the same layout.
+  EXPECT_LT(figure(unstated, plan::Figure::TflopsPerGpu)->predicted,
+            figure(stated, plan::Figure::TflopsPerGpu)->predicted);
 }
 
 }  // namespace

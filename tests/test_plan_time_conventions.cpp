@@ -252,5 +252,29 @@ TEST(PlanTime, AFrozenBaseComputesInputGradientsOnly) {
               1e-12);
 }
 
+// A part's GEMM and fused-attention rates are the H100's shares scaled by its measured
+// matmul ceiling over its peak against the H100's (Bekman's MAMF table: H100 SXM 794.5 of 989,
+// 80.3%; B200 77.6%; GB200 72.9%, its 1,822 of 2,500 TFLOP/s; GH200 144 GB 83.8%): by hand,
+// GB200 0.60 x 0.729 / 0.803 = 0.5447. A part with no measurement (H800) keeps the H100's
+// shares, and a run's stated or power-limited peak (GpuSpec::bf16_tflops changed) does not
+// change the share of it.
+TEST(PlanTime, GemmRatesScaleWithAPartsMeasuredShareOfItsPeak) {
+  auto gemm = [](const plan::GpuSpec& gpu) {
+    return plan::default_gemm_efficiency(gpu).peak_fraction;
+  };
+  EXPECT_DOUBLE_EQ(gemm(plan::gpu_preset("h100-sxm")), 0.60);
+  EXPECT_DOUBLE_EQ(gemm(plan::gpu_preset("h800-sxm")), 0.60);
+  EXPECT_NEAR(gemm(plan::gpu_preset("gb200")), 0.5447, 1e-4);
+  EXPECT_NEAR(gemm(plan::gpu_preset("b200")), 0.60 * 0.776 / 0.803, 1e-12);
+  EXPECT_NEAR(gemm(plan::gpu_preset("gh200-144gb")), 0.60 * 0.838 / 0.803, 1e-12);
+  EXPECT_DOUBLE_EQ(gemm(plan::gpu_preset("a100-80gb")), 0.75);
+  plan::GpuSpec capped = plan::gpu_preset("gb200");
+  capped.bf16_tflops *= 0.9;
+  EXPECT_DOUBLE_EQ(gemm(capped), gemm(plan::gpu_preset("gb200")));
+  const double h100 = plan::fused_attention_efficiency(plan::gpu_preset("h100-sxm"), 4096, 128);
+  EXPECT_NEAR(plan::fused_attention_efficiency(plan::gpu_preset("gb200"), 4096, 128) / h100,
+              0.729 / 0.803, 1e-12);
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -29,7 +29,7 @@ const std::vector<GpuSpec>& presets() {
       {"a100-80gb", 624.0 / 2, 0, 80 * kGiB, 2039e9, 600e9 / 2, 400},
       // NVIDIA H100 Tensor Core GPU datasheet (h100-datasheet), SXM column: BF16 1,979 TF and
       // FP8 3,958 TF sparse, HBM3 3.35 TB/s, NVLink 900 GB/s, max TDP 700 W.
-      {"h100-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 900e9 / 2, 700, true},
+      {"h100-sxm", 1979.0 / 2, 3958.0 / 2, 80 * kGiB, 3.35e12, 900e9 / 2, 700, true, 0, 0.803},
       // NVIDIA H800 SXM5 (the export variant of the H100 SXM, product brief): H100 SXM compute
       // and HBM3 (BF16 1,979 TF, FP8 3,958 TF sparse, 80 GB, 3.35 TB/s, 700 W), NVLink cut to
       // 400 GB/s.
@@ -44,14 +44,14 @@ const std::vector<GpuSpec>& presets() {
       {"a800-80gb", 624.0 / 2, 0, 80 * kGiB, 2039e9, 400e9 / 2, 400},
       // NVIDIA H200 Tensor Core GPU datasheet, SXM column: same compute as H100 SXM (BF16
       // 1,979 TF, FP8 3,958 TF sparse), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s, up to 700 W.
-      {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700, true},
+      {"h200", 1979.0 / 2, 3958.0 / 2, 141 * kGiB, 4.8e12, 900e9 / 2, 700, true, 0, 0.803},
       // NVIDIA GH200 Grace Hopper Superchip datasheet: the H100's tensor cores (BF16 1,979 TF,
       // FP8 3,958 TF sparse) with 96 GB HBM3 at 4 TB/s, or 144 GB HBM3e at 4.9 TB/s; NVLink-C2C
       // to the Grace CPU and NVLink 900 GB/s to other GPUs (CSCS Alps, JUPITER and Isambard-AI
       // join four superchips a node by NVLink, without NVSwitch); the module up to 1,000 W, CPU
       // and memory included.
       {"gh200", 1979.0 / 2, 3958.0 / 2, 96 * kGiB, 4.0e12, 900e9 / 2, 1000},
-      {"gh200-144gb", 1979.0 / 2, 3958.0 / 2, 144 * kGiB, 4.9e12, 900e9 / 2, 1000},
+      {"gh200-144gb", 1979.0 / 2, 3958.0 / 2, 144 * kGiB, 4.9e12, 900e9 / 2, 1000, false, 0, 0.838},
       // NVIDIA H20 (the 2024 export part, HGX H20 product brief): BF16 148 TF and FP8 296 TF
       // dense, 96 GB HBM3 at 4.0 TB/s, NVLink 900 GB/s on the HGX baseboard's NVSwitch, 400 W.
       {"h20", 148.0, 296.0, 96 * kGiB, 4.0e12, 900e9 / 2, 400, true},
@@ -60,18 +60,18 @@ const std::vector<GpuSpec>& presets() {
       // and 64 TB/s HBM3e per system -> 180 GB and 8 TB/s; NVLink 5 1.8 TB/s; 1,000 W. FP4
       // 144 PF sparse per system -> 9 PF dense per GPU.
       {"b200", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 180 * kGiB, 8e12, 1800e9 / 2, 1000, true,
-       144000.0 / 8 / 2},
+       144000.0 / 8 / 2, 0.776},
       // NVIDIA DGX B300 datasheet, per GPU (8 per system): FP8 72 PF sparse per system as
       // B200 (BF16 not restated there: B200's), 2.3 TB HBM3e -> 288 GB at 8 TB/s, NVLink 5
       // 1.8 TB/s, about 1,100 W. Blackwell Ultra's FP4 is 1.5x Blackwell's: 14 PF dense per
       // B300 (Verda's per-GPU table, "GB300 NVL72: GPU Architecture & Performance", 2025).
-      {"b300", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1100, true,
-       14000.0},
+      {"b300", 36000.0 / 8 / 2, 72000.0 / 8 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1100, true, 14000.0,
+       0.786},
       // NVIDIA GB200 NVL72 datasheet, per GPU (72 per rack): FP8 720 PF and FP16/BF16 360 PF
       // sparse per rack -> 5 and 2.5 PF dense; 13.4 TB HBM3e at 576 TB/s -> 186 GB, 8 TB/s;
       // NVLink 5 1.8 TB/s; about 1,200 W. FP4 1,440 PF sparse per rack -> 10 PF dense.
       {"gb200", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 186 * kGiB, 8e12, 1800e9 / 2, 1200, true,
-       1440000.0 / 72 / 2},
+       1440000.0 / 72 / 2, 0.729},
       // GB300 NVL72 datasheet: the same FP8 and BF16 per rack as GB200, 20.7 TB HBM3e -> 288 GB;
       // FP4 1,080 PF dense per rack (1,440 sparse) -> 15 PF per GPU.
       {"gb300", 360000.0 / 72 / 2, 720000.0 / 72 / 2, 288 * kGiB, 8e12, 1800e9 / 2, 1400, true,

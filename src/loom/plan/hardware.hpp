@@ -30,6 +30,13 @@ struct GpuSpec {
   // Dense FP4 (NVFP4 / MXFP4) peak, in TFLOPS; 0 where the tensor cores have no 4-bit mode
   // (everything before Blackwell).
   double fp4_tflops = 0;
+  // The largest BF16 matmul rate measured on the part over its datasheet peak (Bekman's
+  // "maximum achievable matmul FLOPS", MAMF: ml-engineering compute/accelerator/README.md, the
+  // BF16 table's efficiency column); 0 where none was measured. Parts sustain different clocks
+  // under a dense load (a GB200 reaches 72.9% of its 2.5 PF, a B200 77.6% of 2.25, an H100
+  // 80.3% of 0.989): the planner's GEMM and attention rates, set on H100 runs, scale by this
+  // share over the H100's (sustained_share in time_model.hpp).
+  double mamf_share = 0;
 };
 
 // Presets: "v100-32gb", "v100-16gb", "a100-40gb", "a100-80gb", "h100-sxm", "h800-sxm", "h100-pcie",

@@ -6,6 +6,13 @@
 
 namespace loom::plan {
 
+// A part's measured share of its own peak over the H100's (GpuSpec::mamf_share; 80.3% on an
+// H100 SXM): 1 where the part has no measurement.
+double sustained_share(const GpuSpec& gpu) {
+  constexpr double kH100Share = 0.803;
+  return gpu.mamf_share > 0 ? gpu.mamf_share / kH100Share : 1.0;
+}
+
 double GemmEfficiency::efficiency(double m, double n, double k) const {
   auto saturate = [&](double d) { return d / (d + half_dim); };
   return peak_fraction * saturate(m) * saturate(n) * saturate(k);
@@ -16,11 +23,11 @@ double GemmEfficiency::efficiency(double m, double n, double k) const {
 // of published/public_runs.json (`loom plan --validate`): A100 0.75 (Narayanan et al. 2021
 // report 163-171 of 312 TFLOP/s end to end with recomputation, MosaicML 0.60-0.74 HFU) and
 // H100 0.60 (MosaicML's H100 HFU tops out at 0.59: at these peaks kernels, launches and
-// overlap lose more). half_dim 256: a 2048-wide GEMM runs at 89% of a large one. H200 and
-// B200 take the H100 figure until published runs say otherwise.
+// overlap lose more). half_dim 256: a 2048-wide GEMM runs at 89% of a large one. Other parts
+// take the H100 figure scaled by sustained_share.
 GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
   const bool ampere = ampere_part(gpu);
-  return {ampere ? 0.75 : 0.60, 256};
+  return {ampere ? 0.75 : 0.60 * sustained_share(gpu), 256};
 }
 
 // Fused attention runs at its own rate, not a GEMM's: a kernel that keeps its tiles on chip
@@ -36,7 +43,7 @@ GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
 double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim,
                                   double kernel_speedup) {
   const bool ampere = ampere_part(gpu);
-  const double fraction = (ampere ? 0.40 : 0.25) * kernel_speedup;
+  const double fraction = (ampere ? 0.40 : 0.25 * sustained_share(gpu)) * kernel_speedup;
   return fraction * keys / (keys + 256) * head_dim / (head_dim + 24);
 }
 

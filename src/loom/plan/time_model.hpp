@@ -24,6 +24,8 @@ struct GemmEfficiency {
   double efficiency(double m, double n, double k) const;
 };
 GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu);
+// A part's sustained share of its peak against the H100's (GpuSpec::mamf_share).
+double sustained_share(const GpuSpec& gpu);
 
 // One timed product C[m, n] = A[m, k] B[k, n]: 2 m n k FLOPs in `seconds`.
 struct GemmTiming {

@@ -306,8 +306,8 @@ TEST(Cli, PlanReportsMemoryPerGpuAndWhetherTheLayoutFits) {
   EXPECT_THAT(
       r.output,
       HasSubstr("--precision mxfp8 on h100-sxm, which has no block-scaled (MX) tensor cores"));
-  // An AMD part is planned (its datasheet, the Hopper family's efficiencies), but loom's GPU
-  // engine is CUDA: every layout on it is marked.
+  // An AMD part is planned (its datasheet, the Hopper family's efficiencies at its measured
+  // share of its peak), but loom's GPU engine is CUDA: every layout on it is marked.
   r = run_loom(
       "plan --model llama-8b --gpu mi300x --layout dp=8,zero=1,mbs=1,recompute=none --seq 8192 "
       "--global-batch 128 --json");

@@ -268,6 +268,8 @@ TEST(PlanTime, GemmRatesScaleWithAPartsMeasuredShareOfItsPeak) {
   EXPECT_NEAR(gemm(plan::gpu_preset("b200")), 0.60 * 0.776 / 0.803, 1e-12);
   EXPECT_NEAR(gemm(plan::gpu_preset("gh200-144gb")), 0.60 * 0.838 / 0.803, 1e-12);
   EXPECT_DOUBLE_EQ(gemm(plan::gpu_preset("a100-80gb")), 0.75);
+  EXPECT_NEAR(gemm(plan::gpu_preset("mi300x")), 0.60 * 0.514 / 0.803, 1e-12);
+  EXPECT_DOUBLE_EQ(gemm(plan::gpu_preset("mi250x")), 0.60);  // no measurement in the table
   plan::GpuSpec capped = plan::gpu_preset("gb200");
   capped.bf16_tflops *= 0.9;
   EXPECT_DOUBLE_EQ(gemm(capped), gemm(plan::gpu_preset("gb200")));

@@ -89,10 +89,10 @@ const std::vector<GpuSpec>& presets() {
       // 256 GB HBM3E at 6 TB/s, 1,000 W. MI350X and MI355X (CDNA 4): BF16 2.3 and 2.5 PF, FP8 4.6
       // and 5.0 PF, MXFP4 9.2 and 10 PF dense, 288 GB HBM3E at 8 TB/s, 1,000 W and 1,400 W, seven
       // links of 153.6 GB/s (both ways) each.
-      {"mi300x", 1307.4, 2614.9, 192 * kGiB, 5.3e12, 896e9 / 2, 750},
-      {"mi325x", 1307.4, 2614.9, 256 * kGiB, 6.0e12, 896e9 / 2, 1000},
+      {"mi300x", 1307.4, 2614.9, 192 * kGiB, 5.3e12, 896e9 / 2, 750, false, 0, 0.514},
+      {"mi325x", 1307.4, 2614.9, 256 * kGiB, 6.0e12, 896e9 / 2, 1000, false, 0, 0.604},
       {"mi350x", 2300.0, 4600.0, 288 * kGiB, 8e12, 7 * 153.6e9 / 2, 1000, false, 9200.0},
-      {"mi355x", 2500.0, 5000.0, 288 * kGiB, 8e12, 7 * 153.6e9 / 2, 1400, false, 10000.0},
+      {"mi355x", 2500.0, 5000.0, 288 * kGiB, 8e12, 7 * 153.6e9 / 2, 1400, false, 10000.0, 0.680},
   };
   return table;
 }

@@ -48,6 +48,15 @@ std::string preset_of_gpu(const std::string& printed) {
 
 // The GPU and the cluster a run ran on (hardware.*): the part's preset, a stated peak, memory or
 // power limit, the NVLink domain and the nodes.
+namespace {
+// 0.514 -> "51.4%".
+std::string percent(double fraction) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%.1f%%", 100 * fraction);
+  return text;
+}
+}  // namespace
+
 void read_hardware(const RunFields& f, PublishedRun& run) {
   run.cluster.gpu = gpu_preset(preset_of_gpu(f.text("hardware.gpu")));
   const GpuSpec preset_gpu = run.cluster.gpu;
@@ -67,10 +76,14 @@ void read_hardware(const RunFields& f, PublishedRun& run) {
   if (run.cluster.gpu.name.rfind("mi250", 0) == 0)
     run.assumptions.push_back("an " + run.cluster.gpu.name +
                               " GPU is one GCD (half a package), as ROCm and Frontier count them");
-  if (amd_part(run.cluster.gpu))
-    run.assumptions.push_back(
-        "AMD part: the Hopper family's GEMM and attention efficiencies (no AMD run calibrates "
-        "them)");
+  if (amd_part(run.cluster.gpu)) {
+    const double share = run.cluster.gpu.mamf_share;
+    run.assumptions.push_back("AMD part: the Hopper family's GEMM and attention efficiencies" +
+                              (share > 0 ? " x its measured matmul ceiling over the H100's (" +
+                                               percent(share) +
+                                               " of its peak against 80.3%, Bekman's MAMF table)"
+                                         : std::string(" (no AMD run calibrates them)")));
+  }
   if (const std::optional<double> mem = f.number("hardware.gpu_mem_gb");
       mem && std::fabs(*mem * 1024.0 * 1024.0 * 1024.0 - run.cluster.gpu.hbm_bytes) > 1e9) {
     run.cluster.gpu.hbm_bytes = *mem * 1024.0 * 1024.0 * 1024.0;

@@ -436,6 +436,46 @@ TEST(Cli, PlanFineTunesWithLoraOnAFrozenBase) {
   EXPECT_THAT(r.output, HasSubstr("training.finetune = 'adapters'; expected full or lora"));
 }
 
+// --offload-layers (Megatron-Core's cpu_offloading_num_layers): Llama 3 70B under FSDP on 64
+// GB200s with no recomputation does not fit; with 60 of its 80 layers' activations in the Grace
+// CPU's memory it does. At pp 1 the activations fall by (k - 2) stashes (two stay on the device,
+// double-buffered), so 60 and 30 offloaded layers save 58 and 28 stashes. Loom's trainer keeps
+// activations on the device: the layout is marked. Offloading stands in for recomputation at
+// one pipeline stage, as Megatron-Core requires; a search is not offered it.
+TEST(Cli, PlanOffloadsActivationsToHostMemory) {
+  const std::string layout =
+      "plan --model llama-70b --gpu gb200 --gpus-per-node 72 --seq 8192 --global-batch 128 "
+      "--precision fp8 "
+      "--layout tp=1,pp=1,dp=64,zero=3,mbs=2,recompute=none --json";
+  CommandResult r = run_loom(layout);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const double kept = nlohmann::json::parse(r.output)["memory_bytes"]["activations"].get<double>();
+  r = run_loom(layout + " --offload-layers 60");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json sixty = nlohmann::json::parse(r.output);
+  EXPECT_TRUE(sixty["fits"].get<bool>());
+  EXPECT_FALSE(sixty["engine_supported"].get<bool>());
+  EXPECT_THAT(sixty["engine_note"].get<std::string>(), HasSubstr("activation offloading"));
+  EXPECT_TRUE(sixty["time"].contains("offload_s"));
+  r = run_loom(layout + " --offload-layers 30");
+  const double thirty =
+      nlohmann::json::parse(r.output)["memory_bytes"]["activations"].get<double>();
+  EXPECT_NEAR((kept - sixty["memory_bytes"]["activations"].get<double>()) / (kept - thirty),
+              58.0 / 28.0, 1e-9);
+  r = run_loom(
+      "plan --model llama-70b --gpu gb200 --seq 8192 --global-batch 128 --layout "
+      "tp=1,pp=2,dp=32,zero=3,mbs=2 "
+      "--offload-layers 10");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--offload-layers needs pp=1 and recompute=none"));
+  r = run_loom(layout + " --offload-layers 81");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--offload-layers 81 exceeds the model's 80 layers"));
+  r = run_loom("plan --model llama-70b --gpu gb200 --gpus 64 --offload-layers 10");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("give --layout"));
+}
+
 TEST(Cli, PlanReadsModelClusterAndTrainingFromATomlFile) {
   TempDir dir("cli_plan_file");
   write_text_file(dir.file("plan.toml"), R"([model]

@@ -11,6 +11,7 @@
 #include "loom/plan/collectives.hpp"
 #include "loom/plan/hardware.hpp"
 #include "loom/plan/layer_cost.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
 
@@ -276,6 +277,54 @@ TEST(PlanTime, GemmRatesScaleWithAPartsMeasuredShareOfItsPeak) {
   const double h100 = plan::fused_attention_efficiency(plan::gpu_preset("h100-sxm"), 4096, 128);
   EXPECT_NEAR(plan::fused_attention_efficiency(plan::gpu_preset("gb200"), 4096, 128) / h100,
               0.729 / 0.803, 1e-12);
+}
+
+// Activation offloading (GpuJob::offloaded_layers, Megatron-Core's cpu_offloading_num_layers):
+// an offloaded layer keeps its stash in host memory, with two stashes on the device at most
+// (double-buffered), and its copies show only where they outlast a layer's pass. By hand:
+// host links from the datasheets (a GB200's share of its superchip's 900 GB/s NVLink-C2C both
+// ways, 225 GB/s each way; a GH200's 450; PCIe Gen5 x16 128 GB/s both ways on an H100, Gen4's 64
+// on an A100, Gen3's 32 on a V100); at pp 1 the activations fall by (k - 2) stashes for k > 2
+// and not at all for k = 1 or 2; GPT-2 124M's layer at 1024 tokens moves its stash over PCIe
+// slower than its forward and backward run, so each offloaded layer adds the two excesses.
+TEST(PlanTime, OffloadedActivationsCostOnlyWhatOutlastsALayer) {
+  EXPECT_DOUBLE_EQ(plan::host_link_bytes_per_s(plan::gpu_preset("gb200")), 225e9);
+  EXPECT_DOUBLE_EQ(plan::host_link_bytes_per_s(plan::gpu_preset("gb300")), 225e9);
+  EXPECT_DOUBLE_EQ(plan::host_link_bytes_per_s(plan::gpu_preset("gh200")), 450e9);
+  EXPECT_DOUBLE_EQ(plan::host_link_bytes_per_s(plan::gpu_preset("h100-sxm")), 64e9);
+  EXPECT_DOUBLE_EQ(plan::host_link_bytes_per_s(plan::gpu_preset("a100-80gb")), 32e9);
+  EXPECT_DOUBLE_EQ(plan::host_link_bytes_per_s(plan::gpu_preset("v100-32gb")), 16e9);
+
+  const ModelConfig m = model_preset("gpt2-124m");
+  const plan::ClusterSpec cluster = a100_nodes(1);
+  plan::TrainingJob job = job_of(1024, 64);
+  const plan::PlanLayout l = plan::parse_layout("dp=8 mbs=8 zero=1");
+  job.memory.micro_batches = 1;
+  const double stash = plan::stashed_layer_bytes(m, l, job.memory);
+  ASSERT_GT(stash, 0);
+  auto activations = [&](int64_t k) {
+    job.memory.offloaded_layers = k;
+    return plan::predict_gpu_memory(m, l, job.memory).activations;
+  };
+  const double kept = activations(0);
+  EXPECT_DOUBLE_EQ(activations(1), kept);
+  EXPECT_DOUBLE_EQ(activations(2), kept);
+  EXPECT_NEAR(kept - activations(5), 3 * stash, 1e-6 * kept);
+  EXPECT_NEAR(kept - activations(12), 10 * stash, 1e-6 * kept);
+
+  const plan::LayerCost c =
+      plan::layer_cost(m, l, cluster, job, plan::default_gemm_efficiency(cluster.gpu));
+  const double copy = stash / 32e9;
+  ASSERT_GT(copy, c.forward_s);  // the case where the copies show
+  job.memory.offloaded_layers = 0;
+  const plan::StepTime none = plan::predict_step_time(m, l, cluster, job);
+  job.memory.offloaded_layers = 5;
+  const plan::StepTime five = plan::predict_step_time(m, l, cluster, job);
+  const double expected =
+      5 * (std::max(0.0, copy - c.forward_s) + std::max(0.0, copy - c.backward_s));
+  EXPECT_NEAR(five.offload_s, expected, 1e-12);
+  EXPECT_NEAR(five.total_s - none.total_s, expected, 1e-9);
+  EXPECT_DOUBLE_EQ(none.offload_s, 0);
 }
 
 }  // namespace

@@ -96,6 +96,8 @@ struct PlanArgs {
   double train_tokens = 0;         // > 0: also print the cluster estimate for training this many tokens
   double moe_imbalance = 1.0;      // the busiest expert-parallel rank's routed rows over the mean
   std::string finetune = "full";   // or "lora": the base weights frozen (TrainingJob::frozen_base)
+  int64_t offload_layers =
+      0;  // with --layout: layers whose activations live in host memory (GpuJob::offloaded_layers)
   int top = 10;                    // rows of the search table
   int64_t seq_len = 4096;
   int64_t global_batch = 512;      // sequences per optimizer step

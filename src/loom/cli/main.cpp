@@ -124,6 +124,12 @@ int main(int argc, char** argv) {
                        "full (every weight trains, as pre-training) or lora (the base weights frozen: input "
                        "gradients only, no gradients, optimizer state or gradient reduction for them)")
       ->check(CLI::IsMember({"full", "lora"}));
+  plan_cmd
+      ->add_option(
+          "--offload-layers", plan_args.offload_layers,
+          "with --layout at pp 1 and no recomputation: keep this many layers' activations in host "
+          "memory (Megatron-Core's cpu_offloading_num_layers), copied over the host link")
+      ->check(CLI::NonNegativeNumber);
   plan_cmd->add_option("--attention", plan_args.attention, "flash, or materialized (the s x s scores are stored)")
       ->check(CLI::IsMember({"flash", "materialized"}));
   plan_cmd->add_option("--validate", plan_args.validate, "predict each published run in this JSON file and print the errors")

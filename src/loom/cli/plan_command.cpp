@@ -70,6 +70,7 @@ nlohmann::json time_json(const plan::StepTime& t) {
           {"tokens_per_s", t.tokens_per_s},
           {"mfu", t.mfu},
           {"micro_batches", t.micro_batches},
+          {"offload_s", t.offload_s},
           // Each dimension's communication before overlap (what exposed_comm_s leaves visible).
           {"comm_s",
            {{"tp", t.tp_comm_s},
@@ -91,6 +92,7 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   // LoRA: the base keeps its weights only (TrainingJob::frozen_base).
   job.frozen_base = args.finetune == "lora";
   if (job.frozen_base) job.memory.state = plan::frozen_base_state(job.memory.state);
+  job.memory.offloaded_layers = args.offload_layers;
   // fp8: Transformer Engine's recipe, Linear GEMMs in FP8 and their saved inputs in 1 byte;
   // the rest in bf16 with fp32 master weights.
   // mxfp8: the same at the block-scaled kernels' rate (TrainingJob::mx_gemms).
@@ -157,6 +159,10 @@ Machine machine_of(const PlanArgs& args, int64_t gpus) {
   if (args.finetune != "full")
     throw_error("plan: --profile predicts loom's own engine, which trains every weight; drop --finetune ",
                 args.finetune);
+  if (args.offload_layers > 0)
+    throw_error(
+        "plan: --profile predicts loom's own engine, which keeps activations on the device; drop "
+        "--offload-layers");
   m.job.memory.seq_len = args.seq_len;
   m.cluster.gpu.name = (cuda ? "profiled " : "ranks of ") + profile.machine;
   return {m.cluster, m.job, !cuda};
@@ -362,12 +368,32 @@ int run_plan(const PlanArgs& command_line) {
   if (!args.validate.empty()) return run_validate(args);
   if (args.model.empty()) throw_error("plan: give --model (a preset or a TOML file), or --validate FILE.json");
   const ModelConfig model = plan_model(args.model);
-  if (args.layout.empty()) return run_search(args, model);
+  if (args.layout.empty()) {
+    if (args.offload_layers > 0)
+      throw_error(
+          "plan: --offload-layers evaluates one layout (the search does not offload); give "
+          "--layout");
+    return run_search(args, model);
+  }
   const plan::PlanLayout layout = plan::parse_layout(args.layout);
   plan::check_layout(layout, model, args.seq_len);
-  const std::string engine_note =
-      plan::engine_note_on(plan_cluster(args, args.gpus_per_node).gpu, layout, model, args.seq_len,
-                           args.finetune == "lora");
+  if (args.offload_layers > 0) {
+    // Megatron-Core's rule for its cpu_offloading_num_layers (TransformerConfig checks).
+    if (layout.pp != 1 || layout.recompute != Recompute::None)
+      throw_error(
+          "plan: --offload-layers needs pp=1 and recompute=none (offloading stands in for "
+          "recomputation, one pipeline stage), not ",
+          layout.describe());
+    if (args.offload_layers > model.n_layer)
+      throw_error("plan: --offload-layers ", args.offload_layers, " exceeds the model's ",
+                  model.n_layer, " layers");
+  }
+  std::string engine_note = plan::engine_note_on(plan_cluster(args, args.gpus_per_node).gpu, layout,
+                                                 model, args.seq_len, args.finetune == "lora");
+  if (args.offload_layers > 0)
+    engine_note +=
+        (engine_note.empty() ? "engine: not yet supported: " : ", ") +
+        std::string("activation offloading (loom's trainer keeps activations on the device)");
   if (args.gpus != 0 && layout.gpus() != args.gpus)
     throw_error("plan: layout ", layout.describe(), " uses ", layout.gpus(), " GPUs, but --gpus (or cluster.gpus) is ", args.gpus);
   const int64_t per_step = layout.dp * layout.micro_batch;
@@ -425,6 +451,13 @@ int run_plan(const PlanArgs& command_line) {
   std::printf("\nstep %.3f s = compute %.3f + exposed communication %.3f + bubble %.3f + optimizer %.3f | %.0f tokens/s | MFU %.1f%%\n",
               time.total_s, time.compute_s, time.exposed_comm_s, time.bubble_s, time.optimizer_s, time.tokens_per_s,
               100 * time.mfu);
+  if (args.offload_layers > 0)
+    std::printf(
+        "activations of %lld layers offloaded to host memory at %.0f GB/s each way: %.3f s of "
+        "copies not "
+        "hidden (in the exposed communication)\n",
+        static_cast<long long>(args.offload_layers), plan::host_link_bytes_per_s(gpu) / 1e9,
+        time.offload_s);
   if (!engine_note.empty()) {
     // The planner predicts any engine; this one would refuse the layout, with these reasons.
     std::printf("\n%s\n", engine_note.c_str());

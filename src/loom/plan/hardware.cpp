@@ -125,6 +125,15 @@ bool ampere_part(const GpuSpec& gpu) { return gpu.name.rfind("a100", 0) == 0 || 
 
 bool amd_part(const GpuSpec& gpu) { return gpu.name.rfind("mi", 0) == 0; }
 
+double host_link_bytes_per_s(const GpuSpec& gpu) {
+  const auto starts = [&](const char* prefix) { return gpu.name.rfind(prefix, 0) == 0; };
+  if (starts("gh200")) return 900e9 / 2;
+  if (starts("gb200") || starts("gb300")) return 900e9 / 2 / 2;
+  if (starts("v100")) return 32e9 / 2;
+  if (ampere_part(gpu) || starts("mi250")) return 64e9 / 2;
+  return 128e9 / 2;
+}
+
 const GpuSpec& gpu_preset(const std::string& name) {
   const std::string wanted = lowercase(name);
   for (const GpuSpec& spec : presets())

@@ -58,6 +58,12 @@ std::vector<std::string> gpu_preset_names();
 // ports for 16 GPUs.
 double default_inter_node_bytes_per_s(const GpuSpec& gpu);
 
+// Bandwidth between a GPU and its host's memory, one direction: on a Grace superchip its share
+// of NVLink-C2C (900 GB/s both ways per superchip: a GH200's one GPU 450 GB/s, a GB200's or
+// GB300's two 225 GB/s each; the superchip datasheets), else the datasheet's PCIe link (Gen3
+// 32 GB/s both ways on V100, Gen4 64 on A100/A800 and MI250X, Gen5 128 on H100 and later).
+double host_link_bytes_per_s(const GpuSpec& gpu);
+
 // Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", §3.3.4): 419 unexpected
 // interruptions in a 54-day snapshot of pre-training on 16,384 H100s in 8-GPU servers, of
 // which "GPU issues ... 58.7%" (faulty GPU, HBM3, SRAM, GPU system processor, silent data

@@ -275,6 +275,27 @@ double unfused_rmsnorm_rows(const ModelConfig& m, const PlanLayout& l, int64_t s
   return l.sequence_parallel ? rows / static_cast<double>(l.tp) : rows;
 }
 
+double stashed_layer_bytes(const ModelConfig& m, const PlanLayout& layout, const GpuJob& job) {
+  const double bytes = job.activation_bytes;
+  if (layout.recompute == Recompute::Selective && job.selective == SelectivePolicy::TorchtitanOps)
+    return torchtitan_op_sac_layer_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
+                                         job.op_sac_eager);
+  double stash = job.accounting == ActivationAccounting::Korthikanti
+                     ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout,
+                                               job.flash_attention, job.fp8_linear_inputs)
+                     : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
+                                              job.flash_attention, job.fp8_linear_inputs);
+  if (job.unfused_rmsnorm && layout.recompute != Recompute::Full)  // two norms a layer
+    stash += 2 * kUnfusedRmsNormSavedBytes * unfused_rmsnorm_rows(m, layout, job.seq_len) *
+             static_cast<double>(m.n_embd);
+  if (job.unfused_softmax && !job.flash_attention && layout.recompute == Recompute::None)
+    stash += 1.0 * static_cast<double>(layout.micro_batch * job.seq_len / layout.cp) *
+             static_cast<double>(m.n_head) / static_cast<double>(layout.tp) *
+             static_cast<double>(m.attention_layer_count()) / static_cast<double>(m.n_layer) *
+             static_cast<double>(job.seq_len);  // 6 bytes a score, not 5
+  return stash;
+}
+
 MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
   // Parameters on each pipeline rank: its blocks on one tp rank, plus the input embedding
   // (vocabulary-parallel over tp) on the first and the head on the last, counted from each
@@ -285,25 +306,7 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   const double bytes = job.activation_bytes;
   const bool op_sac =
       l.recompute == Recompute::Selective && job.selective == SelectivePolicy::TorchtitanOps;
-  auto layer_bytes = [&](const PlanLayout& layout) {
-    if (layout.recompute == Recompute::Selective && job.selective == SelectivePolicy::TorchtitanOps)
-      return torchtitan_op_sac_layer_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
-                                           job.op_sac_eager);
-    double stash = job.accounting == ActivationAccounting::Korthikanti
-                       ? korthikanti_layer_bytes(m, layout.micro_batch, job.seq_len, layout,
-                                                 job.flash_attention, job.fp8_linear_inputs)
-                       : layer_activation_bytes(m, layout.micro_batch, job.seq_len, layout, bytes,
-                                                job.flash_attention, job.fp8_linear_inputs);
-    if (job.unfused_rmsnorm && layout.recompute != Recompute::Full)  // two norms a layer
-      stash += 2 * kUnfusedRmsNormSavedBytes * unfused_rmsnorm_rows(m, layout, job.seq_len) *
-               static_cast<double>(m.n_embd);
-    if (job.unfused_softmax && !job.flash_attention && layout.recompute == Recompute::None)
-      stash += 1.0 * static_cast<double>(layout.micro_batch * job.seq_len / layout.cp) *
-               static_cast<double>(m.n_head) / static_cast<double>(layout.tp) *
-               static_cast<double>(m.attention_layer_count()) / static_cast<double>(m.n_layer) *
-               static_cast<double>(job.seq_len);  // 6 bytes a score, not 5
-    return stash;
-  };
+  auto layer_bytes = [&](const PlanLayout& layout) { return stashed_layer_bytes(m, layout, job); };
   MemoryBreakdown mem;
   RankParameters held;
   for (int64_t rank = 0; rank < l.pp; ++rank) {
@@ -330,7 +333,10 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
         job.full_recompute_share < 1)  // the other layers keep theirs
       per_layer =
           job.full_recompute_share * per_layer + (1 - job.full_recompute_share) * layer_bytes(none);
-    here.activations = per_layer * chunk_layers *
+    // Offloaded layers (GpuJob::offloaded_layers, pp 1) keep at most two stashes on the device.
+    const double offloaded = static_cast<double>(
+        std::min<int64_t>(std::max<int64_t>(job.offloaded_layers, 0), r.layers));
+    here.activations = per_layer * (chunk_layers - offloaded + std::min(2.0, offloaded)) *
                        static_cast<double>(chunks_in_flight(l, job.micro_batches, rank));
     if (l.recompute == Recompute::Full)  // one layer's full stash is rebuilt during its backward
       here.activations += layer_bytes(none);

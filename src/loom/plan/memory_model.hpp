@@ -186,6 +186,13 @@ struct GpuJob {
   // at 4 bytes, over the sharded states; and its traffic is one gather and one reduce-scatter
   // per layer a step (time_model), not two gathers and one reduce-scatter per micro-batch.
   bool fsdp_gathered_under_pp = false;
+  // Activation offloading (Megatron-Core's cpu_offloading_num_layers through Transformer
+  // Engine's get_cpu_offload_context, allowed at pp 1 without recomputation): this many of the
+  // rank's layers copy their stash to host memory after their forward and back before their
+  // backward, double-buffered, so at most two of them are on the device at once (TE's
+  // AsyncDoubleBufferGroupOffloadHandler); time_model charges the copies over the GPU's host
+  // link (host_link_bytes_per_s) where they outlast the layer's compute.
+  int64_t offloaded_layers = 0;
   // Layers per pipeline stage (pp x vp entries); empty: the engine's split (stage_layer_counts).
   std::vector<int64_t> stage_layers;
 };
@@ -211,6 +218,9 @@ int64_t deferred_weight_grad_bytes(const ModelConfig& model, int64_t layers, boo
 // embedding, the last the head) plus the activations it holds at its peak (the first stage
 // holds the most micro-batches under 1F1B) plus, on the last, the loss buffers.
 MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
+// One layer's stash for one micro-batch as predict_gpu_memory counts it (the source's
+// accounting, recomputation and FP8 inputs included): what an offloaded layer moves each way.
+double stashed_layer_bytes(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
 
 // The workspace loom's CUDA engine allocates on one rank of layout l (bytes): the blocks'
 // gradient scratch (model/stash.cpp, make_block_grad_scratch) and the residual gradient

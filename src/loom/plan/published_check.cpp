@@ -191,6 +191,13 @@ RunCheck check_run(const PublishedRun& run) {
   if (run.conventions.megatron && model.arch == Architecture::GPT2) job.memory.accounting = ActivationAccounting::Korthikanti;
 
   bool have = false;
+  int64_t best_offload = 0;
+  // Megatron FSDP on a Grace-Blackwell system under a source whose recipes offload activations
+  // there, with its recomputation unstated.
+  const std::string& gpu_name = run.cluster.gpu.name;
+  const bool offload_allowed = run.conventions.grace_activation_offload && run.unstated.recompute &&
+                               run.layout.zero_stage == 3 &&
+                               (gpu_name.rfind("gb200", 0) == 0 || gpu_name.rfind("gb300", 0) == 0);
   StepTime best_time;
   MemoryBreakdown best_memory;
   std::string best_split_note;
@@ -265,9 +272,23 @@ RunCheck check_run(const PublishedRun& run) {
         std::string split_note;
         job.memory.stage_layers = stage_split(model.n_layer, stages, &split_note);
         job.memory.micro_batches = micro;
-        const MemoryBreakdown memory = predict_gpu_memory(model, l, job.memory);
+        job.memory.offloaded_layers = 0;
+        MemoryBreakdown memory = predict_gpu_memory(model, l, job.memory);
+        bool fits = fits_in_hbm(memory, run.cluster.gpu.hbm_bytes, run.conventions.megatron);
+        // The source's Grace recipes (SourceConventions::grace_activation_offload): where no
+        // recomputation does not fit, the fewest offloaded layers that do.
+        if (!fits && offload_allowed && recompute == Recompute::None && l.pp == 1 && l.vp == 1) {
+          for (int64_t k = 1; k <= model.n_layer && !fits; ++k) {
+            job.memory.offloaded_layers = k;
+            memory = predict_gpu_memory(model, l, job.memory);
+            fits = fits_in_hbm(memory, run.cluster.gpu.hbm_bytes, run.conventions.megatron);
+          }
+          if (!fits) {
+            job.memory.offloaded_layers = 0;
+            memory = predict_gpu_memory(model, l, job.memory);
+          }
+        }
         const StepTime t = predict_step_time(model, l, run.cluster, job);
-        const bool fits = fits_in_hbm(memory, run.cluster.gpu.hbm_bytes, run.conventions.megatron);
         // Prefer layouts that fit; among equals, the faster one (what the source would have run).
         // Where none fits the planner's memory, the run still ran: the fastest of them (Llama 3's
         // 8,192-GPU stage with one-layer chunks, its sec. 3.3.2, not the least-memory V = 2
@@ -286,6 +307,7 @@ RunCheck check_run(const PublishedRun& run) {
         have = true;
         check.layout = l;
         check.fits = fits;
+        best_offload = job.memory.offloaded_layers;
         best_time = t;
         best_memory = memory;
         best_split_note = split_note;
@@ -320,6 +342,11 @@ RunCheck check_run(const PublishedRun& run) {
   if (run.unstated.tp)
     check.picks.push_back("tp " + std::to_string(l.tp) + ", dp " + std::to_string(l.dp) + " (not stated)");
   if (!best_split_note.empty()) check.picks.push_back(best_split_note);
+  if (best_offload > 0)
+    check.picks.push_back("activations of " + std::to_string(best_offload) + " of " +
+                          std::to_string(model.n_layer) +
+                          " layers offloaded to the Grace CPU's memory, not recomputed (the "
+                          "source's Grace recipes: cpu_offloading_num_layers), over NVLink-C2C");
   if (l.tp > 1 && job.tp_comm_overlap)
     check.picks.push_back(
         "tp communication pipelined against its GEMMs (the source's recipes set tp_comm_overlap)");

@@ -102,6 +102,12 @@ struct SourceConventions {
   bool bf16_parameters_no_master = false;
   // Its benchmark recipes checkpoint every block where a record leaves recomputation out.
   bool unstated_recompute_full = false;
+  // Its recipes on Grace-Blackwell systems (GB200, GB300) under Megatron FSDP at pp 1 keep whole
+  // layers' activations in the Grace CPU's memory instead of recomputing them (GpuJob::
+  // offloaded_layers): Megatron-Bridge's scripts/performance/configs/llama3 and llama31
+  // workload_base_configs.py at 25.11 (cpu_offloading_num_layers 20-40 of Llama 3 70B's 80
+  // layers, 95 of Llama 3.1 405B's 126); an unstated recomputation may be this instead.
+  bool grace_activation_offload = false;
   std::string where;                     // where the conventions were read
 };
 SourceConventions conventions_of_source(const std::string& source);

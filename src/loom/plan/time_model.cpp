@@ -9,6 +9,7 @@
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/host_issue.hpp"
 #include "loom/plan/layer_cost.hpp"
+#include "loom/plan/memory_model.hpp"
 #include "loom/plan/pipeline_sim.hpp"
 #include "loom/plan/rank_parameters.hpp"
 
@@ -310,6 +311,18 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
                     std::max(0.0, backward_gathers * ag + rs - layer.backward_s));
       }
     }
+  }
+  // Activation offloading (GpuJob::offloaded_layers): each offloaded layer's stash leaves over
+  // the host link while the next layer runs forward and comes back while the layer after it
+  // runs backward (double-buffered); only what outlasts a layer's pass shows.
+  if (job.memory.offloaded_layers > 0) {
+    const double copy_s = stashed_layer_bytes(m, l, job.memory) / host_link_bytes_per_s(gpu);
+    const double offloaded =
+        std::min(static_cast<double>(job.memory.offloaded_layers), layers_per_rank);
+    out.offload_s =
+        static_cast<double>(micro) * offloaded *
+        (std::max(0.0, copy_s - layer.forward_s) + std::max(0.0, copy_s - layer.backward_s));
+    exposed += out.offload_s;
   }
   out.exposed_comm_s = std::max(0.0, exposed);
   // AdamW reads gradient, master, two moments and writes master, moments and the parameter:

@@ -176,6 +176,8 @@ struct StepTime {
   double tokens_per_s = 0;       // whole job
   double mfu = 0;                // model FLOPs (flops.hpp) over gpus x dense bf16 peak
   double tp_comm_s = 0, dp_comm_s = 0, cp_comm_s = 0, pp_comm_s = 0, ep_comm_s = 0;  // totals before overlap
+  double offload_s =
+      0;  // activation offloading's host-link copies not hidden by compute (in exposed_comm_s)
   int64_t micro_batches = 0;
   // What the pipeline simulation ran with, so a caller can redraw the timeline: one chunk's
   // forward and backward time per micro-batch, and one activation transfer between stages.

@@ -454,7 +454,7 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
 // (ZeRO-1), its 2025 stack's fused attention is FlashAttention-3-class (2x the 2023-24 rate),
 // GB200 is its own part in one 72-GPU NVLink domain, and tp communication overlaps its GEMMs as
 // the recipes set it. Every row within 14%: H100 8B -3.6%, 70B -3.1% twice, 405B +9.5% and
-// +12.0%; B200 +1.8% and +9.4%, GB200 -0.1% to +10.1% (until session 20 they carried the H100
+// +12.0%; B200 +1.8% and +9.4%, GB200 -0.1% to +11.8% (until session 20 they carried the H100
 // template's 989 TFLOP/s as their stated peak and were all predicted 10-34% slow; until session
 // 33 the H100's share of the peak, and full recomputation for the Megatron FSDP rows below,
 // which offload activations instead: -15.7% and -21.0% with the GB200's share).

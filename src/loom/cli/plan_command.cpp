@@ -365,7 +365,12 @@ int run_plan(const PlanArgs& command_line) {
                   "-token sequences");
     args.global_batch = args.global_batch_tokens / args.seq_len;
   }
-  if (!args.validate.empty()) return run_validate(args);
+  if (!args.validate.empty()) {
+    if (args.offload_layers > 0)
+      throw_error(
+          "plan: --validate predicts each run as its record and source say; drop --offload-layers");
+    return run_validate(args);
+  }
   if (args.model.empty()) throw_error("plan: give --model (a preset or a TOML file), or --validate FILE.json");
   const ModelConfig model = plan_model(args.model);
   if (args.layout.empty()) {
@@ -384,9 +389,10 @@ int run_plan(const PlanArgs& command_line) {
           "plan: --offload-layers needs pp=1 and recompute=none (offloading stands in for "
           "recomputation, one pipeline stage), not ",
           layout.describe());
-    if (args.offload_layers > model.n_layer)
-      throw_error("plan: --offload-layers ", args.offload_layers, " exceeds the model's ",
-                  model.n_layer, " layers");
+    if (args.offload_layers >= model.n_layer)
+      throw_error("plan: --offload-layers ", args.offload_layers,
+                  " must be fewer than the model's ", model.n_layer,
+                  " layers (Megatron-Core's rule)");
   }
   std::string engine_note = plan::engine_note_on(plan_cluster(args, args.gpus_per_node).gpu, layout,
                                                  model, args.seq_len, args.finetune == "lora");

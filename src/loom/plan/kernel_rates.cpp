@@ -38,8 +38,8 @@ GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu) {
 // against the long-sequence rows of llm-foundry's benchmark tables (scripts/train/benchmarking/
 // README.md at 061f2c7: 201 rows, 512 to 65,536 tokens, heads of 64 and 128, whose 18 the shared
 // file holds) and the shared file's flash-attention runs. A100 0.40 (about 105 TFLOP/s at 128-wide
-// heads and long sequences), H100 0.25 (about 210: 2023's kernels were not Hopper's); H200 and
-// B200 take the H100 figure until runs say otherwise.
+// heads and long sequences), H100 0.25 (about 210: 2023's kernels were not Hopper's); H200 takes
+// the H100 figure; other parts it scaled by sustained_share, as the GEMM share is.
 double fused_attention_efficiency(const GpuSpec& gpu, double keys, double head_dim,
                                   double kernel_speedup) {
   const bool ampere = ampere_part(gpu);

@@ -296,7 +296,20 @@ double stashed_layer_bytes(const ModelConfig& m, const PlanLayout& layout, const
   return stash;
 }
 
+void check_offloaded_layers(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
+  if (job.offloaded_layers == 0) return;
+  if (l.pp != 1 || l.vp != 1 || l.recompute != Recompute::None)
+    throw_error(
+        "activation offloading needs pp 1, one chunk and no recomputation (Megatron-Core's "
+        "rule for cpu_offloading_num_layers), not ",
+        l.describe());
+  if (job.offloaded_layers < 0 || job.offloaded_layers >= m.n_layer)
+    throw_error("activation offloading of ", job.offloaded_layers, " layers: expected 0 to ",
+                m.n_layer - 1, ", fewer than the model's ", m.n_layer);
+}
+
 MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
+  check_offloaded_layers(m, l, job);
   // Parameters on each pipeline rank: its blocks on one tp rank, plus the input embedding
   // (vocabulary-parallel over tp) on the first and the head on the last, counted from each
   // parameter's placement. Expert weights are further split over ep and their ZeRO shards span
@@ -333,10 +346,9 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
         job.full_recompute_share < 1)  // the other layers keep theirs
       per_layer =
           job.full_recompute_share * per_layer + (1 - job.full_recompute_share) * layer_bytes(none);
-    // Offloaded layers (GpuJob::offloaded_layers, pp 1) keep at most two stashes on the device.
-    const double offloaded = static_cast<double>(
-        std::min<int64_t>(std::max<int64_t>(job.offloaded_layers, 0), r.layers));
-    here.activations = per_layer * (chunk_layers - offloaded + std::min(2.0, offloaded)) *
+    // Offloaded layers (GpuJob::offloaded_layers, pp 1) are in host memory at the peak.
+    const double offloaded = static_cast<double>(job.offloaded_layers);
+    here.activations = per_layer * (chunk_layers - offloaded) *
                        static_cast<double>(chunks_in_flight(l, job.micro_batches, rank));
     if (l.recompute == Recompute::Full)  // one layer's full stash is rebuilt during its backward
       here.activations += layer_bytes(none);

@@ -187,11 +187,14 @@ struct GpuJob {
   // per layer a step (time_model), not two gathers and one reduce-scatter per micro-batch.
   bool fsdp_gathered_under_pp = false;
   // Activation offloading (Megatron-Core's cpu_offloading_num_layers through Transformer
-  // Engine's get_cpu_offload_context, allowed at pp 1 without recomputation): this many of the
-  // rank's layers copy their stash to host memory after their forward and back before their
-  // backward, double-buffered, so at most two of them are on the device at once (TE's
-  // AsyncDoubleBufferGroupOffloadHandler); time_model charges the copies over the GPU's host
-  // link (host_link_bytes_per_s) where they outlast the layer's compute.
+  // Engine's get_cpu_offload_context; Megatron-Core allows it at pp 1, without recomputation,
+  // for fewer layers than the model has): this many of the layers copy their stash to host
+  // memory during the forward, one after another on one stream, each freed by a window spread
+  // over the forward's layers (TE's AsyncDoubleBufferGroupOffloadHandler), and reload them
+  // during the backward; without double buffering (Megatron-Core's default
+  // cpu_offloading_double_buffering = False) the peak holds the other layers' stashes. The
+  // copies show in time_model only where all of them outlast the other layers' passes.
+  // predict_gpu_memory and predict_step_time refuse it at pp > 1, vp > 1 or with recomputation.
   int64_t offloaded_layers = 0;
   // Layers per pipeline stage (pp x vp entries); empty: the engine's split (stage_layer_counts).
   std::vector<int64_t> stage_layers;
@@ -221,6 +224,9 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& model, const PlanLayout& l
 // One layer's stash for one micro-batch as predict_gpu_memory counts it (the source's
 // accounting, recomputation and FP8 inputs included): what an offloaded layer moves each way.
 double stashed_layer_bytes(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
+// Throws loom::Error unless job.offloaded_layers is 0, or 1 to n_layer - 1 at pp 1, one chunk and
+// no recomputation.
+void check_offloaded_layers(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
 
 // The workspace loom's CUDA engine allocates on one rank of layout l (bytes): the blocks'
 // gradient scratch (model/stash.cpp, make_block_grad_scratch) and the residual gradient

@@ -192,6 +192,7 @@ RunCheck check_run(const PublishedRun& run) {
 
   bool have = false;
   int64_t best_offload = 0;
+  std::vector<int64_t> best_stage_layers;
   // Megatron FSDP on a Grace-Blackwell system under a source whose recipes offload activations
   // there, with its recomputation unstated.
   const std::string& gpu_name = run.cluster.gpu.name;
@@ -278,7 +279,7 @@ RunCheck check_run(const PublishedRun& run) {
         // The source's Grace recipes (SourceConventions::grace_activation_offload): where no
         // recomputation does not fit, the fewest offloaded layers that do.
         if (!fits && offload_allowed && recompute == Recompute::None && l.pp == 1 && l.vp == 1) {
-          for (int64_t k = 1; k <= model.n_layer && !fits; ++k) {
+          for (int64_t k = 1; k < model.n_layer && !fits; ++k) {
             job.memory.offloaded_layers = k;
             memory = predict_gpu_memory(model, l, job.memory);
             fits = fits_in_hbm(memory, run.cluster.gpu.hbm_bytes, run.conventions.megatron);
@@ -308,6 +309,7 @@ RunCheck check_run(const PublishedRun& run) {
         check.layout = l;
         check.fits = fits;
         best_offload = job.memory.offloaded_layers;
+        best_stage_layers = job.memory.stage_layers;
         best_time = t;
         best_memory = memory;
         best_split_note = split_note;
@@ -325,12 +327,18 @@ RunCheck check_run(const PublishedRun& run) {
     return check;
   }
   const PlanLayout& l = check.layout;
+  // The chosen layout's own split and offloading (the loop left the last candidate's).
+  job.memory.stage_layers = best_stage_layers;
+  job.memory.offloaded_layers = best_offload;
   if (run.unstated.micro_batch) check.picks.push_back("micro-batch " + std::to_string(l.micro_batch));
   if (eps.size() > 1) check.picks.push_back("ep " + std::to_string(l.ep) + " (not stated)");
   if (run.unstated.vp)
     check.picks.push_back(
         "vp " + std::to_string(l.vp) +
-        (run.unstated.interleaved && !check.fits ? " (none fits: the fastest)" : ""));
+        (run.unstated.interleaved && !check.fits
+             ? (run.unstated.recompute ? " (none fits: the fastest of the most recomputation)"
+                                       : " (none fits: the fastest)")
+             : ""));
   if (run.unstated.recompute)
     check.picks.push_back(
         std::string("recompute ") + recompute_word(l.recompute) +

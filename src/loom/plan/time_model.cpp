@@ -312,16 +312,18 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
       }
     }
   }
-  // Activation offloading (GpuJob::offloaded_layers): each offloaded layer's stash leaves over
-  // the host link while the next layer runs forward and comes back while the layer after it
-  // runs backward (double-buffered); only what outlasts a layer's pass shows.
+  // Activation offloading (GpuJob::offloaded_layers, pp 1): the k stashes leave over the host
+  // link one after another from the first layer's forward on, the last due by the end of the
+  // forward (n - 1 more layers), and come back during the backward the same way; per micro-batch
+  // only what outlasts those passes shows.
   if (job.memory.offloaded_layers > 0) {
-    const double copy_s = stashed_layer_bytes(m, l, job.memory) / host_link_bytes_per_s(gpu);
-    const double offloaded =
-        std::min(static_cast<double>(job.memory.offloaded_layers), layers_per_rank);
+    check_offloaded_layers(m, l, job.memory);
+    const double copies_s = static_cast<double>(job.memory.offloaded_layers) *
+                            stashed_layer_bytes(m, l, job.memory) / host_link_bytes_per_s(gpu);
+    const double others = layers_per_rank - 1;
     out.offload_s =
-        static_cast<double>(micro) * offloaded *
-        (std::max(0.0, copy_s - layer.forward_s) + std::max(0.0, copy_s - layer.backward_s));
+        static_cast<double>(micro) * (std::max(0.0, copies_s - others * layer.forward_s) +
+                                      std::max(0.0, copies_s - others * layer.backward_s));
     exposed += out.offload_s;
   }
   out.exposed_comm_s = std::max(0.0, exposed);

@@ -3,11 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <array>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "cli_support.hpp"
 #include "loom/ckpt/checkpoint.hpp"
 #include "loom/core/device_memory.hpp"
 #include "loom/plan/machine_profile.hpp"
@@ -19,21 +19,6 @@ namespace loom::test {
 namespace {
 
 using ::testing::HasSubstr;
-
-struct CommandResult {
-  int exit_code;
-  std::string output;
-};
-
-CommandResult run_loom(const std::string& args) {
-  const std::string command = std::string(LOOM_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  std::string output;
-  std::array<char, 4096> buffer{};
-  while (size_t n = std::fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
 
 TEST(Cli, BadConfigsAreRejectedWithTheKeyNamed) {
   TinyRun run("cli_config");
@@ -399,86 +384,6 @@ TEST(Cli, PlanLayoutsPasteBackAndAreMarkedWhenTheEngineLacksThem) {
 }
 
 // A plan file says what the flags say; flags given on the command line win; typos are errors.
-// LoRA fine-tuning (--finetune lora, or training.finetune): the base keeps its 16-bit weights
-// only, so 70B on 8 H100s at tp 2, pp 4 drops from 189 GiB (does not fit) to what its weights and
-// activations take; the step loses its weight-gradient GEMMs (about a third of the compute).
-TEST(Cli, PlanFineTunesWithLoraOnAFrozenBase) {
-  const std::string layout =
-      "plan --model llama-70b --seq 4096 --global-batch 32 --layout tp=2,pp=4,dp=1,zero=0 --json";
-  CommandResult r = run_loom(layout);
-  EXPECT_EQ(r.exit_code, 1) << r.output;  // every weight training does not fit
-  const nlohmann::json full = nlohmann::json::parse(r.output);
-  r = run_loom(layout + " --finetune lora");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const nlohmann::json lora = nlohmann::json::parse(r.output);
-  EXPECT_EQ(lora["finetune"], "lora");
-  EXPECT_FALSE(lora["engine_supported"].get<bool>());  // loom's trainer trains every weight
-  EXPECT_THAT(lora["engine_note"].get<std::string>(), HasSubstr("LoRA fine-tuning"));
-  EXPECT_TRUE(lora["fits"].get<bool>());
-  EXPECT_EQ(lora["memory_bytes"]["gradients"].get<double>(), 0);
-  EXPECT_EQ(lora["memory_bytes"]["optimizer_state"].get<double>(), 0);
-  EXPECT_EQ(lora["memory_bytes"]["parameters"], full["memory_bytes"]["parameters"]);
-  EXPECT_EQ(lora["memory_bytes"]["activations"], full["memory_bytes"]["activations"]);
-  const double ratio = lora["time"]["compute_s"].get<double>() / full["time"]["compute_s"].get<double>();
-  EXPECT_GT(ratio, 0.6);
-  EXPECT_LT(ratio, 0.8);
-  r = run_loom(layout + " --finetune qlora");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("--finetune"));
-  TempDir dir("cli_plan_lora");
-  write_text_file(dir.file("lora.toml"), "[training]\nfinetune = \"lora\"\nseq_len = 4096\nglobal_batch = 32\n");
-  r = run_loom("plan --model llama-70b --layout tp=2,pp=4,dp=1,zero=0 --json --config " + dir.file("lora.toml"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_EQ(nlohmann::json::parse(r.output)["finetune"], "lora");
-  write_text_file(dir.file("bad.toml"), "[training]\nfinetune = \"adapters\"\n");
-  r = run_loom("plan --model llama-70b --config " + dir.file("bad.toml"));
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("training.finetune = 'adapters'; expected full or lora"));
-}
-
-// --offload-layers (Megatron-Core's cpu_offloading_num_layers): Llama 3 70B under FSDP on 64
-// GB200s with no recomputation does not fit; with 60 of its 80 layers' activations in the Grace
-// CPU's memory it does. At pp 1 the activations fall by k stashes, so 60 offloaded layers save
-// twice what 30 do. Loom's trainer keeps activations on the device: the layout is marked.
-// Offloading stands in for recomputation at one pipeline stage, for fewer layers than the model
-// has, as Megatron-Core requires; a search and --validate are not offered it.
-TEST(Cli, PlanOffloadsActivationsToHostMemory) {
-  const std::string layout =
-      "plan --model llama-70b --gpu gb200 --gpus-per-node 72 --seq 8192 --global-batch 128 "
-      "--precision fp8 --layout tp=1,pp=1,dp=64,zero=3,mbs=2,recompute=none --json";
-  CommandResult r = run_loom(layout);
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  const double kept = nlohmann::json::parse(r.output)["memory_bytes"]["activations"].get<double>();
-  r = run_loom(layout + " --offload-layers 60");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const nlohmann::json sixty = nlohmann::json::parse(r.output);
-  EXPECT_TRUE(sixty["fits"].get<bool>());
-  EXPECT_FALSE(sixty["engine_supported"].get<bool>());
-  EXPECT_THAT(sixty["engine_note"].get<std::string>(), HasSubstr("activation offloading"));
-  EXPECT_TRUE(sixty["time"].contains("offload_s"));
-  r = run_loom(layout + " --offload-layers 30");
-  ASSERT_LE(r.exit_code, 1) << r.output;
-  const double thirty =
-      nlohmann::json::parse(r.output)["memory_bytes"]["activations"].get<double>();
-  EXPECT_NEAR((kept - sixty["memory_bytes"]["activations"].get<double>()) / (kept - thirty), 2.0,
-              1e-9);
-  r = run_loom(
-      "plan --model llama-70b --gpu gb200 --seq 8192 --global-batch 128 "
-      "--layout tp=1,pp=2,dp=32,zero=3,mbs=2 --offload-layers 10");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("--offload-layers needs pp=1 and recompute=none"));
-  r = run_loom(layout + " --offload-layers 80");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("--offload-layers 80 must be fewer than the model's 80 layers"));
-  r = run_loom("plan --model llama-70b --gpu gb200 --gpus 64 --offload-layers 10");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("give --layout"));
-  r = run_loom("plan --validate " + std::string(LOOM_SOURCE_DIR) +
-               "/published/public_runs.json --offload-layers 4");
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("drop --offload-layers"));
-}
-
 TEST(Cli, PlanReadsModelClusterAndTrainingFromATomlFile) {
   TempDir dir("cli_plan_file");
   write_text_file(dir.file("plan.toml"), R"([model]

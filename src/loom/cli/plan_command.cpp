@@ -366,9 +366,14 @@ int run_plan(const PlanArgs& command_line) {
     args.global_batch = args.global_batch_tokens / args.seq_len;
   }
   if (!args.validate.empty()) {
-    if (args.offload_layers > 0)
-      throw_error(
-          "plan: --validate predicts each run as its record and source say; drop --offload-layers");
+    // Each run's model, cluster, layout and training come from its record; an option that would
+    // shape them is refused rather than ignored.
+    std::string ignored;
+    for (const std::string& flag : args.given)
+      if (flag != "validate" && flag != "json") ignored += (ignored.empty() ? "--" : ", --") + flag;
+    if (!ignored.empty())
+      throw_error("plan: --validate predicts each run as its record and source say; drop ", ignored,
+                  " (only --json goes with it)");
     return run_validate(args);
   }
   if (args.model.empty()) throw_error("plan: give --model (a preset or a TOML file), or --validate FILE.json");
@@ -425,7 +430,12 @@ int run_plan(const PlanArgs& command_line) {
   const plan::ClusterSpec& cluster = machine.cluster;
   const plan::GpuSpec& gpu = cluster.gpu;
   const plan::StepTime time = plan::predict_step_time(model, layout, cluster, job);
-  const bool fits = mem.total() <= gpu.hbm_bytes * plan::kUsableMemoryFraction;
+  // Offloaded activations must also fit in the GPU's share of its host's memory.
+  const double host_bytes =
+      args.offload_layers > 0 ? plan::offloaded_host_bytes(model, layout, job.memory) : 0.0;
+  const double host_capacity = plan::host_memory_bytes_per_gpu(gpu);
+  const bool host_fits = host_bytes <= host_capacity;
+  const bool fits = mem.total() <= gpu.hbm_bytes * plan::kUsableMemoryFraction && host_fits;
 
   if (args.json) {
     const nlohmann::json out = {
@@ -434,7 +444,12 @@ int run_plan(const PlanArgs& command_line) {
         {"finetune", args.finetune},
         {"memory_bytes", memory_json(mem)}, {"memory_model", engine_memory ? "engine" : "gpu"}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits},
         {"engine_supported", engine_note.empty()}, {"engine_note", engine_note}};
-    std::printf("%s\n", out.dump(2).c_str());
+    nlohmann::json with_host = out;
+    if (args.offload_layers > 0) {
+      with_host["host_offload_bytes"] = host_bytes;
+      with_host["host_memory_bytes"] = host_capacity;
+    }
+    std::printf("%s\n", with_host.dump(2).c_str());
     write_charts(args, {{layout, mem, time, engine_note}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
     return fits ? 0 : 1;
   }
@@ -452,8 +467,13 @@ int run_plan(const PlanArgs& command_line) {
       {"parameters", mem.parameters},         {"gradients", mem.gradients},       {"optimizer state", mem.optimizer_state},
       {"activations", mem.activations},       {"comm buffers", mem.comm_buffers}, {"workspace", mem.workspace}};
   for (const auto& [name, bytes] : rows) std::printf("  %-16s %9.2f GiB\n", name, bytes / kGiB);
-  std::printf("  %-16s %9.2f GiB of %.0f GiB HBM (%.0f usable): %s\n", "total", mem.total() / kGiB, gpu.hbm_bytes / kGiB,
-              gpu.hbm_bytes * plan::kUsableMemoryFraction / kGiB, fits ? "fits" : "does NOT fit");
+  const bool hbm_fits = mem.total() <= gpu.hbm_bytes * plan::kUsableMemoryFraction;
+  std::printf("  %-16s %9.2f GiB of %.0f GiB HBM (%.0f usable): %s\n", "total", mem.total() / kGiB,
+              gpu.hbm_bytes / kGiB, gpu.hbm_bytes * plan::kUsableMemoryFraction / kGiB,
+              hbm_fits ? "fits" : "does NOT fit");
+  if (args.offload_layers > 0)
+    std::printf("  %-16s %9.2f GiB of the host's %.0f GiB per GPU: %s\n", "offloaded",
+                host_bytes / kGiB, host_capacity / kGiB, host_fits ? "fits" : "does NOT fit");
   std::printf("\nstep %.3f s = compute %.3f + exposed communication %.3f + bubble %.3f + optimizer %.3f | %.0f tokens/s | MFU %.1f%%\n",
               time.total_s, time.compute_s, time.exposed_comm_s, time.bubble_s, time.optimizer_s, time.tokens_per_s,
               100 * time.mfu);

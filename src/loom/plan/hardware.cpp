@@ -125,13 +125,28 @@ bool ampere_part(const GpuSpec& gpu) { return gpu.name.rfind("a100", 0) == 0 || 
 
 bool amd_part(const GpuSpec& gpu) { return gpu.name.rfind("mi", 0) == 0; }
 
+bool grace_part(const GpuSpec& gpu) {
+  return gpu.name.rfind("gh200", 0) == 0 || gpu.name.rfind("gb200", 0) == 0 ||
+         gpu.name.rfind("gb300", 0) == 0;
+}
+
 double host_link_bytes_per_s(const GpuSpec& gpu) {
   const auto starts = [&](const char* prefix) { return gpu.name.rfind(prefix, 0) == 0; };
   if (starts("gh200")) return 900e9 / 2;
-  if (starts("gb200") || starts("gb300")) return 900e9 / 2 / 2;
+  if (grace_part(gpu)) return 900e9 / 2 / 2;  // GB200, GB300: two GPUs a Grace
   if (starts("v100")) return 32e9 / 2;
   if (ampere_part(gpu) || starts("mi250")) return 64e9 / 2;
   return 128e9 / 2;
+}
+
+double host_memory_bytes_per_gpu(const GpuSpec& gpu) {
+  const auto starts = [&](const char* prefix) { return gpu.name.rfind(prefix, 0) == 0; };
+  if (starts("gh200")) return 480e9;
+  if (grace_part(gpu)) return 480e9 / 2;  // GB200, GB300: two GPUs a Grace
+  if (starts("v100")) return 1.5e12 / 16;
+  if (ampere_part(gpu)) return 1e12 / 8;
+  if (starts("mi250")) return 512e9 / 8;
+  return 2e12 / 8;
 }
 
 const GpuSpec& gpu_preset(const std::string& name) {

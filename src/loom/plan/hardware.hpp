@@ -64,6 +64,17 @@ double default_inter_node_bytes_per_s(const GpuSpec& gpu);
 // 32 GB/s both ways on V100, Gen4 64 on A100/A800 and MI250X, Gen5 128 on H100 and later).
 double host_link_bytes_per_s(const GpuSpec& gpu);
 
+// A Grace superchip part (GH200, GB200, GB300): its host is an Arm Grace CPU beside it.
+bool grace_part(const GpuSpec& gpu);
+
+// Host memory per GPU on the part's reference system: the system's memory over its GPUs.
+// GH200: one Grace's 480 GB of LPDDR5X a GPU; GB200 and GB300 NVL72: 480 GB a Grace shared
+// by two GPUs (the racks' "up to 17 TB LPDDR5X" over 36 Grace CPUs), 240 GB; DGX H100, H200,
+// B200 and B300: 2 TB over 8 GPUs, 256 GB (also the Hopper and AMD eight-GPU boards); DGX
+// A100: 1 TB over 8, 128 GB; DGX-2: 1.5 TB over 16 V100s, 96 GB; a Frontier node: 512 GB over
+// four MI250X, 64 GB a GCD. What activation offloading can hold there (GpuJob::offloaded_layers).
+double host_memory_bytes_per_gpu(const GpuSpec& gpu);
+
 // Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", §3.3.4): 419 unexpected
 // interruptions in a 54-day snapshot of pre-training on 16,384 H100s in 8-GPU servers, of
 // which "GPU issues ... 58.7%" (faulty GPU, HBM3, SRAM, GPU system processor, silent data

@@ -308,6 +308,11 @@ void check_offloaded_layers(const ModelConfig& m, const PlanLayout& l, const Gpu
                 m.n_layer - 1, ", fewer than the model's ", m.n_layer);
 }
 
+double offloaded_host_bytes(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
+  check_offloaded_layers(m, l, job);
+  return static_cast<double>(job.offloaded_layers) * stashed_layer_bytes(m, l, job);
+}
+
 MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
   check_offloaded_layers(m, l, job);
   // Parameters on each pipeline rank: its blocks on one tp rank, plus the input embedding

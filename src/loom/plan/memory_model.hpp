@@ -227,6 +227,9 @@ double stashed_layer_bytes(const ModelConfig& model, const PlanLayout& layout, c
 // Throws loom::Error unless job.offloaded_layers is 0, or 1 to n_layer - 1 at pp 1, one chunk and
 // no recomputation.
 void check_offloaded_layers(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
+// The host memory the offloaded layers take (one micro-batch's k stashes at pp 1: Megatron-Core
+// brings them back during that micro-batch's backward), against host_memory_bytes_per_gpu.
+double offloaded_host_bytes(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
 
 // The workspace loom's CUDA engine allocates on one rank of layout l (bytes): the blocks'
 // gradient scratch (model/stash.cpp, make_block_grad_scratch) and the residual gradient

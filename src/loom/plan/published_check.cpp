@@ -279,8 +279,11 @@ RunCheck check_run(const PublishedRun& run) {
         // The source's Grace recipes (SourceConventions::grace_activation_offload): where no
         // recomputation does not fit, the fewest offloaded layers that do.
         if (!fits && offload_allowed && recompute == Recompute::None && l.pp == 1 && l.vp == 1) {
+          // The Grace CPU's memory holds what leaves the GPU.
+          const double host = host_memory_bytes_per_gpu(run.cluster.gpu);
           for (int64_t k = 1; k < model.n_layer && !fits; ++k) {
             job.memory.offloaded_layers = k;
+            if (offloaded_host_bytes(model, l, job.memory) > host) break;
             memory = predict_gpu_memory(model, l, job.memory);
             fits = fits_in_hbm(memory, run.cluster.gpu.hbm_bytes, run.conventions.megatron);
           }

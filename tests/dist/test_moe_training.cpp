@@ -111,31 +111,32 @@ TEST_P(MoeTraining, FollowsOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, MoeTraining,
-                         ::testing::Values(MoeCase{.dp = 2, .zero_stage = 1}, MoeCase{.dp = 2, .zero_stage = 3},
-                                           MoeCase{.pp = 2}, MoeCase{.pp = 2, .router = "sigmoid"},
-                                           MoeCase{.pp = 2, .recompute = "full"}, MoeCase{.cp = 2},
-                                           MoeCase{.dp = 2, .pp = 2, .zero_stage = 1},
-                                           MoeCase{.dp = 2, .cp = 2, .recompute = "selective"},
-                                           // expert parallelism: ep 2 and 4, with ZeRO-1/2, pp, cp,
-                                           // recomputation and the sigmoid router's bias updates
-                                           MoeCase{.dp = 2, .ep = 2}, MoeCase{.dp = 4, .ep = 4},
-                                           MoeCase{.dp = 4, .zero_stage = 1, .ep = 2},
-                                           MoeCase{.dp = 2, .zero_stage = 2, .ep = 2},
-                                           MoeCase{.dp = 2, .pp = 2, .ep = 2},
-                                           MoeCase{.dp = 2, .cp = 2, .ep = 2},
-                                           MoeCase{.dp = 2, .ep = 2, .recompute = "full"},
-                                           MoeCase{.dp = 2, .ep = 2, .router = "sigmoid", .bias_rate = 0.001},
-                                           // a dense first layer and narrower experts, on pp and ep
-                                           MoeCase{.pp = 2, .first_dense = 1},
-                                           MoeCase{.dp = 2, .ep = 2, .first_dense = 1},
-                                           // tp for the dense parts: without and with sequence
-                                           // parallelism (each tp rank routes its own rows), and
-                                           // with ep
-                                           MoeCase{.first_dense = 1, .tp = 2}, MoeCase{.tp = 2, .sp = true},
-                                           MoeCase{.dp = 2, .ep = 2, .tp = 2},
-                                           MoeCase{.dp = 2, .ep = 2, .router = "sigmoid", .bias_rate = 0.001, .tp = 2, .sp = true}),
-                         [](const auto& info) { return moe_case_name(info.param); });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, MoeTraining,
+    ::testing::Values(
+        MoeCase{.dp = 2, .zero_stage = 1}, MoeCase{.dp = 2, .zero_stage = 3}, MoeCase{.pp = 2},
+        MoeCase{.pp = 2, .router = "sigmoid"}, MoeCase{.pp = 2, .recompute = "full"},
+        MoeCase{.cp = 2}, MoeCase{.dp = 2, .pp = 2, .zero_stage = 1},
+        MoeCase{.dp = 2, .cp = 2, .recompute = "selective"},
+        // expert parallelism: ep 2 and 4, with ZeRO-1/2, pp, cp,
+        // recomputation and the sigmoid router's bias updates
+        MoeCase{.dp = 2, .ep = 2}, MoeCase{.dp = 4, .ep = 4},
+        MoeCase{.dp = 4, .zero_stage = 1, .ep = 2}, MoeCase{.dp = 2, .zero_stage = 2, .ep = 2},
+        // ZeRO-3: each block's experts a flat of their own, over
+        // the ranks holding them (none at dp 2, ep 2; two at dp 4)
+        MoeCase{.dp = 2, .zero_stage = 3, .ep = 2}, MoeCase{.dp = 4, .zero_stage = 3, .ep = 2},
+        MoeCase{.dp = 2, .pp = 2, .ep = 2}, MoeCase{.dp = 2, .cp = 2, .ep = 2},
+        MoeCase{.dp = 2, .ep = 2, .recompute = "full"},
+        MoeCase{.dp = 2, .ep = 2, .router = "sigmoid", .bias_rate = 0.001},
+        // a dense first layer and narrower experts, on pp and ep
+        MoeCase{.pp = 2, .first_dense = 1}, MoeCase{.dp = 2, .ep = 2, .first_dense = 1},
+        // tp for the dense parts: without and with sequence
+        // parallelism (each tp rank routes its own rows), and
+        // with ep
+        MoeCase{.first_dense = 1, .tp = 2}, MoeCase{.tp = 2, .sp = true},
+        MoeCase{.dp = 2, .ep = 2, .tp = 2},
+        MoeCase{.dp = 2, .ep = 2, .router = "sigmoid", .bias_rate = 0.001, .tp = 2, .sp = true}),
+    [](const auto& info) { return moe_case_name(info.param); });
 
 // Expert parallelism's exchange alone, on one layer: rows dispatched to the experts' holders and
 // brought home come back bitwise (the combine with unit weights returns its input), every
@@ -322,11 +323,12 @@ TEST_P(ExpertParallelMemory, ExpertStatesPerRankAreOneEpOfTheExperts) {
   const double expert_params = static_cast<double>(m.n_layer * m.n_experts * 3 * m.ffn_hidden * m.n_embd);
   const double dense_params = static_cast<double>(m.parameter_count()) - expert_params;
   const double n = c.dp, expert_group = c.dp / c.ep;
-  // f32 values and gradients, two f32 moments; ZeRO-1 shards the moments, ZeRO-2 the gradients.
+  // f32 values and gradients, two f32 moments; ZeRO-1 shards the moments, ZeRO-2 the gradients,
+  // ZeRO-3 the values too (after the step no unit is gathered).
   const double held = 4 * (dense_params + expert_params / c.ep);
   const double sharded = 4 * (dense_params / n + expert_params / c.ep / expert_group);
   const double padding = 4 * 64 * n;  // fewer than n padding elements in each of < 64 flats
-  EXPECT_NEAR(live(MemCategory::Parameters), held, padding);
+  EXPECT_NEAR(live(MemCategory::Parameters), c.zero >= 3 ? sharded : held, padding);
   EXPECT_NEAR(live(MemCategory::Gradients), c.zero >= 2 ? sharded : held, padding);
   EXPECT_NEAR(live(MemCategory::OptimizerState), 2 * (c.zero >= 1 ? sharded : held), 2 * padding);
   // The planner predicts each category's peak within the last step: what stays after it, and
@@ -366,8 +368,10 @@ TEST(ExpertParallelMemoryBalanced, ActivationsEqualThePlannersBalancedFigure) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ExpertParallelMemory,
-                         ::testing::Values(EpMemoryCase{2, 2, 0}, EpMemoryCase{2, 2, 1}, EpMemoryCase{2, 2, 2},
-                                           EpMemoryCase{4, 2, 1}, EpMemoryCase{4, 2, 2}, EpMemoryCase{4, 4, 0}),
+                         ::testing::Values(EpMemoryCase{2, 2, 0}, EpMemoryCase{2, 2, 1},
+                                           EpMemoryCase{2, 2, 2}, EpMemoryCase{2, 2, 3},
+                                           EpMemoryCase{4, 2, 1}, EpMemoryCase{4, 2, 2},
+                                           EpMemoryCase{4, 2, 3}, EpMemoryCase{4, 4, 0}),
                          [](const auto& info) {
                            return "dp" + std::to_string(info.param.dp) + "_ep" + std::to_string(info.param.ep) +
                                   "_zero" + std::to_string(info.param.zero);

@@ -277,12 +277,9 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
         "pipeline parallelism (as DeepSpeed and Megatron-LM do)");
   if (l.ep > 1 && (l.dp * l.cp) % l.ep == 0 && l.dp % l.ep != 0)
     unsupported("ep", "expert parallelism over cp ranks", "ep=", l.ep, " does not divide dp=", l.dp,
-                ": the engine carves the ep ranks out of the data-parallel ones only, not the context-parallel "
+                ": the engine carves the ep ranks out of the data-parallel ones only, not the "
+                "context-parallel "
                 "ones, so far; use an ep that divides dp");
-  if (l.ep > 1 && l.zero_stage == 3)
-    unsupported("zero", "ZeRO-3 with ep", "zero=3 with ep=", l.ep,
-                ": ZeRO-3 gathers a block's parameters as one unit, and under expert parallelism its experts "
-                "shard over other ranks than its dense parts; use zero_stage 0, 1 or 2 with ep");
   if (m.is_moe() && m.arch != Architecture::Llama)
     unsupported("model", "GPT-2-style experts", "model.n_experts = ", m.n_experts,
                 " with model.arch = gpt2: the engine's mixture-of-experts layers are Llama-style (SwiGLU "

@@ -16,10 +16,8 @@ namespace loom {
 ZeroOptimizer::ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> dp, ZeroConfig zero,
                              AdamWConfig adamw, std::shared_ptr<ProcessGroup> experts)
     : model_(model), dp_(std::move(dp)), experts_(std::move(experts)), zero_(zero), adamw_(adamw) {
-  if (zero_.stage < 1 || zero_.stage > 3) throw_error("ZeRO stage ", zero_.stage, " is not one of 1, 2, 3");
-  if (experts_ && zero_.stage == 3)
-    throw_error("ZeRO-3 gathers a block's parameters as one unit, and under expert parallelism its experts shard "
-                "over other ranks than its dense parts: use stage 1 or 2 with expert parallelism");
+  if (zero_.stage < 1 || zero_.stage > 3)
+    throw_error("ZeRO stage ", zero_.stage, " is not one of 1, 2, 3");
   if (experts_ && dp_->size() % experts_->size() != 0)
     throw_error("zero: the expert-data-parallel group (", experts_->size(), " ranks) does not divide dp (",
                 dp_->size(), ")");
@@ -48,9 +46,22 @@ void ZeroOptimizer::build_flats() {
   const DType working = working_dtype();
   std::vector<ParameterList> groups;
   std::vector<bool> expert_flat;
+  std::vector<int64_t> unit_of_group;  // stage 3
   if (zero_.stage == 3) {
-    for (int64_t u = 0; u < model_.unit_count(); ++u) groups.push_back(model_.unit_parameters(u));
-    expert_flat.assign(groups.size(), false);
+    // One flat per unit, or under expert parallelism two: the unit's dense parameters shard
+    // over dp, its experts over the expert-data-parallel group (the ranks holding the same
+    // experts); the unit gathers and releases both together.
+    for (int64_t u = 0; u < model_.unit_count(); ++u) {
+      ParameterList dense, experts;
+      for (Parameter* p : model_.unit_parameters(u))
+        (experts_ && p->expert_sharded ? experts : dense).push_back(p);
+      for (ParameterList* list : {&dense, &experts}) {
+        if (list->empty()) continue;
+        groups.push_back(std::move(*list));
+        expert_flat.push_back(list == &experts);
+        unit_of_group.push_back(u);
+      }
+    }
   } else {
     // Experts' gradients reduce over another group than the dense ones: separate flats.
     ParameterList dense, experts;
@@ -70,7 +81,7 @@ void ZeroOptimizer::build_flats() {
       flat.grad_scale = static_cast<float>(experts_->size()) / static_cast<float>(dp_->size());
     const int64_t ranks = flat.group->size(), rank = flat.group->rank();
     flat.params = groups[g];
-    if (zero_.stage == 3) flat.unit = static_cast<int64_t>(g);
+    if (zero_.stage == 3) flat.unit = unit_of_group[g];
     for (Parameter* p : flat.params) {
       flat.offsets.push_back(flat.elements);
       flat.shapes.push_back(p->value.shape());
@@ -138,7 +149,7 @@ void ZeroOptimizer::install_hooks() {
   hooks.before_backward = [this](int64_t unit) {
     retire_reduces();
     if (zero_.stage == 3) {
-      ensure_gathered(flats_[static_cast<size_t>(unit)]);
+      gather_unit(unit);
       // The next unit backward needs: the last block after the root, then downwards.
       if (unit == 0) prefetch_unit(model_.unit_count() - 1);
       else if (unit > 1) prefetch_unit(unit - 1);
@@ -147,11 +158,11 @@ void ZeroOptimizer::install_hooks() {
   };
   if (zero_.stage == 3) {
     hooks.before_forward = [this](int64_t unit) {
-      ensure_gathered(flats_[static_cast<size_t>(unit)]);
+      gather_unit(unit);
       prefetch_unit(unit + 1);
     };
-    hooks.after_forward = [this](int64_t unit) { release(flats_[static_cast<size_t>(unit)]); };
-    hooks.after_backward = [this](int64_t unit) { release(flats_[static_cast<size_t>(unit)]); };
+    hooks.after_forward = [this](int64_t unit) { release_unit(unit); };
+    hooks.after_backward = [this](int64_t unit) { release_unit(unit); };
   }
   model_.set_unit_hooks(std::move(hooks));
 }
@@ -255,10 +266,18 @@ void ZeroOptimizer::release(Flat& flat) {
   flat.gather = GatherState::Released;
 }
 
+void ZeroOptimizer::gather_unit(int64_t unit) {
+  for (size_t f : flats_of_unit_[static_cast<size_t>(unit)]) ensure_gathered(flats_[f]);
+}
+
+void ZeroOptimizer::release_unit(int64_t unit) {
+  for (size_t f : flats_of_unit_[static_cast<size_t>(unit)]) release(flats_[f]);
+}
+
 void ZeroOptimizer::prefetch_unit(int64_t unit) {
   if (unit < 1 || unit >= model_.unit_count()) return;  // the root is never prefetched
-  Flat& flat = flats_[static_cast<size_t>(unit)];
-  if (flat.gather == GatherState::Released) issue_gather(flat);
+  for (size_t f : flats_of_unit_[static_cast<size_t>(unit)])
+    if (flats_[f].gather == GatherState::Released) issue_gather(flats_[f]);
 }
 
 void ZeroOptimizer::materialize_parameters() {

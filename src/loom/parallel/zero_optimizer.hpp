@@ -15,7 +15,8 @@
 //            there, so the peak is the same every step: plan/memory_model's replay of it).
 //   stage 3: parameters sharded too: a unit's parameters are all-gathered just before its
 //            forward and again before its backward (the next unit's gather is issued ahead,
-//            so it overlaps compute) and freed after each use.
+//            so it overlaps compute) and freed after each use. Under expert parallelism a
+//            unit's experts are a flat of their own over the ranks that hold them.
 // Stages 1-2 all-gather updated parameter shards after the step; stage 3 does not (its
 // parameters are the shards). Per step wire bytes: stages 1-2 equal one all-reduce of the
 // gradients (a reduce-scatter plus an all-gather); stage 3 adds one more parameter all-gather
@@ -42,9 +43,11 @@ struct ZeroConfig {
 class ZeroOptimizer final : public Optimizer {
  public:
   // Takes over the model's parameter and gradient storage and installs its hooks on `model`,
-  // which must outlive this object. Under expert parallelism (stages 1-2) `experts` is the
+  // which must outlive this object. Under expert parallelism `experts` is the
   // expert-data-parallel group: the experts' flats (Parameter::expert_sharded) shard over it,
   // and their gradients, summed there over every ep rank's tokens, are scaled to dp's mean.
+  // Stage 3 then gives each unit two flats, its dense parameters' over dp and its experts'
+  // over `experts`, gathered, released and prefetched together.
   ZeroOptimizer(Transformer& model, std::shared_ptr<ProcessGroup> dp, ZeroConfig zero, AdamWConfig adamw,
                 std::shared_ptr<ProcessGroup> experts = nullptr);
   ~ZeroOptimizer() override;
@@ -132,6 +135,8 @@ class ZeroOptimizer final : public Optimizer {
   void issue_gather(Flat& flat);
   void ensure_gathered(Flat& flat);
   void release(Flat& flat);
+  void gather_unit(int64_t unit);  // every flat of the unit, waited for
+  void release_unit(int64_t unit);
   void prefetch_unit(int64_t unit);
   void install_hooks();
 

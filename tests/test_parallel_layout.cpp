@@ -189,7 +189,13 @@ TEST(ParallelLayout, DeviceMeshIsCutFromTheLayoutAndReadsBothForms) {
   // Experts shard over data-parallel ranks: the mesh's dp axis is dp / ep.
   EXPECT_EQ(parse_layout("dp=8 ep=4").mesh_shape().to_string(), "pp=1,dp=2,cp=1,ep=4,tp=1");
   EXPECT_EQ(parse_layout("dp=8 ep=4").mesh_shape().product(), parse_layout("dp=8 ep=4").gpus());
-  expect_contains(error_message([] { (void)parse_layout("dp=2 cp=2 ep=4").mesh_shape(); }), {"ep=4 does not divide dp=2"});
+  // Where ep divides only dp x cp, the mesh has no ep axis: the trainer cuts the dp x cp
+  // replicas into consecutive groups of ep. An ep dividing neither has no mesh.
+  EXPECT_TRUE(parse_layout("dp=2 cp=2 ep=4").ep_spans_cp());
+  EXPECT_FALSE(parse_layout("dp=8 ep=4").ep_spans_cp());
+  EXPECT_EQ(parse_layout("dp=2 cp=2 ep=4").mesh_shape().to_string(), "pp=1,dp=2,cp=2,ep=1,tp=1");
+  expect_contains(error_message([] { (void)parse_layout("dp=2 cp=2 ep=3").mesh_shape(); }),
+                  {"ep=3 divides neither dp=2 nor dp x cp=4"});
 }
 
 // parallel.backend: who carries the collectives (the choice itself needs a launch; its parsing

@@ -29,7 +29,7 @@ Tensor random_tensor(const Shape& shape, uint64_t stream) {
 
 struct MoeCase {
   int dp = 1, pp = 1, cp = 1, zero_stage = 0;
-  int ep = 1;  // carved out of dp
+  int ep = 1;  // carved out of dp, or of dp x cp where it does not divide dp
   std::string router = "softmax";
   std::string recompute = "none";
   double bias_rate = 0;
@@ -84,7 +84,8 @@ TEST_P(MoeTraining, FollowsOneProcess) {
   std::map<std::string, const Parameter*> ref;
   for (const Parameter* p : reference.model().parameters()) ref[p->name] = p;
   // Mesh (pp, dp / ep, cp, ep): the ep coordinate varies fastest; rank e holds experts
-  // [e E/ep, (e + 1) E/ep) of each of its layers.
+  // [e E/ep, (e + 1) E/ep) of each of its layers. Where ep spans cp ranks the mesh is (pp, dp,
+  // cp) and its ep groups consecutive ranks: the same coordinate.
   const int ep_rank = (world_group->rank() / c.tp) % c.ep;
   const int64_t local_experts = 4 / c.ep;
   int64_t expert_weights = 0, layers = 0;
@@ -126,6 +127,10 @@ INSTANTIATE_TEST_SUITE_P(
         // the ranks holding them (none at dp 2, ep 2; two at dp 4)
         MoeCase{.dp = 2, .zero_stage = 3, .ep = 2}, MoeCase{.dp = 4, .zero_stage = 3, .ep = 2},
         MoeCase{.dp = 2, .pp = 2, .ep = 2}, MoeCase{.dp = 2, .cp = 2, .ep = 2},
+        // ep over context-parallel ranks: the cp pair (np2), pairs within cp 4, and all of
+        // dp2 x cp2 with ZeRO-1
+        MoeCase{.cp = 2, .ep = 2}, MoeCase{.cp = 4, .ep = 2},
+        MoeCase{.dp = 2, .cp = 2, .zero_stage = 1, .ep = 4},
         MoeCase{.dp = 2, .ep = 2, .recompute = "full"},
         MoeCase{.dp = 2, .ep = 2, .router = "sigmoid", .bias_rate = 0.001},
         // a dense first layer and narrower experts, on pp and ep

@@ -41,13 +41,14 @@ std::string ParallelLayout::describe() const {
 }
 
 MeshShape ParallelLayout::mesh_shape() const {
-  if (ep < 1 || dp % ep != 0)
-    throw_error("layout ", describe(), ": ep=", ep, " does not divide dp=", dp,
-                ", so it has no device mesh");
+  if (ep < 1 || (dp * cp) % ep != 0)
+    throw_error("layout ", describe(), ": ep=", ep, " divides neither dp=", dp,
+                " nor dp x cp=", dp * cp, ", so it has no device mesh");
+  const bool own_axis = dp % ep == 0;
   return MeshShape{.pp = static_cast<int>(pp),
-                   .dp = static_cast<int>(dp / ep),
+                   .dp = static_cast<int>(own_axis ? dp / ep : dp),
                    .cp = static_cast<int>(cp),
-                   .ep = static_cast<int>(ep),
+                   .ep = static_cast<int>(own_axis ? ep : 1),
                    .tp = static_cast<int>(tp)};
 }
 
@@ -275,11 +276,6 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
         "unit, "
         "which a pipeline stage running m micro-batches does not have; use zero_stage 0 or 1 with "
         "pipeline parallelism (as DeepSpeed and Megatron-LM do)");
-  if (l.ep > 1 && (l.dp * l.cp) % l.ep == 0 && l.dp % l.ep != 0)
-    unsupported("ep", "expert parallelism over cp ranks", "ep=", l.ep, " does not divide dp=", l.dp,
-                ": the engine carves the ep ranks out of the data-parallel ones only, not the "
-                "context-parallel "
-                "ones, so far; use an ep that divides dp");
   if (m.is_moe() && m.arch != Architecture::Llama)
     unsupported("model", "GPT-2-style experts", "model.n_experts = ", m.n_experts,
                 " with model.arch = gpt2: the engine's mixture-of-experts layers are Llama-style (SwiGLU "

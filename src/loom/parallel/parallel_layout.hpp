@@ -41,9 +41,13 @@ struct ParallelLayout {
   // "tp=2 pp=4 dp=8 zero=1 mbs=1 recompute=selective": what parse_layout reads back.
   std::string describe() const;
   // The device mesh of these degrees. Experts shard over ranks that would otherwise be data-
-  // parallel replicas, so the mesh's dp axis is dp / ep; throws loom::Error when ep does not
-  // divide dp.
+  // parallel replicas: where ep divides dp the mesh's dp axis is dp / ep and ep an axis of its
+  // own; where it divides only dp x cp the mesh has no ep axis (ep = 1) and the trainer cuts the
+  // dp x cp replicas, cp fastest, into consecutive groups of ep (Megatron-Core's expert ranks,
+  // which span the context-parallel ones). Throws loom::Error when ep divides neither.
   MeshShape mesh_shape() const;
+  // True when ep divides dp x cp but not dp: the experts spread over context-parallel ranks.
+  bool ep_spans_cp() const { return ep > 1 && dp % ep != 0 && (dp * cp) % ep == 0; }
 };
 
 // Reads a layout as describe() prints it ("tp=2 pp=4 v=2 dp=8 zero=1 mbs=1 recompute=selective

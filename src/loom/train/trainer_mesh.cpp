@@ -37,18 +37,35 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
     throw_error("launched with ", n, " rank(s), but parallel.dp x ", axes, " = ", config.dp, " x ", degrees, " = ",
                 config.dp * model_parallel, ": launch mpirun -np ", config.dp * model_parallel,
                 ", or set parallel.dp = 0 to take whatever the launch gives");
-  if ((n / model_parallel) % config.ep != 0)
-    throw_error("launched with ", n, " rank(s), which gives dp = ", n / model_parallel, " data-parallel rank(s)",
-                model_parallel > 1 ? " of " + axes + " = " + std::to_string(model_parallel) : std::string(),
-                ", not a multiple of parallel.ep = ", config.ep, " (expert parallelism shards the experts over "
-                "data-parallel ranks): launch a multiple of ", config.ep * model_parallel, " ranks");
+  if ((n / model_parallel * config.cp) % config.ep != 0)
+    throw_error(
+        "launched with ", n, " rank(s), which gives dp = ", n / model_parallel,
+        " data-parallel rank(s)",
+        model_parallel > 1 ? " of " + axes + " = " + std::to_string(model_parallel) : std::string(),
+        config.cp > 1 ? " and dp x cp = " + std::to_string(n / model_parallel * config.cp)
+                      : std::string(),
+        ", not a multiple of parallel.ep = ", config.ep,
+        " (expert parallelism shards the experts over "
+        "data- and context-parallel ranks): launch a multiple of ",
+        config.ep * model_parallel, " ranks");
   if (model_parallel == 1 && config.ep == 1) {
     g.dp = g.replicas = g.world;
   } else {
     ParallelLayout layout = config.layout();
     layout.dp = n / model_parallel;
     DeviceMesh mesh(g.world, layout.mesh_shape());
-    if (config.ep > 1) {
+    if (config.ep > 1 && layout.ep_spans_cp()) {
+      // ep divides dp x cp only: the replicas, cp fastest, in consecutive groups of ep (an ep
+      // group spans context-parallel ranks, which hold other tokens of the same sequences);
+      // the ranks at the same place in each group hold the same experts.
+      g.dp = mesh.group({"dp"});
+      g.replicas = mesh.group({"dp", "cp"});
+      const int r = g.replicas->rank();
+      g.ep = g.replicas->split(r / config.ep, r % config.ep, "ep");
+      g.expert_replicas = g.replicas->split(r % config.ep, r / config.ep, "expert_replicas");
+      g.ep_size = config.ep;
+      g.expert_replica_rank = g.expert_replicas->rank();
+    } else if (config.ep > 1) {
       g.dp = mesh.group({"dp", "ep"});
       g.replicas = mesh.group({"dp", "cp", "ep"});
       g.ep = mesh.group({"ep"});

@@ -2,7 +2,7 @@
 # The planner against loom's own engine on this machine: `loom calibrate` measures the machine
 # at 1, 2 and 4 ranks into a profile; then each layout below trains a GPT-2-style model (8
 # layers, d = 256, 4 heads, a 2048-token vocabulary, 32 sequences of 128 tokens per step), or
-# for the last five a mixture of experts (model_moe), for STEPS steps under mpirun, and `loom plan --layout ... --profile` predicts its step time
+# for the last seven a mixture of experts (model_moe), for STEPS steps under mpirun, and `loom plan --layout ... --profile` predicts its step time
 # and memory. Prints predicted vs measured side by side, and the median and worst
 # |predicted / measured - 1|, and writes the same as JSON to $OUT/plan_vs_engine.json.
 # Measured is the fastest step after two warm-up steps, as calibrate keeps each figure's best
@@ -60,12 +60,15 @@ layouts=(
   "pp2 x dp2 zero1|4|tp=1 pp=2 dp=2 zero=1 mbs=4 recompute=none 1f1b|4"
   "dp4 zero1|4|tp=1 pp=1 dp=4 zero=1 mbs=4 recompute=none|2"
   # A mixture of experts (model_moe below): one process, experts spread over 2 ranks, and
-  # ep2 inside dp4 with ZeRO-1 and ZeRO-3, and ep2 over the two ranks of cp2.
+  # ep2 inside dp4 with ZeRO-1 and ZeRO-3, ep2 over the two ranks of cp2, and tp2 with and
+  # without sequence parallelism (the experts whole on both tp ranks).
   "moe one rank|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=none|8|moe"
   "moe ep2|2|tp=1 pp=1 dp=2 ep=2 zero=0 mbs=4 recompute=none|4|moe"
   "moe dp4 ep2 zero1|4|tp=1 pp=1 dp=4 ep=2 zero=1 mbs=4 recompute=none|2|moe"
   "moe dp4 ep2 zero3|4|tp=1 pp=1 dp=4 ep=2 zero=3 mbs=4 recompute=none|2|moe"
   "moe cp2 ep2|2|tp=1 pp=1 dp=1 cp=2 ep=2 zero=0 mbs=4 recompute=none|8|moe"
+  "moe tp2|2|tp=2 pp=1 dp=1 zero=0 mbs=4 recompute=none|8|moe"
+  "moe tp2 sp|2|tp=2 pp=1 dp=1 zero=0 mbs=4 recompute=none sp|8|moe"
 )
 
 # The layouts' model: GPT-2 8 x 256 (above), or a Llama-style mixture of experts, 4 layers of

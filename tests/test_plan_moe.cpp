@@ -7,6 +7,7 @@
 #include "loom/model/parameter_specs.hpp"
 #include "loom/plan/collectives.hpp"
 #include "loom/plan/host_issue.hpp"
+#include "loom/plan/layer_cost.hpp"
 #include "loom/plan/search.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
@@ -146,6 +147,35 @@ TEST(PlanMoe, OnePerDestinationRankDispatchSendsFewerRows) {
   };
   EXPECT_NEAR(per_expert - per_rank, 2 * (all_to_all(bytes) - all_to_all(bytes * 13 / 14)),
               1e-9 * per_rank);
+}
+
+// loom's engine runs a MoE layer's experts whole on every tp rank (TrainingJob::
+// experts_whole_on_tp): without sequence parallelism each tp rank puts the micro-batch's rows
+// through them, so at tp 2 its expert GEMMs take what one rank's take, twice the split experts'
+// (Megatron-Core's expert tensor parallelism); with it each rank runs its own half of the rows
+// through whole experts, the split experts' FLOPs. At a flat GEMM rate the forward's extra time
+// is half of the whole experts' product: 2 x rows x k x 3 h f FLOPs over two; backward twice that.
+TEST(PlanMoe, LoomsEngineRunsTheExpertsWholeOnEveryTpRank) {
+  const ModelConfig m = model_preset("mixtral-8x7b");
+  const plan::ClusterSpec cluster = four_nodes();
+  plan::TrainingJob job = sequences_of_4096(64);
+  const plan::GemmEfficiency flat{0.5, 0};
+  auto cost = [&](const char* layout, bool whole) {
+    job.experts_whole_on_tp = whole;
+    return plan::layer_cost(m, plan::parse_layout(layout), cluster, job, flat);
+  };
+  const plan::LayerCost split = cost("tp=2,dp=16", false), whole = cost("tp=2,dp=16", true);
+  const double rows = 4096, k = 2, h = static_cast<double>(m.n_embd),
+               f = static_cast<double>(m.ffn_hidden);
+  const double experts_s = 2 * rows * k * 3 * h * f / (cluster.gpu.bf16_tflops * 1e12 * 0.5);
+  EXPECT_NEAR(whole.forward_s - split.forward_s, experts_s / 2, 1e-12 * whole.forward_s);
+  EXPECT_NEAR(whole.backward_s - split.backward_s, experts_s, 1e-12 * whole.backward_s);
+  const plan::LayerCost split_sp = cost("tp=2,dp=16,sp=1", false),
+                        whole_sp = cost("tp=2,dp=16,sp=1", true);
+  EXPECT_NEAR(whole_sp.forward_s, split_sp.forward_s, 1e-12 * split_sp.forward_s);
+  EXPECT_NEAR(whole_sp.backward_s, split_sp.backward_s, 1e-12 * split_sp.backward_s);
+  // At tp 1 there is nothing to split.
+  EXPECT_DOUBLE_EQ(cost("dp=32", true).forward_s, cost("dp=32", false).forward_s);
 }
 
 TEST(PlanMoe, LayoutChecksAndTheSearchTriesExpertParallelism) {

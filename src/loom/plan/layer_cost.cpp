@@ -109,18 +109,31 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     const double imbalance = l.ep > 1 ? moe_imbalance_of(m, job) : 1.0;
     // A latent MoE's experts run on latent-wide rows, between one down and one up projection.
     const double width = m.moe_latent > 0 ? static_cast<double>(m.moe_latent) : h;
-    double moe = experts / ep * mlp_in_s(imbalance * tokens * k * ep / experts, fe, width) +
-                 gemm_s(tokens, experts, h);
+    // Experts split over tp (Megatron-Core's expert tensor parallelism) or whole on every tp
+    // rank (TrainingJob::experts_whole_on_tp: the micro-batch's rows on each, or under sequence
+    // parallelism the rank's own).
+    const bool whole = job.experts_whole_on_tp && l.tp > 1;
+    const double expert_split = whole ? 1.0 : t;
+    const double expert_rows = whole && l.sequence_parallel ? tokens / t : tokens;
+    auto expert_mlp_s = [&](double rows, double w, double in) {
+      return two_matrices
+                 ? gemm_s(rows, w / expert_split, in) + gemm_s(rows, in, w / expert_split)
+                 : gemm_s(rows, 2 * w / expert_split, in) + gemm_s(rows, in, w / expert_split);
+    };
+    double moe =
+        experts / ep * expert_mlp_s(imbalance * expert_rows * k * ep / experts, fe, width) +
+        gemm_s(tokens, experts, h);
     if (m.moe_latent > 0) moe += gemm_s(tokens, width, h) + gemm_s(tokens, h, width);
-    if (m.n_shared_experts > 0) moe += mlp_s(tokens, static_cast<double>(m.n_shared_experts) * fe);
+    if (m.n_shared_experts > 0)
+      moe += expert_mlp_s(expert_rows, static_cast<double>(m.n_shared_experts) * fe, h);
     forward += moe_share * moe;
     if (l.ep > 1) {
       // Dispatch and combine: each all-to-all moves this rank's k routed copies of its tokens
       // (or one per destination rank: moe_dispatch_copies), split over tp as with
-      // sequence-parallel dispatch; backward runs both again. Not overlapped: the experts wait
-      // for their tokens.
-      const double bytes = imbalance * tokens * moe_dispatch_copies(m, l.ep, job) * width / t *
-                           job.memory.activation_bytes;
+      // sequence-parallel dispatch (experts whole on every tp rank: the rows it runs); backward
+      // runs both again. Not overlapped: the experts wait for their tokens.
+      const double bytes = imbalance * (whole ? expert_rows : tokens / t) *
+                           moe_dispatch_copies(m, l.ep, job) * width * job.memory.activation_bytes;
       c.ep_comm_s =
           moe_share * 4 *
           collective_time(Collective::AllToAll, bytes, group_topology(cluster, l.ep, l.tp)).seconds;

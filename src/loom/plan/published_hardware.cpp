@@ -134,8 +134,24 @@ void read_hardware(const RunFields& f, PublishedRun& run) {
                                   ? "gpus_per_node not stated: 4 (GH200 nodes: CSCS Alps, JUPITER)"
                                   : "gpus_per_node not stated: 8 (HGX/DGX baseboard)");
   }
-  run.cluster.gpus_per_node = std::max<int64_t>(1, std::min(run.layout.gpus(), nvlink_domain));
-  run.cluster.nodes = std::max<int64_t>(1, run.layout.gpus() / run.cluster.gpus_per_node);
+  const int64_t gpus = run.layout.gpus();
+  run.cluster.gpus_per_node = std::max<int64_t>(1, std::min(gpus, nvlink_domain));
+  if (nvl72 && gpus > nvlink_domain) {
+    // A job larger than one rack takes the fewest racks and as many 4-GPU trays in each (256
+    // GPUs: 4 racks of 64, not three full racks and 40 GPUs), so every rack holds the same
+    // share of each group.
+    const int64_t racks = (gpus + nvlink_domain - 1) / nvlink_domain;
+    if (gpus % racks == 0 && (gpus / racks) % 4 == 0) {
+      run.cluster.gpus_per_node = gpus / racks;
+      char text[128];
+      std::snprintf(text, sizeof text, "%lld GPUs on %lld NVL72 racks, %lld in each",
+                    static_cast<long long>(gpus), static_cast<long long>(racks),
+                    static_cast<long long>(gpus / racks));
+      run.assumptions.push_back(text);
+    }
+  }
+  run.cluster.nodes =
+      std::max<int64_t>(1, (gpus + run.cluster.gpus_per_node - 1) / run.cluster.gpus_per_node);
 }
 
 }  // namespace loom::plan::published_detail

@@ -137,6 +137,12 @@ struct TrainingJob {
   // still gathers it. The adapters (rank r << h) are not counted: their GEMMs, gradients and
   // state are r / h of a Linear's.
   bool frozen_base = false;
+  // Under tp a mixture-of-experts layer's experts run whole on every tp rank, as loom's engine
+  // runs them (model/moe: without sequence parallelism each tp rank puts the micro-batch's rows
+  // through them and dispatches them under ep; with it, its own rows), not split over tp as
+  // Megatron-Core's expert tensor parallelism does by default (expert_tensor_parallel_size = tp).
+  // Set for loom's own engine (profiled_machine).
+  bool experts_whole_on_tp = false;
 };
 
 // Rows each token sends through the dispatch all-to-all under expert parallelism `ep`: its k

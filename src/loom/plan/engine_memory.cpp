@@ -145,11 +145,22 @@ MemoryBreakdown engine_model_states(const ModelConfig& m, const std::vector<Para
 // holding seq_len / cp tokens of each sequence. `rowwise` elements sit in the residual-stream
 // region (split by tp only under sequence parallelism), the rest in the tensor-parallel region
 // (always split by tp).
+// The model's parameters as loom's engine places them: its tensor-parallel plan leaves a
+// mixture-of-experts block (router, experts, shared experts) whole on every tp rank, where
+// parameter_specs splits the experts as Megatron-Core's expert tensor parallelism does.
+std::vector<ParameterSpec> engine_parameter_specs(const ModelConfig& m) {
+  std::vector<ParameterSpec> specs = parameter_specs(m);
+  for (ParameterSpec& s : specs)
+    if (s.name.find(".block_sparse_moe.") != std::string::npos) s.tp_dim = -1;
+  return specs;
+}
+
 struct EngineActivationShape {
   double tokens = 0, h = 0, row_split = 1, norm_stats = 0;
   double stash_rowwise = 0;  // a block stash's rows outside the residual stream
   double dense_split = 0, dense_recomputable = 0;  // a dense block's, in the tp region
   double moe_split = 0, moe_recomputable = 0;      // a mixture-of-experts block's
+  double moe_rowwise = 0;  // its experts' part: on the rank's own rows under sequence parallelism
   double attention_split = 0;
 
   EngineActivationShape(const ModelConfig& m, int64_t batch, int64_t seq_len, int64_t tp,
@@ -169,11 +180,15 @@ struct EngineActivationShape {
     // per token the router's logits and probabilities (2E), its k weights, the k outputs
     // brought home (k h), and the rows this rank's experts ran, their inputs, gate | up and
     // SwiGLU outputs (h + 3 fe each): k per token without expert parallelism; under it the rows
-    // received, k per token on average, `moe_received` times that on a busier rank.
+    // received, k per token on average, `moe_received` times that on a busier rank. The experts
+    // run whole on every tp rank, on the rank's own rows under sequence parallelism: this part
+    // is split like the residual stream, not like the attention.
     const double k = static_cast<double>(m.experts_per_token),
                  fe = static_cast<double>(m.expert_ffn());
-    moe_split = attention_split + 2 * static_cast<double>(m.n_experts) + k + k * h +
-                moe_received * k * (h + 3 * fe) + static_cast<double>(m.n_shared_experts) * 3 * fe;
+    moe_split = attention_split;
+    moe_rowwise = 2 * static_cast<double>(m.n_experts) + k + k * h +
+                  moe_received * k * (h + 3 * fe) +
+                  static_cast<double>(m.n_shared_experts) * 3 * fe;
     moe_recomputable = (static_cast<double>(m.q_dim()) + static_cast<double>(m.n_head)) / t;
   }
 
@@ -187,7 +202,7 @@ struct EngineActivationShape {
   double set_bytes(double dense, double moe, bool last_stage, Recompute recompute) const {
     double rowwise = (dense + moe + 1) * h + (last_stage ? h + norm_stats : 0), split = 0;
     if (recompute != Recompute::Full) {
-      rowwise += (dense + moe) * stash_rowwise;
+      rowwise += (dense + moe) * stash_rowwise + moe * moe_rowwise;
       split += recompute == Recompute::None ? dense * (dense_split + dense_recomputable) +
                                                   moe * (moe_split + moe_recomputable)
                                             : dense * dense_split + moe * moe_split;
@@ -205,10 +220,9 @@ struct EngineActivationShape {
       case Recompute::Selective:
         return bytes(0, rank_has_dense ? dense_recomputable : moe_recomputable);
       case Recompute::Full:
-        return bytes(stash_rowwise, model_has_dense
-                                        ? dense_split + dense_recomputable +
-                                              (model_has_moe ? moe_split - attention_split : 0)
-                                        : moe_split + moe_recomputable);
+        return bytes(
+            stash_rowwise + (model_has_moe ? moe_rowwise : 0),
+            model_has_dense ? dense_split + dense_recomputable : moe_split + moe_recomputable);
     }
     return 0;
   }
@@ -315,7 +329,7 @@ MemoryBreakdown predict_engine_memory(const ModelConfig& m, int64_t dp, int stag
   // This rank's parameters: every dense one, and the experts of ep rank 0 (all ranks hold as
   // many), in gradient-ready order; the engine buckets (or, under ZeRO, flattens) the two apart.
   std::vector<ParameterSpec> mine;
-  for (ParameterSpec& s : parameter_specs(m))
+  for (ParameterSpec& s : engine_parameter_specs(m))
     if (!s.expert || s.expert_index < m.n_experts / ep) mine.push_back(std::move(s));
   MemoryBreakdown mem = engine_model_states(m, mine, dp, stage, bucket_bytes, bf16, tp, ep);
   // Transformer::ensure_activations: the whole model as one set, which holds the final norm.
@@ -346,7 +360,7 @@ MemoryBreakdown predict_engine_pipeline_memory(const ModelConfig& m, const PlanL
   // Rank 0's parameters: its chunks' blocks and the embedding tables (the first stage's; under
   // the V placement the last stage's final norm and head too, with the tied table held once).
   std::vector<ParameterSpec> mine;
-  for (ParameterSpec& s : parameter_specs(m)) {
+  for (ParameterSpec& s : engine_parameter_specs(m)) {
     if (s.expert && s.expert_index >= m.n_experts / l.ep) continue;
     bool held = s.part == ModelPart::TokenTable || s.part == ModelPart::PositionTable;
     for (const ModelChunk& c : chunks)

@@ -301,6 +301,7 @@ TEST(MoeCheckpoint, EveryStagesBiasesResumeInOneProcess) {
 // up to each flat's padding, and to the byte from the planner's model of the engine.
 struct EpMemoryCase {
   int dp = 2, ep = 2, zero = 0;
+  int shared = 0;  // shared experts: dense parameters whose gradients come after the experts'
 };
 
 class ExpertParallelMemory : public ::testing::TestWithParam<EpMemoryCase> {};
@@ -311,13 +312,14 @@ TEST_P(ExpertParallelMemory, ExpertStatesPerRankAreOneEpOfTheExperts) {
   if (world_group->size() != c.dp) GTEST_SKIP() << "dp = " << c.dp;
   TinyRun run("moe_ep_memory");
   const MemStats before = HostAllocator::instance().stats();
-  Trainer trainer(parse(run.config("llama", 2), {"checkpoint.dir=\"\"", "data.val=\"\"", "train.grad_accum=1",
-                                                  "optim.warmup_steps=0",
-                                                  "model.n_experts=4", "model.experts_per_token=2",
-                                                  "parallel.ep=" + std::to_string(c.ep),
-                                                  "parallel.zero_stage=" + std::to_string(c.zero),
-                                                  "parallel.bucket_mb=0.002", "log.dir=\"" + run.dir + "/m\""}),
-                  world_group);
+  Trainer trainer(
+      parse(run.config("llama", 2),
+            {"checkpoint.dir=\"\"", "data.val=\"\"", "train.grad_accum=1", "optim.warmup_steps=0",
+             "model.n_experts=4", "model.experts_per_token=2",
+             "model.n_shared_experts=" + std::to_string(c.shared),
+             "parallel.ep=" + std::to_string(c.ep), "parallel.zero_stage=" + std::to_string(c.zero),
+             "parallel.bucket_mb=0.002", "log.dir=\"" + run.dir + "/m\""}),
+      world_group);
   trainer.run();
   const MemStats after = HostAllocator::instance().stats();
   auto live = [&](MemCategory category) {
@@ -412,10 +414,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ExpertParallelMemory,
                          ::testing::Values(EpMemoryCase{2, 2, 0}, EpMemoryCase{2, 2, 1},
                                            EpMemoryCase{2, 2, 2}, EpMemoryCase{2, 2, 3},
                                            EpMemoryCase{4, 2, 1}, EpMemoryCase{4, 2, 2},
-                                           EpMemoryCase{4, 2, 3}, EpMemoryCase{4, 4, 0}),
+                                           EpMemoryCase{4, 2, 3}, EpMemoryCase{4, 4, 0},
+                                           EpMemoryCase{2, 2, 3, 1}, EpMemoryCase{4, 2, 3, 1}),
                          [](const auto& info) {
-                           return "dp" + std::to_string(info.param.dp) + "_ep" + std::to_string(info.param.ep) +
-                                  "_zero" + std::to_string(info.param.zero);
+                           return "dp" + std::to_string(info.param.dp) + "_ep" +
+                                  std::to_string(info.param.ep) + "_zero" +
+                                  std::to_string(info.param.zero) +
+                                  (info.param.shared > 0 ? "_shared" : "");
                          });
 
 // An ep = 2 checkpoint holds every expert (each written by the rank holding it) with its

@@ -359,12 +359,6 @@ int run_validate(const PlanArgs& args) {
 int run_plan(const PlanArgs& command_line) {
   PlanArgs args = command_line;
   apply_plan_file(args);
-  if (args.global_batch_tokens > 0) {
-    if (args.global_batch_tokens % args.seq_len != 0)
-      throw_error("plan: global batch of ", args.global_batch_tokens, " tokens is not a whole number of ", args.seq_len,
-                  "-token sequences");
-    args.global_batch = args.global_batch_tokens / args.seq_len;
-  }
   if (!args.validate.empty()) {
     // Each run's model, cluster, layout and training come from its record; an option that would
     // shape them is refused rather than ignored.
@@ -375,6 +369,12 @@ int run_plan(const PlanArgs& command_line) {
       throw_error("plan: --validate predicts each run as its record and source say; drop ", ignored,
                   " (only --json goes with it)");
     return run_validate(args);
+  }
+  if (args.global_batch_tokens > 0) {
+    if (args.global_batch_tokens % args.seq_len != 0)
+      throw_error("plan: global batch of ", args.global_batch_tokens,
+                  " tokens is not a whole number of ", args.seq_len, "-token sequences");
+    args.global_batch = args.global_batch_tokens / args.seq_len;
   }
   if (args.model.empty()) throw_error("plan: give --model (a preset or a TOML file), or --validate FILE.json");
   const ModelConfig model = plan_model(args.model);

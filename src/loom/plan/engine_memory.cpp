@@ -105,13 +105,30 @@ MemoryBreakdown engine_model_states(const ModelConfig& m, const std::vector<Para
       }
       grads_in_step = std::max(grads_in_step, alive);
     };
+    // Within an event the flats issue as their last gradients arrive, in the order the block
+    // reports them (the parameter list's: a MoE block's shared experts after its experts, so
+    // its dense flat after its experts' flat).
+    std::map<std::string, size_t> position;
+    for (size_t i = 0; i < specs.size(); ++i) position[specs[i].name] = i;
+    auto last_reported = [&](const Flat& flat) {
+      size_t last = 0;
+      for (const ParameterSpec* s : flat.members) last = std::max(last, position.at(s->name));
+      return last;
+    };
     auto ready_until = [&](int64_t event) {  // issue every flat whose gradients are all ready
+      std::vector<size_t> ready;
       for (size_t f = 0; f < flats.size(); ++f)
-        if (!issued[f] && std::all_of(flats[f].members.begin(), flats[f].members.end(),
-                                      [&](const ParameterSpec* s) { return ready_event(*s) <= event; })) {
-          issued[f] = true;
-          in_flight.push_back(f);
-        }
+        if (!issued[f] &&
+            std::all_of(flats[f].members.begin(), flats[f].members.end(),
+                        [&](const ParameterSpec* s) { return ready_event(*s) <= event; }))
+          ready.push_back(f);
+      std::stable_sort(ready.begin(), ready.end(), [&](size_t a, size_t b) {
+        return last_reported(flats[a]) < last_reported(flats[b]);
+      });
+      for (size_t f : ready) {
+        issued[f] = true;
+        in_flight.push_back(f);
+      }
     };
     unit_backward(0);
     ready_until(0);

@@ -1,5 +1,7 @@
 #include "loom/train/trainer_mesh.hpp"
 
+#include <numeric>
+
 #include "loom/core/error.hpp"
 #include "loom/dist/device_mesh.hpp"
 
@@ -47,7 +49,7 @@ TrainerGroups make_trainer_groups(const TrainConfig& config, std::shared_ptr<Pro
         ", not a multiple of parallel.ep = ", config.ep,
         " (expert parallelism shards the experts over "
         "data- and context-parallel ranks): launch a multiple of ",
-        config.ep * model_parallel, " ranks");
+        config.ep / std::gcd(config.ep, config.cp) * model_parallel, " ranks");
   if (model_parallel == 1 && config.ep == 1) {
     g.dp = g.replicas = g.world;
   } else {

@@ -438,18 +438,26 @@ int run_plan(const PlanArgs& command_line) {
   const bool fits = mem.total() <= gpu.hbm_bytes * plan::kUsableMemoryFraction && host_fits;
 
   if (args.json) {
-    const nlohmann::json out = {
-        {"model", args.model}, {"parameters", model.parameter_count()}, {"gpu", gpu.name}, {"layout", layout.describe()},
-        {"seq_len", args.seq_len}, {"global_batch", args.global_batch}, {"micro_batches", job.memory.micro_batches},
-        {"finetune", args.finetune},
-        {"memory_bytes", memory_json(mem)}, {"memory_model", engine_memory ? "engine" : "gpu"}, {"time", time_json(time)}, {"hbm_bytes", gpu.hbm_bytes}, {"fits", fits},
-        {"engine_supported", engine_note.empty()}, {"engine_note", engine_note}};
-    nlohmann::json with_host = out;
+    nlohmann::json out = {{"model", args.model},
+                          {"parameters", model.parameter_count()},
+                          {"gpu", gpu.name},
+                          {"layout", layout.describe()},
+                          {"seq_len", args.seq_len},
+                          {"global_batch", args.global_batch},
+                          {"micro_batches", job.memory.micro_batches},
+                          {"finetune", args.finetune},
+                          {"memory_bytes", memory_json(mem)},
+                          {"memory_model", engine_memory ? "engine" : "gpu"},
+                          {"time", time_json(time)},
+                          {"hbm_bytes", gpu.hbm_bytes},
+                          {"fits", fits},
+                          {"engine_supported", engine_note.empty()},
+                          {"engine_note", engine_note}};
     if (args.offload_layers > 0) {
-      with_host["host_offload_bytes"] = host_bytes;
-      with_host["host_memory_bytes"] = host_capacity;
+      out["host_offload_bytes"] = host_bytes;
+      out["host_memory_bytes"] = host_capacity;
     }
-    std::printf("%s\n", with_host.dump(2).c_str());
+    std::printf("%s\n", out.dump(2).c_str());
     write_charts(args, {{layout, mem, time, engine_note}}, gpu.hbm_bytes * plan::kUsableMemoryFraction);
     return fits ? 0 : 1;
   }

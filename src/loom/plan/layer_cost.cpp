@@ -76,11 +76,12 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   // An MLP of `width` on inputs of `in`: up and down (GPT-2's GELU, Nemotron's squared ReLU), or
   // SwiGLU's gate and up as one GEMM, then down.
   const bool two_matrices = m.arch == Architecture::GPT2 || m.squared_relu_mlp;
-  auto mlp_in_s = [&](double rows, double width, double in) {
-    return two_matrices ? gemm_s(rows, width / t, in) + gemm_s(rows, in, width / t)
-                        : gemm_s(rows, 2 * width / t, in) + gemm_s(rows, in, width / t);
+  // Split over `split` ranks: tp, or 1 for experts whole on every tp rank.
+  auto mlp_in_s = [&](double rows, double width, double in, double split) {
+    return two_matrices ? gemm_s(rows, width / split, in) + gemm_s(rows, in, width / split)
+                        : gemm_s(rows, 2 * width / split, in) + gemm_s(rows, in, width / split);
   };
-  auto mlp_s = [&](double rows, double width) { return mlp_in_s(rows, width, h); };
+  auto mlp_s = [&](double rows, double width) { return mlp_in_s(rows, width, h, t); };
   const double moe_share = static_cast<double>(m.moe_layer_count()) / layers;
   if (dense_share > 0) forward += dense_share * mlp_s(tokens, f);
   double scan_s = 0;  // a Mamba-2 layer's SSD scan, forward
@@ -115,17 +116,12 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     const bool whole = job.experts_whole_on_tp && l.tp > 1;
     const double expert_split = whole ? 1.0 : t;
     const double expert_rows = whole && l.sequence_parallel ? tokens / t : tokens;
-    auto expert_mlp_s = [&](double rows, double w, double in) {
-      return two_matrices
-                 ? gemm_s(rows, w / expert_split, in) + gemm_s(rows, in, w / expert_split)
-                 : gemm_s(rows, 2 * w / expert_split, in) + gemm_s(rows, in, w / expert_split);
-    };
-    double moe =
-        experts / ep * expert_mlp_s(imbalance * expert_rows * k * ep / experts, fe, width) +
-        gemm_s(tokens, experts, h);
+    double moe = experts / ep *
+                     mlp_in_s(imbalance * expert_rows * k * ep / experts, fe, width, expert_split) +
+                 gemm_s(tokens, experts, h);
     if (m.moe_latent > 0) moe += gemm_s(tokens, width, h) + gemm_s(tokens, h, width);
     if (m.n_shared_experts > 0)
-      moe += expert_mlp_s(expert_rows, static_cast<double>(m.n_shared_experts) * fe, h);
+      moe += mlp_in_s(expert_rows, static_cast<double>(m.n_shared_experts) * fe, h, expert_split);
     forward += moe_share * moe;
     if (l.ep > 1) {
       // Dispatch and combine: each all-to-all moves this rank's k routed copies of its tokens

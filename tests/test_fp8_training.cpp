@@ -147,14 +147,22 @@ TEST(Fp8Config, BadKeysAndLayoutsAreRefusedWithWhatWorks) {
                   {"train.fp8_margin", "-1", "0 to 30"});
   expect_contains(error_message([&] { (void)parse(gpt2, {"train.precision=\"fp16\""}); }),
                   {"train.precision", "fp16", "f32, bf16 or fp8"});
+  // tp, pp and cp take every recipe whose tiles their slices keep whole (tests/dist/
+  // test_fp8_model_parallel.cpp trains them); blockwise tiles are 128 wide, so a tp slice of
+  // GPT-2's 128-wide MLP (32 x 4 / 2 = 64) or a cp chunk of 16 / 4 = 4 tokens would cut them.
+  for (const char* layout : {"parallel.tp=2", "parallel.pp=2", "parallel.cp=2"})
+    EXPECT_NO_THROW((void)parse(gpt2, {fp8, layout, "train.fp8_recipe=\"current\""})) << layout;
+  expect_contains(
+      error_message([&] {
+        (void)parse(gpt2, {fp8, "parallel.tp=2", "train.fp8_recipe=\"blockwise\""});
+      }),
+      {"parallel.tp = 2", "model.ffn_hidden / parallel.tp = 64", "multiple of 128", "delayed"});
   expect_contains(error_message([&] {
-                    (void)parse(gpt2, {fp8, "parallel.tp=2"});
+                    (void)parse(gpt2, {fp8, "parallel.cp=2", "train.fp8_recipe=\"blockwise\""});
                   }),
-                  {"parallel.tp = 2", "one process or under data parallelism"});
-  expect_contains(error_message([&] {
-                    (void)parse(gpt2, {fp8, "parallel.pp=2"});
-                  }),
-                  {"parallel.pp = 2", "one process or under data parallelism"});
+                  {"parallel.cp = 2", "seq_len / 2cp = 4", "multiple of 128"});
+  EXPECT_NO_THROW((void)parse(gpt2, {fp8, "parallel.cp=2", "train.fp8_recipe=\"blockwise\"",
+                                     "train.seq_len=512", "model.max_seq_len=512"}));
   // On CUDA: every GEMM dimension a multiple of 16 (cuBLASLt); blockwise, of its 128-element
   // tiles, the sequence length included (the weight gradients' 128 x 1 tiles stay inside one).
   const std::string cuda = "train.device=\"cuda\"";
@@ -175,6 +183,17 @@ TEST(Fp8Config, BadKeysAndLayoutsAreRefusedWithWhatWorks) {
                     (void)parse(gpt2, {fp8, cuda, "model.n_embd=40", "model.n_head=4"});
                   }),
                   {"model.n_embd", "40", "multiple of 16"});
+  // Each rank's slice and tokens: at tp 4 GPT-2's 128-wide MLP is 32 a rank (fine), its
+  // 32-wide attention 8 (not); at cp 2 a rank holds 48 / 2 = 24 tokens of a micro-batch.
+  expect_contains(error_message([&] {
+                    (void)parse(gpt2, {fp8, cuda, "parallel.tp=4"});
+                  }),
+                  {"query width", "/ parallel.tp = 8", "multiple of 16"});
+  expect_contains(
+      error_message([&] {
+        (void)parse(gpt2, {fp8, cuda, "parallel.cp=2", "train.seq_len=12", "train.batch_size=4"});
+      }),
+      {"/ parallel.cp", "24", "multiple of 16"});
   TrainConfig blockwise = parse(gpt2, {fp8, "train.fp8_recipe=\"blockwise\""});
   blockwise.device = Device::CUDA;  // a config handed to the trainer directly is checked there too
   expect_contains(error_message([&] { Trainer trainer(blockwise); }),

@@ -9,6 +9,11 @@
 #         rounding; losses and the first gradient norm must agree to 1e-2 relative (a few bf16
 #         roundings, 2^-9 each, per layer). The stream is learnable, so the loss must also fall:
 #         a bf16 path with zero gradients fails.
+#   fp8:  the linear layers' GEMMs on FP8 codes on both sides (the CPU emulates them on f32
+#         activations, the GPU quantises bf16 ones): the codes differ where a bf16 rounding
+#         (2^-9) carries a value across a code's rounding midpoint, about 2^-9 / 2^-3 = 1 in 64
+#         elements, each by one E4M3 step; spread over a layer's many elements that is below
+#         the bf16 bound's few roundings, so fp8 is held to bf16's bounds (not yet run on a GPU).
 #   Weights: AdamW moves an element by at most about lr per step whatever its gradient's size,
 #   so an element whose true gradient is zero (the key bias: softmax ignores it) or tiny moves
 #   by rounding noise, differently on each side (an H100 showed 0.16 lr on the key bias in bf16).
@@ -24,7 +29,7 @@
 # second side on the CPU too (a check of this script itself on a machine without a GPU).
 # Usage: layout_on_cuda.sh <mpiexec> <loom> <ranks> <arch> <precision> [parallel.key=value ...]
 set -u
-usage="usage: layout_on_cuda.sh <mpiexec> <loom> <ranks> <gpt2|llama> <f32|bf16> [parallel.key=value ...]"
+usage="usage: layout_on_cuda.sh <mpiexec> <loom> <ranks> <gpt2|llama> <f32|bf16|fp8> [parallel.key=value ...]"
 mpiexec=${1:?$usage}
 loom=${2:?$usage}
 ranks=${3:?$usage}

@@ -399,12 +399,6 @@ int run_plan(const PlanArgs& command_line) {
                   " must be fewer than the model's ", model.n_layer,
                   " layers (Megatron-Core's rule)");
   }
-  std::string engine_note = plan::engine_note_on(plan_cluster(args, args.gpus_per_node).gpu, layout,
-                                                 model, args.seq_len, args.finetune == "lora");
-  if (args.offload_layers > 0)
-    engine_note +=
-        (engine_note.empty() ? "engine: not yet supported: " : ", ") +
-        std::string("activation offloading (loom's trainer keeps activations on the device)");
   if (args.gpus != 0 && layout.gpus() != args.gpus)
     throw_error("plan: layout ", layout.describe(), " uses ", layout.gpus(), " GPUs, but --gpus (or cluster.gpus) is ", args.gpus);
   const int64_t per_step = layout.dp * layout.micro_batch;
@@ -412,6 +406,12 @@ int run_plan(const PlanArgs& command_line) {
     throw_error("plan: global batch ", args.global_batch, " sequences is not a multiple of dp x mbs = ", per_step);
   Machine machine = machine_of(args, layout.gpus());
   plan::TrainingJob& job = machine.job;
+  std::string engine_note = plan::engine_note_on(plan_cluster(args, args.gpus_per_node).gpu, layout,
+                                                 model, args.seq_len, job);
+  if (args.offload_layers > 0)
+    engine_note +=
+        (engine_note.empty() ? "engine: not yet supported: " : ", ") +
+        std::string("activation offloading (loom's trainer keeps activations on the device)");
   job.memory.micro_batches = args.global_batch / per_step;
   // Under a CPU --profile, the engine's own bytes on one rank (the first pipeline stage's): its
   // flats, buckets and activation sets as its allocator counts them; else the GPU model's.

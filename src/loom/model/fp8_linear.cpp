@@ -173,7 +173,7 @@ void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
                                    const Tensor& d_weight, const Tensor& d_bias,
                                    const Tensor& d_out, int64_t d_out_col,
                                    const Tensor& input_value, const Tensor& weight_value) {
-  const int64_t in = input_value.size(1), out_features = weight_value.size(0);
+  const int64_t in = weight_value.size(1), out_features = weight_value.size(0);
   const bool blockwise = context_->config.recipe == Fp8Recipe::Blockwise;
   // Blockwise: the gradient's 1 x 128 tiles for d_input and its 128 x 1 tiles (transposed) for
   // d_weight, whose inner dimension is the tokens.
@@ -227,30 +227,38 @@ void Fp8Linear::forward(const Tensor& out, int64_t out_col, const Tensor& input,
 void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
                          const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
                          const Tensor& input_value, const Tensor& weight_value) {
-  if (input_value.device() == Device::CUDA)
+  if (d_out.device() == Device::CUDA)
     return backward_on_device(d_input, accumulate_input, d_weight, d_bias, d_out, d_out_col,
                               input_value, weight_value);
-  const int64_t rows = input_value.size(0), in = input_value.size(1),
+  // Either half may be asked for alone (tensor-parallel layers overlap a collective between
+  // them): the input is read only for d_weight, the weight only for d_input.
+  const int64_t rows = d_out.size(0), in = weight_value.size(1),
                 out_features = weight_value.size(0);
   const float* g = d_out.f32() + d_out_col;
   const cpu::Fp8Format g_format = context_->config.gradient_format();
-  const Tensor dq = quantize(g, rows, out_features, d_out.size(1), grad_output, g_format, 1);
-  // The same quantised operands as the forward: the scales have not moved within the step.
-  const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight, cpu::Fp8Format::E4M3,
-                            kFp8TileSize);
-  if (context_->config.recipe == Fp8Recipe::Blockwise) {
-    // d_input from the 1 x 128 gradient tiles; d_weight, a sum over tokens, from 128 x 1 tiles
-    // of the gradient and the input (the GEMM's inner dimension, as a GPU's block-scaled kernels
-    // take it).
-    if (d_input.defined()) ops::linear_input_grad(d_input, accumulate_input, dq, 0, w);
-    const Tensor dq_t =
-        quantize(g, rows, out_features, d_out.size(1), grad_output, g_format, kFp8TileSize, 1);
-    const Tensor x_t =
-        quantize(input_value.f32(), rows, in, in, input, cpu::Fp8Format::E4M3, kFp8TileSize, 1);
-    ops::linear_backward(Tensor(), false, d_weight, Tensor(), dq_t, 0, x_t, w);
-  } else {
-    const Tensor x = quantize(input_value.f32(), rows, in, in, input, cpu::Fp8Format::E4M3, 1);
-    ops::linear_backward(d_input, accumulate_input, d_weight, Tensor(), dq, 0, x, w);
+  const bool blockwise = context_->config.recipe == Fp8Recipe::Blockwise;
+  Tensor dq;  // 1 x 128 tiles (blockwise), or the tensor's one scale: then d_weight's operand too
+  if (d_input.defined()) {
+    // The same quantised weight as the forward: the scales have not moved within the step.
+    dq = quantize(g, rows, out_features, d_out.size(1), grad_output, g_format, 1);
+    const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight,
+                              cpu::Fp8Format::E4M3, kFp8TileSize);
+    ops::linear_input_grad(d_input, accumulate_input, dq, 0, w);
+  }
+  if (d_weight.defined()) {
+    // Blockwise: d_weight, a sum over tokens, from 128 x 1 tiles of the gradient and the input
+    // (the GEMM's inner dimension, as a GPU's block-scaled kernels take it); per-tensor scales
+    // quantise every element alike, in whatever tiles.
+    const int64_t tile_rows = blockwise ? kFp8TileSize : 1,
+                  tile_cols = blockwise ? 1 : kFp8TileSize;
+    const Tensor dq_t = dq.defined() && !blockwise
+                            ? dq
+                            : quantize(g, rows, out_features, d_out.size(1), grad_output, g_format,
+                                       tile_rows, tile_cols);
+    const Tensor x_t = quantize(input_value.f32(), rows, in, in, input, cpu::Fp8Format::E4M3,
+                                tile_rows, tile_cols);
+    // (the weight operand is only shape-checked: d_input is not asked for)
+    ops::linear_backward(Tensor(), false, d_weight, Tensor(), dq_t, 0, x_t, weight_value);
   }
   if (d_bias.defined()) {
     Tensor g_high = Tensor::empty({rows, out_features}, DType::F32, MemCategory::Workspace);
@@ -260,11 +268,32 @@ void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Ten
   }
 }
 
-Fp8Training::Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers)
-    : context_(std::move(context)), layers_(std::move(layers)) {
+Fp8Training::Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers,
+                         std::vector<int64_t> slots, int64_t model_layers)
+    : context_(std::move(context)),
+      layers_(std::move(layers)),
+      slots_(std::move(slots)),
+      model_layers_(model_layers) {
+  LOOM_CHECK(slots_.size() == layers_.size(), "Fp8Training: ", slots_.size(), " slots for ",
+             layers_.size(), " layers");
+  for (int64_t slot : slots_)
+    LOOM_CHECK(slot >= 0 && slot < model_layers_, "Fp8Training: slot ", slot, " of ",
+               model_layers_);
   context_->layer_count = static_cast<int64_t>(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->index = static_cast<int64_t>(i);
 }
+
+namespace {
+std::vector<int64_t> first_slots(size_t n) {
+  std::vector<int64_t> slots(n);
+  for (size_t i = 0; i < n; ++i) slots[i] = static_cast<int64_t>(i);
+  return slots;
+}
+}  // namespace
+
+Fp8Training::Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers)
+    : Fp8Training(std::move(context), layers, first_slots(layers.size()),
+                  static_cast<int64_t>(layers.size())) {}
 
 void Fp8Training::begin_step() {
   for (Fp8Linear* layer : layers_)
@@ -326,24 +355,30 @@ void Fp8Training::finish_step(bool keep) {
 }
 
 std::vector<float> Fp8Training::amax_history() const {
-  std::vector<float> out;
-  for (const Fp8Linear* layer : layers_)
-    for (const Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
-      out.insert(out.end(), s->history.begin(), s->history.end());
+  const size_t per = static_cast<size_t>(context_->config.amax_history);
+  std::vector<float> out(static_cast<size_t>(model_layers_) * 3 * per, 0.0f);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto at = out.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(slots_[i]) * 3 * per);
+    for (const Fp8TensorScaling* s :
+         {&layers_[i]->input, &layers_[i]->weight, &layers_[i]->grad_output})
+      at = std::copy(s->history.begin(), s->history.end(), at);
+  }
   return out;
 }
 
 void Fp8Training::set_amax_history(const std::vector<float>& values) {
   const size_t per = static_cast<size_t>(context_->config.amax_history);
-  if (values.size() != layers_.size() * 3 * per)
+  const size_t layers = static_cast<size_t>(model_layers_);
+  if (values.size() != layers * 3 * per)
     throw_error("FP8 amax history: the checkpoint holds ", values.size(),
-                " values, this model needs ", layers_.size(),
-                " layers x 3 operands x train.fp8_amax_history = ", per, " = ",
-                layers_.size() * 3 * per, ": set train.fp8_amax_history back to the checkpoint's");
-  size_t k = 0;
-  for (Fp8Linear* layer : layers_)
-    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
+                " values, this model needs ", layers,
+                " layers x 3 operands x train.fp8_amax_history = ", per, " = ", layers * 3 * per,
+                ": set train.fp8_amax_history back to the checkpoint's");
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    size_t k = static_cast<size_t>(slots_[i]) * 3 * per;
+    for (Fp8TensorScaling* s : {&layers_[i]->input, &layers_[i]->weight, &layers_[i]->grad_output})
       for (float& h : s->history) h = values[k++];
+  }
 }
 
 }  // namespace loom

@@ -148,6 +148,11 @@ class Fp8Linear {
 // A model's FP8 layers together: the step's bookkeeping and the state checkpoints carry.
 class Fp8Training {
  public:
+  // `layers` this rank's, `slots` their places among the whole model's `model_layers` FP8 layers
+  // (the same under pipeline parallelism, where a stage holds some of them).
+  Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers,
+              std::vector<int64_t> slots, int64_t model_layers);
+  // A model of these layers alone (slots 0, 1, ...).
   Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers);
   const Fp8Config& config() const { return context_->config; }
   Fp8Context& context() { return *context_; }
@@ -157,13 +162,18 @@ class Fp8Training {
   // Reduces the step's amaxes over the replicas (one collective, every rank) and, when `keep`
   // (not a skipped bad step), pushes them into the histories.
   void finish_step(bool keep);
-  // Every layer's input, weight and output-gradient histories, in that order, newest first.
+  // The whole model's input, weight and output-gradient histories, layer by layer in model
+  // order, each newest first; the layers another pipeline stage holds are zeros (a max over the
+  // stages assembles the whole).
   std::vector<float> amax_history() const;
+  // From the whole model's histories (amax_history's layout): this rank's layers take theirs.
   void set_amax_history(const std::vector<float>& values);
 
  private:
   std::shared_ptr<Fp8Context> context_;
   std::vector<Fp8Linear*> layers_;
+  std::vector<int64_t> slots_;
+  int64_t model_layers_ = 0;
 };
 
 }  // namespace loom

@@ -34,6 +34,37 @@ void Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor
                        d_out, d_out_col, input, weight.value);
 }
 
+void Linear::forward_unbiased(const Tensor& out, int64_t out_col, const Tensor& input) const {
+  if (fp8_) return fp8_->forward(out, out_col, input, weight.value, nullptr);
+  ops::linear_forward(out, out_col, input, weight.value, nullptr);
+}
+
+void Linear::input_grad(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                        int64_t d_out_col) const {
+  if (fp8_)
+    return fp8_->backward(d_input, accumulate_input, Tensor(), Tensor(), d_out, d_out_col, Tensor(),
+                          weight.value);
+  ops::linear_input_grad(d_input, accumulate_input, d_out, d_out_col, weight.value);
+}
+
+void Linear::weight_grad(const Tensor& d_out, int64_t d_out_col, const Tensor& input,
+                         bool with_bias) {
+  const Tensor d_bias = with_bias && has_bias() ? bias.grad : Tensor();
+  if (fp8_)
+    return fp8_->backward(Tensor(), false, weight.grad, d_bias, d_out, d_out_col, input,
+                          weight.value);
+  ops::linear_backward(Tensor(), false, weight.grad, d_bias, d_out, d_out_col, input, weight.value);
+}
+
+void Linear::backward_unbiased(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                               int64_t d_out_col, const Tensor& input) {
+  if (fp8_)
+    return fp8_->backward(d_input, accumulate_input, weight.grad, Tensor(), d_out, d_out_col, input,
+                          weight.value);
+  ops::linear_backward(d_input, accumulate_input, weight.grad, Tensor(), d_out, d_out_col, input,
+                       weight.value);
+}
+
 bool Linear::forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& input) const {
   if (fp8_) return false;
   return ops::linear_gelu_forward(act, pre, input, weight.value,

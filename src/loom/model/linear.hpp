@@ -21,6 +21,18 @@ class Linear {
   // or accumulated; weight/bias gradients accumulated.
   void backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
                 int64_t d_out_col, const Tensor& input);
+  // The pieces tensor-parallel layers (parallel/tensor_parallel_linear) put their collectives
+  // between, each through the FP8 path when it is on: the forward's product without the bias
+  // (a row-parallel layer adds it once, after the sum); the input gradient alone (written or
+  // accumulated); the weight gradient, and the bias's with `with_bias`, alone (accumulated).
+  void forward_unbiased(const Tensor& out, int64_t out_col, const Tensor& input) const;
+  void input_grad(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                  int64_t d_out_col) const;
+  void weight_grad(const Tensor& d_out, int64_t d_out_col, const Tensor& input, bool with_bias);
+  // backward without the bias gradient (a row-parallel layer's under sequence parallelism,
+  // which sums its rows' part over tp itself).
+  void backward_unbiased(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                         int64_t d_out_col, const Tensor& input);
   // forward(pre, 0, input) and act = gelu(pre) from one product, or false having written
   // nothing (FP8 layers, and wherever ops::linear_gelu_forward declines).
   bool forward_gelu(const Tensor& act, const Tensor& pre, const Tensor& input) const;

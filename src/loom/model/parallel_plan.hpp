@@ -52,7 +52,8 @@ class FanOutProjection {
   virtual void backward(const Tensor& d_input, const Tensor& d_out, const Tensor& input) = 0;
   virtual int64_t width() const = 0;  // this rank's output columns
   virtual void collect(ParameterList& out) = 0;
-  // Its plain Linear layers (one process's plan; FP8 training swaps their GEMMs), or none.
+  // Its Linear layers (under tensor parallelism each rank's shards; FP8 training swaps their
+  // GEMMs).
   virtual std::vector<Linear*> linears() { return {}; }
   // pre = forward(input) and act = gelu(pre) from one product (ops::linear_gelu_forward), where
   // this projection and the device can; false, having written nothing, where not.

@@ -40,17 +40,11 @@ void check_bias_presence(const std::string& layer, const Linear& local, const Te
                                         : ": has no bias but one was given");
 }
 
-const Tensor* bias_of(const Linear& linear) {
-  return linear.has_bias() ? &linear.bias.value : nullptr;
-}
-
 // Weight (and bias) gradients accumulated from columns [d_out_col, ...) of d_out: the part of
 // Linear's backward that needs the input.
 void parameter_gradients(Linear& linear, const Tensor& d_out, int64_t d_out_col,
                          const Tensor& input) {
-  ops::linear_backward(Tensor{}, false, linear.weight.grad,
-                       linear.has_bias() ? linear.bias.grad : Tensor{}, d_out, d_out_col, input,
-                       linear.weight.value);
+  linear.weight_grad(d_out, d_out_col, input, true);
 }
 
 }  // namespace
@@ -114,7 +108,7 @@ void forward_columns(const std::vector<ColumnParallelLinear*>& layers, const Ten
   }
   int64_t column = out_col;
   for (ColumnParallelLinear* layer : layers) {
-    ops::linear_forward(out, column, full, layer->local.weight.value, bias_of(layer->local));
+    layer->local.forward(out, column, full);
     column += layer->local_out_features();
   }
 }
@@ -130,7 +124,7 @@ void backward_columns(const std::vector<ColumnParallelLinear*>& layers, const Te
   auto input_gradients = [&](const Tensor& partial) {
     int64_t column = d_out_col;
     for (size_t i = 0; i < layers.size(); ++i) {
-      ops::linear_input_grad(partial, i > 0, d_out, column, layers[i]->local.weight.value);
+      layers[i]->local.input_grad(partial, i > 0, d_out, column);
       column += layers[i]->local_out_features();
     }
   };
@@ -223,17 +217,16 @@ RowParallelLinear::RowParallelLinear(std::string name, int64_t in_features, int6
 void RowParallelLinear::forward(const Tensor& out, const Tensor& input) {
   const int tp = group_->size();
   const int64_t rows = input.size(0), width = out_features();
-  const Tensor& weight = local.weight.value;
   // The partial products carry no bias: added before the sum it would count tp times.
   if (!sequence_parallel_ || tp == 1) {
-    ops::linear_forward(out, 0, input, weight, nullptr);
+    local.forward_unbiased(out, 0, input);
     comm::all_reduce(*group_, out, ReduceOp::Sum)->wait();
     if (local.has_bias()) ops::add_row_vector(out, local.bias.value);
     return;
   }
   (void)sequence_shard_rows(row_layer(name_), rows, tp);
   const Tensor partial = reserve_like(full_rows_, rows, width, out);
-  ops::linear_forward(partial, 0, input, weight, nullptr);
+  local.forward_unbiased(partial, 0, input);
   reduce_scatter_sequence_rows(*group_, partial, out)->wait();
   if (local.has_bias()) ops::add_row_vector(out, local.bias.value);
 }
@@ -243,9 +236,7 @@ void RowParallelLinear::backward(const Tensor& d_input, bool accumulate_input, c
   const int tp = group_->size();
   const int64_t rows = input.size(0), width = out_features();
   if (!sequence_parallel_ || tp == 1) {
-    ops::linear_backward(d_input, accumulate_input, local.weight.grad,
-                         local.has_bias() ? local.bias.grad : Tensor{}, d_out, 0, input,
-                         local.weight.value);
+    local.backward(d_input, accumulate_input, d_out, 0, input);
     return;
   }
   (void)sequence_shard_rows(row_layer(name_), rows, tp);
@@ -254,8 +245,7 @@ void RowParallelLinear::backward(const Tensor& d_input, bool accumulate_input, c
   if (local.has_bias())  // this rank's rows only; summed over tp later (see the header)
     ops::bias_grad(local.bias.grad, d_out);
   gather->wait();
-  ops::linear_backward(d_input, accumulate_input, local.weight.grad, Tensor{}, gathered, 0, input,
-                       local.weight.value);
+  local.backward_unbiased(d_input, accumulate_input, gathered, 0, input);
 }
 
 ParameterList RowParallelLinear::sequence_parallel_partial_grads() {

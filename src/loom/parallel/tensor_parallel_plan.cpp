@@ -41,6 +41,11 @@ class ColumnParallelFanOut final : public FanOutProjection {
   void collect(ParameterList& out) override {
     for (ColumnParallelLinear* layer : layers_) layer->collect(out);
   }
+  std::vector<Linear*> linears() override {  // each rank's shards (FP8 swaps their GEMMs)
+    std::vector<Linear*> out;
+    for (ColumnParallelLinear* layer : layers_) out.push_back(&layer->local);
+    return out;
+  }
 
  private:
   std::vector<std::unique_ptr<ColumnParallelLinear>> owned_;
@@ -60,6 +65,7 @@ class RowParallelFanIn final : public FanInProjection {
     layer_.backward(d_input, false, d_out, input);
   }
   void collect(ParameterList& out) override { layer_.collect(out); }
+  std::vector<Linear*> linears() override { return {&layer_.local}; }
   ParameterList partial_grads() override { return layer_.sequence_parallel_partial_grads(); }
 
  private:

@@ -96,14 +96,18 @@ bool fits_somewhere(const ModelConfig& m, int64_t gpus, const ClusterSpec& clust
 }  // namespace
 
 std::string engine_note_on(const GpuSpec& gpu, const PlanLayout& layout, const ModelConfig& model,
-                           int64_t seq_len, bool frozen_base) {
+                           int64_t seq_len, const TrainingJob& job) {
   std::string note = engine_support_note(layout, model, seq_len);
-  if (frozen_base)
-    note += (note.empty() ? "engine: not yet supported: " : ", ") +
-            std::string("LoRA fine-tuning (loom's trainer trains every weight)");
-  if (amd_part(gpu))
-    note += (note.empty() ? "engine: not yet supported: " : ", ") +
-            std::string("AMD GPUs (loom's GPU engine is CUDA)");
+  auto lacks = [&](const std::string& feature) {
+    note += (note.empty() ? "engine: not yet supported: " : ", ") + feature;
+  };
+  if (job.frozen_base) lacks("LoRA fine-tuning (loom's trainer trains every weight)");
+  if (amd_part(gpu)) lacks("AMD GPUs (loom's GPU engine is CUDA)");
+  if (job.fp4_gemms)
+    lacks("NVFP4 (loom trains FP8 with per-tensor or 128-tile scales)");
+  else if (job.mx_gemms)
+    lacks("MXFP8 (loom trains FP8 with per-tensor or 128-tile scales)");
+  if (job.fp8_gemms && model.is_moe()) lacks("FP8 experts (loom's FP8 runs dense models)");
   return note;
 }
 
@@ -134,7 +138,7 @@ SearchResult search_layouts(const ModelConfig& m, const ClusterSpec& cluster, co
       TrainingJob j = job;
       j.memory = mem;
       result.ranked.push_back({l, memory, predict_step_time(m, l, cluster, j, false),
-                               engine_note_on(cluster.gpu, l, m, job.seq_len, job.frozen_base)});
+                               engine_note_on(cluster.gpu, l, m, job.seq_len, job)});
     }
   });
   // Fastest first; layouts within 0.1% of each other are a tie the model cannot resolve, so

@@ -1,6 +1,9 @@
 #include "loom/train/fp8_config.hpp"
 
+#include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "loom/core/error.hpp"
 #include "loom/train/train_config.hpp"
@@ -54,43 +57,68 @@ Fp8Config parse_fp8_config(ConfigReader& r, bool fp8_precision) {
 
 void check_fp8_training(const TrainConfig& c) {
   if (c.precision != Precision::FP8) return;
-  const char* works =
-      "; FP8 runs on the CPU in one process or under data parallelism (plain or ZeRO)";
+  const bool blockwise = c.fp8.recipe == Fp8Recipe::Blockwise;
+  // What each rank's GEMMs see: its tensor-parallel slices of the split widths (the model
+  // width itself is whole on every rank), and its seq_len / cp tokens of each sequence, in two
+  // runs of seq_len / 2cp under context parallelism. Widths tp does not divide are refused by
+  // the model's own check, which names them.
+  const int tp = std::max(c.tp, 1), cp = std::max(c.cp, 1);
+  const int64_t run_tokens = cp > 1 ? c.seq_len / (2 * cp) : c.seq_len;
+  const std::string per_rank = tp > 1 ? " / parallel.tp" : "";
+  struct Width {
+    std::string name;
+    int64_t value;
+  };
+  std::vector<Width> split_widths;
+  for (const auto& [name, full] :
+       {std::pair<const char*, int64_t>{"model.ffn_hidden", c.model.ffn_hidden},
+        {"the query width (n_head x head_dim)", c.model.q_dim()},
+        {"the key/value width (n_kv_head x head_dim)", c.model.kv_dim()}})
+    if (full % tp == 0) split_widths.push_back({name + per_rank, full / tp});
+  if (blockwise) {
+    // DeepSeek-V3's tiles must be the ones one process makes: a tensor-parallel slice that
+    // starts or ends inside a 128-wide tile, or a context-parallel chunk inside a 128-token
+    // tile, would cut tiles one process keeps whole (and scale them differently).
+    if (tp > 1)
+      for (const Width& w : split_widths)
+        if (w.value % kFp8TileSize != 0)
+          throw_error("train.fp8_recipe = \"blockwise\" with parallel.tp = ", tp, ": ", w.name,
+                      " = ", w.value,
+                      " is not a multiple of 128, so the tensor-parallel slices "
+                      "would cut the recipe's 128-wide tiles; use widths that are 128 x tp "
+                      "multiples or fp8_recipe = \"delayed\" or \"current\"");
+    if (cp > 1 && run_tokens % kFp8TileSize != 0)
+      throw_error("train.fp8_recipe = \"blockwise\" with parallel.cp = ", cp,
+                  ": each rank holds two chunks of seq_len / 2cp = ", run_tokens,
+                  " tokens of every sequence, not a multiple of 128, so the chunks would cut the "
+                  "weight gradient's 128-token tiles; use seq_len a multiple of 256 cp or "
+                  "fp8_recipe = \"delayed\" or \"current\"");
+  }
   if (c.device == Device::CUDA) {
     // cuBLASLt's FP8 kernels take every GEMM dimension a multiple of 16; its block-scaled ones
     // (blockwise) a multiple of the 128-element tiles, and the 128 x 1 tiles of the weight
-    // gradients' token dimension stay inside a sequence.
-    const bool blockwise = c.fp8.recipe == Fp8Recipe::Blockwise;
-    const int64_t multiple = blockwise ? 128 : 16;
-    const int64_t tokens = c.batch_size * c.seq_len, width = c.model.n_embd,
-                  hidden = c.model.ffn_hidden, kv = c.model.kv_dim();
-    for (const auto& [name, value] :
-         {std::pair<const char*, int64_t>{blockwise
-                                              ? "train.seq_len"
-                                              : "train.batch_size x train.seq_len (tokens per "
-                                                "micro-batch)",
-                                          blockwise ? c.seq_len : tokens},
-          {"model.n_embd", width},
-          {"model.ffn_hidden", hidden},
-          {"the query width (n_head x head_dim)", c.model.q_dim()},
-          {"the key/value width (n_kv_head x head_dim)", kv}})
-      if (value % multiple != 0)  // q|k|v's width, q + 2 kv, follows
-        throw_error("train.precision = \"fp8\" on CUDA: ", name, " = ", value,
+    // gradients' token dimension stay inside a run of a sequence's tokens.
+    const int64_t multiple = blockwise ? kFp8TileSize : 16;
+    std::vector<Width> dims = {
+        blockwise ? Width{cp > 1 ? "train.seq_len / 2 parallel.cp (tokens in a row on a rank)"
+                                 : "train.seq_len",
+                          run_tokens}
+                  : Width{"train.batch_size x train.seq_len" +
+                              std::string(cp > 1 ? " / parallel.cp" : "") +
+                              " (tokens per micro-batch on a rank)",
+                          c.batch_size * c.seq_len / cp},
+        {"model.n_embd", c.model.n_embd}};
+    dims.insert(dims.end(), split_widths.begin(), split_widths.end());
+    for (const Width& w : dims)
+      if (w.value % multiple != 0)  // q|k|v's width, q + 2 kv, follows
+        throw_error("train.precision = \"fp8\" on CUDA: ", w.name, " = ", w.value,
                     " is not a multiple of ", multiple,
                     blockwise ? ", which blockwise FP8's 128-element tiles on cuBLASLt's "
                                 "block-scaled GEMMs need (or use fp8_recipe = \"delayed\" or "
                                 "\"current\": multiples of 16)"
                               : ", which cuBLASLt's FP8 GEMMs need");
   }
-  if (c.tp > 1)
-    throw_error("train.precision = \"fp8\" with parallel.tp = ", c.tp, ": not supported", works);
-  if (c.pp > 1)
-    throw_error("train.precision = \"fp8\" with parallel.pp = ", c.pp, ": not supported", works);
-  if (c.cp > 1)
-    throw_error("train.precision = \"fp8\" with parallel.cp = ", c.cp, ": not supported", works);
-  if (c.ep > 1)
-    throw_error("train.precision = \"fp8\" with parallel.ep = ", c.ep, ": not supported", works);
-  if (c.model.is_moe())
+  if (c.model.is_moe())  // (expert parallelism needs experts: this covers parallel.ep too)
     throw_error("train.precision = \"fp8\" with model.n_experts = ", c.model.n_experts,
                 ": the experts' grouped GEMMs have no FP8 path; use a dense model or "
                 "train.precision = \"bf16\"");

@@ -119,7 +119,10 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
   model_->set_bf16_activations(bf16);
   if (config_.precision == Precision::FP8) {
     Fp8Config fp8 = config_.fp8;
-    fp8.sequence_rows = config_.seq_len;  // a micro-batch's rows: its sequences one after another
+    // A micro-batch's rows are its sequences one after another; under context parallelism
+    // each sequence's two chunks on this rank (of seq_len / 2cp tokens each, not adjacent in
+    // the sequence): the blockwise recipe's 128 x 1 tiles stay inside such a run of tokens.
+    fp8.sequence_rows = config_.cp > 1 ? config_.seq_len / (2 * config_.cp) : config_.seq_len;
     fp8_ = &model_->enable_fp8(fp8);
   }
   if (config_.document_mask) model_->set_document_mask(config_.eot_token, config_.document_positions);
@@ -169,11 +172,15 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
       reducer_->attach(*model_);
     }
   }
-  if (fp8_ && groups_.replica_size > 1) {
-    // Every replica must scale as one process would: amaxes are reduced (max) over the replicas,
-    // on a group of their own so the calls never interleave with the gradient buckets' (the
-    // amax reduction group of Transformer Engine's fp8_autocast).
-    std::shared_ptr<ProcessGroup> amax_group = groups_.replicas->split(0, groups_.replicas->rank(), "fp8_amax");
+  if (fp8_ && groups_.world && groups_.world->size() > groups_.pp_size) {
+    // Every rank must scale as one process would: amaxes are reduced (max) over the ranks of
+    // its pipeline stage, which hold the same layers: the data- and context-parallel replicas
+    // (other rows) and the tensor-parallel ranks (other slices of the weights, of a
+    // row-parallel layer's input and of a column-parallel layer's output gradient), on a group
+    // of their own so the calls never interleave with the gradient buckets' (Transformer
+    // Engine's amax reduction group, which Megatron-LM spans over dp x cp x tp).
+    std::shared_ptr<ProcessGroup> amax_group =
+        groups_.world->split(groups_.pp_rank, groups_.world_rank, "fp8_amax");
     fp8_->context().reduce_max = [amax_group](std::span<float> values) {
       comm::all_reduce(*amax_group, values.data(), static_cast<int64_t>(values.size()), ReduceOp::Max)->wait();
     };

@@ -66,6 +66,9 @@ class Trainer {
   Optimizer& optimizer() { return *optimizer_; }
   ZeroOptimizer* zero_optimizer() { return dynamic_cast<ZeroOptimizer*>(optimizer_.get()); }
   int64_t global_tokens_per_step() const { return config_.tokens_per_step() * groups_.dp_size; }
+  // train.precision = "fp8": the whole model's amax histories (Fp8Training::amax_history),
+  // assembled from the pipeline stages holding its layers; empty otherwise. Collective over pp.
+  std::vector<float> fp8_amax_history() const;
 
  private:
   // What one step did: the loss and norm every rank agrees on, and whether it was dropped.

@@ -34,7 +34,7 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
           {"bad_steps", bad_steps_.state()}};
   // Delayed scaling's amax histories (every replica holds the same, reduced ones): a resumed run
   // scales its next step as the uninterrupted one would. JSON numbers carry a float exactly.
-  if (fp8_) state["fp8_amax_history"] = fp8_->amax_history();
+  if (fp8_) state["fp8_amax_history"] = fp8_amax_history();
   // The sigmoid router's selection biases are state, not parameters: every layer's, gathered
   // from the pipeline stages holding them (each layer lives on one pp rank; the rest add 0).
   if (config_.model.is_moe() && config_.model.moe_router == MoeRouter::Sigmoid) {
@@ -44,6 +44,16 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
     state["moe_bias"] = biases;
   }
   return state;
+}
+
+std::vector<float> Trainer::fp8_amax_history() const {
+  if (!fp8_) return {};
+  std::vector<float> history = fp8_->amax_history();  // zeros at the other stages' layers
+  if (groups_.pp)
+    comm::all_reduce(*groups_.pp, history.data(), static_cast<int64_t>(history.size()),
+                     ReduceOp::Max)
+        ->wait();
+  return history;
 }
 
 int64_t Trainer::optimizer_steps() const { return optimizer_->steps_taken(); }

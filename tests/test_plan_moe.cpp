@@ -8,6 +8,7 @@
 #include "loom/plan/collectives.hpp"
 #include "loom/plan/host_issue.hpp"
 #include "loom/plan/layer_cost.hpp"
+#include "loom/plan/rank_parameters.hpp"
 #include "loom/plan/search.hpp"
 #include "loom/plan/time_model.hpp"
 #include "test_support.hpp"
@@ -176,6 +177,26 @@ TEST(PlanMoe, LoomsEngineRunsTheExpertsWholeOnEveryTpRank) {
   EXPECT_NEAR(whole_sp.backward_s, split_sp.backward_s, 1e-12 * split_sp.backward_s);
   // At tp 1 there is nothing to split.
   EXPECT_DOUBLE_EQ(cost("dp=32", true).forward_s, cost("dp=32", false).forward_s);
+  // Its collectives: Mixtral's every layer is MoE, so only attention's pair of each direction
+  // is left, half the split layer's. Under sequence parallelism the block's gradients (router
+  // 8 h, 8 experts of 3 h f) are partial over the tp ranks' rows: one f32 all-reduce each
+  // micro-batch.
+  EXPECT_NEAR(whole.tp_comm_s, split.tp_comm_s / 2, 1e-12 * split.tp_comm_s);
+  EXPECT_NEAR(whole.tp_exposed_forward_s, split.tp_exposed_forward_s / 2, 1e-12 * split.tp_comm_s);
+  const plan::GroupTopology tp_group = plan::group_topology(cluster, 2, 1);
+  const double grads = 4 * (8 * h + 8 * 3 * h * f);
+  EXPECT_NEAR(whole_sp.tp_comm_s,
+              split_sp.tp_comm_s / 2 +
+                  plan::collective_time(plan::Collective::AllReduce, grads, tp_group).seconds,
+              1e-12 * split_sp.tp_comm_s);
+  // And the block's weights, whole on each tp rank, are what the rank's gradient reduction and
+  // optimizer carry: at ep 4 a quarter of the 8 experts (3 h f each) whole, against half of
+  // that split over tp 2.
+  const plan::PlanLayout ep4 = plan::parse_layout("tp=2,dp=16,ep=4");
+  EXPECT_DOUBLE_EQ(plan::rank_parameters(m, ep4, 0, {}, true).experts,
+                   static_cast<double>(m.n_layer) * 2 * 3 * h * f);
+  EXPECT_DOUBLE_EQ(plan::rank_parameters(m, ep4, 0, {}, false).experts,
+                   static_cast<double>(m.n_layer) * 2 * 3 * h * f / 2);
 }
 
 TEST(PlanMoe, LayoutChecksAndTheSearchTriesExpertParallelism) {

@@ -33,6 +33,9 @@ struct ParameterSpec {
                               // e holds experts [e E/ep, (e + 1) E/ep)
 
   int64_t numel() const { return shape_numel(shape); }
+  // Part of a mixture-of-experts block's feed-forward (router, experts, shared experts: HF's
+  // `block_sparse_moe.`), which loom's engine keeps whole on every tp rank.
+  bool in_moe_block() const { return name.find(".block_sparse_moe.") != std::string::npos; }
   // Elements tp rank `rank` of `tp` holds: its block of tp_dim (the last block may be short).
   int64_t numel_on_tp_rank(int64_t tp, int64_t rank) const;
 };

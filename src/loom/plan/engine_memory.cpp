@@ -168,7 +168,7 @@ MemoryBreakdown engine_model_states(const ModelConfig& m, const std::vector<Para
 std::vector<ParameterSpec> engine_parameter_specs(const ModelConfig& m) {
   std::vector<ParameterSpec> specs = parameter_specs(m);
   for (ParameterSpec& s : specs)
-    if (s.name.find(".block_sparse_moe.") != std::string::npos) s.tp_dim = -1;
+    if (s.in_moe_block()) s.tp_dim = -1;
   return specs;
 }
 

@@ -311,6 +311,29 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
       c.tp_comm_s += share * 2 * one;
       c.tp_exposed_backward_s += share * c.tp_exposed_forward_s;
     }
+    // loom's engine keeps a mixture-of-experts block whole on every tp rank
+    // (TrainingJob::experts_whole_on_tp): its feed-forward runs on the rows the rank has, with
+    // no collective, so a MoE layer has its attention's pair only. Under sequence parallelism
+    // those rows are the rank's own, so the block's gradients (router, this ep rank's experts,
+    // the shared experts) are partial sums, all-reduced over tp after every micro-batch's
+    // backward (Transformer::sum_partial_grads), in f32.
+    if (job.experts_whole_on_tp && moe_share > 0) {
+      const double kept = 1 - moe_share / 2;
+      c.tp_comm_s *= kept;
+      c.tp_exposed_forward_s *= kept;
+      c.tp_exposed_backward_s *= kept;
+      if (l.sequence_parallel) {
+        const double experts = static_cast<double>(m.n_experts),
+                     fe = static_cast<double>(m.expert_ffn());
+        const double block = experts * h + (experts / static_cast<double>(l.ep) +
+                                            static_cast<double>(m.n_shared_experts)) *
+                                               3 * h * fe;
+        const double sum =
+            moe_share * collective_time(Collective::AllReduce, 4 * block, tp_group).seconds;
+        c.tp_comm_s += sum;
+        c.tp_exposed_backward_s += sum;
+      }
+    }
     // A hybrid's block has one mixer, so one column- and row-parallel pair: half a transformer
     // layer's collectives (under tp_comm_overlap each still paired with half the block's GEMMs,
     // as a transformer layer's are).

@@ -339,6 +339,7 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
   job.attention_forward = entry.attention_forward;
   job.attention_backward = entry.attention_backward;
   job.experts_whole_on_tp = true;  // loom's engine, on either device
+  job.memory.experts_whole_on_tp = true;
   if (device == Device::CUDA) {
     // Attention's efficiency varies with the keys and head width more than a two-number curve
     // follows (an H100's fit put GPT-2's forward 27% slower than the timing at its own shape).

@@ -328,7 +328,7 @@ MemoryBreakdown predict_gpu_memory(const ModelConfig& m, const PlanLayout& l, co
   MemoryBreakdown mem;
   RankParameters held;
   for (int64_t rank = 0; rank < l.pp; ++rank) {
-    const RankParameters r = rank_parameters(m, l, rank, stage_layers);
+    const RankParameters r = rank_parameters(m, l, rank, stage_layers, job.experts_whole_on_tp);
     MemoryBreakdown here = zero_model_states(r.dense(), job.state, l.dp * l.cp, l.zero_stage);
     if (r.experts > 0) {
       const MemoryBreakdown experts = zero_model_states(r.experts, job.state, l.dp * l.cp / l.ep, l.zero_stage);

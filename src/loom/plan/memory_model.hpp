@@ -119,6 +119,9 @@ struct GpuJob {
   // not workspace_bytes.
   double loom_cuda_device_memory = 0;
   bool flash_attention = true;      // false: the s x s scores are materialised (pre-2022 stacks)
+  // A mixture-of-experts block's weights whole on every tp rank (loom's engine, as
+  // TrainingJob::experts_whole_on_tp), not split over tp.
+  bool experts_whole_on_tp = false;
   bool fp8_linear_inputs =
       false;  // FP8 recipe: Linear inputs saved in 1 byte (layer_activation_bytes)
   // The model's RMSNorms run as PyTorch ops rather than one fused kernel: LLaMA's reference

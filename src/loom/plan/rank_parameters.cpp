@@ -17,12 +17,12 @@ struct Tally {
   double token_table = 0, position_table = 0, final_norm = 0, head = 0;
 };
 
-Tally count_tally(const ModelConfig& m, const PlanLayout& l);
+Tally count_tally(const ModelConfig& m, const PlanLayout& l, bool moe_whole_on_tp);
 
 // The tally depends on the model's shapes and the layout's tp and ep only; a search evaluates
 // thousands of layouts of one model, and a model of 512 experts on 40 layers lists 120,000
 // parameters, so the last few tallies are kept (per thread).
-Tally tally(const ModelConfig& m, const PlanLayout& l) {
+Tally tally(const ModelConfig& m, const PlanLayout& l, bool moe_whole_on_tp) {
   std::string key = std::to_string(static_cast<int>(m.arch));
   for (const int64_t v : {m.vocab_size,
                           m.max_seq_len,
@@ -46,22 +46,24 @@ Tally tally(const ModelConfig& m, const PlanLayout& l) {
                           static_cast<int64_t>(m.squared_relu_mlp),
                           m.moe_latent,
                           l.tp,
-                          l.ep})
+                          l.ep,
+                          static_cast<int64_t>(moe_whole_on_tp)})
     key += "," + std::to_string(v);
   key += "," + m.hybrid_pattern;
   thread_local std::map<std::string, Tally> cache;
   const auto found = cache.find(key);
   if (found != cache.end()) return found->second;
   if (cache.size() >= 16) cache.clear();
-  return cache.emplace(key, count_tally(m, l)).first->second;
+  return cache.emplace(key, count_tally(m, l, moe_whole_on_tp)).first->second;
 }
 
-Tally count_tally(const ModelConfig& m, const PlanLayout& l) {
+Tally count_tally(const ModelConfig& m, const PlanLayout& l, bool moe_whole_on_tp) {
   Tally t;
   t.block.assign(static_cast<size_t>(m.n_layer), 0);
   t.experts.assign(static_cast<size_t>(m.n_layer), 0);
   for (const ParameterSpec& s : parameter_specs(m)) {
-    const double n = static_cast<double>(s.numel_on_tp_rank(l.tp, 0));
+    const bool whole = moe_whole_on_tp && s.in_moe_block();
+    const double n = static_cast<double>(s.numel_on_tp_rank(whole ? 1 : l.tp, 0));
     switch (s.part) {
       case ModelPart::Block: {
         const auto layer = static_cast<size_t>(s.unit - 1);
@@ -104,12 +106,14 @@ RankParameters on_rank(const ModelConfig& m, const PlanLayout& l, const Tally& t
 }  // namespace
 
 RankParameters rank_parameters(const ModelConfig& m, const PlanLayout& l, int64_t pp_rank,
-                               const std::vector<int64_t>& given) {
-  return on_rank(m, l, tally(m, l), given.empty() ? stage_layer_counts(m.n_layer, l.pp * l.vp) : given, pp_rank);
+                               const std::vector<int64_t>& given, bool moe_whole_on_tp) {
+  return on_rank(m, l, tally(m, l, moe_whole_on_tp),
+                 given.empty() ? stage_layer_counts(m.n_layer, l.pp * l.vp) : given, pp_rank);
 }
 
-RankParameters heaviest_rank_parameters(const ModelConfig& m, const PlanLayout& l, const std::vector<int64_t>& given) {
-  const Tally t = tally(m, l);
+RankParameters heaviest_rank_parameters(const ModelConfig& m, const PlanLayout& l,
+                                        const std::vector<int64_t>& given, bool moe_whole_on_tp) {
+  const Tally t = tally(m, l, moe_whole_on_tp);
   const std::vector<int64_t> stage_layers = given.empty() ? stage_layer_counts(m.n_layer, l.pp * l.vp) : given;
   RankParameters heaviest;
   for (int64_t rank = 0; rank < l.pp; ++rank) {

@@ -22,11 +22,16 @@ struct RankParameters {
 
 // What tp rank 0 (which holds the largest vocabulary block) of pipeline rank `pp_rank` holds.
 // `stage_layers` (pp x vp counts) replaces the engine's split (stage_layer_counts) when given.
+// `moe_whole_on_tp`: a mixture-of-experts block (router, experts, shared experts) whole on every
+// tp rank, as loom's engine keeps it (TrainingJob::experts_whole_on_tp), not split as
+// Megatron-Core's expert tensor parallelism does.
 RankParameters rank_parameters(const ModelConfig& model, const PlanLayout& layout, int64_t pp_rank,
-                               const std::vector<int64_t>& stage_layers = {});
+                               const std::vector<int64_t>& stage_layers = {},
+                               bool moe_whole_on_tp = false);
 // The pipeline rank holding the most parameters: its gradient reduction and optimizer step are
 // the slowest of the step's.
 RankParameters heaviest_rank_parameters(const ModelConfig& model, const PlanLayout& layout,
-                                        const std::vector<int64_t>& stage_layers = {});
+                                        const std::vector<int64_t>& stage_layers = {},
+                                        bool moe_whole_on_tp = false);
 
 }  // namespace loom::plan

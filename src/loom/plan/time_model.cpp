@@ -244,7 +244,7 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   // Data parallelism over dp x cp ranks (both hold replicas of this rank's parameters); expert
   // weights are replicated only over the dp x cp / ep ranks holding the same experts. The
   // pipeline rank holding the most parameters reduces and updates the longest.
-  const RankParameters held = heaviest_rank_parameters(m, l, stage_layers);
+  const RankParameters held = heaviest_rank_parameters(m, l, stage_layers, job.experts_whole_on_tp);
   const double params_per_rank = held.dense(), experts_per_rank = held.experts;
   const int64_t replicas = l.dp * l.cp, expert_replicas = replicas / l.ep;
   const GroupTopology dp_group = group_topology(cluster, replicas, l.tp);

@@ -12,8 +12,9 @@
 #   fp8:  the linear layers' GEMMs on FP8 codes on both sides (the CPU emulates them on f32
 #         activations, the GPU quantises bf16 ones): the codes differ where a bf16 rounding
 #         (2^-9) carries a value across a code's rounding midpoint, about 2^-9 / 2^-3 = 1 in 64
-#         elements, each by one E4M3 step; spread over a layer's many elements that is below
-#         the bf16 bound's few roundings, so fp8 is held to bf16's bounds (not yet run on a GPU).
+#         elements, each by one E4M3 step (2^-3): an RMS of about 2^-6 an element, several bf16
+#         roundings, which sums over a layer's many elements average down. Held to bf16's bounds
+#         as a first guess, to be confirmed or replaced by what a GPU run measures (not yet run).
 #   Weights: AdamW moves an element by at most about lr per step whatever its gradient's size,
 #   so an element whose true gradient is zero (the key bias: softmax ignores it) or tiny moves
 #   by rounding noise, differently on each side (an H100 showed 0.16 lr on the key bias in bf16).

@@ -153,11 +153,26 @@ void Fp8Linear::forward_on_device(const Tensor& out, int64_t out_col, const Tens
   // cuBLASLt's FP8 kernels take row counts in multiples of 16 (128 for blockwise tiles);
   // training's (tokens per micro-batch) are checked before the run, but sampling's grow one
   // token at a time. Those products run in bf16, outside any step (nothing is recorded).
-  const int64_t multiple = blockwise ? kFp8TileSize : 16;
-  if (input_value.size(0) % multiple != 0) {
-    LOOM_CHECK(!context_->in_step, "FP8 on CUDA inside a training step with ", input_value.size(0),
-               " rows, not a multiple of ", multiple);
-    return ops::linear_forward(out, out_col, input_value, weight_value, bias);
+  const int64_t multiple = blockwise ? kFp8TileSize : 16, rows = input_value.size(0);
+  if (rows % multiple != 0 || rows == 0) {
+    if (!context_->in_step) {
+      if (rows > 0) ops::linear_forward(out, out_col, input_value, weight_value, bias);
+      return;
+    }
+    // Inside a step (a mixture-of-experts expert's rows: any count, none included): the rows
+    // padded with zero rows to the multiple, which move no amax and add nothing to a weight
+    // gradient. An expert without rows still quantises, so every rank of its group makes the
+    // same reductions in the same order.
+    const int64_t padded = std::max(multiple, (rows + multiple - 1) / multiple * multiple);
+    const int64_t out_features = weight_value.size(0);
+    const Tensor x =
+        Tensor::zeros({padded, in}, input_value.dtype(), MemCategory::Workspace, Device::CUDA);
+    if (rows > 0) x.narrow_rows(0, rows).copy_from(input_value);
+    const Tensor y =
+        Tensor::empty({padded, out_features}, out.dtype(), MemCategory::Workspace, Device::CUDA);
+    forward_on_device(y, 0, x, weight_value, bias);
+    if (rows > 0) ops::copy_columns(out, out_col, y.narrow_rows(0, rows), 0, out_features);
+    return;
   }
   const ops::Fp8Codes x =
       blockwise ? quantize_tiles_on_device(input_value, 0, in, 0, cpu::Fp8Format::E4M3, true, false)
@@ -175,6 +190,31 @@ void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
                                    const Tensor& input_value, const Tensor& weight_value) {
   const int64_t in = weight_value.size(1), out_features = weight_value.size(0);
   const bool blockwise = context_->config.recipe == Fp8Recipe::Blockwise;
+  const int64_t multiple = blockwise ? kFp8TileSize : 16, rows = d_out.size(0);
+  if (rows % multiple != 0 || rows == 0) {
+    // As forward_on_device: zero rows up to the multiple (an expert's rows).
+    const int64_t padded = std::max(multiple, (rows + multiple - 1) / multiple * multiple);
+    auto zeros = [&](int64_t cols, DType dtype) {
+      return Tensor::zeros({padded, cols}, dtype, MemCategory::Workspace, Device::CUDA);
+    };
+    const Tensor g = zeros(out_features, d_out.dtype());
+    if (rows > 0) ops::copy_columns(g.narrow_rows(0, rows), 0, d_out, d_out_col, out_features);
+    Tensor x, dx;
+    if (d_weight.defined()) {
+      x = zeros(in, input_value.dtype());
+      if (rows > 0) x.narrow_rows(0, rows).copy_from(input_value);
+    }
+    if (d_input.defined()) dx = zeros(in, d_input.dtype());
+    backward_on_device(dx, false, d_weight, Tensor(), g, 0, x, weight_value);
+    if (rows > 0 && d_input.defined()) {
+      if (accumulate_input)
+        ops::add_into(d_input, dx.narrow_rows(0, rows));
+      else
+        d_input.copy_from(dx.narrow_rows(0, rows));
+    }
+    if (rows > 0 && d_bias.defined()) ops::bias_grad_columns(d_bias, d_out, d_out_col);
+    return;
+  }
   // Blockwise: the gradient's 1 x 128 tiles for d_input and its 128 x 1 tiles (transposed) for
   // d_weight, whose inner dimension is the tokens.
   const ops::Fp8Codes g =
@@ -218,10 +258,12 @@ void Fp8Linear::forward(const Tensor& out, int64_t out_col, const Tensor& input,
              "FP8 linear layers on the CPU are emulated in f32 storage (train.precision = \"fp8\" "
              "keeps f32 activations there)");
   const int64_t rows = input.size(0), in = input.size(1), out_features = weight_value.size(0);
+  // Without rows (an expert no token chose) the operands are still quantised: every rank of the
+  // layer's group makes the same amax reductions.
   const Tensor x = quantize(input.f32(), rows, in, in, this->input, cpu::Fp8Format::E4M3, 1);
   const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight, cpu::Fp8Format::E4M3,
                             kFp8TileSize);
-  ops::linear_forward(out, out_col, x, w, bias);
+  if (rows > 0) ops::linear_forward(out, out_col, x, w, bias);
 }
 
 void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
@@ -243,7 +285,7 @@ void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Ten
     dq = quantize(g, rows, out_features, d_out.size(1), grad_output, g_format, 1);
     const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight,
                               cpu::Fp8Format::E4M3, kFp8TileSize);
-    ops::linear_input_grad(d_input, accumulate_input, dq, 0, w);
+    if (rows > 0) ops::linear_input_grad(d_input, accumulate_input, dq, 0, w);
   }
   if (d_weight.defined()) {
     // Blockwise: d_weight, a sum over tokens, from 128 x 1 tiles of the gradient and the input
@@ -258,9 +300,10 @@ void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Ten
     const Tensor x_t = quantize(input_value.f32(), rows, in, in, input, cpu::Fp8Format::E4M3,
                                 tile_rows, tile_cols);
     // (the weight operand is only shape-checked: d_input is not asked for)
-    ops::linear_backward(Tensor(), false, d_weight, Tensor(), dq_t, 0, x_t, weight_value);
+    if (rows > 0)
+      ops::linear_backward(Tensor(), false, d_weight, Tensor(), dq_t, 0, x_t, weight_value);
   }
-  if (d_bias.defined()) {
+  if (d_bias.defined() && rows > 0) {
     Tensor g_high = Tensor::empty({rows, out_features}, DType::F32, MemCategory::Workspace);
     for (int64_t r = 0; r < rows; ++r)
       std::copy_n(g + r * d_out.size(1), out_features, g_high.f32() + r * out_features);
@@ -268,19 +311,19 @@ void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Ten
   }
 }
 
-Fp8Training::Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers,
-                         std::vector<int64_t> slots, int64_t model_layers)
-    : context_(std::move(context)),
-      layers_(std::move(layers)),
-      slots_(std::move(slots)),
-      model_layers_(model_layers) {
-  LOOM_CHECK(slots_.size() == layers_.size(), "Fp8Training: ", slots_.size(), " slots for ",
-             layers_.size(), " layers");
-  for (int64_t slot : slots_)
-    LOOM_CHECK(slot >= 0 && slot < model_layers_, "Fp8Training: slot ", slot, " of ",
-               model_layers_);
-  context_->layer_count = static_cast<int64_t>(layers_.size());
-  for (size_t i = 0; i < layers_.size(); ++i) layers_[i]->index = static_cast<int64_t>(i);
+Fp8Training::Fp8Training(std::vector<Fp8LayerGroup> groups, int64_t model_layers)
+    : groups_(std::move(groups)), model_layers_(model_layers) {
+  LOOM_CHECK(!groups_.empty(), "Fp8Training: no layer group");
+  for (Fp8LayerGroup& g : groups_) {
+    LOOM_CHECK(g.context, "Fp8Training: a group without a context");
+    LOOM_CHECK(g.slots.size() == g.layers.size(), "Fp8Training: ", g.slots.size(), " slots for ",
+               g.layers.size(), " layers");
+    for (int64_t slot : g.slots)
+      LOOM_CHECK(slot >= 0 && slot < model_layers_, "Fp8Training: slot ", slot, " of ",
+                 model_layers_);
+    g.context->layer_count = static_cast<int64_t>(g.layers.size());
+    for (size_t i = 0; i < g.layers.size(); ++i) g.layers[i]->index = static_cast<int64_t>(i);
+  }
 }
 
 namespace {
@@ -292,93 +335,112 @@ std::vector<int64_t> first_slots(size_t n) {
 }  // namespace
 
 Fp8Training::Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers)
-    : Fp8Training(std::move(context), layers, first_slots(layers.size()),
+    : Fp8Training({Fp8LayerGroup{std::move(context), layers, first_slots(layers.size())}},
                   static_cast<int64_t>(layers.size())) {}
 
+size_t Fp8Training::layer_count() const {
+  size_t n = 0;
+  for (const Fp8LayerGroup& g : groups_) n += g.layers.size();
+  return n;
+}
+
 void Fp8Training::begin_step() {
-  for (Fp8Linear* layer : layers_)
+  for (Fp8LayerGroup& g : groups_) begin_group_step(g);
+}
+
+void Fp8Training::begin_group_step(Fp8LayerGroup& group) {
+  Fp8Context& context = *group.context;
+  for (Fp8Linear* layer : group.layers)
     for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output})
       s->step_amax = 0.0f;
-  if (context_->device_step_amax.defined()) context_->device_step_amax.zero_();
-  ++context_->step_serial;
-  context_->in_step = true;
+  if (context.device_step_amax.defined()) context.device_step_amax.zero_();
+  ++context.step_serial;
+  context.in_step = true;
   // The step's delayed scales, in one upload (Fp8Context::step_scale_pairs): each operand's from
   // its history, as quantize_on_device computes it (an operand without one takes the current
   // scale there and never reads its pair).
-  context_->step_scale_pairs = Tensor();
+  context.step_scale_pairs = Tensor();
   const char* per_call = std::getenv("LOOM_FP8_SCALE_PER_CALL");
-  if (context_->device_step_amax.defined() && context_->config.recipe == Fp8Recipe::Delayed &&
+  if (context.device_step_amax.defined() && context.config.recipe == Fp8Recipe::Delayed &&
       !(per_call && std::string(per_call) == "1")) {
     std::vector<float> scales;
-    for (const Fp8Linear* layer : layers_) {
+    for (const Fp8Linear* layer : group.layers) {
       int slot = 0;
       for (const Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output}) {
         const cpu::Fp8Format format =
-            slot++ == 2 ? context_->config.gradient_format() : cpu::Fp8Format::E4M3;
+            slot++ == 2 ? context.config.gradient_format() : cpu::Fp8Format::E4M3;
         const float history = s->history_amax();
-        scales.push_back(history > 0.0f ? cpu::fp8_scale(history, format, context_->config.margin)
+        scales.push_back(history > 0.0f ? cpu::fp8_scale(history, format, context.config.margin)
                                         : 1.0f);
       }
     }
-    context_->step_scale_pairs = ops::fp8_scale_pairs(scales);
+    context.step_scale_pairs = ops::fp8_scale_pairs(scales);
   }
 }
 
 void Fp8Training::finish_step(bool keep) {
-  context_->in_step = false;
-  for (Fp8Linear* layer : layers_) layer->release_step_cache();
-  // The device's step amaxes, in one copy (CUDA only).
-  std::vector<float> device;
-  if (context_->device_step_amax.defined()) {
-    const Tensor host = context_->device_step_amax.to(Device::CPU, MemCategory::Workspace);
-    device.assign(host.f32(), host.f32() + host.numel());
+  for (Fp8LayerGroup& group : groups_) {
+    Fp8Context& context = *group.context;
+    context.in_step = false;
+    for (Fp8Linear* layer : group.layers) layer->release_step_cache();
+    // The device's step amaxes, in one copy (CUDA only).
+    std::vector<float> device;
+    if (context.device_step_amax.defined()) {
+      const Tensor host = context.device_step_amax.to(Device::CPU, MemCategory::Workspace);
+      device.assign(host.f32(), host.f32() + host.numel());
+    }
+    std::vector<float> amaxes;
+    size_t slot = 0;
+    for (Fp8Linear* layer : group.layers)
+      for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output}) {
+        const float on_device = slot < device.size() ? device[slot] : 0.0f;
+        amaxes.push_back(nan_max(s->step_amax, on_device));
+        ++slot;
+      }
+    // Every rank of the group calls this, with its layers (the same count on each).
+    if (context.reduce_max && !amaxes.empty()) context.reduce_max(amaxes);
+    if (!keep) continue;
+    size_t k = 0;
+    for (Fp8Linear* layer : group.layers)
+      for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output}) {
+        const float amax = amaxes[k++];
+        if (!std::isfinite(amax) || s->history.empty())
+          continue;  // a bad amax never enters the history
+        std::rotate(s->history.rbegin(), s->history.rbegin() + 1, s->history.rend());
+        s->history.front() = amax;
+      }
   }
-  std::vector<float> amaxes;
-  size_t slot = 0;
-  for (Fp8Linear* layer : layers_)
-    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output}) {
-      const float on_device = slot < device.size() ? device[slot] : 0.0f;
-      amaxes.push_back(nan_max(s->step_amax, on_device));
-      ++slot;
-    }
-  if (context_->reduce_max && !amaxes.empty()) context_->reduce_max(amaxes);
-  if (!keep) return;
-  size_t k = 0;
-  for (Fp8Linear* layer : layers_)
-    for (Fp8TensorScaling* s : {&layer->input, &layer->weight, &layer->grad_output}) {
-      const float amax = amaxes[k++];
-      if (!std::isfinite(amax) || s->history.empty())
-        continue;  // a bad amax never enters the history
-      std::rotate(s->history.rbegin(), s->history.rbegin() + 1, s->history.rend());
-      s->history.front() = amax;
-    }
 }
 
 std::vector<float> Fp8Training::amax_history() const {
-  const size_t per = static_cast<size_t>(context_->config.amax_history);
+  const size_t per = static_cast<size_t>(config().amax_history);
   std::vector<float> out(static_cast<size_t>(model_layers_) * 3 * per, 0.0f);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    auto at = out.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(slots_[i]) * 3 * per);
-    for (const Fp8TensorScaling* s :
-         {&layers_[i]->input, &layers_[i]->weight, &layers_[i]->grad_output})
-      at = std::copy(s->history.begin(), s->history.end(), at);
-  }
+  for (const Fp8LayerGroup& g : groups_)
+    for (size_t i = 0; i < g.layers.size(); ++i) {
+      auto at =
+          out.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(g.slots[i]) * 3 * per);
+      for (const Fp8TensorScaling* s :
+           {&g.layers[i]->input, &g.layers[i]->weight, &g.layers[i]->grad_output})
+        at = std::copy(s->history.begin(), s->history.end(), at);
+    }
   return out;
 }
 
 void Fp8Training::set_amax_history(const std::vector<float>& values) {
-  const size_t per = static_cast<size_t>(context_->config.amax_history);
+  const size_t per = static_cast<size_t>(config().amax_history);
   const size_t layers = static_cast<size_t>(model_layers_);
   if (values.size() != layers * 3 * per)
     throw_error("FP8 amax history: the checkpoint holds ", values.size(),
                 " values, this model needs ", layers,
                 " layers x 3 operands x train.fp8_amax_history = ", per, " = ", layers * 3 * per,
                 ": set train.fp8_amax_history back to the checkpoint's");
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    size_t k = static_cast<size_t>(slots_[i]) * 3 * per;
-    for (Fp8TensorScaling* s : {&layers_[i]->input, &layers_[i]->weight, &layers_[i]->grad_output})
-      for (float& h : s->history) h = values[k++];
-  }
+  for (const Fp8LayerGroup& g : groups_)
+    for (size_t i = 0; i < g.layers.size(); ++i) {
+      size_t k = static_cast<size_t>(g.slots[i]) * 3 * per;
+      for (Fp8TensorScaling* s :
+           {&g.layers[i]->input, &g.layers[i]->weight, &g.layers[i]->grad_output})
+        for (float& h : s->history) h = values[k++];
+    }
 }
 
 }  // namespace loom

@@ -145,34 +145,43 @@ class Fp8Linear {
   std::shared_ptr<Fp8Context> context_;
 };
 
+// Layers that share an Fp8Context: its reduction group (the trainer's), its device buffers.
+// A mixture-of-experts model has two: the dense layers, whose amaxes every rank of a pipeline
+// stage reduces, and the experts, whose amaxes only the ranks holding the same experts do.
+struct Fp8LayerGroup {
+  std::shared_ptr<Fp8Context> context;
+  std::vector<Fp8Linear*> layers;  // this rank's
+  std::vector<int64_t> slots;      // their places among the whole model's FP8 layers
+};
+
 // A model's FP8 layers together: the step's bookkeeping and the state checkpoints carry.
 class Fp8Training {
  public:
-  // `layers` this rank's, `slots` their places among the whole model's `model_layers` FP8 layers
-  // (the same under pipeline parallelism, where a stage holds some of them).
-  Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers,
-              std::vector<int64_t> slots, int64_t model_layers);
-  // A model of these layers alone (slots 0, 1, ...).
+  // `model_layers`: the whole model's FP8 layers (the same under pipeline and expert
+  // parallelism, where a rank holds some of them); every group's slots lie below it.
+  Fp8Training(std::vector<Fp8LayerGroup> groups, int64_t model_layers);
+  // A model of these layers alone (slots 0, 1, ...), in one group.
   Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Linear*> layers);
-  const Fp8Config& config() const { return context_->config; }
-  Fp8Context& context() { return *context_; }
-  size_t layer_count() const { return layers_.size(); }
+  const Fp8Config& config() const { return groups_.front().context->config; }
+  // Group 0 is the dense layers' (a mixture of experts' experts are group 1).
+  Fp8Context& context(size_t group = 0) { return *groups_.at(group).context; }
+  size_t group_count() const { return groups_.size(); }
+  size_t layer_count() const;
   // Opens a step: amaxes are recorded (and current ones reduced over replicas) until finish_step.
   void begin_step();
-  // Reduces the step's amaxes over the replicas (one collective, every rank) and, when `keep`
-  // (not a skipped bad step), pushes them into the histories.
+  // Reduces the step's amaxes over each group's ranks (one collective a group, every rank) and,
+  // when `keep` (not a skipped bad step), pushes them into the histories.
   void finish_step(bool keep);
-  // The whole model's input, weight and output-gradient histories, layer by layer in model
-  // order, each newest first; the layers another pipeline stage holds are zeros (a max over the
-  // stages assembles the whole).
+  // The whole model's input, weight and output-gradient histories, layer by layer in slot
+  // order, each newest first; the layers other ranks hold (other pipeline stages, other ep
+  // ranks' experts) are zeros (a max over those ranks assembles the whole).
   std::vector<float> amax_history() const;
   // From the whole model's histories (amax_history's layout): this rank's layers take theirs.
   void set_amax_history(const std::vector<float>& values);
 
  private:
-  std::shared_ptr<Fp8Context> context_;
-  std::vector<Fp8Linear*> layers_;
-  std::vector<int64_t> slots_;
+  void begin_group_step(Fp8LayerGroup& group);
+  std::vector<Fp8LayerGroup> groups_;
   int64_t model_layers_ = 0;
 };
 

@@ -9,6 +9,24 @@
 
 namespace loom {
 
+namespace {
+// out[:, col : col + W.rows] = in W^T, on FP8 operands where `fp8` is given.
+void project(Fp8Linear* fp8, const Tensor& out, int64_t col, const Tensor& in, const Parameter& w) {
+  if (fp8)
+    fp8->forward(out, col, in, w.value, nullptr);
+  else
+    ops::linear_forward(out, col, in, w.value, nullptr);
+}
+// linear_backward's contract for `w` (no bias), on FP8 operands where `fp8` is given.
+void project_backward(Fp8Linear* fp8, const Tensor& d_in, bool accumulate, Parameter& w,
+                      const Tensor& d_out, int64_t col, const Tensor& in) {
+  if (fp8)
+    fp8->backward(d_in, accumulate, w.grad, Tensor(), d_out, col, in, w.value);
+  else
+    ops::linear_backward(d_in, accumulate, w.grad, Tensor(), d_out, col, in, w.value);
+}
+}  // namespace
+
 void MoeSpec::validate() const {
   if (dim < 1) throw_error("mixture of experts: model.n_embd = ", dim, ", expected >= 1");
   if (experts < 1) throw_error("mixture of experts: model.n_experts = ", experts, ", expected >= 1");
@@ -180,8 +198,8 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
     const int64_t w = spec_.shared_experts * f;
     s.shared_pre = activations({rows, 2 * w}, x);
     s.shared_act = activations({rows, w}, x);
-    ops::linear_forward(s.shared_pre, 0, x, shared_gate.value, nullptr);
-    ops::linear_forward(s.shared_pre, w, x, shared_up.value, nullptr);
+    project(shared_fp8(0), s.shared_pre, 0, x, shared_gate);
+    project(shared_fp8(1), s.shared_pre, w, x, shared_up);
     if (bf16_activations_) ops::round_to_bf16_(s.shared_pre);
     ops::swiglu_forward(s.shared_act, s.shared_pre);
     if (bf16_activations_) ops::round_to_bf16_(s.shared_act);
@@ -191,7 +209,7 @@ void MoeLayer::forward(const Tensor& out, const Tensor& x, MoeStash& s) const {
   ops::moe_combine(out, s.expert_out, on_host ? s.weights : s.device_weights, s.position, k);
   if (spec_.shared_experts > 0) {
     const Tensor shared_out = workspace({rows, c}, x);
-    ops::linear_forward(shared_out, 0, s.shared_act, shared_down.value, nullptr);
+    project(shared_fp8(2), shared_out, 0, s.shared_act, shared_down);
     ops::add_into(out, shared_out);
   }
 }
@@ -230,6 +248,22 @@ void MoeLayer::bring_home(const Tensor& at_experts, const Tensor& home, const Mo
   exchange_->exchange_rows(outbox, s.recv_rows, home, s.send_rows);
 }
 
+MoeLayer::Fp8Layers MoeLayer::enable_fp8(const std::shared_ptr<Fp8Context>& experts,
+                                         const std::shared_ptr<Fp8Context>& shared) {
+  LOOM_CHECK(fp8_experts_.empty(), "MoeLayer: FP8 is already on");
+  Fp8Layers out;
+  for (size_t i = 0; i < 3 * gate.size(); ++i) {
+    fp8_experts_.push_back(std::make_unique<Fp8Linear>(experts));
+    out.experts.push_back(fp8_experts_.back().get());
+  }
+  if (spec_.shared_experts > 0)
+    for (int j = 0; j < 3; ++j) {
+      fp8_shared_.push_back(std::make_unique<Fp8Linear>(shared));
+      out.shared.push_back(fp8_shared_.back().get());
+    }
+  return out;
+}
+
 void MoeLayer::run_experts(const Tensor& out, MoeStash& s) const {
   const int64_t f = spec_.ffn_hidden, rows = s.routed_input.size(0);
   s.pre = activations({rows, 2 * f}, s.routed_input);
@@ -237,17 +271,20 @@ void MoeLayer::run_experts(const Tensor& out, MoeStash& s) const {
   // One GEMM per expert over its rows: gate | up, SwiGLU, down.
   for (size_t i = 0; i < gate.size(); ++i) {
     const int64_t begin = s.local_offsets[i], end = s.local_offsets[i + 1];
-    if (begin == end) continue;
+    const bool empty = begin == end;
+    if (empty && fp8_experts_.empty()) continue;  // (FP8 quantises even so: see enable_fp8)
     const Tensor in = s.routed_input.narrow_rows(begin, end), pre = s.pre.narrow_rows(begin, end);
-    ops::linear_forward(pre, 0, in, gate[i].value, nullptr);
-    ops::linear_forward(pre, f, in, up[i].value, nullptr);
-    if (bf16_activations_) ops::round_to_bf16_(pre);
+    project(expert_fp8(i, 0), pre, 0, in, gate[i]);
+    project(expert_fp8(i, 1), pre, f, in, up[i]);
     const Tensor act = s.act.narrow_rows(begin, end);
-    ops::swiglu_forward(act, pre);
-    if (bf16_activations_) ops::round_to_bf16_(act);
+    if (!empty) {
+      if (bf16_activations_) ops::round_to_bf16_(pre);
+      ops::swiglu_forward(act, pre);
+      if (bf16_activations_) ops::round_to_bf16_(act);
+    }
     const Tensor expert_out = out.narrow_rows(begin, end);
-    ops::linear_forward(expert_out, 0, act, down[i].value, nullptr);
-    if (bf16_activations_) ops::round_to_bf16_(expert_out);
+    project(expert_fp8(i, 2), expert_out, 0, act, down[i]);
+    if (bf16_activations_ && !empty) ops::round_to_bf16_(expert_out);
   }
 }
 
@@ -257,14 +294,15 @@ void MoeLayer::run_experts_backward(const Tensor& d_in, const Tensor& d_out, con
   const Tensor d_pre = workspace(s.pre.shape(), s.pre);
   for (size_t i = 0; i < gate.size(); ++i) {
     const int64_t begin = s.local_offsets[i], end = s.local_offsets[i + 1];
-    if (begin == end) continue;
+    const bool empty = begin == end;
+    if (empty && fp8_experts_.empty()) continue;
     const Tensor da = d_act.narrow_rows(begin, end), dp = d_pre.narrow_rows(begin, end);
     const Tensor in = s.routed_input.narrow_rows(begin, end), din = d_in.narrow_rows(begin, end);
-    ops::linear_backward(da, false, down[i].grad, Tensor(), d_out.narrow_rows(begin, end), 0,
-                         s.act.narrow_rows(begin, end), down[i].value);
-    ops::swiglu_backward(dp, da, s.pre.narrow_rows(begin, end));
-    ops::linear_backward(din, false, gate[i].grad, Tensor(), dp, 0, in, gate[i].value);
-    ops::linear_backward(din, true, up[i].grad, Tensor(), dp, f, in, up[i].value);
+    project_backward(expert_fp8(i, 2), da, false, down[i], d_out.narrow_rows(begin, end), 0,
+                     s.act.narrow_rows(begin, end));
+    if (!empty) ops::swiglu_backward(dp, da, s.pre.narrow_rows(begin, end));
+    project_backward(expert_fp8(i, 0), din, false, gate[i], dp, 0, in);
+    project_backward(expert_fp8(i, 1), din, true, up[i], dp, f, in);
   }
 }
 
@@ -309,10 +347,10 @@ void MoeLayer::backward(const Tensor& d_x, const Tensor& d_out, const Tensor& x,
   if (spec_.shared_experts > 0) {
     const int64_t w = spec_.shared_experts * f;
     const Tensor d_shared_act = workspace({rows, w}, x), d_shared_pre = workspace({rows, 2 * w}, x);
-    ops::linear_backward(d_shared_act, false, shared_down.grad, Tensor(), d_out, 0, s.shared_act, shared_down.value);
+    project_backward(shared_fp8(2), d_shared_act, false, shared_down, d_out, 0, s.shared_act);
     ops::swiglu_backward(d_shared_pre, d_shared_act, s.shared_pre);
-    ops::linear_backward(d_x, true, shared_gate.grad, Tensor(), d_shared_pre, 0, x, shared_gate.value);
-    ops::linear_backward(d_x, true, shared_up.grad, Tensor(), d_shared_pre, w, x, shared_up.value);
+    project_backward(shared_fp8(0), d_x, true, shared_gate, d_shared_pre, 0, x);
+    project_backward(shared_fp8(1), d_x, true, shared_up, d_shared_pre, w, x);
   }
   // Gather backward: every kept copy's gradient back to its token, in slot order.
   ops::moe_gather_backward(d_x, d_routed, s.position, k);

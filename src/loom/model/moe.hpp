@@ -38,6 +38,7 @@
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cpu/moe.hpp"
 #include "loom/model/config.hpp"
+#include "loom/model/fp8_linear.hpp"
 #include "loom/model/parameter.hpp"
 
 namespace loom {
@@ -140,6 +141,17 @@ class MoeLayer {
   // Restores a bias saved with a checkpoint; throws loom::Error on a size mismatch.
   void set_bias(const std::vector<float>& bias);
 
+  // FP8 training (model/fp8_linear.hpp): every local expert's gate, up and down GEMMs on FP8
+  // operands, each with scales of its own, in the `experts` context, and the shared experts'
+  // in `shared`; the router stays in high precision. An expert no token chose still quantises
+  // (no rows), so the ranks holding it reduce its amaxes together whatever their tokens.
+  struct Fp8Layers {
+    std::vector<Fp8Linear*> experts;  // expert by expert: gate, up, down
+    std::vector<Fp8Linear*> shared;   // gate, up, down; empty without shared experts
+  };
+  Fp8Layers enable_fp8(const std::shared_ptr<Fp8Context>& experts,
+                       const std::shared_ptr<Fp8Context>& shared);
+
   Parameter router;                        // [E, C]
   std::vector<Parameter> gate, up, down;   // per local expert: [F, C], [F, C], [C, F]
   Parameter shared_gate, shared_up, shared_down;  // with shared experts: [S F, C], [S F, C], [C, S F]
@@ -149,6 +161,15 @@ class MoeLayer {
   // GEMM each over s.local_offsets.
   void run_experts(const Tensor& out, MoeStash& s) const;
   void run_experts_backward(const Tensor& d_in, const Tensor& d_out, const MoeStash& s);
+
+  // FP8: 3 per local expert (gate, up, down) and 3 for the shared experts; empty: off.
+  std::vector<std::unique_ptr<Fp8Linear>> fp8_experts_, fp8_shared_;
+  Fp8Linear* expert_fp8(size_t expert, size_t projection) const {
+    return fp8_experts_.empty() ? nullptr : fp8_experts_[3 * expert + projection].get();
+  }
+  Fp8Linear* shared_fp8(size_t projection) const {
+    return fp8_shared_.empty() ? nullptr : fp8_shared_[projection].get();
+  }
 
   MoeSpec spec_;
   ExpertExchange* exchange_ = nullptr;

@@ -107,7 +107,6 @@ std::string engine_note_on(const GpuSpec& gpu, const PlanLayout& layout, const M
     lacks("NVFP4 (loom trains FP8 with per-tensor or 128-tile scales)");
   else if (job.mx_gemms)
     lacks("MXFP8 (loom trains FP8 with per-tensor or 128-tile scales)");
-  if (job.fp8_gemms && model.is_moe()) lacks("FP8 experts (loom's FP8 runs dense models)");
   return note;
 }
 

@@ -45,7 +45,7 @@ bool fits_in_hbm(const MemoryBreakdown& memory, double hbm_bytes, bool contiguou
 
 // What loom's engine lacks to run `layout` on `gpu`: engine_support_note's missing features, and
 // that loom's GPU engine is CUDA, so an AMD part runs none of it, and that it trains every weight
-// (a frozen base, TrainingJob::frozen_base, is LoRA's), FP8 on dense models only and neither
+// (a frozen base, TrainingJob::frozen_base, is LoRA's), and that it trains FP8 but neither
 // MXFP8 nor NVFP4 (`job`'s precision). "" when it runs.
 std::string engine_note_on(const GpuSpec& gpu, const PlanLayout& layout, const ModelConfig& model,
                            int64_t seq_len, const TrainingJob& job);

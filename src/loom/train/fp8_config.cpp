@@ -109,6 +109,15 @@ void check_fp8_training(const TrainConfig& c) {
                           c.batch_size * c.seq_len / cp},
         {"model.n_embd", c.model.n_embd}};
     dims.insert(dims.end(), split_widths.begin(), split_widths.end());
+    // A mixture of experts' experts run whole on every tp rank (their rows, any count, are
+    // padded on the device).
+    if (c.model.is_moe()) {
+      dims.push_back(
+          {"the experts' width (model.moe_ffn_hidden, or ffn_hidden)", c.model.expert_ffn()});
+      if (c.model.n_shared_experts > 0)
+        dims.push_back({"the shared experts' width (n_shared_experts x the experts')",
+                        c.model.n_shared_experts * c.model.expert_ffn()});
+    }
     for (const Width& w : dims)
       if (w.value % multiple != 0)  // q|k|v's width, q + 2 kv, follows
         throw_error("train.precision = \"fp8\" on CUDA: ", w.name, " = ", w.value,
@@ -118,10 +127,6 @@ void check_fp8_training(const TrainConfig& c) {
                                 "\"current\": multiples of 16)"
                               : ", which cuBLASLt's FP8 GEMMs need");
   }
-  if (c.model.is_moe())  // (expert parallelism needs experts: this covers parallel.ep too)
-    throw_error("train.precision = \"fp8\" with model.n_experts = ", c.model.n_experts,
-                ": the experts' grouped GEMMs have no FP8 path; use a dense model or "
-                "train.precision = \"bf16\"");
 }
 
 }  // namespace loom

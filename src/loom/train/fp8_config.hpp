@@ -10,8 +10,8 @@ struct TrainConfig;
 
 // The fp8 keys; when train.precision is not "fp8" any of them is an error naming it.
 Fp8Config parse_fp8_config(ConfigReader& reader, bool fp8_precision);
-// What FP8 needs of a run: a dense model (no experts, no ep); blockwise tiles that tensor- and
-// context-parallel slices do not cut; on CUDA, GEMM dimensions cuBLASLt's FP8 kernels take.
+// What FP8 needs of a run: blockwise tiles that tensor- and context-parallel slices do not cut;
+// on CUDA, GEMM dimensions cuBLASLt's FP8 kernels take.
 // Anything else is a loom::Error naming the key, its value and what works. Also called by the
 // trainer, since a caller may hand it any config.
 void check_fp8_training(const TrainConfig& config);

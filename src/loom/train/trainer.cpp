@@ -179,11 +179,23 @@ Trainer::Trainer(TrainConfig config, std::shared_ptr<ProcessGroup> world)
     // row-parallel layer's input and of a column-parallel layer's output gradient), on a group
     // of their own so the calls never interleave with the gradient buckets' (Transformer
     // Engine's amax reduction group, which Megatron-LM spans over dp x cp x tp).
-    std::shared_ptr<ProcessGroup> amax_group =
-        groups_.world->split(groups_.pp_rank, groups_.world_rank, "fp8_amax");
-    fp8_->context().reduce_max = [amax_group](std::span<float> values) {
-      comm::all_reduce(*amax_group, values.data(), static_cast<int64_t>(values.size()), ReduceOp::Max)->wait();
+    auto reduce_over = [](std::shared_ptr<ProcessGroup> group) {
+      return [group](std::span<float> values) {
+        comm::all_reduce(*group, values.data(), static_cast<int64_t>(values.size()), ReduceOp::Max)
+            ->wait();
+      };
     };
+    fp8_->context(0).reduce_max =
+        reduce_over(groups_.world->split(groups_.pp_rank, groups_.world_rank, "fp8_amax"));
+    // A mixture of experts' experts: the ranks of the stage that hold the same experts (the
+    // same ep rank), whose rows are other tokens (dp, cp) or, under sequence parallelism,
+    // other rows of the same tokens (tp). Every rank makes the group, experts on its stage or
+    // not.
+    if (fp8_->group_count() > 1) {
+      const int ep_rank = groups_.ep ? groups_.ep->rank() : 0;
+      fp8_->context(1).reduce_max = reduce_over(groups_.world->split(
+          groups_.pp_rank * groups_.ep_size + ep_rank, groups_.world_rank, "fp8_expert_amax"));
+    }
   }
   optimizer_->set_model_parallel_groups(groups_.tp, groups_.pp);
   optimizer_->set_expert_parallel_group(groups_.ep);

@@ -67,7 +67,8 @@ class Trainer {
   ZeroOptimizer* zero_optimizer() { return dynamic_cast<ZeroOptimizer*>(optimizer_.get()); }
   int64_t global_tokens_per_step() const { return config_.tokens_per_step() * groups_.dp_size; }
   // train.precision = "fp8": the whole model's amax histories (Fp8Training::amax_history),
-  // assembled from the pipeline stages holding its layers; empty otherwise. Collective over pp.
+  // assembled from the pipeline stages and ep ranks holding its layers; empty otherwise.
+  // Collective over pp and ep.
   std::vector<float> fp8_amax_history() const;
 
  private:

@@ -48,11 +48,12 @@ nlohmann::json Trainer::trainer_state(int64_t step) const {
 
 std::vector<float> Trainer::fp8_amax_history() const {
   if (!fp8_) return {};
-  std::vector<float> history = fp8_->amax_history();  // zeros at the other stages' layers
-  if (groups_.pp)
-    comm::all_reduce(*groups_.pp, history.data(), static_cast<int64_t>(history.size()),
-                     ReduceOp::Max)
-        ->wait();
+  // Zeros at the layers of other stages and the experts of other ep ranks.
+  std::vector<float> history = fp8_->amax_history();
+  for (const auto& group : {groups_.pp, groups_.ep})
+    if (group)
+      comm::all_reduce(*group, history.data(), static_cast<int64_t>(history.size()), ReduceOp::Max)
+          ->wait();
   return history;
 }
 

@@ -99,11 +99,12 @@ TEST_P(Fp8ModelParallelParity, LossesWeightsAndHistoriesMatchOneProcess) {
   // two the quantised values are the same. The first step's weight amaxes are maxima of the
   // same numbers (the weights have not moved yet): 1e-6, where a rank that took a slice's own
   // amax would be off by the slice's share (tens of percent). Its input and gradient amaxes
-  // differ only where an element upstream flipped across a rounding midpoint on f32 noise
-  // (measured: 1e-7 typically, 7.6e-4 once, a gradient of tp2 + sp with experts), which moves
-  // what follows by less than one code step: 2^-3 (E4M3) for inputs, 2^-2 (E5M2) for
-  // gradients. Later ones are maxima of runs that have parted ways as the weights have
-  // (measured up to 8%): held to 2^-2 as well.
+  // differ only where an element upstream flipped across a rounding midpoint on f32 noise:
+  // measured 1e-7 typically and 7.6e-4 at worst (a gradient of tp2 + sp with experts), held to
+  // 2e-3, where a replica that skipped the reduction would hold the max of its own rows, a
+  // few percent off. (No bound follows from the precision alone: how far a flip carries
+  // depends on the network.) Later ones are maxima of runs that have parted ways as the
+  // weights have (measured up to 8%): held to E5M2's relative step, 2^-2.
   const std::vector<float> want = reference.fp8_amax_history();
   const std::vector<float> got = parallel.fp8_amax_history();
   ASSERT_EQ(got.size(), want.size());
@@ -113,7 +114,7 @@ TEST_P(Fp8ModelParallelParity, LossesWeightsAndHistoriesMatchOneProcess) {
     const size_t operand = (k / per) % 3;  // input, weight, output gradient
     const bool gradient = operand == 2, first_step = k % per == kSteps - 1;
     const float expected = want[k] * (gradient ? gradient_factor : 1.0f);
-    const double tolerance = !first_step ? 0.25 : operand == 1 ? 1e-6 : operand == 0 ? 0.125 : 0.25;
+    const double tolerance = !first_step ? 0.25 : operand == 1 ? 1e-6 : 2e-3;
     EXPECT_NEAR(got[k], expected, tolerance * std::fabs(expected))
         << "amax " << k << " (layer " << k / (3 * per) << ", operand " << (k / per) % 3 << ", step "
         << kSteps - k % per << ") on rank " << world_group->rank();

@@ -317,21 +317,31 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
     // those rows are the rank's own, so the block's gradients (router, this ep rank's experts,
     // the shared experts) are partial sums, all-reduced over tp after every micro-batch's
     // backward (Transformer::sum_partial_grads), in f32.
+    // (TrainingJob::tp_reduce_per_column_linear, a published convention, has already taken
+    // the MoE layers' third reduction out; the two never meet: experts_whole_on_tp is loom's
+    // profile's alone.)
     if (job.experts_whole_on_tp && moe_share > 0) {
+      LOOM_CHECK(
+          !job.tp_reduce_per_column_linear,
+          "layer_cost: experts_whole_on_tp (loom's engine) with tp_reduce_per_column_linear");
       const double kept = 1 - moe_share / 2;
       c.tp_comm_s *= kept;
       c.tp_exposed_forward_s *= kept;
       c.tp_exposed_backward_s *= kept;
       if (l.sequence_parallel) {
+        // One all-reduce per parameter (all_reduce_sequence_parallel_grads): the router [E, h],
+        // this ep rank's experts' gate, up and down [f, h] each, the shared experts' [S f, h].
         const double experts = static_cast<double>(m.n_experts),
-                     fe = static_cast<double>(m.expert_ffn());
-        const double block = experts * h + (experts / static_cast<double>(l.ep) +
-                                            static_cast<double>(m.n_shared_experts)) *
-                                               3 * h * fe;
-        const double sum =
-            moe_share * collective_time(Collective::AllReduce, 4 * block, tp_group).seconds;
-        c.tp_comm_s += sum;
-        c.tp_exposed_backward_s += sum;
+                     fe = static_cast<double>(m.expert_ffn()),
+                     shared = static_cast<double>(m.n_shared_experts);
+        auto all_reduce = [&](double elements) {
+          return collective_time(Collective::AllReduce, 4 * elements, tp_group).seconds;
+        };
+        const double sums = all_reduce(experts * h) +
+                            3 * experts / static_cast<double>(l.ep) * all_reduce(h * fe) +
+                            (shared > 0 ? 3 * all_reduce(shared * h * fe) : 0.0);
+        c.tp_comm_s += moe_share * sums;
+        c.tp_exposed_backward_s += moe_share * sums;
       }
     }
     // A hybrid's block has one mixer, so one column- and row-parallel pair: half a transformer

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "../trainer_fixture.hpp"
 #include "loom/dist/mpi_process_group.hpp"
@@ -55,6 +56,13 @@ inline std::string shared_path(const std::string& name) {
   int root_pid = ::getpid();
   MPI_Bcast(&root_pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
   return (std::filesystem::temp_directory_path() / ("loom_" + name + "_" + std::to_string(root_pid))).string();
+}
+
+// A model's parameters by name (a rank's, to match against one process's).
+inline std::map<std::string, const Parameter*> by_name(const ParameterList& params) {
+  std::map<std::string, const Parameter*> out;
+  for (const Parameter* p : params) out[p->name] = p;
+  return out;
 }
 
 // relative_weight_difference of a tensor-parallel shard against the matching shard of the

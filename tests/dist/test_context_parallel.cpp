@@ -212,12 +212,6 @@ std::vector<std::string> shared_overrides(const TrainCase& c) {
   return o;
 }
 
-std::map<std::string, const Parameter*> by_name(const ParameterList& params) {
-  std::map<std::string, const Parameter*> out;
-  for (const Parameter* p : params) out[p->name] = p;
-  return out;
-}
-
 class ContextParallelTraining : public ::testing::TestWithParam<TrainCase> {};
 
 TEST_P(ContextParallelTraining, FollowsOneProcess) {

@@ -42,12 +42,6 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 constexpr double kLossTolerance = 1e-4;
 constexpr double kFlippedWeightTolerance = 5e-2;  // test_fp8_data_parallel.cpp's
 
-std::map<std::string, const Parameter*> by_name(const ParameterList& params) {
-  std::map<std::string, const Parameter*> out;
-  for (const Parameter* p : params) out[p->name] = p;
-  return out;
-}
-
 class Fp8ModelParallelParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Fp8ModelParallelParity, LossesWeightsAndHistoriesMatchOneProcess) {

@@ -54,12 +54,6 @@ std::vector<std::string> pipeline_overrides(const std::string& arch, int layers 
   return o;
 }
 
-std::map<std::string, const Parameter*> by_name(const ParameterList& params) {
-  std::map<std::string, const Parameter*> out;
-  for (const Parameter* p : params) out[p->name] = p;
-  return out;
-}
-
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
 
 class PipelineTraining : public ::testing::TestWithParam<Case> {};

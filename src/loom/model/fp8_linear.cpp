@@ -338,12 +338,6 @@ Fp8Training::Fp8Training(std::shared_ptr<Fp8Context> context, std::vector<Fp8Lin
     : Fp8Training({Fp8LayerGroup{std::move(context), layers, first_slots(layers.size())}},
                   static_cast<int64_t>(layers.size())) {}
 
-size_t Fp8Training::layer_count() const {
-  size_t n = 0;
-  for (const Fp8LayerGroup& g : groups_) n += g.layers.size();
-  return n;
-}
-
 void Fp8Training::begin_step() {
   for (Fp8LayerGroup& g : groups_) begin_group_step(g);
 }

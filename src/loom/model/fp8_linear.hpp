@@ -166,7 +166,6 @@ class Fp8Training {
   // Group 0 is the dense layers' (a mixture of experts' experts are group 1).
   Fp8Context& context(size_t group = 0) { return *groups_.at(group).context; }
   size_t group_count() const { return groups_.size(); }
-  size_t layer_count() const;
   // Opens a step: amaxes are recorded (and current ones reduced over replicas) until finish_step.
   void begin_step();
   // Reduces the step's amaxes over each group's ranks (one collective a group, every rank) and,

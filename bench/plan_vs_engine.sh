@@ -8,6 +8,7 @@
 # Measured is the fastest step after two warm-up steps, as calibrate keeps each figure's best
 # loop: both sides then see the machine as undisturbed as it gets (other tenants share these
 # cores, bench/README.md); the median step is kept in the JSON too.
+# The last nine train in FP8 (each recipe; the CPU's emulation), predicted with --precision fp8.
 # Usage: bench/plan_vs_engine.sh [build dir] (default build-cpu); STEPS (default 8),
 # PROFILE (reuse a profile instead of calibrating), OUT (default bench/results), ONLY (a regular
 # expression: run only the layouts whose names match).
@@ -69,6 +70,19 @@ layouts=(
   "moe cp2 ep2|2|tp=1 pp=1 dp=1 cp=2 ep=2 zero=0 mbs=4 recompute=none|8|moe"
   "moe tp2|2|tp=2 pp=1 dp=1 zero=0 mbs=4 recompute=none|8|moe"
   "moe tp2 sp|2|tp=2 pp=1 dp=1 zero=0 mbs=4 recompute=none sp|8|moe"
+  # FP8 (train.precision = "fp8", the CPU's emulation: the f32 GEMMs on operands quantised to
+  # FP8 and back; `loom plan --precision fp8 --fp8-recipe R`): each recipe in one process, the
+  # current recipe's per-quantisation amax all-reduces under dp and tp, blockwise under pp, and
+  # the experts' own quantisations under ep.
+  "fp8 one rank|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=none|8|gpt2|delayed"
+  "fp8 current one rank|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=none|8|gpt2|current"
+  "fp8 blockwise one rank|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=none|8|gpt2|blockwise"
+  "fp8 current dp2 zero1|2|tp=1 pp=1 dp=2 zero=1 mbs=4 recompute=none|4|gpt2|current"
+  "fp8 tp2 sp|2|tp=2 pp=1 dp=1 zero=0 mbs=4 recompute=none sp|8|gpt2|delayed"
+  "fp8 current tp2|2|tp=2 pp=1 dp=1 zero=0 mbs=4 recompute=none|8|gpt2|current"
+  "fp8 blockwise pp2 1f1b|2|tp=1 pp=2 dp=1 zero=0 mbs=4 recompute=none 1f1b|8|gpt2|blockwise"
+  "fp8 full recompute|1|tp=1 pp=1 dp=1 zero=0 mbs=4 recompute=full|8|gpt2|delayed"
+  "fp8 moe ep2|2|tp=1 pp=1 dp=2 ep=2 zero=0 mbs=4 recompute=none|4|moe|delayed"
 )
 
 # The layouts' model: GPT-2 8 x 256 (above), or a Llama-style mixture of experts, 4 layers of
@@ -95,8 +109,14 @@ experts_per_token = 4'
 results="$work/results.jsonl"
 : >"$results"
 for row in "${layouts[@]}"; do
-  IFS='|' read -r name ranks layout accum model <<<"$row"
+  IFS='|' read -r name ranks layout accum model recipe <<<"$row"
   [ "${model:-gpt2}" = moe ] && model_toml=$model_moe || model_toml=$model_gpt2
+  precision_toml="" plan_precision=()
+  if [ -n "${recipe:-}" ]; then
+    precision_toml="precision = \"fp8\"
+fp8_recipe = \"$recipe\""
+    plan_precision=(--precision fp8 --fp8-recipe "$recipe")
+  fi
   [[ -z "${ONLY:-}" || "$name" =~ $ONLY ]] || continue
   run="$work/run$(wc -l <"$results")"
   mkdir -p "$run"
@@ -111,6 +131,7 @@ seq_len = 128
 grad_accum = $accum
 steps = $steps
 threads = 1
+$precision_toml
 [eval]
 every = 0
 [log]
@@ -123,7 +144,7 @@ TOML
   else "${mpi[@]}" -np "$ranks" "$loom" train "$run/config.toml" >"$run/train.log" 2>&1; fi \
     || { echo "plan_vs_engine: $name failed:"; tail -20 "$run/train.log"; exit 1; }
   "$loom" plan --model "$run/config.toml" --layout "$layout" --profile "$profile" --seq 128 --global-batch 32 \
-    --json >"$run/plan.json" || { echo "plan_vs_engine: loom plan failed for $name"; cat "$run/plan.json"; exit 1; }
+    "${plan_precision[@]}" --json >"$run/plan.json" || { echo "plan_vs_engine: loom plan failed for $name"; cat "$run/plan.json"; exit 1; }
   /usr/bin/python3 - "$name" "$ranks" "$layout" "$run" >>"$results" <<'PY'
 import json, statistics, sys
 name, ranks, layout, run = sys.argv[1:5]

@@ -92,6 +92,7 @@ TEST(Cli, CalibrateWritesAProfileThatPlanPredictsTheEngineFrom) {
   CommandResult r = run_loom("calibrate --quick --out " + profile);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("1 rank x 1 thread: GEMM peak"));
+  EXPECT_THAT(r.output, HasSubstr("FP8 emulation: "));
   EXPECT_THAT(r.output, HasSubstr("entries for 1 ranks"));
   std::ofstream(run.dir + "/model.toml") << "[model]\narch = \"gpt2\"\nvocab_size = 256\nmax_seq_len = 64\n"
                                              "n_layer = 2\nn_embd = 64\nn_head = 4\n";
@@ -109,6 +110,36 @@ TEST(Cli, CalibrateWritesAProfileThatPlanPredictsTheEngineFrom) {
   r = run_loom(plan + " --layout mbs=4 --precision bf16");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("drop --precision bf16"));
+  // FP8 is the engine's emulation on top of its f32 work: the same layout, slower by its
+  // quantisations, whose rates calibrate measured.
+  EXPECT_THAT(r.output, HasSubstr("its FP8 emulation: --precision fp8"));
+  for (const char* recipe : {"delayed", "current", "blockwise"}) {
+    r = run_loom(plan + " --layout mbs=4 --json --precision fp8 --fp8-recipe " + recipe);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_GT(nlohmann::json::parse(r.output)["time"]["step_s"].get<double>(),
+              one["time"]["step_s"].get<double>())
+        << recipe;
+  }
+  r = run_loom(plan + " --layout mbs=4 --fp8-recipe current");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--fp8-recipe is the recipe of loom's own engine"));
+  r = run_loom("plan --model gpt2-124m --gpus 8 --precision fp8 --fp8-recipe blockwise");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("--fp8-recipe is the recipe of loom's own engine"));
+  {
+    // A profile written before calibrate measured FP8: it plans f32, and names the fix for fp8.
+    nlohmann::json older = nlohmann::json::parse(std::ifstream(profile));
+    for (nlohmann::json& e : older["entries"]) e.erase("fp8_quantize_s_per_element");
+    std::ofstream(run.dir + "/older.json") << older.dump();
+    const std::string old_plan = "plan --model " + run.dir +
+                                 "/model.toml --seq 64 --global-batch 8 --layout mbs=4 --profile " +
+                                 run.dir + "/older.json";
+    EXPECT_EQ(run_loom(old_plan).exit_code, 0);
+    r = run_loom(old_plan + " --precision fp8");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.output, HasSubstr("the profile has no FP8 quantisation rates"));
+    EXPECT_THAT(r.output, HasSubstr("run loom calibrate again"));
+  }
   r = run_loom("calibrate --quick --out " + run.dir + "/nowhere/profile.json");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("does not exist"));
@@ -172,6 +203,10 @@ TEST(Cli, PlanPredictsTheCudaEngineFromAGpuProfile) {
   EXPECT_THAT(
       r.output,
       HasSubstr("loom's CUDA engine, which the profile measured in bf16; drop --precision f32"));
+  // FP8 on the CUDA engine is not in its profile (calibrate measures bf16 there).
+  r = run_loom(plan + " --layout mbs=16 --precision fp8");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.output, HasSubstr("measured in bf16; drop --precision fp8"));
   r = run_loom(plan + " --layout dp=2,mbs=8");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.output, HasSubstr("run `mpirun -np 2 loom calibrate --device cuda --out FILE`"));

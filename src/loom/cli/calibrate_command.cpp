@@ -52,6 +52,12 @@ void print_entry(const std::string& machine, Device device, const plan::ProfileE
         100 * entry.attention_forward.peak_fraction, 100 * entry.attention_backward.peak_fraction,
         entry.attention_forward.half_dim, entry.attention_backward.half_dim,
         entry.memory_bytes_per_s / 1e9);
+  if (entry.fp8.measured())
+    std::printf(
+        "  FP8 emulation: %.1f ns an element quantised per tensor, %.1f / %.1f per 1 x 128 / 128 x "
+        "1 tile, %.1f per 128 x 128 block\n",
+        entry.fp8.tensor_s * 1e9, entry.fp8.row_tiles_s * 1e9, entry.fp8.column_tiles_s * 1e9,
+        entry.fp8.blocks_s * 1e9);
   if (entry.comm) {
     std::printf("  send/recv: %.1f us + bytes / %.2f GB/s\n", entry.comm->p2p.latency_s * 1e6,
                 entry.comm->p2p.bytes_per_s / 1e9);

@@ -102,6 +102,8 @@ struct PlanArgs {
   int64_t seq_len = 4096;
   int64_t global_batch = 512;      // sequences per optimizer step
   std::string precision = "bf16";  // "bf16" (mixed, fp32 masters) or "f32"
+  // With precision fp8 and a CPU profile: loom's engine's recipe (delayed, current, blockwise).
+  std::string fp8_recipe = "delayed";
   bool json = false;
   std::string gemm_timings;        // CSV m,n,k,seconds measured on the GPU: replaces the default efficiency
   std::string svg_dir;             // write memory.svg (candidates) and timeline.svg (the chosen layout) here

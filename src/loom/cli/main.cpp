@@ -108,6 +108,11 @@ int main(int argc, char** argv) {
           "bf16, fp8 (FP8 Linear GEMMs, Transformer Engine's recipe), mxfp8 (the same with a scale "
           "per 32 elements, Blackwell), nvfp4 (4-bit Linear GEMMs on Blackwell) or f32")
       ->check(CLI::IsMember({"bf16", "fp8", "mxfp8", "nvfp4", "f32"}));
+  plan_cmd
+      ->add_option("--fp8-recipe", plan_args.fp8_recipe,
+                   "with --precision fp8 and a CPU --profile: the recipe loom's engine trains "
+                   "(train.fp8_recipe): delayed, current or blockwise")
+      ->check(CLI::IsMember({"delayed", "current", "blockwise"}));
   plan_cmd->add_flag("--json", plan_args.json, "print JSON instead of a table");
   plan_cmd->add_option("--gemm-timings", plan_args.gemm_timings, "CSV of measured GEMMs (m,n,k,seconds) to calibrate the time model")
       ->check(CLI::ExistingFile);

@@ -135,6 +135,12 @@ struct Machine {
 };
 
 Machine machine_of(const PlanArgs& args, int64_t gpus) {
+  if ((args.given.count("fp8-recipe") > 0 || args.fp8_recipe != "delayed") &&
+      (args.profile.empty() || args.precision != "fp8"))
+    throw_error(
+        "plan: --fp8-recipe is the recipe of loom's own engine, predicted with --precision "
+        "fp8 and a CPU --profile (the GPU presets charge Transformer Engine's FP8 casts "
+        "whatever the recipe)");
   if (args.profile.empty()) return {plan_cluster(args, gpus), job_of(args)};
   if (!args.gemm_timings.empty()) throw_error("plan: give --profile or --gemm-timings, not both (a profile has its GEMM timings)");
   if (args.attention != "flash")
@@ -146,13 +152,27 @@ Machine machine_of(const PlanArgs& args, int64_t gpus) {
   const plan::MachineProfile profile = plan::read_machine_profile(args.profile);
   const bool cuda = profile.device == Device::CUDA;
   const std::string measured = cuda ? "bf16" : "f32";
-  if (args.given.count("precision") > 0 && args.precision != measured)
+  // The profile's own precision unless one was asked for (bf16 is the default of the GPU plans).
+  const bool asked = args.given.count("precision") > 0 || args.precision != "bf16";
+  // FP8 on the CPU engine is its f32 engine plus the emulation's quantisations (engine_fp8.hpp).
+  const bool cpu_fp8 = !cuda && args.precision == "fp8";
+  if (asked && args.precision != measured && !cpu_fp8)
     throw_error("plan: --profile predicts loom's ", cuda ? "CUDA" : "CPU",
-                " engine, which the profile measured in ", measured, "; drop --precision ",
+                " engine, which the profile measured in ", measured,
+                cuda ? "" : " (and its FP8 emulation: --precision fp8)", "; drop --precision ",
                 args.precision);
   const double ram = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   plan::ProfiledMachine m =
       plan::profiled_machine(profile, gpus, plan::memory_bytes_per_rank(profile, gpus, ram));
+  if (cpu_fp8) {
+    if (!m.job.engine_fp8.rates.measured())
+      throw_error("plan: --precision fp8 with --profile ", args.profile,
+                  ": the profile has no FP8 quantisation rates (written before `loom calibrate` "
+                  "measured them); run loom calibrate again");
+    m.job.engine_fp8.recipe = args.fp8_recipe == "current"     ? plan::EngineFp8Recipe::Current
+                              : args.fp8_recipe == "blockwise" ? plan::EngineFp8Recipe::Blockwise
+                                                               : plan::EngineFp8Recipe::Delayed;
+  }
   m.job.seq_len = args.seq_len;
   m.job.global_batch = args.global_batch;
   m.job.moe_imbalance = args.moe_imbalance;

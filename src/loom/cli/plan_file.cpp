@@ -60,6 +60,8 @@ void apply_plan_file(PlanArgs& args) {
   const int64_t file_tokens = r.get_int("training.global_batch_tokens", 0);
   if (unless_given("global-batch") && unless_given("global-batch-tokens") && file_tokens > 0) args.global_batch_tokens = file_tokens;
   set_unless_given("precision", args.precision, r.get_string("training.precision", args.precision));
+  set_unless_given("fp8-recipe", args.fp8_recipe,
+                   r.get_string("training.fp8_recipe", args.fp8_recipe));
   set_unless_given("attention", args.attention, r.get_string("training.attention", args.attention));
   set_unless_given("train-tokens", args.train_tokens, r.get_double("training.train_tokens", args.train_tokens));
   set_unless_given("moe-imbalance", args.moe_imbalance, r.get_double("training.moe_imbalance", args.moe_imbalance));
@@ -71,6 +73,10 @@ void apply_plan_file(PlanArgs& args) {
       args.precision != "nvfp4" && args.precision != "f32")
     throw_error(args.config, ": training.precision = '", args.precision,
                 "'; expected bf16, fp8, mxfp8, nvfp4 or f32");
+  if (args.fp8_recipe != "delayed" && args.fp8_recipe != "current" &&
+      args.fp8_recipe != "blockwise")
+    throw_error(args.config, ": training.fp8_recipe = '", args.fp8_recipe,
+                "'; expected delayed, current or blockwise");
   if (args.finetune != "full" && args.finetune != "lora")
     throw_error(args.config, ": training.finetune = '", args.finetune, "'; expected full or lora");
   if (args.attention != "flash" && args.attention != "materialized")

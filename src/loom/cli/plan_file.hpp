@@ -13,8 +13,8 @@ namespace loom::cli {
 //              hbm_gib, hbm_tb_per_s, tdp_watts, pue, node_overhead_watts,
 //              storage_write_gb_per_s, restart_seconds, price_per_gpu_hour, gpu_mtbf_hours,
 //              node_mtbf_hours
-//   [training] seq_len, global_batch (sequences) or global_batch_tokens, precision, attention,
-//              train_tokens
+//   [training] seq_len, global_batch (sequences) or global_batch_tokens, precision, fp8_recipe,
+//              attention, train_tokens
 //   [plan]     layout, top
 void apply_plan_file(PlanArgs& args);
 

@@ -21,12 +21,24 @@ Fp8Linear::Fp8Linear(std::shared_ptr<Fp8Context> context) : context_(std::move(c
     s->history.assign(static_cast<size_t>(context_->config.amax_history), 0.0f);
 }
 
+Fp8QuantizeTally& fp8_quantize_tally() {
+  static Fp8QuantizeTally tally;
+  return tally;
+}
+
 Tensor Fp8Linear::quantize(const float* x, int64_t rows, int64_t cols, int64_t stride,
                            Fp8TensorScaling& scaling, cpu::Fp8Format format, int64_t tile_rows,
                            int64_t tile_cols) {
   Fp8Context& ctx = *context_;
   Tensor q = Tensor::empty({rows, cols}, DType::F32, MemCategory::Workspace);
   float amax = 0.0f;
+  Fp8QuantizeTally& tally = fp8_quantize_tally();
+  if (ctx.config.recipe != Fp8Recipe::Blockwise)
+    tally.tensor += rows * cols;
+  else
+    (tile_rows == 1   ? tally.row_tiles
+     : tile_cols == 1 ? tally.column_tiles
+                      : tally.blocks) += rows * cols;
   if (ctx.config.recipe == Fp8Recipe::Blockwise) {
     // 1 x 128 tiles never span rows, and 128 x 1 tiles never span sequences, so a replica's
     // rows are quantised as one process would; weights are the same on every replica. Nothing

@@ -36,6 +36,7 @@
 // is not a multiple of 16 (sampling, outside any step) run in bf16. Under data parallelism the
 // amaxes are reduced (max) over the replicas, as Transformer Engine does over its amax reduction
 // group, so every replica uses the scale one process would.
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <span>
@@ -98,6 +99,15 @@ struct Fp8TensorScaling {
   float step_amax = 0.0f;
   float history_amax() const;  // 0 when nothing was recorded yet
 };
+
+// Elements the CPU emulation has quantised in this process, by the scales' shape: one per tensor,
+// per 1 x 128 tile along a row, per 128 x 1 tile down a column, per 128 x 128 block. The planner's
+// count of the engine's FP8 work (plan/engine_fp8.hpp) is checked against it.
+struct Fp8QuantizeTally {
+  std::atomic<int64_t> tensor{0}, row_tiles{0}, column_tiles{0}, blocks{0};
+  void reset() { tensor = 0, row_tiles = 0, column_tiles = 0, blocks = 0; }
+};
+Fp8QuantizeTally& fp8_quantize_tally();
 
 class Fp8Linear {
  public:

@@ -6,6 +6,7 @@
 #include "loom/core/error.hpp"
 #include "loom/model/flops.hpp"
 #include "loom/plan/collectives.hpp"
+#include "loom/plan/engine_fp8.hpp"
 #include "loom/plan/gemm_calibration.hpp"
 #include "loom/plan/host_issue.hpp"
 #include "loom/plan/pipeline_sim.hpp"
@@ -236,7 +237,17 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   // The input-gradient GEMMs (as many FLOPs as the forward's) and W.
   c.backward_s = linear_forward + c.weight_grad_s + attention_backward_s + scores_backward_s +
                  memory_s / 2 + cast_backward_s + norm_backward_s;
-  if (l.recompute == Recompute::Full) c.backward_s += job.memory.full_recompute_share * c.forward_s;
+  // loom's CPU engine in FP8: its linear layers' quantisations (engine_fp8.hpp), rerun with the
+  // forward under full recomputation (below).
+  const EngineFp8Cost fp8_engine = engine_fp8_layer_cost(m, l, cluster, job);
+  c.forward_s += fp8_engine.forward_s;
+  c.backward_s += fp8_engine.backward_s;
+  c.fp8_reduce_forward_s = fp8_engine.forward_reduce_s;
+  c.fp8_reduce_backward_s = fp8_engine.backward_reduce_s;
+  if (l.recompute == Recompute::Full) {
+    c.backward_s += job.memory.full_recompute_share * c.forward_s;
+    c.fp8_reduce_backward_s += fp8_engine.forward_reduce_s;
+  }
   if (l.recompute == Recompute::Selective) {
     if (job.memory.selective == SelectivePolicy::TorchtitanOps) {
       // torchtitan's per-op policy (memory_model.hpp) keeps every second matmul's output and

@@ -21,6 +21,9 @@ struct LayerCost {
   double cp_comm_s = 0;  // context parallelism, forward + backward
   double cp_exposed_forward_s = 0,
          cp_exposed_backward_s = 0;  // what the attention core does not hide
+  // loom's CPU engine in FP8 under the current recipe: the amax all-reduces each pass waits for
+  // (engine_fp8.hpp; the forward's again in backward under full recomputation).
+  double fp8_reduce_forward_s = 0, fp8_reduce_backward_s = 0;
 };
 
 LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpec& cluster,

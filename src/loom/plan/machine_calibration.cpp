@@ -14,6 +14,7 @@
 #include "loom/kernels/cpu/activations.hpp"
 #include "loom/kernels/cpu/attention.hpp"
 #include "loom/kernels/cpu/elementwise.hpp"
+#include "loom/kernels/cpu/fp8.hpp"
 #include "loom/kernels/cpu/gemm.hpp"
 #include "loom/kernels/cpu/norms.hpp"
 #include "loom/plan/calibration_loops.hpp"
@@ -120,6 +121,42 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
   charge(12, [&] { cpu::gelu_backward(dx.data(), dy.data(), x.data(), n); });
   charge(12, [&] { cpu::add(y.data(), x.data(), dy.data(), n); });
   entry.memory_bytes_per_s = bytes / seconds;
+}
+
+void measure_fp8(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry& entry) {
+  // FP8 training's emulation (model/fp8_linear.cpp, Fp8Linear::quantize): a new workspace tensor
+  // per operand, then one scale per tensor (each row's amax, then every element rounded) or per
+  // tile (kernels/cpu/fp8), over one [rows, cols] operand of 2^19 floats; seconds per element.
+  const int64_t rows = o.quick ? 64 : 512, cols = o.quick ? 256 : 1024, n = rows * cols;
+  std::vector<float> x(static_cast<size_t>(n));
+  fill(x, 4.0f);
+  const float* in = x.data();
+  auto per_element = [&](auto&& quantize) {
+    return compute_seconds(
+               world, o,
+               [&] {
+                 const Tensor q = Tensor::empty({rows, cols}, DType::F32, MemCategory::Workspace);
+                 quantize(q.f32());
+               },
+               kNothingToWaitFor) /
+           static_cast<double>(n);
+  };
+  constexpr auto kE4M3 = cpu::Fp8Format::E4M3;
+  entry.fp8.tensor_s = per_element([&](float* out) {
+    float amax = 0.0f;
+    for (int64_t r = 0; r < rows; ++r) amax = std::max(amax, cpu::abs_max(in + r * cols, cols));
+    cpu::quantize_dequantize(out, cols, in, cols, rows, cols, cpu::fp8_scale(amax, kE4M3, 0),
+                             kE4M3);
+  });
+  auto tiles = [&](int64_t tile_rows, int64_t tile_cols) {
+    return per_element([&](float* out) {
+      (void)cpu::quantize_dequantize_tiles(out, cols, in, cols, rows, cols, tile_rows, tile_cols,
+                                           kE4M3, 0);
+    });
+  };
+  entry.fp8.row_tiles_s = tiles(1, 128);
+  entry.fp8.column_tiles_s = tiles(128, 1);
+  entry.fp8.blocks_s = tiles(128, 128);
 }
 
 }  // namespace
@@ -230,6 +267,7 @@ ProfileEntry calibrate_machine(ProcessGroup& world, const CalibrationOptions& op
   measure_gemms(world, options, entry);
   measure_attention(world, options, entry);
   measure_memory(world, options, entry);
+  measure_fp8(world, options, entry);
   if (world.size() > 1) calibration::measure_comm(world, options, Device::CPU, entry);
   return entry;
 }

@@ -7,6 +7,8 @@
 //   sequence lengths and head widths, fitted the same way per head and matmul;
 // - memory-bound work: the engine's layer norm, GELU and residual add over an activation,
 //   as bytes moved per second;
+// - FP8's emulation: quantising an operand to FP8 and back per tensor, per 1 x 128 and 128 x 1
+//   tile and per 128 x 128 block, as seconds per element;
 // - MPI: all-reduce, reduce-scatter, all-gather, all-to-all and broadcast over every group
 //   size dividing the world (all groups of that size busy together), and send/recv between
 //   pairs, each at message sizes from 4 KiB to 8 MiB, fitted to alpha-beta.

@@ -229,6 +229,14 @@ MachineProfile read_machine_profile(const std::string& path) {
     entry.memory_bytes_per_s = r.positive(e, at, "memory_bytes_per_s");
     if (e.contains("stream_bytes_per_s"))
       entry.stream_bytes_per_s = r.positive(e, at, "stream_bytes_per_s");
+    if (e.contains("fp8_quantize_s_per_element")) {
+      const nlohmann::json& q = e.at("fp8_quantize_s_per_element");
+      const std::string qat = at + ".fp8_quantize_s_per_element";
+      entry.fp8.tensor_s = r.positive(q, qat, "tensor");
+      entry.fp8.row_tiles_s = r.positive(q, qat, "row_tiles");
+      entry.fp8.column_tiles_s = r.positive(q, qat, "column_tiles");
+      entry.fp8.blocks_s = r.positive(q, qat, "blocks");
+    }
     if (entry.ranks > 1) {
       auto comm = std::make_shared<MeasuredComm>();
       comm->p2p = r.link(r.field(e, at, "p2p"), at + ".p2p");
@@ -282,6 +290,11 @@ void write_machine_profile(const MachineProfile& profile, const std::string& pat
         {"memory_bytes_per_s", e.memory_bytes_per_s},
     };
     if (e.stream_bytes_per_s > 0) j["stream_bytes_per_s"] = e.stream_bytes_per_s;
+    if (e.fp8.measured())
+      j["fp8_quantize_s_per_element"] = {{"tensor", e.fp8.tensor_s},
+                                         {"row_tiles", e.fp8.row_tiles_s},
+                                         {"column_tiles", e.fp8.column_tiles_s},
+                                         {"blocks", e.fp8.blocks_s}};
     if (e.comm) {
       j["p2p"] = link_json(e.comm->p2p);
       nlohmann::json fits = nlohmann::json::array();
@@ -340,6 +353,7 @@ ProfiledMachine profiled_machine(const ProfileEntry& entry, double memory_bytes_
   job.attention_backward = entry.attention_backward;
   job.experts_whole_on_tp = true;  // loom's engine, on either device
   job.memory.experts_whole_on_tp = true;
+  job.engine_fp8.rates = entry.fp8;  // used where the plan asks for FP8 (recipe Off until then)
   if (device == Device::CUDA) {
     // Attention's efficiency varies with the keys and head width more than a two-number curve
     // follows (an H100's fit put GPT-2's forward 27% slower than the timing at its own shape).

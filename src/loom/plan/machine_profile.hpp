@@ -56,6 +56,9 @@ struct ProfileEntry {
   // passes and AdamW stream the same way), which run faster than the norms and activation
   // functions of memory_bytes_per_s; 0 (older profiles, the CPU): memory_bytes_per_s.
   double stream_bytes_per_s = 0;
+  // The CPU engine's FP8 emulation (TrainingJob's Fp8QuantizeRates); zero in CUDA profiles and
+  // in files written before calibrate measured it.
+  Fp8QuantizeRates fp8;
   std::shared_ptr<const MeasuredComm> comm;  // null with one rank
   std::vector<CommTimings> comm_timings;
 };

@@ -51,8 +51,10 @@ struct LayerPasses {
 };
 LayerPasses layer_passes(const LayerCost& c, const ModelConfig& m, const PlanLayout& l,
                          const TrainingJob& job) {
-  const double wait_f = c.tp_exposed_forward_s + c.ep_comm_s / 2 + c.cp_exposed_forward_s;
-  const double wait_b = c.tp_exposed_backward_s + c.ep_comm_s / 2 + c.cp_exposed_backward_s;
+  const double wait_f =
+      c.tp_exposed_forward_s + c.ep_comm_s / 2 + c.cp_exposed_forward_s + c.fp8_reduce_forward_s;
+  const double wait_b =
+      c.tp_exposed_backward_s + c.ep_comm_s / 2 + c.cp_exposed_backward_s + c.fp8_reduce_backward_s;
   const double host_f = job.moe_host_s_per_op * moe_host_forward_ops(m, l);
   const double host_b = moe_host_backward_over_forward(l, job) * host_f;
   const double f = std::max(c.forward_s + wait_f, host_f),

@@ -44,6 +44,25 @@ struct GemmTiming {
 // model's 16-bit bytes; the gradients are reduced in 16 bits (ZeRO paper sec. 7.2.2's M).
 enum class Zero3Traffic { Hierarchical, DeepSpeed };
 
+// loom's CPU engine training FP8 (train.precision = "fp8": model/fp8_linear.hpp): its GEMMs stay
+// f32 and run on operands quantised to FP8 and back, so FP8 costs that engine its quantisations,
+// each at a rate `loom calibrate` measured (seconds per element, Fp8Linear::quantize's work: a
+// workspace tensor, the amax or amaxes, the rounding): one scale per tensor (the delayed and
+// current recipes), 1 x 128 tiles along a row, 128 x 1 tiles down a column, 128 x 128 blocks
+// (the blockwise recipe's activations and output gradients, their transposed copies for the
+// weight gradient, and weights). Zero: not measured.
+struct Fp8QuantizeRates {
+  double tensor_s = 0, row_tiles_s = 0, column_tiles_s = 0, blocks_s = 0;
+  bool measured() const {
+    return tensor_s > 0 && row_tiles_s > 0 && column_tiles_s > 0 && blocks_s > 0;
+  }
+};
+enum class EngineFp8Recipe { Off, Delayed, Current, Blockwise };
+struct EngineFp8 {
+  EngineFp8Recipe recipe = EngineFp8Recipe::Off;
+  Fp8QuantizeRates rates;
+};
+
 struct TrainingJob {
   int64_t seq_len = 4096;
   int64_t global_batch = 512;  // sequences per optimizer step
@@ -143,6 +162,9 @@ struct TrainingJob {
   // Megatron-Core's expert tensor parallelism does by default (expert_tensor_parallel_size = tp).
   // Set for loom's own engine (profiled_machine).
   bool experts_whole_on_tp = false;
+  // loom's CPU engine in FP8 (`loom plan --precision fp8 --profile`): the quantisations its FP8
+  // linear layers make (engine_fp8.hpp); recipe Off otherwise.
+  EngineFp8 engine_fp8;
 };
 
 // Rows each token sends through the dispatch all-to-all under expert parallelism `ep`: its k

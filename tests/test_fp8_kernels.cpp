@@ -5,8 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -154,6 +156,96 @@ TEST(Fp8Kernels, ConversionMatchesTheBruteForceReference) {
   EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0)
       << "check_fp8_cast.py found a mismatch in " << dir;
   std::filesystem::remove_all(dir);
+}
+
+// The rounding by its definition, in double: the nearest multiple of the binade's grid step,
+// ties to even, saturating at max_finite, NaN kept. kernels/cpu/fp8 rounds by adding and
+// subtracting a power of two, so that its loops vectorise; this is what it must equal.
+float round_by_definition(float x, Fp8Format format) {
+  if (std::isnan(x)) return x;
+  const cpu::Fp8Spec s = cpu::fp8_spec(format);
+  const double a = std::fabs(static_cast<double>(x));
+  if (a >= s.max_finite) return std::copysign(s.max_finite, x);
+  if (a == 0) return x;
+  const int binade = std::max(std::ilogb(a), s.min_normal_exponent);
+  const double step = std::ldexp(1.0, binade - s.mantissa_bits);
+  const double q = a / step, whole = std::floor(q);
+  const double rounded =
+      q - whole > 0.5 || (q - whole == 0.5 && std::fmod(whole, 2.0) != 0) ? whole + 1 : whole;
+  return std::copysign(static_cast<float>(rounded * step), x);
+}
+
+TEST(Fp8Kernels, RoundingEqualsItsDefinitionAcrossTheFloats) {
+  // Every 251st f32 bit pattern (17 million: all exponents, both signs, subnormals, NaNs and
+  // infinities), then quantise-dequantise with a scale whose products x * scale must be rounded
+  // to f32 before they are rounded to FP8 (no fused multiply-add).
+  for (Fp8Format format : {kE4M3, kE5M2}) {
+    int64_t wrong = 0;
+    for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 251) {
+      const auto bits = static_cast<uint32_t>(b);
+      float x;
+      std::memcpy(&x, &bits, sizeof x);
+      const float got = cpu::round_to_fp8(x, format), want = round_by_definition(x, format);
+      const bool same =
+          std::isnan(want) ? std::isnan(got) : std::memcmp(&got, &want, sizeof got) == 0;
+      if (!same && ++wrong <= 5)
+        ADD_FAILURE() << cpu::fp8_format_name(format) << ": " << x << " rounds to " << got
+                      << ", not " << want;
+    }
+    EXPECT_EQ(wrong, 0);
+    CounterRng rng(2026, 36);
+    std::vector<float> in(4096), out(in.size());
+    for (size_t i = 0; i < in.size(); ++i) {
+      const double u = static_cast<double>(rng.bits(i) >> 11) / 9007199254740992.0;
+      in[i] = static_cast<float>((i % 2 ? -1 : 1) * std::ldexp(1.0, -20) * std::pow(2.0, 30 * u));
+    }
+    const float scale = 3.1415927f;
+    cpu::quantize_dequantize(out.data(), 64, in.data(), 64, 64, 64, scale, format);
+    for (size_t i = 0; i < in.size(); ++i) {
+      volatile float product = in[i] * scale;  // rounded to f32 here
+      ASSERT_EQ(out[i], round_by_definition(product, format) * (1.0f / scale)) << in[i];
+    }
+  }
+}
+
+TEST(Fp8Kernels, ColumnTilesAreEachTilesOwnScaleAndRounding) {
+  // 128 x 1 tiles (down the columns, a band of rows at a time) over a [200, 5] block read with a
+  // stride of 7 and written with 6: each tile's amax over its own elements (a NaN not counted),
+  // its scale, and each element rounded by the definition. The second band has 72 rows.
+  const int64_t rows = 200, cols = 5, in_stride = 7, out_stride = 6;
+  std::vector<float> in(static_cast<size_t>(rows * in_stride)),
+      out(static_cast<size_t>(rows * out_stride));
+  CounterRng rng(2026, 37);
+  for (size_t i = 0; i < in.size(); ++i) {
+    const double u = static_cast<double>(rng.bits(i) >> 11) / 9007199254740992.0;
+    in[i] = static_cast<float>((i % 3 ? 1 : -1) * std::ldexp(1.0, -12) * std::pow(2.0, 20 * u));
+  }
+  in[3 * in_stride + 2] = std::nanf("");
+  for (Fp8Format format : {kE4M3, kE5M2}) {
+    const float largest = cpu::quantize_dequantize_tiles(out.data(), out_stride, in.data(),
+                                                         in_stride, rows, cols, 128, 1, format, 1);
+    float want_largest = 0;
+    for (int64_t r0 = 0; r0 < rows; r0 += 128)
+      for (int64_t c = 0; c < cols; ++c) {
+        float amax = 0;
+        for (int64_t r = r0; r < std::min(rows, r0 + 128); ++r) {
+          const float a = std::fabs(in[static_cast<size_t>(r * in_stride + c)]);
+          if (a > amax) amax = a;
+        }
+        want_largest = std::max(want_largest, amax);
+        const float scale = cpu::fp8_scale(amax, format, 1);
+        for (int64_t r = r0; r < std::min(rows, r0 + 128); ++r) {
+          volatile float product = in[static_cast<size_t>(r * in_stride + c)] * scale;
+          const float want = round_by_definition(product, format) * (1.0f / scale);
+          const float got = out[static_cast<size_t>(r * out_stride + c)];
+          if (std::isnan(want))
+            EXPECT_TRUE(std::isnan(got));
+          else
+            ASSERT_EQ(got, want) << "row " << r << " column " << c;
+        }
+      }
+    EXPECT_EQ(largest, want_largest);
+  }
 }
 
 TEST(Fp8Kernels, ScalesAndTiles) {

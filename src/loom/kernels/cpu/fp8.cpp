@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 namespace loom::cpu {
 
@@ -16,21 +18,44 @@ const char* fp8_format_name(Fp8Format format) {
   return format == Fp8Format::E4M3 ? "e4m3" : "e5m2";
 }
 
+namespace {
+
+uint32_t bits_of(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+float float_of(uint32_t b) {
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+}
+
+// round_to_fp8 without branches, so that the quantisation loops vectorise. The grid step of
+// |x|'s binade (the subnormal step below the smallest normal) is 2^(binade - M); adding
+// C = 2^(binade - M + 23), whose f32 ulp is that step, rounds |x| onto the grid with the FPU's
+// ties-to-even (an even mantissa), and since |x| < 2^(binade + 1) <= C the sum holds the rounded
+// value exactly, so subtracting C leaves it. Rounding up may reach the next binade's first
+// value, on the grid too, and cannot pass max_finite (a grid point above |x|); at or beyond it,
+// infinities included, the result saturates. A NaN stays a NaN (it passes through the sum), a
+// zero keeps its sign (the sign bit is put back). This file is built without FMA contraction
+// (CMakeLists.txt), so x * scale is rounded to f32 before its rounding to FP8, as on the GPU.
+inline float round_to_grid(float x, int mantissa_bits, int min_normal_exponent, float max_finite) {
+  const uint32_t bits = bits_of(x);
+  const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7FFFFFFFu;
+  const float a = float_of(magnitude);
+  const int exponent = static_cast<int>(magnitude >> 23) - 127;  // -127 for f32 subnormals
+  const int binade = exponent > min_normal_exponent ? exponent : min_normal_exponent;
+  const float c = float_of(static_cast<uint32_t>(binade - mantissa_bits + 23 + 127) << 23);
+  const float r = a >= max_finite ? max_finite : (a + c) - c;
+  return float_of(sign | bits_of(r));
+}
+
+}  // namespace
+
 float round_to_fp8(float x, Fp8Format format) {
-  if (std::isnan(x)) return x;
   const Fp8Spec s = fp8_spec(format);
-  const float a = std::fabs(x);
-  if (a >= s.max_finite) return std::copysign(s.max_finite, x);
-  if (a == 0.0f) return x;
-  // The grid step of a's binade (the subnormal step below the smallest normal): a / step is
-  // exact (a power-of-two scaling), and nearbyint rounds it to an integer with ties to even,
-  // which is an even mantissa. Rounding up may reach the next binade's first value, which is
-  // on the grid too; it cannot pass max_finite, itself a grid point above a.
-  int exponent = 0;
-  (void)std::frexp(a, &exponent);  // a = m 2^exponent, m in [0.5, 1)
-  const int binade = std::max(exponent - 1, s.min_normal_exponent);
-  const float step = std::ldexp(1.0f, binade - s.mantissa_bits);
-  return std::copysign(std::nearbyint(a / step) * step, x);
+  return round_to_grid(x, s.mantissa_bits, s.min_normal_exponent, s.max_finite);
 }
 
 uint8_t fp8_encode(float x, Fp8Format format) {
@@ -94,9 +119,15 @@ namespace {
 void quantize_block(float* out, int64_t out_stride, const float* in, int64_t in_stride,
                     int64_t rows, int64_t cols, float scale, Fp8Format format) {
   const float inverse = 1.0f / scale;
-  for (int64_t r = 0; r < rows; ++r)
+  const Fp8Spec s = fp8_spec(format);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out + r * out_stride;
+    const float* x = in + r * in_stride;
+#pragma omp simd
     for (int64_t c = 0; c < cols; ++c)
-      out[r * out_stride + c] = round_to_fp8(in[r * in_stride + c] * scale, format) * inverse;
+      o[c] = round_to_grid(x[c] * scale, s.mantissa_bits, s.min_normal_exponent, s.max_finite) *
+             inverse;
+  }
 }
 }  // namespace
 
@@ -113,6 +144,43 @@ float quantize_dequantize_tiles(float* out, int64_t out_stride, const float* in,
                                 Fp8Format format, int margin) {
   const int64_t row_tiles = (rows + tile_rows - 1) / tile_rows;
   float largest = 0.0f;
+  if (tile_cols == 1) {
+    // Tiles down the columns (128 x 1: the weight gradient's operands), a band of tile_rows rows
+    // at a time: every column's amax over the band, then its elements, both loops along the
+    // rows. The same amaxes (max of the non-NaN magnitudes, as the loop below takes them), the
+    // same scales, the same roundings.
+    const Fp8Spec s = fp8_spec(format);
+#pragma omp parallel for schedule(static) reduction(max : largest)
+    for (int64_t t = 0; t < row_tiles; ++t) {
+      const int64_t r0 = t * tile_rows, nr = std::min(tile_rows, rows - r0);
+      std::vector<float> amax(static_cast<size_t>(cols), 0.0f), scale(amax.size()),
+          inverse(amax.size());
+      for (int64_t r = r0; r < r0 + nr; ++r) {
+        const float* x = in + r * in_stride;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c) {
+          const float a = std::fabs(x[c]);
+          amax[static_cast<size_t>(c)] =
+              amax[static_cast<size_t>(c)] < a ? a : amax[static_cast<size_t>(c)];
+        }
+      }
+      for (size_t c = 0; c < amax.size(); ++c) {
+        largest = std::max(largest, amax[c]);
+        scale[c] = fp8_scale(amax[c], format, margin);
+        inverse[c] = 1.0f / scale[c];
+      }
+      for (int64_t r = r0; r < r0 + nr; ++r) {
+        const float* x = in + r * in_stride;
+        float* o = out + r * out_stride;
+#pragma omp simd
+        for (int64_t c = 0; c < cols; ++c)
+          o[c] = round_to_grid(x[c] * scale[static_cast<size_t>(c)], s.mantissa_bits,
+                               s.min_normal_exponent, s.max_finite) *
+                 inverse[static_cast<size_t>(c)];
+      }
+    }
+    return largest;
+  }
   // Each row of tiles on its own thread; each tile's scale from its own amax.
 #pragma omp parallel for schedule(static) reduction(max : largest)
   for (int64_t t = 0; t < row_tiles; ++t) {

@@ -122,10 +122,12 @@ TEST(Cli, CalibrateWritesAProfileThatPlanPredictsTheEngineFrom) {
   }
   r = run_loom(plan + " --layout mbs=4 --fp8-recipe current");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("--fp8-recipe is the recipe of loom's own engine"));
+  EXPECT_THAT(r.output,
+              HasSubstr("--fp8-recipe (training.fp8_recipe) is the recipe of loom's own engine"));
   r = run_loom("plan --model gpt2-124m --gpus 8 --precision fp8 --fp8-recipe blockwise");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.output, HasSubstr("--fp8-recipe is the recipe of loom's own engine"));
+  EXPECT_THAT(r.output,
+              HasSubstr("--fp8-recipe (training.fp8_recipe) is the recipe of loom's own engine"));
   {
     // A profile written before calibrate measured FP8: it plans f32, and names the fix for fp8.
     nlohmann::json older = nlohmann::json::parse(std::ifstream(profile));

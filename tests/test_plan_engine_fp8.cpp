@@ -8,6 +8,7 @@
 #include "loom/model/fp8_linear.hpp"
 #include "loom/plan/engine_fp8.hpp"
 #include "loom/plan/machine_profile.hpp"
+#include "loom/plan/search.hpp"
 #include "loom/plan/time_model.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/trainer.hpp"
@@ -192,6 +193,33 @@ TEST(PlanEngineFp8, ExpertsQuantiseTheirOwnRowsInTheirOwnAmaxGroup) {
   EXPECT_DOUBLE_EQ(b.row_tile_elements, 4096 + 3072 + 3 * (2816 + 2560));
   EXPECT_DOUBLE_EQ(b.column_tile_elements, 4096 + 3072 + 3 * (2816 + 2560));
   EXPECT_DOUBLE_EQ(b.block_elements, 2 * 3072 + 3 * 2 * 2304);
+}
+
+TEST(PlanEngineFp8, BlockwiseLayoutsTheTrainerRefusesAreMarked) {
+  // The trainer refuses blockwise where a tp slice cuts a 128-wide tile (GPT-2 d = 32 at tp 2:
+  // 16-wide query slices) or a cp chunk a 128-token tile (seq 16 at cp 2: chunks of 4); the
+  // plan marks those layouts rather than predicting a run that cannot start.
+  const ProfiledMachine m = profiled_machine(entry(2), 1e9);
+  const TrainingJob blockwise = job_for(m, EngineFp8Recipe::Blockwise);
+  PlanLayout tp2 = one_rank(), cp2 = one_rank();
+  tp2.tp = 2;
+  cp2.cp = 2;
+  for (const PlanLayout& l : {tp2, cp2})
+    EXPECT_NE(engine_note_on(m.cluster.gpu, l, gpt2(), 16, blockwise)
+                  .find("engine: not yet supported: blockwise FP8 on this layout"),
+              std::string::npos)
+        << l.describe();
+  EXPECT_NE(
+      engine_note_on(m.cluster.gpu, tp2, gpt2(), 16, blockwise).find("is not a multiple of 128"),
+      std::string::npos);
+  // Widths of 128 x tp and chunks of 128 tokens keep the tiles whole; other recipes any shape.
+  ModelConfig wide = gpt2();
+  wide.n_embd = 256, wide.n_head = 2, wide.n_kv_head = 2, wide.ffn_hidden = 1024,
+  wide.max_seq_len = 512;
+  EXPECT_EQ(engine_note_on(m.cluster.gpu, tp2, wide, 512, blockwise), "");
+  EXPECT_EQ(engine_note_on(m.cluster.gpu, cp2, wide, 512, blockwise), "");
+  EXPECT_EQ(engine_note_on(m.cluster.gpu, tp2, gpt2(), 16, job_for(m, EngineFp8Recipe::Current)),
+            "");
 }
 
 TEST(PlanEngineFp8, RefusesWithoutRatesAndForHybrids) {

@@ -40,11 +40,13 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "loom/core/tensor.hpp"
 #include "loom/kernels/cpu/fp8.hpp"
 #include "loom/kernels/ops.hpp"
+#include "loom/model/config.hpp"
 
 namespace loom {
 
@@ -99,6 +101,14 @@ struct Fp8TensorScaling {
   float step_amax = 0.0f;
   float history_amax() const;  // 0 when nothing was recorded yet
 };
+
+// Why the blockwise recipe cannot train `model` under tensor parallelism `tp` and context
+// parallelism `cp` at `seq_len` (a train.fp8_recipe error naming the width or the chunk), or ""
+// where it can. DeepSeek-V3's tiles must be the ones one process makes: a tensor-parallel slice
+// that starts or ends inside a 128-wide tile, or a context-parallel chunk inside a 128-token
+// tile, would cut tiles one process keeps whole (and scale them differently). The trainer
+// refuses such a config; the planner marks such a layout as one the engine does not run.
+std::string blockwise_tiles_cut(const ModelConfig& model, int64_t tp, int64_t cp, int64_t seq_len);
 
 // Elements the CPU emulation has quantised in this process, by the scales' shape: one per tensor,
 // per 1 x 128 tile along a row, per 128 x 1 tile down a column, per 128 x 128 block. The planner's

@@ -99,7 +99,7 @@ EngineFp8Cost engine_fp8_layer_cost(const ModelConfig& m, const PlanLayout& l,
       c.tensor_elements += x.weight * (2 * inputs + 2 * weights + grads + regrads);
     }
     if (x.bias_copy) {
-      // Read and write 4 bytes an element at the profile's streaming rate.
+      // Read and write 4 bytes an element at the profile's memory-bound kernels' rate.
       backward += 8 * grads / cluster.gpu.hbm_bandwidth_bytes_per_s;
       c.bias_copy_elements += x.weight * grads;
     }

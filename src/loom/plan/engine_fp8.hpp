@@ -19,7 +19,8 @@
 // it becomes a scale: the ranks of a pipeline stage (dp x cp x tp) for the dense layers, those
 // holding the same experts (dp x cp x tp / ep) for the experts. One all-reduce of one float each;
 // the delayed recipe makes them only in its first step (an empty history), which a steady step
-// does not, and the blockwise recipe never.
+// does not, and the blockwise recipe never. Every recipe also reduces the step's amaxes once a
+// step (Fp8Training::finish_step: one all-reduce of 3 floats a layer per group), not charged.
 #include "loom/model/config.hpp"
 #include "loom/plan/hardware.hpp"
 #include "loom/plan/layout.hpp"

@@ -246,7 +246,7 @@ LayerCost layer_cost(const ModelConfig& m, const PlanLayout& l, const ClusterSpe
   c.fp8_reduce_backward_s = fp8_engine.backward_reduce_s;
   if (l.recompute == Recompute::Full) {
     c.backward_s += job.memory.full_recompute_share * c.forward_s;
-    c.fp8_reduce_backward_s += fp8_engine.forward_reduce_s;
+    c.fp8_reduce_backward_s += job.memory.full_recompute_share * fp8_engine.forward_reduce_s;
   }
   if (l.recompute == Recompute::Selective) {
     if (job.memory.selective == SelectivePolicy::TorchtitanOps) {

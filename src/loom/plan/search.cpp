@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "loom/core/error.hpp"
+#include "loom/model/fp8_linear.hpp"
 
 namespace loom::plan {
 
@@ -107,6 +108,11 @@ std::string engine_note_on(const GpuSpec& gpu, const PlanLayout& layout, const M
     lacks("NVFP4 (loom trains FP8 with per-tensor or 128-tile scales)");
   else if (job.mx_gemms)
     lacks("MXFP8 (loom trains FP8 with per-tensor or 128-tile scales)");
+  if (job.engine_fp8.recipe == EngineFp8Recipe::Blockwise) {
+    // The trainer's own refusal (fp8_config): tp slices or cp chunks that cut 128-wide tiles.
+    const std::string cut = blockwise_tiles_cut(model, layout.tp, layout.cp, seq_len);
+    if (!cut.empty()) lacks("blockwise FP8 on this layout (" + cut + ")");
+  }
   return note;
 }
 

@@ -76,23 +76,8 @@ void check_fp8_training(const TrainConfig& c) {
         {"the key/value width (n_kv_head x head_dim)", c.model.kv_dim()}})
     if (full % tp == 0) split_widths.push_back({name + per_rank, full / tp});
   if (blockwise) {
-    // DeepSeek-V3's tiles must be the ones one process makes: a tensor-parallel slice that
-    // starts or ends inside a 128-wide tile, or a context-parallel chunk inside a 128-token
-    // tile, would cut tiles one process keeps whole (and scale them differently).
-    if (tp > 1)
-      for (const Width& w : split_widths)
-        if (w.value % kFp8TileSize != 0)
-          throw_error("train.fp8_recipe = \"blockwise\" with parallel.tp = ", tp, ": ", w.name,
-                      " = ", w.value,
-                      " is not a multiple of 128, so the tensor-parallel slices "
-                      "would cut the recipe's 128-wide tiles; use widths that are 128 x tp "
-                      "multiples or fp8_recipe = \"delayed\" or \"current\"");
-    if (cp > 1 && run_tokens % kFp8TileSize != 0)
-      throw_error("train.fp8_recipe = \"blockwise\" with parallel.cp = ", cp,
-                  ": each rank holds two chunks of seq_len / 2cp = ", run_tokens,
-                  " tokens of every sequence, not a multiple of 128, so the chunks would cut the "
-                  "weight gradient's 128-token tiles; use seq_len a multiple of 256 cp or "
-                  "fp8_recipe = \"delayed\" or \"current\"");
+    const std::string cut = blockwise_tiles_cut(c.model, tp, cp, c.seq_len);
+    if (!cut.empty()) throw_error(cut);
   }
   if (c.device == Device::CUDA) {
     // cuBLASLt's FP8 kernels take every GEMM dimension a multiple of 16; its block-scaled ones

@@ -12,6 +12,7 @@
 #include "loom/plan/time_model.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/trainer.hpp"
+#include "model_fixtures.hpp"
 #include "test_support.hpp"
 #include "trainer_fixture.hpp"
 
@@ -46,19 +47,8 @@ ProfileEntry entry(int64_t ranks) {
   return e;
 }
 
-// GPT-2, d = 32, 4 heads, MLP 128, 16 tokens a sequence, 2 a micro-batch: 32 rows.
-ModelConfig gpt2() {
-  ModelConfig m;
-  m.arch = Architecture::GPT2;
-  m.vocab_size = 64;
-  m.max_seq_len = 16;
-  m.n_layer = 2;
-  m.n_embd = 32;
-  m.n_head = 4;
-  m.n_kv_head = 4;
-  m.ffn_hidden = 128;
-  return m;
-}
+// GPT-2, d = 32, 4 heads, MLP 128, 16 tokens a sequence (2 a micro-batch below: 32 rows).
+ModelConfig gpt2() { return test::tiny_gpt2(); }
 
 TrainingJob job_for(const ProfiledMachine& m, EngineFp8Recipe recipe) {
   TrainingJob job = m.job;
@@ -158,15 +148,7 @@ TEST(PlanEngineFp8, ExpertsQuantiseTheirOwnRowsInTheirOwnAmaxGroup) {
   //   one expert (or the shared one): inputs 1024 + 1024 + 768 = 2816; weights 3 x 768 = 2304;
   //              output gradients 768 + 768 + 1024 = 2560
   // Per tensor: every element twice but the output gradients once (no biases in Llama).
-  ModelConfig m;
-  m.arch = Architecture::Llama;
-  m.vocab_size = 64;
-  m.max_seq_len = 16;
-  m.n_layer = 2;
-  m.n_embd = 32;
-  m.n_head = 4;
-  m.n_kv_head = 2;
-  m.ffn_hidden = 64;
+  ModelConfig m = test::tiny_llama();  // d = 32, 4 heads of 8, 2 kv heads
   m.n_experts = 4;
   m.experts_per_token = 2;
   m.moe_ffn_hidden = 24;

@@ -1,8 +1,8 @@
 #include "loom/kernels/cpu/fp8.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -20,17 +20,6 @@ const char* fp8_format_name(Fp8Format format) {
 
 namespace {
 
-uint32_t bits_of(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
-float float_of(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, sizeof x);
-  return x;
-}
-
 // round_to_fp8 without branches, so that the quantisation loops vectorise. The grid step of
 // |x|'s binade (the subnormal step below the smallest normal) is 2^(binade - M); adding
 // C = 2^(binade - M + 23), whose f32 ulp is that step, rounds |x| onto the grid with the FPU's
@@ -41,14 +30,15 @@ float float_of(uint32_t b) {
 // zero keeps its sign (the sign bit is put back). This file is built without FMA contraction
 // (CMakeLists.txt), so x * scale is rounded to f32 before its rounding to FP8, as on the GPU.
 inline float round_to_grid(float x, int mantissa_bits, int min_normal_exponent, float max_finite) {
-  const uint32_t bits = bits_of(x);
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
   const uint32_t sign = bits & 0x80000000u, magnitude = bits & 0x7FFFFFFFu;
-  const float a = float_of(magnitude);
+  const float a = std::bit_cast<float>(magnitude);
   const int exponent = static_cast<int>(magnitude >> 23) - 127;  // -127 for f32 subnormals
   const int binade = exponent > min_normal_exponent ? exponent : min_normal_exponent;
-  const float c = float_of(static_cast<uint32_t>(binade - mantissa_bits + 23 + 127) << 23);
+  const float c =
+      std::bit_cast<float>(static_cast<uint32_t>(binade - mantissa_bits + 23 + 127) << 23);
   const float r = a >= max_finite ? max_finite : (a + c) - c;
-  return float_of(sign | bits_of(r));
+  return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(r));
 }
 
 }  // namespace

@@ -16,28 +16,12 @@
 #include "loom/model/moe.hpp"
 #include "loom/train/config_reader.hpp"
 #include "loom/train/trainer.hpp"
+#include "moe_fixtures.hpp"
 #include "test_support.hpp"
 #include "trainer_fixture.hpp"
 
 namespace loom::test {
 namespace {
-
-void fill(Parameter& p, uint64_t seed, float scale) {
-  const std::vector<float> v = random_vector(static_cast<size_t>(p.value.numel()), seed, scale);
-  std::copy(v.begin(), v.end(), p.value.f32());
-}
-
-void fill_layer(MoeLayer& layer, uint64_t seed) {
-  fill(layer.router, seed, 0.5f);
-  fill(layer.shared_gate, seed + 101, 0.3f);
-  fill(layer.shared_up, seed + 102, 0.3f);
-  fill(layer.shared_down, seed + 103, 0.3f);
-  for (size_t e = 0; e < layer.gate.size(); ++e) {
-    fill(layer.gate[e], seed + 10 * e + 1, 0.3f);
-    fill(layer.up[e], seed + 10 * e + 2, 0.3f);
-    fill(layer.down[e], seed + 10 * e + 3, 0.3f);
-  }
-}
 
 std::shared_ptr<Fp8Context> current_scaling() {
   auto context = std::make_shared<Fp8Context>();

@@ -6,16 +6,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "gradcheck.hpp"
 #include "loom/ckpt/safetensors.hpp"
 #include "loom/kernels/ops.hpp"
 #include "loom/model/moe.hpp"
+#include "moe_fixtures.hpp"
 #include "test_support.hpp"
 
 namespace loom::test {
@@ -25,25 +26,6 @@ Tensor host(const Shape& shape, const std::vector<float>& values) {
   Tensor t = Tensor::empty(shape, DType::F32, MemCategory::Workspace);
   std::copy(values.begin(), values.end(), t.f32());
   return t;
-}
-
-void fill(Parameter& p, uint64_t seed, float scale) {
-  const std::vector<float> v = random_vector(static_cast<size_t>(p.value.numel()), seed, scale);
-  std::copy(v.begin(), v.end(), p.value.f32());
-}
-
-void fill_layer(MoeLayer& layer, uint64_t seed) {
-  fill(layer.router, seed, 0.5f);
-  if (layer.spec().shared_experts > 0) {
-    fill(layer.shared_gate, seed + 101, 0.3f);
-    fill(layer.shared_up, seed + 102, 0.3f);
-    fill(layer.shared_down, seed + 103, 0.3f);
-  }
-  for (size_t e = 0; e < layer.gate.size(); ++e) {
-    fill(layer.gate[e], seed + 10 * e + 1, 0.3f);
-    fill(layer.up[e], seed + 10 * e + 2, 0.3f);
-    fill(layer.down[e], seed + 10 * e + 3, 0.3f);
-  }
 }
 
 // Softmax over [1, 3, 2, 0]: the top two are experts 1 and 2, weighted e^3 : e^2, i.e.

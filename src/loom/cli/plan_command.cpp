@@ -139,9 +139,8 @@ Machine machine_of(const PlanArgs& args, int64_t gpus) {
       (args.profile.empty() || args.precision != "fp8"))
     throw_error(
         "plan: --fp8-recipe (training.fp8_recipe) is the recipe of loom's own engine, predicted "
-        "with --precision "
-        "fp8 and a CPU --profile (the GPU presets charge Transformer Engine's FP8 casts "
-        "whatever the recipe)");
+        "with --precision fp8 and a CPU --profile (the GPU presets charge Transformer Engine's "
+        "FP8 casts whatever the recipe)");
   if (args.profile.empty()) return {plan_cluster(args, gpus), job_of(args)};
   if (!args.gemm_timings.empty()) throw_error("plan: give --profile or --gemm-timings, not both (a profile has its GEMM timings)");
   if (args.attention != "flash")

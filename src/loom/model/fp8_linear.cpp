@@ -33,13 +33,10 @@ Tensor Fp8Linear::quantize(const float* x, int64_t rows, int64_t cols, int64_t s
   Tensor q = Tensor::empty({rows, cols}, DType::F32, MemCategory::Workspace);
   float amax = 0.0f;
   Fp8QuantizeTally& tally = fp8_quantize_tally();
-  if (ctx.config.recipe != Fp8Recipe::Blockwise)
-    tally.tensor += rows * cols;
-  else
+  if (ctx.config.recipe == Fp8Recipe::Blockwise) {
     (tile_rows == 1   ? tally.row_tiles
      : tile_cols == 1 ? tally.column_tiles
                       : tally.blocks) += rows * cols;
-  if (ctx.config.recipe == Fp8Recipe::Blockwise) {
     // 1 x 128 tiles never span rows, and 128 x 1 tiles never span sequences, so a replica's
     // rows are quantised as one process would; weights are the same on every replica. Nothing
     // to reduce.
@@ -52,6 +49,7 @@ Tensor Fp8Linear::quantize(const float* x, int64_t rows, int64_t cols, int64_t s
       amax = std::isnan(part) || std::isnan(amax) ? NAN : std::max(amax, part);
     }
   } else {
+    tally.tensor += rows * cols;
     for (int64_t r = 0; r < rows; ++r) {
       const float row_amax = cpu::abs_max(x + r * stride, cols);
       amax = std::isnan(row_amax) ? row_amax : std::max(amax, row_amax);

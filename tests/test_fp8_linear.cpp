@@ -121,6 +121,67 @@ INSTANTIATE_TEST_SUITE_P(
         Fp8LinearCase{Fp8Recipe::Blockwise, Fp8Formats::Hybrid, 0, "blockwise_two_sequences", 70}),
     [](const auto& info) { return std::string(info.param.label); });
 
+// Tensor-parallel column layers run backward as two calls around a collective (Linear's
+// input_grad, then weight_grad). They must give backward's gradients bit for bit, and a
+// per-tensor recipe must quantise the output gradient once for both, as backward does (by hand:
+// g [rows, out], w [out, in] and x [rows, in] once each; blockwise: g in 1 x 128 tiles for the
+// input gradient and in 128 x 1 tiles with x for the weight gradient, w in blocks). A weight
+// half on another gradient (here a copy at another address) quantises its own.
+TEST(Fp8Linear, SplitHalvesEqualOneBackwardAndQuantiseTheGradientOnce) {
+  constexpr int64_t rows = 140, in = 200, out = 136;
+  for (Fp8Recipe recipe : {Fp8Recipe::Delayed, Fp8Recipe::Current, Fp8Recipe::Blockwise}) {
+    SCOPED_TRACE(fp8_recipe_name(recipe));
+    const Tensor x = random_tensor({rows, in}, 1.0, 41), g = random_tensor({rows, out}, 1e-4, 42);
+    auto make = [&](Linear& linear) {
+      auto context = std::make_shared<Fp8Context>();
+      context->config.recipe = recipe;
+      auto training = std::make_unique<Fp8Training>(
+          context, std::vector<Fp8Linear*>{linear.enable_fp8(context)});
+      linear.weight.value.copy_from(random_tensor({out, in}, 0.05, 43));
+      training->begin_step();
+      return training;
+    };
+    Linear whole("whole", in, out, true, false), split("split", in, out, true, false);
+    auto whole_training = make(whole);
+    auto split_training = make(split);
+    Tensor d_x = Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace);
+    Tensor d_x_split = Tensor::zeros({rows, in}, DType::F32, MemCategory::Workspace);
+    Fp8QuantizeTally& tally = fp8_quantize_tally();
+    tally.reset();
+    whole.backward(d_x, false, g, 0, x);
+    const int64_t whole_elements =
+        tally.tensor + tally.row_tiles + tally.column_tiles + tally.blocks;
+    tally.reset();
+    split.input_grad(d_x_split, false, g, 0);
+    split.weight_grad(g, 0, x, true);
+    if (recipe == Fp8Recipe::Blockwise) {
+      EXPECT_EQ(tally.row_tiles, rows * out);
+      EXPECT_EQ(tally.column_tiles, rows * out + rows * in);
+      EXPECT_EQ(tally.blocks, out * in);
+    } else {
+      EXPECT_EQ(tally.tensor, rows * out + out * in + rows * in);
+    }
+    EXPECT_EQ(tally.tensor + tally.row_tiles + tally.column_tiles + tally.blocks, whole_elements);
+    EXPECT_EQ(d_x_split.to_f32_vector(), d_x.to_f32_vector());
+    EXPECT_EQ(split.weight.grad.to_f32_vector(), whole.weight.grad.to_f32_vector());
+    EXPECT_EQ(split.bias.grad.to_f32_vector(), whole.bias.grad.to_f32_vector());
+
+    // The held gradient serves only its own d_out: a copy elsewhere is quantised again.
+    Tensor g_copy = Tensor::empty({rows, out}, DType::F32, MemCategory::Workspace);
+    g_copy.copy_from(g);
+    split.weight.grad.zero_();
+    whole.weight.grad.zero_();
+    tally.reset();
+    split.input_grad(d_x_split, false, g, 0);
+    split.weight_grad(g_copy, 0, x, false);
+    whole.weight_grad(g, 0, x, false);
+    if (recipe != Fp8Recipe::Blockwise) {
+      EXPECT_EQ(tally.tensor, 2 * (rows * out + rows * in) + out * in + rows * out);
+    }
+    EXPECT_EQ(split.weight.grad.to_f32_vector(), whole.weight.grad.to_f32_vector());
+  }
+}
+
 // A history of 2 keeps the newest two step amaxes; a skipped step's amax never enters it.
 TEST(Fp8Linear, HistoryRollsAndSkippedStepsAreLeftOut) {
   Linear linear("l", 2, 1, false, false);

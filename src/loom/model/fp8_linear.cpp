@@ -154,6 +154,7 @@ const ops::Fp8Codes& Fp8Linear::device_weight_codes(const Tensor& weight_value, 
 void Fp8Linear::release_step_cache() {
   weight_codes_ = ops::Fp8Codes{};
   weight_codes_step_ = -1;
+  held_gradient_.reset();
 }
 
 void Fp8Linear::forward_on_device(const Tensor& out, int64_t out_col, const Tensor& input_value,
@@ -197,7 +198,8 @@ void Fp8Linear::forward_on_device(const Tensor& out, int64_t out_col, const Tens
 void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
                                    const Tensor& d_weight, const Tensor& d_bias,
                                    const Tensor& d_out, int64_t d_out_col,
-                                   const Tensor& input_value, const Tensor& weight_value) {
+                                   const Tensor& input_value, const Tensor& weight_value, Half half,
+                                   const HeldGradient* held) {
   const int64_t in = weight_value.size(1), out_features = weight_value.size(0);
   const bool blockwise = context_->config.recipe == Fp8Recipe::Blockwise;
   const int64_t multiple = blockwise ? kFp8TileSize : 16, rows = d_out.size(0);
@@ -215,7 +217,8 @@ void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
       if (rows > 0) x.narrow_rows(0, rows).copy_from(input_value);
     }
     if (d_input.defined()) dx = zeros(in, d_input.dtype());
-    backward_on_device(dx, false, d_weight, Tensor(), g, 0, x, weight_value);
+    // (The padded copy is this call's own: nothing is held for, or taken from, another half.)
+    backward_on_device(dx, false, d_weight, Tensor(), g, 0, x, weight_value, Half::Whole, nullptr);
     if (rows > 0 && d_input.defined()) {
       if (accumulate_input)
         ops::add_into(d_input, dx.narrow_rows(0, rows));
@@ -227,12 +230,17 @@ void Fp8Linear::backward_on_device(const Tensor& d_input, bool accumulate_input,
   }
   // Blockwise: the gradient's 1 x 128 tiles for d_input and its 128 x 1 tiles (transposed) for
   // d_weight, whose inner dimension is the tokens.
-  const ops::Fp8Codes g =
-      blockwise ? quantize_tiles_on_device(d_out, d_out_col, out_features, 2,
-                                           context_->config.gradient_format(), d_input.defined(),
-                                           d_weight.defined())
-                : quantize_on_device(d_out, d_out_col, out_features, grad_output, 2,
-                                     context_->config.gradient_format(), d_weight.defined());
+  // Per tensor, an input half quantises with the transpose its weight half will take.
+  const ops::Fp8Codes g = blockwise
+                              ? quantize_tiles_on_device(d_out, d_out_col, out_features, 2,
+                                                         context_->config.gradient_format(),
+                                                         d_input.defined(), d_weight.defined())
+                          : held ? held->codes
+                                 : quantize_on_device(d_out, d_out_col, out_features, grad_output,
+                                                      2, context_->config.gradient_format(),
+                                                      d_weight.defined() || half == Half::Input);
+  if (half == Half::Input && !blockwise)
+    held_gradient_ = HeldGradient{d_out, d_out_col, Tensor(), g};
   if (d_input.defined()) {
     // The step's weight codes (made by this micro-batch's forward or an earlier one), or, outside
     // a step, fresh ones with their transpose.
@@ -276,12 +284,43 @@ void Fp8Linear::forward(const Tensor& out, int64_t out_col, const Tensor& input,
   if (rows > 0) ops::linear_forward(out, out_col, x, w, bias);
 }
 
+bool Fp8Linear::HeldGradient::matches(const Tensor& g, int64_t g_col) const {
+  return g.raw() == d_out.raw() && g.shape() == d_out.shape() && g.dtype() == d_out.dtype() &&
+         g_col == col;
+}
+
 void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
                          const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
                          const Tensor& input_value, const Tensor& weight_value) {
+  backward_part(d_input, accumulate_input, d_weight, d_bias, d_out, d_out_col, input_value,
+                weight_value, Half::Whole);
+}
+
+void Fp8Linear::backward_input_half(const Tensor& d_input, bool accumulate_input,
+                                    const Tensor& d_out, int64_t d_out_col,
+                                    const Tensor& weight_value) {
+  backward_part(d_input, accumulate_input, Tensor(), Tensor(), d_out, d_out_col, Tensor(),
+                weight_value, Half::Input);
+}
+
+void Fp8Linear::backward_weight_half(const Tensor& d_weight, const Tensor& d_bias,
+                                     const Tensor& d_out, int64_t d_out_col,
+                                     const Tensor& input_value, const Tensor& weight_value) {
+  backward_part(Tensor(), false, d_weight, d_bias, d_out, d_out_col, input_value, weight_value,
+                Half::Weight);
+}
+
+void Fp8Linear::backward_part(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                              const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
+                              const Tensor& input_value, const Tensor& weight_value, Half half) {
+  // What an input half kept serves the weight half of the same gradient that follows it, and
+  // nothing else: every call takes it off the layer.
+  std::optional<HeldGradient> held = std::move(held_gradient_);
+  held_gradient_.reset();
+  if (held && (half != Half::Weight || !held->matches(d_out, d_out_col))) held.reset();
   if (d_out.device() == Device::CUDA)
     return backward_on_device(d_input, accumulate_input, d_weight, d_bias, d_out, d_out_col,
-                              input_value, weight_value);
+                              input_value, weight_value, half, held ? &*held : nullptr);
   // Either half may be asked for alone (tensor-parallel layers overlap a collective between
   // them): the input is read only for d_weight, the weight only for d_input.
   const int64_t rows = d_out.size(0), in = weight_value.size(1),
@@ -296,7 +335,9 @@ void Fp8Linear::backward(const Tensor& d_input, bool accumulate_input, const Ten
     const Tensor w = quantize(weight_value.f32(), out_features, in, in, weight,
                               cpu::Fp8Format::E4M3, kFp8TileSize);
     if (rows > 0) ops::linear_input_grad(d_input, accumulate_input, dq, 0, w);
+    if (half == Half::Input && !blockwise) held_gradient_ = HeldGradient{d_out, d_out_col, dq, {}};
   }
+  if (held && !blockwise) dq = held->dequantised;
   if (d_weight.defined()) {
     // Blockwise: d_weight, a sum over tokens, from 128 x 1 tiles of the gradient and the input
     // (the GEMM's inner dimension, as a GPU's block-scaled kernels take it); per-tensor scales

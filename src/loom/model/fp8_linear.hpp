@@ -39,6 +39,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -128,18 +129,44 @@ class Fp8Linear {
   void backward(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
                 const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col, const Tensor& input,
                 const Tensor& weight);
+  // backward in two calls, as tensor-parallel column layers run it (a collective between
+  // them): the input gradient, then the weight and bias gradients of the same d_out. Per-tensor
+  // recipes quantise the output gradient once for both, as backward does: backward_input_half
+  // keeps its quantised form (on a GPU the codes and their transpose) for the
+  // backward_weight_half of the same d_out that follows; any other call on the layer drops it.
+  // Blockwise tiles the gradient differently for each (1 x 128, then 128 x 1): each its own.
+  void backward_input_half(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
+                           int64_t d_out_col, const Tensor& weight);
+  void backward_weight_half(const Tensor& d_weight, const Tensor& d_bias, const Tensor& d_out,
+                            int64_t d_out_col, const Tensor& input, const Tensor& weight);
 
   Fp8TensorScaling input, weight, grad_output;
   int64_t index = 0;  // this layer's place among its model's FP8 layers (Fp8Training sets it)
-  // Frees the weight codes kept for the step (Fp8Training::finish_step).
+  // Frees the weight codes kept for the step, and a held output gradient
+  // (Fp8Training::finish_step).
   void release_step_cache();
 
  private:
+  enum class Half { Whole, Input, Weight };
+  // The output gradient backward_input_half quantised: d_out (a view, which keeps its storage,
+  // so it is matched by identity) and its quantised form, on the host or on the device.
+  struct HeldGradient {
+    Tensor d_out;
+    int64_t col = 0;
+    Tensor dequantised;
+    ops::Fp8Codes codes;
+    bool matches(const Tensor& g, int64_t g_col) const;
+  };
+  std::optional<HeldGradient> held_gradient_;
+  void backward_part(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
+                     const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
+                     const Tensor& input, const Tensor& weight, Half half);
   void forward_on_device(const Tensor& out, int64_t out_col, const Tensor& input,
                          const Tensor& weight, const Tensor* bias);
   void backward_on_device(const Tensor& d_input, bool accumulate_input, const Tensor& d_weight,
                           const Tensor& d_bias, const Tensor& d_out, int64_t d_out_col,
-                          const Tensor& input, const Tensor& weight);
+                          const Tensor& input, const Tensor& weight, Half half,
+                          const HeldGradient* held);
   // Columns [col, col + cols) of a device tensor as FP8 codes (and their transpose), with the
   // recipe's scale; `slot` 0, 1, 2 = input, weight, output gradient.
   ops::Fp8Codes quantize_on_device(const Tensor& x, int64_t col, int64_t cols,

@@ -42,8 +42,7 @@ void Linear::forward_unbiased(const Tensor& out, int64_t out_col, const Tensor& 
 void Linear::input_grad(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
                         int64_t d_out_col) const {
   if (fp8_)
-    return fp8_->backward(d_input, accumulate_input, Tensor(), Tensor(), d_out, d_out_col, Tensor(),
-                          weight.value);
+    return fp8_->backward_input_half(d_input, accumulate_input, d_out, d_out_col, weight.value);
   ops::linear_input_grad(d_input, accumulate_input, d_out, d_out_col, weight.value);
 }
 
@@ -51,8 +50,7 @@ void Linear::weight_grad(const Tensor& d_out, int64_t d_out_col, const Tensor& i
                          bool with_bias) {
   const Tensor d_bias = with_bias && has_bias() ? bias.grad : Tensor();
   if (fp8_)
-    return fp8_->backward(Tensor(), false, weight.grad, d_bias, d_out, d_out_col, input,
-                          weight.value);
+    return fp8_->backward_weight_half(weight.grad, d_bias, d_out, d_out_col, input, weight.value);
   ops::linear_backward(Tensor(), false, weight.grad, d_bias, d_out, d_out_col, input, weight.value);
 }
 

@@ -25,6 +25,8 @@ class Linear {
   // between, each through the FP8 path when it is on: the forward's product without the bias
   // (a row-parallel layer adds it once, after the sum); the input gradient alone (written or
   // accumulated); the weight gradient, and the bias's with `with_bias`, alone (accumulated).
+  // In FP8 (per-tensor recipes) the output gradient input_grad quantised serves the weight_grad
+  // of the same d_out that follows it (Fp8Linear::backward_input_half).
   void forward_unbiased(const Tensor& out, int64_t out_col, const Tensor& input) const;
   void input_grad(const Tensor& d_input, bool accumulate_input, const Tensor& d_out,
                   int64_t d_out_col) const;

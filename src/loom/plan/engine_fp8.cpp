@@ -10,7 +10,6 @@ namespace {
 // One FP8 linear layer on a rank: `rows` x `in` inputs to `out` outputs (the rank's shard).
 struct Fp8Layer {
   double rows, in, out;
-  bool halves;     // backward as two calls: input gradient, then weight gradient
   bool bias_copy;  // Fp8Linear::backward copies the output gradient for the bias gradient
   bool expert;     // in the experts' amax group
   double weight;   // how many of these per mean layer
@@ -37,14 +36,15 @@ EngineFp8Cost engine_fp8_layer_cost(const ModelConfig& m, const PlanLayout& l,
   const double moe_share = static_cast<double>(m.moe_layer_count()) / layers;
 
   std::vector<Fp8Layer> fp8_layers;
-  // Column-parallel (output split over tp, two backward halves under tp) and row-parallel
-  // (input split; one backward call, its bias gradient apart under sequence parallelism).
+  // Column-parallel (output split over tp; under tp its backward runs as two halves around
+  // the input gradient's collective, which per-tensor recipes feed from one quantisation of
+  // the output gradient) and row-parallel (input split; one backward call, its bias gradient
+  // apart under sequence parallelism).
   auto column = [&](double out, double weight) {
-    fp8_layers.push_back({rows, h, out / t, tp, gpt2, false, weight});
+    fp8_layers.push_back({rows, h, out / t, gpt2, false, weight});
   };
   auto row = [&](double in, double weight) {
-    fp8_layers.push_back(
-        {rows, in / t, h, false, gpt2 && !(tp && l.sequence_parallel), false, weight});
+    fp8_layers.push_back({rows, in / t, h, gpt2 && !(tp && l.sequence_parallel), false, weight});
   };
   if (gpt2) {
     column(q + 2 * kv, 1);  // c_attn (q | k | v)
@@ -68,13 +68,12 @@ EngineFp8Cost engine_fp8_layer_cost(const ModelConfig& m, const PlanLayout& l,
     const double expert_rows = imbalance * own * k * ep / experts;
     const double local = experts / ep;
     for (int i = 0; i < 2; ++i)
-      fp8_layers.push_back({expert_rows, h, fe, false, false, true, moe_share * local});
-    fp8_layers.push_back({expert_rows, fe, h, false, false, true, moe_share * local});
+      fp8_layers.push_back({expert_rows, h, fe, false, true, moe_share * local});
+    fp8_layers.push_back({expert_rows, fe, h, false, true, moe_share * local});
     if (m.n_shared_experts > 0) {
       const double width = static_cast<double>(m.n_shared_experts) * fe;
-      for (int i = 0; i < 2; ++i)
-        fp8_layers.push_back({own, h, width, false, false, false, moe_share});
-      fp8_layers.push_back({own, width, h, false, false, false, moe_share});
+      for (int i = 0; i < 2; ++i) fp8_layers.push_back({own, h, width, false, false, moe_share});
+      fp8_layers.push_back({own, width, h, false, false, moe_share});
     }
   }
 
@@ -93,10 +92,9 @@ EngineFp8Cost engine_fp8_layer_cost(const ModelConfig& m, const PlanLayout& l,
       c.block_elements += x.weight * 2 * weights;
       c.column_tile_elements += x.weight * (grads + inputs);
     } else {
-      const double regrads = x.halves ? grads : 0;  // the weight-gradient half's own copy
       forward = r.tensor_s * (inputs + weights);
-      backward = r.tensor_s * (grads + weights + inputs + regrads);
-      c.tensor_elements += x.weight * (2 * inputs + 2 * weights + grads + regrads);
+      backward = r.tensor_s * (grads + weights + inputs);
+      c.tensor_elements += x.weight * (2 * inputs + 2 * weights + grads);
     }
     if (x.bias_copy) {
       // Read and write 4 bytes an element at the profile's memory-bound kernels' rate.
@@ -107,8 +105,7 @@ EngineFp8Cost engine_fp8_layer_cost(const ModelConfig& m, const PlanLayout& l,
     c.backward_s += x.weight * backward;
     if (reduce_each) {
       (x.expert ? expert_forward_reductions : dense_forward_reductions) += x.weight * 2;
-      (x.expert ? expert_backward_reductions : dense_backward_reductions) +=
-          x.weight * (x.halves ? 4 : 3);
+      (x.expert ? expert_backward_reductions : dense_backward_reductions) += x.weight * 3;
     }
   }
   // The amax groups: every rank of a pipeline stage, and those of it holding the same experts.

@@ -11,8 +11,10 @@
 //   backward  the output gradient and the weight for the input gradient, and the input again
 //             for the weight gradient (blockwise: the output gradient and the input again in
 //             128 x 1 tiles). A column-parallel layer under tp > 1 runs the two halves apart
-//             (its input-gradient all-reduce between them), so a per-tensor recipe quantises its
-//             output gradient twice. A layer with a bias copies the output gradient once more
+//             (its input-gradient all-reduce between them); a per-tensor recipe's weight half
+//             takes the output gradient its input half quantised (Fp8Linear::
+//             backward_input_half), so it is quantised once. A layer with a bias copies the
+//             output gradient once more
 //             for the bias gradient (Fp8Linear::backward), except a row-parallel one under tp with
 // sequence parallelism (RowParallelLinear sums its bias gradient apart).
 // The current recipe reduces each quantisation's amax (max) over the layer's amax group before

@@ -21,16 +21,22 @@ inline std::vector<double> losses_of(const std::string& metrics_path) {
   return out;
 }
 
-// Largest difference relative to the tensor's largest weight, floored at the init scale (std
-// 0.02): biases start at zero, and their own maximum after a few small steps is no scale.
-inline double relative_weight_difference(const std::vector<float>& a, const std::vector<float>& b) {
+// What weight differences are measured against: the tensor's largest weight, floored at the
+// init scale (std 0.02): biases start at zero, and their own maximum after a few small steps is
+// no scale.
+inline double weight_scale(const std::vector<float>& a) {
   constexpr double kInitScale = 0.02;
-  double max_diff = 0, max_ref = kInitScale;
-  for (size_t k = 0; k < a.size(); ++k) {
+  double max_ref = kInitScale;
+  for (float v : a) max_ref = std::max(max_ref, static_cast<double>(std::fabs(v)));
+  return max_ref;
+}
+
+// Largest difference relative to weight_scale.
+inline double relative_weight_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double max_diff = 0;
+  for (size_t k = 0; k < a.size(); ++k)
     max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[k] - b[k])));
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a[k])));
-  }
-  return max_diff / max_ref;
+  return max_diff / weight_scale(a);
 }
 
 // A token stream with something to learn: a first-order Markov chain in which token t is

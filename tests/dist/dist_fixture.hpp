@@ -91,16 +91,11 @@ constexpr double kFlippedWeightMedianTolerance = 1e-2;
 
 // The median |a - b| over max(max |a|, 0.02) (relative_weight_difference's scale).
 inline double median_weight_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  constexpr double kInitScale = 0.02;
-  double max_ref = kInitScale;
   std::vector<double> diff(a.size());
-  for (size_t k = 0; k < a.size(); ++k) {
-    diff[k] = std::fabs(static_cast<double>(a[k]) - b[k]);
-    max_ref = std::max(max_ref, static_cast<double>(std::fabs(a[k])));
-  }
+  for (size_t k = 0; k < a.size(); ++k) diff[k] = std::fabs(static_cast<double>(a[k]) - b[k]);
   if (diff.empty()) return 0;
   std::nth_element(diff.begin(), diff.begin() + diff.size() / 2, diff.end());
-  return diff[diff.size() / 2] / max_ref;
+  return diff[diff.size() / 2] / weight_scale(a);
 }
 
 // median_weight_difference of a shard against the matching shard of one process's tensor.

@@ -337,7 +337,7 @@ void Fp8Linear::backward_part(const Tensor& d_input, bool accumulate_input, cons
     if (rows > 0) ops::linear_input_grad(d_input, accumulate_input, dq, 0, w);
     if (half == Half::Input && !blockwise) held_gradient_ = HeldGradient{d_out, d_out_col, dq, {}};
   }
-  if (held && !blockwise) dq = held->dequantised;
+  if (held) dq = held->dequantised;  // (only per-tensor recipes hold one)
   if (d_weight.defined()) {
     // Blockwise: d_weight, a sum over tokens, from 128 x 1 tiles of the gradient and the input
     // (the GEMM's inner dimension, as a GPU's block-scaled kernels take it); per-tensor scales

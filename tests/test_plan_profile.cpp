@@ -380,6 +380,55 @@ TEST(PlanProfile, FittedPeakFractionNeverExceedsTheMeasuredPeak) {
   EXPECT_GT(fit.half_dim, 1);
 }
 
+TEST(PlanProfile, MeasuredGemmGridSetsEachShapesEfficiency) {
+  // A grid of m in {100, 400}, n in {100, 400}, k in {10, 40}, measured at efficiency 0.2 where
+  // m = 100 and 0.8 where m = 400, each point timed twice (calibrate's forward and backward) at
+  // half and 3/2 of the time its efficiency gives: their mean is that time.
+  const double peak = 1e11;
+  std::vector<GemmTiming> timings;
+  for (double m : {100.0, 400.0})
+    for (double n : {100.0, 400.0})
+      for (double k : {10.0, 40.0}) {
+        const double seconds = 2 * m * n * k / (peak * (m == 100 ? 0.2 : 0.8));
+        timings.push_back({m, n, k, seconds / 2});
+        timings.push_back({m, n, k, 1.5 * seconds});
+      }
+  GemmEfficiency e{0.9, 400};
+  e.measured = gemm_grid(timings, peak);
+  ASSERT_TRUE(e.measured);
+  EXPECT_NEAR(e.efficiency(100, 400, 10), 0.2, 1e-12);
+  EXPECT_NEAR(e.efficiency(400, 100, 40), 0.8, 1e-12);
+  // Linear in log m between the two: at 200 (the logs' midpoint) exp((ln 0.2 + ln 0.8) / 2) = 0.4;
+  // n and k between their sizes change nothing here.
+  EXPECT_NEAR(e.efficiency(200, 200, 20), 0.4, 1e-12);
+  // Outside the grid: the nearest point's efficiency times the curve's ratio, m = 50 against 100:
+  // 0.2 x (50 / 450) / (100 / 500) = 1 / 9; m = 800 against 400: 0.8 x (800 / 1200) / (400 / 800)
+  // = 1.07, held at the peak (1).
+  EXPECT_NEAR(e.efficiency(50, 100, 10), 1.0 / 9, 1e-12);
+  EXPECT_EQ(e.efficiency(800, 100, 10), 1.0);
+  // Without the grid, the curve: 0.9 x (200 / 600) x (200 / 600) x (20 / 420).
+  EXPECT_NEAR((GemmEfficiency{0.9, 400}).efficiency(200, 200, 20), 0.9 / 9 * 20 / 420, 1e-15);
+  // A point missing (or a time not positive) leaves no grid: the curve alone.
+  std::vector<GemmTiming> holed(timings.begin() + 2, timings.end());
+  EXPECT_FALSE(gemm_grid(holed, peak));
+  timings[0].seconds = 0;
+  EXPECT_FALSE(gemm_grid(timings, peak));
+  timings[0].seconds = 2 * 100.0 * 100 * 10 / (peak * 0.2) / 2;
+
+  // A CPU profile's entry with such a grid prices its machine's GEMMs from it, one without from
+  // the curve: `loom plan --profile` on the CPU engine.
+  ProfileEntry entry = sample_entry(1);
+  entry.peak_flops = peak;
+  entry.gemm = {0.9, 400};
+  EXPECT_FALSE(profiled_machine(entry, 1e9).job.gemm->measured);
+  entry.gemm_timings = timings;
+  const ProfiledMachine machine = profiled_machine(entry, 1e9);
+  ASSERT_TRUE(machine.job.gemm->measured);
+  EXPECT_NEAR(machine.job.gemm->efficiency(200, 200, 20), 0.4, 1e-12);
+  // A GPU profile keeps the curve (machine_profile.cpp says why).
+  EXPECT_FALSE(profiled_machine(entry, 1e9, Device::CUDA).job.gemm->measured);
+}
+
 TEST(PlanProfile, BadFilesNameTheField) {
   MachineProfile profile;
   profile.machine = "m";

@@ -84,6 +84,67 @@ GemmEfficiency fit_gemm_efficiency(const std::vector<GemmTiming>& timings, doubl
   return best;
 }
 
+std::shared_ptr<const GemmGrid> gemm_grid(const std::vector<GemmTiming>& timings,
+                                          double peak_flops) {
+  if (timings.empty() || !(peak_flops > 0)) return nullptr;
+  auto grid = std::make_shared<GemmGrid>();
+  for (const GemmTiming& t : timings) {
+    if (!(t.m > 0 && t.n > 0 && t.k > 0 && t.seconds > 0)) return nullptr;
+    grid->m.push_back(t.m), grid->n.push_back(t.n), grid->k.push_back(t.k);
+  }
+  for (std::vector<double>* axis : {&grid->m, &grid->n, &grid->k}) {
+    std::sort(axis->begin(), axis->end());
+    axis->erase(std::unique(axis->begin(), axis->end()), axis->end());
+  }
+  const size_t nm = grid->m.size(), nn = grid->n.size(), nk = grid->k.size();
+  auto index = [&](const std::vector<double>& axis, double v) {
+    return static_cast<size_t>(std::lower_bound(axis.begin(), axis.end(), v) - axis.begin());
+  };
+  std::vector<double> seconds(nm * nn * nk, 0.0), count(seconds.size(), 0.0);
+  for (const GemmTiming& t : timings) {
+    const size_t i = (index(grid->m, t.m) * nn + index(grid->n, t.n)) * nk + index(grid->k, t.k);
+    seconds[i] += t.seconds, count[i] += 1;
+  }
+  grid->log_efficiency.resize(seconds.size());
+  for (size_t a = 0; a < nm; ++a)
+    for (size_t b = 0; b < nn; ++b)
+      for (size_t c = 0; c < nk; ++c) {
+        const size_t i = (a * nn + b) * nk + c;
+        if (count[i] == 0) return nullptr;  // not a full grid: the curve alone
+        grid->log_efficiency[i] = std::log(2 * grid->m[a] * grid->n[b] * grid->k[c] /
+                                           (seconds[i] / count[i] * peak_flops));
+      }
+  return grid;
+}
+
+double GemmGrid::at(double mq, double nq, double kq) const {
+  // On each axis the two sizes around the query and the query's weight between them in log
+  // size (one size: weight 0).
+  struct Bracket {
+    size_t lo, hi;
+    double w;
+  };
+  auto bracket = [](const std::vector<double>& axis, double v) {
+    if (axis.size() == 1 || v <= axis.front()) return Bracket{0, 0, 0.0};
+    if (v >= axis.back()) return Bracket{axis.size() - 1, axis.size() - 1, 0.0};
+    size_t hi = 1;
+    while (axis[hi] < v) ++hi;
+    return Bracket{hi - 1, hi, std::log(v / axis[hi - 1]) / std::log(axis[hi] / axis[hi - 1])};
+  };
+  const Bracket bm = bracket(m, mq), bn = bracket(n, nq), bk = bracket(k, kq);
+  double out = 0;
+  for (int a = 0; a < 2; ++a)
+    for (int b = 0; b < 2; ++b)
+      for (int c = 0; c < 2; ++c) {
+        const double w = (a ? bm.w : 1 - bm.w) * (b ? bn.w : 1 - bn.w) * (c ? bk.w : 1 - bk.w);
+        if (w == 0) continue;
+        const size_t i =
+            ((a ? bm.hi : bm.lo) * n.size() + (b ? bn.hi : bn.lo)) * k.size() + (c ? bk.hi : bk.lo);
+        out += w * log_efficiency[i];
+      }
+  return out;
+}
+
 // The efficiency the timings measured at (tokens, keys, head_dim): those at head_dim, each
 // 2 m n k / (seconds x peak), log-linear in n between the two around keys (the nearest beyond
 // them), times fit's ratio between the tokens asked and the ones measured; fit alone when none

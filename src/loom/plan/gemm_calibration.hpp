@@ -2,6 +2,7 @@
 // Replacing the default GEMM efficiency table by measurements: a file of timed matrix products
 // on the target GPU is fitted to the time model's efficiency curve, so `loom plan` predicts
 // with what this machine and library actually sustain.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,11 @@ std::vector<GemmTiming> read_gemm_timings(const std::string& path);
 // of different shapes at least; `peak_flops` is the peak the fractions are relative to: the
 // GPU's dense datasheet peak, or (a machine profile) the best rate measured.
 GemmEfficiency fit_gemm_efficiency(const std::vector<GemmTiming>& timings, double peak_flops);
+
+// The timings as a grid of measured efficiencies (GemmGrid), relative to `peak_flops`; null
+// unless they time every (m, n, k) of their sizes and every time is positive.
+std::shared_ptr<const GemmGrid> gemm_grid(const std::vector<GemmTiming>& timings,
+                                          double peak_flops);
 
 // The efficiency timings measured at (tokens, keys, head_dim): those at head_dim, each
 // 2 m n k / (seconds x peak), log-linear in n between the two around keys (the nearest beyond

@@ -2,6 +2,9 @@
 // shape, and fused attention's by its keys per query and head width; and loom's own CUDA
 // engine's memory-bound kernels of a layer (declared in time_model.hpp, which prices a layer and
 // a step with them).
+#include <algorithm>
+#include <cmath>
+
 #include "loom/plan/time_model.hpp"
 
 namespace loom::plan {
@@ -13,9 +16,19 @@ double sustained_share(const GpuSpec& gpu) {
   return gpu.mamf_share > 0 ? gpu.mamf_share / kH100Share : 1.0;
 }
 
-double GemmEfficiency::efficiency(double m, double n, double k) const {
+double GemmEfficiency::curve(double m, double n, double k) const {
   auto saturate = [&](double d) { return d / (d + half_dim); };
   return peak_fraction * saturate(m) * saturate(n) * saturate(k);
+}
+
+double GemmEfficiency::efficiency(double m, double n, double k) const {
+  if (!measured) return curve(m, n, k);
+  const GemmGrid& g = *measured;
+  const double mc = std::clamp(m, g.m.front(), g.m.back()),
+               nc = std::clamp(n, g.n.front(), g.n.back()),
+               kc = std::clamp(k, g.k.front(), g.k.back());
+  // No shape beats the peak, which is the best rate the grid measured.
+  return std::min(1.0, std::exp(g.at(mc, nc, kc)) * curve(m, n, k) / curve(mc, nc, kc));
 }
 
 // What training sustains end to end, per GPU family: the two numbers were chosen on a coarse

@@ -3,6 +3,7 @@
 // efficiency, plus memory-bound work at HBM bandwidth; communication from the alpha-beta
 // model of each collective on the links its group spans; what overlaps what; and the pipeline
 // bubble from simulating the schedule's own action lists.
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,13 +16,21 @@
 
 namespace loom::plan {
 
+struct GemmGrid;
+
 // How close a GPU gets to its datasheet peak on large bf16 GEMMs, and how fast that falls for
 // small dimensions: efficiency(m, n, k) = peak_fraction x prod_d d / (d + half_dim). Defaults
-// per GPU family; `calibrate` replaces them from measured kernel timings.
+// per GPU family; `calibrate` replaces them from measured kernel timings. A machine profile also
+// carries its timings' grid (`measured`): then a shape inside it takes the measured efficiency,
+// interpolated, and one outside it the nearest grid point's times the curve's ratio between the
+// two. The curve alone misses single shapes by 10-20% on a CPU, whose rate dips where a
+// weight outgrows a cache level (4096-wide outputs) and at narrow inner dimensions.
 struct GemmEfficiency {
   double peak_fraction = 0.75;
   double half_dim = 128;
+  std::shared_ptr<const GemmGrid> measured = nullptr;
   double efficiency(double m, double n, double k) const;
+  double curve(double m, double n, double k) const;  // the two-number curve alone
 };
 GemmEfficiency default_gemm_efficiency(const GpuSpec& gpu);
 // A part's sustained share of its peak against the H100's (GpuSpec::mamf_share).
@@ -30,6 +39,16 @@ double sustained_share(const GpuSpec& gpu);
 // One timed product C[m, n] = A[m, k] B[k, n]: 2 m n k FLOPs in `seconds`.
 struct GemmTiming {
   double m = 0, n = 0, k = 0, seconds = 0;
+};
+
+// Timings that cover every (m, n, k) of their sizes (`loom calibrate`'s are such a grid): the
+// log of the efficiency at each point, the point's timings averaged in time (calibrate keeps a
+// forward and a backward per shape). `at` interpolates it linearly in log m, log n, log k,
+// each coordinate clamped to its axis.
+struct GemmGrid {
+  std::vector<double> m, n, k;         // each axis's sizes, ascending
+  std::vector<double> log_efficiency;  // [m][n][k]
+  double at(double m, double n, double k) const;
 };
 
 // How ZeRO-3's per-layer parameter gathers and gradient reduce-scatters travel.

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -70,6 +71,61 @@ double compute_seconds(ProcessGroup& world, const CalibrationOptions& o, Op&& op
   }
   return best;
 }
+
+// Compute ops timed in interleaved rounds: `add` registers each op (it must stay callable, and
+// what it captures alive, until `run`); `run` warms each up and sizes its loop from a probe as
+// compute_seconds does, then times `repeats` rounds, each one loop of every op in turn, and
+// each op keeps the median of its loops. On a machine whose speed drifts (other tenants' load,
+// clocks) the rounds spread each op's loops over the whole measurement, and the median is the
+// speed the machine typically gives, which is what a training step of seconds averages over:
+// on a shared 2-core machine one GEMM's 20 ms loops ran at 60-80 GFLOP/s over half a minute
+// (median 66), and back-to-back repeats of one op, best kept, timed the same GEMM 10-20%
+// apart in calibrations a minute apart, a whole block of shapes at once.
+class ComputeRounds {
+ public:
+  ComputeRounds(ProcessGroup& world, const CalibrationOptions& o) : world_(world), o_(o) {}
+  size_t add(std::function<void()> op) {
+    ops_.push_back({std::move(op), 1, {}});
+    return ops_.size() - 1;
+  }
+  void run() {
+    for (Timed& t : ops_) {
+      world_.barrier();
+      t.op();  // warm-up: page in the buffers, size OpenBLAS's workspace
+      world_.barrier();
+      const Clock::time_point start = Clock::now();
+      t.op();
+      const double probe = max_over_ranks(world_, seconds_since(start));
+      t.calls = std::clamp<int64_t>(
+          static_cast<int64_t>(std::ceil(o_.min_loop_seconds / std::max(probe, 1e-7))), 1, 1000000);
+    }
+    for (int r = 0; r < o_.repeats; ++r)
+      for (Timed& t : ops_) {
+        world_.barrier();
+        const Clock::time_point start = Clock::now();
+        for (int64_t c = 0; c < t.calls; ++c) t.op();
+        t.loops.push_back(max_over_ranks(world_, seconds_since(start)) /
+                          static_cast<double>(t.calls));
+      }
+  }
+  // Seconds per call of the op `add` numbered `slot`, the median of its loops; after run().
+  double seconds(size_t slot) const {
+    std::vector<double> loops = ops_.at(slot).loops;
+    std::sort(loops.begin(), loops.end());
+    const size_t half = loops.size() / 2;
+    return loops.size() % 2 ? loops[half] : (loops[half - 1] + loops[half]) / 2;
+  }
+
+ private:
+  struct Timed {
+    std::function<void()> op;
+    int64_t calls;
+    std::vector<double> loops;  // seconds per call, one per round
+  };
+  ProcessGroup& world_;
+  const CalibrationOptions& o_;
+  std::vector<Timed> ops_;
+};
 
 // Seconds per call of a communication `op` every rank issues (and waits for): the same number
 // of calls on every rank (from a probe), best of `repeats` loops, averaged over the ranks.

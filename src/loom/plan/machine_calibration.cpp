@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -23,11 +25,8 @@
 namespace loom::plan {
 namespace {
 
-using calibration::compute_seconds;
+using calibration::ComputeRounds;
 using calibration::fill;
-
-// The CPU's kernels return once done: nothing to wait for before the clock is read.
-constexpr auto kNothingToWaitFor = [] {};
 
 void measure_gemms(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry& entry) {
   const std::vector<int64_t> rows = o.quick ? std::vector<int64_t>{64, 256} : std::vector<int64_t>{128, 512, 2048};
@@ -37,26 +36,33 @@ void measure_gemms(ProcessGroup& world, const CalibrationOptions& o, ProfileEntr
   std::vector<float> x(static_cast<size_t>(max_rows * max_in)), w(static_cast<size_t>(max_out * max_in)),
       y(static_cast<size_t>(max_rows * max_out)), dx(x.size()), dw(w.size());
   fill(x, 1.0f), fill(w, 0.05f), fill(y, 0.01f);
-  double best_rate = 0;
+  ComputeRounds rounds(world, o);
+  struct Shape {
+    int64_t n, in, out;
+    size_t forward, backward;  // their slots in `rounds`
+  };
+  std::vector<Shape> shapes;
   for (const int64_t n : rows)
     for (const int64_t in : ins)
-      for (const int64_t out : outs) {
-        const double forward = compute_seconds(
-            world, o,
-            [&] { cpu::linear_forward(y.data(), out, x.data(), w.data(), nullptr, n, in, out); },
-            kNothingToWaitFor);
-        const double backward = compute_seconds(
-            world, o,
-            [&] {
-              cpu::linear_backward(dx.data(), false, dw.data(), nullptr, y.data(), out, x.data(),
-                                   w.data(), n, in, out);
-            },
-            kNothingToWaitFor);
-        const double m = static_cast<double>(n), nn = static_cast<double>(out), k = static_cast<double>(in);
-        entry.gemm_timings.push_back({m, nn, k, forward});
-        entry.gemm_timings.push_back({m, nn, k, backward / 2});  // two products: d_input and d_weight
-        best_rate = std::max({best_rate, 2 * m * nn * k / forward, 4 * m * nn * k / backward});
-      }
+      for (const int64_t out : outs)
+        shapes.push_back({n, in, out, rounds.add([&, n, in, out] {
+                            cpu::linear_forward(y.data(), out, x.data(), w.data(), nullptr, n, in,
+                                                out);
+                          }),
+                          rounds.add([&, n, in, out] {
+                            cpu::linear_backward(dx.data(), false, dw.data(), nullptr, y.data(),
+                                                 out, x.data(), w.data(), n, in, out);
+                          })});
+  rounds.run();
+  double best_rate = 0;
+  for (const Shape& s : shapes) {
+    const double forward = rounds.seconds(s.forward), backward = rounds.seconds(s.backward);
+    const double m = static_cast<double>(s.n), nn = static_cast<double>(s.out),
+                 k = static_cast<double>(s.in);
+    entry.gemm_timings.push_back({m, nn, k, forward});
+    entry.gemm_timings.push_back({m, nn, k, backward / 2});  // two products: d_input and d_weight
+    best_rate = std::max({best_rate, 2 * m * nn * k / forward, 4 * m * nn * k / backward});
+  }
   entry.peak_flops = best_rate;
   entry.gemm = fit_gemm_efficiency(entry.gemm_timings, best_rate);
 }
@@ -69,27 +75,44 @@ void measure_attention(ProcessGroup& world, const CalibrationOptions& o, Profile
       o.quick ? std::vector<Case>{{2, 64, 2, 16}, {1, 128, 2, 32}}
               : std::vector<Case>{{16, 128, 4, 32}, {4, 512, 4, 32}, {1, 2048, 4, 32},
                                   {16, 128, 4, 64}, {4, 512, 4, 64}, {1, 2048, 4, 64}};
+  // Each case's buffers, alive until the rounds have run.
+  struct Buffers {
+    cpu::AttentionShape shape;
+    std::vector<float> qkv, out, lse, d_out, d_qkv;
+    size_t forward = 0, backward = 0;  // slots in `rounds`
+  };
+  std::vector<std::unique_ptr<Buffers>> buffers;
+  ComputeRounds rounds(world, o);
   for (const Case& c : cases) {
-    const cpu::AttentionShape shape{c.batch, c.seq, c.heads, c.heads, c.head_dim};
+    auto b = std::make_unique<Buffers>();
+    b->shape = cpu::AttentionShape{c.batch, c.seq, c.heads, c.heads, c.head_dim};
     const int64_t rows = c.batch * c.seq;
-    std::vector<float> qkv(static_cast<size_t>(rows * shape.qkv_ld())), out(static_cast<size_t>(rows * shape.out_ld())),
-        lse(static_cast<size_t>(c.batch * c.heads * c.seq)), d_out(out.size()), d_qkv(qkv.size());
-    fill(qkv, 0.5f), fill(d_out, 0.01f);
-    const double forward = compute_seconds(
-        world, o, [&] { cpu::attention_forward(out.data(), lse.data(), qkv.data(), shape); },
-        kNothingToWaitFor);
-    const double backward = compute_seconds(
-        world, o,
-        [&] {
-          cpu::attention_backward(d_qkv.data(), d_out.data(), qkv.data(), out.data(), lse.data(),
-                                  shape);
-        },
-        kNothingToWaitFor);
+    b->qkv.resize(static_cast<size_t>(rows * b->shape.qkv_ld()));
+    b->out.resize(static_cast<size_t>(rows * b->shape.out_ld()));
+    b->lse.resize(static_cast<size_t>(c.batch * c.heads * c.seq));
+    b->d_out.resize(b->out.size());
+    b->d_qkv.resize(b->qkv.size());
+    fill(b->qkv, 0.5f), fill(b->d_out, 0.01f);
+    Buffers* p = b.get();
+    b->forward = rounds.add(
+        [p] { cpu::attention_forward(p->out.data(), p->lse.data(), p->qkv.data(), p->shape); });
+    b->backward = rounds.add([p] {
+      cpu::attention_backward(p->d_qkv.data(), p->d_out.data(), p->qkv.data(), p->out.data(),
+                              p->lse.data(), p->shape);
+    });
+    buffers.push_back(std::move(b));
+  }
+  rounds.run();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
     // Per head and per matmul (QK^T and PV): a (tokens x mean keys x head_dim) product.
-    const double tokens = static_cast<double>(rows), keys = static_cast<double>(c.seq + 1) / 2;
+    const double tokens = static_cast<double>(c.batch * c.seq),
+                 keys = static_cast<double>(c.seq + 1) / 2;
     const double per = 2.0 * static_cast<double>(c.heads);
-    entry.attention_forward_timings.push_back({tokens, keys, static_cast<double>(c.head_dim), forward / per});
-    entry.attention_backward_timings.push_back({tokens, keys, static_cast<double>(c.head_dim), backward / per});
+    entry.attention_forward_timings.push_back(
+        {tokens, keys, static_cast<double>(c.head_dim), rounds.seconds(buffers[i]->forward) / per});
+    entry.attention_backward_timings.push_back({tokens, keys, static_cast<double>(c.head_dim),
+                                                rounds.seconds(buffers[i]->backward) / per});
   }
   entry.attention_forward = fit_gemm_efficiency(entry.attention_forward_timings, entry.peak_flops);
   entry.attention_backward = fit_gemm_efficiency(entry.attention_backward_timings, entry.peak_flops);
@@ -107,9 +130,10 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
       bias(static_cast<size_t>(width)), d_weight(weight.size()), d_bias(bias.size()), mean(static_cast<size_t>(rows)),
       rstd(mean.size());
   fill(x, 1.0f), fill(dy, 0.01f);
-  double seconds = 0, bytes = 0;
-  auto charge = [&](double bytes_per_element, auto&& op) {
-    seconds += compute_seconds(world, o, op, kNothingToWaitFor);
+  ComputeRounds rounds(world, o);
+  double bytes = 0;
+  auto charge = [&](double bytes_per_element, std::function<void()> op) {
+    rounds.add(std::move(op));
     bytes += bytes_per_element * static_cast<double>(n);
   };
   charge(8, [&] { cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(), bias.data(), rows, width, 1e-5f); });
@@ -120,6 +144,9 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
   charge(8, [&] { cpu::gelu_forward(y.data(), x.data(), n); });
   charge(12, [&] { cpu::gelu_backward(dx.data(), dy.data(), x.data(), n); });
   charge(12, [&] { cpu::add(y.data(), x.data(), dy.data(), n); });
+  rounds.run();
+  double seconds = 0;
+  for (size_t slot = 0; slot < 5; ++slot) seconds += rounds.seconds(slot);
   entry.memory_bytes_per_s = bytes / seconds;
 }
 
@@ -131,32 +158,33 @@ void measure_fp8(ProcessGroup& world, const CalibrationOptions& o, ProfileEntry&
   std::vector<float> x(static_cast<size_t>(n));
   fill(x, 4.0f);
   const float* in = x.data();
-  auto per_element = [&](auto&& quantize) {
-    return compute_seconds(
-               world, o,
-               [&] {
-                 const Tensor q = Tensor::empty({rows, cols}, DType::F32, MemCategory::Workspace);
-                 quantize(q.f32());
-               },
-               kNothingToWaitFor) /
-           static_cast<double>(n);
+  ComputeRounds rounds(world, o);
+  auto add = [&](std::function<void(float*)> quantize) {
+    return rounds.add([rows, cols, quantize = std::move(quantize)] {
+      const Tensor q = Tensor::empty({rows, cols}, DType::F32, MemCategory::Workspace);
+      quantize(q.f32());
+    });
   };
   constexpr auto kE4M3 = cpu::Fp8Format::E4M3;
-  entry.fp8.tensor_s = per_element([&](float* out) {
+  const size_t tensor = add([=](float* out) {
     float amax = 0.0f;
     for (int64_t r = 0; r < rows; ++r) amax = std::max(amax, cpu::abs_max(in + r * cols, cols));
     cpu::quantize_dequantize(out, cols, in, cols, rows, cols, cpu::fp8_scale(amax, kE4M3, 0),
                              kE4M3);
   });
   auto tiles = [&](int64_t tile_rows, int64_t tile_cols) {
-    return per_element([&](float* out) {
+    return add([=](float* out) {
       (void)cpu::quantize_dequantize_tiles(out, cols, in, cols, rows, cols, tile_rows, tile_cols,
                                            kE4M3, 0);
     });
   };
-  entry.fp8.row_tiles_s = tiles(1, 128);
-  entry.fp8.column_tiles_s = tiles(128, 1);
-  entry.fp8.blocks_s = tiles(128, 128);
+  const size_t row_tiles = tiles(1, 128), column_tiles = tiles(128, 1), blocks = tiles(128, 128);
+  rounds.run();
+  const double elements = static_cast<double>(n);
+  entry.fp8.tensor_s = rounds.seconds(tensor) / elements;
+  entry.fp8.row_tiles_s = rounds.seconds(row_tiles) / elements;
+  entry.fp8.column_tiles_s = rounds.seconds(column_tiles) / elements;
+  entry.fp8.blocks_s = rounds.seconds(blocks) / elements;
 }
 
 }  // namespace

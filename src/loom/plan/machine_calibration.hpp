@@ -14,8 +14,11 @@
 //   pairs, each at message sizes from 4 KiB to 8 MiB, fitted to alpha-beta.
 // On a GPU (`device` CUDA) the same quantities through the engine's CUDA ops in bf16, the GPU
 // training precision, over shapes sized for a GPU (cuda_calibration.hpp).
-// Each figure is the best of `repeats` timed loops (compute: from a barrier until the last
-// rank is done; communication: averaged over the ranks).
+// Each compute figure is timed from a barrier until the last rank is done: on the CPU the
+// median of `repeats` rounds that time each of a measurement's kernels once in turn (the
+// machine's typical speed, where other tenants' load comes and goes), on a GPU the best of
+// `repeats` loops; each communication figure is the best of `repeats` loops, averaged over the
+// ranks.
 #include <cstdint>
 #include <string>
 
@@ -26,7 +29,7 @@
 namespace loom::plan {
 
 struct CalibrationOptions {
-  int repeats = 3;                 // timed loops per measurement; the best is kept
+  int repeats = 7;                 // timed loops per measurement (CPU compute: rounds)
   double min_loop_seconds = 0.02;  // a loop repeats its operation until it lasts this long
   bool quick = false;              // fewer shapes and sizes (for tests): same fields, rougher fits
   // The engine measured: the CPU's kernels, or the CUDA ops on the GPU this process selected

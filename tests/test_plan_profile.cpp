@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "loom/core/error.hpp"
 #include "loom/plan/collectives.hpp"
@@ -381,39 +382,50 @@ TEST(PlanProfile, FittedPeakFractionNeverExceedsTheMeasuredPeak) {
 }
 
 TEST(PlanProfile, MeasuredGemmGridSetsEachShapesEfficiency) {
-  // A grid of m in {100, 400}, n in {100, 400}, k in {10, 40}, measured at efficiency 0.2 where
-  // m = 100 and 0.8 where m = 400, each point timed twice (calibrate's forward and backward) at
-  // half and 3/2 of the time its efficiency gives: their mean is that time.
+  // A grid of m in {100, 400}, n in {100, 200, 800}, k in {10, 40}, measured at efficiency
+  // f(m) g(n) h(k): f = 0.5, 1; g = 0.4, 0.8, 1; h = 0.5, 1. Each point is timed twice (calibrate's
+  // forward and backward) at half and 3/2 of the time its efficiency gives: their mean is that
+  // time. Linear interpolation of the log of a product is the product of each axis's.
   const double peak = 1e11;
+  auto f = [](double m) { return m == 100 ? 0.5 : 1.0; };
+  auto g = [](double n) { return n == 100 ? 0.4 : n == 200 ? 0.8 : 1.0; };
+  auto h = [](double k) { return k == 10 ? 0.5 : 1.0; };
   std::vector<GemmTiming> timings;
   for (double m : {100.0, 400.0})
-    for (double n : {100.0, 400.0})
+    for (double n : {100.0, 200.0, 800.0})
       for (double k : {10.0, 40.0}) {
-        const double seconds = 2 * m * n * k / (peak * (m == 100 ? 0.2 : 0.8));
+        const double seconds = 2 * m * n * k / (peak * f(m) * g(n) * h(k));
         timings.push_back({m, n, k, seconds / 2});
         timings.push_back({m, n, k, 1.5 * seconds});
       }
   GemmEfficiency e{0.9, 400};
   e.measured = gemm_grid(timings, peak);
   ASSERT_TRUE(e.measured);
-  EXPECT_NEAR(e.efficiency(100, 400, 10), 0.2, 1e-12);
-  EXPECT_NEAR(e.efficiency(400, 100, 40), 0.8, 1e-12);
-  // Linear in log m between the two: at 200 (the logs' midpoint) exp((ln 0.2 + ln 0.8) / 2) = 0.4;
-  // n and k between their sizes change nothing here.
-  EXPECT_NEAR(e.efficiency(200, 200, 20), 0.4, 1e-12);
-  // Outside the grid: the nearest point's efficiency times the curve's ratio, m = 50 against 100:
-  // 0.2 x (50 / 450) / (100 / 500) = 1 / 9; m = 800 against 400: 0.8 x (800 / 1200) / (400 / 800)
-  // = 1.07, held at the peak (1).
-  EXPECT_NEAR(e.efficiency(50, 100, 10), 1.0 / 9, 1e-12);
-  EXPECT_EQ(e.efficiency(800, 100, 10), 1.0);
-  // Without the grid, the curve: 0.9 x (200 / 600) x (200 / 600) x (20 / 420).
-  EXPECT_NEAR((GemmEfficiency{0.9, 400}).efficiency(200, 200, 20), 0.9 / 9 * 20 / 420, 1e-15);
-  // A point missing (or a time not positive) leaves no grid: the curve alone.
+  EXPECT_NEAR(e.efficiency(100, 200, 10), 0.5 * 0.8 * 0.5, 1e-12);
+  EXPECT_NEAR(e.efficiency(400, 800, 10), 0.5, 1e-12);
+  // At the logs' midpoints of m (200), of n's 200 and 800 (400) and of k (20):
+  // sqrt(0.5) x sqrt(0.8) x sqrt(0.5) = sqrt(0.2).
+  EXPECT_NEAR(e.efficiency(200, 400, 20), std::sqrt(0.2), 1e-12);
+  // n = 150 lies log2(1.5) of the way from 100 to 200, where g doubles: 0.4 x 1.5 = 0.6.
+  EXPECT_NEAR(e.efficiency(400, 150, 40), 0.6, 1e-12);
+  // Outside the grid: the nearest point's efficiency times the curve's ratio. m = 50 against
+  // 100: 0.5 x 0.4 x 0.5 x (50 / 450) / (100 / 500) = 1 / 18; k = 80 against 40:
+  // 0.5 x 0.4 x 1 x (80 / 480) / (40 / 440) = 11 / 30; m = n = 800 against 400 and 800 at k = 40:
+  // 1 x (800 / 1200) / (400 / 800) = 4 / 3, held at the peak (1).
+  EXPECT_NEAR(e.efficiency(50, 100, 10), 1.0 / 18, 1e-12);
+  EXPECT_NEAR(e.efficiency(100, 100, 80), 11.0 / 30, 1e-12);
+  EXPECT_EQ(e.efficiency(800, 800, 40), 1.0);
+  // Without the grid, the curve: 0.9 x (200 / 600) x (400 / 800) x (20 / 420).
+  EXPECT_NEAR((GemmEfficiency{0.9, 400}).efficiency(200, 400, 20), 0.9 / 3 / 2 * 20 / 420, 1e-15);
+  // A point missing (or a time not positive and finite) leaves no grid: the curve alone.
   std::vector<GemmTiming> holed(timings.begin() + 2, timings.end());
   EXPECT_FALSE(gemm_grid(holed, peak));
-  timings[0].seconds = 0;
-  EXPECT_FALSE(gemm_grid(timings, peak));
-  timings[0].seconds = 2 * 100.0 * 100 * 10 / (peak * 0.2) / 2;
+  const double first = timings[0].seconds;
+  for (const double bad : {0.0, std::numeric_limits<double>::infinity()}) {
+    timings[0].seconds = bad;
+    EXPECT_FALSE(gemm_grid(timings, peak)) << bad;
+  }
+  timings[0].seconds = first;
 
   // A CPU profile's entry with such a grid prices its machine's GEMMs from it, one without from
   // the curve: `loom plan --profile` on the CPU engine.
@@ -424,7 +436,7 @@ TEST(PlanProfile, MeasuredGemmGridSetsEachShapesEfficiency) {
   entry.gemm_timings = timings;
   const ProfiledMachine machine = profiled_machine(entry, 1e9);
   ASSERT_TRUE(machine.job.gemm->measured);
-  EXPECT_NEAR(machine.job.gemm->efficiency(200, 200, 20), 0.4, 1e-12);
+  EXPECT_NEAR(machine.job.gemm->efficiency(200, 400, 20), std::sqrt(0.2), 1e-12);
   // A GPU profile keeps the curve (machine_profile.cpp says why).
   EXPECT_FALSE(profiled_machine(entry, 1e9, Device::CUDA).job.gemm->measured);
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loom/core/dtype.hpp"
+#include "loom/core/error.hpp"
 #include "loom/dist/process_group.hpp"
 #include "loom/plan/machine_calibration.hpp"
 
@@ -111,6 +112,8 @@ class ComputeRounds {
   // Seconds per call of the op `add` numbered `slot`, the median of its loops; after run().
   double seconds(size_t slot) const {
     std::vector<double> loops = ops_.at(slot).loops;
+    if (loops.empty())
+      throw_error("calibrate: op ", slot, " has no timed loops (run() not called, or repeats < 1)");
     std::sort(loops.begin(), loops.end());
     const size_t half = loops.size() / 2;
     return loops.size() % 2 ? loops[half] : (loops[half - 1] + loops[half]) / 2;

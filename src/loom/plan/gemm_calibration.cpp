@@ -89,7 +89,8 @@ std::shared_ptr<const GemmGrid> gemm_grid(const std::vector<GemmTiming>& timings
   if (timings.empty() || !(peak_flops > 0)) return nullptr;
   auto grid = std::make_shared<GemmGrid>();
   for (const GemmTiming& t : timings) {
-    if (!(t.m > 0 && t.n > 0 && t.k > 0 && t.seconds > 0)) return nullptr;
+    if (!(t.m > 0 && t.n > 0 && t.k > 0 && t.seconds > 0 && std::isfinite(t.seconds)))
+      return nullptr;
     grid->m.push_back(t.m), grid->n.push_back(t.n), grid->k.push_back(t.k);
   }
   for (std::vector<double>* axis : {&grid->m, &grid->n, &grid->k}) {

@@ -28,7 +28,8 @@ double GemmEfficiency::efficiency(double m, double n, double k) const {
                nc = std::clamp(n, g.n.front(), g.n.back()),
                kc = std::clamp(k, g.k.front(), g.k.back());
   // No shape beats the peak, which is the best rate the grid measured.
-  return std::min(1.0, std::exp(g.at(mc, nc, kc)) * curve(m, n, k) / curve(mc, nc, kc));
+  return std::min(std::exp(g.at(mc, nc, kc)) * curve(m, n, k) / curve(mc, nc, kc),
+                  1.0);  // NaN stays NaN
 }
 
 // What training sustains end to end, per GPU family: the two numbers were chosen on a coarse

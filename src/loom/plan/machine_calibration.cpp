@@ -132,8 +132,9 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
   fill(x, 1.0f), fill(dy, 0.01f);
   ComputeRounds rounds(world, o);
   double bytes = 0;
+  std::vector<size_t> slots;
   auto charge = [&](double bytes_per_element, std::function<void()> op) {
-    rounds.add(std::move(op));
+    slots.push_back(rounds.add(std::move(op)));
     bytes += bytes_per_element * static_cast<double>(n);
   };
   charge(8, [&] { cpu::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(), bias.data(), rows, width, 1e-5f); });
@@ -146,7 +147,7 @@ void measure_memory(ProcessGroup& world, const CalibrationOptions& o, ProfileEnt
   charge(12, [&] { cpu::add(y.data(), x.data(), dy.data(), n); });
   rounds.run();
   double seconds = 0;
-  for (size_t slot = 0; slot < 5; ++slot) seconds += rounds.seconds(slot);
+  for (const size_t slot : slots) seconds += rounds.seconds(slot);
   entry.memory_bytes_per_s = bytes / seconds;
 }
 

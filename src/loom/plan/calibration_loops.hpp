@@ -43,6 +43,28 @@ inline double max_over_ranks(ProcessGroup& world, double value) {
   return static_cast<double>(v);
 }
 
+// The calls a timed loop makes for it to last o.min_loop_seconds, one call having taken
+// `probe` seconds: at least 1, at most `most`.
+inline int64_t loop_calls(const CalibrationOptions& o, double probe, int64_t most) {
+  return std::clamp<int64_t>(
+      static_cast<int64_t>(std::ceil(o.min_loop_seconds / std::max(probe, 1e-7))), 1, most);
+}
+
+// A compute op's warm-up (page in the buffers, size OpenBLAS's workspace, pick cuBLASLt's
+// algorithm) and probe on every rank at once, timed until the last rank is done: the calls its
+// timed loops make (loop_calls).
+template <class Op, class Wait>
+int64_t probe_loop_calls(ProcessGroup& world, const CalibrationOptions& o, Op&& op, Wait&& wait) {
+  world.barrier();
+  op();
+  wait();
+  world.barrier();
+  const Clock::time_point start = Clock::now();
+  op();
+  wait();
+  return loop_calls(o, max_over_ranks(world, seconds_since(start)), 1000000);
+}
+
 // Seconds per call of `op`, run on every rank at once: the same number of calls on every rank
 // (from a probe), timed from a barrier until the last rank is done, so that ranks sharing
 // cores (or a GPU) are charged the machine's whole time for their calls (as in training, where
@@ -52,20 +74,11 @@ inline double max_over_ranks(ProcessGroup& world, double value) {
 // queued (without it the probe would time the launches alone and ask for far too many calls).
 template <class Op, class Wait>
 double compute_seconds(ProcessGroup& world, const CalibrationOptions& o, Op&& op, Wait&& wait) {
-  world.barrier();
-  op();  // warm-up: page in the buffers, size OpenBLAS's workspace, pick cuBLASLt's algorithm
-  wait();
-  world.barrier();
-  Clock::time_point start = Clock::now();
-  op();
-  wait();
-  const double probe = max_over_ranks(world, seconds_since(start));
-  const int64_t calls = std::clamp<int64_t>(
-      static_cast<int64_t>(std::ceil(o.min_loop_seconds / std::max(probe, 1e-7))), 1, 1000000);
+  const int64_t calls = probe_loop_calls(world, o, op, wait);
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < o.repeats; ++r) {
     world.barrier();
-    start = Clock::now();
+    const Clock::time_point start = Clock::now();
     for (int64_t c = 0; c < calls; ++c) op();
     wait();
     best = std::min(best, max_over_ranks(world, seconds_since(start)) / static_cast<double>(calls));
@@ -74,8 +87,8 @@ double compute_seconds(ProcessGroup& world, const CalibrationOptions& o, Op&& op
 }
 
 // Compute ops timed in interleaved rounds: `add` registers each op (it must stay callable, and
-// what it captures alive, until `run`); `run` warms each up and sizes its loop from a probe as
-// compute_seconds does, then times `repeats` rounds, each one loop of every op in turn, and
+// what it captures alive, until `run`); `run` warms each up and sizes its loop
+// (probe_loop_calls), then times `repeats` rounds, each one loop of every op in turn, and
 // each op keeps the median of its loops. On a machine whose speed drifts (other tenants' load,
 // clocks) the rounds spread each op's loops over the whole measurement, and the median is the
 // speed the machine typically gives, which is what a training step of seconds averages over:
@@ -90,16 +103,7 @@ class ComputeRounds {
     return ops_.size() - 1;
   }
   void run() {
-    for (Timed& t : ops_) {
-      world_.barrier();
-      t.op();  // warm-up: page in the buffers, size OpenBLAS's workspace
-      world_.barrier();
-      const Clock::time_point start = Clock::now();
-      t.op();
-      const double probe = max_over_ranks(world_, seconds_since(start));
-      t.calls = std::clamp<int64_t>(
-          static_cast<int64_t>(std::ceil(o_.min_loop_seconds / std::max(probe, 1e-7))), 1, 1000000);
-    }
+    for (Timed& t : ops_) t.calls = probe_loop_calls(world_, o_, t.op, [] {});
     for (int r = 0; r < o_.repeats; ++r)
       for (Timed& t : ops_) {
         world_.barrier();
@@ -137,9 +141,7 @@ double comm_seconds(ProcessGroup& world, const CalibrationOptions& o, Op&& op) {
   world.barrier();
   Clock::time_point start = Clock::now();
   op();
-  const double probe = max_over_ranks(world, seconds_since(start));
-  const int64_t calls = std::clamp<int64_t>(
-      static_cast<int64_t>(std::ceil(o.min_loop_seconds / std::max(probe, 1e-7))), 1, 100000);
+  const int64_t calls = loop_calls(o, max_over_ranks(world, seconds_since(start)), 100000);
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < o.repeats; ++r) {
     world.barrier();

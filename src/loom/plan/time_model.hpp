@@ -23,7 +23,7 @@ struct GemmGrid;
 // per GPU family; `calibrate` replaces them from measured kernel timings. A machine profile also
 // carries its timings' grid (`measured`): then a shape inside it takes the measured efficiency,
 // interpolated, and one outside it the nearest grid point's times the curve's ratio between the
-// two. The curve alone misses single shapes by 10-20% on a CPU, whose rate dips where a
+// two. The curve alone missed single shapes by 5-18% on a CPU, whose rate dips where a
 // weight outgrows a cache level (4096-wide outputs) and at narrow inner dimensions.
 struct GemmEfficiency {
   double peak_fraction = 0.75;

@@ -127,6 +127,18 @@ TEST(PlanHybrid, APatternIsCheckedAndTheEngineRefusesHybrids) {
       {"Mamba-2 mixers' 8 heads in 2 groups do not split over tp=4", "tp values that work: 1, 2"});
   expect_contains(error_message([] { Transformer t(tiny_hybrid("M*-"), Recompute::None, 1000); }),
                   {"for `loom plan` only"});
+  // Multi-token prediction is planned on any model (DeepSeek-V3's depth), trained on none.
+  ModelConfig mtp = transformer;
+  mtp.squared_relu_mlp = false;
+  mtp.mtp_layers = 1;
+  EXPECT_NO_THROW(mtp.validate());
+  EXPECT_NO_THROW(check_layout(plan::parse_layout("dp=2"), mtp, 1024, LayoutRules::Valid));
+  expect_contains(error_message([&] {
+                    check_layout(plan::parse_layout("dp=2"), mtp, 1024, LayoutRules::Engine);
+                  }),
+                  {"model.mtp_layers = 1", "planned, not trained"});
+  expect_contains(error_message([&] { Transformer t(mtp, Recompute::None, 1000); }),
+                  {"for `loom plan` only"});
 }
 
 // Megatron-Bridge's hybrid FLOP count (flop_utils.py hybrid_flops), worked by hand for "M*-" at

@@ -371,8 +371,9 @@ TEST(PublishedRuns, NemoAndAutomodelTables) {
   // 2023-24 rate (session 29), 4.2 and 11.3 over 19 rows before the 3 Nemotron 3 rows were
   // answered (session 30), 4.3 and 11.5 before Automodel's recipes (session 32: their rows fit
   // at full recomputation, 4 of them had been answered unfitted at none, 2.7-11.5% off; at full
-  // Qwen3 30B -12.9%, Nemotron 3 Nano -17.5%, DeepSeek-V3 on 256 GPUs -18.2%).
-  EXPECT_EQ(median_and_p90(s), "4.5 17.5");
+  // Qwen3 30B -12.9%, Nemotron 3 Nano -17.5%, DeepSeek-V3 on 256 GPUs -18.2%), 4.5 and 17.5
+  // before uneven pipeline stages were balanced against the head (session 39, stage_split).
+  EXPECT_EQ(median_and_p90(s), "4.3 17.5");
 }
 
 // NeMo 24.03.01's "Long Input Sequences" table (published/loom_nemo_long_sequence.json): Llama 2
@@ -441,12 +442,13 @@ TEST(PublishedRuns, HagemannSweepsTrialsItHadNotSeen) {
   // its gated MLP's third tensor-parallel all-reduce backward (7.3, 23.4), and full
   // recomputation's rerun of the forward's collectives (7.2, 21.3), NVLink at NCCL's 370/450 of
   // its line rate (7.3, 19.8; session 25: tp 8 trials +20% on average before), and the head's
-  // logits gathered over tp with the loss over the whole vocabulary on every rank (tp 8 +10%).
-  EXPECT_EQ(median_and_p90(s), "5.9 16.8");
+  // logits gathered over tp with the loss over the whole vocabulary on every rank (tp 8 +10%),
+  // and uneven pipeline stages balanced against the head (5.9, 16.8; session 39).
+  EXPECT_EQ(median_and_p90(s), "5.8 16.6");
   ASSERT_EQ(step_errors.size(), 71u);
   std::sort(step_errors.begin(), step_errors.end());
-  // The median: 12.1%, 7.9%, 7.6%, then 7.1% before.
-  EXPECT_NEAR(step_errors[35], 0.061, 0.0005);
+  // The median: 12.1%, 7.9%, 7.6%, 7.1%, then 6.1% before.
+  EXPECT_NEAR(step_errors[35], 0.0565, 0.0005);
 }
 
 // What records write loosely is read by its meaning: numbers as strings, a utilisation in

@@ -12,6 +12,7 @@
 
 #include "loom/plan/published_conventions.hpp"
 #include "loom/plan/published_runs.hpp"
+#include "loom/plan/rank_parameters.hpp"
 #include "published_runs_support.hpp"
 #include "test_support.hpp"
 
@@ -533,6 +534,73 @@ TEST(PublishedRuns, MxfpPrecisionsReadAsBlockScaledFp8) {
     EXPECT_EQ(runs[i].fp4, i == 5);
   }
   expect_contains(runs[6].refused, {"MXFP8", "no block-scaled (MX) tensor cores"});
+}
+
+// Multi-token prediction is Megatron-Core's: DeepSeek-V3 trains with one depth (its report, sec.
+// 2.2 and 4.2) where its Megatron-Bridge recipe sets mtp_num_layers 1, the depth and the loss on
+// the last pipeline stage; a "w/o MTP" row and NeMo Automodel (a Hugging Face-based stack, whose
+// rows count 249.7 GFLOP a token against Megatron-Bridge's 260) train without it. An uneven
+// split is balanced against the last stage's head and depth: on 16 stages Megatron-Bridge's
+// layout ("Et*4|(t*4|)*14tmL", recipes/deepseek/deepseek_v3.py) gives 15 stages 4 layers and the
+// last one layer, the depth and the loss.
+TEST(PublishedRuns, MultiTokenPredictionIsMegatronCoresAndSitsOnTheLastStage) {
+  auto run = [](const std::string& id, const std::string& name, const std::string& source) {
+    const std::string text = R"([{"id": ")" + id + R"(", "kind": "throughput", "source": ")" +
+                             source + R"(",
+      "model": {"name": ")" + name +
+                             R"(", "seq_len": 4096},
+      "hardware": {"gpu": "B200", "gpus_per_node": 8},
+      "parallelism": {"total_gpus": 256, "tp": 1, "pp": 16, "cp": 1, "dp": 16, "ep": 8, "zero_stage": 1},
+      "micro_batch": 1, "global_batch": 4096, "recompute": "none", "precision": "FP8-MX",
+      "measured": {"tokens_per_s_per_gpu": 2815}}])";
+    return plan::read_published_runs(write_file(id + ".json", text)).front();
+  };
+  auto said = [](const plan::PublishedRun& r) {
+    std::string out;
+    for (const std::string& a : r.assumptions) out += a + "; ";
+    return out;
+  };
+  const std::string bridge = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md";
+  const plan::PublishedRun with = run("mtp", "DeepSeekV3", bridge);
+  ASSERT_TRUE(with.refused.empty()) << with.refused;
+  EXPECT_EQ(with.model.mtp_layers, 1);
+  expect_contains(said(with), {"1 MTP depth on the last pipeline stage"});
+  const plan::RunCheck checked = plan::check_published_run(with);
+  ASSERT_TRUE(checked.answered);
+  std::string picks;
+  for (const std::string& p : checked.picks) picks += p + "; ";
+  expect_contains(picks, {"balanced against the last one's head and MTP", "15 of 4, the last 1"});
+
+  const plan::PublishedRun without = run("no_mtp", "DeepSeekV3 (w/o MTP)", bridge);
+  EXPECT_EQ(without.model.mtp_layers, 0);
+  expect_contains(said(without), {"without its multi-token prediction"});
+  const plan::PublishedRun automodel =
+      run("automodel", "DeepSeek-V3 671B", "NVIDIA-NeMo/Automodel docs/performance-summary.md");
+  EXPECT_EQ(automodel.model.mtp_layers, 0);
+  expect_contains(said(automodel), {"no multi-token prediction", "NeMo Automodel"});
+  // The depth costs time: the same layout, one more MoE layer and one more head pass on the
+  // last stage, which paces the pipeline.
+  EXPECT_GT(checked.step_s, plan::check_published_run(without).step_s);
+
+  // Its weights sit on the last pipeline rank: one MoE layer as the stack's last (attention
+  // 4 h^2 of the stand-in's 128 heads of 56, two norms, the router's E x h, the shared expert's
+  // 3 h f, the routed experts' E x 3 h f over ep) and the projection of [hidden; embedding]
+  // (2 h x h) with its two norms.
+  ModelConfig m = with.model;
+  const plan::PlanLayout l = plan::parse_layout("tp=1,pp=16,dp=16,ep=8,zero=1,mbs=1");
+  std::vector<int64_t> split(15, 4);
+  split.push_back(1);
+  const plan::RankParameters last = plan::rank_parameters(m, l, 15, split);
+  m.mtp_layers = 0;
+  const plan::RankParameters plain = plan::rank_parameters(m, l, 15, split);
+  const double h = 7168, f = 2048, e = 256;
+  EXPECT_DOUBLE_EQ(last.block - plain.block,
+                   4 * h * h + 2 * h + e * h + 3 * h * f + 2 * h * h + 2 * h);
+  EXPECT_DOUBLE_EQ(last.experts - plain.experts, e * 3 * h * f / 8);
+  EXPECT_EQ(last.layers - plain.layers, 1);
+  // The other ranks hold no depth.
+  EXPECT_DOUBLE_EQ(plan::rank_parameters(with.model, l, 3, split).total(),
+                   plan::rank_parameters(m, l, 3, split).total());
 }
 
 }  // namespace

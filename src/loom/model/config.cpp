@@ -241,10 +241,9 @@ void ModelConfig::validate_hybrid() const {
     if (mamba_heads != 0)
       throw_error("model.mamba_heads: got ", mamba_heads,
                   " without model.hybrid_pattern (no layer is Mamba)");
-    if (squared_relu_mlp || moe_latent > 0 || mtp_layers > 0)
+    if (squared_relu_mlp || moe_latent > 0)
       throw_error(
-          "model.squared_relu_mlp / moe_latent / mtp_layers: planned for hybrid Mamba stacks only "
-          "(set "
+          "model.squared_relu_mlp / moe_latent: planned for hybrid Mamba stacks only (set "
           "model.hybrid_pattern); a transformer's MLP is SwiGLU or GELU");
     return;
   }

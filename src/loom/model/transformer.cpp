@@ -31,8 +31,8 @@ Transformer::Transformer(const ModelConfig& config, Recompute recompute, int64_t
       vocab_chunk_(vocab_chunk),
       chunks_(chunks.empty() ? whole_model(config.n_layer) : std::move(chunks)) {
   config_.validate();
-  // validate() allows squared-ReLU MLPs, latent experts and MTP on hybrids only.
-  if (config_.is_hybrid())
+  // validate() allows squared-ReLU MLPs and latent experts on hybrids only, MTP on any model.
+  if (config_.is_hybrid() || config_.mtp_layers > 0)
     throw_error(
         "model: loom's engine builds transformers of SwiGLU or GELU MLPs; a hybrid Mamba stack, a "
         "squared-ReLU "

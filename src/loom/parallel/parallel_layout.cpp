@@ -280,7 +280,11 @@ std::vector<LayoutProblem> layout_problems(const ParallelLayout& l, const ModelC
     unsupported("model", "GPT-2-style experts", "model.n_experts = ", m.n_experts,
                 " with model.arch = gpt2: the engine's mixture-of-experts layers are Llama-style (SwiGLU "
                 "experts, Mixtral's layout) so far; use arch = \"llama\"");
-  if (m.is_hybrid())  // ModelConfig::validate allows squared-ReLU MLPs, latent experts and MTP on
+  if (m.mtp_layers > 0 && !m.is_hybrid())
+    unsupported(
+        "model", "multi-token prediction", "model.mtp_layers = ", m.mtp_layers,
+        ": the engine trains next-token prediction only; MTP depths are planned, not trained");
+  if (m.is_hybrid())  // ModelConfig::validate allows squared-ReLU MLPs and latent experts on
                       // hybrids only
     unsupported("model", "hybrid Mamba stacks",
                 "the engine builds transformers of SwiGLU or GELU MLPs; a hybrid Mamba stack, a "

@@ -147,10 +147,18 @@ const std::vector<Entry>& recent_entries() {
       // x 7168^2 = 206M, so the parameters (about 671B, 37B active) and GEMM FLOPs hold; its
       // attention core (q.k over 192 wide heads, p.v over 128) is about 2.9x the stand-in's, some
       // 8% of a token's FLOPs at 4K.
+      // It trains with one multi-token-prediction depth (sec. 2.2 and 4.2: D = 1), as
+      // Megatron-Bridge's DeepSeek-V3 recipe does (mtp_num_layers 1, on the last pipeline stage
+      // with the loss): one more MoE layer and one more pass of the shared head.
       {"deepseekv3",
        671,
-       {"DeepSeek-V3 671B", model_preset("deepseek-v3-gqa"), 0,
-        "DeepSeek-V3 Technical Report, sec. 4.2", "",
+       {"DeepSeek-V3 671B",
+        [] {
+          ModelConfig c = model_preset("deepseek-v3-gqa");
+          c.mtp_layers = 1;
+          return c;
+        }(),
+        0, "DeepSeek-V3 Technical Report, sec. 2.2 and 4.2", "",
         "multi-head latent attention approximated by 128 full heads of 56 (parameters within 10%, "
         "attention core about a third of MLA's FLOPs)"},
        // One size, so the name alone ("DeepSeekV3", Megatron-Bridge's tables) is enough where
@@ -432,9 +440,10 @@ std::string published_family(const std::string& printed_name) {
   return family_of(normalised(printed_name));
 }
 
-std::optional<PublishedModel> find_published_model(const std::string& printed_name) {
+namespace {
+
+std::optional<PublishedModel> find_by_name(const std::string& name) {
   using published_model_table::Entry;
-  const std::string name = normalised(printed_name);
   const std::string family = family_of(name);
   if (family.empty()) return std::nullopt;
   const std::vector<Entry>* tables[] = {&published_model_table::recent_entries(),
@@ -462,6 +471,22 @@ std::optional<PublishedModel> find_published_model(const std::string& printed_na
     for (const Entry& e : *table)
       if (family == e.family && !e.variant_only && same_size(e)) return e.model;
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<PublishedModel> find_published_model(const std::string& printed_name) {
+  const std::string name = normalised(printed_name);
+  std::optional<PublishedModel> found = find_by_name(name);
+  // A model trained with multi-token prediction (DeepSeek-V3) keeps its MTP depths unless the
+  // name drops them ("DeepSeekV3 (w/o MTP)", Megatron-Bridge's 25.11 table).
+  static const std::regex without_mtp(R"((w/\s*o|without|no)[\s_-]*mtp)");
+  if (found && found->config.mtp_layers > 0 && std::regex_search(name, without_mtp)) {
+    found->config.mtp_layers = 0;
+    found->approximation += std::string(found->approximation.empty() ? "" : "; ") +
+                            "without its multi-token prediction (the name says so)";
+  }
+  return found;
 }
 
 }  // namespace loom::plan

@@ -242,6 +242,24 @@ void fill_run(const json& entry, PublishedRun& run) {
     return;
   }
   run.model = model_of(f, run);
+  if (run.model.mtp_layers > 0) {
+    // Multi-token prediction is Megatron-Core's (mtp_num_layers, which its DeepSeek-V3 and
+    // Nemotron 3 recipes set); the Hugging Face-based stacks (NeMo Automodel, torchtitan) train
+    // next-token prediction alone. The runs' own FLOPs a token agree: DeepSeek-V3's 260 G in
+    // Megatron-Bridge's tables, 249.7 G in its "w/o MTP" rows and in NeMo Automodel's.
+    const std::string depths =
+        std::to_string(run.model.mtp_layers) + " MTP depth" + (run.model.mtp_layers > 1 ? "s" : "");
+    if (run.conventions.megatron) {
+      run.assumptions.push_back(depths +
+                                " on the last pipeline stage with the loss (Megatron-Core's "
+                                "mtp_num_layers, as the model's recipes set it)");
+    } else {
+      run.model.mtp_layers = 0;
+      run.assumptions.push_back("no multi-token prediction: " + run.conventions.label +
+                                " trains next-token prediction only (the model's " + depths +
+                                " are Megatron-Core's)");
+    }
+  }
   run.seq_len = run.model.max_seq_len;
   if (run.seq_len % run.layout.cp != 0)
     throw Refusal{"cp = " + std::to_string(run.layout.cp) + " does not divide seq_len " +

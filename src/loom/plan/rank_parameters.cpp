@@ -100,6 +100,31 @@ RankParameters on_rank(const ModelConfig& m, const PlanLayout& l, const Tally& t
   if (first || (last && m.tied_embeddings)) r.outer += t.token_table;
   if (first) r.outer += t.position_table;
   if (last) r.outer += t.final_norm + t.head;
+  if (last && m.mtp_layers > 0) {
+    // Multi-token prediction (ModelConfig::mtp_layers) sits on the last stage with the loss
+    // (Megatron-Core's layout puts "mtp" before "loss"): each depth an attention block and an
+    // MLP or expert block shaped as the stack's last ones, its norms, and the projection of
+    // [hidden; next token's embedding] back to the hidden width (2h x h, column-parallel over
+    // tp); the embedding and the head are the stack's own, shared.
+    const auto last_of = [&](const std::string& kinds) {
+      for (int64_t layer = m.n_layer - 1; layer >= 0; --layer)
+        if (kinds.find(m.layer_kind(layer)) != std::string::npos) return static_cast<size_t>(layer);
+      return static_cast<size_t>(m.n_layer - 1);
+    };
+    const double h = static_cast<double>(m.n_embd), depths = static_cast<double>(m.mtp_layers);
+    const double projection = 2 * h * h / static_cast<double>(l.tp) + 2 * h;
+    if (m.is_hybrid()) {
+      const size_t attention = last_of("*"), mlp = last_of("E-");
+      r.block += depths * (t.block[attention] + t.block[mlp] + projection);
+      r.experts += depths * t.experts[mlp];
+      r.layers += 2 * m.mtp_layers;
+    } else {
+      const size_t layer = static_cast<size_t>(m.n_layer - 1);
+      r.block += depths * (t.block[layer] + projection);
+      r.experts += depths * t.experts[layer];
+      r.layers += m.mtp_layers;
+    }
+  }
   return r;
 }
 

@@ -148,5 +148,44 @@ TEST(Cli, PlanSaysWhichPrecisionsLoomsEngineTrains) {
   }
 }
 
+// A GPU preset's plan splits uneven pipeline stages as a tuned run does: DeepSeek-V3's 61 layers
+// and its MTP depth on 16 stages as Megatron-Bridge's layout (recipes/deepseek/deepseek_v3.py,
+// "Et*4|(t*4|)*14tmL": 15 stages of 4 and a last of one layer, the depth and the loss), said in
+// the table and given in the JSON; the engine's first-stages-one-more split would leave the last
+// stage 3 layers, the depth and two head passes, pacing the pipeline. loom's engine does not
+// train the depth and says so. A --profile plan of loom's own engine keeps its split.
+TEST(Cli, PlanBalancesUnevenStagesAgainstTheHeadAndMtp) {
+  const std::string layout =
+      "plan --model deepseek-v3 --gpu b200 --gpus-per-node 8 --seq 4096 --global-batch 4096 "
+      "--precision fp8 --layout tp=1,pp=16,dp=16,ep=8,zero=1,mbs=1,recompute=none";
+  CommandResult r = run_loom(layout);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("balanced against the last one's head and MTP"));
+  EXPECT_THAT(r.output, HasSubstr("15 of 4, the last 1"));
+  EXPECT_THAT(r.output,
+              HasSubstr("trains 1 multi-token-prediction depth on the last pipeline stage"));
+  EXPECT_THAT(r.output,
+              HasSubstr("model.mtp_layers = 1: the engine trains next-token prediction only"));
+  r = run_loom(layout + " --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<int64_t> expected(15, 4);
+  expected.push_back(1);
+  // The preset's notes go to stderr, before the JSON on stdout.
+  const nlohmann::json plan = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(plan["stage_layers"].get<std::vector<int64_t>>(), expected);
+  // The preset without the depth: no MTP, and the head alone on the last stage (1.5 layers'
+  // work) leaves it two layers, the others 4 and one of 3.
+  r = run_loom(
+      "plan --model deepseek-v3-gqa --gpu b200 --gpus-per-node 8 --seq 4096 --global-batch 4096 "
+      "--precision fp8 --layout tp=1,pp=16,dp=16,ep=8,zero=1,mbs=1,recompute=none --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expected.assign(14, 4);
+  expected.push_back(3);
+  expected.push_back(2);
+  EXPECT_EQ(nlohmann::json::parse(r.output)["stage_layers"].get<std::vector<int64_t>>(), expected);
+  EXPECT_LT(nlohmann::json::parse(r.output)["time"]["step_s"].get<double>(),
+            plan["time"]["step_s"].get<double>());
+}
+
 }  // namespace
 }  // namespace loom::test

@@ -47,6 +47,13 @@ ModelConfig plan_model(const std::string& name_or_path) {
     if (!published->approximation.empty())
       std::fprintf(stderr, "model %s (%s): %s\n", published->name.c_str(),
                    published->source.c_str(), published->approximation.c_str());
+    if (published->config.mtp_layers > 0 && !published->config.is_hybrid())
+      std::fprintf(stderr,
+                   "model %s: trains %lld multi-token-prediction depth%s on the last pipeline "
+                   "stage, as Megatron-Core runs it (the preset deepseek-v3-gqa plans the model "
+                   "without)\n",
+                   published->name.c_str(), static_cast<long long>(published->config.mtp_layers),
+                   published->config.mtp_layers > 1 ? "s" : "");
     return published->config;
   }
   return model_preset(name_or_path);  // its error lists the presets
@@ -93,6 +100,9 @@ plan::TrainingJob job_of(const PlanArgs& args) {
   job.frozen_base = args.finetune == "lora";
   if (job.frozen_base) job.memory.state = plan::frozen_base_state(job.memory.state);
   job.memory.offloaded_layers = args.offload_layers;
+  // A GPU preset's plan is of a tuned run: uneven pipeline stages balanced against the head and
+  // MTP depths, as Megatron-Core's layouts set them (GpuJob::balanced_stages).
+  job.memory.balanced_stages = true;
   // fp8: Transformer Engine's recipe, Linear GEMMs in FP8 and their saved inputs in 1 byte;
   // the rest in bf16 with fp32 master weights.
   // mxfp8: the same at the block-scaled kernels' rate (TrainingJob::mx_gemms).
@@ -465,6 +475,7 @@ int run_plan(const PlanArgs& command_line) {
                           {"seq_len", args.seq_len},
                           {"global_batch", args.global_batch},
                           {"micro_batches", job.memory.micro_batches},
+                          {"stage_layers", plan::planner_stage_layers(model, layout, job.memory)},
                           {"finetune", args.finetune},
                           {"memory_bytes", memory_json(mem)},
                           {"memory_model", engine_memory ? "engine" : "gpu"},
@@ -502,6 +513,14 @@ int run_plan(const PlanArgs& command_line) {
   if (args.offload_layers > 0)
     std::printf("  %-16s %9.2f GiB of the host's %.0f GiB per GPU: %s\n", "offloaded",
                 host_bytes / kGiB, host_capacity / kGiB, host_fits ? "fits" : "does NOT fit");
+  if (!engine_memory && job.memory.balanced_stages) {
+    std::string split;
+    plan::balanced_stage_layers(model, layout.pp * layout.vp, args.seq_len, &split);
+    if (!split.empty() && layout.pp * layout.vp <= model.n_layer)
+      std::printf(
+          "pipeline: %s (a tuned run's split; loom's engine gives the first stages one more)\n",
+          split.c_str());
+  }
   std::printf("\nstep %.3f s = compute %.3f + exposed communication %.3f + bubble %.3f + optimizer %.3f | %.0f tokens/s | MFU %.1f%%\n",
               time.total_s, time.compute_s, time.exposed_comm_s, time.bubble_s, time.optimizer_s, time.tokens_per_s,
               100 * time.mfu);

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "loom/core/error.hpp"
 #include "loom/model/config.hpp"
+#include "loom/model/flops.hpp"
 #include "loom/model/parameter_specs.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/model/stage_placement.hpp"
@@ -230,7 +232,60 @@ std::vector<int64_t> planner_stage_layers(const ModelConfig& m, const PlanLayout
       throw_error("planner: ", job.stage_layers.size(), " stage layer counts for pp x vp = ", l.pp * l.vp, " stages");
     return job.stage_layers;
   }
+  if (job.balanced_stages && m.n_layer >= l.pp * l.vp) {
+    std::vector<int64_t> split = balanced_stage_layers(m, l.pp * l.vp, job.seq_len);
+    if (!split.empty()) return split;
+  }
   return stage_layer_counts(m.n_layer, l.pp * l.vp);
+}
+
+double last_stage_extra_layers(const ModelConfig& m, int64_t seq_len) {
+  const double head = 2 * static_cast<double>(m.n_embd) * static_cast<double>(m.vocab_size);
+  const double layer = (flops_per_token(m, seq_len) / 3 - head) / static_cast<double>(m.n_layer);
+  const double depths = static_cast<double>(m.mtp_layers);
+  return depths * (m.is_hybrid() ? 2 : 1) + (1 + depths) * head / layer;
+}
+
+std::vector<int64_t> balanced_stage_layers(const ModelConfig& m, int64_t stages, int64_t seq_len,
+                                           std::string* note) {
+  const int64_t layers = m.n_layer;
+  if (layers % stages == 0 || stages == 1) return {};
+  if ((layers + 2) % stages == 0) {
+    std::vector<int64_t> split(static_cast<size_t>(stages), (layers + 2) / stages);
+    --split.front();
+    --split.back();
+    if (note)
+      *note = "stages of " + std::to_string(split[1]) + " layers, first and last " +
+              std::to_string(split.front()) + " (they hold the embedding and the head)";
+    return split;
+  }
+  const double extra = last_stage_extra_layers(m, seq_len);
+  int64_t best_last = -1;
+  double best_load = 0;
+  for (int64_t last = m.mtp_layers > 0 ? 0 : 1;
+       last <= (layers + stages - 1) / stages && layers - last >= stages - 1; ++last) {
+    const int64_t others = (layers - last + stages - 2) / (stages - 1);  // the fullest other stage
+    const double load = std::max(static_cast<double>(others), static_cast<double>(last) + extra);
+    if (best_last < 0 || load <= best_load) best_last = last, best_load = load;
+  }
+  std::vector<int64_t> split = stage_layer_counts(layers - best_last, stages - 1);
+  split.push_back(best_last);
+  if (!note) return split;
+  if (split == stage_layer_counts(layers, stages)) {
+    *note = "uneven stages: the first " + std::to_string(layers % stages) + " take one layer more";
+  } else {
+    char work[32];
+    std::snprintf(work, sizeof work, "%.1f", extra);
+    const int64_t more = (layers - best_last) % (stages - 1),
+                  base = (layers - best_last) / (stages - 1);
+    *note = "uneven stages balanced against the last one's head" +
+            std::string(m.mtp_layers > 0 ? " and MTP" : "") + " (" + work + " layers' work): " +
+            (more > 0 ? std::to_string(more) + " of " + std::to_string(base + 1) + ", "
+                      : std::string()) +
+            std::to_string(stages - 1 - more) + " of " + std::to_string(base) + ", the last " +
+            std::to_string(best_last);
+  }
+  return split;
 }
 
 int64_t chunks_in_flight(const PlanLayout& l, int64_t micro_batches, int64_t rank) {

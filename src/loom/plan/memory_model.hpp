@@ -199,12 +199,37 @@ struct GpuJob {
   // copies show in time_model only where all of them outlast the other layers' passes.
   // predict_gpu_memory and predict_step_time refuse it at pp > 1, vp > 1 or with recomputation.
   int64_t offloaded_layers = 0;
-  // Layers per pipeline stage (pp x vp entries); empty: the engine's split (stage_layer_counts).
+  // Layers per pipeline stage (pp x vp entries); empty: the engine's split (stage_layer_counts),
+  // or with balanced_stages a tuned run's (balanced_stage_layers).
   std::vector<int64_t> stage_layers;
+  // Uneven stages as a tuned run splits them (Megatron-Core's pipeline layouts, balanced against
+  // the last stage's head and MTP depths), not as loom's engine does (the first stages one layer
+  // more). The GPU presets' plans; a --profile plan of loom's engine keeps the engine's split.
+  bool balanced_stages = false;
 };
 
-// The split the planner uses: job.stage_layers when given, else the engine's.
+// The split the planner uses: job.stage_layers when given, else balanced_stage_layers with
+// job.balanced_stages, else the engine's.
 std::vector<int64_t> planner_stage_layers(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
+
+// The last stage's work beyond its layers, in layers: the head's forward GEMM (2 h V FLOPs a
+// token) once and again for each multi-token-prediction depth, and the depths themselves (a
+// transformer layer each; a hybrid's attention and MLP blocks, two of its layers).
+double last_stage_extra_layers(const ModelConfig& model, int64_t seq_len);
+
+// Layers per stage for `stages` stages as a tuned run splits them; empty where they divide
+// evenly. Llama 3's rule (sec. 3.3.2: "we reduce one Transformer layer each from the first and
+// the last stages", which hold the embedding and the head; Megatron-Core's
+// account_for_embedding/loss_in_pipeline_split) where n_layer + 2 divides; else balanced: the
+// last stage, its extra work (last_stage_extra_layers) counted, takes the layer count that makes
+// the slowest stage fastest (the most such; none with MTP depths, which a stage can hold alone),
+// the others share the rest, the first ones one layer more (Megatron-Bridge's DeepSeek-V3
+// layouts, recipes/deepseek/deepseek_v3.py: 61 layers and one MTP depth on 16 stages are
+// "Et*4|(t*4|)*14tmL", 15 stages of 4 and a last of one layer, the depth and the loss; on 32,
+// "Et|(tt|)*30mL", a last stage of the depth and the loss alone). `note`, where given, says
+// which split was taken.
+std::vector<int64_t> balanced_stage_layers(const ModelConfig& model, int64_t stages,
+                                           int64_t seq_len, std::string* note = nullptr);
 
 // Micro-batch-chunks pipeline rank `rank` holds at its peak (forwarded, not yet backwarded),
 // from the schedule's warm-up (Narayanan et al. 2021 sec. 2.2; Megatron-LM's

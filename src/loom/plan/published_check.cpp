@@ -6,7 +6,6 @@
 #include <map>
 
 #include "loom/core/error.hpp"
-#include "loom/model/flops.hpp"
 #include "loom/model/pipeline_layout.hpp"
 #include "loom/plan/memory_model.hpp"
 #include "loom/plan/published_fields.hpp"
@@ -27,64 +26,6 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 std::vector<int64_t> choices(bool unstated, int64_t stated, const std::vector<int64_t>& otherwise) {
   return unstated ? otherwise : std::vector<int64_t>{stated};
-}
-
-// The last stage's work beyond its layers, in layers: the head's forward GEMM (2 h V FLOPs a
-// token) once, and again for each multi-token-prediction depth, and the depths themselves (a
-// transformer layer each; a hybrid's attention and MLP blocks, two of its layers).
-double last_stage_extra_layers(const ModelConfig& m, int64_t seq_len) {
-  const double head = 2 * static_cast<double>(m.n_embd) * static_cast<double>(m.vocab_size);
-  const double layer = (flops_per_token(m, seq_len) / 3 - head) / static_cast<double>(m.n_layer);
-  const double depths = static_cast<double>(m.mtp_layers);
-  return depths * (m.is_hybrid() ? 2 : 1) + (1 + depths) * head / layer;
-}
-
-// Layers per stage. An even split where the layers divide; else Llama 3's rule (sec. 3.3.2:
-// "we reduce one Transformer layer each from the first and the last stages", which hold the
-// embedding and the head; Megatron-Core's account_for_embedding/loss_in_pipeline_split) when
-// L + 2 divides; else a split balanced as a tuned run's is: the last stage's extra work
-// (`last_extra`, in layers: last_stage_extra_layers) counted, it takes the layer count that
-// makes the slowest stage fastest (the most such), the others share the rest, the first ones
-// one layer more (Megatron-Bridge's DeepSeek-V3 layouts: 61 layers on 16 stages with one MTP
-// depth are "Et*4|(t*4|)*14tmL", 15 stages of 4 and a last of one layer, the depth and the loss;
-// on 32, "Et|(tt|)*30mL", a last stage of the depth and the loss alone, which MTP allows here).
-std::vector<int64_t> stage_split(int64_t layers, int64_t stages, double last_extra,
-                                 int64_t mtp_layers, std::string* note) {
-  if (layers % stages == 0 || stages == 1) return {};
-  if ((layers + 2) % stages == 0) {
-    std::vector<int64_t> split(static_cast<size_t>(stages), (layers + 2) / stages);
-    --split.front();
-    --split.back();
-    *note = "stages of " + std::to_string(split[1]) + " layers, first and last " + std::to_string(split.front()) +
-            " (they hold the embedding and the head)";
-    return split;
-  }
-  int64_t best_last = -1;
-  double best_load = 0;
-  for (int64_t last = mtp_layers > 0 ? 0 : 1;
-       last <= (layers + stages - 1) / stages && layers - last >= stages - 1; ++last) {
-    const int64_t others = (layers - last + stages - 2) / (stages - 1);  // the fullest other stage
-    const double load =
-        std::max(static_cast<double>(others), static_cast<double>(last) + last_extra);
-    if (best_last < 0 || load <= best_load) best_last = last, best_load = load;
-  }
-  std::vector<int64_t> split = stage_layer_counts(layers - best_last, stages - 1);
-  split.push_back(best_last);
-  if (split == stage_layer_counts(layers, stages)) {
-    *note = "uneven stages: the first " + std::to_string(layers % stages) + " take one layer more";
-  } else {
-    char extra[32];
-    std::snprintf(extra, sizeof extra, "%.1f", last_extra);
-    const int64_t more = (layers - best_last) % (stages - 1),
-                  base = (layers - best_last) / (stages - 1);
-    *note = "uneven stages balanced against the last one's head" +
-            std::string(mtp_layers > 0 ? " and MTP" : "") + " (" + extra + " layers' work): " +
-            (more > 0 ? std::to_string(more) + " of " + std::to_string(base + 1) + ", "
-                      : std::string()) +
-            std::to_string(stages - 1 - more) + " of " + std::to_string(base) + ", the last " +
-            std::to_string(best_last);
-  }
-  return split;
 }
 
 // None < selective < full: how much memory a recomputation saves.
@@ -312,9 +253,7 @@ RunCheck check_run(const PublishedRun& run) {
         if (l.schedule == PipelineSchedule::Interleaved && micro % l.pp != 0) continue;
         if (vp > 1 && l.schedule != PipelineSchedule::Interleaved && micro < 2 * l.pp) continue;
         std::string split_note;
-        job.memory.stage_layers =
-            stage_split(model.n_layer, stages, last_stage_extra_layers(model, job.seq_len),
-                        model.mtp_layers, &split_note);
+        job.memory.stage_layers = balanced_stage_layers(model, stages, job.seq_len, &split_note);
         job.memory.micro_batches = micro;
         job.memory.offloaded_layers = 0;
         MemoryBreakdown memory = predict_gpu_memory(model, l, job.memory);

@@ -185,6 +185,30 @@ TEST(Cli, PlanBalancesUnevenStagesAgainstTheHeadAndMtp) {
   EXPECT_EQ(nlohmann::json::parse(r.output)["stage_layers"].get<std::vector<int64_t>>(), expected);
   EXPECT_LT(nlohmann::json::parse(r.output)["time"]["step_s"].get<double>(),
             plan["time"]["step_s"].get<double>());
+  // model.mtp_layers in a [model] table: planned, and the trainer refuses it by name before any
+  // work.
+  TempDir dir("cli_plan_mtp");
+  const std::string model =
+      "[model]\narch = \"llama\"\nvocab_size = 2048\nmax_seq_len = 128\nn_layer = 5\n"
+      "n_embd = 64\nn_head = 4\nffn_hidden = 128\n";
+  write_text_file(dir.file("plain.toml"), model);
+  write_text_file(dir.file("mtp.toml"), model + "mtp_layers = 1\n");
+  const std::string small = " --gpu h100-sxm --seq 128 --global-batch 8 --layout pp=2,mbs=1 --json";
+  r = run_loom("plan --model " + dir.file("mtp.toml") + small);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json with = nlohmann::json::parse(r.output);
+  r = run_loom("plan --model " + dir.file("plain.toml") + small);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json without = nlohmann::json::parse(r.output);
+  EXPECT_GT(with["time"]["step_s"].get<double>(), without["time"]["step_s"].get<double>());
+  EXPECT_THAT(with["engine_note"].get<std::string>(), HasSubstr("multi-token prediction"));
+  write_text_file(dir.file("train.toml"),
+                  model + "mtp_layers = 1\n[data]\ntrain = \"" + dir.file("none_*.bin") +
+                      "\"\n[train]\nsteps = 1\nbatch_size = 1\nseq_len = 128\n");
+  r = run_loom("train " + dir.file("train.toml"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output,
+              HasSubstr("model.mtp_layers = 1: the engine trains next-token prediction only"));
 }
 
 }  // namespace

@@ -254,10 +254,10 @@ void fill_run(const json& entry, PublishedRun& run) {
                                 " on the last pipeline stage with the loss (Megatron-Core's "
                                 "mtp_num_layers, as the model's recipes set it)");
     } else {
-      run.model.mtp_layers = 0;
       run.assumptions.push_back("no multi-token prediction: " + run.conventions.label +
                                 " trains next-token prediction only (the model's " + depths +
-                                " are Megatron-Core's)");
+                                (run.model.mtp_layers > 1 ? " are" : " is") + " Megatron-Core's)");
+      run.model.mtp_layers = 0;
     }
   }
   run.seq_len = run.model.max_seq_len;

@@ -62,6 +62,8 @@ ModelConfig parse_model_config(ConfigReader& r) {
   m.moe_every = r.get_int("model.moe_every", m.moe_every);
   m.sliding_window = r.get_int("model.sliding_window", m.sliding_window);
   m.global_attention_every = r.get_int("model.global_attention_every", m.global_attention_every);
+  // Multi-token prediction depths: planned (`loom plan`), refused by the trainer.
+  m.mtp_layers = r.get_int("model.mtp_layers", m.mtp_layers);
   m.validate();
   // The same model however it is spelt, as the HF config reads back (a checkpoint's model must
   // compare equal): a window at least as long as the context is none, a "global" period longer

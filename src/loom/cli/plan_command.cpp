@@ -50,10 +50,12 @@ ModelConfig plan_model(const std::string& name_or_path) {
     if (published->config.mtp_layers > 0 && !published->config.is_hybrid())
       std::fprintf(stderr,
                    "model %s: trains %lld multi-token-prediction depth%s on the last pipeline "
-                   "stage, as Megatron-Core runs it (the preset deepseek-v3-gqa plans the model "
-                   "without)\n",
+                   "stage, as Megatron-Core runs it%s\n",
                    published->name.c_str(), static_cast<long long>(published->config.mtp_layers),
-                   published->config.mtp_layers > 1 ? "s" : "");
+                   published->config.mtp_layers > 1 ? "s" : "",
+                   published->name.rfind("DeepSeek-V3", 0) == 0
+                       ? " (the preset deepseek-v3-gqa plans the model without)"
+                       : "");
     return published->config;
   }
   return model_preset(name_or_path);  // its error lists the presets
@@ -513,10 +515,10 @@ int run_plan(const PlanArgs& command_line) {
   if (args.offload_layers > 0)
     std::printf("  %-16s %9.2f GiB of the host's %.0f GiB per GPU: %s\n", "offloaded",
                 host_bytes / kGiB, host_capacity / kGiB, host_fits ? "fits" : "does NOT fit");
-  if (!engine_memory && job.memory.balanced_stages) {
+  if (!engine_memory && job.memory.balanced_stages && layout.pp * layout.vp <= model.n_layer) {
     std::string split;
     plan::balanced_stage_layers(model, layout.pp * layout.vp, args.seq_len, &split);
-    if (!split.empty() && layout.pp * layout.vp <= model.n_layer)
+    if (!split.empty())
       std::printf(
           "pipeline: %s (a tuned run's split; loom's engine gives the first stages one more)\n",
           split.c_str());

@@ -249,17 +249,19 @@ double last_stage_extra_layers(const ModelConfig& m, int64_t seq_len) {
 std::vector<int64_t> balanced_stage_layers(const ModelConfig& m, int64_t stages, int64_t seq_len,
                                            std::string* note) {
   const int64_t layers = m.n_layer;
-  if (layers % stages == 0 || stages == 1) return {};
-  if ((layers + 2) % stages == 0) {
-    std::vector<int64_t> split(static_cast<size_t>(stages), (layers + 2) / stages);
-    --split.front();
-    --split.back();
-    if (note)
-      *note = "stages of " + std::to_string(split[1]) + " layers, first and last " +
-              std::to_string(split.front()) + " (they hold the embedding and the head)";
-    return split;
-  }
+  if (layers % stages == 0 || stages <= 1 || stages > layers + 2) return {};
   const double extra = last_stage_extra_layers(m, seq_len);
+  // The last stage's load against the fullest other stage's.
+  auto slowest = [&](const std::vector<int64_t>& split) {
+    const int64_t others = *std::max_element(split.begin(), split.end() - 1);
+    return std::max(static_cast<double>(others), static_cast<double>(split.back()) + extra);
+  };
+  std::vector<int64_t> llama;
+  if ((layers + 2) % stages == 0) {
+    llama.assign(static_cast<size_t>(stages), (layers + 2) / stages);
+    --llama.front();
+    --llama.back();
+  }
   int64_t best_last = -1;
   double best_load = 0;
   for (int64_t last = m.mtp_layers > 0 ? 0 : 1;
@@ -268,23 +270,39 @@ std::vector<int64_t> balanced_stage_layers(const ModelConfig& m, int64_t stages,
     const double load = std::max(static_cast<double>(others), static_cast<double>(last) + extra);
     if (best_last < 0 || load <= best_load) best_last = last, best_load = load;
   }
+  // Llama 3's rule where it applies and paces no worse than the balanced split.
+  if (!llama.empty() && (best_last < 0 || slowest(llama) <= best_load)) {
+    if (note)
+      *note = "stages of " + std::to_string(llama[1]) + " layers, first and last " +
+              std::to_string(llama.front()) + " (they hold the embedding and the head)";
+    return llama;
+  }
+  if (best_last < 0) return {};
+  // The engine's split (the first stages one layer more) where it paces as well.
+  const std::vector<int64_t> engine = stage_layer_counts(layers, stages);
+  if (slowest(engine) <= best_load) {
+    if (note)
+      *note =
+          "uneven stages: the first " + std::to_string(layers % stages) + " take one layer more";
+    return engine;
+  }
+  // Else the others share the rest, the short ones first (the first stage holds the embedding
+  // and, under 1F1B, the most micro-batches' activations).
   std::vector<int64_t> split = stage_layer_counts(layers - best_last, stages - 1);
+  std::reverse(split.begin(), split.end());
   split.push_back(best_last);
   if (!note) return split;
-  if (split == stage_layer_counts(layers, stages)) {
-    *note = "uneven stages: the first " + std::to_string(layers % stages) + " take one layer more";
-  } else {
-    char work[32];
-    std::snprintf(work, sizeof work, "%.1f", extra);
-    const int64_t more = (layers - best_last) % (stages - 1),
-                  base = (layers - best_last) / (stages - 1);
-    *note = "uneven stages balanced against the last one's head" +
-            std::string(m.mtp_layers > 0 ? " and MTP" : "") + " (" + work + " layers' work): " +
-            (more > 0 ? std::to_string(more) + " of " + std::to_string(base + 1) + ", "
-                      : std::string()) +
-            std::to_string(stages - 1 - more) + " of " + std::to_string(base) + ", the last " +
-            std::to_string(best_last);
-  }
+  char work[32];
+  std::snprintf(work, sizeof work, "%.1f", extra);
+  const int64_t more = (layers - best_last) % (stages - 1),
+                base = (layers - best_last) / (stages - 1);
+  *note =
+      "uneven stages balanced against the last one's head" +
+      std::string(m.mtp_layers > 0 ? " and MTP" : "") + " (" + work + " layers' work): " +
+      (more > 0 ? "the first " + std::to_string(stages - 1 - more) + " of " + std::to_string(base) +
+                      ", " + std::to_string(more) + " of " + std::to_string(base + 1)
+                : std::to_string(stages - 1) + " of " + std::to_string(base)) +
+      ", the last " + std::to_string(best_last);
   return split;
 }
 

@@ -218,16 +218,17 @@ std::vector<int64_t> planner_stage_layers(const ModelConfig& model, const PlanLa
 double last_stage_extra_layers(const ModelConfig& model, int64_t seq_len);
 
 // Layers per stage for `stages` stages as a tuned run splits them; empty where they divide
-// evenly. Llama 3's rule (sec. 3.3.2: "we reduce one Transformer layer each from the first and
-// the last stages", which hold the embedding and the head; Megatron-Core's
-// account_for_embedding/loss_in_pipeline_split) where n_layer + 2 divides; else balanced: the
-// last stage, its extra work (last_stage_extra_layers) counted, takes the layer count that makes
-// the slowest stage fastest (the most such; none with MTP depths, which a stage can hold alone),
-// the others share the rest, the first ones one layer more (Megatron-Bridge's DeepSeek-V3
-// layouts, recipes/deepseek/deepseek_v3.py: 61 layers and one MTP depth on 16 stages are
-// "Et*4|(t*4|)*14tmL", 15 stages of 4 and a last of one layer, the depth and the loss; on 32,
-// "Et|(tt|)*30mL", a last stage of the depth and the loss alone). `note`, where given, says
-// which split was taken.
+// evenly. The slowest stage's work decides, the last stage's extra work
+// (last_stage_extra_layers) counted: Llama 3's rule (sec. 3.3.2: "we reduce one Transformer
+// layer each from the first and the last stages", which hold the embedding and the head;
+// Megatron-Core's account_for_embedding/loss_in_pipeline_split) where n_layer + 2 divides and it
+// paces as well as any; else the engine's (the first stages one layer more) where it does; else
+// balanced: the last stage takes the layer count that makes the slowest stage fastest (the most
+// such; none with MTP depths, which a stage can hold alone), the others share the rest, the
+// short ones first (Megatron-Bridge's DeepSeek-V3 layouts, recipes/deepseek/deepseek_v3.py: 61
+// layers and one MTP depth on 16 stages are "Et*4|(t*4|)*14tmL", 15 stages of 4 and a last of
+// one layer, the depth and the loss; on 32, "Et|(tt|)*30mL": 1, 30 of 2, and a last stage of the
+// depth and the loss alone). `note`, where given, says which split was taken.
 std::vector<int64_t> balanced_stage_layers(const ModelConfig& model, int64_t stages,
                                            int64_t seq_len, std::string* note = nullptr);
 

@@ -64,6 +64,12 @@ SourceConventions before_sequence_parallelism(SourceConventions c, const char* y
   return c;
 }
 
+// A stack that trains next-token prediction alone (SourceConventions::trains_mtp).
+SourceConventions no_mtp(SourceConventions c) {
+  c.trains_mtp = false;
+  return c;
+}
+
 // Megatron-Bridge and NeMo Automodel (2025) run Transformer Engine 2 with cuDNN 9's fused
 // attention, FlashAttention-3-class on Hopper: 2x the 2023-24 rate, the top of FlashAttention-3's
 // 1.5-2.0x over FlashAttention-2 (Shah et al. 2024, Fig. 5-7; cuDNN 9 matches it there).
@@ -188,6 +194,7 @@ SourceConventions torchtitan() {
            "under tp > 1 (loss_parallel)");
   c.logits_bytes_per_element = 12;
   c.logits_bytes_under_tp = 16;
+  c.trains_mtp = false;
   c.cp_allgather_repeated_kv = true;
   c.per_op_selective = true;
   c.torchtitan_pipeline = true;
@@ -243,9 +250,9 @@ const std::vector<Row>& rows() {
                                    "not counted, causal attention halved); checked: 744 TFLOP/s / "
                                    "14,451 tokens/s = 51.5 GFLOP "
                                    "per token for Llama 3.1 8B at 8K")))))},
-      {"automodel", bf16_parameters(fa3_class(
+      {"automodel", no_mtp(bf16_parameters(fa3_class(
                         make("NeMo Automodel", F::PaLM, F::RecomputeHardware, F::PaLM, false,
-                             "NeMo Automodel performance summary (MFU = TFLOP/s / 989)")))},
+                             "NeMo Automodel performance summary (MFU = TFLOP/s / 989)"))))},
       {"nvidia/nemo",
        tp_overlapped(cudnn9_fused(make("NeMo 24.07", F::NonEmbeddingFull, F::RecomputeHardware,
                                        F::NonEmbeddingFull, true,

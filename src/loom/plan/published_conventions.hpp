@@ -36,6 +36,11 @@ struct SourceConventions {
   // Megatron-LM docs/source/api-guide/dist_optimizer.md), the distributed optimizer (ZeRO-1
   // over dp) when a run does not say, and the vocab-parallel cross-entropy's 6 bytes per logit.
   bool megatron = false;
+  // The stack trains a model's multi-token-prediction depths (ModelConfig::mtp_layers) where its
+  // recipe has them: Megatron-Core (mtp_num_layers) and DeepSeek's own; not the Hugging Face-based
+  // stacks (NeMo Automodel, torchtitan), whose DeepSeek-V3 rows count 249.7 GFLOP a token against
+  // Megatron-Bridge's 260.
+  bool trains_mtp = true;
   double logits_bytes_per_element = 10;  // PyTorch's cross_entropy(logits.float()), see GpuJob
   bool logits_gathered_over_tp = false;  // GpuJob::logits_gathered_over_tp
   double logits_bytes_under_tp = 0;      // GpuJob::logits_bytes_per_element_under_tp

@@ -480,7 +480,7 @@ std::optional<PublishedModel> find_published_model(const std::string& printed_na
   std::optional<PublishedModel> found = find_by_name(name);
   // A model trained with multi-token prediction (DeepSeek-V3) keeps its MTP depths unless the
   // name drops them ("DeepSeekV3 (w/o MTP)", Megatron-Bridge's 25.11 table).
-  static const std::regex without_mtp(R"((w/\s*o|without|no)[\s_-]*mtp)");
+  static const std::regex without_mtp(R"((^|[^a-z])(w/\s*o|without|no)[\s_-]*mtp)");
   if (found && found->config.mtp_layers > 0 && std::regex_search(name, without_mtp)) {
     found->config.mtp_layers = 0;
     found->approximation += std::string(found->approximation.empty() ? "" : "; ") +

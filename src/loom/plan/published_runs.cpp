@@ -243,20 +243,19 @@ void fill_run(const json& entry, PublishedRun& run) {
   }
   run.model = model_of(f, run);
   if (run.model.mtp_layers > 0) {
-    // Multi-token prediction is Megatron-Core's (mtp_num_layers, which its DeepSeek-V3 and
-    // Nemotron 3 recipes set); the Hugging Face-based stacks (NeMo Automodel, torchtitan) train
-    // next-token prediction alone. The runs' own FLOPs a token agree: DeepSeek-V3's 260 G in
-    // Megatron-Bridge's tables, 249.7 G in its "w/o MTP" rows and in NeMo Automodel's.
+    // A model's multi-token-prediction depths train where its stack's recipe has them
+    // (SourceConventions::trains_mtp): Megatron-Core's mtp_num_layers, DeepSeek's own; the
+    // Hugging Face-based stacks train next-token prediction alone.
     const std::string depths =
         std::to_string(run.model.mtp_layers) + " MTP depth" + (run.model.mtp_layers > 1 ? "s" : "");
-    if (run.conventions.megatron) {
+    if (run.conventions.trains_mtp) {
       run.assumptions.push_back(depths +
-                                " on the last pipeline stage with the loss (Megatron-Core's "
-                                "mtp_num_layers, as the model's recipes set it)");
+                                " on the last pipeline stage with the loss (as the model "
+                                "trains; Megatron-Core's mtp_num_layers)");
     } else {
       run.assumptions.push_back("no multi-token prediction: " + run.conventions.label +
                                 " trains next-token prediction only (the model's " + depths +
-                                (run.model.mtp_layers > 1 ? " are" : " is") + " Megatron-Core's)");
+                                (run.model.mtp_layers > 1 ? " are" : " is") + " not run)");
       run.model.mtp_layers = 0;
     }
   }

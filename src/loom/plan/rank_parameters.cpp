@@ -103,16 +103,18 @@ RankParameters on_rank(const ModelConfig& m, const PlanLayout& l, const Tally& t
   if (last && m.mtp_layers > 0) {
     // Multi-token prediction (ModelConfig::mtp_layers) sits on the last stage with the loss
     // (Megatron-Core's layout puts "mtp" before "loss"): each depth an attention block and an
-    // MLP or expert block shaped as the stack's last ones, its norms, and the projection of
-    // [hidden; next token's embedding] back to the hidden width (2h x h, column-parallel over
-    // tp); the embedding and the head are the stack's own, shared.
+    // MLP or expert block shaped as the stack's last ones, the projection of [hidden; next
+    // token's embedding] back to the hidden width (2h x h, column-parallel over tp) and its three
+    // norms (the hidden's, the embedding's and the final one before the shared head; DeepSeek-V3's
+    // hnorm, enorm and shared_head.norm); the embedding and the head are the stack's own. Its
+    // activations follow from `layers`: one mean layer a depth (a hybrid's two blocks).
     const auto last_of = [&](const std::string& kinds) {
       for (int64_t layer = m.n_layer - 1; layer >= 0; --layer)
         if (kinds.find(m.layer_kind(layer)) != std::string::npos) return static_cast<size_t>(layer);
       return static_cast<size_t>(m.n_layer - 1);
     };
     const double h = static_cast<double>(m.n_embd), depths = static_cast<double>(m.mtp_layers);
-    const double projection = 2 * h * h / static_cast<double>(l.tp) + 2 * h;
+    const double projection = 2 * h * h / static_cast<double>(l.tp) + 3 * h;
     if (m.is_hybrid()) {
       const size_t attention = last_of("*"), mlp = last_of("E-");
       r.block += depths * (t.block[attention] + t.block[mlp] + projection);

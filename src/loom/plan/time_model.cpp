@@ -131,8 +131,8 @@ StepTime predict_step_time(const ModelConfig& m, const PlanLayout& l, const Clus
   }
   // Multi-token prediction (ModelConfig::mtp_layers): each depth one more attention and MLP on
   // the last stage, charged as two of the hybrid's mean blocks (a transformer's one layer), and
-  // one more pass of the head. Its weights are in the memory model (rank_parameters), its
-  // activations not (one layer's on the last stage, which 1F1B keeps for one micro-batch).
+  // one more pass of the head. Its weights and activations are in the memory model
+  // (rank_parameters counts a depth as the last stage's one more layer, two blocks in a hybrid).
   const double mtp_layers = static_cast<double>(m.mtp_layers * (m.is_hybrid() ? 2 : 1));
   head_fwd *= 1 + static_cast<double>(m.mtp_layers);
   head_bwd *= 1 + static_cast<double>(m.mtp_layers);

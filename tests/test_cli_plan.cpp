@@ -153,7 +153,7 @@ TEST(Cli, PlanSaysWhichPrecisionsLoomsEngineTrains) {
 // "Et*4|(t*4|)*14tmL": 15 stages of 4 and a last of one layer, the depth and the loss), said in
 // the table and given in the JSON; the engine's first-stages-one-more split would leave the last
 // stage 3 layers, the depth and two head passes, pacing the pipeline. loom's engine does not
-// train the depth and says so. A --profile plan of loom's own engine keeps its split.
+// train the depth and says so (and refuses a [model] table's mtp_layers by name).
 TEST(Cli, PlanBalancesUnevenStagesAgainstTheHeadAndMtp) {
   const std::string layout =
       "plan --model deepseek-v3 --gpu b200 --gpus-per-node 8 --seq 4096 --global-batch 4096 "

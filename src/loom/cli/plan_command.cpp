@@ -462,6 +462,10 @@ int run_plan(const PlanArgs& command_line) {
   const plan::ClusterSpec& cluster = machine.cluster;
   const plan::GpuSpec& gpu = cluster.gpu;
   const plan::StepTime time = plan::predict_step_time(model, layout, cluster, job);
+  // The stage split the prediction took, and what it was where a tuned run's (GPU presets).
+  std::string split_note;
+  const std::vector<int64_t> stage_layers =
+      plan::planner_stage_layers(model, layout, job.memory, &split_note);
   // Offloaded activations must also fit in the GPU's share of its host's memory.
   const double host_bytes =
       args.offload_layers > 0 ? plan::offloaded_host_bytes(model, layout, job.memory) : 0.0;
@@ -477,7 +481,7 @@ int run_plan(const PlanArgs& command_line) {
                           {"seq_len", args.seq_len},
                           {"global_batch", args.global_batch},
                           {"micro_batches", job.memory.micro_batches},
-                          {"stage_layers", plan::planner_stage_layers(model, layout, job.memory)},
+                          {"stage_layers", stage_layers},
                           {"finetune", args.finetune},
                           {"memory_bytes", memory_json(mem)},
                           {"memory_model", engine_memory ? "engine" : "gpu"},
@@ -515,14 +519,10 @@ int run_plan(const PlanArgs& command_line) {
   if (args.offload_layers > 0)
     std::printf("  %-16s %9.2f GiB of the host's %.0f GiB per GPU: %s\n", "offloaded",
                 host_bytes / kGiB, host_capacity / kGiB, host_fits ? "fits" : "does NOT fit");
-  if (!engine_memory && job.memory.balanced_stages && layout.pp * layout.vp <= model.n_layer) {
-    std::string split;
-    plan::balanced_stage_layers(model, layout.pp * layout.vp, args.seq_len, &split);
-    if (!split.empty())
-      std::printf(
-          "pipeline: %s (a tuned run's split; loom's engine gives the first stages one more)\n",
-          split.c_str());
-  }
+  if (!split_note.empty())
+    std::printf(
+        "pipeline: %s (a tuned run's split; loom's engine gives the first stages one more)\n",
+        split_note.c_str());
   std::printf("\nstep %.3f s = compute %.3f + exposed communication %.3f + bubble %.3f + optimizer %.3f | %.0f tokens/s | MFU %.1f%%\n",
               time.total_s, time.compute_s, time.exposed_comm_s, time.bubble_s, time.optimizer_s, time.tokens_per_s,
               100 * time.mfu);

@@ -226,14 +226,15 @@ double layers_in_flight(const ModelConfig& m, const PlanLayout& l, int64_t micro
   return layers;
 }
 
-std::vector<int64_t> planner_stage_layers(const ModelConfig& m, const PlanLayout& l, const GpuJob& job) {
+std::vector<int64_t> planner_stage_layers(const ModelConfig& m, const PlanLayout& l,
+                                          const GpuJob& job, std::string* note) {
   if (!job.stage_layers.empty()) {
     if (static_cast<int64_t>(job.stage_layers.size()) != l.pp * l.vp)
       throw_error("planner: ", job.stage_layers.size(), " stage layer counts for pp x vp = ", l.pp * l.vp, " stages");
     return job.stage_layers;
   }
   if (job.balanced_stages && m.n_layer >= l.pp * l.vp) {
-    std::vector<int64_t> split = balanced_stage_layers(m, l.pp * l.vp, job.seq_len);
+    std::vector<int64_t> split = balanced_stage_layers(m, l.pp * l.vp, job.seq_len, note);
     if (!split.empty()) return split;
   }
   return stage_layer_counts(m.n_layer, l.pp * l.vp);

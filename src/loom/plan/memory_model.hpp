@@ -209,8 +209,10 @@ struct GpuJob {
 };
 
 // The split the planner uses: job.stage_layers when given, else balanced_stage_layers with
-// job.balanced_stages, else the engine's.
-std::vector<int64_t> planner_stage_layers(const ModelConfig& model, const PlanLayout& layout, const GpuJob& job);
+// job.balanced_stages (`note`, where given, says which split it took; empty if even), else the
+// engine's.
+std::vector<int64_t> planner_stage_layers(const ModelConfig& model, const PlanLayout& layout,
+                                          const GpuJob& job, std::string* note = nullptr);
 
 // The last stage's work beyond its layers, in layers: the head's forward GEMM (2 h V FLOPs a
 // token) once and again for each multi-token-prediction depth, and the depths themselves (a
